@@ -1,0 +1,77 @@
+// Block layouts of the quantized GGUF/ggml formats mer reads and computes on, byte for byte as
+// they lie in a GGUF file (little-endian, no padding), so a tensor's bytes can be used in place
+// as an array of these structs. Plain C++ so a CUDA backend can include it as is.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/tensor/half.h"
+
+namespace mer {
+
+inline constexpr int kQ8_0BlockSize = 32;   // QK8_0
+inline constexpr int kKBlockSize = 256;     // QK_K: super-block size of the K-quants
+inline constexpr int kQ4_KScaleBytes = 12;  // 8 six-bit scales + 8 six-bit mins
+
+// Q8_0: x[i] = d * qs[i].
+struct BlockQ8_0 {
+  f16_bits d;
+  int8_t qs[kQ8_0BlockSize];
+};
+
+// Q4_K: 8 sub-blocks of 32; x = d * sc[j] * q - dmin * m[j], q in [0, 15].
+// scales[12] packs sc[j] and m[j] (6 bits each): for j < 4, sc[j] = scales[j] & 63 and
+// m[j] = scales[j + 4] & 63; for j >= 4, sc[j] = (scales[j + 4] & 15) | ((scales[j - 4] >> 6) << 4)
+// and m[j] = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4).
+// qs: 4 chunks of 32 bytes; byte l of chunk c holds element 64c + l in its low nibble and
+// element 64c + 32 + l in its high nibble.
+struct BlockQ4_K {
+  f16_bits d;     // scale of the 6-bit sub-block scales
+  f16_bits dmin;  // scale of the 6-bit sub-block mins
+  uint8_t scales[kQ4_KScaleBytes];
+  uint8_t qs[kKBlockSize / 2];
+};
+
+// Q6_K: 16 sub-blocks of 16; x = d * scales[j] * (q - 32), q in [0, 63].
+// Each half of 128 elements uses 64 bytes of ql and 32 of qh; within a half, for l in [0, 32):
+//   element l      = ql[l]      & 15 | ((qh[l] >> 0) & 3) << 4
+//   element l + 32 = ql[l + 32] & 15 | ((qh[l] >> 2) & 3) << 4
+//   element l + 64 = ql[l]      >> 4 | ((qh[l] >> 4) & 3) << 4
+//   element l + 96 = ql[l + 32] >> 4 | ((qh[l] >> 6) & 3) << 4
+struct BlockQ6_K {
+  uint8_t ql[kKBlockSize / 2];
+  uint8_t qh[kKBlockSize / 4];
+  int8_t scales[kKBlockSize / 16];
+  f16_bits d;
+};
+
+// Q8_K: the activation format of K-quant dot products (never stored in files).
+// x[i] = d * qs[i]; bsums[j] = sum of qs[16j .. 16j + 15], so the dmin term of a K-quant dot
+// product needs no pass over the quants.
+struct BlockQ8_K {
+  float d;
+  int8_t qs[kKBlockSize];
+  int16_t bsums[kKBlockSize / 16];
+};
+
+static_assert(sizeof(BlockQ8_0) == 34);
+static_assert(sizeof(BlockQ4_K) == 144);
+static_assert(sizeof(BlockQ6_K) == 210);
+static_assert(sizeof(BlockQ8_K) == 292);
+static_assert(offsetof(BlockQ4_K, qs) == 16);
+static_assert(offsetof(BlockQ6_K, d) == 208);
+static_assert(offsetof(BlockQ8_K, bsums) == 260);
+
+// Decodes sub-block j's 6-bit scale and min from a Q4_K scales array (j in [0, 8)).
+inline void Q4_KScaleMin(const uint8_t* scales, int j, uint8_t* sc, uint8_t* m) {
+  if (j < 4) {
+    *sc = scales[j] & 63;
+    *m = scales[j + 4] & 63;
+  } else {
+    *sc = (scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4);
+    *m = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
+  }
+}
+
+}  // namespace mer

@@ -1,0 +1,113 @@
+// Dispatch from GgmlType to the per-format kernels.
+#include "common/quant/quant.h"
+
+#include <cstring>
+
+#include "common/base/check.h"
+#include "common/quant/float_dot.h"
+#include "common/quant/q4_k.h"
+#include "common/quant/q6_k.h"
+#include "common/quant/q8_0.h"
+#include "common/quant/q8_k.h"
+#include "common/quant/simd_internal.h"
+
+namespace mer {
+
+GgmlType ActivationTypeFor(GgmlType weight_type) {
+  switch (weight_type) {
+    case GgmlType::kF32:
+    case GgmlType::kF16:
+    case GgmlType::kBF16:
+    case GgmlType::kQ8_0:
+      return weight_type;
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ6_K:
+      return GgmlType::kQ8_K;
+    case GgmlType::kQ8_K:
+      break;
+  }
+  CHECK_MSG(false, "not a weight type");
+}
+
+void QuantizeRow(GgmlType type, const float* src, void* dst, int64_t n) {
+  CHECK(IsRowSizeValid(type, n));
+  switch (type) {
+    case GgmlType::kF32:
+      if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+      return;
+    case GgmlType::kF16:
+      return ConvertF32ToF16(src, static_cast<f16_bits*>(dst), n);
+    case GgmlType::kBF16:
+      return ConvertF32ToBF16(src, static_cast<bf16_bits*>(dst), n);
+    case GgmlType::kQ8_0:
+      return QuantizeRowQ8_0(src, static_cast<BlockQ8_0*>(dst), n);
+    case GgmlType::kQ8_K:
+      return QuantizeRowQ8_K(src, static_cast<BlockQ8_K*>(dst), n);
+    case GgmlType::kQ4_K:
+      return QuantizeRowQ4_K(src, static_cast<BlockQ4_K*>(dst), n);
+    case GgmlType::kQ6_K:
+      return QuantizeRowQ6_K(src, static_cast<BlockQ6_K*>(dst), n);
+  }
+  CHECK_MSG(false, "unsupported GgmlType");
+}
+
+void DequantizeRow(GgmlType type, const void* src, float* dst, int64_t n) {
+  CHECK(IsRowSizeValid(type, n));
+  switch (type) {
+    case GgmlType::kF32:
+      if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+      return;
+    case GgmlType::kF16:
+      return ConvertF16ToF32(static_cast<const f16_bits*>(src), dst, n);
+    case GgmlType::kBF16:
+      return ConvertBF16ToF32(static_cast<const bf16_bits*>(src), dst, n);
+    case GgmlType::kQ8_0:
+      return DequantizeRowQ8_0(static_cast<const BlockQ8_0*>(src), dst, n);
+    case GgmlType::kQ8_K:
+      return DequantizeRowQ8_K(static_cast<const BlockQ8_K*>(src), dst, n);
+    case GgmlType::kQ4_K:
+      return DequantizeRowQ4_K(static_cast<const BlockQ4_K*>(src), dst, n);
+    case GgmlType::kQ6_K:
+      return DequantizeRowQ6_K(static_cast<const BlockQ6_K*>(src), dst, n);
+  }
+  CHECK_MSG(false, "unsupported GgmlType");
+}
+
+float VecDot(GgmlType weight_type, const void* weight_row, const void* activation_row, int64_t n) {
+  float out;
+  VecDotRows(weight_type, weight_row, 1, activation_row, n, &out);
+  return out;
+}
+
+void VecDotRows(GgmlType weight_type, const void* weight_rows, int64_t n_rows,
+                const void* activation_row, int64_t n, float* out) {
+  CHECK(IsRowSizeValid(weight_type, n));
+  CHECK(n_rows >= 0);
+  switch (weight_type) {
+    case GgmlType::kF32:
+      return VecDotRowsF32(static_cast<const float*>(weight_rows), n_rows,
+                           static_cast<const float*>(activation_row), n, out);
+    case GgmlType::kF16:
+      return VecDotRowsF16(static_cast<const f16_bits*>(weight_rows), n_rows,
+                           static_cast<const f16_bits*>(activation_row), n, out);
+    case GgmlType::kBF16:
+      return VecDotRowsBF16(static_cast<const bf16_bits*>(weight_rows), n_rows,
+                            static_cast<const bf16_bits*>(activation_row), n, out);
+    case GgmlType::kQ8_0:
+      return VecDotRowsQ8_0(static_cast<const BlockQ8_0*>(weight_rows), n_rows,
+                            static_cast<const BlockQ8_0*>(activation_row), n, out);
+    case GgmlType::kQ4_K:
+      return VecDotRowsQ4_K(static_cast<const BlockQ4_K*>(weight_rows), n_rows,
+                            static_cast<const BlockQ8_K*>(activation_row), n, out);
+    case GgmlType::kQ6_K:
+      return VecDotRowsQ6_K(static_cast<const BlockQ6_K*>(weight_rows), n_rows,
+                            static_cast<const BlockQ8_K*>(activation_row), n, out);
+    case GgmlType::kQ8_K:
+      break;
+  }
+  CHECK_MSG(false, "not a weight type");
+}
+
+const char* QuantKernelIsa() { return MER_QUANT_ISA; }
+
+}  // namespace mer

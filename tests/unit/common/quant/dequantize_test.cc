@@ -1,0 +1,129 @@
+// Dequantization of hand-built blocks, checked against values worked out from the format
+// definitions (blocks.h) independently of the library's decoding.
+#include <cstring>
+#include <vector>
+
+#include "common/quant/quant.h"
+#include "gtest/gtest.h"
+
+namespace mer {
+namespace {
+
+TEST(DequantizeQ8_0, HandBuiltBlocks) {
+  BlockQ8_0 blocks[2];
+  blocks[0].d = 0x3800;                                                             // 0.5
+  for (int i = 0; i < 32; ++i) blocks[0].qs[i] = static_cast<int8_t>(i * 8 - 128);  // -128 .. 120
+  blocks[1].d = 0xC400;                                                             // -4.0
+  for (int i = 0; i < 32; ++i) blocks[1].qs[i] = static_cast<int8_t>(i % 2 == 0 ? 127 : -i);
+  float out[64];
+  DequantizeRow(GgmlType::kQ8_0, blocks, out, 64);
+  EXPECT_EQ(out[0], -64.0f);
+  EXPECT_EQ(out[1], -60.0f);
+  EXPECT_EQ(out[16], 0.0f);
+  EXPECT_EQ(out[31], 60.0f);
+  EXPECT_EQ(out[32], -508.0f);
+  EXPECT_EQ(out[33], 4.0f);
+  EXPECT_EQ(out[63], 124.0f);
+  for (int i = 0; i < 32; ++i) {
+    EXPECT_EQ(out[i], 0.5f * (i * 8 - 128));
+    EXPECT_EQ(out[32 + i], -4.0f * (i % 2 == 0 ? 127 : -i));
+  }
+}
+
+// Q4_K with scales sc = {1, 2, 3, 63, 17, 33, 48, 63} and mins m = {0, 5, 40, 63, 9, 20, 36, 62},
+// packed by hand:
+//   bytes 0..3  = sc[0..3] | (sc[4..7] >> 4) << 6 = 0x41 0x82 0xC3 0xFF
+//   bytes 4..7  = m[0..3]  | (m[4..7] >> 4) << 6  = 0x00 0x45 0xA8 0xFF
+//   bytes 8..11 = (sc[4..7] & 15) | (m[4..7] & 15) << 4 = 0x91 0x41 0x40 0xEF
+TEST(DequantizeQ4_K, HandBuiltBlockWithAllEightScalesAndMins) {
+  constexpr int kSc[8] = {1, 2, 3, 63, 17, 33, 48, 63};
+  constexpr int kMin[8] = {0, 5, 40, 63, 9, 20, 36, 62};
+  BlockQ4_K block;
+  block.d = 0x3800;     // 0.5
+  block.dmin = 0x3400;  // 0.25
+  const uint8_t scales[12] = {0x41, 0x82, 0xC3, 0xFF, 0x00, 0x45,
+                              0xA8, 0xFF, 0x91, 0x41, 0x40, 0xEF};
+  std::memcpy(block.scales, scales, 12);
+  // Low nibble of byte i: i % 16; high nibble: 15 - i % 16.
+  for (int i = 0; i < 128; ++i) block.qs[i] = static_cast<uint8_t>((i % 16) | ((15 - i % 16) << 4));
+
+  for (int j = 0; j < 8; ++j) {
+    uint8_t sc, m;
+    Q4_KScaleMin(block.scales, j, &sc, &m);
+    EXPECT_EQ(sc, kSc[j]) << j;
+    EXPECT_EQ(m, kMin[j]) << j;
+  }
+
+  float out[256];
+  DequantizeRow(GgmlType::kQ4_K, &block, out, 256);
+  // Element e lies in chunk e / 64; its first 32 elements are low nibbles of sub-block
+  // 2 * chunk, the next 32 high nibbles of sub-block 2 * chunk + 1.
+  for (int e = 0; e < 256; ++e) {
+    const int r = e % 64, sub = e / 32;
+    const int q = r < 32 ? r % 16 : 15 - (r - 32) % 16;
+    EXPECT_EQ(out[e], 0.5f * kSc[sub] * q - 0.25f * kMin[sub]) << e;
+  }
+  EXPECT_EQ(out[0], 0.0f);       // sub 0, q 0: 0.5*1*0 - 0.25*0
+  EXPECT_EQ(out[45], 0.75f);     // sub 1, q 15-13=2: 0.5*2*2 - 0.25*5
+  EXPECT_EQ(out[100], 330.75f);  // sub 3, q 11: 0.5*63*11 - 0.25*63
+  EXPECT_EQ(out[200], 183.0f);   // sub 6, q 8: 0.5*48*8 - 0.25*36
+  EXPECT_EQ(out[255], -15.5f);   // sub 7, q 0: -0.25*62
+}
+
+// Q6_K with ql[i] = i, qh[i] = (37 * i) mod 256, d = 0.5 and signed scales.
+TEST(DequantizeQ6_K, HandBuiltBlock) {
+  constexpr int8_t kScales[16] = {1, -2, 3, -4, 5, -6, 7, -8, 127, -128, 10, -10, 20, -20, 30, -30};
+  BlockQ6_K block;
+  for (int i = 0; i < 128; ++i) block.ql[i] = static_cast<uint8_t>(i);
+  for (int i = 0; i < 64; ++i) block.qh[i] = static_cast<uint8_t>((37 * i) & 0xFF);
+  std::memcpy(block.scales, kScales, 16);
+  block.d = 0x3800;  // 0.5
+
+  float out[256];
+  DequantizeRow(GgmlType::kQ6_K, &block, out, 256);
+  for (int e = 0; e < 256; ++e) {
+    const int half = e / 128, group = (e % 128) / 32, l = e % 32;
+    // Groups 0 and 2 use ql[l], groups 1 and 3 ql[l + 32]; groups 0, 1 the low nibble, 2, 3 the
+    // high; qh[l] contributes bits 2*group and 2*group+1 as the code's bits 4 and 5.
+    const int ql = block.ql[64 * half + l + (group % 2) * 32];
+    const int low = group < 2 ? ql & 15 : ql >> 4;
+    const int high = (block.qh[32 * half + l] >> (2 * group)) & 3;
+    EXPECT_EQ(out[e], 0.5f * kScales[e / 16] * ((low | high << 4) - 32)) << e;
+  }
+  EXPECT_EQ(out[0], -16.0f);  // ql 0, qh 0: q = 0 -> 0.5 * 1 * -32
+  EXPECT_EQ(
+      out[200],
+      -280.0f);  // half 1, group 2, l 8: ql[72] = 0x48 -> 4, qh[40] = 0xC8 -> 0: 0.5*20*(4-32)
+  EXPECT_EQ(out[5], -5.5f);  // ql[5] = 5, qh[5] = 0xB9 -> bits 0,1 = 1: q = 21 -> 0.5*1*(21-32)
+  EXPECT_EQ(
+      out[39],
+      -37.5f);  // group 1, l 7: ql[39] = 0x27 -> 7, qh[7] = 0x03 -> bits 2,3 = 0: 0.5*3*(7-32)
+  EXPECT_EQ(out[127], 52.0f);  // group 3, l 31: ql[63] = 0x3F -> 3, qh[31] = 0x7B -> bits 6,7 = 1:
+                               // q = 19 -> 0.5*-8*(19-32)
+}
+
+TEST(DequantizeQ8_K, ScalesByFloatD) {
+  BlockQ8_K block{};
+  block.d = -0.25f;
+  for (int i = 0; i < 256; ++i) block.qs[i] = static_cast<int8_t>(i - 128);
+  float out[256];
+  DequantizeRow(GgmlType::kQ8_K, &block, out, 256);
+  for (int i = 0; i < 256; ++i) EXPECT_EQ(out[i], -0.25f * (i - 128));
+}
+
+TEST(DequantizeFloat, F16AndBF16) {
+  const f16_bits h[4] = {0x3C00, 0xC000, 0x0001, 0x7BFF};
+  float out[4];
+  DequantizeRow(GgmlType::kF16, h, out, 4);
+  EXPECT_EQ(out[0], 1.0f);
+  EXPECT_EQ(out[1], -2.0f);
+  EXPECT_EQ(out[2], 5.9604644775390625e-08f);
+  EXPECT_EQ(out[3], 65504.0f);
+  const bf16_bits b[2] = {0x3F80, 0xC040};
+  DequantizeRow(GgmlType::kBF16, b, out, 2);
+  EXPECT_EQ(out[0], 1.0f);
+  EXPECT_EQ(out[1], -3.0f);
+}
+
+}  // namespace
+}  // namespace mer

@@ -1,0 +1,261 @@
+// VecDot / VecDotRows against a double-precision reference on the dequantized operands, and the
+// SIMD kernels against the scalar ones, for every weight type.
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/quant/float_dot.h"
+#include "common/quant/q4_k.h"
+#include "common/quant/q6_k.h"
+#include "common/quant/q8_0.h"
+#include "common/quant/quant.h"
+#include "gtest/gtest.h"
+
+namespace mer {
+namespace {
+
+constexpr GgmlType kWeightTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16,
+                                     GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K};
+constexpr int64_t kSizes[] = {1, 7, 16, 33, 32, 64, 96, 160, 256, 512, 768, 1024, 2048, 4096};
+constexpr int64_t kRows = 7;  // one group of 4 rows and 3 single rows
+
+std::vector<float> Random(int64_t n, uint32_t seed, float scale) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> x(n);
+  for (auto& v : x) v = normal(rng);
+  return x;
+}
+
+// Quantized weight rows and activation row of one case, with their dequantized values.
+struct DotCase {
+  GgmlType type;
+  int64_t n;
+  std::vector<uint8_t> weights, activation;
+  std::vector<float> w, a;  // dequantized: what the kernels multiply
+};
+
+DotCase MakeCase(GgmlType type, int64_t n, uint32_t seed) {
+  DotCase c{type, n, {}, {}, {}, {}};
+  const GgmlType act_type = ActivationTypeFor(type);
+  const int64_t row_bytes = RowBytes(type, n);
+  c.weights.resize(row_bytes * kRows);
+  c.w.resize(n * kRows);
+  for (int64_t r = 0; r < kRows; ++r) {
+    // Rows of different magnitudes, and a mean offset that exercises the K-quant mins.
+    std::vector<float> x = Random(n, seed + r, 0.02f * (r + 1));
+    for (auto& v : x) v += 0.005f * static_cast<float>(r % 3);
+    QuantizeRow(type, x.data(), c.weights.data() + r * row_bytes, n);
+    DequantizeRow(type, c.weights.data() + r * row_bytes, c.w.data() + r * n, n);
+  }
+  std::vector<float> x = Random(n, seed + 1000, 1.5f);
+  c.activation.resize(RowBytes(act_type, n));
+  QuantizeRow(act_type, x.data(), c.activation.data(), n);
+  c.a.resize(n);
+  DequantizeRow(act_type, c.activation.data(), c.a.data(), n);
+  return c;
+}
+
+struct Reference {
+  double dot;
+  double abs_sum;  // sum |w * a|: the scale of the rounding error any summation order makes
+};
+
+Reference Ref(const DotCase& c, int64_t r) {
+  Reference ref{0, 0};
+  for (int64_t i = 0; i < c.n; ++i) {
+    const double p = double(c.w[r * c.n + i]) * c.a[i];
+    ref.dot += p;
+    ref.abs_sum += std::fabs(p);
+  }
+  return ref;
+}
+
+// Relative to sum |w * a|: f32 accumulation of up to 4096 terms, and for the K-quants two f32
+// terms per block (d and dmin parts) that may each be a few times larger than the result.
+double Tolerance(GgmlType type) {
+  return type == GgmlType::kQ4_K || type == GgmlType::kQ6_K ? 2e-6 : 1e-6;
+}
+
+bool Applies(GgmlType type, int64_t n) { return IsRowSizeValid(type, n); }
+
+TEST(VecDot, MatchesDoubleReferenceOnDequantizedOperands) {
+  for (GgmlType type : kWeightTypes) {
+    double worst = 0;
+    for (int64_t n : kSizes) {
+      if (!Applies(type, n)) continue;
+      const DotCase c = MakeCase(type, n, static_cast<uint32_t>(n));
+      const int64_t row_bytes = RowBytes(type, n);
+      float out[kRows];
+      VecDotRows(type, c.weights.data(), kRows, c.activation.data(), n, out);
+      for (int64_t r = 0; r < kRows; ++r) {
+        const Reference ref = Ref(c, r);
+        const double err = std::fabs(out[r] - ref.dot) / (ref.abs_sum + 1e-30);
+        worst = std::max(worst, err);
+        EXPECT_LE(err, Tolerance(type))
+            << TypeName(type) << " n=" << n << " row " << r << ": " << out[r] << " vs " << ref.dot;
+        // The single-row entry point is the same kernel, bit for bit.
+        EXPECT_EQ(VecDot(type, c.weights.data() + r * row_bytes, c.activation.data(), n), out[r])
+            << TypeName(type) << " n=" << n << " row " << r;
+      }
+    }
+    std::printf("%-5s worst |dot - ref| / sum|w*a| = %.2e\n", std::string(TypeName(type)).c_str(),
+                worst);
+  }
+}
+
+TEST(VecDot, RowGroupingDoesNotChangeResults) {
+  for (GgmlType type : kWeightTypes) {
+    const int64_t n = 512;
+    const DotCase c = MakeCase(type, n, 77);
+    const int64_t row_bytes = RowBytes(type, n);
+    float all[kRows];
+    VecDotRows(type, c.weights.data(), kRows, c.activation.data(), n, all);
+    for (int64_t start = 0; start < kRows; ++start) {
+      float part[kRows];
+      VecDotRows(type, c.weights.data() + start * row_bytes, kRows - start, c.activation.data(), n,
+                 part);
+      for (int64_t r = start; r < kRows; ++r) EXPECT_EQ(part[r - start], all[r]) << TypeName(type);
+    }
+  }
+  float unused = 1.0f;
+  VecDotRows(GgmlType::kQ8_0, nullptr, 0, nullptr, 32, &unused);  // zero rows: no access
+  EXPECT_EQ(unused, 1.0f);
+}
+
+using RowsFn = void (*)(const void*, int64_t, const void*, int64_t, float*);
+
+template <typename W, typename A, void (*F)(const W*, int64_t, const A*, int64_t, float*)>
+void Call(const void* w, int64_t rows, const void* a, int64_t n, float* out) {
+  F(static_cast<const W*>(w), rows, static_cast<const A*>(a), n, out);
+}
+
+struct Kernels {
+  GgmlType type;
+  RowsFn best, avx2, scalar;
+};
+
+const Kernels kKernels[] = {
+    {GgmlType::kF32, Call<float, float, VecDotRowsF32>, Call<float, float, VecDotRowsF32>,
+     Call<float, float, VecDotRowsF32Scalar>},
+    {GgmlType::kF16, Call<f16_bits, f16_bits, VecDotRowsF16>,
+     Call<f16_bits, f16_bits, VecDotRowsF16>, Call<f16_bits, f16_bits, VecDotRowsF16Scalar>},
+    {GgmlType::kBF16, Call<bf16_bits, bf16_bits, VecDotRowsBF16>,
+     Call<bf16_bits, bf16_bits, VecDotRowsBF16>, Call<bf16_bits, bf16_bits, VecDotRowsBF16Scalar>},
+    {GgmlType::kQ8_0, Call<BlockQ8_0, BlockQ8_0, VecDotRowsQ8_0>,
+     Call<BlockQ8_0, BlockQ8_0, VecDotRowsQ8_0Avx2>,
+     Call<BlockQ8_0, BlockQ8_0, VecDotRowsQ8_0Scalar>},
+    {GgmlType::kQ4_K, Call<BlockQ4_K, BlockQ8_K, VecDotRowsQ4_K>,
+     Call<BlockQ4_K, BlockQ8_K, VecDotRowsQ4_KAvx2>,
+     Call<BlockQ4_K, BlockQ8_K, VecDotRowsQ4_KScalar>},
+    {GgmlType::kQ6_K, Call<BlockQ6_K, BlockQ8_K, VecDotRowsQ6_K>,
+     Call<BlockQ6_K, BlockQ8_K, VecDotRowsQ6_KAvx2>,
+     Call<BlockQ6_K, BlockQ8_K, VecDotRowsQ6_KScalar>},
+};
+
+TEST(VecDot, SimdMatchesScalarWithinFloatRounding) {
+  if (std::string(QuantKernelIsa()) == "scalar") GTEST_SKIP() << "built without AVX2";
+  for (const Kernels& k : kKernels) {
+    for (int64_t n : kSizes) {
+      if (!Applies(k.type, n)) continue;
+      const DotCase c = MakeCase(k.type, n, 1234 + static_cast<uint32_t>(n));
+      float best[kRows], avx2[kRows], scalar[kRows];
+      k.best(c.weights.data(), kRows, c.activation.data(), n, best);
+      k.avx2(c.weights.data(), kRows, c.activation.data(), n, avx2);
+      k.scalar(c.weights.data(), kRows, c.activation.data(), n, scalar);
+      for (int64_t r = 0; r < kRows; ++r) {
+        const double scale = Ref(c, r).abs_sum + 1e-30;
+        EXPECT_LE(std::fabs(best[r] - scalar[r]) / scale, Tolerance(k.type))
+            << TypeName(k.type) << " n=" << n << " row " << r;
+        // VNNI and plain AVX2 form the same exact integer sums and the same f32 operations.
+        EXPECT_EQ(best[r], avx2[r]) << TypeName(k.type) << " n=" << n << " row " << r;
+      }
+    }
+  }
+}
+
+// Extreme quants, where int16 intermediates would overflow or saturate if a kernel got its
+// ranges wrong. The scales are 1, so the exact result is an integer; for Q8_0 and Q4_K every
+// partial sum stays below 2^24, so f32 must reproduce it exactly.
+TEST(VecDot, ExtremeQuantsAreExact) {
+  {
+    std::vector<BlockQ8_0> w(8), a(8);
+    int64_t expect = 0;
+    for (int b = 0; b < 8; ++b) {
+      w[b].d = a[b].d = 0x3C00;  // 1.0
+      for (int i = 0; i < 32; ++i) {
+        w[b].qs[i] = static_cast<int8_t>(i % 3 == 0 ? -128 : 127);  // -128 is legal in files
+        a[b].qs[i] = static_cast<int8_t>((i + b) % 2 == 0 ? -127 : 127);
+        expect += int64_t{w[b].qs[i]} * a[b].qs[i];
+      }
+    }
+    for (const RowsFn fn : {kKernels[3].best, kKernels[3].avx2, kKernels[3].scalar}) {
+      float out;
+      fn(w.data(), 1, a.data(), 256, &out);
+      EXPECT_EQ(out, static_cast<float>(expect));
+    }
+  }
+  {
+    BlockQ4_K w{};
+    w.d = w.dmin = 0x3C00;
+    std::memset(w.scales, 0xFF, sizeof(w.scales));  // every scale and min 63
+    std::memset(w.qs, 0xFF, sizeof(w.qs));          // every quant 15
+    BlockQ8_K a{};
+    a.d = 1.0f;
+    for (int i = 0; i < 256; ++i) a.qs[i] = static_cast<int8_t>(i % 4 == 0 ? -127 : 127);
+    int64_t expect = 0;
+    for (int i = 0; i < 256; ++i) expect += (63 * 15 - 63) * int64_t{a.qs[i]};
+    for (int g = 0; g < 16; ++g) {
+      int s = 0;
+      for (int i = 0; i < 16; ++i) s += a.qs[16 * g + i];
+      a.bsums[g] = static_cast<int16_t>(s);
+    }
+    for (const RowsFn fn : {kKernels[4].best, kKernels[4].avx2, kKernels[4].scalar}) {
+      float out;
+      fn(&w, 1, &a, 256, &out);
+      EXPECT_EQ(out, static_cast<float>(expect));
+    }
+  }
+  {
+    BlockQ6_K w{};
+    w.d = 0x3C00;
+    for (int j = 0; j < 16; ++j) w.scales[j] = static_cast<int8_t>(j % 2 == 0 ? -128 : 127);
+    std::memset(w.ql, 0xFF, sizeof(w.ql));
+    std::memset(w.qh, 0xFF, sizeof(w.qh));        // every code 63: q - 32 = 31
+    for (int i = 0; i < 64; i += 4) w.qh[i] = 0;  // some codes 15 | 0 << 4 = 15: q - 32 = -17
+    std::vector<float> dequant(256);
+    DequantizeRowQ6_K(&w, dequant.data(), 256);
+    BlockQ8_K a{};
+    a.d = 1.0f;
+    for (int i = 0; i < 256; ++i) a.qs[i] = static_cast<int8_t>(i % 3 == 0 ? -127 : 127);
+    for (int g = 0; g < 16; ++g) {
+      int s = 0;
+      for (int i = 0; i < 16; ++i) s += a.qs[16 * g + i];
+      a.bsums[g] = static_cast<int16_t>(s);
+    }
+    double expect = 0, abs_sum = 0;
+    for (int i = 0; i < 256; ++i) {
+      expect += double(dequant[i]) * a.qs[i];
+      abs_sum += std::fabs(double(dequant[i]) * a.qs[i]);
+    }
+    for (const RowsFn fn : {kKernels[5].best, kKernels[5].avx2, kKernels[5].scalar}) {
+      float out;
+      fn(&w, 1, &a, 256, &out);
+      EXPECT_NEAR(out, expect, 1e-7 * abs_sum);
+    }
+  }
+}
+
+TEST(ActivationType, PairsAsGgml) {
+  EXPECT_EQ(ActivationTypeFor(GgmlType::kF32), GgmlType::kF32);
+  EXPECT_EQ(ActivationTypeFor(GgmlType::kF16), GgmlType::kF16);
+  EXPECT_EQ(ActivationTypeFor(GgmlType::kBF16), GgmlType::kBF16);
+  EXPECT_EQ(ActivationTypeFor(GgmlType::kQ8_0), GgmlType::kQ8_0);
+  EXPECT_EQ(ActivationTypeFor(GgmlType::kQ4_K), GgmlType::kQ8_K);
+  EXPECT_EQ(ActivationTypeFor(GgmlType::kQ6_K), GgmlType::kQ8_K);
+}
+
+}  // namespace
+}  // namespace mer
