@@ -1,0 +1,310 @@
+#include "common/model/synth_model.h"
+
+#include <algorithm>
+#include <functional>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status.h"
+#include "common/gguf/gguf_writer.h"
+#include "common/quant/quant.h"
+#include "common/tokenizer/tokenizer.h"
+
+namespace mer {
+namespace {
+
+// splitmix64: tiny, fast and good enough for weights; seeded per (tensor, row) so rows can be
+// generated in parallel and in any order with identical results.
+struct Rng {
+  uint64_t state;
+  uint64_t Next() {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [-1, 1).
+  float Symmetric() { return static_cast<float>(static_cast<int64_t>(Next() >> 11) * 0x1.0p-52 - 1.0); }
+};
+
+uint64_t HashName(absl::string_view s, uint64_t seed) {
+  uint64_t h = 1469598103934665603ull ^ seed;
+  for (char c : s) h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
+  return h;
+}
+
+// Uniform noise of standard deviation `stddev` (a = sqrt(3) * stddev).
+void FillNoise(Rng& rng, float stddev, float* out, int64_t n) {
+  const float a = 1.7320508f * stddev;
+  for (int64_t i = 0; i < n; ++i) out[i] = a * rng.Symmetric();
+}
+
+int ResolveThreads(int threads) {
+  if (threads > 0) return threads;
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+absl::Status ValidateGeometry(const SynthGeometry& g) {
+  const auto check = [](int64_t v, int64_t lo, int64_t hi, const char* name) -> absl::Status {
+    if (v < lo || v > hi)
+      return absl::InvalidArgumentError(
+          absl::StrCat("synth: --", name, " = ", v, " is out of range [", lo, ", ", hi, "]"));
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(check(g.n_layer, 1, 256, "layers"));
+  RETURN_IF_ERROR(check(g.n_embd, 32, 16384, "embd"));
+  RETURN_IF_ERROR(check(g.n_head, 1, 256, "heads"));
+  RETURN_IF_ERROR(check(g.n_head_kv, 1, g.n_head, "kv-heads"));
+  RETURN_IF_ERROR(check(g.head_dim, 2, 512, "head-dim"));
+  RETURN_IF_ERROR(check(g.n_expert, 1, 1024, "experts"));
+  RETURN_IF_ERROR(check(g.n_expert_used, 1, g.n_expert, "experts-used"));
+  RETURN_IF_ERROR(check(g.n_ff_exp, 32, 65536, "ff-exp"));
+  RETURN_IF_ERROR(check(g.n_vocab, 259, 1 << 20, "vocab"));
+  RETURN_IF_ERROR(check(g.n_ctx, 16, 1 << 20, "ctx"));
+  if (g.n_head % g.n_head_kv != 0)
+    return absl::InvalidArgumentError("synth: --heads must be a multiple of --kv-heads");
+  if (g.head_dim % 2 != 0) return absl::InvalidArgumentError("synth: --head-dim must be even");
+  for (auto [v, name] : {std::pair<int64_t, const char*>{g.n_embd, "embd"},
+                         {g.n_ff_exp, "ff-exp"},
+                         {int64_t{g.n_head} * g.head_dim, "heads x head-dim"}}) {
+    if (v % 32 != 0)
+      return absl::InvalidArgumentError(
+          absl::StrCat("synth: ", name, " = ", v, " must be a multiple of 32 (the Q8_0 block)"));
+  }
+  return absl::OkStatus();
+}
+
+// How one tensor's rows are made: row r of the f32 matrix is produced by `fill(r, row)`.
+struct TensorPlan {
+  std::string name;
+  GgmlType type;
+  std::vector<int64_t> shape;  // ne[0] first
+  std::function<void(int64_t row, float* out)> fill;
+};
+
+// Generates the rows of `plan` in parallel, in chunks of bounded size, and appends them.
+absl::Status WriteTensor(GgufWriter& writer, const TensorPlan& plan, int threads) {
+  const int64_t cols = plan.shape[0];
+  int64_t rows = 1;
+  for (size_t i = 1; i < plan.shape.size(); ++i) rows *= plan.shape[i];
+  const int64_t row_bytes = RowBytes(plan.type, cols);
+  const int64_t chunk_rows = std::max<int64_t>(1, (64 << 20) / std::max<int64_t>(row_bytes, cols * 4));
+  std::vector<uint8_t> chunk(chunk_rows * row_bytes);
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
+    const int64_t n = std::min(chunk_rows, rows - r0);
+    const int t_count = static_cast<int>(std::min<int64_t>(threads, n));
+    std::vector<std::thread> pool;
+    for (int t = 0; t < t_count; ++t) {
+      pool.emplace_back([&, t] {
+        std::vector<float> row(cols);
+        for (int64_t r = t; r < n; r += t_count) {
+          plan.fill(r0 + r, row.data());
+          if (plan.type == GgmlType::kF32) {
+            std::memcpy(chunk.data() + r * row_bytes, row.data(), row_bytes);
+          } else {
+            QuantizeRow(plan.type, row.data(), chunk.data() + r * row_bytes, cols);
+          }
+        }
+      });
+    }
+    for (std::thread& th : pool) th.join();
+    RETURN_IF_ERROR(writer.Append(absl::MakeConstSpan(chunk.data(), n * row_bytes)));
+  }
+  return absl::OkStatus();
+}
+
+uint32_t FileType(SynthQuant q) {  // llama_ftype numbering
+  switch (q) {
+    case SynthQuant::kF32: return 0;
+    case SynthQuant::kF16: return 1;
+    case SynthQuant::kQ8_0: return 7;
+    case SynthQuant::kQ4_K: return 15;  // Q4_K_M
+    case SynthQuant::kBF16: return 32;
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::optional<SynthGeometry> SynthPreset(const std::string& name) {
+  SynthGeometry g;
+  if (name == "tiny") return g;
+  if (name == "small") {
+    g.n_layer = 12; g.n_embd = 768; g.n_head = 12; g.n_head_kv = 4; g.head_dim = 64;
+    g.n_expert = 32; g.n_expert_used = 4; g.n_ff_exp = 512; g.n_vocab = 8192; g.n_ctx = 8192;
+    return g;
+  }
+  if (name == "qwen3-30b-a3b") {
+    g.n_layer = 48; g.n_embd = 2048; g.n_head = 32; g.n_head_kv = 4; g.head_dim = 128;
+    g.n_expert = 128; g.n_expert_used = 8; g.n_ff_exp = 768; g.n_vocab = 151936; g.n_ctx = 40960;
+    return g;
+  }
+  if (name == "qwen3-235b-a22b") {
+    g.n_layer = 94; g.n_embd = 4096; g.n_head = 64; g.n_head_kv = 4; g.head_dim = 128;
+    g.n_expert = 128; g.n_expert_used = 8; g.n_ff_exp = 1536; g.n_vocab = 151936; g.n_ctx = 40960;
+    return g;
+  }
+  return std::nullopt;
+}
+
+std::optional<SynthQuant> ParseSynthQuant(const std::string& name) {
+  if (name == "f32") return SynthQuant::kF32;
+  if (name == "f16") return SynthQuant::kF16;
+  if (name == "bf16") return SynthQuant::kBF16;
+  if (name == "q8_0") return SynthQuant::kQ8_0;
+  if (name == "q4_k") return SynthQuant::kQ4_K;
+  return std::nullopt;
+}
+
+GgmlType SynthTensorType(SynthQuant quant, int64_t cols, bool use_more_bits) {
+  switch (quant) {
+    case SynthQuant::kF32: return GgmlType::kF32;
+    case SynthQuant::kF16: return GgmlType::kF16;
+    case SynthQuant::kBF16: return GgmlType::kBF16;
+    case SynthQuant::kQ8_0: return GgmlType::kQ8_0;
+    case SynthQuant::kQ4_K:
+      if (cols % 256 != 0) return GgmlType::kQ8_0;
+      return use_more_bits ? GgmlType::kQ6_K : GgmlType::kQ4_K;
+  }
+  return GgmlType::kF32;
+}
+
+absl::Status WriteSynthModel(const SynthOptions& options, const std::string& path) {
+  const SynthGeometry& g = options.geometry;
+  RETURN_IF_ERROR(ValidateGeometry(g));
+  if (!(options.router_skew >= 0 && options.router_skew <= 16))
+    return absl::InvalidArgumentError("synth: --router-skew must be in [0, 16]");
+  const int threads = ResolveThreads(options.threads);
+  const uint64_t seed = options.seed;
+  const int64_t n_embd = g.n_embd;
+  const int64_t q_dim = int64_t{g.n_head} * g.head_dim;
+  const int64_t kv_dim = int64_t{g.n_head_kv} * g.head_dim;
+
+  GgufWriter w;
+  w.AddString("general.architecture", "qwen3moe");
+  w.AddString("general.name", "mer synthetic qwen3moe");
+  w.AddUint32("general.file_type", FileType(options.quant));
+  w.AddUint64("mer.synth.seed", seed);
+  w.AddFloat32("mer.synth.router_skew", static_cast<float>(options.router_skew));
+  w.AddUint32("qwen3moe.context_length", g.n_ctx);
+  w.AddUint32("qwen3moe.embedding_length", g.n_embd);
+  w.AddUint32("qwen3moe.block_count", g.n_layer);
+  w.AddUint32("qwen3moe.feed_forward_length", g.n_ff_exp * g.n_expert_used);
+  w.AddUint32("qwen3moe.attention.head_count", g.n_head);
+  w.AddUint32("qwen3moe.attention.head_count_kv", g.n_head_kv);
+  w.AddUint32("qwen3moe.attention.key_length", g.head_dim);
+  w.AddUint32("qwen3moe.attention.value_length", g.head_dim);
+  w.AddFloat32("qwen3moe.attention.layer_norm_rms_epsilon", 1e-6f);
+  w.AddFloat32("qwen3moe.rope.freq_base", 1000000.0f);
+  w.AddUint32("qwen3moe.expert_count", g.n_expert);
+  w.AddUint32("qwen3moe.expert_used_count", g.n_expert_used);
+  w.AddUint32("qwen3moe.expert_feed_forward_length", g.n_ff_exp);
+  w.AddBool("qwen3moe.expert_weights_norm", options.norm_topk_prob);
+
+  const TokenizerVocab vocab = MakeSyntheticVocab(g.n_vocab, g.n_vocab);
+  w.AddString("tokenizer.ggml.model", "gpt2");
+  w.AddString("tokenizer.ggml.pre", "qwen2");
+  w.AddStringArray("tokenizer.ggml.tokens", vocab.tokens);
+  w.AddInt32Array("tokenizer.ggml.token_type", vocab.token_types);
+  w.AddStringArray("tokenizer.ggml.merges", vocab.merges);
+  w.AddUint32("tokenizer.ggml.bos_token_id", vocab.bos_id);
+  w.AddUint32("tokenizer.ggml.eos_token_id", vocab.eos_id);
+  w.AddUint32("tokenizer.ggml.padding_token_id", vocab.eos_id);
+  w.AddBool("tokenizer.ggml.add_bos_token", vocab.add_bos);
+
+  // The shared direction c of the skew construction: a fixed random sign pattern, unit length.
+  std::vector<float> c_hat(n_embd);
+  {
+    Rng rng{HashName("mer.synth.c", seed)};
+    const float inv = 1.0f / std::sqrt(static_cast<float>(n_embd));
+    for (float& v : c_hat) v = (rng.Next() & 1) ? inv : -inv;
+  }
+  const bool skewed = options.router_skew > 0;
+  // Embedding: unit noise, plus 3 * sqrt(n_embd) along c when skewed (c carries ~90% of its energy,
+  // so the residual stream keeps a consistent component that the routers can see).
+  const float c_embd = 3.0f * std::sqrt(static_cast<float>(n_embd));
+
+  std::vector<TensorPlan> plans;
+  const auto noise_matrix = [&](std::string name, GgmlType type, std::vector<int64_t> shape,
+                                float stddev) {
+    const uint64_t h = HashName(name, seed);
+    const int64_t cols = shape[0];
+    plans.push_back({std::move(name), type, std::move(shape), [h, stddev, cols](int64_t row, float* out) {
+                       Rng rng{h ^ (static_cast<uint64_t>(row) * 0xd1342543de82ef95ull)};
+                       FillNoise(rng, stddev, out, cols);
+                     }});
+  };
+  const auto norm_vector = [&](std::string name, int64_t n) {
+    const uint64_t h = HashName(name, seed);
+    plans.push_back({std::move(name), GgmlType::kF32, {n}, [h, n](int64_t, float* out) {
+                       Rng rng{h};
+                       for (int64_t i = 0; i < n; ++i) out[i] = 1.0f + 0.1f * rng.Symmetric();
+                     }});
+  };
+  const auto type_for = [&](int64_t cols, bool more_bits) {
+    return SynthTensorType(options.quant, cols, more_bits);
+  };
+
+  {
+    const uint64_t h = HashName("token_embd.weight", seed);
+    plans.push_back({"token_embd.weight", type_for(n_embd, false), {n_embd, g.n_vocab},
+                     [h, n_embd, skewed, c_embd, &c_hat](int64_t row, float* out) {
+                       Rng rng{h ^ (static_cast<uint64_t>(row) * 0xd1342543de82ef95ull)};
+                       FillNoise(rng, 1.0f, out, n_embd);
+                       if (skewed)
+                         for (int64_t i = 0; i < n_embd; ++i) out[i] += c_embd * c_hat[i];
+                     }});
+  }
+  for (int il = 0; il < g.n_layer; ++il) {
+    const std::string b = absl::StrCat("blk.", il, ".");
+    const bool more_bits = il % 2 == 0;  // Q4_K_M gives half the layers' attn_v and ffn_down q6_k
+    norm_vector(b + "attn_norm.weight", n_embd);
+    noise_matrix(b + "attn_q.weight", type_for(n_embd, false), {n_embd, q_dim}, 1.0f / std::sqrt(float(n_embd)));
+    noise_matrix(b + "attn_k.weight", type_for(n_embd, false), {n_embd, kv_dim}, 1.0f / std::sqrt(float(n_embd)));
+    noise_matrix(b + "attn_v.weight", type_for(n_embd, more_bits), {n_embd, kv_dim}, 1.0f / std::sqrt(float(n_embd)));
+    noise_matrix(b + "attn_output.weight", type_for(q_dim, false), {q_dim, n_embd}, 1.0f / std::sqrt(float(q_dim)));
+    norm_vector(b + "attn_q_norm.weight", g.head_dim);
+    norm_vector(b + "attn_k_norm.weight", g.head_dim);
+    norm_vector(b + "ffn_norm.weight", n_embd);
+    {
+      // Router: noise giving logits of about unit spread, plus the popularity component along c.
+      std::vector<int> rank(g.n_expert);
+      std::iota(rank.begin(), rank.end(), 0);
+      Rng perm{HashName(b + "router.rank", seed)};
+      for (int i = g.n_expert - 1; i > 0; --i) std::swap(rank[i], rank[perm.Next() % (i + 1)]);
+      const std::string name = b + "ffn_gate_inp.weight";
+      const uint64_t h = HashName(name, seed);
+      const double skew = options.router_skew;
+      plans.push_back({name, GgmlType::kF32, {n_embd, g.n_expert},
+                       [h, n_embd, rank, skew, &c_hat](int64_t row, float* out) {
+                         Rng rng{h ^ (static_cast<uint64_t>(row) * 0xd1342543de82ef95ull)};
+                         FillNoise(rng, 1.0f / std::sqrt(float(n_embd)), out, n_embd);
+                         if (skew > 0) {
+                           // The normed hidden state has |x| ~ sqrt(n_embd) and mostly lies along c.
+                           const float b_e = static_cast<float>(-skew * std::log(rank[row] + 1.0) /
+                                                                std::sqrt(double(n_embd)));
+                           for (int64_t i = 0; i < n_embd; ++i) out[i] += b_e * c_hat[i];
+                         }
+                       }});
+    }
+    noise_matrix(b + "ffn_gate_exps.weight", type_for(n_embd, false), {n_embd, g.n_ff_exp, g.n_expert},
+                 1.0f / std::sqrt(float(n_embd)));
+    noise_matrix(b + "ffn_up_exps.weight", type_for(n_embd, false), {n_embd, g.n_ff_exp, g.n_expert},
+                 1.0f / std::sqrt(float(n_embd)));
+    noise_matrix(b + "ffn_down_exps.weight", type_for(g.n_ff_exp, more_bits), {g.n_ff_exp, n_embd, g.n_expert},
+                 1.0f / std::sqrt(float(g.n_ff_exp)));
+  }
+  norm_vector("output_norm.weight", n_embd);
+  noise_matrix("output.weight", type_for(n_embd, true), {n_embd, g.n_vocab}, 2.0f / std::sqrt(float(n_embd)));
+
+  for (const TensorPlan& p : plans) w.AddTensor(p.name, p.type, p.shape);
+  RETURN_IF_ERROR(w.Open(path));
+  for (const TensorPlan& p : plans) RETURN_IF_ERROR(WriteTensor(w, p, threads));
+  return w.Finish();
+}
+
+}  // namespace mer

@@ -1,0 +1,55 @@
+// `mer synth`: valid qwen3moe GGUF files with deterministic pseudo-random weights, at any geometry.
+//
+// Weight scales keep activations near unit variance through the layers, so generations are not
+// degenerate. With router_skew > 0 expert popularity is Zipf-like: every token embedding carries a
+// shared direction c, and the router row of the expert of popularity rank r gets a component
+// -router_skew * ln(r + 1) along c (ranks permuted per layer), so routing is skewed the way real
+// routing is. The same options and seed always give the same bytes.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/tensor/ggml_type.h"
+
+namespace mer {
+
+struct SynthGeometry {
+  int32_t n_layer = 4;
+  int32_t n_embd = 256;
+  int32_t n_head = 4;
+  int32_t n_head_kv = 2;
+  int32_t head_dim = 64;
+  int32_t n_expert = 16;
+  int32_t n_expert_used = 4;
+  int32_t n_ff_exp = 128;
+  int32_t n_vocab = 1024;
+  int32_t n_ctx = 4096;
+};
+
+// "tiny", "small", "qwen3-30b-a3b", "qwen3-235b-a22b"; nullopt for an unknown name.
+std::optional<SynthGeometry> SynthPreset(const std::string& name);
+
+enum class SynthQuant { kF32, kF16, kBF16, kQ8_0, kQ4_K };
+std::optional<SynthQuant> ParseSynthQuant(const std::string& name);  // "f32", "q4_k", ...
+
+struct SynthOptions {
+  SynthGeometry geometry;
+  SynthQuant quant = SynthQuant::kQ8_0;
+  uint64_t seed = 1;
+  double router_skew = 0.0;     // Zipf exponent of expert popularity; 0 = unskewed
+  bool norm_topk_prob = true;   // written as qwen3moe.expert_weights_norm
+  int threads = 0;              // 0 = all cores
+};
+
+// The tensor type a weight of row length `cols` gets under `quant` (K-quants fall back to q8_0
+// when the row is not a multiple of 256, as llama.cpp's quantizer does). `role` picks the Q4_K_M
+// style mix: "output" and the `mixed` tensors get q6_k under kQ4_K.
+GgmlType SynthTensorType(SynthQuant quant, int64_t cols, bool use_more_bits);
+
+// Writes the model to `path`. Validates the geometry first (InvalidArgument naming the field).
+absl::Status WriteSynthModel(const SynthOptions& options, const std::string& path);
+
+}  // namespace mer

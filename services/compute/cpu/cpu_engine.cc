@@ -1,0 +1,423 @@
+#include "services/compute/cpu/cpu_engine.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/check.h"
+#include "common/base/status.h"
+#include "common/quant/quant.h"
+#include "services/compute/cpu/cpu_ops.h"
+
+namespace mer {
+namespace {
+
+constexpr int64_t kRowsPerChunk = 32;  // weight rows per work item: ~64 KB of Q8_0 at 2048 columns
+
+int ResolveThreads(int threads) {
+  if (threads > 0) return threads;
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+// Bytes of one activation row of `cols` elements converted for weights of `weight_type`.
+int64_t ActivationRowBytes(GgmlType weight_type, int64_t cols) {
+  return RowBytes(ActivationTypeFor(weight_type), cols);
+}
+
+}  // namespace
+
+CpuEngine::CpuEngine(const ModelWeights& weights, ExpertSource& experts,
+                     const CpuEngineOptions& options)
+    : weights_(weights),
+      experts_(experts),
+      config_(weights.config()),
+      options_(options),
+      pool_(ResolveThreads(options.threads)) {}
+
+CpuEngine::~CpuEngine() = default;
+
+absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Create(const ModelWeights& weights,
+                                                             ExpertSource& experts,
+                                                             const CpuEngineOptions& options) {
+  CpuEngineOptions o = options;
+  if (o.max_batch_tokens < 1 || o.max_batch_tokens > 65536)
+    return absl::InvalidArgumentError("max_batch_tokens must be in [1, 65536]");
+  if (o.max_sequences < 1 || o.max_sequences > 4096)
+    return absl::InvalidArgumentError("max_sequences must be in [1, 4096]");
+  if (o.max_context_tokens < 1) return absl::InvalidArgumentError("max_context_tokens must be >= 1");
+  const ModelConfig& c = weights.config();
+  o.max_context_tokens = std::min(o.max_context_tokens, c.n_ctx_train);
+  o.threads = ResolveThreads(o.threads);
+  const uint64_t kv_floats = uint64_t(c.n_layer) * o.max_sequences * o.max_context_tokens * c.kv_dim();
+  if (kv_floats > (uint64_t{1} << 34))
+    return absl::ResourceExhaustedError(
+        absl::StrCat("KV cache of ", kv_floats * 8, " bytes is too large; lower the context or sequences"));
+
+  std::unique_ptr<CpuEngine> e(new CpuEngine(weights, experts, o));
+  const int64_t T = o.max_batch_tokens;
+  const int64_t K = c.n_expert_used;
+  e->k_cache_.assign(kv_floats, 0.0f);
+  e->v_cache_.assign(kv_floats, 0.0f);
+  e->seq_len_.assign(o.max_sequences, 0);
+  e->x_.resize(T * c.n_embd);
+  e->xn_.resize(T * c.n_embd);
+  e->q_.resize(T * c.q_dim());
+  e->k_.resize(T * c.kv_dim());
+  e->v_.resize(T * c.kv_dim());
+  e->attn_.resize(T * c.q_dim());
+  e->proj_.resize(T * c.n_embd);
+  e->scores_.resize(int64_t(o.threads) * o.max_context_tokens);
+  const int64_t widest = std::max({int64_t{c.n_embd}, int64_t{c.q_dim()}, int64_t{c.n_ff_exp}});
+  e->act_.resize(T * K * widest * sizeof(float));  // f32 is the widest activation format
+  e->act_b_.resize(T * widest * sizeof(float));
+  e->router_.resize(T * c.n_expert);
+  e->chosen_.resize(T * K);
+  e->chosen_w_.resize(T * K);
+  e->gate_.resize(T * K * c.n_ff_exp);
+  e->up_.resize(T * K * c.n_ff_exp);
+  e->expert_out_.resize(T * K * c.n_embd);
+  e->rope_cos_.resize(T * c.head_dim / 2);
+  e->rope_sin_.resize(T * c.head_dim / 2);
+  e->used_experts_.reserve(c.n_expert);
+  e->expert_index_.assign(c.n_expert, -1);
+  e->group_begin_.resize(c.n_expert + 1);
+  e->group_pairs_.resize(T * K);
+  e->group_fill_.reserve(c.n_expert);
+  e->next_pos_.reserve(o.max_sequences);
+  e->seen_.reserve(o.max_sequences);
+  e->expert_views_.resize(c.n_expert);
+  e->output_rows_.reserve(T);
+  return e;
+}
+
+int64_t CpuEngine::KvIndex(int layer, int sequence, int position) const {
+  return ((int64_t(layer) * options_.max_sequences + sequence) * options_.max_context_tokens +
+          position) * config_.kv_dim();
+}
+
+void CpuEngine::ClearSequence(int sequence) {
+  CHECK(sequence >= 0 && sequence < options_.max_sequences);
+  seq_len_[sequence] = 0;
+}
+
+absl::Status CpuEngine::Validate(absl::Span<const BatchToken> batch) {
+  if (batch.empty()) return absl::InvalidArgumentError("empty batch");
+  if (batch.size() > static_cast<size_t>(options_.max_batch_tokens))
+    return absl::InvalidArgumentError(absl::StrCat("batch of ", batch.size(),
+                                                   " tokens exceeds max_batch_tokens ",
+                                                   options_.max_batch_tokens));
+  // Positions of each sequence must continue its cache without gaps (a lower start rewinds it),
+  // so attention never reads a KV entry that was not written.
+  next_pos_.assign(seq_len_.begin(), seq_len_.end());
+  seen_.assign(options_.max_sequences, 0);
+  for (const BatchToken& b : batch) {
+    if (b.token < 0 || b.token >= config_.n_vocab)
+      return absl::InvalidArgumentError(
+          absl::StrCat("token id ", b.token, " is outside the vocabulary [0, ", config_.n_vocab, ")"));
+    if (b.sequence < 0 || b.sequence >= options_.max_sequences)
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", b.sequence, " out of range"));
+    if (b.position < 0 || b.position >= options_.max_context_tokens)
+      return absl::InvalidArgumentError(absl::StrCat("position ", b.position,
+                                                     " is outside the context of ",
+                                                     options_.max_context_tokens, " tokens"));
+    int32_t& next = next_pos_[b.sequence];
+    if (!seen_[b.sequence]) {
+      seen_[b.sequence] = 1;
+      if (b.position > next)
+        return absl::InvalidArgumentError(absl::StrCat("sequence ", b.sequence, " position ",
+                                                       b.position, " skips ahead of ", next));
+    } else if (b.position != next) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", b.sequence, " positions are not consecutive in the batch"));
+    }
+    next = b.position + 1;
+  }
+  return absl::OkStatus();
+}
+
+const uint8_t* CpuEngine::PrepareActivations(GgmlType weight_type, const float* x, int64_t x_stride,
+                                             int64_t cols, int n_tokens, uint8_t* scratch,
+                                             int64_t* row_bytes) {
+  const GgmlType at = ActivationTypeFor(weight_type);
+  if (at == GgmlType::kF32) {
+    *row_bytes = x_stride * static_cast<int64_t>(sizeof(float));
+    return reinterpret_cast<const uint8_t*>(x);
+  }
+  const int64_t rb = RowBytes(at, cols);
+  *row_bytes = rb;
+  pool_.ParallelFor(n_tokens, 8, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) QuantizeRow(at, x + t * x_stride, scratch + t * rb, cols);
+  });
+  return scratch;
+}
+
+void CpuEngine::MatMulPrepared(const MatrixView& w, const uint8_t* act, int64_t act_row_bytes,
+                               int n_tokens, float* out, int64_t out_stride) {
+  pool_.ParallelFor(w.rows, kRowsPerChunk, [&](int64_t r0, int64_t r1) {
+    for (int t = 0; t < n_tokens; ++t) {
+      VecDotRows(w.type, w.row(r0), r1 - r0, act + t * act_row_bytes, w.cols,
+                 out + t * out_stride + r0);
+    }
+  });
+}
+
+void CpuEngine::MatMul(const MatrixView& w, const float* x, int64_t x_stride, int n_tokens,
+                       float* out, int64_t out_stride) {
+  int64_t act_row_bytes;
+  const uint8_t* act =
+      PrepareActivations(w.type, x, x_stride, w.cols, n_tokens, act_.data(), &act_row_bytes);
+  MatMulPrepared(w, act, act_row_bytes, n_tokens, out, out_stride);
+}
+
+void CpuEngine::Attention(int layer, absl::Span<const BatchToken> batch) {
+  const ModelConfig& c = config_;
+  const LayerWeights& L = weights_.layers[layer];
+  const int n = static_cast<int>(batch.size());
+  const int64_t E = c.n_embd, QD = c.q_dim(), KD = c.kv_dim(), HD = c.head_dim;
+
+  for (int t = 0; t < n; ++t) cpu::RmsNorm(&x_[t * E], L.attn_norm, c.rms_norm_eps, E, &xn_[t * E]);
+
+  // Q, K and V read the same normed input: convert it once when their dot types agree.
+  int64_t rb;
+  const uint8_t* act = PrepareActivations(L.wq.type, xn_.data(), E, E, n, act_.data(), &rb);
+  MatMulPrepared(L.wq, act, rb, n, q_.data(), QD);
+  if (ActivationTypeFor(L.wk.type) != ActivationTypeFor(L.wq.type))
+    act = PrepareActivations(L.wk.type, xn_.data(), E, E, n, act_.data(), &rb);
+  MatMulPrepared(L.wk, act, rb, n, k_.data(), KD);
+  if (ActivationTypeFor(L.wv.type) != ActivationTypeFor(L.wk.type))
+    act = PrepareActivations(L.wv.type, xn_.data(), E, E, n, act_.data(), &rb);
+  MatMulPrepared(L.wv, act, rb, n, v_.data(), KD);
+
+  // Per-head Q/K RMSNorm and RoPE; then K and V go to the cache.
+  const int32_t half = c.head_dim / 2;
+  for (int t = 0; t < n; ++t) {
+    const float* cs = &rope_cos_[t * half];
+    const float* sn = &rope_sin_[t * half];
+    for (int h = 0; h < c.n_head; ++h) {
+      float* q = &q_[t * QD + h * HD];
+      cpu::RmsNorm(q, L.q_norm, c.rms_norm_eps, HD, q);
+      cpu::RopeNeox(q, c.head_dim, cs, sn);
+    }
+    for (int h = 0; h < c.n_head_kv; ++h) {
+      float* k = &k_[t * KD + h * HD];
+      cpu::RmsNorm(k, L.k_norm, c.rms_norm_eps, HD, k);
+      cpu::RopeNeox(k, c.head_dim, cs, sn);
+    }
+    const int64_t kv = KvIndex(layer, batch[t].sequence, batch[t].position);
+    std::memcpy(&k_cache_[kv], &k_[t * KD], KD * sizeof(float));
+    std::memcpy(&v_cache_[kv], &v_[t * KD], KD * sizeof(float));
+  }
+
+  // softmax(q.K / sqrt(head_dim)) V over positions [0, position] of the token's sequence.
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  const int group = c.n_head / c.n_head_kv;
+  pool_.ParallelForIndexed(int64_t(n) * c.n_head, 1, [&](int64_t i0, int64_t i1, int thread) {
+    float* scores = &scores_[int64_t(thread) * options_.max_context_tokens];
+    for (int64_t i = i0; i < i1; ++i) {
+      const int t = static_cast<int>(i / c.n_head);
+      const int h = static_cast<int>(i % c.n_head);
+      const int kvh = h / group;
+      const int n_pos = batch[t].position + 1;
+      const float* q = &q_[t * QD + h * HD];
+      const int64_t base = KvIndex(layer, batch[t].sequence, 0) + kvh * HD;
+      for (int j = 0; j < n_pos; ++j) {
+        const float* k = &k_cache_[base + int64_t(j) * KD];
+        float dot = 0.0f;
+        for (int64_t d = 0; d < HD; ++d) dot += q[d] * k[d];
+        scores[j] = dot;
+      }
+      cpu::Softmax(scores, n_pos, scale);
+      float* out = &attn_[t * QD + h * HD];
+      std::fill(out, out + HD, 0.0f);
+      for (int j = 0; j < n_pos; ++j) {
+        const float* v = &v_cache_[base + int64_t(j) * KD];
+        const float p = scores[j];
+        for (int64_t d = 0; d < HD; ++d) out[d] += p * v[d];
+      }
+    }
+  });
+
+  MatMul(L.wo, attn_.data(), QD, n, proj_.data(), E);
+  for (int64_t i = 0; i < int64_t(n) * E; ++i) x_[i] += proj_[i];
+}
+
+absl::Status CpuEngine::MoE(int layer, int n) {
+  const ModelConfig& c = config_;
+  const LayerWeights& L = weights_.layers[layer];
+  const int64_t E = c.n_embd, F = c.n_ff_exp, NE = c.n_expert;
+  const int K = c.n_expert_used;
+
+  for (int t = 0; t < n; ++t) cpu::RmsNorm(&x_[t * E], L.ffn_norm, c.rms_norm_eps, E, &xn_[t * E]);
+
+  // Router: softmax over all experts, top-k by probability (ties to the lower id), optionally
+  // renormalised over the k chosen (sum in double, clamped as llama.cpp does).
+  MatMul(L.router, xn_.data(), E, n, router_.data(), NE);
+  for (int t = 0; t < n; ++t) {
+    float* p = &router_[t * NE];
+    cpu::Softmax(p, NE, 1.0f);
+    int32_t* chosen = &chosen_[t * K];
+    for (int j = 0; j < K; ++j) {
+      int32_t best = -1;
+      for (int32_t e = 0; e < NE; ++e) {
+        if (std::find(chosen, chosen + j, e) != chosen + j) continue;
+        if (best < 0 || p[e] > p[best]) best = e;
+      }
+      chosen[j] = best;
+      chosen_w_[t * K + j] = p[best];
+    }
+    if (c.norm_topk_prob) {
+      double sum = 0.0;
+      for (int j = 0; j < K; ++j) sum += chosen_w_[t * K + j];
+      const float s = std::max(static_cast<float>(sum), 6.103515625e-5f);
+      for (int j = 0; j < K; ++j) chosen_w_[t * K + j] /= s;
+    }
+  }
+  if (routing_observer_ != nullptr)
+    routing_observer_->OnRouting(layer, absl::MakeConstSpan(chosen_.data(), n * K), K);
+
+  // Group the (token, slot) pairs by expert: each expert's weights are read once for all its tokens.
+  used_experts_.clear();
+  for (int i = 0; i < n * K; ++i) {
+    const int32_t e = chosen_[i];
+    if (expert_index_[e] < 0) {
+      expert_index_[e] = 0;
+      used_experts_.push_back(e);
+    }
+  }
+  std::sort(used_experts_.begin(), used_experts_.end());
+  const int n_used = static_cast<int>(used_experts_.size());
+  for (int u = 0; u < n_used; ++u) expert_index_[used_experts_[u]] = u;
+  std::fill(group_begin_.begin(), group_begin_.begin() + n_used + 1, 0);
+  for (int i = 0; i < n * K; ++i) ++group_begin_[expert_index_[chosen_[i]] + 1];
+  for (int u = 0; u < n_used; ++u) group_begin_[u + 1] += group_begin_[u];
+  {
+    std::vector<int32_t>& fill = group_fill_;
+    fill.assign(group_begin_.begin(), group_begin_.begin() + n_used);
+    for (int i = 0; i < n * K; ++i) group_pairs_[fill[expert_index_[chosen_[i]]]++] = i;
+  }
+  for (int u = 0; u < n_used; ++u) expert_index_[used_experts_[u]] = -1;
+
+  absl::Status status = experts_.AcquireLayer(
+      layer, used_experts_, absl::MakeSpan(expert_views_.data(), n_used));
+  if (!status.ok()) {
+    experts_.ReleaseLayer(layer);
+    return status;
+  }
+
+  // Gate and up projections of every chosen expert, over the tokens routed to it.
+  const ExpertWeights& first = expert_views_[0];
+  int64_t rb_gate, rb_up;
+  const uint8_t* act_gate =
+      PrepareActivations(first.gate.type, xn_.data(), E, E, n, act_.data(), &rb_gate);
+  const uint8_t* act_up = act_gate;
+  rb_up = rb_gate;
+  if (ActivationTypeFor(first.up.type) != ActivationTypeFor(first.gate.type))
+    act_up = PrepareActivations(first.up.type, xn_.data(), E, E, n, act_b_.data(), &rb_up);
+  const int64_t ff_chunks = (F + kRowsPerChunk - 1) / kRowsPerChunk;
+  pool_.ParallelFor(n_used * ff_chunks, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int u = static_cast<int>(i / ff_chunks);
+      const int64_t r0 = (i % ff_chunks) * kRowsPerChunk;
+      const int64_t rows = std::min(kRowsPerChunk, F - r0);
+      const ExpertWeights& w = expert_views_[u];
+      for (int g = group_begin_[u]; g < group_begin_[u + 1]; ++g) {
+        const int pair = group_pairs_[g];
+        const int t = pair / K;
+        VecDotRows(w.gate.type, w.gate.row(r0), rows, act_gate + t * rb_gate, E, &gate_[pair * F + r0]);
+        VecDotRows(w.up.type, w.up.row(r0), rows, act_up + t * rb_up, E, &up_[pair * F + r0]);
+      }
+    }
+  });
+
+  // SwiGLU, then the result rows converted for the down projection.
+  const GgmlType down_type = first.down.type;
+  const int64_t rb_down = ActivationRowBytes(down_type, F);
+  const GgmlType down_act_type = ActivationTypeFor(down_type);
+  pool_.ParallelFor(int64_t(n) * K, 4, [&](int64_t p0, int64_t p1) {
+    for (int64_t pair = p0; pair < p1; ++pair) {
+      float* h = &gate_[pair * F];
+      const float* u = &up_[pair * F];
+      for (int64_t i = 0; i < F; ++i) h[i] = cpu::Silu(h[i]) * u[i];
+      if (down_act_type == GgmlType::kF32) {
+        std::memcpy(&act_[pair * rb_down], h, F * sizeof(float));
+      } else {
+        QuantizeRow(down_act_type, h, &act_[pair * rb_down], F);
+      }
+    }
+  });
+
+  const int64_t e_chunks = (E + kRowsPerChunk - 1) / kRowsPerChunk;
+  pool_.ParallelFor(n_used * e_chunks, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int u = static_cast<int>(i / e_chunks);
+      const int64_t r0 = (i % e_chunks) * kRowsPerChunk;
+      const int64_t rows = std::min(kRowsPerChunk, E - r0);
+      const ExpertWeights& w = expert_views_[u];
+      for (int g = group_begin_[u]; g < group_begin_[u + 1]; ++g) {
+        const int pair = group_pairs_[g];
+        VecDotRows(w.down.type, w.down.row(r0), rows, &act_[pair * rb_down], F,
+                   &expert_out_[pair * E + r0]);
+      }
+    }
+  });
+  experts_.ReleaseLayer(layer);
+
+  // Weighted sum in top-k order (each product rounded, then added, as ggml's mul + add chain).
+  for (int t = 0; t < n; ++t) {
+    float* x = &x_[t * E];
+    float* acc = &proj_[t * E];
+    const float* e0 = &expert_out_[(int64_t(t) * K) * E];
+    const float w0 = chosen_w_[t * K];
+    for (int64_t i = 0; i < E; ++i) acc[i] = e0[i] * w0;
+    for (int j = 1; j < K; ++j) {
+      const float* ej = &expert_out_[(int64_t(t) * K + j) * E];
+      const float wj = chosen_w_[t * K + j];
+      for (int64_t i = 0; i < E; ++i) acc[i] = acc[i] + ej[i] * wj;
+    }
+    for (int64_t i = 0; i < E; ++i) x[i] = acc[i] + x[i];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuEngine::Forward(absl::Span<const BatchToken> batch, float* logits) {
+  RETURN_IF_ERROR(Validate(batch));
+  const ModelConfig& c = config_;
+  const int n = static_cast<int>(batch.size());
+  const int64_t E = c.n_embd;
+  const int32_t half = c.head_dim / 2;
+
+  // Embedding rows, dequantized.
+  pool_.ParallelFor(n, 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      DequantizeRow(weights_.token_embd.type, weights_.token_embd.row(batch[t].token), &x_[t * E], E);
+    }
+  });
+  for (int t = 0; t < n; ++t)
+    cpu::RopeCache(batch[t].position, c.rope_freq_base, c.head_dim, &rope_cos_[t * half],
+                   &rope_sin_[t * half]);
+
+  for (int layer = 0; layer < c.n_layer; ++layer) {
+    Attention(layer, batch);
+    absl::Status status = MoE(layer, n);
+    if (!status.ok()) {
+      // The cache holds this batch's K/V for the layers before the failure: forget the batch.
+      for (const BatchToken& b : batch) seq_len_[b.sequence] = std::min(seq_len_[b.sequence], b.position);
+      return status;
+    }
+  }
+  for (const BatchToken& b : batch) seq_len_[b.sequence] = b.position + 1;
+
+  // Final norm and LM head for the tokens that want logits.
+  output_rows_.clear();
+  for (int t = 0; t < n; ++t) {
+    if (batch[t].want_logits) output_rows_.push_back(t);
+  }
+  const int n_out = static_cast<int>(output_rows_.size());
+  for (int i = 0; i < n_out; ++i)
+    cpu::RmsNorm(&x_[output_rows_[i] * E], weights_.output_norm, c.rms_norm_eps, E, &xn_[i * E]);
+  if (n_out > 0) MatMul(weights_.output, xn_.data(), E, n_out, logits, c.n_vocab);
+  return absl::OkStatus();
+}
+
+}  // namespace mer

@@ -1,0 +1,140 @@
+// The CPU backend of mer-compute: the qwen3moe forward pass, multi-threaded, over batches that may
+// mix tokens of several sequences (continuous batching) and several positions of one sequence
+// (chunked prompt processing).
+//
+// Numerics follow llama.cpp's CPU backend on purpose, because parity with it is how correctness
+// is judged: activations are rounded to the weight's dot-product type before every matrix product
+// (Q8_0 blocks for Q8_0 weights, Q8_K for K-quants, f16/bf16 for f16/bf16), products use integer
+// or half dot products, reductions that ggml does in double (RMSNorm, softmax sums) are done in
+// double, and the KV cache is f32.
+//
+// Memory: every buffer is reserved at Create for the worst case (max_batch_tokens tokens, every
+// token routed to distinct experts), so Forward allocates nothing.
+//
+// Thread-safety: one Forward at a time (it owns the workspaces); Create/ClearSequence likewise.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/model/expert_source.h"
+#include "common/model/model_weights.h"
+#include "services/compute/cpu/thread_pool.h"
+
+namespace mer {
+
+struct CpuEngineOptions {
+  int threads = 0;                // worker threads including the caller; 0 = all cores
+  int max_batch_tokens = 256;     // tokens per Forward call (prompt chunk size), >= 1
+  int max_sequences = 1;          // KV cache slots
+  int max_context_tokens = 4096;  // KV positions per sequence; capped at the model's context_length
+};
+
+// One token of a batch: `token` at `position` of sequence `sequence`. Positions of a sequence
+// must be filled in order: a token attends to positions [0, position] of its sequence, which must
+// be in the KV cache already or earlier in the same batch.
+struct BatchToken {
+  int32_t token = 0;
+  int32_t position = 0;
+  int32_t sequence = 0;
+  bool want_logits = false;
+};
+
+// Called after each layer's routing with the experts chosen for every token of the batch
+// (top-k ids, row-major [n_tokens, k]); for routing traces and residency hints.
+class RoutingObserver {
+ public:
+  virtual ~RoutingObserver() = default;
+  virtual void OnRouting(int layer, absl::Span<const int32_t> experts_per_token, int k) = 0;
+};
+
+class CpuEngine {
+ public:
+  static absl::StatusOr<std::unique_ptr<CpuEngine>> Create(const ModelWeights& weights,
+                                                           ExpertSource& experts,
+                                                           const CpuEngineOptions& options);
+  ~CpuEngine();
+
+  const ModelConfig& config() const { return config_; }
+  const CpuEngineOptions& options() const { return options_; }
+  int max_context_tokens() const { return options_.max_context_tokens; }
+
+  // Runs the batch; for each token with want_logits, in batch order, writes n_vocab logits to
+  // `logits` (sized for that many rows). InvalidArgument for a bad token, position or sequence;
+  // errors of the ExpertSource are passed on (the KV entries of this batch are then undefined).
+  absl::Status Forward(absl::Span<const BatchToken> batch, float* logits);
+
+  // Forgets the sequence's KV entries (its slot can take a new sequence at position 0).
+  void ClearSequence(int sequence);
+  // Positions [0, sequence_length) of the sequence are in the KV cache.
+  int32_t sequence_length(int sequence) const { return seq_len_[sequence]; }
+
+  void set_routing_observer(RoutingObserver* observer) { routing_observer_ = observer; }
+
+ private:
+  CpuEngine(const ModelWeights& weights, ExpertSource& experts, const CpuEngineOptions& options);
+
+  absl::Status Validate(absl::Span<const BatchToken> batch);
+  void Attention(int layer, absl::Span<const BatchToken> batch);
+  absl::Status MoE(int layer, int n_tokens);
+  // out[t * out_stride + r] = dot(w row r, x row t) for all t < n_tokens, r < w.rows, with the
+  // f32 rows of `x` (stride x_stride floats) first converted to w's activation type.
+  void MatMul(const MatrixView& w, const float* x, int64_t x_stride, int n_tokens, float* out,
+              int64_t out_stride);
+  // The two halves of MatMul, for inputs shared by several matrices: converts n_tokens rows of x
+  // to the activation type of `weight_type` in `scratch` (f32 needs no copy: returns x) and
+  // returns them with their row stride in bytes.
+  const uint8_t* PrepareActivations(GgmlType weight_type, const float* x, int64_t x_stride,
+                                    int64_t cols, int n_tokens, uint8_t* scratch,
+                                    int64_t* row_bytes);
+  void MatMulPrepared(const MatrixView& w, const uint8_t* act, int64_t act_row_bytes, int n_tokens,
+                      float* out, int64_t out_stride);
+
+  const ModelWeights& weights_;
+  ExpertSource& experts_;
+  const ModelConfig config_;
+  CpuEngineOptions options_;
+  ThreadPool pool_;
+  RoutingObserver* routing_observer_ = nullptr;
+
+  // KV cache, f32: [layer][sequence][position][kv_dim].
+  std::vector<float> k_cache_;
+  std::vector<float> v_cache_;
+  std::vector<int32_t> seq_len_;   // [max_sequences] positions filled
+  std::vector<int32_t> next_pos_;  // Validate's scratch
+  std::vector<uint8_t> seen_;
+  int64_t KvIndex(int layer, int sequence, int position) const;
+
+  // Workspaces, sized at Create for max_batch_tokens (T) tokens.
+  std::vector<float> x_;          // f32 [T, n_embd] residual stream
+  std::vector<float> xn_;         // f32 [T, n_embd] normed input of the current sub-layer
+  std::vector<float> q_;          // f32 [T, q_dim]
+  std::vector<float> k_;          // f32 [T, kv_dim]
+  std::vector<float> v_;          // f32 [T, kv_dim]
+  std::vector<float> attn_;       // f32 [T, q_dim] attention output, heads concatenated
+  std::vector<float> scores_;     // f32 [threads, max_context] attention scores per worker
+  std::vector<float> proj_;       // f32 [T, n_embd] output of a projection before the residual add
+  std::vector<uint8_t> act_;      // activations in a weight's dot type, [T * k] rows of the widest
+  std::vector<uint8_t> act_b_;    // a second [T] rows, when gate and up want different types
+  std::vector<float> router_;     // f32 [T, n_expert]
+  std::vector<int32_t> chosen_;   // [T, k] expert ids
+  std::vector<float> chosen_w_;   // [T, k] their weights
+  std::vector<float> gate_;       // f32 [T * k, n_ff_exp]
+  std::vector<float> up_;         // f32 [T * k, n_ff_exp]
+  std::vector<float> expert_out_; // f32 [T * k, n_embd]
+  std::vector<float> rope_cos_;   // [T, head_dim / 2]
+  std::vector<float> rope_sin_;
+  // Grouping of (token, slot) pairs by expert for the current layer.
+  std::vector<int32_t> used_experts_;     // distinct experts of the batch, ascending
+  std::vector<int32_t> expert_index_;     // [n_expert] -> index in used_experts_, -1 between layers
+  std::vector<int32_t> group_begin_;      // [used + 1] offsets into group_pairs_
+  std::vector<int32_t> group_pairs_;      // (t * k + j) sorted by expert
+  std::vector<int32_t> group_fill_;       // scratch of the grouping
+  std::vector<ExpertWeights> expert_views_;
+  std::vector<int32_t> output_rows_;      // batch indices that want logits
+};
+
+}  // namespace mer

@@ -1,0 +1,49 @@
+#include "tools/mer/cli_util.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status.h"
+#include "common/model/model_tokenizer.h"
+
+namespace mer::cli {
+
+int Fail(const char* command, const absl::Status& status) {
+  std::fprintf(stderr, "mer %s: %s\n", command, std::string(status.message()).c_str());
+  return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+bool MaybeHelp(const Args& args, const char* help) {
+  if (std::find(args.begin(), args.end(), "--help") == args.end()) return false;
+  std::fputs(help, stdout);
+  return true;
+}
+
+absl::StatusOr<LoadedModel> LoadModel(const Flags& flags, int min_context_tokens) {
+  LoadedModel m;
+  ASSIGN_OR_RETURN(const std::string path, flags.Required("model"));
+  ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(path));
+  m.file = std::move(file);
+  auto weights = ModelWeights::Load(m.file);
+  if (!weights.ok())
+    return absl::Status(weights.status().code(), absl::StrCat(path, ": ", weights.status().message()));
+  m.weights = std::move(*weights);
+  auto tokenizer = LoadTokenizer(*m.file);
+  if (!tokenizer.ok())
+    return absl::Status(tokenizer.status().code(), absl::StrCat(path, ": ", tokenizer.status().message()));
+  m.tokenizer = std::make_unique<Tokenizer>(std::move(*tokenizer));
+  m.experts = std::make_unique<MappedExpertSource>(*m.weights);
+
+  CpuEngineOptions options;
+  ASSIGN_OR_RETURN(const int64_t threads, flags.Int("threads", 0));
+  ASSIGN_OR_RETURN(const int64_t batch, flags.Int("batch", 256));
+  ASSIGN_OR_RETURN(const int64_t ctx, flags.Int("ctx", std::max(4096, min_context_tokens)));
+  if (threads < 0 || threads > 1024) return absl::InvalidArgumentError("--threads must be in [0, 1024]");
+  options.threads = static_cast<int>(threads);
+  options.max_batch_tokens = static_cast<int>(std::clamp<int64_t>(batch, 1, 65536));
+  options.max_context_tokens = static_cast<int>(std::clamp<int64_t>(ctx, 1, 1 << 24));
+  ASSIGN_OR_RETURN(m.engine, CpuEngine::Create(*m.weights, *m.experts, options));
+  return m;
+}
+
+}  // namespace mer::cli

@@ -1,0 +1,42 @@
+// Helpers shared by the `mer` subcommands: error reporting, opening a model, building the engine.
+#pragma once
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/gguf/gguf_file.h"
+#include "common/model/expert_source.h"
+#include "common/model/model_weights.h"
+#include "common/tokenizer/tokenizer.h"
+#include "services/compute/cpu/cpu_engine.h"
+#include "tools/mer/commands.h"
+#include "tools/mer/flags.h"
+
+namespace mer::cli {
+
+// Prints "mer <command>: <message>" and returns exit status 1 (2 for usage errors).
+int Fail(const char* command, const absl::Status& status);
+
+// Prints `help` to stdout and returns true when --help was given.
+bool MaybeHelp(const Args& args, const char* help);
+
+// Everything `generate`, `score` and `bench` run on: the mapped file, the validated weights, the
+// tokenizer and a CPU engine reading experts from the mapping.
+struct LoadedModel {
+  std::shared_ptr<GgufFile> file;
+  std::unique_ptr<ModelWeights> weights;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<MappedExpertSource> experts;
+  std::unique_ptr<CpuEngine> engine;
+};
+
+// Flags read: --model, --threads, --ctx (KV positions), --batch (prompt chunk).
+absl::StatusOr<LoadedModel> LoadModel(const Flags& flags, int min_context_tokens);
+
+// The common engine flags, for Flags::Parse.
+inline const std::vector<std::string> kEngineFlags = {"model", "threads", "ctx", "batch"};
+
+}  // namespace mer::cli
