@@ -25,6 +25,21 @@ int64_t ActivationRowBytes(GgmlType weight_type, int64_t cols) {
   return RowBytes(ActivationTypeFor(weight_type), cols);
 }
 
+// out[r] = row r of `rows` . act; F32 weights in ggml_vec_dot_f32's summation order (cpu_ops.h),
+// other types by the quant kernels. llama.cpp takes that order for single-token decode and for
+// mul_mat_id (the experts); its batched F32 x F32 mat-muls go through llamafile's sgemm instead,
+// which mer does not copy, so that a batch stays bit-identical to feeding it token by token.
+void RowDots(GgmlType type, const uint8_t* rows, int64_t n_rows, const uint8_t* act, int64_t cols,
+             float* out) {
+  if (type != GgmlType::kF32) {
+    VecDotRows(type, rows, n_rows, act, cols, out);
+    return;
+  }
+  const float* w = reinterpret_cast<const float*>(rows);
+  const float* a = reinterpret_cast<const float*>(act);
+  for (int64_t r = 0; r < n_rows; ++r) out[r] = cpu::DotF32Ggml(w + r * cols, a, cols);
+}
+
 }  // namespace
 
 CpuEngine::CpuEngine(const ModelWeights& weights, ExpertSource& experts,
@@ -68,6 +83,7 @@ absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Create(const ModelWeights&
   e->attn_.resize(T * c.q_dim());
   e->proj_.resize(T * c.n_embd);
   e->scores_.resize(int64_t(o.threads) * o.max_context_tokens);
+  e->kqv_lanes_.resize(int64_t(o.threads) * c.head_dim * 64);
   const int64_t widest = std::max({int64_t{c.n_embd}, int64_t{c.q_dim()}, int64_t{c.n_ff_exp}});
   e->act_.resize(T * K * widest * sizeof(float));  // f32 is the widest activation format
   e->act_b_.resize(T * widest * sizeof(float));
@@ -156,8 +172,8 @@ void CpuEngine::MatMulPrepared(const MatrixView& w, const uint8_t* act, int64_t 
                                int n_tokens, float* out, int64_t out_stride) {
   pool_.ParallelFor(w.rows, kRowsPerChunk, [&](int64_t r0, int64_t r1) {
     for (int t = 0; t < n_tokens; ++t) {
-      VecDotRows(w.type, w.row(r0), r1 - r0, act + t * act_row_bytes, w.cols,
-                 out + t * out_stride + r0);
+      RowDots(w.type, reinterpret_cast<const uint8_t*>(w.row(r0)), r1 - r0,
+              act + t * act_row_bytes, w.cols, out + t * out_stride + r0);
     }
   });
 }
@@ -209,11 +225,21 @@ void CpuEngine::Attention(int layer, absl::Span<const BatchToken> batch) {
     std::memcpy(&v_cache_[kv], &v_[t * KD], KD * sizeof(float));
   }
 
-  // softmax(q.K / sqrt(head_dim)) V over positions [0, position] of the token's sequence.
+  // softmax(q.K / sqrt(head_dim)) V over positions [0, position] of the token's sequence, in
+  // ggml's rounding (cpu_ops.h), since an ulp off here can flip a later Q8_0 activation rounding
+  // (seen as a 0.05 logit jump at KV length 40 on a qwen3moe Q8_0 model). llama.cpp (no flash
+  // attention) computes kq = mul_mat(K, q) with ggml_vec_dot_f32 (q is a permuted view, so never
+  // sgemm), soft_max_ext over its padded KV window (a multiple of 256 cells; the masked ones add
+  // exact zeros, so n_pos rounded up to 16 gives the same groups of 16), and kqv = mul_mat(V^T, kq)
+  // over that window, which for a single token is ggml_vec_dot_f32: output d accumulates cell j in
+  // fma lane j % 64. Masked cells have probability 0 and leave the accumulators unchanged. (For
+  // batches of >= 2 tokens llama.cpp uses llamafile's sgemm for kqv; mer keeps the decode order so
+  // that a batch is bit-identical to feeding it token by token.)
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   const int group = c.n_head / c.n_head_kv;
   pool_.ParallelForIndexed(int64_t(n) * c.n_head, 1, [&](int64_t i0, int64_t i1, int thread) {
     float* scores = &scores_[int64_t(thread) * options_.max_context_tokens];
+    float* acc = &kqv_lanes_[int64_t(thread) * HD * 64];  // 64 accumulator lanes per output
     for (int64_t i = i0; i < i1; ++i) {
       const int t = static_cast<int>(i / c.n_head);
       const int h = static_cast<int>(i % c.n_head);
@@ -221,20 +247,17 @@ void CpuEngine::Attention(int layer, absl::Span<const BatchToken> batch) {
       const int n_pos = batch[t].position + 1;
       const float* q = &q_[t * QD + h * HD];
       const int64_t base = KvIndex(layer, batch[t].sequence, 0) + kvh * HD;
-      for (int j = 0; j < n_pos; ++j) {
-        const float* k = &k_cache_[base + int64_t(j) * KD];
-        float dot = 0.0f;
-        for (int64_t d = 0; d < HD; ++d) dot += q[d] * k[d];
-        scores[j] = dot;
-      }
-      cpu::Softmax(scores, n_pos, scale);
-      float* out = &attn_[t * QD + h * HD];
-      std::fill(out, out + HD, 0.0f);
+      for (int j = 0; j < n_pos; ++j) scores[j] = cpu::DotF32Ggml(&k_cache_[base + int64_t(j) * KD], q, HD);
+      cpu::Softmax(scores, n_pos, scale, (n_pos + 15) / 16 * 16);
+      std::fill(acc, acc + HD * 64, 0.0f);
       for (int j = 0; j < n_pos; ++j) {
         const float* v = &v_cache_[base + int64_t(j) * KD];
         const float p = scores[j];
-        for (int64_t d = 0; d < HD; ++d) out[d] += p * v[d];
+        float* a = acc + j % 64;
+        for (int64_t d = 0; d < HD; ++d) a[d * 64] = std::fma(v[d], p, a[d * 64]);
       }
+      float* out = &attn_[t * QD + h * HD];
+      for (int64_t d = 0; d < HD; ++d) out[d] = cpu::ReduceAcc64(acc + d * 64);
     }
   });
 
@@ -324,8 +347,10 @@ absl::Status CpuEngine::MoE(int layer, int n) {
       for (int g = group_begin_[u]; g < group_begin_[u + 1]; ++g) {
         const int pair = group_pairs_[g];
         const int t = pair / K;
-        VecDotRows(w.gate.type, w.gate.row(r0), rows, act_gate + t * rb_gate, E, &gate_[pair * F + r0]);
-        VecDotRows(w.up.type, w.up.row(r0), rows, act_up + t * rb_up, E, &up_[pair * F + r0]);
+        RowDots(w.gate.type, reinterpret_cast<const uint8_t*>(w.gate.row(r0)), rows,
+                act_gate + t * rb_gate, E, &gate_[pair * F + r0]);
+        RowDots(w.up.type, reinterpret_cast<const uint8_t*>(w.up.row(r0)), rows,
+                act_up + t * rb_up, E, &up_[pair * F + r0]);
       }
     }
   });
@@ -338,7 +363,7 @@ absl::Status CpuEngine::MoE(int layer, int n) {
     for (int64_t pair = p0; pair < p1; ++pair) {
       float* h = &gate_[pair * F];
       const float* u = &up_[pair * F];
-      for (int64_t i = 0; i < F; ++i) h[i] = cpu::Silu(h[i]) * u[i];
+      cpu::SwiGlu(h, u, F);
       if (down_act_type == GgmlType::kF32) {
         std::memcpy(&act_[pair * rb_down], h, F * sizeof(float));
       } else {
@@ -356,8 +381,8 @@ absl::Status CpuEngine::MoE(int layer, int n) {
       const ExpertWeights& w = expert_views_[u];
       for (int g = group_begin_[u]; g < group_begin_[u + 1]; ++g) {
         const int pair = group_pairs_[g];
-        VecDotRows(w.down.type, w.down.row(r0), rows, &act_[pair * rb_down], F,
-                   &expert_out_[pair * E + r0]);
+        RowDots(w.down.type, reinterpret_cast<const uint8_t*>(w.down.row(r0)), rows,
+                &act_[pair * rb_down], F, &expert_out_[pair * E + r0]);
       }
     }
   });

@@ -116,6 +116,7 @@ class CpuEngine {
   std::vector<float> v_;          // f32 [T, kv_dim]
   std::vector<float> attn_;       // f32 [T, q_dim] attention output, heads concatenated
   std::vector<float> scores_;     // f32 [threads, max_context] attention scores per worker
+  std::vector<float> kqv_lanes_;  // f32 [threads, head_dim, 64] ggml's fma lanes of softmax . V
   std::vector<float> proj_;       // f32 [T, n_embd] output of a projection before the residual add
   std::vector<uint8_t> act_;      // activations in a weight's dot type, [T * k] rows of the widest
   std::vector<uint8_t> act_b_;    // a second [T] rows, when gate and up want different types
