@@ -2,18 +2,36 @@
 
 #include <algorithm>
 
+#include "common/base/check.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
 namespace mer {
 namespace {
+
 inline void CpuRelax() {
 #if defined(__x86_64__)
   _mm_pause();
 #endif
 }
-constexpr int kSpinIterations = 20000;  // ~100 us of pause before a worker sleeps
+
+constexpr int kSpinIterations = 4000;   // pause-spins before yielding
+constexpr int kYieldIterations = 2000;  // yields before a worker sleeps
+
+// Waits until `ready()`: spin, then yield so a peer that needs this core can run.
+template <typename Ready>
+void SpinThenYield(const Ready& ready) {
+  for (int i = 0; !ready(); ++i) {
+    if (i < kSpinIterations) {
+      CpuRelax();
+    } else {
+      std::this_thread::yield();
+    }
+  }
+}
+
 }  // namespace
 
 ThreadPool::ThreadPool(int threads) {
@@ -27,42 +45,47 @@ ThreadPool::~ThreadPool() {
   for (std::thread& t : workers_) t.join();
 }
 
-void ThreadPool::RunChunks(int thread) {
+void ThreadPool::RunChunks(uint32_t generation, int thread) {
+  const Invoke invoke = invoke_.load(std::memory_order_relaxed);
+  const void* ctx = ctx_.load(std::memory_order_relaxed);
+  const int64_t n = n_.load(std::memory_order_relaxed);
+  const int64_t grain = grain_.load(std::memory_order_relaxed);
+  uint64_t word = claim_.load(std::memory_order_acquire);
   for (;;) {
-    const int64_t begin = next_.fetch_add(grain_, std::memory_order_relaxed);
-    if (begin >= n_) return;
-    invoke_(ctx_, begin, std::min(begin + grain_, n_), thread);
+    if (static_cast<uint32_t>(word >> 32) != generation) return;  // a newer job: fields are stale
+    const int64_t begin = static_cast<int64_t>(word & 0xffffffffu);
+    if (begin >= n) return;
+    const int64_t end = std::min(begin + grain, n);
+    if (!claim_.compare_exchange_weak(word, (word & ~uint64_t{0xffffffffu}) | uint64_t(end),
+                                      std::memory_order_acq_rel, std::memory_order_acquire))
+      continue;  // `word` was reloaded
+    invoke(ctx, begin, end, thread);
+    done_.fetch_add(end - begin, std::memory_order_release);
+    word = claim_.load(std::memory_order_acquire);
   }
 }
 
 void ThreadPool::Run(int64_t n, int64_t grain, Invoke invoke, const void* ctx) {
-  invoke_ = invoke;
-  ctx_ = ctx;
-  n_ = n;
-  grain_ = grain;
-  next_.store(0, std::memory_order_relaxed);
-  busy_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
-  generation_.fetch_add(1, std::memory_order_release);
+  CHECK(n < (int64_t{1} << 31));
+  const uint32_t generation = generation_.load(std::memory_order_relaxed) + 1;
+  invoke_.store(invoke, std::memory_order_relaxed);
+  ctx_.store(ctx, std::memory_order_relaxed);
+  n_.store(n, std::memory_order_relaxed);
+  grain_.store(grain, std::memory_order_relaxed);
+  done_.store(0, std::memory_order_relaxed);
+  claim_.store(uint64_t{generation} << 32, std::memory_order_release);
+  generation_.store(generation, std::memory_order_release);
   generation_.notify_all();
-  RunChunks(0);
-  // Wait for the workers to leave the job; they are at most one chunk behind. Yield after a short
-  // spin: with more threads than free cores the worker we wait for may need our core.
-  for (int i = 0; busy_.load(std::memory_order_acquire) != 0; ++i) {
-    if (i < kSpinIterations / 8) {
-      CpuRelax();
-    } else {
-      std::this_thread::yield();
-    }
-  }
+  RunChunks(generation, 0);
+  SpinThenYield([&] { return done_.load(std::memory_order_acquire) == n; });
 }
 
 void ThreadPool::WorkerLoop(int thread) {
-  // Not a load: a job may already have been published before this thread got to run.
-  uint64_t seen = 0;
+  uint32_t seen = 0;  // not a load: a job may have been published before this thread ran
   for (;;) {
-    uint64_t now = generation_.load(std::memory_order_acquire);
-    for (int i = 0; now == seen && i < kSpinIterations; ++i) {
-      if (i < kSpinIterations / 8) {
+    uint32_t now = generation_.load(std::memory_order_acquire);
+    for (int i = 0; now == seen && i < kSpinIterations + kYieldIterations; ++i) {
+      if (i < kSpinIterations) {
         CpuRelax();
       } else {
         std::this_thread::yield();
@@ -75,8 +98,7 @@ void ThreadPool::WorkerLoop(int thread) {
     }
     seen = now;
     if (stop_.load(std::memory_order_relaxed)) return;
-    RunChunks(thread);
-    busy_.fetch_sub(1, std::memory_order_release);
+    RunChunks(now, thread);
   }
 }
 

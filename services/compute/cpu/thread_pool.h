@@ -1,8 +1,17 @@
 // A fixed pool of worker threads for data-parallel loops in the decode step.
 //
-// ParallelFor hands out [begin, end) chunks through one atomic counter; the calling thread works
-// too. Workers spin briefly between jobs (a decode step issues a few hundred loops, microseconds
-// apart) and then sleep on an atomic wait. No allocation and no lock per loop.
+// ParallelFor publishes a job and works on it too; it returns when every chunk is done, not when
+// every worker has checked in, so a worker that the OS has not scheduled yet (other processes on
+// the cores) never delays a loop it took no part in. Workers spin briefly between jobs (a decode
+// step issues a few hundred loops, microseconds apart), then yield, then sleep on an atomic wait.
+// No allocation and no lock per loop.
+//
+// Invariants. `claim_` packs (job generation << 32 | next chunk start): a chunk is claimed by a
+// compare-exchange that also checks the generation, so a late worker can never run a chunk of a
+// newer job with an older job's function. The job fields are written before the generation is
+// released and read after it is acquired; a worker that read a stale mix of fields fails its claim
+// and reads them again. `done_` counts finished items of the current job; the caller returns once
+// it reaches n, so every claimed chunk has finished before the next job is published.
 //
 // Thread-safety: ParallelFor must be called from one thread at a time (the engine's step thread).
 #pragma once
@@ -49,18 +58,18 @@ class ThreadPool {
   using Invoke = void (*)(const void* ctx, int64_t begin, int64_t end, int thread);
   void Run(int64_t n, int64_t grain, Invoke invoke, const void* ctx);
   void WorkerLoop(int thread);
-  void RunChunks(int thread);
+  // Runs chunks of job `generation` until none is left or a newer job replaced it.
+  void RunChunks(uint32_t generation, int thread);
 
   std::vector<std::thread> workers_;
-  // The current job; written by the caller before generation_ is released, read by workers after
-  // they acquire it.
-  Invoke invoke_ = nullptr;
-  const void* ctx_ = nullptr;
-  int64_t n_ = 0;
-  int64_t grain_ = 1;
-  std::atomic<int64_t> next_{0};      // next chunk start
-  std::atomic<int> busy_{0};          // workers still inside the current job
-  std::atomic<uint64_t> generation_{0};  // bumped (release) per job; workers acquire it
+  // The current job (relaxed atomics: see the invariants above).
+  std::atomic<Invoke> invoke_{nullptr};
+  std::atomic<const void*> ctx_{nullptr};
+  std::atomic<int64_t> n_{0};
+  std::atomic<int64_t> grain_{1};
+  std::atomic<uint64_t> claim_{0};       // generation << 32 | next chunk start
+  std::atomic<int64_t> done_{0};         // items of the current job finished
+  std::atomic<uint32_t> generation_{0};  // bumped (release) per job; workers acquire it
   std::atomic<bool> stop_{false};
 };
 
