@@ -133,6 +133,11 @@ uint32_t FileType(SynthQuant q) {  // llama_ftype numbering
 std::optional<SynthGeometry> SynthPreset(const std::string& name) {
   SynthGeometry g;
   if (name == "tiny") return g;
+  if (name == "micro") {  // the smallest useful geometry: unit tests build dozens of these
+    g.n_layer = 2; g.n_embd = 64; g.n_head = 4; g.n_head_kv = 2; g.head_dim = 16;
+    g.n_expert = 8; g.n_expert_used = 2; g.n_ff_exp = 32; g.n_vocab = 300; g.n_ctx = 256;
+    return g;
+  }
   if (name == "small") {
     g.n_layer = 12; g.n_embd = 768; g.n_head = 12; g.n_head_kv = 4; g.head_dim = 64;
     g.n_expert = 32; g.n_expert_used = 4; g.n_ff_exp = 512; g.n_vocab = 8192; g.n_ctx = 8192;

@@ -29,7 +29,8 @@ struct SynthGeometry {
   int32_t n_ctx = 4096;
 };
 
-// "tiny", "small", "qwen3-30b-a3b", "qwen3-235b-a22b"; nullopt for an unknown name.
+// "micro" (unit tests), "tiny" (the embedded default), "small", "qwen3-30b-a3b",
+// "qwen3-235b-a22b"; nullopt for an unknown name.
 std::optional<SynthGeometry> SynthPreset(const std::string& name);
 
 enum class SynthQuant { kF32, kF16, kBF16, kQ8_0, kQ4_K };

@@ -100,6 +100,7 @@ absl::Status Generate(const Args& args) {
                                  &stats));
   if (ids_only) std::printf("%s", absl::StrJoin(out, " ").c_str());
   std::printf("\n");
+  std::fflush(stdout);  // the text before the statistics on stderr
   std::fprintf(stderr, "prompt %d tokens in %.3f s (%.1f tokens/s); generated %d tokens, %.1f tokens/s\n",
                stats.prompt_tokens, stats.prompt_seconds, stats.prompt_tokens / stats.prompt_seconds,
                stats.generated_tokens,

@@ -9,7 +9,7 @@
 namespace mer::cli {
 namespace {
 
-constexpr char kHelp[] = R"(usage: mer synth --preset {tiny,small,qwen3-30b-a3b,qwen3-235b-a22b}
+constexpr char kHelp[] = R"(usage: mer synth --preset {micro,tiny,small,qwen3-30b-a3b,qwen3-235b-a22b}
                  [--layers N --embd N --experts N --experts-used N --ff-exp N --heads N
                   --kv-heads N --head-dim N --vocab N --ctx N]
                  --quant {f32,f16,bf16,q8_0,q4_k} [--seed S] [--router-skew X]

@@ -37,15 +37,7 @@ TestModel MakeModel(SynthOptions o, const std::string& tag) {
 
 SynthOptions SmallGeometry(SynthQuant quant) {
   SynthOptions o;
-  o.geometry.n_layer = 2;
-  o.geometry.n_embd = 64;
-  o.geometry.n_head = 4;
-  o.geometry.n_head_kv = 2;
-  o.geometry.head_dim = 16;
-  o.geometry.n_expert = 8;
-  o.geometry.n_expert_used = 2;
-  o.geometry.n_ff_exp = 32;
-  o.geometry.n_vocab = 300;
+  o.geometry = *SynthPreset("micro");
   o.quant = quant;
   o.seed = 7;
   return o;
@@ -79,6 +71,17 @@ std::vector<std::vector<float>> StepByStep(CpuEngine& e, int seq, const std::vec
   return out;
 }
 
+// Max |engine - double reference| over the logits of every position of kTokens is below `bound`.
+void ExpectCloseToReference(CpuEngine& engine, const ModelWeights& w, double bound) {
+  const auto got = StepByStep(engine, 0, kTokens);
+  const auto want = testing::ReferenceForward(w, kTokens);
+  for (size_t t = 0; t < kTokens.size(); ++t) {
+    double max_diff = 0;
+    for (size_t i = 0; i < want[t].size(); ++i) max_diff = std::max(max_diff, std::abs(got[t][i] - want[t][i]));
+    EXPECT_LT(max_diff, bound) << "position " << t;
+  }
+}
+
 struct ReferenceCase {
   const char* name;
   int experts_used;
@@ -97,13 +100,7 @@ TEST_P(EngineVsReference, F32LogitsMatchDoubleReference) {
   ASSERT_EQ(m.weights->config().norm_topk_prob, GetParam().norm_topk);
   MappedExpertSource src(*m.weights);
   auto engine = MakeEngine(*m.weights, src, 2);
-  const auto got = StepByStep(*engine, 0, kTokens);
-  const auto want = testing::ReferenceForward(*m.weights, kTokens);
-  for (size_t t = 0; t < kTokens.size(); ++t) {
-    double max_diff = 0;
-    for (size_t i = 0; i < want[t].size(); ++i) max_diff = std::max(max_diff, std::abs(got[t][i] - want[t][i]));
-    EXPECT_LT(max_diff, 1e-4) << "position " << t;
-  }
+  ExpectCloseToReference(*engine, *m.weights, 1e-4);
 }
 
 INSTANTIATE_TEST_SUITE_P(Routing, EngineVsReference,
@@ -119,13 +116,7 @@ TEST(CpuEngine, Q8_0CloseToDoubleReference) {
   TestModel m = MakeModel(SmallGeometry(SynthQuant::kQ8_0), "q8");
   MappedExpertSource src(*m.weights);
   auto engine = MakeEngine(*m.weights, src, 2);
-  const auto got = StepByStep(*engine, 0, kTokens);
-  const auto want = testing::ReferenceForward(*m.weights, kTokens);
-  for (size_t t = 0; t < kTokens.size(); ++t) {
-    double max_diff = 0;
-    for (size_t i = 0; i < want[t].size(); ++i) max_diff = std::max(max_diff, std::abs(got[t][i] - want[t][i]));
-    EXPECT_LT(max_diff, 0.1) << "position " << t;
-  }
+  ExpectCloseToReference(*engine, *m.weights, 0.1);
 }
 
 // A prompt in one batch, in chunks, or token by token gives the same logits bit for bit: each
