@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/base/check.h"
 #include "common/base/status.h"
 
 namespace mer {
@@ -64,6 +65,16 @@ class TensorLoader {
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(
     std::shared_ptr<const GgufFile> file) {
+  return LoadImpl(std::move(file), /*with_experts=*/true);
+}
+
+absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::LoadDense(
+    std::shared_ptr<const GgufFile> file) {
+  return LoadImpl(std::move(file), /*with_experts=*/false);
+}
+
+absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::LoadImpl(
+    std::shared_ptr<const GgufFile> file, bool with_experts) {
   std::unique_ptr<ModelWeights> w(new ModelWeights(file));
   ASSIGN_OR_RETURN(w->config_, ReadModelConfig(*file));
   const ModelConfig& c = w->config_;
@@ -89,6 +100,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(
     ASSIGN_OR_RETURN(l.k_norm, load.Vector(b + "attn_k_norm.weight", c.head_dim));
     ASSIGN_OR_RETURN(l.ffn_norm, load.Vector(b + "ffn_norm.weight", c.n_embd));
     ASSIGN_OR_RETURN(l.router, load.Matrix(b + "ffn_gate_inp.weight", c.n_embd, c.n_expert));
+    if (!with_experts) continue;
     ASSIGN_OR_RETURN(l.gate_exps,
                      load.Matrix(b + "ffn_gate_exps.weight", c.n_embd, c.n_ff_exp, c.n_expert));
     ASSIGN_OR_RETURN(l.up_exps,
@@ -101,6 +113,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(
 
 ExpertWeights ModelWeights::Expert(int layer, int expert) const {
   const LayerWeights& l = layers[layer];
+  CHECK_MSG(l.gate_exps.data != nullptr, "ModelWeights::Expert on weights loaded with LoadDense");
   const auto slice = [expert](const MatrixView& merged, int64_t rows) {
     return MatrixView{merged.type, merged.cols, rows, merged.row(expert * rows)};
   };

@@ -53,6 +53,10 @@ class ModelWeights {
  public:
   // Validates and maps every tensor the qwen3moe graph needs; InvalidArgument names the tensor.
   static absl::StatusOr<std::unique_ptr<ModelWeights>> Load(std::shared_ptr<const GgufFile> file);
+  // As Load, for a file without the three merged `*_exps` tensors per layer (an expert store's
+  // dense.gguf): gate_exps, up_exps and down_exps stay empty, and Expert() must not be called;
+  // the experts come from an ExpertSource. Expert tensors present in the file are ignored.
+  static absl::StatusOr<std::unique_ptr<ModelWeights>> LoadDense(std::shared_ptr<const GgufFile> file);
 
   const ModelConfig& config() const { return config_; }
   const GgufFile& file() const { return *file_; }
@@ -63,11 +67,13 @@ class ModelWeights {
   MatrixView output;                  // [n_vocab rows, n_embd cols] (token_embd when tied)
   std::vector<LayerWeights> layers;
 
-  // Expert e of `layer` as three matrix views into the file.
+  // Expert e of `layer` as three matrix views into the file (not after LoadDense).
   ExpertWeights Expert(int layer, int expert) const;
 
  private:
   explicit ModelWeights(std::shared_ptr<const GgufFile> file) : file_(std::move(file)) {}
+  static absl::StatusOr<std::unique_ptr<ModelWeights>> LoadImpl(std::shared_ptr<const GgufFile> file,
+                                                                bool with_experts);
   std::shared_ptr<const GgufFile> file_;
   ModelConfig config_;
 };
