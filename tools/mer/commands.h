@@ -15,6 +15,7 @@ int RunGenerate(const Args& args);
 int RunScore(const Args& args);
 int RunTokenize(const Args& args);
 int RunBench(const Args& args);
+int RunTrace(const Args& args);
 int RunPack(const Args& args);
 
 }  // namespace mer::cli

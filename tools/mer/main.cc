@@ -16,6 +16,7 @@ commands:
   score      teacher-forced logits of a continuation (for comparisons)
   tokenize   print the token ids of a text
   bench      measure prompt and decode speed (greedy, 31 prompt + 128 generated tokens)
+  trace      record routing traces and replay them against expert cache policies
   pack       write a model's expert store (dense.gguf, experts.bin, manifest), or verify one
 
 Run `mer <command> --help` for the flags of a command.
@@ -36,6 +37,7 @@ int main(int argc, char** argv) {
   if (command == "score") return mer::cli::RunScore(args);
   if (command == "tokenize") return mer::cli::RunTokenize(args);
   if (command == "bench") return mer::cli::RunBench(args);
+  if (command == "trace") return mer::cli::RunTrace(args);
   if (command == "pack") return mer::cli::RunPack(args);
   std::fprintf(stderr, "mer: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;

@@ -1,0 +1,163 @@
+#include "services/residency/trace/trace_writer.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "common/gguf/gguf_file.h"
+#include "common/model/expert_source.h"
+#include "common/model/model_weights.h"
+#include "common/model/synth_model.h"
+#include "services/compute/generation.h"
+
+namespace mer::residency {
+namespace {
+
+absl::StatusOr<RoutingTrace> Parse(const std::string& bytes) {
+  return ParseTrace(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+}
+
+std::vector<uint16_t> Ids(const RoutingTrace& t, size_t r, int l) {
+  const auto s = t.Experts(r, l);
+  return {s.begin(), s.end()};
+}
+
+TEST(TraceWriter, RecordsBatchesInOrderWithPhases) {
+  auto w = TraceWriter::CreateInMemory({2, 4, 2, 100});
+  ASSERT_TRUE(w.ok());
+  TraceWriter& tw = **w;
+  // A prompt chunk of 2 tokens (auto: prompt), a decode step (auto: decode).
+  tw.OnRouting(0, {0, 1, 2, 3}, 2);
+  tw.OnRouting(1, {3, 2, 1, 0}, 2);
+  tw.OnRouting(0, {1, 2}, 2);
+  tw.OnRouting(1, {2, 3}, 2);
+  // A one-token prompt, marked as such.
+  tw.set_phase(TraceWriter::Phase::kPrompt);
+  tw.OnRouting(0, {0, 3}, 2);
+  tw.OnRouting(1, {0, 1}, 2);
+  EXPECT_EQ(tw.records(), 3);
+  EXPECT_EQ(tw.tokens(), 4);
+  EXPECT_EQ(tw.decode_tokens(), 1);
+  ASSERT_TRUE(tw.Finish().ok());
+  auto t = Parse(tw.bytes());
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(t->records().size(), 3u);
+  EXPECT_EQ(t->geometry().expert_bytes, 100);
+  EXPECT_EQ(t->records()[0].phase, TracePhase::kPrompt);
+  EXPECT_EQ(t->records()[0].n_tokens, 2);
+  EXPECT_EQ(t->records()[1].phase, TracePhase::kDecode);
+  EXPECT_EQ(t->records()[2].phase, TracePhase::kPrompt);
+  EXPECT_EQ(Ids(*t, 0, 1), (std::vector<uint16_t>{3, 2, 1, 0}));
+  EXPECT_EQ(Ids(*t, 1, 0), (std::vector<uint16_t>{1, 2}));
+  EXPECT_EQ(Ids(*t, 2, 1), (std::vector<uint16_t>{0, 1}));
+}
+
+TEST(TraceWriter, ErrorsAreStickyAndReportedByFinish) {
+  const auto fails = [](auto feed, bool at_once = true) {
+    auto w = TraceWriter::CreateInMemory({2, 4, 2, 0});
+    EXPECT_TRUE(w.ok());
+    feed(**w);
+    EXPECT_EQ((*w)->status().ok(), !at_once);
+    EXPECT_FALSE((*w)->Finish().ok());
+  };
+  fails([](TraceWriter& w) { w.OnRouting(1, {0, 1}, 2); });                        // layer 0 not first
+  fails([](TraceWriter& w) { w.OnRouting(0, {0, 1, 2}, 3); });                     // k mismatch
+  fails([](TraceWriter& w) { w.OnRouting(0, {0, 1, 2}, 2); });                     // partial token
+  fails([](TraceWriter& w) { w.OnRouting(0, {0, 4}, 2); });                        // id out of range
+  fails([](TraceWriter& w) { w.OnRouting(0, {1, 1}, 2); });                        // duplicate
+  fails([](TraceWriter& w) { w.OnRouting(0, {0, 1}, 2); w.OnRouting(1, {0, 1, 2, 3}, 2); });  // tokens differ
+  fails([](TraceWriter& w) { w.OnRouting(0, {0, 1}, 2); }, false);                 // unfinished batch
+  EXPECT_FALSE(TraceWriter::CreateInMemory({0, 4, 2, 0}).ok());
+  EXPECT_FALSE(TraceWriter::Create("/nonexistent-dir/x.trace", {2, 4, 2, 0}).ok());
+}
+
+TEST(TraceWriter, FileIsReadableOnlyOnceFinished) {
+  const std::string path = ::testing::TempDir() + "/trace_writer_test_" + std::to_string(getpid()) + ".trace";
+  auto w = TraceWriter::Create(path, {1, 8, 2, 64});
+  ASSERT_TRUE(w.ok()) << w.status();
+  for (int t = 0; t < 1000; ++t) (*w)->OnRouting(0, {t % 8, (t + 1) % 8}, 2);
+  ASSERT_TRUE((*w)->Finish().ok());
+  auto trace = ReadTraceFile(path);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  EXPECT_EQ(trace->records().size(), 1000u);
+  EXPECT_EQ(trace->decode_tokens(), 1000);
+  EXPECT_EQ(Ids(*trace, 999, 0), (std::vector<uint16_t>{7, 0}));
+
+  // Not finished: the header still says 0 records, so the file reads as corrupt.
+  {
+    auto u = TraceWriter::Create(path, {1, 8, 2, 64});
+    ASSERT_TRUE(u.ok());
+    for (int t = 0; t < 3; ++t) (*u)->OnRouting(0, {0, 1}, 2);
+    // Destroyed without Finish.
+  }
+  EXPECT_FALSE(ReadTraceFile(path).ok());
+  std::filesystem::remove(path);
+}
+
+// The writer as the engine's observer: a prompt, then decode steps, on a small synthetic model.
+TEST(TraceWriter, RecordsTheEngine) {
+  SynthOptions o;
+  o.geometry.n_layer = 3;
+  o.geometry.n_embd = 64;
+  o.geometry.n_head = 4;
+  o.geometry.n_head_kv = 2;
+  o.geometry.head_dim = 16;
+  o.geometry.n_expert = 8;
+  o.geometry.n_expert_used = 2;
+  o.geometry.n_ff_exp = 32;
+  o.geometry.n_vocab = 300;
+  o.router_skew = 1.0;
+  o.threads = 2;
+  const std::string path = ::testing::TempDir() + "/trace_writer_model_" + std::to_string(getpid()) + ".gguf";
+  ASSERT_TRUE(WriteSynthModel(o, path).ok());
+  auto file = GgufFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  std::filesystem::remove(path);
+  std::shared_ptr<const GgufFile> shared = std::move(*file);
+  auto weights = ModelWeights::Load(shared);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  MappedExpertSource experts(**weights);
+  CpuEngineOptions eo;
+  eo.threads = 2;
+  eo.max_batch_tokens = 4;  // the 6-token prompt runs as chunks of 4 and 2
+  eo.max_context_tokens = 64;
+  auto engine = CpuEngine::Create(**weights, experts, eo);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+
+  const auto record = [&]() {
+    auto w = TraceWriter::CreateInMemory({3, 8, 2, ExpertBytes(**weights, 0)});
+    EXPECT_TRUE(w.ok());
+    (*engine)->set_routing_observer(w->get());
+    (*w)->set_phase(TraceWriter::Phase::kPrompt);
+    GenerationRequest req;
+    req.prompt = {1, 2, 3, 4, 5, 6};
+    req.max_new_tokens = 5;
+    auto out = Generate(**engine, 0, req, [&](int32_t) { (*w)->set_phase(TraceWriter::Phase::kDecode); });
+    EXPECT_TRUE(out.ok()) << out.status();
+    (*engine)->set_routing_observer(nullptr);
+    EXPECT_TRUE((*w)->Finish().ok()) << (*w)->status();
+    return (*w)->bytes();
+  };
+  const std::string bytes = record();
+  auto t = Parse(bytes);
+  ASSERT_TRUE(t.ok()) << t.status();
+  // Chunks of 4 and 2 prompt tokens, then 4 decode steps (the 5th token is never fed back).
+  ASSERT_EQ(t->records().size(), 6u);
+  EXPECT_EQ(t->records()[0].phase, TracePhase::kPrompt);
+  EXPECT_EQ(t->records()[0].n_tokens, 4);
+  EXPECT_EQ(t->records()[1].phase, TracePhase::kPrompt);
+  EXPECT_EQ(t->records()[1].n_tokens, 2);
+  for (size_t r = 2; r < 6; ++r) {
+    EXPECT_EQ(t->records()[r].phase, TracePhase::kDecode);
+    EXPECT_EQ(t->records()[r].n_tokens, 1);
+  }
+  EXPECT_EQ(t->prompt_tokens(), 6);
+  EXPECT_EQ(t->decode_tokens(), 4);
+  EXPECT_GT(t->geometry().expert_bytes, 0);
+  // Deterministic: the same run records the same bytes.
+  EXPECT_EQ(record(), bytes);
+}
+
+}  // namespace
+}  // namespace mer::residency

@@ -1,0 +1,269 @@
+// `mer trace`: record routing traces from the engine and replay them against cache policies.
+//   record  generation with a TraceWriter as the engine's routing observer
+//   replay  one policy / budget / prefetch setting
+//   sweep   every policy x budgets 12.5/25/50% x prefetch off/on
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/base/status.h"
+#include "common/model/model_weights.h"
+#include "services/compute/generation.h"
+#include "services/residency/policy/replacement_policy.h"
+#include "services/residency/trace/replay.h"
+#include "services/residency/trace/routing_trace.h"
+#include "services/residency/trace/trace_writer.h"
+#include "tools/mer/cli_util.h"
+
+namespace mer::cli {
+namespace {
+
+using residency::ReplayOptions;
+using residency::ReplayStats;
+using residency::RoutingTrace;
+
+constexpr char kHelp[] = R"(usage: mer trace record --model F.gguf (--prompt TEXT | --prompt-tokens 1,2,3) --max-tokens N
+                        --out T.trace [--threads N] [--ignore-eos]
+                        [--temperature T --top-k K --top-p P --seed S --repetition-penalty R]
+       mer trace replay --trace T.trace (--budget 25% | --slots N) [--policy lru|lfu|arc]
+                        [--prefetch [--confidence 0.3] [--prefetch-budget K]]
+                        [--expert-bytes B] [--bandwidth 1.5] [--latency-us 100] [--decode-only]
+       mer trace sweep  --trace T.trace [--budgets 12.5,25,50] [--confidence 0.3]
+                        [--prefetch-budget K] [--expert-bytes B] [--bandwidth 1.5]
+                        [--latency-us 100] [--decode-only]
+
+record: generates as `mer generate` does (greedy unless --temperature > 0) and writes the experts
+  every token chose at every layer, prompt chunks and decode steps in order, to a routing trace
+  (docs/routing_trace.md).
+replay: simulates an expert cache of --slots slots, or --budget (a percentage or fraction of all
+  n_layer x n_expert experts), under a replacement policy, optionally with the transition
+  predictor prefetching the next layer's experts of confidence >= --confidence, at most
+  --prefetch-budget (default top_k) reads per layer step. Prints lookups, hits, misses, bytes read
+  and the stall modelled as misses x (--latency-us + expert bytes / --bandwidth GB/s).
+  --expert-bytes defaults to the size recorded in the trace. --decode-only leaves the prompt out
+  of the counts (it still warms the cache).
+sweep: the replay table for every policy, the --budgets and prefetch off and on.
+)";
+
+absl::StatusOr<std::vector<int32_t>> PromptTokens(const Flags& f, const Tokenizer& tokenizer) {
+  if (f.Has("prompt") == f.Has("prompt-tokens"))
+    return absl::InvalidArgumentError("give exactly one of --prompt and --prompt-tokens");
+  std::vector<int32_t> ids;
+  if (f.Has("prompt-tokens")) {
+    ASSIGN_OR_RETURN(ids, ParseIdList(f.String("prompt-tokens"), "--prompt-tokens"));
+  } else {
+    if (tokenizer.add_bos() && tokenizer.bos_id() >= 0) ids.push_back(tokenizer.bos_id());
+    const std::vector<int32_t> text = tokenizer.Encode(f.String("prompt"), /*parse_special=*/true);
+    ids.insert(ids.end(), text.begin(), text.end());
+  }
+  if (ids.empty()) return absl::InvalidArgumentError("the prompt is empty");
+  for (int32_t id : ids) {
+    if (id < 0 || id >= tokenizer.vocab_size())
+      return absl::InvalidArgumentError(absl::StrCat("prompt token ", id, " is outside the vocabulary"));
+  }
+  return ids;
+}
+
+std::string Bytes(double b) {
+  if (b >= 1e9) return absl::StrFormat("%.2f GB", b / 1e9);
+  if (b >= 1e6) return absl::StrFormat("%.2f MB", b / 1e6);
+  if (b >= 1e3) return absl::StrFormat("%.2f kB", b / 1e3);
+  return absl::StrFormat("%.0f B", b);
+}
+
+absl::Status Record(const Args& args) {
+  ASSIGN_OR_RETURN(Flags f, Flags::Parse(args,
+                                         {"model", "threads", "ctx", "batch", "prompt", "prompt-tokens",
+                                          "max-tokens", "out", "temperature", "top-k", "top-p", "seed",
+                                          "repetition-penalty"},
+                                         {"ignore-eos"}));
+  ASSIGN_OR_RETURN(const int64_t max_tokens, f.Int("max-tokens", 64));
+  if (max_tokens < 1 || max_tokens > (1 << 24)) return absl::InvalidArgumentError("--max-tokens must be >= 1");
+  ASSIGN_OR_RETURN(const std::string out_path, f.Required("out"));
+  ASSIGN_OR_RETURN(LoadedModel m, LoadModel(f, static_cast<int>(max_tokens) + 1024));
+  ASSIGN_OR_RETURN(std::vector<int32_t> prompt, PromptTokens(f, *m.tokenizer));
+
+  GenerationRequest req;
+  req.prompt = prompt;
+  req.max_new_tokens = static_cast<int32_t>(max_tokens);
+  ASSIGN_OR_RETURN(const double temperature, f.Double("temperature", 0.0));
+  ASSIGN_OR_RETURN(const int64_t top_k, f.Int("top-k", 0));
+  ASSIGN_OR_RETURN(const double top_p, f.Double("top-p", 1.0));
+  ASSIGN_OR_RETURN(const int64_t seed, f.Int("seed", 0));
+  ASSIGN_OR_RETURN(const double penalty, f.Double("repetition-penalty", 1.0));
+  req.sampling = {static_cast<float>(temperature), static_cast<int32_t>(top_k),
+                  static_cast<float>(top_p), static_cast<uint64_t>(seed), static_cast<float>(penalty)};
+  req.eos_id = f.Has("ignore-eos") ? -1 : m.tokenizer->eos_id();
+
+  const ModelConfig& c = m.weights->config();
+  const residency::TraceGeometry g{c.n_layer, c.n_expert, c.n_expert_used, ExpertBytes(*m.weights, 0)};
+  ASSIGN_OR_RETURN(std::unique_ptr<residency::TraceWriter> writer,
+                   residency::TraceWriter::Create(out_path, g));
+  writer->set_phase(residency::TraceWriter::Phase::kPrompt);
+  m.engine->set_routing_observer(writer.get());
+  GenerationStats stats;
+  auto out = mer::Generate(*m.engine, 0, req,
+                           [&](int32_t) { writer->set_phase(residency::TraceWriter::Phase::kDecode); },
+                           &stats);
+  m.engine->set_routing_observer(nullptr);
+  const absl::Status finished = writer->Finish();
+  if (!out.ok()) return out.status();
+  RETURN_IF_ERROR(finished);
+  std::fprintf(stderr,
+               "recorded %lld records to %s: %lld prompt tokens, %lld decode tokens (%d generated); "
+               "%d layers x %d experts, top-%d, expert %s\n",
+               static_cast<long long>(writer->records()), out_path.c_str(),
+               static_cast<long long>(writer->tokens() - writer->decode_tokens()),
+               static_cast<long long>(writer->decode_tokens()), stats.generated_tokens, g.n_layer,
+               g.n_expert, g.top_k, Bytes(static_cast<double>(g.expert_bytes)).c_str());
+  return absl::OkStatus();
+}
+
+// "25%" -> 0.25, "0.25" -> 0.25.
+absl::StatusOr<double> ParseFraction(absl::string_view text, absl::string_view what) {
+  double v = 0;
+  const bool percent = absl::ConsumeSuffix(&text, "%");
+  if (!absl::SimpleAtod(text, &v) || !(v > 0))
+    return absl::InvalidArgumentError(absl::StrCat(what, ": '", text, "' is not a positive number or percentage"));
+  if (percent) v /= 100;
+  if (v > 1) return absl::InvalidArgumentError(absl::StrCat(what, ": more than all experts"));
+  return v;
+}
+
+// The flags replay and sweep share.
+absl::Status CommonOptions(const Flags& f, const RoutingTrace& trace, ReplayOptions* o) {
+  ASSIGN_OR_RETURN(o->confidence, f.Double("confidence", 0.3));
+  ASSIGN_OR_RETURN(const int64_t budget, f.Int("prefetch-budget", trace.geometry().top_k));
+  if (budget < 0 || budget > (1 << 20)) return absl::InvalidArgumentError("--prefetch-budget out of range");
+  o->prefetch_budget = static_cast<int32_t>(budget);
+  ASSIGN_OR_RETURN(o->expert_bytes, f.Int("expert-bytes", 0));
+  if (o->expert_bytes < 0) return absl::InvalidArgumentError("--expert-bytes must be > 0");
+  ASSIGN_OR_RETURN(o->bandwidth_gbps, f.Double("bandwidth", 1.5));
+  ASSIGN_OR_RETURN(o->latency_us, f.Double("latency-us", 100));
+  o->count_prompt = !f.Has("decode-only");
+  return absl::OkStatus();
+}
+
+std::string Describe(const RoutingTrace& t, const std::string& path, int64_t expert_bytes) {
+  const auto& g = t.geometry();
+  int64_t prompt_records = 0;
+  for (const auto& r : t.records()) prompt_records += r.phase == residency::TracePhase::kPrompt;
+  return absl::StrFormat(
+      "trace %s: %d layers x %d experts, top-%d; %d tokens (%d prompt in %d records, %d decode); "
+      "expert %s",
+      path, g.n_layer, g.n_expert, g.top_k, t.tokens(), t.prompt_tokens(), prompt_records,
+      t.decode_tokens(), Bytes(static_cast<double>(expert_bytes)));
+}
+
+absl::StatusOr<RoutingTrace> LoadTrace(const Flags& f) {
+  ASSIGN_OR_RETURN(const std::string path, f.Required("trace"));
+  return residency::ReadTraceFile(path);
+}
+
+absl::Status ReplayCommand(const Args& args) {
+  ASSIGN_OR_RETURN(Flags f, Flags::Parse(args,
+                                         {"trace", "budget", "slots", "policy", "confidence",
+                                          "prefetch-budget", "expert-bytes", "bandwidth", "latency-us"},
+                                         {"prefetch", "decode-only"}));
+  ASSIGN_OR_RETURN(const RoutingTrace trace, LoadTrace(f));
+  ReplayOptions o;
+  RETURN_IF_ERROR(CommonOptions(f, trace, &o));
+  if (f.Has("budget") && f.Has("slots")) return absl::InvalidArgumentError("give one of --budget and --slots");
+  const int64_t all = int64_t{trace.geometry().n_layer} * trace.geometry().n_expert;
+  if (f.Has("slots")) {
+    ASSIGN_OR_RETURN(o.slots, f.Int("slots", 0));
+    if (o.slots < 1) return absl::InvalidArgumentError("--slots must be >= 1");
+  } else {
+    ASSIGN_OR_RETURN(const double fraction, ParseFraction(f.String("budget", "25%"), "--budget"));
+    o.slots = residency::SlotsForFraction(trace.geometry(), fraction);
+  }
+  o.policy = f.String("policy", "lru");
+  o.prefetch = f.Has("prefetch");
+  ASSIGN_OR_RETURN(const ReplayStats s, residency::Replay(trace, o));
+
+  std::printf("%s\n", Describe(trace, f.String("trace"), s.expert_bytes).c_str());
+  std::printf("policy %s, %lld slots (%.1f%% of %lld experts), prefetch %s\n", o.policy.c_str(),
+              static_cast<long long>(o.slots), 100.0 * o.slots / all, static_cast<long long>(all),
+              o.prefetch ? absl::StrFormat("on (confidence >= %g, <= %d reads per layer step)",
+                                           o.confidence, o.prefetch_budget).c_str()
+                         : "off");
+  std::printf("lookups     %lld%s\n", static_cast<long long>(s.lookups), o.count_prompt ? "" : " (decode only)");
+  std::printf("hits        %lld (hit rate %.1f%%)\n", static_cast<long long>(s.hits), 100 * s.hit_rate());
+  std::printf("misses      %lld (%lld read without caching: every slot pinned)\n",
+              static_cast<long long>(s.misses), static_cast<long long>(s.bypassed));
+  std::printf("bytes read  %s (demand %s, prefetch %s)\n", Bytes(static_cast<double>(s.bytes_read())).c_str(),
+              Bytes(static_cast<double>(s.demand_bytes)).c_str(), Bytes(static_cast<double>(s.prefetch_bytes)).c_str());
+  std::printf("stall       %.3f s modelled (%.2f ms per token; %g us + %s / %g GB/s per miss)\n",
+              s.stall_seconds, s.tokens > 0 ? 1e3 * s.stall_seconds / s.tokens : 0.0, o.latency_us,
+              Bytes(static_cast<double>(s.expert_bytes)).c_str(), o.bandwidth_gbps);
+  std::printf("prefetch    issued %lld, useful %lld, wasted %lld\n", static_cast<long long>(s.prefetch_issued),
+              static_cast<long long>(s.prefetch_useful), static_cast<long long>(s.prefetch_wasted));
+  return absl::OkStatus();
+}
+
+absl::Status SweepCommand(const Args& args) {
+  ASSIGN_OR_RETURN(Flags f, Flags::Parse(args,
+                                         {"trace", "budgets", "confidence", "prefetch-budget",
+                                          "expert-bytes", "bandwidth", "latency-us"},
+                                         {"decode-only"}));
+  ASSIGN_OR_RETURN(const RoutingTrace trace, LoadTrace(f));
+  ReplayOptions base;
+  RETURN_IF_ERROR(CommonOptions(f, trace, &base));
+  std::vector<double> budgets;
+  for (absl::string_view b : absl::StrSplit(f.String("budgets", "12.5,25,50"), ',')) {
+    std::string pct(b);
+    if (!absl::EndsWith(pct, "%")) pct += "%";
+    ASSIGN_OR_RETURN(const double fraction, ParseFraction(pct, "--budgets"));
+    budgets.push_back(fraction);
+  }
+  std::printf("%s\n", Describe(trace, f.String("trace"),
+                               base.expert_bytes > 0 ? base.expert_bytes : trace.geometry().expert_bytes).c_str());
+  std::printf("prefetch: confidence >= %g, <= %d reads per layer step; stall: %g us + bytes / %g GB/s per miss%s\n\n",
+              base.confidence, base.prefetch_budget, base.latency_us, base.bandwidth_gbps,
+              base.count_prompt ? "" : "; decode tokens only");
+  std::printf("| policy | budget | slots | prefetch | hit rate | misses | read MB | stall ms/token | pf issued | pf useful | pf wasted |\n");
+  std::printf("|--------|-------:|------:|----------|---------:|-------:|--------:|---------------:|----------:|----------:|----------:|\n");
+  for (const std::string& policy : residency::PolicyNames()) {
+    for (double fraction : budgets) {
+      for (bool prefetch : {false, true}) {
+        ReplayOptions o = base;
+        o.policy = policy;
+        o.slots = residency::SlotsForFraction(trace.geometry(), fraction);
+        o.prefetch = prefetch;
+        ASSIGN_OR_RETURN(const ReplayStats s, residency::Replay(trace, o));
+        std::printf("| %s | %g%% | %lld | %s | %.1f%% | %lld | %.1f | %.2f | %lld | %lld | %lld |\n",
+                    policy.c_str(), 100 * fraction, static_cast<long long>(o.slots), prefetch ? "on" : "off",
+                    100 * s.hit_rate(), static_cast<long long>(s.misses), s.bytes_read() / 1e6,
+                    s.tokens > 0 ? 1e3 * s.stall_seconds / s.tokens : 0.0,
+                    static_cast<long long>(s.prefetch_issued), static_cast<long long>(s.prefetch_useful),
+                    static_cast<long long>(s.prefetch_wasted));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunTrace(const Args& args) {
+  if (args.empty() || args[0] == "--help" || args[0] == "help") {
+    std::fputs(kHelp, args.empty() ? stderr : stdout);
+    return args.empty() ? 2 : 0;
+  }
+  if (MaybeHelp(args, kHelp)) return 0;
+  const std::string sub = args[0];
+  const Args rest(args.begin() + 1, args.end());
+  absl::Status s;
+  if (sub == "record") s = Record(rest);
+  else if (sub == "replay") s = ReplayCommand(rest);
+  else if (sub == "sweep") s = SweepCommand(rest);
+  else s = absl::InvalidArgumentError(absl::StrCat("unknown subcommand '", sub, "' (record, replay or sweep)"));
+  return s.ok() ? 0 : Fail("trace", s);
+}
+
+}  // namespace mer::cli
