@@ -229,9 +229,10 @@ absl::Status WriteSynthModel(const SynthOptions& options, const std::string& pat
     for (float& v : c_hat) v = (rng.Next() & 1) ? inv : -inv;
   }
   const bool skewed = options.router_skew > 0;
-  // Embedding: unit noise, plus 3 * sqrt(n_embd) along c when skewed (c carries ~90% of its energy,
-  // so the residual stream keeps a consistent component that the routers can see).
-  const float c_embd = 3.0f * std::sqrt(static_cast<float>(n_embd));
+  // Embedding: unit noise, plus sqrt(n_embd) along c when skewed: c carries about half of its
+  // energy, so the residual stream keeps a component the routers can see, and the other half
+  // still tells tokens apart.
+  const float c_embd = std::sqrt(static_cast<float>(n_embd));
 
   std::vector<TensorPlan> plans;
   const auto noise_matrix = [&](std::string name, GgmlType type, std::vector<int64_t> shape,
@@ -289,10 +290,16 @@ absl::Status WriteSynthModel(const SynthOptions& options, const std::string& pat
                          Rng rng{h ^ (static_cast<uint64_t>(row) * 0xd1342543de82ef95ull)};
                          FillNoise(rng, 1.0f / std::sqrt(float(n_embd)), out, n_embd);
                          if (skew > 0) {
-                           // The normed hidden state has |x| ~ sqrt(n_embd) and mostly lies along c.
-                           const float b_e = static_cast<float>(-skew * std::log(rank[row] + 1.0) /
-                                                                std::sqrt(double(n_embd)));
-                           for (int64_t i = 0; i < n_embd; ++i) out[i] += b_e * c_hat[i];
+                           // The noise must not see c: every hidden state shares it, so routing
+                           // would collapse onto the few experts whose noise row happens to
+                           // align with it, whatever the skew. Popularity comes from b_e alone:
+                           // the normed state has |x| ~ sqrt(n_embd) and about 0.7 of it along c.
+                           double along_c = 0;
+                           for (int64_t i = 0; i < n_embd; ++i) along_c += out[i] * c_hat[i];
+                           const double b_e = -skew * std::log(rank[row] + 1.0) /
+                                              (0.7 * std::sqrt(double(n_embd)));
+                           for (int64_t i = 0; i < n_embd; ++i)
+                             out[i] += static_cast<float>(b_e - along_c) * c_hat[i];
                          }
                        }});
     }
