@@ -21,18 +21,38 @@ bool MaybeHelp(const Args& args, const char* help) {
 
 absl::StatusOr<LoadedModel> LoadModel(const Flags& flags, int min_context_tokens) {
   LoadedModel m;
-  ASSIGN_OR_RETURN(const std::string path, flags.Required("model"));
-  ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(path));
-  m.file = std::move(file);
-  auto weights = ModelWeights::Load(m.file);
-  if (!weights.ok())
-    return absl::Status(weights.status().code(), absl::StrCat(path, ": ", weights.status().message()));
-  m.weights = std::move(*weights);
+  std::string path;
+  if (flags.Has("store") || flags.Has("residency")) {
+    if (flags.Has("model"))
+      return absl::InvalidArgumentError("give either --model or --store with --residency");
+    ASSIGN_OR_RETURN(const std::string dir, flags.Required("store"));
+    ASSIGN_OR_RETURN(const std::string instance, flags.Required("residency"));
+    ASSIGN_OR_RETURN(m.store, ExpertStore::Open(dir));
+    path = m.store->dense_path();
+    ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(path));
+    m.file = std::move(file);
+    auto weights = ModelWeights::LoadDense(m.file);
+    if (!weights.ok())
+      return absl::Status(weights.status().code(), absl::StrCat(path, ": ", weights.status().message()));
+    m.weights = std::move(*weights);
+    ASSIGN_OR_RETURN(std::unique_ptr<ResidencyExpertSource> source,
+                     ResidencyExpertSource::Connect(*m.store, instance));
+    m.residency = source.get();
+    m.experts = std::move(source);
+  } else {
+    ASSIGN_OR_RETURN(path, flags.Required("model"));
+    ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(path));
+    m.file = std::move(file);
+    auto weights = ModelWeights::Load(m.file);
+    if (!weights.ok())
+      return absl::Status(weights.status().code(), absl::StrCat(path, ": ", weights.status().message()));
+    m.weights = std::move(*weights);
+  }
   auto tokenizer = LoadTokenizer(*m.file);
   if (!tokenizer.ok())
     return absl::Status(tokenizer.status().code(), absl::StrCat(path, ": ", tokenizer.status().message()));
   m.tokenizer = std::make_unique<Tokenizer>(std::move(*tokenizer));
-  m.experts = std::make_unique<MappedExpertSource>(*m.weights);
+  if (m.experts == nullptr) m.experts = std::make_unique<MappedExpertSource>(*m.weights);
 
   CpuEngineOptions options;
   ASSIGN_OR_RETURN(const int64_t threads, flags.Int("threads", 0));

@@ -10,6 +10,8 @@
 #include "common/gguf/gguf_file.h"
 #include "common/model/expert_source.h"
 #include "common/model/model_weights.h"
+#include "common/store/expert_store.h"
+#include "services/compute/residency_expert_source.h"
 #include "common/tokenizer/tokenizer.h"
 #include "services/compute/cpu/cpu_engine.h"
 #include "tools/mer/commands.h"
@@ -24,19 +26,24 @@ int Fail(const char* command, const absl::Status& status);
 bool MaybeHelp(const Args& args, const char* help);
 
 // Everything `generate`, `score` and `bench` run on: the mapped file, the validated weights, the
-// tokenizer and a CPU engine reading experts from the mapping.
+// tokenizer and a CPU engine reading experts from the mapping -- or, with --store and --residency,
+// the expert store's dense.gguf (dense weights and tokenizer) and experts served by mer-residency.
 struct LoadedModel {
-  std::shared_ptr<GgufFile> file;
+  std::shared_ptr<GgufFile> file;  // the model, or the store's dense.gguf
+  std::unique_ptr<ExpertStore> store;  // with --store
   std::unique_ptr<ModelWeights> weights;
   std::unique_ptr<Tokenizer> tokenizer;
-  std::unique_ptr<MappedExpertSource> experts;
+  std::unique_ptr<ExpertSource> experts;
+  ResidencyExpertSource* residency = nullptr;  // == experts.get() with --residency
   std::unique_ptr<CpuEngine> engine;
 };
 
-// Flags read: --model, --threads, --ctx (KV positions), --batch (prompt chunk).
+// Flags read: --model, or --store and --residency (instance name); --threads, --ctx (KV
+// positions), --batch (prompt chunk).
 absl::StatusOr<LoadedModel> LoadModel(const Flags& flags, int min_context_tokens);
 
 // The common engine flags, for Flags::Parse.
-inline const std::vector<std::string> kEngineFlags = {"model", "threads", "ctx", "batch"};
+inline const std::vector<std::string> kEngineFlags = {"model", "store", "residency", "threads",
+                                                      "ctx", "batch"};
 
 }  // namespace mer::cli

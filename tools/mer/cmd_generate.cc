@@ -13,13 +13,17 @@
 namespace mer::cli {
 namespace {
 
-constexpr char kGenerateHelp[] = R"(usage: mer generate --model F.gguf (--prompt TEXT | --prompt-tokens 1,2,3) --max-tokens N
+constexpr char kGenerateHelp[] = R"(usage: mer generate (--model F.gguf | --store STORE_DIR --residency NAME)
+                    (--prompt TEXT | --prompt-tokens 1,2,3) --max-tokens N
                     [--temperature T --top-k K --top-p P --seed S --repetition-penalty R]
                     [--threads N] [--print-token-ids] [--ignore-eos] [--ctx N] [--batch N]
 
 Generates up to N tokens. Greedy unless --temperature > 0. Prints the text as it is generated,
 or with --print-token-ids the generated ids (not the prompt's) on one line. Speed goes to stderr.
 Generation stops at the model's end-of-sequence token unless --ignore-eos.
+With --store and --residency the dense weights and the tokenizer come from STORE_DIR/dense.gguf
+and the experts from the mer-residency instance NAME serving STORE_DIR; the residency counters
+this process saw go to stderr at the end.
 )";
 
 constexpr char kScoreHelp[] = R"(usage: mer score --model F.gguf --prompt-tokens 1,2,3 --continuation-tokens 4,5,6
@@ -65,7 +69,8 @@ absl::StatusOr<std::vector<int32_t>> PromptTokens(const Flags& f, const Tokenize
 absl::Status Generate(const Args& args) {
   ASSIGN_OR_RETURN(Flags f,
                    Flags::Parse(args,
-                                {"model", "threads", "ctx", "batch", "prompt", "prompt-tokens",
+                                {"model", "store", "residency", "threads", "ctx", "batch", "prompt",
+                                 "prompt-tokens",
                                  "max-tokens", "temperature", "top-k", "top-p", "seed",
                                  "repetition-penalty"},
                                 {"print-token-ids", "ignore-eos"}));
@@ -89,15 +94,18 @@ absl::Status Generate(const Args& args) {
   const bool ids_only = f.Has("print-token-ids");
   const Tokenizer& tok = *m.tokenizer;
   GenerationStats stats;
-  ASSIGN_OR_RETURN(std::vector<int32_t> out,
-                   mer::Generate(*m.engine, 0, req,
+  auto generated = mer::Generate(*m.engine, 0, req,
                                  [&](int32_t id) {
                                    if (ids_only) return;
                                    const std::string piece = tok.TokenBytes(id);
                                    std::fwrite(piece.data(), 1, piece.size(), stdout);
                                    std::fflush(stdout);
                                  },
-                                 &stats));
+                                 &stats);
+  if (m.residency != nullptr)
+    std::fprintf(stderr, "residency: %s\n", m.residency->FormatStats().c_str());
+  if (!generated.ok()) return generated.status();
+  const std::vector<int32_t>& out = *generated;
   if (ids_only) std::printf("%s", absl::StrJoin(out, " ").c_str());
   std::printf("\n");
   std::fflush(stdout);  // the text before the statistics on stderr

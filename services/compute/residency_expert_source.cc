@@ -1,0 +1,178 @@
+#include "services/compute/residency_expert_source.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/base/status.h"
+#include "services/residency/daemon/segment_identity.h"
+
+namespace mer {
+
+absl::StatusOr<std::unique_ptr<ResidencyExpertSource>> ResidencyExpertSource::Connect(
+    const ExpertStore& store, const std::string& name, const ResidencyExpertSourceOptions& options) {
+  std::unique_ptr<ResidencyExpertSource> s(new ResidencyExpertSource(store, name, options));
+  RETURN_IF_ERROR(s->Attach());
+  return s;
+}
+
+ResidencyExpertSource::~ResidencyExpertSource() {
+  for (auto& [layer, held] : held_) {
+    held.client->Release(held.pinned);
+    held.client->EndStep(held.step);
+  }
+  held_.clear();
+  client_.reset();
+  old_clients_.clear();
+}
+
+absl::Status ResidencyExpertSource::Attach() {
+  const absl::Time deadline = absl::Now() + options_.reconnect_timeout;
+  // The name may still refer to a dead daemon's segment until its successor replaces it: attach
+  // again until the residency behind the name is alive, or the deadline passes.
+  std::unique_ptr<shm::ShmSegment> segment;
+  std::unique_ptr<shm::ResidencyClient> client;
+  absl::Status last;
+  for (;;) {
+    auto seg = shm::ResidencyClient::Reconnect(
+        name_, residency::ExpectedSegmentIdentity(store_.manifest()), deadline);
+    if (!seg.ok()) {
+      last = seg.status();
+      break;
+    }
+    segment = std::move(*seg);
+    client = std::make_unique<shm::ResidencyClient>(segment.get(), options_.client);
+    last = client->CheckPeer();
+    if (last.ok()) break;
+    client.reset();
+    segment.reset();
+    if (absl::Now() >= deadline) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  if (!last.ok())
+    return absl::Status(last.code(), absl::StrCat("mer-residency instance '", name_, "': ",
+                                                  last.message()));
+  if (segment->header().ram_slot_bytes < store_.blob_bytes())
+    return absl::FailedPreconditionError(absl::StrCat(
+        "mer-residency instance '", name_, "' has RAM slots smaller than the store's blobs"));
+  if (client_ != nullptr) {
+    const shm::ClientStats& s = client_->stats();
+    retired_stats_.hits += s.hits;
+    retired_stats_.demands += s.demands;
+    retired_stats_.completions += s.completions;
+    retired_stats_.stale += s.stale;
+    retired_stats_.raced += s.raced;
+    retired_stats_.hints_dropped += s.hints_dropped;
+    old_clients_.push_back(std::move(client_));
+    old_segments_.push_back(std::move(segment_));
+  }
+  segment_ = std::move(segment);
+  client_ = std::move(client);
+  return absl::OkStatus();
+}
+
+absl::Status ResidencyExpertSource::TryAcquire(int layer, absl::Span<const int32_t> experts,
+                                               Held* held) {
+  held->client = client_.get();
+  ASSIGN_OR_RETURN(held->step, client_->BeginStep());
+  const absl::Status s =
+      client_->Acquire(held->step, static_cast<uint32_t>(layer), experts,
+                       absl::Now() + options_.acquire_timeout, &held->pinned);
+  if (!s.ok()) {
+    client_->EndStep(held->step);
+    held->pinned.clear();
+    held->client = nullptr;
+  }
+  return s;
+}
+
+absl::Status ResidencyExpertSource::AcquireLayer(int layer, absl::Span<const int32_t> experts,
+                                                 absl::Span<ExpertWeights> out) {
+  if (held_.count(layer) != 0)
+    return absl::FailedPreconditionError(absl::StrCat("layer ", layer, " is acquired already"));
+  Held held;
+  absl::Status s = TryAcquire(layer, experts, &held);
+  if (absl::IsUnavailable(s)) {
+    // mer-residency died, restarted or replaced the segment: re-attach and retry once. Layers
+    // still held keep their old client (and segment) until released.
+    ++reconnects_;
+    const absl::Status a = Attach();
+    if (!a.ok())
+      return absl::UnavailableError(absl::StrCat(s.message(), "; reconnecting: ", a.message()));
+    s = TryAcquire(layer, experts, &held);
+  }
+  if (!s.ok()) {
+    if (absl::IsDataLoss(s))
+      return absl::DataLossError(absl::StrCat(
+          s.message(), " (DATA_LOSS: the blob failed its checksum in mer-residency, see its log)"));
+    return s;
+  }
+  for (size_t i = 0; i < experts.size(); ++i) {
+    const shm::PinnedExpert& p = held.pinned[i];
+    if (p.bytes.size() < store_.blob_bytes()) {
+      held.client->Release(held.pinned);
+      held.client->EndStep(held.step);
+      return absl::InternalError(absl::StrCat("layer ", layer, " expert ", experts[i],
+                                              ": pinned slot smaller than a blob"));
+    }
+    out[i] = store_.ExpertView(layer, experts[i], p.bytes.data());
+  }
+  if (options_.send_hints) {
+    for (size_t b = 0; b < experts.size(); b += 16) {
+      shm::Hint h{};
+      h.layer = static_cast<uint32_t>(layer);
+      h.count = static_cast<uint16_t>(std::min<size_t>(16, experts.size() - b));
+      h.kind = 0;
+      h.epoch = held.step.epoch;
+      for (int j = 0; j < h.count; ++j) {
+        h.experts[j] = static_cast<uint16_t>(experts[b + j]);
+        h.confidence[j] = 255;
+      }
+      held.client->SendHint(h);
+    }
+  }
+  ++layers_;
+  experts_ += experts.size();
+  held_.emplace(layer, std::move(held));
+  return absl::OkStatus();
+}
+
+void ResidencyExpertSource::ReleaseLayer(int layer) {
+  auto it = held_.find(layer);
+  if (it == held_.end()) return;  // the acquire failed: nothing is pinned
+  it->second.client->Release(it->second.pinned);
+  it->second.client->EndStep(it->second.step);
+  held_.erase(it);
+  if (held_.empty() && !old_clients_.empty()) {
+    old_clients_.clear();
+    old_segments_.clear();
+  }
+}
+
+ResidencySourceStats ResidencyExpertSource::stats() const {
+  ResidencySourceStats r;
+  r.client = retired_stats_;
+  if (client_ != nullptr) {
+    const shm::ClientStats& s = client_->stats();
+    r.client.hits += s.hits;
+    r.client.demands += s.demands;
+    r.client.completions += s.completions;
+    r.client.stale += s.stale;
+    r.client.raced += s.raced;
+    r.client.hints_dropped += s.hints_dropped;
+  }
+  r.layers = layers_;
+  r.experts = experts_;
+  r.reconnects = reconnects_;
+  return r;
+}
+
+std::string ResidencyExpertSource::FormatStats() const {
+  const ResidencySourceStats s = stats();
+  return absl::StrCat("layers=", s.layers, " experts=", s.experts, " hits=", s.client.hits,
+                      " demands=", s.client.demands, " completions=", s.client.completions,
+                      " stale=", s.client.stale, " raced=", s.client.raced,
+                      " hints_dropped=", s.client.hints_dropped, " reconnects=", s.reconnects);
+}
+
+}  // namespace mer

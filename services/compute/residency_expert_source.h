@@ -1,0 +1,94 @@
+// An ExpertSource backed by mer-residency: AcquireLayer asks the daemon (through the segment's
+// ResidencyClient) for the layer's experts, pins their RAM slots and hands out ExpertStore views
+// over the pinned bytes; ReleaseLayer unpins them.
+//
+// Steps: one shm step per acquired layer (BeginStep in AcquireLayer, EndStep in ReleaseLayer),
+// the simplest correct mapping of the engine's per-layer acquire/release onto the protocol's
+// epochs. After acquiring a layer a "routed" Hint with its experts is sent (best effort), which
+// mer-residency's predictor learns from when it prefetches.
+//
+// Failures: Unavailable (mer-residency died, restarted or superseded the segment) makes the source
+// re-attach by name (ResidencyClient::Reconnect, up to reconnect_timeout) and retry the layer
+// once; any other error, or a second failure, is returned (the engine passes it up). DataLoss
+// names the expert whose blob failed verification.
+//
+// Thread-safety: one thread (the engine's Forward).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/model/expert_source.h"
+#include "common/shm/client.h"
+#include "common/shm/segment.h"
+#include "common/store/expert_store.h"
+
+namespace mer {
+
+struct ResidencyExpertSourceOptions {
+  // Longest wait for one layer's experts.
+  absl::Duration acquire_timeout = absl::Seconds(30);
+  // Longest wait for mer-residency at Connect and when re-attaching after Unavailable.
+  absl::Duration reconnect_timeout = absl::Seconds(10);
+  // Send a routed Hint per acquired layer.
+  bool send_hints = true;
+  shm::ClientOptions client;
+};
+
+// What the compute side saw, summed over every client it used (reconnections included).
+struct ResidencySourceStats {
+  shm::ClientStats client;
+  uint64_t layers = 0;      // AcquireLayer calls that succeeded
+  uint64_t experts = 0;     // experts handed out
+  uint64_t reconnects = 0;  // re-attachments after Unavailable
+};
+
+class ResidencyExpertSource final : public ExpertSource {
+ public:
+  // Attaches to instance `name` (waiting up to reconnect_timeout for mer-residency to create it).
+  // `store` is the store mer-residency serves (its manifest gives the segment identity and the
+  // views' layout) and outlives the source.
+  static absl::StatusOr<std::unique_ptr<ResidencyExpertSource>> Connect(
+      const ExpertStore& store, const std::string& name,
+      const ResidencyExpertSourceOptions& options = {});
+  ~ResidencyExpertSource() override;
+
+  absl::Status AcquireLayer(int layer, absl::Span<const int32_t> experts,
+                            absl::Span<ExpertWeights> out) override;
+  void ReleaseLayer(int layer) override;
+
+  ResidencySourceStats stats() const;
+  std::string FormatStats() const;
+
+ private:
+  struct Held {
+    shm::ResidencyClient* client = nullptr;
+    shm::Step step;
+    std::vector<shm::PinnedExpert> pinned;
+  };
+  ResidencyExpertSource(const ExpertStore& store, std::string name,
+                        const ResidencyExpertSourceOptions& options)
+      : store_(store), name_(std::move(name)), options_(options) {}
+  absl::Status Attach();
+  absl::Status TryAcquire(int layer, absl::Span<const int32_t> experts, Held* held);
+
+  const ExpertStore& store_;
+  const std::string name_;
+  const ResidencyExpertSourceOptions options_;
+  std::unique_ptr<shm::ShmSegment> segment_;
+  std::unique_ptr<shm::ResidencyClient> client_;
+  // Clients (and segments) replaced by a reconnection, kept while layers they pinned are held.
+  std::vector<std::unique_ptr<shm::ShmSegment>> old_segments_;
+  std::vector<std::unique_ptr<shm::ResidencyClient>> old_clients_;
+  std::map<int, Held> held_;
+  shm::ClientStats retired_stats_;  // of clients replaced
+  uint64_t layers_ = 0, experts_ = 0, reconnects_ = 0;
+};
+
+}  // namespace mer

@@ -1,0 +1,196 @@
+// mer-residency's service loop: serves the experts of an expert store to mer-compute through the
+// RAM tier of the shared-memory segment (docs/shm_protocol.md).
+//
+// One thread (Run) owns everything: the demand and hint consumers, the completion producer, the
+// residency table writes, the replacement policy, the prefetch predictor and the IoEngine. Each
+// turn of the loop, in this order:
+//   1. demand first, always: pops DemandRequests; a RAM-resident expert completes at once (a hit);
+//      a miss joins the load of that expert already in flight, if any (duplicate demands are
+//      coalesced: one read, one completion per request), or queues a new load;
+//   2. starts queued loads while fewer than io_inflight_max reads are in flight: a RAM slot that
+//      no step can read (a free one, or the policy's victim among the unpinned residents, evicted
+//      with the R1-R3 protocol of common/shm/residency_table.h), then one read of blob_bytes() at
+//      BlobOffset into the slot (O_DIRECT where the store allows it; the pool is registered with
+//      the engine as fixed buffers where the engine can);
+//   3. reaps read completions: the blob's CRC is checked (ExpertStore::VerifyBlob); a mismatch is
+//      counted and the blob read again up to max_refetches times, after which the waiters get
+//      DataLoss naming the expert and the entry is marked failed: corrupted bytes are never
+//      published. A good blob is published (PublishResident) and its Completions pushed;
+//   4. hints: always consumed (the ring must not fill); with prefetch on, routed hints feed the
+//      predictor and its predictions (and the compute's own "predicted" hints) are read ahead, but
+//      only while no demand is waiting and fewer than prefetch_inflight_max prefetches are in
+//      flight, and only into free or unpinned slots.
+// The heartbeat is the segment's own thread (ShmSegment::StartHeartbeat), started by Run.
+//
+// Counters (ResidencyCounters) are kept by the loop thread; Snapshot() returns a consistent copy
+// from any thread. ForEachCounter is the seam for an exporter (a Prometheus /metrics page later).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/shm/client.h"
+#include "common/shm/segment.h"
+#include "common/store/expert_store.h"
+#include "services/residency/daemon/segment_identity.h"
+#include "services/residency/io/io_engine.h"
+#include "services/residency/policy/prefetch_predictor.h"
+#include "services/residency/policy/replacement_policy.h"
+
+namespace mer::residency {
+
+struct ResidencyOptions {
+  // RAM tier size: the slot count is ram_budget_bytes / blob_bytes, at least min_ram_slots.
+  uint64_t ram_budget_bytes = uint64_t{1} << 30;
+  // Floor on the RAM slot count; 0 = n_expert + 1 (one batch may need every expert of a layer
+  // pinned at once, so fewer slots could never serve it).
+  uint32_t min_ram_slots = 0;
+  // Replacement policy of the RAM tier: "lru", "lfu" or "arc".
+  std::string policy = "lru";
+  // Blob reads in flight at once (demand and prefetch together); also the IoEngine queue depth.
+  int io_inflight_max = 16;
+  // Read ahead from hints (predictor + predicted hints).
+  bool prefetch = false;
+  // Prefetch reads in flight at once (a part of io_inflight_max).
+  int prefetch_inflight_max = 2;
+  // Predictions below this confidence (0..1) are not prefetched.
+  double prefetch_threshold = 0.5;
+  // Most experts prefetched per hint.
+  int prefetch_max_per_hint = 4;
+  // Reads of a blob again after a checksum mismatch or a read error before failing the load.
+  int max_refetches = 2;
+  // Heartbeat period of the residency role.
+  absl::Duration heartbeat_interval = absl::Milliseconds(100);
+  // Longest sleep of the idle loop (demand ring futex, or the engine's Wait) before re-checking.
+  absl::Duration idle_wait = absl::Milliseconds(2);
+  // Print the counters to stderr this often from Run; zero = never.
+  absl::Duration stats_interval = absl::ZeroDuration();
+};
+
+// Everything the daemon counts since it started. Times in microseconds.
+struct ResidencyCounters {
+  uint64_t lookups = 0;            // DemandRequests handled
+  uint64_t hits = 0;               // of those, resident in RAM already
+  uint64_t misses = 0;             // of those, not resident (a load started or joined)
+  uint64_t coalesced = 0;          // misses that joined a load already in flight
+  uint64_t loads = 0;              // blobs published resident
+  uint64_t load_failures = 0;      // loads failed for good (DataLoss or an I/O error)
+  uint64_t reads = 0;              // blob reads completed (refetches included)
+  uint64_t bytes_read = 0;         // bytes of those reads
+  uint64_t read_errors = 0;        // reads the engine failed
+  uint64_t checksum_failures = 0;  // blobs whose CRC did not match
+  uint64_t refetches = 0;          // reads issued again after a failure
+  uint64_t evictions = 0;          // residents removed to free a slot
+  uint64_t slot_waits = 0;         // times a load waited for an unpinned slot
+  uint64_t hints = 0;              // hints consumed
+  uint64_t prefetch_issued = 0;    // prefetch reads started
+  uint64_t prefetch_useful = 0;    // prefetched experts used (demanded, or hit by compute) before eviction
+  uint64_t prefetch_wasted = 0;    // prefetched experts evicted (or failed) unused
+  uint64_t read_latency_us_total = 0;  // sum over reads, submit to completion
+  uint64_t read_latency_us_max = 0;
+  uint64_t completions_sent = 0;
+};
+
+// Calls fn(name, value) for every counter (names in snake_case; for exporters and printing).
+void ForEachCounter(const ResidencyCounters& c,
+                    const std::function<void(const char* name, uint64_t value)>& fn);
+// "lookups=… hits=… …" on one line.
+std::string FormatCounters(const ResidencyCounters& c);
+
+// RAM slots for a budget: budget / blob_bytes, at least the floor of ResidencyOptions.
+uint32_t RamSlotCount(const ExpertStore& store, const ResidencyOptions& options);
+// The segment geometry mer-residency creates for `store` (identity from SegmentIdentity).
+shm::SegmentGeometry DaemonGeometry(const ExpertStore& store, const ResidencyOptions& options);
+
+class ResidencyDaemon {
+ public:
+  // `segment` was created by this process (Role::kResidency) with DaemonGeometry's layout, and
+  // outlives the daemon; `experts_fd` is the descriptor of experts.bin that `io` reads (the
+  // store's own, or a MemIoEngine's in tests).
+  static absl::StatusOr<std::unique_ptr<ResidencyDaemon>> Create(const ExpertStore& store,
+                                                                 shm::ShmSegment* segment,
+                                                                 std::unique_ptr<IoEngine> io,
+                                                                 int experts_fd,
+                                                                 const ResidencyOptions& options);
+  ~ResidencyDaemon();
+
+  // Serves until `stop` is true (checked at least every idle_wait), then returns OK; an error
+  // only if the I/O engine breaks. Reads in flight are drained before it returns.
+  absl::Status Run(const std::atomic<bool>& stop);
+  // One turn of the loop; returns whether anything happened (for tests that drive it directly).
+  absl::StatusOr<bool> Turn();
+
+  ResidencyCounters Snapshot() const;
+  const ResidencyOptions& options() const { return options_; }
+  IoEngine& io() { return *io_; }
+  uint32_t ram_slots() const { return n_slots_; }
+  // Whether the engine accepted the slot pool as registered buffers.
+  bool buffers_registered() const { return buffers_registered_; }
+
+ private:
+  struct Expert {
+    uint32_t slot = shm::kNoSlot;  // RAM slot while resident or loading
+    bool loading = false;
+    bool prefetched = false;       // admitted by a prefetch, not demanded since
+    bool prefetch_load = false;    // the load in flight is a prefetch
+    uint64_t hits_at_prefetch = 0; // the entry's compute-side hit count when it was prefetched
+    int attempts = 0;
+    std::vector<shm::DemandRequest> waiters;
+  };
+
+  ResidencyDaemon(const ExpertStore& store, shm::ShmSegment* segment, std::unique_ptr<IoEngine> io,
+                  int experts_fd, const ResidencyOptions& options);
+
+  uint32_t Index(uint32_t layer, uint32_t expert) const { return layer * n_expert_ + expert; }
+  void HandleDemand(const shm::DemandRequest& d);
+  bool StartLoads();
+  void Prefetch(uint32_t layer, uint32_t expert);
+  std::optional<uint32_t> AllocateSlot(ExpertKey incoming, bool for_prefetch);
+  absl::Status Submit(uint32_t index);
+  absl::Status Reap(bool block);
+  void FinishLoad(uint32_t index, const absl::Status& status);
+  void Complete(const shm::DemandRequest& d, uint32_t slot, uint64_t generation,
+                absl::StatusCode code);
+  void HandleHints();
+  void FlushCompletions();
+  void Publish();
+
+  const ExpertStore& store_;
+  shm::ShmSegment* segment_;
+  std::unique_ptr<IoEngine> io_;
+  const int fd_;
+  const ResidencyOptions options_;
+  const uint32_t n_layer_, n_expert_, n_slots_;
+  shm::ResidencyEndpoint ep_;
+  std::unique_ptr<ReplacementPolicy> policy_;
+  std::unique_ptr<PrefetchPredictor> predictor_;
+  bool buffers_registered_ = false;
+
+  std::vector<Expert> experts_;          // [n_layer * n_expert]
+  std::vector<uint32_t> slot_owner_;     // per slot: expert index, or kFreeOwner
+  std::vector<uint32_t> free_slots_;     // slots without owner (maybe still pinned: R3)
+  std::deque<uint32_t> queued_;          // expert indices waiting for a slot / a read
+  std::vector<absl::Time> submit_time_;  // per expert index, of the read in flight
+  int inflight_ = 0, prefetch_inflight_ = 0;
+  std::deque<shm::Completion> out_;
+  std::vector<ReadCompletion> reaped_;
+  std::vector<ExpertPrediction> predictions_;
+  int last_hint_layer_ = -1;
+
+  ResidencyCounters c_;
+  mutable std::mutex snapshot_mu_;
+  ResidencyCounters snapshot_;
+  absl::Time last_stats_print_;
+};
+
+}  // namespace mer::residency

@@ -1,0 +1,178 @@
+// mer-residency: opens an expert store, creates the shared-memory segment of an instance and
+// serves the experts through its RAM tier until SIGTERM/SIGINT (then prints its counters, removes
+// the segment and exits 0).
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/base/status.h"
+#include "services/residency/daemon/residency_daemon.h"
+
+namespace {
+
+constexpr char kHelp[] =
+    R"(usage: mer-residency --store STORE_DIR --instance NAME --ram-budget BYTES|PERCENT%
+                     [--io auto|uring|pread] [--policy lru|lfu|arc] [--prefetch]
+                     [--io-inflight N] [--prefetch-inflight N] [--stats-interval SECONDS]
+                     [--take-over]
+
+Serves the experts of STORE_DIR (written by `mer pack`) to `mer generate --residency NAME`
+through the shared-memory segment /dev/shm/NAME. --ram-budget is bytes (suffixes K, M, G, T:
+powers of 1024) or a percentage of all experts' bytes ("10%"); the RAM tier holds budget /
+blob size slots, at least one more than a layer's experts. Counters go to stderr at exit and,
+with --stats-interval, periodically.
+)";
+
+std::atomic<bool> g_stop{false};
+void OnSignal(int) { g_stop.store(true); }
+
+struct Args {
+  std::string store, instance, budget, io = "auto", policy = "lru";
+  bool prefetch = false, take_over = false;
+  int64_t io_inflight = 16, prefetch_inflight = 2;
+  double stats_interval = 0;
+};
+
+absl::Status ParseArgs(int argc, char** argv, Args* a) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&](std::string* out) -> absl::Status {
+      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(arg, " needs a value"));
+      *out = argv[++i];
+      return absl::OkStatus();
+    };
+    std::string v;
+    if (arg == "--store") {
+      RETURN_IF_ERROR(value(&a->store));
+    } else if (arg == "--instance") {
+      RETURN_IF_ERROR(value(&a->instance));
+    } else if (arg == "--ram-budget") {
+      RETURN_IF_ERROR(value(&a->budget));
+    } else if (arg == "--io") {
+      RETURN_IF_ERROR(value(&a->io));
+    } else if (arg == "--policy") {
+      RETURN_IF_ERROR(value(&a->policy));
+    } else if (arg == "--prefetch") {
+      a->prefetch = true;
+    } else if (arg == "--take-over") {
+      a->take_over = true;
+    } else if (arg == "--io-inflight" || arg == "--prefetch-inflight") {
+      RETURN_IF_ERROR(value(&v));
+      int64_t n;
+      if (!absl::SimpleAtoi(v, &n) || n < 0 || n > 4096)
+        return absl::InvalidArgumentError(absl::StrCat(arg, ": bad value '", v, "'"));
+      (arg == "--io-inflight" ? a->io_inflight : a->prefetch_inflight) = n;
+    } else if (arg == "--stats-interval") {
+      RETURN_IF_ERROR(value(&v));
+      if (!absl::SimpleAtod(v, &a->stats_interval) || a->stats_interval < 0)
+        return absl::InvalidArgumentError(absl::StrCat("--stats-interval: bad value '", v, "'"));
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unknown argument '", arg, "'"));
+    }
+  }
+  if (a->store.empty() || a->instance.empty() || a->budget.empty())
+    return absl::InvalidArgumentError("--store, --instance and --ram-budget are required");
+  if (a->io_inflight < 1) return absl::InvalidArgumentError("--io-inflight must be >= 1");
+  return absl::OkStatus();
+}
+
+// BYTES (optional K/M/G/T suffix) or PERCENT% of `total`.
+absl::StatusOr<uint64_t> ParseBudget(const std::string& s, uint64_t total) {
+  if (s.empty()) return absl::InvalidArgumentError("--ram-budget is empty");
+  if (s.back() == '%') {
+    double pct;
+    if (!absl::SimpleAtod(s.substr(0, s.size() - 1), &pct) || pct <= 0 || pct > 100)
+      return absl::InvalidArgumentError(absl::StrCat("--ram-budget: bad percentage '", s, "'"));
+    return static_cast<uint64_t>(static_cast<double>(total) * pct / 100.0);
+  }
+  uint64_t mult = 1;
+  std::string num = s;
+  const char last = static_cast<char>(std::toupper(static_cast<unsigned char>(s.back())));
+  if (last == 'K' || last == 'M' || last == 'G' || last == 'T') {
+    mult = last == 'K' ? 1ull << 10 : last == 'M' ? 1ull << 20 : last == 'G' ? 1ull << 30 : 1ull << 40;
+    num = s.substr(0, s.size() - 1);
+  }
+  uint64_t n;
+  if (!absl::SimpleAtoi(num, &n) || n == 0)
+    return absl::InvalidArgumentError(absl::StrCat("--ram-budget: bad value '", s, "'"));
+  return n * mult;
+}
+
+absl::Status Main(const Args& a) {
+  using namespace mer;
+  using namespace mer::residency;
+  ASSIGN_OR_RETURN(std::unique_ptr<ExpertStore> store, ExpertStore::Open(a.store));
+  ResidencyOptions o;
+  const uint64_t total = uint64_t(store->n_layer()) * store->n_expert() * store->blob_bytes();
+  ASSIGN_OR_RETURN(o.ram_budget_bytes, ParseBudget(a.budget, total));
+  o.policy = a.policy;
+  o.prefetch = a.prefetch;
+  o.io_inflight_max = static_cast<int>(a.io_inflight);
+  o.prefetch_inflight_max = static_cast<int>(a.prefetch_inflight);
+  o.stats_interval = absl::Seconds(a.stats_interval);
+
+  ASSIGN_OR_RETURN(const IoEngineKind kind, ParseIoEngineKind(a.io));
+  IoEngineOptions io;
+  io.io_inflight_max = o.io_inflight_max;
+  ASSIGN_OR_RETURN(CreatedIoEngine engine, CreateIoEngine(kind, io));
+
+  shm::CreateOptions co;
+  co.geometry = DaemonGeometry(*store, o);
+  co.take_over_live = a.take_over;
+  ASSIGN_OR_RETURN(std::unique_ptr<shm::ShmSegment> segment,
+                   shm::ShmSegment::Create(a.instance, co));
+  ASSIGN_OR_RETURN(std::unique_ptr<ResidencyDaemon> daemon,
+                   ResidencyDaemon::Create(*store, segment.get(), std::move(engine.engine),
+                                           store->experts_fd(), o));
+  std::fprintf(stderr,
+               "mer-residency: instance %s, store %s: %d layers x %d experts of %llu bytes; "
+               "RAM tier %u slots (%.1f MiB), io %s%s%s, %s, policy %s%s\n",
+               a.instance.c_str(), a.store.c_str(), store->n_layer(), store->n_expert(),
+               static_cast<unsigned long long>(store->blob_bytes()), daemon->ram_slots(),
+               daemon->ram_slots() * double(store->blob_bytes()) / (1 << 20),
+               daemon->io().name().c_str(),
+               engine.fallback_reason.empty() ? "" : " (io_uring unavailable: ",
+               engine.fallback_reason.empty() ? "" : (engine.fallback_reason + ")").c_str(),
+               store->direct_io() ? "O_DIRECT" : "buffered",
+               o.policy.c_str(), o.prefetch ? ", prefetch" : "");
+  std::fprintf(stderr, "mer-residency: ready\n");
+  const absl::Status s = daemon->Run(g_stop);
+  std::fprintf(stderr, "mer-residency: counters %s\n", FormatCounters(daemon->Snapshot()).c_str());
+  daemon.reset();
+  segment.reset();  // detaches and removes the name
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--help") == 0) {
+      std::fputs(kHelp, stdout);
+      return 0;
+    }
+  }
+  Args a;
+  absl::Status s = ParseArgs(argc, argv, &a);
+  if (!s.ok()) {
+    std::fprintf(stderr, "mer-residency: %s\n%s", std::string(s.message()).c_str(), kHelp);
+    return 2;
+  }
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  s = Main(a);
+  if (!s.ok()) {
+    std::fprintf(stderr, "mer-residency: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,321 @@
+// ResidencyDaemon in-process: a real segment, a packed micro store, the daemon on a thread (or
+// driven turn by turn) and a ResidencyClient / ResidencyExpertSource as compute.
+#include "services/residency/daemon/residency_daemon.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "absl/time/clock.h"
+#include "common/base/check.h"
+#include "common/model/synth_model.h"
+#include "common/store/packer.h"
+#include "services/compute/residency_expert_source.h"
+#include "services/residency/io/fault_injecting_io_engine.h"
+
+namespace mer::residency {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+const std::string& StoreDir() {
+  static const std::string* dir = [] {
+    const fs::path root = fs::temp_directory_path() / ("mer_daemon_test_" + std::to_string(getpid()));
+    fs::create_directories(root);
+    SynthOptions o;
+    o.geometry = *SynthPreset("micro");
+    o.quant = SynthQuant::kQ8_0;
+    o.seed = 3;
+    o.threads = 2;
+    const std::string gguf = (root / "m.gguf").string();
+    EXPECT_TRUE(WriteSynthModel(o, gguf).ok());
+    PackOptions po;
+    po.threads = 2;
+    EXPECT_TRUE(PackExpertStore(gguf, (root / "store").string(), po).ok());
+    return new std::string((root / "store").string());
+  }();
+  return *dir;
+}
+
+std::string UniqueName(const char* tag) {
+  static int n = 0;
+  return "mer-daemon-test-" + std::to_string(getpid()) + "-" + tag + "-" + std::to_string(n++);
+}
+
+class DaemonFixture {
+ public:
+  explicit DaemonFixture(ResidencyOptions o = {}, std::vector<FaultRule> faults = {},
+                         bool thread = true)
+      : name_(UniqueName("d")) {
+    auto store = ExpertStore::Open(StoreDir());
+    CHECK(store.ok());
+    store_ = std::move(*store);
+    shm::CreateOptions co;
+    co.geometry = DaemonGeometry(*store_, o);
+    auto seg = shm::ShmSegment::Create(name_, co);
+    CHECK(seg.ok());
+    seg_ = std::move(*seg);
+    IoEngineOptions io;
+    io.io_inflight_max = 8;
+    auto engine = CreateIoEngine(IoEngineKind::kPread, io);
+    CHECK(engine.ok());
+    std::unique_ptr<IoEngine> e = std::move(engine->engine);
+    if (!faults.empty()) {
+      FaultInjectionOptions fo;
+      fo.rules = faults;
+      auto f = FaultInjectingIoEngine::Create(std::move(e), fo);
+      CHECK(f.ok());
+      e = std::move(*f);
+    }
+    auto d = ResidencyDaemon::Create(*store_, seg_.get(), std::move(e), store_->experts_fd(), o);
+    CHECK(d.ok());
+    daemon_ = std::move(*d);
+    if (thread) thread_ = std::thread([this] { CHECK(daemon_->Run(stop_).ok()); });
+  }
+  ~DaemonFixture() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+
+  const ExpertStore& store() const { return *store_; }
+  ResidencyDaemon& daemon() { return *daemon_; }
+  shm::ShmSegment& segment() { return *seg_; }
+  const std::string& name() const { return name_; }
+  ResidencyCounters Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    return daemon_->Snapshot();
+  }
+
+ private:
+  std::string name_;
+  std::unique_ptr<ExpertStore> store_;
+  std::unique_ptr<shm::ShmSegment> seg_;
+  std::unique_ptr<ResidencyDaemon> daemon_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+std::unique_ptr<shm::ShmSegment> AttachCompute(const DaemonFixture& f) {
+  auto s = shm::ShmSegment::Attach(f.name(), ExpectedSegmentIdentity(f.store().manifest()));
+  CHECK(s.ok());
+  return std::move(*s);
+}
+
+bool SameAsStore(const ExpertStore& store, int layer, int expert, absl::Span<const uint8_t> b) {
+  AlignedBuffer buf = AllocateAligned(store.blob_bytes());
+  if (!store.ReadBlob(layer, expert, buf.get()).ok()) return false;
+  return b.size() >= store.blob_bytes() && std::memcmp(buf.get(), b.data(), store.blob_bytes()) == 0;
+}
+
+TEST(ResidencyDaemonTest, SlotCountFromBudget) {
+  auto store = ExpertStore::Open(StoreDir());
+  ASSERT_TRUE(store.ok());
+  ResidencyOptions o;
+  o.ram_budget_bytes = 1;
+  EXPECT_EQ(RamSlotCount(**store, o), static_cast<uint32_t>((*store)->n_expert() + 1));
+  o.ram_budget_bytes = (*store)->blob_bytes() * 12;
+  EXPECT_EQ(RamSlotCount(**store, o), 12u);
+  o.ram_budget_bytes = uint64_t{1} << 40;  // capped at every expert
+  EXPECT_EQ(RamSlotCount(**store, o), static_cast<uint32_t>((*store)->n_layer() * (*store)->n_expert()));
+}
+
+TEST(ResidencyDaemonTest, ServesMissesThenHits) {
+  DaemonFixture f;
+  auto seg = AttachCompute(f);
+  shm::ResidencyClient client(seg.get());
+  const std::vector<int32_t> experts = {0, 3, 5};
+  for (int round = 0; round < 2; ++round) {
+    auto step = client.BeginStep();
+    ASSERT_TRUE(step.ok());
+    std::vector<shm::PinnedExpert> pinned;
+    ASSERT_TRUE(client.Acquire(*step, 1, experts, absl::Now() + absl::Seconds(10), &pinned).ok());
+    for (size_t i = 0; i < experts.size(); ++i)
+      EXPECT_TRUE(SameAsStore(f.store(), 1, experts[i], pinned[i].bytes)) << experts[i];
+    client.Release(pinned);
+    client.EndStep(*step);
+  }
+  EXPECT_EQ(client.stats().hits, 3u);
+  const ResidencyCounters c = f.Stop();
+  EXPECT_EQ(c.misses, 3u);
+  EXPECT_EQ(c.loads, 3u);
+  EXPECT_EQ(c.bytes_read, 3 * f.store().blob_bytes());
+  EXPECT_EQ(c.checksum_failures, 0u);
+}
+
+TEST(ResidencyDaemonTest, CoalescesDuplicateDemands) {
+  DaemonFixture f({}, {}, /*thread=*/false);
+  auto seg = AttachCompute(f);
+  shm::RingProducer<shm::DemandRequest> demand(seg->demand_ring());
+  shm::RingConsumer<shm::Completion> completions(seg->completion_ring());
+  for (uint64_t id = 1; id <= 3; ++id) {
+    shm::DemandRequest d{};
+    d.layer = 0;
+    d.expert = 6;
+    d.request_id = id;
+    ASSERT_TRUE(demand.TryPush(d));
+  }
+  std::vector<shm::Completion> got;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (got.size() < 3 && absl::Now() < deadline) {
+    ASSERT_TRUE(f.daemon().Turn().ok());
+    shm::Completion c;
+    while (completions.TryPop(&c)) got.push_back(c);
+  }
+  ASSERT_EQ(got.size(), 3u);
+  for (const shm::Completion& c : got) {
+    EXPECT_EQ(c.status, 0);
+    EXPECT_EQ(c.slot, got[0].slot);
+  }
+  const ResidencyCounters c = f.daemon().Snapshot();
+  EXPECT_EQ(c.misses, 3u);
+  EXPECT_EQ(c.coalesced, 2u);
+  EXPECT_EQ(c.reads, 1u);
+}
+
+TEST(ResidencyDaemonTest, EvictsUnpinnedOnlyAndKeepsPinnedBytes) {
+  ResidencyOptions o;
+  o.ram_budget_bytes = 1;  // the floor: n_expert + 1 = 9 slots for 16 experts
+  DaemonFixture f(o);
+  ASSERT_EQ(f.daemon().ram_slots(), static_cast<uint32_t>(f.store().n_expert() + 1));
+  auto seg = AttachCompute(f);
+  shm::ResidencyClient client(seg.get());
+  const int n = f.store().n_expert();
+  std::vector<int32_t> all(n);
+  for (int e = 0; e < n; ++e) all[e] = e;
+  // Hold all of layer 0 pinned while layer 1 churns through the one remaining slot.
+  auto held_step = client.BeginStep();
+  ASSERT_TRUE(held_step.ok());
+  std::vector<shm::PinnedExpert> held;
+  ASSERT_TRUE(client.Acquire(*held_step, 0, all, absl::Now() + absl::Seconds(10), &held).ok());
+  for (int round = 0; round < 3; ++round) {
+    for (int e = 0; e < n; ++e) {
+      auto step = client.BeginStep();
+      ASSERT_TRUE(step.ok());
+      std::vector<shm::PinnedExpert> p;
+      const int32_t one[] = {e};
+      ASSERT_TRUE(client.Acquire(*step, 1, one, absl::Now() + absl::Seconds(10), &p).ok());
+      EXPECT_TRUE(SameAsStore(f.store(), 1, e, p[0].bytes));
+      client.Release(p);
+      client.EndStep(*step);
+    }
+  }
+  for (int e = 0; e < n; ++e) EXPECT_TRUE(SameAsStore(f.store(), 0, e, held[e].bytes)) << e;
+  client.Release(held);
+  client.EndStep(*held_step);
+  const ResidencyCounters c = f.Stop();
+  EXPECT_GE(c.evictions, static_cast<uint64_t>(3 * n - 1));
+}
+
+TEST(ResidencyDaemonTest, RefetchesAfterChecksumMismatch) {
+  auto store = ExpertStore::Open(StoreDir());
+  ASSERT_TRUE(store.ok());
+  FaultRule r;
+  r.kind = FaultKind::kBitFlip;
+  r.offset_begin = (*store)->BlobOffset(1, 2);
+  r.offset_end = r.offset_begin + (*store)->blob_bytes();
+  r.times = 1;
+  DaemonFixture f({}, {r});
+  auto seg = AttachCompute(f);
+  shm::ResidencyClient client(seg.get());
+  auto step = client.BeginStep();
+  ASSERT_TRUE(step.ok());
+  std::vector<shm::PinnedExpert> p;
+  const int32_t e[] = {2};
+  ASSERT_TRUE(client.Acquire(*step, 1, e, absl::Now() + absl::Seconds(10), &p).ok());
+  EXPECT_TRUE(SameAsStore(f.store(), 1, 2, p[0].bytes));
+  client.Release(p);
+  client.EndStep(*step);
+  const ResidencyCounters c = f.Stop();
+  EXPECT_EQ(c.checksum_failures, 1u);
+  EXPECT_EQ(c.refetches, 1u);
+  EXPECT_EQ(c.loads, 1u);
+}
+
+TEST(ResidencyDaemonTest, PersistentCorruptionIsDataLossNamingTheExpert) {
+  auto store = ExpertStore::Open(StoreDir());
+  ASSERT_TRUE(store.ok());
+  FaultRule r;
+  r.kind = FaultKind::kBitFlip;
+  r.offset_begin = (*store)->BlobOffset(0, 4);
+  r.offset_end = r.offset_begin + (*store)->blob_bytes();
+  DaemonFixture f({}, {r});
+  auto seg = AttachCompute(f);
+  shm::ResidencyClient client(seg.get());
+  auto step = client.BeginStep();
+  ASSERT_TRUE(step.ok());
+  std::vector<shm::PinnedExpert> p;
+  const int32_t e[] = {1, 4};
+  const absl::Status s = client.Acquire(*step, 0, e, absl::Now() + absl::Seconds(10), &p);
+  client.EndStep(*step);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("4"));
+  const auto entry = seg->table().Read(0, 4);
+  ASSERT_TRUE(entry.has_value());
+  EXPECT_FALSE(entry->in(shm::Pool::kRam));  // never published
+  const ResidencyCounters c = f.Stop();
+  EXPECT_EQ(c.checksum_failures, 3u);  // the read and two refetches
+  EXPECT_EQ(c.load_failures, 1u);
+}
+
+TEST(ResidencyDaemonTest, PrefetchFromPredictedHint) {
+  ResidencyOptions o;
+  o.prefetch = true;
+  DaemonFixture f(o);
+  auto seg = AttachCompute(f);
+  shm::ResidencyClient client(seg.get());
+  shm::Hint h{};
+  h.layer = 1;
+  h.count = 1;
+  h.kind = 1;
+  h.experts[0] = 7;
+  h.confidence[0] = 200;
+  ASSERT_TRUE(client.SendHint(h));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline) {
+    const auto s = seg->table().Read(1, 7);
+    if (s.has_value() && s->in(shm::Pool::kRam)) break;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  auto step = client.BeginStep();
+  ASSERT_TRUE(step.ok());
+  std::vector<shm::PinnedExpert> p;
+  const int32_t e[] = {7};
+  ASSERT_TRUE(client.Acquire(*step, 1, e, absl::Now() + absl::Seconds(10), &p).ok());
+  client.Release(p);
+  client.EndStep(*step);
+  EXPECT_EQ(client.stats().hits, 1u);
+  const ResidencyCounters c = f.Stop();
+  EXPECT_EQ(c.prefetch_issued, 1u);
+  EXPECT_EQ(c.misses, 0u);
+}
+
+TEST(ResidencyExpertSourceTest, ViewsOverPinnedSlotsAndRelease) {
+  DaemonFixture f;
+  auto source = ResidencyExpertSource::Connect(f.store(), f.name());
+  ASSERT_TRUE(source.ok()) << source.status();
+  const int32_t e[] = {1, 2};
+  std::vector<ExpertWeights> w(2);
+  ASSERT_TRUE((*source)->AcquireLayer(0, e, absl::MakeSpan(w)).ok());
+  (*source)->ReleaseLayer(0);
+  ASSERT_TRUE((*source)->AcquireLayer(0, e, absl::MakeSpan(w)).ok());
+  (*source)->ReleaseLayer(0);
+  EXPECT_EQ((*source)->stats().client.hits, 2u);
+  EXPECT_EQ((*source)->stats().layers, 2u);
+}
+
+TEST(ResidencyExpertSourceTest, ConnectFailsWithoutDaemon) {
+  ResidencyExpertSourceOptions o;
+  o.reconnect_timeout = absl::Milliseconds(50);
+  auto store = ExpertStore::Open(StoreDir());
+  ASSERT_TRUE(store.ok());
+  auto source = ResidencyExpertSource::Connect(**store, UniqueName("none"), o);
+  EXPECT_FALSE(source.ok());
+}
+
+}  // namespace
+}  // namespace mer::residency
