@@ -66,4 +66,23 @@ absl::StatusOr<LoadedModel> LoadModel(const Flags& flags, int min_context_tokens
   return m;
 }
 
+absl::StatusOr<std::vector<int32_t>> PromptTokens(const Flags& f, const Tokenizer& tokenizer) {
+  if (f.Has("prompt") == f.Has("prompt-tokens"))
+    return absl::InvalidArgumentError("give exactly one of --prompt and --prompt-tokens");
+  std::vector<int32_t> ids;
+  if (f.Has("prompt-tokens")) {
+    ASSIGN_OR_RETURN(ids, ParseIdList(f.String("prompt-tokens"), "--prompt-tokens"));
+  } else {
+    if (tokenizer.add_bos() && tokenizer.bos_id() >= 0) ids.push_back(tokenizer.bos_id());
+    const std::vector<int32_t> text = tokenizer.Encode(f.String("prompt"), /*parse_special=*/true);
+    ids.insert(ids.end(), text.begin(), text.end());
+  }
+  if (ids.empty()) return absl::InvalidArgumentError("the prompt is empty");
+  for (int32_t id : ids) {
+    if (id < 0 || id >= tokenizer.vocab_size())
+      return absl::InvalidArgumentError(absl::StrCat("prompt token ", id, " is outside the vocabulary"));
+  }
+  return ids;
+}
+
 }  // namespace mer::cli

@@ -46,4 +46,8 @@ absl::StatusOr<LoadedModel> LoadModel(const Flags& flags, int min_context_tokens
 inline const std::vector<std::string> kEngineFlags = {"model", "store", "residency", "threads",
                                                       "ctx", "batch"};
 
+// The prompt of --prompt TEXT (tokenized, BOS first where the vocabulary asks for it) or
+// --prompt-tokens 1,2,3 (exactly one of them), every id checked against the vocabulary.
+absl::StatusOr<std::vector<int32_t>> PromptTokens(const Flags& f, const Tokenizer& tokenizer);
+
 }  // namespace mer::cli

@@ -38,16 +38,7 @@ fs::path TempRoot() {
 
 SynthOptions Geometry(SynthQuant quant, uint64_t seed = 7) {
   SynthOptions o;
-  o.geometry.n_layer = 2;
-  o.geometry.n_embd = 64;
-  o.geometry.n_head = 4;
-  o.geometry.n_head_kv = 2;
-  o.geometry.head_dim = 16;
-  o.geometry.n_expert = 8;
-  o.geometry.n_expert_used = 2;
-  o.geometry.n_ff_exp = 32;
-  o.geometry.n_vocab = 300;
-  o.geometry.n_ctx = 256;
+  o.geometry = *SynthPreset("micro");
   if (quant == SynthQuant::kQ4_K) {  // K-quant rows need multiples of 256
     o.geometry.n_embd = 256;
     o.geometry.n_ff_exp = 256;

@@ -98,15 +98,8 @@ TEST(TraceWriter, FileIsReadableOnlyOnceFinished) {
 // The writer as the engine's observer: a prompt, then decode steps, on a small synthetic model.
 TEST(TraceWriter, RecordsTheEngine) {
   SynthOptions o;
+  o.geometry = *SynthPreset("micro");
   o.geometry.n_layer = 3;
-  o.geometry.n_embd = 64;
-  o.geometry.n_head = 4;
-  o.geometry.n_head_kv = 2;
-  o.geometry.head_dim = 16;
-  o.geometry.n_expert = 8;
-  o.geometry.n_expert_used = 2;
-  o.geometry.n_ff_exp = 32;
-  o.geometry.n_vocab = 300;
   o.router_skew = 1.0;
   o.threads = 2;
   const std::string path = ::testing::TempDir() + "/trace_writer_model_" + std::to_string(getpid()) + ".gguf";
