@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "common/base/status.h"
 #include "services/residency/daemon/residency_daemon.h"
+#include "services/residency/metrics/residency_metrics.h"
 
 namespace {
 
@@ -20,13 +21,15 @@ constexpr char kHelp[] =
     R"(usage: mer-residency --store STORE_DIR --instance NAME --ram-budget BYTES|PERCENT%
                      [--io auto|uring|pread] [--policy lru|lfu|arc] [--prefetch]
                      [--io-inflight N] [--prefetch-inflight N] [--stats-interval SECONDS]
-                     [--take-over]
+                     [--take-over] [--metrics-listen HOST:PORT|off]
 
 Serves the experts of STORE_DIR (written by `mer pack`) to `mer generate --residency NAME`
 through the shared-memory segment /dev/shm/NAME. --ram-budget is bytes (suffixes K, M, G, T:
 powers of 1024) or a percentage of all experts' bytes ("10%"); the RAM tier holds budget /
 blob size slots, at least one more than a layer's experts. Counters go to stderr at exit and,
-with --stats-interval, periodically.
+with --stats-interval, periodically. Prometheus metrics (docs/metrics.md) are served on
+http://HOST:PORT/metrics (default 127.0.0.1:0: a free port, printed on stderr as
+"metrics: http://127.0.0.1:PORT/metrics"); --metrics-listen off serves none.
 )";
 
 std::atomic<bool> g_stop{false};
@@ -34,6 +37,7 @@ void OnSignal(int) { g_stop.store(true); }
 
 struct Args {
   std::string store, instance, budget, io = "auto", policy = "lru";
+  std::string metrics_listen = "127.0.0.1:0";
   bool prefetch = false, take_over = false;
   int64_t io_inflight = 16, prefetch_inflight = 2;
   double stats_interval = 0;
@@ -60,6 +64,8 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
       RETURN_IF_ERROR(value(&a->policy));
     } else if (arg == "--prefetch") {
       a->prefetch = true;
+    } else if (arg == "--metrics-listen") {
+      RETURN_IF_ERROR(value(&a->metrics_listen));
     } else if (arg == "--take-over") {
       a->take_over = true;
     } else if (arg == "--io-inflight" || arg == "--prefetch-inflight") {
@@ -141,9 +147,17 @@ absl::Status Main(const Args& a) {
                engine.fallback_reason.empty() ? "" : (engine.fallback_reason + ")").c_str(),
                store->direct_io() ? "O_DIRECT" : "buffered",
                o.policy.c_str(), o.prefetch ? ", prefetch" : "");
+  std::unique_ptr<MetricsServer> metrics;
+  if (a.metrics_listen != "off") {
+    ResidencyDaemon* d = daemon.get();
+    ASSIGN_OR_RETURN(metrics,
+                     MetricsServer::Start(a.metrics_listen, [d] { return d->Snapshot(); }));
+    std::fprintf(stderr, "metrics: %s\n", metrics->url().c_str());
+  }
   std::fprintf(stderr, "mer-residency: ready\n");
   const absl::Status s = daemon->Run(g_stop);
   std::fprintf(stderr, "mer-residency: counters %s\n", FormatCounters(daemon->Snapshot()).c_str());
+  metrics.reset();  // before the daemon its snapshots come from
   daemon.reset();
   segment.reset();  // detaches and removes the name
   return s;

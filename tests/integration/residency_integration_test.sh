@@ -4,8 +4,11 @@
 # `mer generate --store --residency` to print the same token ids as `mer generate --model`; checks
 # from the daemon's counters that misses were served. Then: a flipped byte in experts.bin must make
 # generation fail with DataLoss naming the expert (never print tokens), and a SIGKILLed daemon
-# restarted mid-generation must be survived (same tokens). Always cleans up its processes and
-# /dev/shm segments; every command runs under a timeout.
+# restarted mid-generation must be survived (same tokens). While each daemon runs, its Prometheus
+# /metrics page (--metrics-listen, default 127.0.0.1:0) is fetched (curl, else bash's /dev/tcp),
+# linted with `promtool check metrics` (skipped if promtool is absent), and its counters must equal
+# the ones the daemon prints at exit. Always cleans up its processes and /dev/shm segments; every
+# command runs under a timeout.
 set -u
 MER=$1
 RES=$2
@@ -48,6 +51,34 @@ stop_daemon() {  # PID LOG: SIGTERM, wait (bounded), require the counters line
 }
 counter() { grep -o "counters .*" "$2" | tail -1 | grep -o " $1=[0-9]*" | cut -d= -f2; }
 
+# fetch_metrics LOG OUT: GET the /metrics URL the daemon printed ("metrics: http://H:P/metrics").
+fetch_metrics() {
+  local url
+  url=$(grep -o 'metrics: http://[^ ]*' "$1" | head -1 | cut -d' ' -f2)
+  [ -n "$url" ] || { echo "no metrics URL in $1"; return 1; }
+  if command -v curl >/dev/null 2>&1; then
+    timeout 10 curl -sSf "$url" -o "$2"
+  else
+    local hp=${url#http://}
+    hp=${hp%%/*}
+    ( exec 3<>"/dev/tcp/${hp%:*}/${hp##*:}" || exit 1
+      printf 'GET /metrics HTTP/1.0\r\nHost: %s\r\n\r\n' "$hp" >&3
+      timeout 10 cat <&3 ) | tr -d '\r' | sed '1,/^$/d' >"$2"
+  fi
+  [ -s "$2" ]
+}
+# metric 'NAME{LABELS}' FILE: the sample's value as an integer (empty if absent).
+metric() { awk -v n="$1" '$1 == n { printf "%d", $2; exit }' "$2"; }
+# lint_metrics NAME FILE: promtool check metrics, if installed.
+lint_metrics() {
+  if ! command -v promtool >/dev/null 2>&1; then
+    echo "  note: promtool not installed: skipping 'promtool check metrics'"; return 0
+  fi
+  local out
+  out=$(timeout 30 promtool check metrics <"$2" 2>&1) || { fail "$1: promtool check metrics: $out"; return; }
+  echo "  promtool check metrics: ok"
+}
+
 gen_model() { timeout 120 "$MER" generate --model "$1" --prompt-tokens $PROMPT --max-tokens 32 \
                 --print-token-ids --ignore-eos --threads 2 2>"$2"; }
 gen_store() { timeout 120 "$MER" generate --store "$1" --residency "$2" --prompt-tokens $PROMPT \
@@ -63,6 +94,8 @@ run_case() {  # NAME SYNTH_FLAGS...
   want=$(gen_model "$gguf" "$WORK/$name.model.err") || { fail "$name: generate --model"; cat "$WORK/$name.model.err"; return; }
   start_daemon "$store" "$inst" "$WORK/$name.daemon.log" || { fail "$name: daemon"; return; }
   got=$(gen_store "$store" "$inst" "$WORK/$name.store.err") || { fail "$name: generate --residency"; cat "$WORK/$name.store.err"; }
+  local prom=$WORK/$name.metrics have_metrics=yes
+  fetch_metrics "$WORK/$name.daemon.log" "$prom" || { fail "$name: fetching /metrics"; have_metrics=no; }
   stop_daemon "$DPID" "$WORK/$name.daemon.log"
   [ -e "/dev/shm/$inst" ] && fail "$name: segment /dev/shm/$inst left behind"
   if [ "$want" != "$got" ] || [ -z "$want" ]; then
@@ -78,6 +111,32 @@ run_case() {  # NAME SYNTH_FLAGS...
   if [ -z "$misses" ] || [ "$misses" -eq 0 ] || [ -z "$loads" ] || [ "$loads" -eq 0 ]; then
     fail "$name: the daemon served no misses"; cat "$WORK/$name.daemon.log"
   fi
+  [ "$have_metrics" = yes ] || return
+  lint_metrics "$name" "$prom"
+  local m_misses m_bytes m_lookups blob
+  m_misses=$(metric 'mer_expert_misses_total{tier="ram"}' "$prom")
+  m_lookups=$(metric 'mer_expert_lookups_total{tier="ram"}' "$prom")
+  m_bytes=$(metric 'mer_expert_read_bytes_total' "$prom")
+  blob=$(grep -o 'experts of [0-9]* bytes' "$WORK/$name.daemon.log" | head -1 | grep -o '[0-9]*')
+  echo "  /metrics: misses=$m_misses lookups=$m_lookups read_bytes=$m_bytes (blob $blob bytes)"
+  [ "$m_misses" == "$misses" ] || fail "$name: mer_expert_misses_total=$m_misses, the daemon printed misses=$misses"
+  [ "$m_bytes" == "$bytes" ] || fail "$name: mer_expert_read_bytes_total=$m_bytes, the daemon printed bytes_read=$bytes"
+  if [ -n "$blob" ] && [ -n "$m_bytes" ] && [ -n "$m_misses" ]; then
+    # No prefetch and no refetch here: every read is a miss's (coalesced misses share one).
+    local reads=$((m_bytes / blob))
+    if [ $((m_bytes % blob)) -ne 0 ] || [ "$reads" -lt 1 ] || [ "$reads" -gt "$m_misses" ]; then
+      fail "$name: read bytes $m_bytes are not 1..misses ($m_misses) blobs of $blob bytes"
+    fi
+  fi
+  [ -n "$m_lookups" ] && [ "$m_lookups" -ge "${m_misses:-0}" ] || fail "$name: lookups $m_lookups < misses $m_misses"
+  grep -q '^mer_build_info{version="[^"]*"} 1$' "$prom" || fail "$name: no mer_build_info"
+  grep -q '^mer_io_read_seconds_bucket{le="+Inf"} ' "$prom" || fail "$name: no mer_io_read_seconds histogram"
+  local slots m_slots m_resident
+  slots=$(grep -o 'RAM tier [0-9]* slots' "$WORK/$name.daemon.log" | grep -o '[0-9]*')
+  m_slots=$(awk '/^mer_tier_slots\{/ { n += $2 } END { printf "%d", n }' "$prom")
+  m_resident=$(metric 'mer_tier_slots{state="resident",tier="ram"}' "$prom")
+  [ "$m_slots" == "$slots" ] || fail "$name: mer_tier_slots sum to $m_slots, the RAM tier has $slots"
+  [ -n "$m_resident" ] && [ "$m_resident" -gt 0 ] || fail "$name: no resident slots in mer_tier_slots"
 }
 
 run_case micro_q8 --preset micro --quant q8_0
@@ -98,6 +157,14 @@ PY
   inst=${TAG}-bad
   if start_daemon "$bad" "$inst" "$WORK/bad.daemon.log"; then
     out=$(gen_store "$bad" "$inst" "$WORK/bad.err"); rc=$?
+    if fetch_metrics "$WORK/bad.daemon.log" "$WORK/bad.metrics"; then
+      lint_metrics corrupt "$WORK/bad.metrics"
+      bad_crc=$(metric 'mer_checksum_failures_total' "$WORK/bad.metrics")
+      [ -n "$bad_crc" ] && [ "$bad_crc" -gt 0 ] || fail "corrupt store: mer_checksum_failures_total=$bad_crc"
+      echo "  /metrics: mer_checksum_failures_total=$bad_crc"
+    else
+      fail "corrupt store: fetching /metrics"
+    fi
     stop_daemon "$DPID" "$WORK/bad.daemon.log"
     if [ $rc -eq 0 ] || [ -n "$(echo "$out" | tr -d '[:space:]')" ]; then
       fail "corrupt store: generation succeeded or printed tokens (rc=$rc): $out"
@@ -107,6 +174,8 @@ PY
     fi
     echo "corrupt: rc=$rc error: $(grep 'mer generate' "$WORK/bad.err")"
     echo "  daemon: checksum_failures=$(counter checksum_failures "$WORK/bad.daemon.log") load_failures=$(counter load_failures "$WORK/bad.daemon.log")"
+    [ "${bad_crc:-}" == "$(counter checksum_failures "$WORK/bad.daemon.log")" ] ||
+      fail "corrupt store: mer_checksum_failures_total=${bad_crc:-} differs from the daemon's checksum_failures"
   else
     fail "corrupt store: daemon"
   fi
@@ -118,7 +187,8 @@ if [ -d "$WORK/tiny_q8.store" ]; then
   store=$WORK/tiny_q8.store
   want=$(timeout 120 "$MER" generate --model "$WORK/tiny_q8.gguf" --prompt-tokens $PROMPT --max-tokens 200 \
            --print-token-ids --ignore-eos --threads 2 2>/dev/null)
-  if start_daemon "$store" "$inst" "$WORK/r1.log"; then
+  if start_daemon "$store" "$inst" "$WORK/r1.log" --metrics-listen off; then
+    grep -q '^metrics: ' "$WORK/r1.log" && fail "--metrics-listen off: the daemon still serves metrics"
     timeout 120 "$MER" generate --store "$store" --residency "$inst" --prompt-tokens $PROMPT --max-tokens 200 \
       --print-token-ids --ignore-eos --threads 2 >"$WORK/r.out" 2>"$WORK/r.err" &
     GPID=$!

@@ -37,6 +37,13 @@ void ForEachCounter(const ResidencyCounters& c,
   fn("read_latency_us_total", c.read_latency_us_total);
   fn("read_latency_us_max", c.read_latency_us_max);
   fn("completions_sent", c.completions_sent);
+  fn("stall_ns_total", c.stall_ns_total);
+  fn("stalled_completions", c.stalled_completions);
+  fn("io_inflight", c.io_inflight);
+  fn("slots_free", c.slots_free);
+  fn("slots_resident", c.slots_resident);
+  fn("slots_pinned", c.slots_pinned);
+  fn("slots_loading", c.slots_loading);
 }
 
 std::string FormatCounters(const ResidencyCounters& c) {
@@ -132,13 +139,41 @@ ResidencyCounters ResidencyDaemon::Snapshot() const {
   return snapshot_;
 }
 
-void ResidencyDaemon::Publish() {
+void ResidencyDaemon::CensusSlots() {
+  const shm::PeerInfo compute = segment_->Peer();
+  shm::SlotPins& pins = ep_.pins(shm::Pool::kRam);
+  uint64_t free = 0, resident = 0, pinned = 0, loading = 0;
+  for (uint32_t k = 0; k < n_slots_; ++k) {
+    const uint32_t owner = slot_owner_[k];
+    if (pins.InUse(k, compute.incarnation, compute.gone)) {
+      ++pinned;
+    } else if (owner == kFreeOwner) {
+      ++free;
+    } else if (experts_[owner].loading) {
+      ++loading;
+    } else {
+      ++resident;
+    }
+  }
+  c_.slots_free = free;
+  c_.slots_resident = resident;
+  c_.slots_pinned = pinned;
+  c_.slots_loading = loading;
+}
+
+void ResidencyDaemon::Publish(bool census) {
+  const absl::Time now = absl::Now();
+  if (census || now - last_census_ >= kCensusInterval) {
+    CensusSlots();
+    last_census_ = now;
+  }
+  c_.io_inflight = static_cast<uint64_t>(inflight_);
   std::lock_guard<std::mutex> lock(snapshot_mu_);
   snapshot_ = c_;
 }
 
 void ResidencyDaemon::Complete(const shm::DemandRequest& d, uint32_t slot, uint64_t generation,
-                               absl::StatusCode code) {
+                               absl::StatusCode code, int64_t arrival_ns) {
   shm::Completion c{};
   c.layer = d.layer;
   c.expert = d.expert;
@@ -148,6 +183,7 @@ void ResidencyDaemon::Complete(const shm::DemandRequest& d, uint32_t slot, uint6
   c.status = static_cast<uint16_t>(code);
   c.pool = static_cast<uint8_t>(shm::Pool::kRam);
   out_.push_back(c);
+  out_arrival_ns_.push_back(arrival_ns);
 }
 
 void ResidencyDaemon::FlushCompletions() {
@@ -158,11 +194,20 @@ void ResidencyDaemon::FlushCompletions() {
     const size_t k = ep_.completions().TryPushBatch(absl::MakeConstSpan(buf, n));
     out_.erase(out_.begin(), out_.begin() + k);
     c_.completions_sent += k;
+    int64_t now_ns = 0;
+    for (size_t j = 0; j < k; ++j) {
+      const int64_t arrival = out_arrival_ns_[j];
+      if (arrival == 0) continue;
+      if (now_ns == 0) now_ns = absl::GetCurrentTimeNanos();
+      c_.stall_ns_total += static_cast<uint64_t>(std::max<int64_t>(0, now_ns - arrival));
+      ++c_.stalled_completions;
+    }
+    out_arrival_ns_.erase(out_arrival_ns_.begin(), out_arrival_ns_.begin() + k);
     if (k < n) break;  // ring full: the rest next turn
   }
 }
 
-void ResidencyDaemon::HandleDemand(const shm::DemandRequest& d) {
+void ResidencyDaemon::HandleDemand(const shm::DemandRequest& d, int64_t now_ns) {
   ++c_.lookups;
   if (!ep_.table().Contains(d.layer, d.expert)) return;  // hostile input: dropped
   if (d.pool != static_cast<uint8_t>(shm::Pool::kRam)) {
@@ -193,9 +238,11 @@ void ResidencyDaemon::HandleDemand(const shm::DemandRequest& d) {
   if (e.loading || !e.waiters.empty()) {
     ++c_.coalesced;
     e.waiters.push_back(d);
+    e.waiter_arrival_ns.push_back(now_ns);
     return;
   }
   e.waiters.push_back(d);
+  e.waiter_arrival_ns.push_back(now_ns);
   e.attempts = 0;
   queued_.push_back(i);
 }
@@ -322,7 +369,8 @@ void ResidencyDaemon::FinishLoad(uint32_t index, const absl::Status& status) {
       policy_->Admit(key);
     }
     ++c_.loads;
-    for (const shm::DemandRequest& d : e.waiters) Complete(d, e.slot, g, absl::StatusCode::kOk);
+    for (size_t w = 0; w < e.waiters.size(); ++w)
+      Complete(e.waiters[w], e.slot, g, absl::StatusCode::kOk, e.waiter_arrival_ns[w]);
   } else {
     // Never publish what failed: the slot goes back, the waiters get the error.
     slot_owner_[e.slot] = kFreeOwner;
@@ -335,11 +383,13 @@ void ResidencyDaemon::FinishLoad(uint32_t index, const absl::Status& status) {
       const uint64_t g = ep_.PublishFailed(layer, expert, status.code());
       std::fprintf(stderr, "mer-residency: layer %u expert %u: %s\n", layer, expert,
                    std::string(status.message()).c_str());
-      for (const shm::DemandRequest& d : e.waiters) Complete(d, shm::kNoSlot, g, status.code());
+      for (size_t w = 0; w < e.waiters.size(); ++w)
+        Complete(e.waiters[w], shm::kNoSlot, g, status.code(), e.waiter_arrival_ns[w]);
     }
     e.prefetched = false;
   }
   e.waiters.clear();
+  e.waiter_arrival_ns.clear();
   e.prefetch_load = false;
 }
 
@@ -358,7 +408,14 @@ absl::Status ResidencyDaemon::Reap(bool block) {
     const int layer = static_cast<int>(i / n_expert_), expert = static_cast<int>(i % n_expert_);
     ++c_.reads;
     c_.bytes_read += rc.bytes;
-    const uint64_t us = static_cast<uint64_t>(absl::ToInt64Microseconds(now - submit_time_[i]));
+    const absl::Duration latency = now - submit_time_[i];
+    const uint64_t us = static_cast<uint64_t>(absl::ToInt64Microseconds(latency));
+    const double seconds = absl::ToDoubleSeconds(latency);
+    c_.read_latency_seconds_total += seconds;
+    size_t bucket = 0;
+    while (bucket < kReadLatencyBucketsSeconds.size() && seconds > kReadLatencyBucketsSeconds[bucket])
+      ++bucket;
+    ++c_.read_latency_buckets[bucket];
     c_.read_latency_us_total += us;
     c_.read_latency_us_max = std::max(c_.read_latency_us_max, us);
     absl::Status s = rc.status;
@@ -424,11 +481,13 @@ void ResidencyDaemon::HandleHints() {
 
 absl::StatusOr<bool> ResidencyDaemon::Turn() {
   bool progress = false;
+  const uint64_t sent_before = c_.completions_sent;
   // 1. Demand first.
   shm::DemandRequest buf[64];
   for (int rounds = 0; rounds < 16; ++rounds) {
     const size_t n = ep_.demand().PopBatch(absl::MakeSpan(buf));
-    for (size_t j = 0; j < n; ++j) HandleDemand(buf[j]);
+    const int64_t now_ns = n > 0 ? absl::GetCurrentTimeNanos() : 0;
+    for (size_t j = 0; j < n; ++j) HandleDemand(buf[j], now_ns);
     if (n > 0) progress = true;
     if (n < 64) break;
   }
@@ -444,6 +503,8 @@ absl::StatusOr<bool> ResidencyDaemon::Turn() {
   const uint64_t hints_before = c_.hints;
   HandleHints();
   if (c_.hints != hints_before) progress = true;
+  // Completions of reads reaped by Run's blocking wait are pushed here: progress too.
+  if (c_.completions_sent != sent_before) progress = true;
   if (progress) Publish();
   return progress;
 }
@@ -459,14 +520,17 @@ absl::Status ResidencyDaemon::Run(const std::atomic<bool>& stop) {
     }
     if (!*progress) {
       if (io_->outstanding() > 0) {
+        const uint64_t reads_before = c_.reads;
         status = Reap(/*block=*/true);
         if (!status.ok()) break;
+        if (c_.reads != reads_before) Publish();
       } else if (out_.empty() && queued_.empty()) {
         ep_.demand().WaitForData(options_.idle_wait);
       } else {
         absl::SleepFor(absl::Microseconds(50));  // waiting for an unpin or ring space
       }
     }
+    if (absl::Now() - last_census_ >= kCensusInterval) Publish();  // pins change while idle too
     if (options_.stats_interval > absl::ZeroDuration() &&
         absl::Now() - last_stats_print_ >= options_.stats_interval) {
       last_stats_print_ = absl::Now();
@@ -479,7 +543,7 @@ absl::Status ResidencyDaemon::Run(const std::atomic<bool>& stop) {
     reaped_.clear();
     if (!io_->Wait(1, absl::Milliseconds(10), &reaped_).ok()) break;
   }
-  Publish();
+  Publish(/*census=*/true);
   return status;
 }
 

@@ -22,10 +22,14 @@
 //      flight, and only into free or unpinned slots.
 // The heartbeat is the segment's own thread (ShmSegment::StartHeartbeat), started by Run.
 //
-// Counters (ResidencyCounters) are kept by the loop thread; Snapshot() returns a consistent copy
-// from any thread. ForEachCounter is the seam for an exporter (a Prometheus /metrics page later).
+// Counters (ResidencyCounters) are kept by the loop thread as plain integers; Snapshot() returns a
+// consistent copy from any thread (published after every turn that did something, and at least
+// every kCensusInterval with a census of the slot states). The Prometheus exporter
+// (services/residency/metrics/) reads Snapshot() when /metrics is scraped: nothing on the hot path
+// knows about it. ForEachCounter lists the scalar counters for printing.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <deque>
@@ -77,7 +81,13 @@ struct ResidencyOptions {
   absl::Duration stats_interval = absl::ZeroDuration();
 };
 
-// Everything the daemon counts since it started. Times in microseconds.
+// Upper bounds (seconds) of the read latency histogram's buckets; one more bucket (+Inf) follows.
+inline constexpr std::array<double, 14> kReadLatencyBucketsSeconds = {
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+    0.01,    0.025,  0.05,    0.1,    0.25,  0.5,    1.0};
+
+// Everything the daemon counts since it started (times in microseconds unless the name says
+// otherwise), and a few gauges of its state at the last publication.
 struct ResidencyCounters {
   uint64_t lookups = 0;            // DemandRequests handled
   uint64_t hits = 0;               // of those, resident in RAM already
@@ -99,6 +109,21 @@ struct ResidencyCounters {
   uint64_t read_latency_us_total = 0;  // sum over reads, submit to completion
   uint64_t read_latency_us_max = 0;
   uint64_t completions_sent = 0;
+  // Sum over completions of demands that missed: demand popped -> its Completion pushed (ns).
+  uint64_t stall_ns_total = 0;
+  uint64_t stalled_completions = 0;  // completions counted in stall_ns_total
+  // Read latency histogram: reads per bucket (not cumulative), bounds kReadLatencyBucketsSeconds,
+  // the last one above all bounds.
+  std::array<uint64_t, kReadLatencyBucketsSeconds.size() + 1> read_latency_buckets{};
+  double read_latency_seconds_total = 0;  // the histogram's sum, at full resolution
+  // Gauges: reads in flight, and the RAM slots by state (from the last census; they sum to the
+  // slot count): pinned = a compute step holds it; loading = a read into it is in flight;
+  // resident = holds a published expert, unpinned; free = no owner, unpinned.
+  uint64_t io_inflight = 0;
+  uint64_t slots_free = 0;
+  uint64_t slots_resident = 0;
+  uint64_t slots_pinned = 0;
+  uint64_t slots_loading = 0;
 };
 
 // Calls fn(name, value) for every counter (names in snake_case; for exporters and printing).
@@ -131,6 +156,8 @@ class ResidencyDaemon {
   absl::StatusOr<bool> Turn();
 
   ResidencyCounters Snapshot() const;
+  // Longest time between slot censuses (and publications) while Run serves.
+  static constexpr absl::Duration kCensusInterval = absl::Milliseconds(10);
   const ResidencyOptions& options() const { return options_; }
   IoEngine& io() { return *io_; }
   uint32_t ram_slots() const { return n_slots_; }
@@ -146,13 +173,14 @@ class ResidencyDaemon {
     uint64_t hits_at_prefetch = 0; // the entry's compute-side hit count when it was prefetched
     int attempts = 0;
     std::vector<shm::DemandRequest> waiters;
+    std::vector<int64_t> waiter_arrival_ns;  // per waiter: when its demand was popped
   };
 
   ResidencyDaemon(const ExpertStore& store, shm::ShmSegment* segment, std::unique_ptr<IoEngine> io,
                   int experts_fd, const ResidencyOptions& options);
 
   uint32_t Index(uint32_t layer, uint32_t expert) const { return layer * n_expert_ + expert; }
-  void HandleDemand(const shm::DemandRequest& d);
+  void HandleDemand(const shm::DemandRequest& d, int64_t now_ns);
   bool StartLoads();
   void Prefetch(uint32_t layer, uint32_t expert);
   std::optional<uint32_t> AllocateSlot(ExpertKey incoming, bool for_prefetch);
@@ -160,10 +188,13 @@ class ResidencyDaemon {
   absl::Status Reap(bool block);
   void FinishLoad(uint32_t index, const absl::Status& status);
   void Complete(const shm::DemandRequest& d, uint32_t slot, uint64_t generation,
-                absl::StatusCode code);
+                absl::StatusCode code, int64_t arrival_ns = 0);
   void HandleHints();
   void FlushCompletions();
-  void Publish();
+  // Copies the counters for Snapshot(); with a slot census first when the last one is older than
+  // kCensusInterval, or `census`.
+  void Publish(bool census = false);
+  void CensusSlots();
 
   const ExpertStore& store_;
   shm::ShmSegment* segment_;
@@ -183,6 +214,7 @@ class ResidencyDaemon {
   std::vector<absl::Time> submit_time_;  // per expert index, of the read in flight
   int inflight_ = 0, prefetch_inflight_ = 0;
   std::deque<shm::Completion> out_;
+  std::deque<int64_t> out_arrival_ns_;   // parallel to out_: demand pop time of a miss, or 0
   std::vector<ReadCompletion> reaped_;
   std::vector<ExpertPrediction> predictions_;
   int last_hint_layer_ = -1;
@@ -191,6 +223,7 @@ class ResidencyDaemon {
   mutable std::mutex snapshot_mu_;
   ResidencyCounters snapshot_;
   absl::Time last_stats_print_;
+  absl::Time last_census_ = absl::InfinitePast();
 };
 
 }  // namespace mer::residency

@@ -145,6 +145,18 @@ TEST(ResidencyDaemonTest, ServesMissesThenHits) {
   EXPECT_EQ(c.loads, 3u);
   EXPECT_EQ(c.bytes_read, 3 * f.store().blob_bytes());
   EXPECT_EQ(c.checksum_failures, 0u);
+  // What the Prometheus exporter reads: stalls of the three misses, the latency histogram, gauges.
+  EXPECT_EQ(c.stalled_completions, 3u);
+  EXPECT_GT(c.stall_ns_total, 0u);
+  uint64_t in_histogram = 0;
+  for (uint64_t n : c.read_latency_buckets) in_histogram += n;
+  EXPECT_EQ(in_histogram, c.reads);
+  EXPECT_GT(c.read_latency_seconds_total, 0.0);
+  EXPECT_EQ(c.io_inflight, 0u);
+  EXPECT_EQ(c.slots_resident, 3u);
+  EXPECT_EQ(c.slots_pinned, 0u);
+  EXPECT_EQ(c.slots_loading, 0u);
+  EXPECT_EQ(c.slots_free + c.slots_resident, f.daemon().ram_slots());
 }
 
 TEST(ResidencyDaemonTest, CoalescesDuplicateDemands) {

@@ -1,0 +1,176 @@
+#include "services/residency/metrics/residency_metrics.h"
+
+#include <exception>
+#include <limits>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "prometheus/client_metric.h"
+#include "prometheus/collectable.h"
+#include "prometheus/exposer.h"
+#include "prometheus/metric_type.h"
+#include "prometheus/text_serializer.h"
+
+#ifndef MER_VERSION
+#define MER_VERSION "unknown"
+#endif
+
+namespace mer::residency {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+ClientMetric::Label L(std::string name, std::string value) {
+  return ClientMetric::Label{std::move(name), std::move(value)};
+}
+
+MetricFamily Family(std::string name, std::string help, MetricType type) {
+  MetricFamily f;
+  f.name = std::move(name);
+  f.help = std::move(help);
+  f.type = type;
+  return f;
+}
+
+void Add(MetricFamily* f, double value, std::vector<ClientMetric::Label> labels = {}) {
+  ClientMetric m;
+  m.label = std::move(labels);
+  if (f->type == MetricType::Counter) {
+    m.counter.value = value;
+  } else {
+    m.gauge.value = value;
+  }
+  f->metric.push_back(std::move(m));
+}
+
+MetricFamily Scalar(std::string name, std::string help, MetricType type, double value,
+                    std::vector<ClientMetric::Label> labels = {}) {
+  MetricFamily f = Family(std::move(name), std::move(help), type);
+  Add(&f, value, std::move(labels));
+  return f;
+}
+
+class SnapshotCollectable : public prometheus::Collectable {
+ public:
+  SnapshotCollectable(std::function<ResidencyCounters()> snapshot, std::string version)
+      : snapshot_(std::move(snapshot)), version_(std::move(version)) {}
+  std::vector<MetricFamily> Collect() const override {
+    return ResidencyMetricFamilies(snapshot_(), version_);
+  }
+
+ private:
+  std::function<ResidencyCounters()> snapshot_;
+  std::string version_;
+};
+
+}  // namespace
+
+const char* MerVersion() { return MER_VERSION; }
+
+std::vector<MetricFamily> ResidencyMetricFamilies(const ResidencyCounters& c,
+                                                  const std::string& version) {
+  constexpr MetricType kCounter = MetricType::Counter;
+  constexpr MetricType kGauge = MetricType::Gauge;
+  const std::vector<ClientMetric::Label> ram = {L("tier", "ram")};
+  std::vector<MetricFamily> out;
+  out.push_back(Scalar("mer_expert_lookups_total", "Expert demand requests handled.", kCounter,
+                       double(c.lookups), ram));
+  out.push_back(Scalar("mer_expert_misses_total",
+                       "Expert demands not resident in the tier (a load started or joined).",
+                       kCounter, double(c.misses), ram));
+  out.push_back(Scalar("mer_expert_read_bytes_total",
+                       "Bytes of expert blobs read from the store (refetches included).", kCounter,
+                       double(c.bytes_read)));
+  {
+    MetricFamily h = Family("mer_io_read_seconds",
+                            "Latency of expert blob reads, submit to completion.",
+                            MetricType::Histogram);
+    ClientMetric m;
+    uint64_t cumulative = 0;
+    for (size_t b = 0; b < kReadLatencyBucketsSeconds.size(); ++b) {
+      cumulative += c.read_latency_buckets[b];
+      m.histogram.bucket.push_back({cumulative, kReadLatencyBucketsSeconds[b]});
+    }
+    cumulative += c.read_latency_buckets.back();
+    m.histogram.bucket.push_back({cumulative, std::numeric_limits<double>::infinity()});
+    m.histogram.sample_count = cumulative;
+    m.histogram.sample_sum = c.read_latency_seconds_total;
+    h.metric.push_back(std::move(m));
+    out.push_back(std::move(h));
+  }
+  out.push_back(Scalar("mer_io_inflight", "Expert blob reads in flight.", kGauge,
+                       double(c.io_inflight)));
+  out.push_back(Scalar("mer_evictions_total", "Resident experts evicted to free a slot.", kCounter,
+                       double(c.evictions), ram));
+  out.push_back(Scalar("mer_expert_stall_seconds_total",
+                       "Time demanded experts waited for their reads: demand received to "
+                       "completion pushed, summed over demands that missed.",
+                       kCounter, double(c.stall_ns_total) * 1e-9, ram));
+  out.push_back(Scalar("mer_prefetch_issued_total", "Prefetch reads started.", kCounter,
+                       double(c.prefetch_issued)));
+  out.push_back(Scalar("mer_prefetch_useful_total",
+                       "Prefetched experts used before their eviction.", kCounter,
+                       double(c.prefetch_useful)));
+  out.push_back(Scalar("mer_prefetch_wasted_total",
+                       "Prefetched experts evicted (or failed) unused.", kCounter,
+                       double(c.prefetch_wasted)));
+  {
+    MetricFamily f = Family("mer_tier_slots", "Slots of the tier by state (last census).", kGauge);
+    Add(&f, double(c.slots_free), {L("state", "free"), L("tier", "ram")});
+    Add(&f, double(c.slots_resident), {L("state", "resident"), L("tier", "ram")});
+    Add(&f, double(c.slots_pinned), {L("state", "pinned"), L("tier", "ram")});
+    Add(&f, double(c.slots_loading), {L("state", "loading"), L("tier", "ram")});
+    out.push_back(std::move(f));
+  }
+  out.push_back(Scalar("mer_checksum_failures_total",
+                       "Expert blobs read whose CRC did not match.", kCounter,
+                       double(c.checksum_failures)));
+  out.push_back(Scalar("mer_build_info", "Build of mer-residency; always 1.", kGauge, 1.0,
+                       {L("version", version)}));
+  return out;
+}
+
+std::string RenderResidencyMetrics(const ResidencyCounters& c, const std::string& version) {
+  std::ostringstream os;
+  prometheus::TextSerializer().Serialize(os, ResidencyMetricFamilies(c, version));
+  return os.str();
+}
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
+    const std::string& listen, std::function<ResidencyCounters()> snapshot, std::string version) {
+  const size_t colon = listen.rfind(':');
+  int port;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(listen.substr(colon + 1), &port) || port < 0 || port > 65535)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-listen: want HOST:PORT (or off), got '", listen, "'"));
+  std::unique_ptr<MetricsServer> s(new MetricsServer());
+  s->host_ = listen.substr(0, colon);
+  try {
+    s->exposer_ = std::make_unique<prometheus::Exposer>(listen, /*num_threads=*/1);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("metrics: cannot listen on ", listen, ": ", e.what()));
+  }
+  const std::vector<int> ports = s->exposer_->GetListeningPorts();
+  if (ports.empty()) return absl::UnavailableError(absl::StrCat("metrics: not listening on ", listen));
+  s->port_ = ports.front();
+  s->collectable_ = std::make_shared<SnapshotCollectable>(std::move(snapshot), std::move(version));
+  s->exposer_->RegisterCollectable(s->collectable_);
+  return s;
+}
+
+MetricsServer::~MetricsServer() {
+  // Stop serving before the collectable (and whatever its snapshot callback reads) goes away.
+  exposer_.reset();
+}
+
+std::string MetricsServer::url() const {
+  return absl::StrCat("http://", host_, ":", port_, "/metrics");
+}
+
+}  // namespace mer::residency
