@@ -4,7 +4,8 @@
 # `mer generate --store --residency` to print the same token ids as `mer generate --model`; checks
 # from the daemon's counters that misses were served. Then: a flipped byte in experts.bin must make
 # generation fail with DataLoss naming the expert (never print tokens), and a SIGKILLed daemon
-# restarted mid-generation must be survived (same tokens). While each daemon runs, its Prometheus
+# restarted mid-generation must be survived (same tokens), and so must a compute killed
+# mid-generation (the daemon serves the next one). While each daemon runs, its Prometheus
 # /metrics page (--metrics-listen, default 127.0.0.1:0) is fetched (curl, else bash's /dev/tcp),
 # linted with `promtool check metrics` (skipped if promtool is absent), and its counters must equal
 # the ones the daemon prints at exit. Always cleans up its processes and /dev/shm segments; every
@@ -206,6 +207,32 @@ if [ -d "$WORK/tiny_q8.store" ]; then
     echo "restart: rc=$rc ids match=$([ "$want" == "$got" ] && echo yes || echo no) $(grep '^residency:' "$WORK/r.err")"
   else
     fail "restart: daemon"
+  fi
+fi
+
+# Compute killed: SIGKILL a generation mid-stream; the daemon stays up and serves the next
+# compute (the dead one's pins stop counting with its incarnation) with the same tokens.
+if [ -d "$WORK/tiny_q8.store" ]; then
+  inst=${TAG}-ckill
+  store=$WORK/tiny_q8.store
+  want=$(gen_model "$WORK/tiny_q8.gguf" "$WORK/ck.model.err")
+  if start_daemon "$store" "$inst" "$WORK/ck.log" --metrics-listen off; then
+    # exec, not timeout: the SIGKILL must reach mer itself (ctest's TIMEOUT bounds the test).
+    ( exec "$MER" generate --store "$store" --residency "$inst" --prompt-tokens $PROMPT --max-tokens 400 \
+      --print-token-ids --ignore-eos --threads 2 >/dev/null 2>"$WORK/ck1.err" ) &
+    GPID=$!
+    PIDS+=("$GPID")
+    sleep 0.3
+    kill -KILL "$GPID"; wait "$GPID" 2>/dev/null
+    grep -q "generated" "$WORK/ck1.err" && echo "  note: the first generation finished before the kill"
+    kill -0 "$DPID" 2>/dev/null || fail "compute killed: the daemon died with it"
+    got=$(gen_store "$store" "$inst" "$WORK/ck2.err") || { fail "compute killed: next generation failed"; cat "$WORK/ck2.err"; }
+    kill -0 "$DPID" 2>/dev/null || fail "compute killed: the daemon is gone after the second compute"
+    stop_daemon "$DPID" "$WORK/ck.log"
+    [ -n "$want" ] && [ "$want" == "$got" ] || fail "compute killed: ids differ after the restart"
+    echo "compute killed: daemon survived, next compute's ids match=$([ "$want" == "$got" ] && echo yes || echo no)"
+  else
+    fail "compute killed: daemon"
   fi
 fi
 
