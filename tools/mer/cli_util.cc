@@ -85,4 +85,22 @@ absl::StatusOr<std::vector<int32_t>> PromptTokens(const Flags& f, const Tokenize
   return ids;
 }
 
+absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(const Flags& f, const Tokenizer& tokenizer) {
+  GenerationRequest req;
+  ASSIGN_OR_RETURN(req.prompt, PromptTokens(f, tokenizer));
+  ASSIGN_OR_RETURN(const int64_t max_tokens, f.Int("max-tokens", 64));
+  if (max_tokens < 1 || max_tokens > (1 << 24))
+    return absl::InvalidArgumentError("--max-tokens must be in [1, 2^24]");
+  req.max_new_tokens = static_cast<int32_t>(max_tokens);
+  ASSIGN_OR_RETURN(const double temperature, f.Double("temperature", 0.0));
+  ASSIGN_OR_RETURN(const int64_t top_k, f.Int("top-k", 0));
+  ASSIGN_OR_RETURN(const double top_p, f.Double("top-p", 1.0));
+  ASSIGN_OR_RETURN(const int64_t seed, f.Int("seed", 0));
+  ASSIGN_OR_RETURN(const double penalty, f.Double("repetition-penalty", 1.0));
+  req.sampling = {static_cast<float>(temperature), static_cast<int32_t>(top_k),
+                  static_cast<float>(top_p), static_cast<uint64_t>(seed), static_cast<float>(penalty)};
+  req.eos_id = f.Has("ignore-eos") ? -1 : tokenizer.eos_id();
+  return req;
+}
+
 }  // namespace mer::cli

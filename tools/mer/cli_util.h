@@ -14,6 +14,7 @@
 #include "services/compute/residency_expert_source.h"
 #include "common/tokenizer/tokenizer.h"
 #include "services/compute/cpu/cpu_engine.h"
+#include "services/compute/generation.h"
 #include "tools/mer/commands.h"
 #include "tools/mer/flags.h"
 
@@ -49,5 +50,9 @@ inline const std::vector<std::string> kEngineFlags = {"model", "store", "residen
 // The prompt of --prompt TEXT (tokenized, BOS first where the vocabulary asks for it) or
 // --prompt-tokens 1,2,3 (exactly one of them), every id checked against the vocabulary.
 absl::StatusOr<std::vector<int32_t>> PromptTokens(const Flags& f, const Tokenizer& tokenizer);
+
+// A generation request from the flags --prompt/--prompt-tokens (PromptTokens), --max-tokens
+// (default 64), --temperature, --top-k, --top-p, --seed, --repetition-penalty and --ignore-eos.
+absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(const Flags& f, const Tokenizer& tokenizer);
 
 }  // namespace mer::cli

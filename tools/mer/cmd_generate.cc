@@ -55,22 +55,8 @@ absl::Status Generate(const Args& args) {
                                  "max-tokens", "temperature", "top-k", "top-p", "seed",
                                  "repetition-penalty"},
                                 {"print-token-ids", "ignore-eos"}));
-  ASSIGN_OR_RETURN(const int64_t max_tokens, f.Int("max-tokens", 64));
-  if (max_tokens < 1 || max_tokens > (1 << 24)) return absl::InvalidArgumentError("--max-tokens must be >= 1");
   ASSIGN_OR_RETURN(LoadedModel m, LoadModel(f, 0));
-  ASSIGN_OR_RETURN(std::vector<int32_t> prompt, PromptTokens(f, *m.tokenizer));
-
-  GenerationRequest req;
-  req.prompt = prompt;
-  req.max_new_tokens = static_cast<int32_t>(max_tokens);
-  ASSIGN_OR_RETURN(const double temperature, f.Double("temperature", 0.0));
-  ASSIGN_OR_RETURN(const int64_t top_k, f.Int("top-k", 0));
-  ASSIGN_OR_RETURN(const double top_p, f.Double("top-p", 1.0));
-  ASSIGN_OR_RETURN(const int64_t seed, f.Int("seed", 0));
-  ASSIGN_OR_RETURN(const double penalty, f.Double("repetition-penalty", 1.0));
-  req.sampling = {static_cast<float>(temperature), static_cast<int32_t>(top_k),
-                  static_cast<float>(top_p), static_cast<uint64_t>(seed), static_cast<float>(penalty)};
-  req.eos_id = f.Has("ignore-eos") ? -1 : m.tokenizer->eos_id();
+  ASSIGN_OR_RETURN(const GenerationRequest req, GenerationRequestFromFlags(f, *m.tokenizer));
 
   const bool ids_only = f.Has("print-token-ids");
   const Tokenizer& tok = *m.tokenizer;

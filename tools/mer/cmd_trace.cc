@@ -67,19 +67,7 @@ absl::Status Record(const Args& args) {
   if (max_tokens < 1 || max_tokens > (1 << 24)) return absl::InvalidArgumentError("--max-tokens must be >= 1");
   ASSIGN_OR_RETURN(const std::string out_path, f.Required("out"));
   ASSIGN_OR_RETURN(LoadedModel m, LoadModel(f, static_cast<int>(max_tokens) + 1024));
-  ASSIGN_OR_RETURN(std::vector<int32_t> prompt, PromptTokens(f, *m.tokenizer));
-
-  GenerationRequest req;
-  req.prompt = prompt;
-  req.max_new_tokens = static_cast<int32_t>(max_tokens);
-  ASSIGN_OR_RETURN(const double temperature, f.Double("temperature", 0.0));
-  ASSIGN_OR_RETURN(const int64_t top_k, f.Int("top-k", 0));
-  ASSIGN_OR_RETURN(const double top_p, f.Double("top-p", 1.0));
-  ASSIGN_OR_RETURN(const int64_t seed, f.Int("seed", 0));
-  ASSIGN_OR_RETURN(const double penalty, f.Double("repetition-penalty", 1.0));
-  req.sampling = {static_cast<float>(temperature), static_cast<int32_t>(top_k),
-                  static_cast<float>(top_p), static_cast<uint64_t>(seed), static_cast<float>(penalty)};
-  req.eos_id = f.Has("ignore-eos") ? -1 : m.tokenizer->eos_id();
+  ASSIGN_OR_RETURN(const GenerationRequest req, GenerationRequestFromFlags(f, *m.tokenizer));
 
   const ModelConfig& c = m.weights->config();
   const residency::TraceGeometry g{c.n_layer, c.n_expert, c.n_expert_used, ExpertBytes(*m.weights, 0)};
