@@ -15,9 +15,9 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
 // Feeds tokens[0, n) at positions [start, start + n) in chunks of the engine's batch size; the
 // rows listed by `want_logits(i)` get logits, written consecutively to `logits`.
 template <typename WantLogits>
-absl::Status Feed(CpuEngine& engine, int sequence, absl::Span<const int32_t> tokens, int32_t start,
+absl::Status Feed(ComputeBackend& engine, int sequence, absl::Span<const int32_t> tokens, int32_t start,
                   const WantLogits& want_logits, float* logits) {
-  const int chunk = engine.options().max_batch_tokens;
+  const int chunk = engine.max_batch_tokens();
   const int64_t n_vocab = engine.config().n_vocab;
   std::vector<BatchToken> batch;
   batch.reserve(chunk);
@@ -35,7 +35,7 @@ absl::Status Feed(CpuEngine& engine, int sequence, absl::Span<const int32_t> tok
   return absl::OkStatus();
 }
 
-absl::Status CheckFits(const CpuEngine& engine, size_t tokens) {
+absl::Status CheckFits(const ComputeBackend& engine, size_t tokens) {
   if (tokens > static_cast<size_t>(engine.max_context_tokens()))
     return absl::InvalidArgumentError(absl::StrCat("prompt and generation need ", tokens,
                                                    " positions; the context holds ",
@@ -45,7 +45,7 @@ absl::Status CheckFits(const CpuEngine& engine, size_t tokens) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<int32_t>> Generate(CpuEngine& engine, int sequence,
+absl::StatusOr<std::vector<int32_t>> Generate(ComputeBackend& engine, int sequence,
                                               const GenerationRequest& request,
                                               const std::function<void(int32_t)>& on_token,
                                               GenerationStats* stats) {
@@ -91,7 +91,7 @@ absl::StatusOr<std::vector<int32_t>> Generate(CpuEngine& engine, int sequence,
   return out;
 }
 
-absl::Status Score(CpuEngine& engine, int sequence, absl::Span<const int32_t> prompt,
+absl::Status Score(ComputeBackend& engine, int sequence, absl::Span<const int32_t> prompt,
                    absl::Span<const int32_t> continuation, float* logits) {
   if (prompt.empty()) return absl::InvalidArgumentError("prompt is empty");
   if (continuation.empty()) return absl::OkStatus();

@@ -1,4 +1,4 @@
-// One sequence through the CPU engine: chunked prompt processing, then the decode loop; and
+// One sequence through a compute backend: chunked prompt processing, then the decode loop; and
 // teacher-forced scoring (the logits at every position of a given continuation), which is how
 // the engine is compared with llama.cpp step by step.
 #pragma once
@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "services/compute/cpu/cpu_engine.h"
+#include "services/compute/backend.h"
 #include "services/compute/sampler.h"
 
 namespace mer {
@@ -31,14 +31,14 @@ struct GenerationStats {
 
 // Runs `request` on KV slot `sequence` (cleared first). `on_token` (may be empty) sees each
 // generated id as soon as it is sampled. Returns the generated ids.
-absl::StatusOr<std::vector<int32_t>> Generate(CpuEngine& engine, int sequence,
+absl::StatusOr<std::vector<int32_t>> Generate(ComputeBackend& engine, int sequence,
                                               const GenerationRequest& request,
                                               const std::function<void(int32_t)>& on_token,
                                               GenerationStats* stats = nullptr);
 
 // Writes the logits predicting continuation[i] after prompt + continuation[0..i) to row i of
 // `logits` ([continuation.size(), n_vocab]).
-absl::Status Score(CpuEngine& engine, int sequence, absl::Span<const int32_t> prompt,
+absl::Status Score(ComputeBackend& engine, int sequence, absl::Span<const int32_t> prompt,
                    absl::Span<const int32_t> continuation, float* logits);
 
 }  // namespace mer

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
+#include "services/compute/cpu/cpu_engine.h"
 #include "common/model/model_tokenizer.h"
 
 namespace mer::cli {
@@ -62,7 +63,9 @@ absl::StatusOr<LoadedModel> LoadModel(const Flags& flags, int min_context_tokens
   options.threads = static_cast<int>(threads);
   options.max_batch_tokens = static_cast<int>(std::clamp<int64_t>(batch, 1, 65536));
   options.max_context_tokens = static_cast<int>(std::clamp<int64_t>(ctx, 1, 1 << 24));
-  ASSIGN_OR_RETURN(m.engine, CpuEngine::Create(*m.weights, *m.experts, options));
+  ASSIGN_OR_RETURN(std::unique_ptr<CpuEngine> engine, CpuEngine::Create(*m.weights, *m.experts, options));
+  m.threads = engine->options().threads;
+  m.engine = std::move(engine);
   return m;
 }
 

@@ -13,7 +13,7 @@
 #include "common/store/expert_store.h"
 #include "services/compute/residency_expert_source.h"
 #include "common/tokenizer/tokenizer.h"
-#include "services/compute/cpu/cpu_engine.h"
+#include "services/compute/backend.h"
 #include "services/compute/generation.h"
 #include "tools/mer/commands.h"
 #include "tools/mer/flags.h"
@@ -36,7 +36,8 @@ struct LoadedModel {
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<ExpertSource> experts;
   ResidencyExpertSource* residency = nullptr;  // == experts.get() with --residency
-  std::unique_ptr<CpuEngine> engine;
+  std::unique_ptr<ComputeBackend> engine;
+  int threads = 0;  // CPU threads the engine runs on
 };
 
 // Flags read: --model, or --store and --residency (instance name); --threads, --ctx (KV

@@ -79,7 +79,7 @@ absl::Status Bench(const Args& args) {
               std::string(TypeName(m.weights->layers[0].gate_exps.type)).c_str());
   std::printf("method           greedy, %zu prompt + %lld generated tokens, %lld warm-up + %lld runs, %d threads\n",
               prompt.size(), (long long)n_gen, (long long)warmup, (long long)runs,
-              m.engine->options().threads);
+              m.threads);
   std::printf("prompt_tps       %.1f\n", Median(prompt_tps));
   std::printf("decode_tps       %.1f\n", Median(decode_tps));
   std::printf("ttft_p50_ms      %.2f\n", Median(ttft) * 1e3);

@@ -22,6 +22,7 @@
 #include "absl/types/span.h"
 #include "common/model/expert_source.h"
 #include "common/model/model_weights.h"
+#include "services/compute/backend.h"
 #include "services/compute/cpu/thread_pool.h"
 
 namespace mer {
@@ -33,46 +34,24 @@ struct CpuEngineOptions {
   int max_context_tokens = 4096;  // KV positions per sequence; capped at the model's context_length
 };
 
-// One token of a batch: `token` at `position` of sequence `sequence`. Positions of a sequence
-// must be filled in order: a token attends to positions [0, position] of its sequence, which must
-// be in the KV cache already or earlier in the same batch.
-struct BatchToken {
-  int32_t token = 0;
-  int32_t position = 0;
-  int32_t sequence = 0;
-  bool want_logits = false;
-};
-
-// Called after each layer's routing with the experts chosen for every token of the batch
-// (top-k ids, row-major [n_tokens, k]); for routing traces and residency hints.
-class RoutingObserver {
- public:
-  virtual ~RoutingObserver() = default;
-  virtual void OnRouting(int layer, absl::Span<const int32_t> experts_per_token, int k) = 0;
-};
-
-class CpuEngine {
+class CpuEngine final : public ComputeBackend {
  public:
   static absl::StatusOr<std::unique_ptr<CpuEngine>> Create(const ModelWeights& weights,
                                                            ExpertSource& experts,
                                                            const CpuEngineOptions& options);
   ~CpuEngine();
 
-  const ModelConfig& config() const { return config_; }
   const CpuEngineOptions& options() const { return options_; }
-  int max_context_tokens() const { return options_.max_context_tokens; }
 
-  // Runs the batch; for each token with want_logits, in batch order, writes n_vocab logits to
-  // `logits` (sized for that many rows). InvalidArgument for a bad token, position or sequence;
-  // errors of the ExpertSource are passed on (the KV entries of this batch are then undefined).
-  absl::Status Forward(absl::Span<const BatchToken> batch, float* logits);
-
-  // Forgets the sequence's KV entries (its slot can take a new sequence at position 0).
-  void ClearSequence(int sequence);
-  // Positions [0, sequence_length) of the sequence are in the KV cache.
-  int32_t sequence_length(int sequence) const { return seq_len_[sequence]; }
-
-  void set_routing_observer(RoutingObserver* observer) { routing_observer_ = observer; }
+  // ComputeBackend.
+  const ModelConfig& config() const override { return config_; }
+  int max_batch_tokens() const override { return options_.max_batch_tokens; }
+  int max_sequences() const override { return options_.max_sequences; }
+  int max_context_tokens() const override { return options_.max_context_tokens; }
+  absl::Status Forward(absl::Span<const BatchToken> batch, float* logits) override;
+  void ClearSequence(int sequence) override;
+  int32_t sequence_length(int sequence) const override { return seq_len_[sequence]; }
+  void set_routing_observer(RoutingObserver* observer) override { routing_observer_ = observer; }
 
  private:
   CpuEngine(const ModelWeights& weights, ExpertSource& experts, const CpuEngineOptions& options);

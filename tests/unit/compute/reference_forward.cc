@@ -49,7 +49,7 @@ void Softmax(Vec& x) {
 
 std::vector<std::vector<double>> ReferenceForward(const ModelWeights& w, const std::vector<int32_t>& tokens) {
   const ModelConfig& c = w.config();
-  const int64_t E = c.n_embd, HD = c.head_dim, KD = c.kv_dim();
+  const int64_t E = c.n_embd, HD = c.head_dim;
   const int n = static_cast<int>(tokens.size());
   std::vector<std::vector<Vec>> kc(c.n_layer), vc(c.n_layer);  // [layer][pos] kv_dim
   std::vector<std::vector<double>> out;

@@ -1,0 +1,60 @@
+// The seam between mer-compute's scheduling and the hardware that runs the forward pass: the
+// `cpu` backend (services/compute/cpu/, the reference) and the `cuda` backend implement it, and
+// everything above (generation, the compute daemon's continuous batching) sees only this class.
+//
+// A backend owns the KV cache of `max_sequences` sequence slots and the workspaces for batches of
+// up to `max_batch_tokens` tokens, all reserved when it is created.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "common/model/model_config.h"
+
+namespace mer {
+
+// One token of a batch: `token` at `position` of sequence `sequence`. Positions of a sequence
+// must be filled in order: a token attends to positions [0, position] of its sequence, which must
+// be in the KV cache already or earlier in the same batch. A batch may mix sequences (continuous
+// batching) and several positions of one sequence (chunked prompt processing).
+struct BatchToken {
+  int32_t token = 0;
+  int32_t position = 0;
+  int32_t sequence = 0;
+  bool want_logits = false;
+};
+
+// Called after each layer's routing with the experts chosen for every token of the batch
+// (top-k ids, row-major [n_tokens, k]); for routing traces and residency hints.
+class RoutingObserver {
+ public:
+  virtual ~RoutingObserver() = default;
+  virtual void OnRouting(int layer, absl::Span<const int32_t> experts_per_token, int k) = 0;
+};
+
+class ComputeBackend {
+ public:
+  virtual ~ComputeBackend() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  virtual int max_batch_tokens() const = 0;    // tokens per Forward call
+  virtual int max_sequences() const = 0;       // KV cache slots
+  virtual int max_context_tokens() const = 0;  // KV positions per sequence
+
+  // Runs the batch; for each token with want_logits, in batch order, writes n_vocab f32 logits to
+  // `logits` (host memory, sized for that many rows). InvalidArgument for a bad token, position or
+  // sequence; errors of the expert source are passed on (the KV entries of this batch are then
+  // undefined, the sequences' earlier entries are kept). One Forward at a time.
+  virtual absl::Status Forward(absl::Span<const BatchToken> batch, float* logits) = 0;
+
+  // Forgets the sequence's KV entries (its slot can take a new sequence at position 0).
+  virtual void ClearSequence(int sequence) = 0;
+  // Positions [0, sequence_length) of the sequence are in the KV cache.
+  virtual int32_t sequence_length(int sequence) const = 0;
+
+  // Not owned; nullptr turns it off. Set between Forward calls.
+  virtual void set_routing_observer(RoutingObserver* observer) = 0;
+};
+
+}  // namespace mer
