@@ -137,6 +137,10 @@ absl::Status ResidencyExpertSource::AcquireLayer(int layer, absl::Span<const int
   return absl::OkStatus();
 }
 
+int ResidencyExpertSource::max_experts_per_acquire() const {
+  return static_cast<int>(std::max<uint32_t>(1, segment_->header().ram_slot_count / 2));
+}
+
 void ResidencyExpertSource::ReleaseLayer(int layer) {
   auto it = held_.find(layer);
   if (it == held_.end()) return;  // the acquire failed: nothing is pinned

@@ -62,6 +62,9 @@ class ResidencyExpertSource final : public ExpertSource {
   absl::Status AcquireLayer(int layer, absl::Span<const int32_t> experts,
                             absl::Span<ExpertWeights> out) override;
   void ReleaseLayer(int layer) override;
+  // Half the RAM tier's slots (at least one): what one acquire may pin while leaving the daemon
+  // room for another client's step and for prefetch.
+  int max_experts_per_acquire() const override;
 
   ResidencySourceStats stats() const;
   std::string FormatStats() const;

@@ -182,6 +182,38 @@ PY
   fi
 fi
 
+# Prefetch end to end: compute's routed hints feed the daemon's predictor, which prefetches into a
+# 25% RAM tier; on a model with skewed routing (as real routing is) some prefetches are used, and
+# the ids stay the GGUF's.
+pf=$WORK/skewed
+if timeout 300 "$MER" synth --preset tiny --quant q8_0 --router-skew 0.5 --threads 2 --out "$pf.gguf" >/dev/null &&
+   timeout 300 "$MER" pack --model "$pf.gguf" --out "$pf.store" --threads 2 >/dev/null; then
+  inst=${TAG}-prefetch
+  want=$(gen_model "$pf.gguf" "$WORK/pf.model.err")
+  if start_daemon "$pf.store" "$inst" "$WORK/pf.log" --ram-budget 25% --prefetch; then
+    got=$(gen_store "$pf.store" "$inst" "$WORK/pf.err") || { fail "prefetch: generate"; cat "$WORK/pf.err"; }
+    fetch_metrics "$WORK/pf.log" "$WORK/pf.metrics" || fail "prefetch: fetching /metrics"
+    stop_daemon "$DPID" "$WORK/pf.log"
+    [ -n "$want" ] && [ "$want" == "$got" ] || fail "prefetch: ids differ from the GGUF's"
+    issued=$(counter prefetch_issued "$WORK/pf.log")
+    useful=$(counter prefetch_useful "$WORK/pf.log")
+    hints=$(counter hints "$WORK/pf.log")
+    m_issued=$(metric 'mer_prefetch_issued_total' "$WORK/pf.metrics")
+    m_useful=$(metric 'mer_prefetch_useful_total' "$WORK/pf.metrics")
+    echo "prefetch: ids match=$([ "$want" == "$got" ] && echo yes || echo no) hints=$hints issued=$issued useful=$useful wasted=$(counter prefetch_wasted "$WORK/pf.log") misses=$(counter misses "$WORK/pf.log")"
+    [ -n "$hints" ] && [ "$hints" -gt 0 ] || fail "prefetch: the daemon received no hints"
+    [ -n "$issued" ] && [ "$issued" -gt 0 ] || fail "prefetch: nothing prefetched"
+    [ -n "$useful" ] && [ "$useful" -gt 0 ] || fail "prefetch: no prefetch was useful"
+    # /metrics was read before the daemon stopped: its counts can only be behind the final ones.
+    [ -n "$m_issued" ] && [ "$m_issued" -le "$issued" ] && [ -n "$m_useful" ] && [ "$m_useful" -le "$useful" ] ||
+      fail "prefetch: /metrics issued=$m_issued useful=$m_useful exceed the daemon's final counters"
+  else
+    fail "prefetch: daemon"
+  fi
+else
+  fail "prefetch: synth/pack of the skewed model"
+fi
+
 # Restart: SIGKILL the daemon while a long generation runs, start a new one; same tokens.
 if [ -d "$WORK/tiny_q8.store" ]; then
   inst=${TAG}-restart

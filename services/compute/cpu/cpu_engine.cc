@@ -87,6 +87,7 @@ absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Create(const ModelWeights&
   const int64_t widest = std::max({int64_t{c.n_embd}, int64_t{c.q_dim()}, int64_t{c.n_ff_exp}});
   e->act_.resize(T * K * widest * sizeof(float));  // f32 is the widest activation format
   e->act_b_.resize(T * widest * sizeof(float));
+  e->act_down_.resize(T * K * c.n_ff_exp * sizeof(float));
   e->router_.resize(T * c.n_expert);
   e->chosen_.resize(T * K);
   e->chosen_w_.resize(T * K);
@@ -321,72 +322,87 @@ absl::Status CpuEngine::MoE(int layer, int n) {
   }
   for (int u = 0; u < n_used; ++u) expert_index_[used_experts_[u]] = -1;
 
-  absl::Status status = experts_.AcquireLayer(
-      layer, used_experts_, absl::MakeSpan(expert_views_.data(), n_used));
-  if (!status.ok()) {
-    experts_.ReleaseLayer(layer);
-    return status;
-  }
-
-  // Gate and up projections of every chosen expert, over the tokens routed to it.
-  const ExpertWeights& first = expert_views_[0];
-  int64_t rb_gate, rb_up;
-  const uint8_t* act_gate =
-      PrepareActivations(first.gate.type, xn_.data(), E, E, n, act_.data(), &rb_gate);
-  const uint8_t* act_up = act_gate;
-  rb_up = rb_gate;
-  if (ActivationTypeFor(first.up.type) != ActivationTypeFor(first.gate.type))
-    act_up = PrepareActivations(first.up.type, xn_.data(), E, E, n, act_b_.data(), &rb_up);
+  // The experts are acquired in groups of at most the source's limit (a RAM tier smaller than one
+  // layer's experts), each group's SwiGLU computed before the next is acquired. Activations are
+  // prepared once, with the first group: every expert of a layer has the same tensor types (known
+  // from the views, since a store's dense weights carry no expert tensors).
+  const int group_max = std::max(1, experts_.max_experts_per_acquire());
+  const uint8_t* act_gate = nullptr;
+  const uint8_t* act_up = nullptr;
+  int64_t rb_gate = 0, rb_up = 0, rb_down = 0;
+  GgmlType down_act_type = GgmlType::kF32;
   const int64_t ff_chunks = (F + kRowsPerChunk - 1) / kRowsPerChunk;
-  pool_.ParallelFor(n_used * ff_chunks, 1, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const int u = static_cast<int>(i / ff_chunks);
-      const int64_t r0 = (i % ff_chunks) * kRowsPerChunk;
-      const int64_t rows = std::min(kRowsPerChunk, F - r0);
-      const ExpertWeights& w = expert_views_[u];
-      for (int g = group_begin_[u]; g < group_begin_[u + 1]; ++g) {
-        const int pair = group_pairs_[g];
-        const int t = pair / K;
-        RowDots(w.gate.type, reinterpret_cast<const uint8_t*>(w.gate.row(r0)), rows,
-                act_gate + t * rb_gate, E, &gate_[pair * F + r0]);
-        RowDots(w.up.type, reinterpret_cast<const uint8_t*>(w.up.row(r0)), rows,
-                act_up + t * rb_up, E, &up_[pair * F + r0]);
-      }
-    }
-  });
-
-  // SwiGLU, then the result rows converted for the down projection.
-  const GgmlType down_type = first.down.type;
-  const int64_t rb_down = ActivationRowBytes(down_type, F);
-  const GgmlType down_act_type = ActivationTypeFor(down_type);
-  pool_.ParallelFor(int64_t(n) * K, 4, [&](int64_t p0, int64_t p1) {
-    for (int64_t pair = p0; pair < p1; ++pair) {
-      float* h = &gate_[pair * F];
-      const float* u = &up_[pair * F];
-      cpu::SwiGlu(h, u, F);
-      if (down_act_type == GgmlType::kF32) {
-        std::memcpy(&act_[pair * rb_down], h, F * sizeof(float));
-      } else {
-        QuantizeRow(down_act_type, h, &act_[pair * rb_down], F);
-      }
-    }
-  });
-
   const int64_t e_chunks = (E + kRowsPerChunk - 1) / kRowsPerChunk;
-  pool_.ParallelFor(n_used * e_chunks, 1, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const int u = static_cast<int>(i / e_chunks);
-      const int64_t r0 = (i % e_chunks) * kRowsPerChunk;
-      const int64_t rows = std::min(kRowsPerChunk, E - r0);
-      const ExpertWeights& w = expert_views_[u];
-      for (int g = group_begin_[u]; g < group_begin_[u + 1]; ++g) {
-        const int pair = group_pairs_[g];
-        RowDots(w.down.type, reinterpret_cast<const uint8_t*>(w.down.row(r0)), rows,
-                &act_[pair * rb_down], F, &expert_out_[pair * E + r0]);
-      }
+
+  for (int u0 = 0; u0 < n_used; u0 += group_max) {
+    const int n_group = std::min(group_max, n_used - u0);
+    absl::Status status = experts_.AcquireLayer(
+        layer, absl::MakeConstSpan(used_experts_.data() + u0, n_group),
+        absl::MakeSpan(expert_views_.data() + u0, n_group));
+    if (!status.ok()) {
+      experts_.ReleaseLayer(layer);
+      return status;
     }
-  });
-  experts_.ReleaseLayer(layer);
+    if (u0 == 0) {
+      const ExpertWeights& first = expert_views_[0];
+      act_gate = PrepareActivations(first.gate.type, xn_.data(), E, E, n, act_.data(), &rb_gate);
+      act_up = act_gate;
+      rb_up = rb_gate;
+      if (ActivationTypeFor(first.up.type) != ActivationTypeFor(first.gate.type))
+        act_up = PrepareActivations(first.up.type, xn_.data(), E, E, n, act_b_.data(), &rb_up);
+      rb_down = ActivationRowBytes(first.down.type, F);
+      down_act_type = ActivationTypeFor(first.down.type);
+    }
+
+    // Gate and up projections of the group's experts, over the tokens routed to them.
+    pool_.ParallelFor(n_group * ff_chunks, 1, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int u = u0 + static_cast<int>(i / ff_chunks);
+        const int64_t r0 = (i % ff_chunks) * kRowsPerChunk;
+        const int64_t rows = std::min(kRowsPerChunk, F - r0);
+        const ExpertWeights& w = expert_views_[u];
+        for (int g = group_begin_[u]; g < group_begin_[u + 1]; ++g) {
+          const int pair = group_pairs_[g];
+          const int t = pair / K;
+          RowDots(w.gate.type, reinterpret_cast<const uint8_t*>(w.gate.row(r0)), rows,
+                  act_gate + t * rb_gate, E, &gate_[pair * F + r0]);
+          RowDots(w.up.type, reinterpret_cast<const uint8_t*>(w.up.row(r0)), rows,
+                  act_up + t * rb_up, E, &up_[pair * F + r0]);
+        }
+      }
+    });
+
+    // SwiGLU, then the result rows converted for the down projection.
+    const int g0 = group_begin_[u0], g1 = group_begin_[u0 + n_group];
+    pool_.ParallelFor(g1 - g0, 4, [&](int64_t i0, int64_t i1) {
+      for (int64_t g = g0 + i0; g < g0 + i1; ++g) {
+        const int pair = group_pairs_[g];
+        float* h = &gate_[pair * F];
+        const float* u = &up_[pair * F];
+        cpu::SwiGlu(h, u, F);
+        if (down_act_type == GgmlType::kF32) {
+          std::memcpy(&act_down_[pair * rb_down], h, F * sizeof(float));
+        } else {
+          QuantizeRow(down_act_type, h, &act_down_[pair * rb_down], F);
+        }
+      }
+    });
+
+    pool_.ParallelFor(n_group * e_chunks, 1, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int u = u0 + static_cast<int>(i / e_chunks);
+        const int64_t r0 = (i % e_chunks) * kRowsPerChunk;
+        const int64_t rows = std::min(kRowsPerChunk, E - r0);
+        const ExpertWeights& w = expert_views_[u];
+        for (int g = group_begin_[u]; g < group_begin_[u + 1]; ++g) {
+          const int pair = group_pairs_[g];
+          RowDots(w.down.type, reinterpret_cast<const uint8_t*>(w.down.row(r0)), rows,
+                  &act_down_[pair * rb_down], F, &expert_out_[pair * E + r0]);
+        }
+      }
+    });
+    experts_.ReleaseLayer(layer);
+  }
 
   // Weighted sum in top-k order (each product rounded, then added, as ggml's mul + add chain).
   for (int t = 0; t < n; ++t) {

@@ -99,6 +99,7 @@ class CpuEngine final : public ComputeBackend {
   std::vector<float> proj_;       // f32 [T, n_embd] output of a projection before the residual add
   std::vector<uint8_t> act_;      // activations in a weight's dot type, [T * k] rows of the widest
   std::vector<uint8_t> act_b_;    // a second [T] rows, when gate and up want different types
+  std::vector<uint8_t> act_down_; // SwiGLU outputs in the down projection's dot type, [T * k] rows
   std::vector<float> router_;     // f32 [T, n_expert]
   std::vector<int32_t> chosen_;   // [T, k] expert ids
   std::vector<float> chosen_w_;   // [T, k] their weights

@@ -59,8 +59,7 @@ uint32_t RamSlotCount(const ExpertStore& store, const ResidencyOptions& options)
   const uint64_t blob = std::max<uint64_t>(store.blob_bytes(), 1);
   const uint64_t total = uint64_t(store.n_layer()) * store.n_expert();
   uint64_t slots = options.ram_budget_bytes / blob;
-  const uint64_t floor =
-      options.min_ram_slots > 0 ? options.min_ram_slots : uint64_t(store.n_expert()) + 1;
+  const uint64_t floor = std::max<uint64_t>(options.min_ram_slots, 1);
   slots = std::max(slots, floor);
   slots = std::min<uint64_t>(slots, std::max<uint64_t>(total, floor));
   slots = std::min<uint64_t>(slots, shm::kMaxSlots);
@@ -128,6 +127,7 @@ ResidencyDaemon::ResidencyDaemon(const ExpertStore& store, shm::ShmSegment* segm
       slot_owner_(n_slots_, kFreeOwner),
       submit_time_(size_t{n_layer_} * n_expert_) {
   free_slots_.reserve(n_slots_);
+  touched_.reserve(n_slots_);
   for (uint32_t k = n_slots_; k-- > 0;) free_slots_.push_back(k);
   last_stats_print_ = absl::Now();
 }
@@ -307,8 +307,36 @@ absl::Status ResidencyDaemon::Submit(uint32_t index) {
   return absl::OkStatus();
 }
 
+void ResidencyDaemon::SyncComputeHits() {
+  touched_.clear();
+  for (uint32_t k = 0; k < n_slots_; ++k) {
+    const uint32_t i = slot_owner_[k];
+    if (i == kFreeOwner) continue;
+    Expert& e = experts_[i];
+    if (e.loading) continue;
+    const shm::ResidencyEntry& entry = ep_.table().entry(i / n_expert_, i % n_expert_);
+    const uint64_t hits = entry.hits.load(std::memory_order_relaxed);
+    if (hits <= e.hits_seen) continue;
+    touched_.push_back({entry.last_use_epoch.load(std::memory_order_relaxed), i,
+                        std::min<uint64_t>(hits - e.hits_seen, kMaxTouchesPerSync)});
+    e.hits_seen = hits;
+    if (e.prefetched) {
+      e.prefetched = false;
+      ++c_.prefetch_useful;
+    }
+  }
+  std::sort(touched_.begin(), touched_.end(),
+            [](const TouchedExpert& a, const TouchedExpert& b) { return a.epoch < b.epoch; });
+  for (const TouchedExpert& t : touched_) {
+    const ExpertKey key = PackExpertKey(t.index / n_expert_, t.index % n_expert_);
+    if (!policy_->Contains(key)) continue;
+    for (uint64_t n = 0; n < t.touches; ++n) policy_->Touch(key);
+  }
+}
+
 bool ResidencyDaemon::StartLoads() {
   bool progress = false;
+  if (!queued_.empty()) SyncComputeHits();
   while (!queued_.empty() && inflight_ < options_.io_inflight_max) {
     const uint32_t i = queued_.front();
     Expert& e = experts_[i];
@@ -361,9 +389,10 @@ void ResidencyDaemon::FinishLoad(uint32_t index, const absl::Status& status) {
   if (status.ok()) {
     const uint64_t g = ep_.PublishResident(layer, expert, e.slot);
     const ExpertKey key = PackExpertKey(layer, expert);
+    e.hits_seen = ep_.table().entry(layer, expert).hits.load(std::memory_order_relaxed);
     if (e.prefetched && e.waiters.empty()) {
       policy_->AdmitPrefetched(key);
-      e.hits_at_prefetch = ep_.table().entry(layer, expert).hits.load(std::memory_order_relaxed);
+      e.hits_at_prefetch = e.hits_seen;
     } else {
       e.prefetched = false;
       policy_->Admit(key);
@@ -447,6 +476,7 @@ void ResidencyDaemon::HandleHints() {
   const size_t n = ep_.hints().PopBatch(absl::MakeSpan(hints));
   c_.hints += n;
   if (!options_.prefetch) return;
+  if (n > 0) SyncComputeHits();
   std::vector<int32_t> experts;
   std::vector<uint8_t> seen(n_expert_, 0);
   for (size_t h = 0; h < n; ++h) {
@@ -472,10 +502,12 @@ void ResidencyDaemon::HandleHints() {
     predictor_->Observe(static_cast<int>(hint.layer), experts);
     last_hint_layer_ = static_cast<int>(hint.layer);
     if (demand_waiting) continue;
-    const int next = (last_hint_layer_ + 1) % static_cast<int>(n_layer_);
-    predictor_->Predict(next, options_.prefetch_threshold, options_.prefetch_max_per_hint,
-                        &predictions_);
-    for (const ExpertPrediction& p : predictions_) Prefetch(next, static_cast<uint32_t>(p.expert));
+    for (int ahead = 1; ahead <= options_.prefetch_lookahead_layers; ++ahead) {
+      const int next = (last_hint_layer_ + ahead) % static_cast<int>(n_layer_);
+      predictor_->Predict(next, options_.prefetch_threshold, options_.prefetch_max_per_hint,
+                          &predictions_);
+      for (const ExpertPrediction& p : predictions_) Prefetch(next, static_cast<uint32_t>(p.expert));
+    }
   }
 }
 

@@ -56,8 +56,8 @@ namespace mer::residency {
 struct ResidencyOptions {
   // RAM tier size: the slot count is ram_budget_bytes / blob_bytes, at least min_ram_slots.
   uint64_t ram_budget_bytes = uint64_t{1} << 30;
-  // Floor on the RAM slot count; 0 = n_expert + 1 (one batch may need every expert of a layer
-  // pinned at once, so fewer slots could never serve it).
+  // Floor on the RAM slot count (and 1 is the floor of the floor). The engine acquires a layer's
+  // experts in groups of at most half the slots, so any count serves any batch.
   uint32_t min_ram_slots = 0;
   // Replacement policy of the RAM tier: "lru", "lfu" or "arc".
   std::string policy = "lru";
@@ -71,6 +71,10 @@ struct ResidencyOptions {
   double prefetch_threshold = 0.5;
   // Most experts prefetched per hint.
   int prefetch_max_per_hint = 4;
+  // How many layers past the hinted one to predict and prefetch. 1 is the next layer only; a
+  // layer computes in about the time one blob read takes, so a read for the very next layer is
+  // mostly late, and looking further ahead gives reads time to land.
+  int prefetch_lookahead_layers = 2;
   // Reads of a blob again after a checksum mismatch or a read error before failing the load.
   int max_refetches = 2;
   // Heartbeat period of the residency role.
@@ -171,6 +175,7 @@ class ResidencyDaemon {
     bool prefetched = false;       // admitted by a prefetch, not demanded since
     bool prefetch_load = false;    // the load in flight is a prefetch
     uint64_t hits_at_prefetch = 0; // the entry's compute-side hit count when it was prefetched
+    uint64_t hits_seen = 0;        // the entry's compute-side hit count the policy has been told of
     int attempts = 0;
     std::vector<shm::DemandRequest> waiters;
     std::vector<int64_t> waiter_arrival_ns;  // per waiter: when its demand was popped
@@ -190,6 +195,11 @@ class ResidencyDaemon {
   void Complete(const shm::DemandRequest& d, uint32_t slot, uint64_t generation,
                 absl::StatusCode code, int64_t arrival_ns = 0);
   void HandleHints();
+  // Compute pins resident experts without asking (a hit costs it no round trip), so the policy
+  // learns of those uses from the table: every resident whose hit count grew is touched, oldest
+  // use first, before the policy is asked for a victim. A prefetched expert hit since its load
+  // counts as a useful prefetch here.
+  void SyncComputeHits();
   void FlushCompletions();
   // Copies the counters for Snapshot(); with a slot census first when the last one is older than
   // kCensusInterval, or `census`.
@@ -209,6 +219,13 @@ class ResidencyDaemon {
 
   std::vector<Expert> experts_;          // [n_layer * n_expert]
   std::vector<uint32_t> slot_owner_;     // per slot: expert index, or kFreeOwner
+  struct TouchedExpert {
+    uint64_t epoch;    // its last use by compute
+    uint32_t index;    // expert index
+    uint64_t touches;  // hits since the last sync, capped
+  };
+  static constexpr uint64_t kMaxTouchesPerSync = 64;  // bounds the work a hostile count can cause
+  std::vector<TouchedExpert> touched_;   // SyncComputeHits' scratch, reserved for every slot
   std::vector<uint32_t> free_slots_;     // slots without owner (maybe still pinned: R3)
   std::deque<uint32_t> queued_;          // expert indices waiting for a slot / a read
   std::vector<absl::Time> submit_time_;  // per expert index, of the read in flight

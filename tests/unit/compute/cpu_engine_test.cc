@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 
 #include "common/model/synth_model.h"
@@ -134,6 +135,51 @@ TEST(CpuEngine, BatchedPromptEqualsStepByStep) {
     ASSERT_TRUE(engine->Forward(batch, logits.data()).ok());
     for (size_t t = 0; t < kTokens.size(); ++t)
       for (int i = 0; i < V; ++i) ASSERT_EQ(logits[t * V + i], steps[t][i]) << t << " " << i;
+  }
+}
+
+// An ExpertSource that allows only `limit` experts per acquire (a RAM tier smaller than a layer),
+// and checks that the engine keeps to it and releases each group before acquiring the next.
+class GroupLimitedSource final : public ExpertSource {
+ public:
+  GroupLimitedSource(const ModelWeights& w, int limit) : inner_(w), limit_(limit) {}
+  absl::Status AcquireLayer(int layer, absl::Span<const int32_t> experts,
+                            absl::Span<ExpertWeights> out) override {
+    EXPECT_LE(static_cast<int>(experts.size()), limit_);
+    EXPECT_EQ(held_, -1) << "layer " << held_ << " still held";
+    held_ = layer;
+    ++acquires_;
+    return inner_.AcquireLayer(layer, experts, out);
+  }
+  void ReleaseLayer(int layer) override { held_ = -1; }
+  int max_experts_per_acquire() const override { return limit_; }
+  int acquires() const { return acquires_; }
+
+ private:
+  MappedExpertSource inner_;
+  int limit_;
+  int held_ = -1;
+  int acquires_ = 0;
+};
+
+// A source that hands out its experts in groups gives the same logits bit for bit.
+TEST(CpuEngine, ExpertGroupsOfAnySizeGiveTheSameLogits) {
+  TestModel m = MakeModel(SmallGeometry(SynthQuant::kQ8_0), "groups");
+  MappedExpertSource all(*m.weights);
+  auto reference = MakeEngine(*m.weights, all, 2);
+  const int V = reference->config().n_vocab;
+  std::vector<BatchToken> batch;
+  for (size_t i = 0; i < kTokens.size(); ++i) batch.push_back({kTokens[i], int32_t(i), 0, true});
+  std::vector<float> want(kTokens.size() * V);
+  ASSERT_TRUE(reference->Forward(batch, want.data()).ok());
+  for (int limit : {1, 2, 3, 7}) {
+    GroupLimitedSource limited(*m.weights, limit);
+    auto engine = MakeEngine(*m.weights, limited, 2);
+    std::vector<float> got(kTokens.size() * V);
+    ASSERT_TRUE(engine->Forward(batch, got.data()).ok());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << limit;
+    // 12 tokens x top-2 of 8 experts reach most experts: more than one group per layer.
+    EXPECT_GT(limited.acquires(), m.weights->config().n_layer) << limit;
   }
 }
 

@@ -15,96 +15,14 @@
 #include "common/store/packer.h"
 #include "services/compute/residency_expert_source.h"
 #include "services/residency/io/fault_injecting_io_engine.h"
+#include "tests/unit/residency/daemon/daemon_fixture.h"
 
 namespace mer::residency {
 namespace {
 
-namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-const std::string& StoreDir() {
-  static const std::string* dir = [] {
-    const fs::path root = fs::temp_directory_path() / ("mer_daemon_test_" + std::to_string(getpid()));
-    fs::create_directories(root);
-    SynthOptions o;
-    o.geometry = *SynthPreset("micro");
-    o.quant = SynthQuant::kQ8_0;
-    o.seed = 3;
-    o.threads = 2;
-    const std::string gguf = (root / "m.gguf").string();
-    EXPECT_TRUE(WriteSynthModel(o, gguf).ok());
-    PackOptions po;
-    po.threads = 2;
-    EXPECT_TRUE(PackExpertStore(gguf, (root / "store").string(), po).ok());
-    return new std::string((root / "store").string());
-  }();
-  return *dir;
-}
-
-std::string UniqueName(const char* tag) {
-  static int n = 0;
-  return "mer-daemon-test-" + std::to_string(getpid()) + "-" + tag + "-" + std::to_string(n++);
-}
-
-class DaemonFixture {
- public:
-  explicit DaemonFixture(ResidencyOptions o = {}, std::vector<FaultRule> faults = {},
-                         bool thread = true)
-      : name_(UniqueName("d")) {
-    auto store = ExpertStore::Open(StoreDir());
-    CHECK(store.ok());
-    store_ = std::move(*store);
-    shm::CreateOptions co;
-    co.geometry = DaemonGeometry(*store_, o);
-    auto seg = shm::ShmSegment::Create(name_, co);
-    CHECK(seg.ok());
-    seg_ = std::move(*seg);
-    IoEngineOptions io;
-    io.io_inflight_max = 8;
-    auto engine = CreateIoEngine(IoEngineKind::kPread, io);
-    CHECK(engine.ok());
-    std::unique_ptr<IoEngine> e = std::move(engine->engine);
-    if (!faults.empty()) {
-      FaultInjectionOptions fo;
-      fo.rules = faults;
-      auto f = FaultInjectingIoEngine::Create(std::move(e), fo);
-      CHECK(f.ok());
-      e = std::move(*f);
-    }
-    auto d = ResidencyDaemon::Create(*store_, seg_.get(), std::move(e), store_->experts_fd(), o);
-    CHECK(d.ok());
-    daemon_ = std::move(*d);
-    if (thread) thread_ = std::thread([this] { CHECK(daemon_->Run(stop_).ok()); });
-  }
-  ~DaemonFixture() {
-    stop_ = true;
-    if (thread_.joinable()) thread_.join();
-  }
-
-  const ExpertStore& store() const { return *store_; }
-  ResidencyDaemon& daemon() { return *daemon_; }
-  shm::ShmSegment& segment() { return *seg_; }
-  const std::string& name() const { return name_; }
-  ResidencyCounters Stop() {
-    stop_ = true;
-    if (thread_.joinable()) thread_.join();
-    return daemon_->Snapshot();
-  }
-
- private:
-  std::string name_;
-  std::unique_ptr<ExpertStore> store_;
-  std::unique_ptr<shm::ShmSegment> seg_;
-  std::unique_ptr<ResidencyDaemon> daemon_;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
-};
-
-std::unique_ptr<shm::ShmSegment> AttachCompute(const DaemonFixture& f) {
-  auto s = shm::ShmSegment::Attach(f.name(), ExpectedSegmentIdentity(f.store().manifest()));
-  CHECK(s.ok());
-  return std::move(*s);
-}
+const std::string& StoreDir() { return SynthStoreDir("micro", SynthQuant::kQ8_0); }
 
 bool SameAsStore(const ExpertStore& store, int layer, int expert, absl::Span<const uint8_t> b) {
   AlignedBuffer buf = AllocateAligned(store.blob_bytes());
@@ -117,7 +35,10 @@ TEST(ResidencyDaemonTest, SlotCountFromBudget) {
   ASSERT_TRUE(store.ok());
   ResidencyOptions o;
   o.ram_budget_bytes = 1;
-  EXPECT_EQ(RamSlotCount(**store, o), static_cast<uint32_t>((*store)->n_expert() + 1));
+  EXPECT_EQ(RamSlotCount(**store, o), 1u);  // the engine acquires experts one group at a time
+  o.min_ram_slots = 3;
+  EXPECT_EQ(RamSlotCount(**store, o), 3u);
+  o.min_ram_slots = 0;
   o.ram_budget_bytes = (*store)->blob_bytes() * 12;
   EXPECT_EQ(RamSlotCount(**store, o), 12u);
   o.ram_budget_bytes = uint64_t{1} << 40;  // capped at every expert
@@ -191,7 +112,8 @@ TEST(ResidencyDaemonTest, CoalescesDuplicateDemands) {
 
 TEST(ResidencyDaemonTest, EvictsUnpinnedOnlyAndKeepsPinnedBytes) {
   ResidencyOptions o;
-  o.ram_budget_bytes = 1;  // the floor: n_expert + 1 = 9 slots for 16 experts
+  o.ram_budget_bytes = 1;
+  o.min_ram_slots = 9;  // n_expert + 1 for 16 experts: one layer pinned, one slot to churn
   DaemonFixture f(o);
   ASSERT_EQ(f.daemon().ram_slots(), static_cast<uint32_t>(f.store().n_expert() + 1));
   auto seg = AttachCompute(f);
@@ -221,6 +143,39 @@ TEST(ResidencyDaemonTest, EvictsUnpinnedOnlyAndKeepsPinnedBytes) {
   client.EndStep(*held_step);
   const ResidencyCounters c = f.Stop();
   EXPECT_GE(c.evictions, static_cast<uint64_t>(3 * n - 1));
+}
+
+// Compute pins a resident expert without asking the daemon; the daemon must still see that use, or
+// its LRU degenerates to FIFO and evicts the hottest expert.
+TEST(ResidencyDaemonTest, ComputeSideHitsReachThePolicy) {
+  ResidencyOptions o;
+  o.ram_budget_bytes = 1;
+  o.min_ram_slots = 2;
+  o.policy = "lru";
+  DaemonFixture f(o);
+  auto seg = AttachCompute(f);
+  shm::ResidencyClient client(seg.get());
+  const auto use = [&](int32_t expert) {
+    auto step = client.BeginStep();
+    ASSERT_TRUE(step.ok());
+    std::vector<shm::PinnedExpert> p;
+    const int32_t e[] = {expert};
+    ASSERT_TRUE(client.Acquire(*step, 0, e, absl::Now() + absl::Seconds(10), &p).ok());
+    client.Release(p);
+    client.EndStep(*step);
+  };
+  use(0);  // miss: loads 0
+  use(1);  // miss: loads 1
+  use(0);  // hit in compute alone: 0 is now the most recently used
+  EXPECT_EQ(client.stats().hits, 1u);
+  use(2);  // miss: must evict 1, not 0
+  const auto in_ram = [&](int32_t expert) {
+    const auto s = seg->table().Read(0, expert);
+    return s.has_value() && s->in(shm::Pool::kRam);
+  };
+  EXPECT_TRUE(in_ram(0));
+  EXPECT_FALSE(in_ram(1));
+  EXPECT_TRUE(in_ram(2));
 }
 
 TEST(ResidencyDaemonTest, RefetchesAfterChecksumMismatch) {

@@ -1,0 +1,134 @@
+// Test scaffolding for mer-residency in-process: synthesized, packed stores (cached per geometry
+// for the test binary's lifetime) and a ResidencyDaemon over a real segment, on its own thread or
+// driven turn by turn, optionally reading through a FaultInjectingIoEngine.
+#pragma once
+
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "common/base/check.h"
+#include "common/model/synth_model.h"
+#include "common/shm/segment.h"
+#include "common/store/expert_store.h"
+#include "common/store/packer.h"
+#include "services/residency/daemon/residency_daemon.h"
+#include "services/residency/daemon/segment_identity.h"
+#include "services/residency/io/fault_injecting_io_engine.h"
+
+namespace mer::residency {
+
+struct SynthStore {
+  std::string gguf;   // the synthesized model
+  std::string store;  // its packed expert store
+};
+
+// Synthesizes preset `preset` in `quant` (seed 3) and packs it, once per (preset, quant) per
+// process, under a per-process temporary directory.
+inline const SynthStore& SynthStoreFor(const std::string& preset, SynthQuant quant) {
+  static auto* cache = new std::map<std::pair<std::string, int>, SynthStore>();
+  const auto key = std::make_pair(preset, static_cast<int>(quant));
+  auto it = cache->find(key);
+  if (it != cache->end()) return it->second;
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("mer_daemon_test_" + std::to_string(getpid())) /
+                        (preset + "_" + std::to_string(static_cast<int>(quant)));
+  fs::create_directories(root);
+  SynthOptions o;
+  o.geometry = *SynthPreset(preset);
+  o.quant = quant;
+  o.seed = 3;
+  o.threads = 2;
+  SynthStore s{(root / "m.gguf").string(), (root / "store").string()};
+  CHECK(WriteSynthModel(o, s.gguf).ok());
+  PackOptions po;
+  po.threads = 2;
+  CHECK(PackExpertStore(s.gguf, s.store, po).ok());
+  return cache->emplace(key, s).first->second;
+}
+inline const std::string& SynthStoreDir(const std::string& preset, SynthQuant quant) {
+  return SynthStoreFor(preset, quant).store;
+}
+
+inline std::string UniqueName(const char* tag) {
+  static int n = 0;
+  return "mer-daemon-test-" + std::to_string(getpid()) + "-" + tag + "-" + std::to_string(n++);
+}
+
+class DaemonFixture {
+ public:
+  // Serves `store_dir` (default: the micro Q8_0 store); with `faults` non-empty (rules or
+  // probabilities), reads go through a FaultInjectingIoEngine over pread.
+  explicit DaemonFixture(ResidencyOptions o = {}, std::vector<FaultRule> rules = {},
+                         bool thread = true, FaultInjectionOptions faults = {},
+                         const std::string& store_dir = SynthStoreDir("micro", SynthQuant::kQ8_0))
+      : name_(UniqueName("d")) {
+    auto store = ExpertStore::Open(store_dir);
+    CHECK(store.ok());
+    store_ = std::move(*store);
+    shm::CreateOptions co;
+    co.geometry = DaemonGeometry(*store_, o);
+    auto seg = shm::ShmSegment::Create(name_, co);
+    CHECK(seg.ok());
+    seg_ = std::move(*seg);
+    IoEngineOptions io;
+    io.io_inflight_max = 8;
+    auto engine = CreateIoEngine(IoEngineKind::kPread, io);
+    CHECK(engine.ok());
+    std::unique_ptr<IoEngine> e = std::move(engine->engine);
+    faults.rules.insert(faults.rules.end(), rules.begin(), rules.end());
+    if (!faults.rules.empty() || faults.error_probability > 0 || faults.short_read_probability > 0 ||
+        faults.delay_probability > 0 || faults.bit_flip_probability > 0) {
+      auto f = FaultInjectingIoEngine::Create(std::move(e), faults);
+      CHECK(f.ok());
+      faults_ = f->get();
+      e = std::move(*f);
+    }
+    auto d = ResidencyDaemon::Create(*store_, seg_.get(), std::move(e), store_->experts_fd(), o);
+    CHECK(d.ok());
+    daemon_ = std::move(*d);
+    if (thread) thread_ = std::thread([this] { CHECK(daemon_->Run(stop_).ok()); });
+  }
+  ~DaemonFixture() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+
+  const ExpertStore& store() const { return *store_; }
+  ResidencyDaemon& daemon() { return *daemon_; }
+  shm::ShmSegment& segment() { return *seg_; }
+  const std::string& name() const { return name_; }
+  // The injector, when faults were given (owned by the daemon; its stats are read after Stop).
+  const FaultInjectingIoEngine* faults() const { return faults_; }
+  // Stops the daemon's thread (Run must have returned OK: the daemon survived everything) and
+  // returns its counters.
+  ResidencyCounters Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    return daemon_->Snapshot();
+  }
+
+ private:
+  std::string name_;
+  std::unique_ptr<ExpertStore> store_;
+  std::unique_ptr<shm::ShmSegment> seg_;
+  std::unique_ptr<ResidencyDaemon> daemon_;
+  FaultInjectingIoEngine* faults_ = nullptr;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+inline std::unique_ptr<shm::ShmSegment> AttachCompute(const DaemonFixture& f) {
+  auto s = shm::ShmSegment::Attach(f.name(), ExpectedSegmentIdentity(f.store().manifest()));
+  CHECK(s.ok());
+  return std::move(*s);
+}
+
+}  // namespace mer::residency
