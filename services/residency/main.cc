@@ -5,13 +5,17 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/base/status.h"
+#include "common/systemd/sd_notify.h"
+#include "services/residency/daemon/host_pinning.h"
 #include "services/residency/daemon/residency_daemon.h"
 #include "services/residency/metrics/residency_metrics.h"
 
@@ -21,12 +25,16 @@ constexpr char kHelp[] =
     R"(usage: mer-residency --store STORE_DIR --instance NAME --ram-budget BYTES|PERCENT%
                      [--io auto|uring|pread] [--policy lru|lfu|arc] [--prefetch]
                      [--io-inflight N] [--prefetch-inflight N] [--stats-interval SECONDS]
-                     [--take-over] [--metrics-listen HOST:PORT|off]
+                     [--take-over] [--metrics-listen HOST:PORT|off] [--pin auto|off]
 
 Serves the experts of STORE_DIR (written by `mer pack`) to `mer generate --residency NAME`
 through the shared-memory segment /dev/shm/NAME. --ram-budget is bytes (suffixes K, M, G, T:
 powers of 1024) or a percentage of all experts' bytes ("10%"); the RAM tier holds budget /
-blob size slots, at least one more than a layer's experts. Counters go to stderr at exit and,
+blob size slots (at least one; compute acquires a layer's experts in groups of half the slots).
+With --pin auto (the default) the RAM tier is page-locked with cudaHostRegister when a GPU and
+the CUDA runtime are present (uploads to VRAM then run at the pinned rate); the log says whether
+it was. Under systemd (Type=notify) it reports READY once serving and pings WatchdogSec= while
+its loop turns. Counters go to stderr at exit and,
 with --stats-interval, periodically. Prometheus metrics (docs/metrics.md) are served on
 http://HOST:PORT/metrics (default 127.0.0.1:0: a free port, printed on stderr as
 "metrics: http://127.0.0.1:PORT/metrics"); --metrics-listen off serves none.
@@ -38,6 +46,7 @@ void OnSignal(int) { g_stop.store(true); }
 struct Args {
   std::string store, instance, budget, io = "auto", policy = "lru";
   std::string metrics_listen = "127.0.0.1:0";
+  std::string pin = "auto";
   bool prefetch = false, take_over = false;
   int64_t io_inflight = 16, prefetch_inflight = 2;
   double stats_interval = 0;
@@ -66,6 +75,10 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
       a->prefetch = true;
     } else if (arg == "--metrics-listen") {
       RETURN_IF_ERROR(value(&a->metrics_listen));
+    } else if (arg == "--pin") {
+      RETURN_IF_ERROR(value(&a->pin));
+      if (a->pin != "auto" && a->pin != "off")
+        return absl::InvalidArgumentError(absl::StrCat("--pin: '", a->pin, "' is not auto or off"));
     } else if (arg == "--take-over") {
       a->take_over = true;
     } else if (arg == "--io-inflight" || arg == "--prefetch-inflight") {
@@ -147,6 +160,13 @@ absl::Status Main(const Args& a) {
                engine.fallback_reason.empty() ? "" : (engine.fallback_reason + ")").c_str(),
                store->direct_io() ? "O_DIRECT" : "buffered",
                o.policy.c_str(), o.prefetch ? ", prefetch" : "");
+  std::optional<HostPinning> pinning;
+  if (a.pin == "auto" && daemon->ram_slots() > 0) {
+    pinning.emplace(HostPinning::Register(segment->ram_slot(0).data(),
+                                          size_t{daemon->ram_slots()} * segment->header().ram_slot_bytes));
+    std::fprintf(stderr, "mer-residency: RAM tier %s: %s\n", pinning->pinned() ? "pinned" : "pageable",
+                 pinning->reason().c_str());
+  }
   std::unique_ptr<MetricsServer> metrics;
   if (a.metrics_listen != "off") {
     ResidencyDaemon* d = daemon.get();
@@ -155,10 +175,34 @@ absl::Status Main(const Args& a) {
     std::fprintf(stderr, "metrics: %s\n", metrics->url().c_str());
   }
   std::fprintf(stderr, "mer-residency: ready\n");
+  systemd::NotifyReady(absl::StrCat("serving ", a.store, " as ", a.instance, ", RAM tier ",
+                                    daemon->ram_slots(), " slots"));
+  // The watchdog pings only while the service loop turns: a wedged loop stops them and systemd
+  // restarts the daemon.
+  std::atomic<bool> watchdog_stop{false};
+  std::thread watchdog;
+  if (const absl::Duration every = systemd::WatchdogPingInterval(); every > absl::ZeroDuration()) {
+    watchdog = std::thread([&, every] {
+      uint64_t last = daemon->loop_turns();
+      absl::Time next_ping = absl::Now();
+      while (!watchdog_stop.load()) {
+        absl::SleepFor(std::min(every, absl::Milliseconds(200)));
+        if (absl::Now() < next_ping) continue;
+        const uint64_t now = daemon->loop_turns();
+        if (now != last) systemd::NotifyWatchdog();
+        last = now;
+        next_ping = absl::Now() + every;
+      }
+    });
+  }
   const absl::Status s = daemon->Run(g_stop);
+  systemd::NotifyStopping();
+  watchdog_stop = true;
+  if (watchdog.joinable()) watchdog.join();
   std::fprintf(stderr, "mer-residency: counters %s\n", FormatCounters(daemon->Snapshot()).c_str());
   metrics.reset();  // before the daemon its snapshots come from
   daemon.reset();
+  pinning.reset();  // unregisters the pool before the segment is unmapped
   segment.reset();  // detaches and removes the name
   return s;
 }

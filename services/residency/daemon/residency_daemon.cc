@@ -545,6 +545,7 @@ absl::Status ResidencyDaemon::Run(const std::atomic<bool>& stop) {
   segment_->StartHeartbeat(options_.heartbeat_interval);
   absl::Status status;
   while (!stop.load(std::memory_order_relaxed)) {
+    loop_turns_.fetch_add(1, std::memory_order_relaxed);
     absl::StatusOr<bool> progress = Turn();
     if (!progress.ok()) {
       status = progress.status();

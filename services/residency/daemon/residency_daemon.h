@@ -165,6 +165,9 @@ class ResidencyDaemon {
   const ResidencyOptions& options() const { return options_; }
   IoEngine& io() { return *io_; }
   uint32_t ram_slots() const { return n_slots_; }
+  // Turns of Run's loop so far (any thread): the liveness that the systemd watchdog pings
+  // follow. The loop turns at least every idle_wait while idle.
+  uint64_t loop_turns() const { return loop_turns_.load(std::memory_order_relaxed); }
   // Whether the engine accepted the slot pool as registered buffers.
   bool buffers_registered() const { return buffers_registered_; }
 
@@ -225,7 +228,8 @@ class ResidencyDaemon {
     uint64_t touches;  // hits since the last sync, capped
   };
   static constexpr uint64_t kMaxTouchesPerSync = 64;  // bounds the work a hostile count can cause
-  std::vector<TouchedExpert> touched_;   // SyncComputeHits' scratch, reserved for every slot
+  std::vector<TouchedExpert> touched_;
+  std::atomic<uint64_t> loop_turns_{0};   // SyncComputeHits' scratch, reserved for every slot
   std::vector<uint32_t> free_slots_;     // slots without owner (maybe still pinned: R3)
   std::deque<uint32_t> queued_;          // expert indices waiting for a slot / a read
   std::vector<absl::Time> submit_time_;  // per expert index, of the read in flight
