@@ -239,12 +239,7 @@ absl::Status ResidencyClient::Acquire(const Step& step, uint32_t layer,
       if (!matched) ++stats_.stale;
     }
     if (remaining == 0) break;
-    if (got > 0) continue;
-
-    if (demand_.corrupted() || completions_.corrupted()) {
-      return FailAll(absl::DataLossError("shm: a ring's counters are corrupt"), out, done);
-    }
-    if (Spin([this] { return completions_.SizeApprox() > 0; }, 2000)) continue;
+    // The deadline holds even while completions keep coming (a peer answering in a loop).
     const absl::Time now = absl::Now();
     if (now >= deadline) {
       return FailAll(absl::DeadlineExceededError(absl::StrCat(
@@ -252,6 +247,12 @@ absl::Status ResidencyClient::Acquire(const Step& step, uint32_t layer,
                          " not resident by the deadline")),
                      out, done);
     }
+    if (got > 0) continue;
+
+    if (demand_.corrupted() || completions_.corrupted()) {
+      return FailAll(absl::DataLossError("shm: a ring's counters are corrupt"), out, done);
+    }
+    if (Spin([this] { return completions_.SizeApprox() > 0; }, 2000)) continue;
     absl::Status peer = CheckPeer();
     if (!peer.ok()) return FailAll(peer, out, done);
     if (now - last_scan >= options_.poll_interval) {
