@@ -46,10 +46,11 @@ ThreadPool::~ThreadPool() {
 }
 
 void ThreadPool::RunChunks(uint32_t generation, int thread) {
-  const Invoke invoke = invoke_.load(std::memory_order_relaxed);
-  const void* ctx = ctx_.load(std::memory_order_relaxed);
-  const int64_t n = n_.load(std::memory_order_relaxed);
-  const int64_t grain = grain_.load(std::memory_order_relaxed);
+  const Job& job = jobs_[generation & 1];
+  const Invoke invoke = job.invoke.load(std::memory_order_acquire);
+  const void* ctx = job.ctx.load(std::memory_order_acquire);
+  const int64_t n = job.n.load(std::memory_order_acquire);
+  const int64_t grain = job.grain.load(std::memory_order_acquire);
   uint64_t word = claim_.load(std::memory_order_acquire);
   for (;;) {
     if (static_cast<uint32_t>(word >> 32) != generation) return;  // a newer job: fields are stale
@@ -68,10 +69,11 @@ void ThreadPool::RunChunks(uint32_t generation, int thread) {
 void ThreadPool::Run(int64_t n, int64_t grain, Invoke invoke, const void* ctx) {
   CHECK(n < (int64_t{1} << 31));
   const uint32_t generation = generation_.load(std::memory_order_relaxed) + 1;
-  invoke_.store(invoke, std::memory_order_relaxed);
-  ctx_.store(ctx, std::memory_order_relaxed);
-  n_.store(n, std::memory_order_relaxed);
-  grain_.store(grain, std::memory_order_relaxed);
+  Job& job = jobs_[generation & 1];
+  job.invoke.store(invoke, std::memory_order_release);
+  job.ctx.store(ctx, std::memory_order_release);
+  job.n.store(n, std::memory_order_release);
+  job.grain.store(grain, std::memory_order_release);
   done_.store(0, std::memory_order_relaxed);
   claim_.store(uint64_t{generation} << 32, std::memory_order_release);
   generation_.store(generation, std::memory_order_release);

@@ -7,11 +7,18 @@
 // No allocation and no lock per loop.
 //
 // Invariants. `claim_` packs (job generation << 32 | next chunk start): a chunk is claimed by a
-// compare-exchange that also checks the generation, so a late worker can never run a chunk of a
-// newer job with an older job's function. The job fields are written before the generation is
-// released and read after it is acquired; a worker that read a stale mix of fields fails its claim
-// and reads them again. `done_` counts finished items of the current job; the caller returns once
-// it reaches n, so every claimed chunk has finished before the next job is published.
+// compare-exchange that also checks the generation, so a late worker can never claim a chunk of a
+// job other than the one it read. A job's fields live in jobs_[generation & 1] and are written
+// before the generation is released: a worker that saw generation g reads slot g & 1, which the
+// caller rewrites only for job g + 2, i.e. after job g + 1 has finished, which needs job g
+// finished first. So whenever its claim on (g, begin) succeeds, job g is unfinished and the fields
+// it read are job g's (the fields are stored with release and loaded with acquire: a worker that
+// read a field of job g + 2 has thereby seen claim_ move past job g, so its claim fails). (With a single set of fields, a worker descheduled between seeing job g and
+// reading its fields could read job g + 1's size while claim_ still showed job g's last chunk,
+// claim a chunk that did not exist and count it into job g + 1's progress: the caller then waited
+// forever. The oversubscribed test in thread_pool_test.cc found that.) `done_` counts finished items
+// of the current job; the caller returns once it reaches n, so every claimed chunk has finished
+// before the next job is published.
 //
 // Thread-safety: ParallelFor must be called from one thread at a time (the engine's step thread).
 #pragma once
@@ -62,11 +69,14 @@ class ThreadPool {
   void RunChunks(uint32_t generation, int thread);
 
   std::vector<std::thread> workers_;
-  // The current job (relaxed atomics: see the invariants above).
-  std::atomic<Invoke> invoke_{nullptr};
-  std::atomic<const void*> ctx_{nullptr};
-  std::atomic<int64_t> n_{0};
-  std::atomic<int64_t> grain_{1};
+  // A job (release/acquire atomics: see the invariants above); job g lives in jobs_[g & 1].
+  struct Job {
+    std::atomic<Invoke> invoke{nullptr};
+    std::atomic<const void*> ctx{nullptr};
+    std::atomic<int64_t> n{0};
+    std::atomic<int64_t> grain{1};
+  };
+  Job jobs_[2];
   std::atomic<uint64_t> claim_{0};       // generation << 32 | next chunk start
   std::atomic<int64_t> done_{0};         // items of the current job finished
   std::atomic<uint32_t> generation_{0};  // bumped (release) per job; workers acquire it
