@@ -17,5 +17,6 @@ int RunTokenize(const Args& args);
 int RunBench(const Args& args);
 int RunTrace(const Args& args);
 int RunPack(const Args& args);
+int RunClient(const Args& args);
 
 }  // namespace mer::cli

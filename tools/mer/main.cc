@@ -18,6 +18,7 @@ commands:
   bench      measure prompt and decode speed (greedy, 31 prompt + 128 generated tokens)
   trace      record routing traces and replay them against expert cache policies
   pack       write a model's expert store (dense.gguf, experts.bin, manifest), or verify one
+  client     call a running mer-gateway: generate, health, model info
 
 Run `mer <command> --help` for the flags of a command.
 )";
@@ -39,6 +40,7 @@ int main(int argc, char** argv) {
   if (command == "bench") return mer::cli::RunBench(args);
   if (command == "trace") return mer::cli::RunTrace(args);
   if (command == "pack") return mer::cli::RunPack(args);
+  if (command == "client") return mer::cli::RunClient(args);
   std::fprintf(stderr, "mer: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;
 }
