@@ -11,7 +11,11 @@
 #include "common/model/expert_source.h"
 #include "common/model/model_tokenizer.h"
 #include "common/model/synth_model.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
 #include "mer/v1/mer.grpc.pb.h"
 #include "services/compute/cpu/cpu_engine.h"
 #include "services/compute/daemon/batcher.h"
@@ -117,13 +121,16 @@ class GatewayApiTest : public ::testing::Test {
       else scheduler_->SetUnavailable();
     });
     service_ = std::make_unique<GatewayService>(*client_, *scheduler_, nullptr);
+    // As mer-gateway's main does.
+    grpc::EnableDefaultHealthCheckService(true);
+    grpc::reflection::InitProtoReflectionServerBuilderPlugin();
     grpc::ServerBuilder b;
     int port = 0;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     b.RegisterService(service_.get());
     server_ = b.BuildAndStart();
-    stub_ = mer::v1::Mer::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
-                                                      grpc::InsecureChannelCredentials()));
+    channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
+    stub_ = mer::v1::Mer::NewStub(channel_);
     WaitForCompute(true);
   }
 
@@ -200,8 +207,52 @@ class GatewayApiTest : public ::testing::Test {
   std::unique_ptr<ComputeClient> client_;
   std::unique_ptr<GatewayService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<mer::v1::Mer::Stub> stub_;
 };
+
+TEST_F(GatewayApiTest, HealthAndReflection) {
+  server_->GetHealthCheckService()->SetServingStatus("mer.v1.Mer", true);
+  auto health = grpc::health::v1::Health::NewStub(channel_);
+  grpc::ClientContext hctx;
+  grpc::health::v1::HealthCheckRequest hreq;
+  hreq.set_service("mer.v1.Mer");
+  grpc::health::v1::HealthCheckResponse hresp;
+  ASSERT_TRUE(health->Check(&hctx, hreq, &hresp).ok());
+  EXPECT_EQ(hresp.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+
+  // grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo with list_services = "*"
+  // (field 7), over a generic stub: the answer names the public service.
+  grpc::GenericStub generic(channel_);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext rctx;
+  rctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  void* tag;
+  bool ok;
+  auto call = generic.PrepareCall(&rctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
+  const std::string request("\x3a\x01*", 3);
+  grpc::Slice slice(request);
+  grpc::ByteBuffer out(&slice, 1);
+  call->Write(out, reinterpret_cast<void*>(2));
+  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
+  grpc::ByteBuffer in;
+  call->Read(&in, reinterpret_cast<void*>(3));
+  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(in.Dump(&slices).ok());
+  std::string answer;
+  for (const auto& s : slices) answer.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  EXPECT_NE(answer.find("mer.v1.Mer"), std::string::npos);
+  rctx.TryCancel();
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(4));
+  cq.Next(&tag, &ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+}
 
 TEST_F(GatewayApiTest, GreedyStreamsEqualSoloGenerationAndTextIsWholeCharacters) {
   std::vector<std::thread> threads;
