@@ -38,15 +38,22 @@ GatewayService::~GatewayService() {
 void GatewayService::BeginShutdown() {
   shutting_down_.store(true);
   absl::MutexLock lock(&mu_);
-  for (auto& [id, w] : watched_) w.client->TryCancel();
+  for (auto& [id, w] : watched_)
+    if (w.client != nullptr) w.client->TryCancel();
 }
 
-uint64_t GatewayService::Watch(grpc::ServerContext* server, grpc::ClientContext* client) {
+GatewayService::Watched* GatewayService::Watch(grpc::ServerContext* server, uint64_t* id) {
   absl::MutexLock lock(&mu_);
-  const uint64_t id = next_watch_++;
-  watched_[id] = {server, client, false};
-  if (shutting_down_.load()) client->TryCancel();
-  return id;
+  *id = next_watch_++;
+  Watched& w = watched_[*id];
+  w.server = server;
+  return &w;
+}
+
+void GatewayService::SetComputeCall(Watched* w, grpc::ClientContext* client) {
+  absl::MutexLock lock(&mu_);
+  w->client = client;
+  if (client != nullptr && (shutting_down_.load() || w->cancelled.load())) client->TryCancel();
 }
 
 void GatewayService::Unwatch(uint64_t id) {
@@ -58,13 +65,17 @@ void GatewayService::WatchLoop() {
   absl::MutexLock lock(&mu_);
   auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
   while (!mu_.AwaitWithTimeout(absl::Condition(&stopped), options_.cancel_poll)) {
-    // A call blocked reading its compute stream cannot see its own client leave; this does.
+    // A call blocked in the queue or reading its compute stream cannot see its own client
+    // leave; this does.
+    bool poke = false;
     for (auto& [id, w] : watched_) {
-      if (!w.cancelled && w.server->IsCancelled()) {
-        w.client->TryCancel();
-        w.cancelled = true;
+      if (!w.cancelled.load() && w.server->IsCancelled()) {
+        w.cancelled.store(true);
+        if (w.client != nullptr) w.client->TryCancel();
+        poke = true;
       }
     }
+    if (poke) scheduler_.Poke();
   }
 }
 
@@ -93,8 +104,10 @@ absl::Status GatewayService::GenerateImpl(grpc::ServerContext* context,
                    ValidateGenerateRequest(request, model->tokenizer, limits, options_.limits));
 
   const absl::Time deadline = absl::FromChrono(context->deadline());
-  RETURN_IF_ERROR(scheduler_.Admit(v.priority, v.kv_tokens, deadline,
-                                   [context] { return context->IsCancelled(); }));
+  uint64_t watch;
+  Watched* watched = Watch(context, &watch);
+  absl::Cleanup unwatch = [this, watch] { Unwatch(watch); };
+  RETURN_IF_ERROR(scheduler_.Admit(v.priority, v.kv_tokens, deadline, &watched->cancelled));
   absl::Cleanup release = [this, &v] { scheduler_.Release(v.kv_tokens); };
   const double queue_seconds = Since(t0);
   const int prompt_tokens = v.compute.prompt_size();
@@ -105,8 +118,8 @@ absl::Status GatewayService::GenerateImpl(grpc::ServerContext* context,
 
   grpc::ClientContext call;
   if (deadline != absl::InfiniteFuture()) call.set_deadline(context->deadline());
-  const uint64_t watch = Watch(context, &call);
-  absl::Cleanup unwatch = [this, watch] { Unwatch(watch); };
+  SetComputeCall(watched, &call);
+  absl::Cleanup detach = [this, watched] { SetComputeCall(watched, nullptr); };  // before `call` goes
   std::unique_ptr<grpc::ClientReader<pb::GenerateResponse>> reader = compute_.stub().Generate(&call, v.compute);
 
   TextStream text(v.stops);

@@ -29,7 +29,8 @@ namespace mer::gateway {
 
 struct GatewayOptions {
   RequestLimits limits;
-  // How often the cancel watcher looks for cancelled client calls to cancel their compute calls.
+  // How often the cancel watcher looks for cancelled client calls (to take them out of the
+  // queue, or to cancel their compute calls).
   absl::Duration cancel_poll = absl::Milliseconds(5);
 };
 
@@ -58,12 +59,16 @@ class GatewayService final : public mer::v1::Mer::Service {
   absl::Status GetModelInfoImpl(mer::v1::ModelInfo* response);
 
   void WatchLoop();
+  // A call from its start: the client may cancel while it is queued (the scheduler sees
+  // `cancelled`) or while it generates (its compute call `client` is cancelled).
   struct Watched {
-    grpc::ServerContext* server;
-    grpc::ClientContext* client;
-    bool cancelled;
+    grpc::ServerContext* server = nullptr;
+    grpc::ClientContext* client = nullptr;  // set once the compute call starts
+    std::atomic<bool> cancelled{false};
   };
-  uint64_t Watch(grpc::ServerContext* server, grpc::ClientContext* client);
+  Watched* Watch(grpc::ServerContext* server, uint64_t* id);
+  // `client` may be null: the compute call is over (before its context is destroyed).
+  void SetComputeCall(Watched* w, grpc::ClientContext* client);
   void Unwatch(uint64_t id);
 
   ComputeClient& compute_;

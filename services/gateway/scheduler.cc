@@ -18,7 +18,7 @@ void Scheduler::SetUnavailable() {
 }
 
 absl::Status Scheduler::Admit(int priority, int64_t kv_tokens, absl::Time deadline,
-                              const std::function<bool()>& cancelled) {
+                              const std::atomic<bool>* cancelled) {
   absl::MutexLock lock(&mu_);
   if (!available_) return absl::UnavailableError("mer-compute is not available");
   if (static_cast<int>(queue_.size()) >= options_.max_queue)
@@ -27,31 +27,22 @@ absl::Status Scheduler::Admit(int priority, int64_t kv_tokens, absl::Time deadli
   const Waiter me{priority, next_order_++};
   queue_.insert(me);
   const uint64_t epoch = epoch_;
-  auto admissible = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return epoch_ != epoch ||
+  auto is_cancelled = [cancelled] { return cancelled != nullptr && cancelled->load(); };
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return epoch_ != epoch || is_cancelled() ||
            (queue_.begin()->order == me.order && running_ < max_sequences_ &&
             kv_reserved_ + kv_tokens <= kv_budget_);
   };
   absl::Status status;
-  for (;;) {
-    const absl::Time slice = std::min(deadline, absl::Now() + options_.cancel_poll);
-    if (mu_.AwaitWithDeadline(absl::Condition(&admissible), slice)) {
-      if (epoch_ != epoch) {
-        status = absl::UnavailableError("mer-compute went away while the request was queued");
-      } else {
-        ++running_;
-        kv_reserved_ += kv_tokens;
-      }
-      break;
-    }
-    if (absl::Now() >= deadline) {
-      status = absl::DeadlineExceededError("deadline exceeded while queued");
-      break;
-    }
-    if (cancelled && cancelled()) {
-      status = absl::CancelledError("cancelled while queued");
-      break;
-    }
+  if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
+    status = absl::DeadlineExceededError("deadline exceeded while queued");
+  } else if (epoch_ != epoch) {
+    status = absl::UnavailableError("mer-compute went away while the request was queued");
+  } else if (is_cancelled()) {
+    status = absl::CancelledError("cancelled while queued");
+  } else {
+    ++running_;
+    kv_reserved_ += kv_tokens;
   }
   queue_.erase(me);
   return status;
@@ -62,6 +53,8 @@ void Scheduler::Release(int64_t kv_tokens) {
   --running_;
   kv_reserved_ -= kv_tokens;
 }
+
+void Scheduler::Poke() { absl::MutexLock lock(&mu_); }
 
 int Scheduler::running() const {
   absl::MutexLock lock(&mu_);

@@ -11,8 +11,8 @@
 // Thread-safety: all methods may be called from any thread.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
-#include <functional>
 #include <set>
 
 #include "absl/base/thread_annotations.h"
@@ -24,8 +24,6 @@ namespace mer::gateway {
 
 struct SchedulerOptions {
   int max_queue = 256;  // calls waiting for admission; more get ResourceExhausted
-  // How often a waiting call checks whether its client cancelled it.
-  absl::Duration cancel_poll = absl::Milliseconds(5);
 };
 
 class Scheduler {
@@ -38,11 +36,13 @@ class Scheduler {
   void SetUnavailable();
 
   // Waits for admission. ResourceExhausted when the queue is full, DeadlineExceeded at
-  // `deadline`, Cancelled when `cancelled()` turns true (polled), Unavailable while compute is
-  // down. On OK the caller holds one slot and `kv_tokens` positions until Release.
+  // `deadline`, Cancelled once *cancelled is set (whoever sets it calls Poke), Unavailable while
+  // compute is down. On OK the caller holds one slot and `kv_tokens` positions until Release.
   absl::Status Admit(int priority, int64_t kv_tokens, absl::Time deadline,
-                     const std::function<bool()>& cancelled);
+                     const std::atomic<bool>* cancelled = nullptr);
   void Release(int64_t kv_tokens);
+  // Makes waiting calls look at their `cancelled` flags again.
+  void Poke();
 
   int running() const;
   int waiting() const;

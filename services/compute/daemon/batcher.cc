@@ -11,11 +11,18 @@ namespace mer::compute {
 
 bool SequenceStream::Next(absl::Duration timeout, std::vector<int32_t>* out) {
   absl::MutexLock lock(&mu_);
-  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_ || !tokens_.empty(); };
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return done_ || !tokens_.empty() || cancelled_.load(std::memory_order_relaxed);
+  };
   mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
   out->insert(out->end(), tokens_.begin(), tokens_.end());
   tokens_.clear();
   return done_;
+}
+
+void SequenceStream::Cancel() {
+  cancelled_.store(true, std::memory_order_relaxed);
+  absl::MutexLock lock(&mu_);  // Next's condition is evaluated again on unlock
 }
 
 absl::Status SequenceStream::status() const {

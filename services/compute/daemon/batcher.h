@@ -52,12 +52,14 @@ enum class FinishReason { kNone, kLength, kEos };
 // One sequence's output, written by the step thread and read by the caller of Submit.
 class SequenceStream {
  public:
-  // Waits up to `timeout` for tokens not yet taken or for the end; appends the new tokens to
-  // *out. Returns true once the sequence has finished and every token was taken (then status()
-  // and finish_reason() are final).
+  // Waits up to `timeout` for tokens not yet taken, for the end, or for Cancel; appends the new
+  // tokens to *out. Returns true once the sequence has finished and every token was taken (then
+  // status() and finish_reason() are final).
   bool Next(absl::Duration timeout, std::vector<int32_t>* out);
-  // Asks the step thread to drop the sequence before its next step (frees its slot and KV).
-  void Cancel() { cancelled_.store(true, std::memory_order_relaxed); }
+  // Asks the step thread to drop the sequence before its next step (frees its slot and KV), and
+  // wakes a waiting Next.
+  void Cancel();
+  bool cancelled() const { return cancelled_.load(std::memory_order_relaxed); }
 
   absl::Status status() const;
   FinishReason finish_reason() const;

@@ -11,7 +11,32 @@ namespace pb = mer::internal::v1;
 
 ComputeService::ComputeService(Batcher& batcher, pb::Info info, pb::TokenizerVocab vocab,
                                const ComputeServiceOptions& options)
-    : batcher_(batcher), info_(std::move(info)), vocab_(std::move(vocab)), options_(options) {}
+    : batcher_(batcher), info_(std::move(info)), vocab_(std::move(vocab)), options_(options) {
+  watcher_ = std::thread([this] { WatchLoop(); });
+}
+
+ComputeService::~ComputeService() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  watcher_.join();
+}
+
+void ComputeService::WatchLoop() {
+  absl::MutexLock lock(&mu_);
+  for (;;) {
+    // Idle (no calls): sleep until one comes; else look every cancel_poll.
+    auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
+    auto busy = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !watched_.empty(); };
+    if (watched_.empty()) mu_.Await(absl::Condition(&busy));
+    mu_.AwaitWithTimeout(absl::Condition(&wake), options_.cancel_poll);
+    if (stop_) return;
+    for (auto& [id, w] : watched_) {
+      if (!w.second->cancelled() && w.first->IsCancelled()) w.second->Cancel();
+    }
+  }
+}
 
 grpc::Status ComputeService::Generate(grpc::ServerContext* context, const pb::GenerateRequest* request,
                                       grpc::ServerWriter<pb::GenerateResponse>* writer) {
@@ -30,11 +55,26 @@ grpc::Status ComputeService::Generate(grpc::ServerContext* context, const pb::Ge
   absl::StatusOr<std::shared_ptr<SequenceStream>> submitted = batcher_.Submit(req, deadline);
   if (!submitted.ok()) return ToGrpcStatus(submitted.status());
   const std::shared_ptr<SequenceStream> stream = std::move(*submitted);
+  uint64_t watch;
+  {
+    absl::MutexLock lock(&mu_);
+    watch = next_watch_++;
+    watched_[watch] = {context, stream};
+  }
+  struct Unwatch {
+    ComputeService* self;
+    uint64_t id;
+    ~Unwatch() {
+      absl::MutexLock lock(&self->mu_);
+      self->watched_.erase(id);
+    }
+  } unwatch{this, watch};
   std::vector<int32_t> tokens;
   pb::GenerateResponse response;
   for (;;) {
     tokens.clear();
-    const bool done = stream->Next(options_.cancel_poll, &tokens);
+    const bool done =
+        stream->Next(std::min(options_.deadline_poll, std::max(absl::ZeroDuration(), deadline - absl::Now())), &tokens);
     if (!tokens.empty()) {
       response.Clear();
       response.mutable_token_ids()->Add(tokens.begin(), tokens.end());
@@ -54,10 +94,7 @@ grpc::Status ComputeService::Generate(grpc::ServerContext* context, const pb::Ge
       writer->Write(response);
       return grpc::Status::OK;
     }
-    if (context->IsCancelled()) {
-      stream->Cancel();
-      return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the caller");
-    }
+    if (stream->cancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the caller");
     if (absl::Now() >= deadline) {
       stream->Cancel();
       return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded");

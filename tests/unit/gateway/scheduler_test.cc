@@ -104,10 +104,11 @@ TEST(SchedulerTest, DeadlineCancelAndComputeLoss) {
             absl::StatusCode::kDeadlineExceeded);
   std::atomic<bool> cancel{false};
   std::thread t([&] {
-    EXPECT_EQ(s.Admit(0, 1, kNever, [&] { return cancel.load(); }).code(), absl::StatusCode::kCancelled);
+    EXPECT_EQ(s.Admit(0, 1, kNever, &cancel).code(), absl::StatusCode::kCancelled);
   });
   WaitForWaiting(s, 1);
   cancel = true;
+  s.Poke();
   t.join();
   std::thread u([&] { EXPECT_EQ(s.Admit(0, 1, kNever, nullptr).code(), absl::StatusCode::kUnavailable); });
   WaitForWaiting(s, 1);
