@@ -270,8 +270,11 @@ absl::Status Main(const Args& a) {
   }
   systemd::NotifyStopping();
   std::fprintf(stderr, "mer-compute: stopping\n");
-  batcher.reset();  // running calls end with UNAVAILABLE
+  // No new calls; running ones get 2 s to finish, then are cancelled (the gateway answers its
+  // clients UNAVAILABLE). The batcher outlives every handler that uses it.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  server.reset();
+  batcher.reset();
   endpoint.reset();
   std::filesystem::remove(socket_path, ec);
   return absl::OkStatus();

@@ -313,6 +313,21 @@ done
 grep -q '^mer_expert_lookups_total{daemon="residency",tier="ram"}' "$WORK/g2.metrics" || fail "merged: no residency lookups"
 alive "at the end"
 
+# SIGTERM of the gateway mid-stream: the stream ends with finish_reason cancelled, not an error.
+( exec "$MER" client --addr "$ADDR" --prompt-tokens 1,2,3 --max-tokens 4000 --ignore-eos --stats \
+    >"$WORK/term.out" 2>"$WORK/term.err" ) &
+TP=$!
+for _ in $(seq 1 300); do [ -s "$WORK/term.out" ] && break; sleep 0.01; done
+kill -TERM "$GPID"
+wait "$TP"; rc=$?
+wait "$GPID"; grc=$?
+[ $rc -eq 0 ] && grep -q "finish_reason=cancelled" "$WORK/term.err" || fail "gateway SIGTERM: client rc=$rc $(cat "$WORK/term.err")"
+[ $grc -eq 0 ] || fail "gateway SIGTERM: exit status $grc"
+GPID=$CPID  # for `alive` below: the gateway is gone on purpose
+
+kill -TERM "$CPID"; wait "$CPID"; crc=$?
+[ $crc -eq 0 ] || fail "compute SIGTERM: exit status $crc"
+[ -e "$WORK/compute.sock" ] && fail "compute SIGTERM: the socket is left behind"
 phase "done"
 if [ $FAILURES -ne 0 ]; then echo "$FAILURES failure(s)"; exit 1; fi
 echo "all passed"
