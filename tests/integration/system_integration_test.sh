@@ -33,7 +33,7 @@ cleanup() {
 }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; FAILURES=$((FAILURES + 1)); }
-phase() { printf '[%6.1fs] %s\n' "$(echo "$(date +%s.%N) - $T0" | bc)" "$*"; }
+phase() { awk -v t0="$T0" -v now="$(date +%s.%N)" -v m="$*" 'BEGIN { printf "[%6.1fs] %s\n", now - t0, m }'; }
 
 # wait_log LOG PATTERN PID: until LOG has PATTERN (10 s), or the process died.
 wait_log() {
