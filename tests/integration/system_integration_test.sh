@@ -325,6 +325,39 @@ wait "$GPID"; grc=$?
 [ $grc -eq 0 ] || fail "gateway SIGTERM: exit status $grc"
 GPID=$CPID  # for `alive` below: the gateway is gone on purpose
 
+# sd_notify: under a fake $NOTIFY_SOCKET with a 1 s watchdog, compute and gateway send READY=1
+# (after loading and binding), watchdog pings, and STOPPING=1 at SIGTERM. python3 plays systemd.
+if command -v python3 >/dev/null 2>&1; then
+  notify_check() {  # NAME LOG CMD...: runs CMD under the fake socket for ~1.5 s, then SIGTERM
+    local name=$1 log=$2; shift 2
+    timeout 20 python3 -c '
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); s.bind(sys.argv[1]); s.settimeout(0.2)
+end = time.time() + 15; out = open(sys.argv[2], "w")
+while time.time() < end:
+    try: out.write(s.recv(4096).decode() + "\n"); out.flush()
+    except socket.timeout: pass
+' "$WORK/$name.notify" "$WORK/$name.msgs" &
+    local lp=$!
+    for _ in $(seq 1 100); do [ -S "$WORK/$name.notify" ] && break; sleep 0.02; done
+    ( NOTIFY_SOCKET="$WORK/$name.notify" WATCHDOG_USEC=1000000 exec "$@" >"$log" 2>&1 ) &
+    local dp=$!
+    wait_log "$log" "ready" "$dp" || fail "$name under NOTIFY_SOCKET did not start"
+    sleep 1.5
+    kill -TERM "$dp"; wait "$dp"
+    sleep 0.3; kill "$lp" 2>/dev/null; { wait "$lp"; } 2>/dev/null
+    for m in READY=1 WATCHDOG=1 STOPPING=1; do
+      grep -q "^$m" "$WORK/$name.msgs" || fail "$name: no $m (got: $(tr '\n' ' ' <"$WORK/$name.msgs"))"
+    done
+    echo "  $name notified: $(grep -c '^WATCHDOG=1' "$WORK/$name.msgs") watchdog pings, $(grep -o '^READY=1' "$WORK/$name.msgs" | head -1), $(grep -o '^STOPPING=1' "$WORK/$name.msgs")"
+  }
+  notify_check gateway "$WORK/gn.log" "$GW" --compute "unix:$WORK/compute.sock" --listen 127.0.0.1:0 --metrics-listen off
+  notify_check compute "$WORK/cn.log" "$COMP" --model "$WORK/m.gguf" --listen "unix:$WORK/compute2.sock" \
+    --max-sequences 1 --threads 1 --metrics-listen off
+else
+  echo "  note: no python3: sd_notify check skipped"
+fi
+
 kill -TERM "$CPID"; wait "$CPID"; crc=$?
 [ $crc -eq 0 ] || fail "compute SIGTERM: exit status $crc"
 [ -e "$WORK/compute.sock" ] && fail "compute SIGTERM: the socket is left behind"
