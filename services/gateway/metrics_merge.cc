@@ -47,6 +47,25 @@ bool ParseValue(absl::string_view s, double* v) {
   return absl::SimpleAtod(s, v);
 }
 
+bool IsMetricName(absl::string_view n) {
+  if (n.empty()) return false;
+  for (size_t i = 0; i < n.size(); ++i) {
+    const char c = n[i];
+    const bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == ':';
+    if (!alpha && !(i > 0 && c >= '0' && c <= '9')) return false;
+  }
+  return true;
+}
+
+bool IsLabelName(absl::string_view n) { return IsMetricName(n) && n.find(':') == absl::string_view::npos; }
+
+// A count of a histogram or summary: non-negative and representable, else 0.
+uint64_t Count(double v) {
+  if (!(v >= 0)) return 0;
+  if (v >= 1.8e19) return std::numeric_limits<uint64_t>::max();
+  return static_cast<uint64_t>(v);
+}
+
 struct Sample {
   std::string name;
   std::vector<ClientMetric::Label> labels;
@@ -58,6 +77,7 @@ absl::StatusOr<Sample> ParseSample(absl::string_view line) {
   size_t i = 0;
   while (i < line.size() && line[i] != '{' && line[i] != ' ') ++i;
   s.name = std::string(line.substr(0, i));
+  if (!IsMetricName(s.name)) return absl::InvalidArgumentError(absl::StrCat("bad metric name in '", line, "'"));
   if (i < line.size() && line[i] == '{') {
     ++i;
     while (i < line.size() && line[i] != '}') {
@@ -66,6 +86,7 @@ absl::StatusOr<Sample> ParseSample(absl::string_view line) {
         return absl::InvalidArgumentError(absl::StrCat("bad labels in '", line, "'"));
       ClientMetric::Label l;
       l.name = std::string(line.substr(i, eq - i));
+      if (!IsLabelName(l.name)) return absl::InvalidArgumentError(absl::StrCat("bad label name in '", line, "'"));
       size_t j = eq + 2;
       for (; j < line.size() && line[j] != '"'; ++j) {
         if (line[j] == '\\' && j + 1 < line.size()) {
@@ -131,17 +152,17 @@ void AddSample(MetricFamily* f, std::map<std::string, size_t>* groups, Sample s)
     if (suffix == "_bucket") {
       double le = 0;
       ParseValue(label("le"), &le);
-      m.histogram.bucket.push_back({static_cast<uint64_t>(s.value), le});
+      m.histogram.bucket.push_back({Count(s.value), le});
     } else if (suffix == "_sum") {
       m.histogram.sample_sum = s.value;
     } else if (suffix == "_count") {
-      m.histogram.sample_count = static_cast<uint64_t>(s.value);
+      m.histogram.sample_count = Count(s.value);
     }
   } else {
     if (suffix == "_sum") {
       m.summary.sample_sum = s.value;
     } else if (suffix == "_count") {
-      m.summary.sample_count = static_cast<uint64_t>(s.value);
+      m.summary.sample_count = Count(s.value);
     } else {
       double q = 0;
       ParseValue(label("quantile"), &q);
@@ -163,18 +184,8 @@ absl::StatusOr<std::vector<MetricFamily>> ParseMetricsText(absl::string_view tex
       const absl::string_view rest = line.substr(7);
       const size_t sp = rest.find(' ');
       pending_help_name = std::string(rest.substr(0, sp));
-      pending_help.clear();
-      if (sp != absl::string_view::npos) {
-        const absl::string_view h = rest.substr(sp + 1);
-        for (size_t i = 0; i < h.size(); ++i) {
-          if (h[i] == '\\' && i + 1 < h.size()) {
-            ++i;
-            pending_help.push_back(h[i] == 'n' ? '\n' : h[i]);
-          } else {
-            pending_help.push_back(h[i]);
-          }
-        }
-      }
+      // Kept as written (escaped): prometheus-cpp's serializer writes help text as is.
+      pending_help = sp == absl::string_view::npos ? "" : std::string(rest.substr(sp + 1));
       continue;
     }
     if (absl::StartsWith(line, "# TYPE ")) {
@@ -182,6 +193,7 @@ absl::StatusOr<std::vector<MetricFamily>> ParseMetricsText(absl::string_view tex
       if (parts.size() != 2) return absl::InvalidArgumentError(absl::StrCat("bad line '", line, "'"));
       MetricFamily f;
       f.name = std::string(parts[0]);
+      if (!IsMetricName(f.name)) return absl::InvalidArgumentError(absl::StrCat("bad metric name in '", line, "'"));
       auto type = ParseType(parts[1]);
       if (!type.ok()) return type.status();
       f.type = *type;

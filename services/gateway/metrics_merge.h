@@ -5,7 +5,9 @@
 // a series per daemon, and the page passes `promtool check metrics`).
 //
 // ParseMetricsText reads the Prometheus text exposition format as prometheus-cpp writes it
-// (HELP/TYPE comments, counters, gauges, untyped, histograms, summaries).
+// (HELP/TYPE comments, counters, gauges, untyped, histograms, summaries). HELP text is kept in
+// its escaped form, since prometheus-cpp's serializer writes help as is; label values are
+// unescaped (it escapes them). Bad metric or label names, values or lines are InvalidArgument.
 //
 // Thread-safety: pure functions; HttpGet blocks the calling thread up to its timeout.
 #pragma once

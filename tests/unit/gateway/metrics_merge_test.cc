@@ -59,7 +59,7 @@ TEST(MetricsMergeTest, MergesFamiliesAndLabelsDaemons) {
   auto c = ParseMetricsText(kCompute);
   auto r = ParseMetricsText(kResidency);
   ASSERT_TRUE(c.ok() && r.ok());
-  EXPECT_EQ((*r)[1].help, "Slots \"of the tier\" \\ by state.");
+  EXPECT_EQ((*r)[1].help, "Slots \"of the tier\" \\\\ by state.");  // kept escaped
   std::vector<prometheus::MetricFamily> all;
   LabelDaemon(&*c, "compute");
   LabelDaemon(&*r, "residency");
@@ -77,6 +77,9 @@ TEST(MetricsMergeTest, MergesFamiliesAndLabelsDaemons) {
 
 TEST(MetricsMergeTest, RejectsMalformedText) {
   EXPECT_FALSE(ParseMetricsText("# TYPE x wrongtype\n").ok());
+  EXPECT_FALSE(ParseMetricsText(" 1\n").ok());             // no name (found by metrics_text_fuzz)
+  EXPECT_FALSE(ParseMetricsText("x{1a=\"b\"} 1\n").ok());  // bad label name
+  EXPECT_FALSE(ParseMetricsText("# TYPE 9x gauge\n").ok());
   EXPECT_FALSE(ParseMetricsText("x{a=\"b} 1\n").ok());
   EXPECT_FALSE(ParseMetricsText("x 1z\n").ok());
 }
