@@ -21,6 +21,11 @@ absl::Status Scheduler::Admit(int priority, int64_t kv_tokens, absl::Time deadli
                               const std::atomic<bool>* cancelled) {
   absl::MutexLock lock(&mu_);
   if (!available_) return absl::UnavailableError("mer-compute is not available");
+  if (queue_.empty() && running_ < max_sequences_ && kv_reserved_ + kv_tokens <= kv_budget_) {
+    ++running_;  // nobody waits and it fits: no queueing (max_queue bounds only the waiting)
+    kv_reserved_ += kv_tokens;
+    return absl::OkStatus();
+  }
   if (static_cast<int>(queue_.size()) >= options_.max_queue)
     return absl::ResourceExhaustedError(
         absl::StrCat("the queue is full (", queue_.size(), " requests waiting)"));

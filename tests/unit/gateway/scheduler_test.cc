@@ -72,6 +72,17 @@ TEST(SchedulerTest, FullQueueIsResourceExhausted) {
   for (auto& t : threads) t.join();
 }
 
+TEST(SchedulerTest, NoQueueStillAdmitsWhatFits) {
+  SchedulerOptions o;
+  o.max_queue = 0;
+  Scheduler s(o);
+  s.SetCapacity(1, 10);
+  EXPECT_TRUE(s.Admit(0, 5, kNever, nullptr).ok());
+  EXPECT_EQ(s.Admit(0, 5, kNever, nullptr).code(), absl::StatusCode::kResourceExhausted);
+  s.Release(5);
+  EXPECT_TRUE(s.Admit(0, 5, kNever, nullptr).ok());
+}
+
 TEST(SchedulerTest, KvBudgetHoldsTheHeadAndNothingOvertakesIt) {
   Scheduler s({});
   s.SetCapacity(4, 100);
