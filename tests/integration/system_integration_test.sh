@@ -10,9 +10,13 @@
 #  4. SIGKILL of compute mid-stream: the streams on it get UNAVAILABLE, health turns NOT_SERVING,
 #     calls get UNAVAILABLE; after the test restarts compute the gateway (never restarted) serves
 #     again with the same tokens. SIGKILL of residency mid-stream, restarted by the test: the
-#     streams in flight finish with their solo tokens (compute re-attaches);
+#     streams in flight finish with their solo tokens (compute re-attaches); residency left down:
+#     UNAVAILABLE naming it after compute's 10 s re-attach timeout, then served again after restart;
 #  5. /metrics of each daemon and the gateway's merged page pass `promtool check metrics`, and
-#     the counters equal what the test did (requests by status, prompt and generated tokens).
+#     the counters equal what the test did (requests by status, prompt and generated tokens);
+#  6. SIGTERM: a stream on a stopping gateway ends with finish_reason cancelled; compute exits 0
+#     and removes its socket; under a fake $NOTIFY_SOCKET both send READY=1, watchdog pings and
+#     STOPPING=1.
 # Every command runs under a timeout; processes and /dev/shm segments are always cleaned up.
 set -u
 MER=$1
@@ -251,6 +255,17 @@ done
 N_OK=$((N_OK + 3))
 kill -0 "$CPID" 2>/dev/null || fail "residency killed: compute died"
 
+phase "residency down for good: UNAVAILABLE after compute's re-attach timeout (10 s)"
+kill -KILL "$RPID"; { wait "$RPID"; } 2>/dev/null
+client --prompt-tokens 1,2,3 --max-tokens 8 --ignore-eos >/dev/null 2>"$WORK/rdown.err"
+grep -q "UNAVAILABLE: .*mer-residency" "$WORK/rdown.err" || fail "residency down: $(cat "$WORK/rdown.err")"
+N_UNAVAILABLE=$((N_UNAVAILABLE + 1))
+for p in "$CPID" "$GPID"; do kill -0 "$p" 2>/dev/null || fail "residency down: daemon $p is gone"; done
+start_residency "$WORK/r3.log" || fail "residency restart"
+out=$(client --prompt-tokens 5,6,7 --max-tokens 3 --ignore-eos --print-token-ids 2>&1)
+[ "$out" == "$(solo 5,6,7 3)" ] || fail "after the residency restart: '$out'"
+N_OK=$((N_OK + 1))
+
 phase "SIGKILL compute mid-stream"
 KP=()
 for i in 1 2 3; do
@@ -282,7 +297,7 @@ phase "metrics"
 # each daemon's own page is checked directly, and the merged page for the gateway's counters.
 fetch "$(metrics_url "$WORK/c2.log")" "$WORK/c2.metrics" && lint compute "$WORK/c2.metrics" || fail "compute /metrics"
 [ "$(metric mer_generated_tokens_total "$WORK/c2.metrics")" == 3 ] || fail "restarted compute: generated != 3"
-fetch "$(metrics_url "$WORK/r2.log")" "$WORK/r2.metrics" && lint residency "$WORK/r2.metrics" || fail "residency /metrics"
+fetch "$(metrics_url "$WORK/r3.log")" "$WORK/r2.metrics" && lint residency "$WORK/r2.metrics" || fail "residency /metrics"
 fetch "$GM" "$WORK/g.metrics" && lint gateway "$WORK/g.metrics" || fail "gateway /metrics"
 for s in OK:$N_OK INVALID_ARGUMENT:$N_INVALID CANCELLED:$N_CANCELLED DEADLINE_EXCEEDED:$N_DEADLINE RESOURCE_EXHAUSTED:$N_EXHAUSTED UNAVAILABLE:$N_UNAVAILABLE; do
   got=$(metric "mer_requests_total{daemon=\"gateway\",status=\"${s%%:*}\"}" "$WORK/g.metrics")
@@ -295,7 +310,7 @@ grep -q '^mer_build_info{daemon="gateway"' "$WORK/g.metrics" || fail "merged pag
 # Let the gateway scrape the live daemons: restart it (stateless) with the new URLs.
 kill -TERM "$GPID"; wait "$GPID" 2>/dev/null
 ( exec "$GW" --compute "unix:$WORK/compute.sock" --listen 127.0.0.1:0 \
-    --compute-metrics "$(metrics_url "$WORK/c2.log")" --residency-metrics "$(metrics_url "$WORK/r2.log")" \
+    --compute-metrics "$(metrics_url "$WORK/c2.log")" --residency-metrics "$(metrics_url "$WORK/r3.log")" \
     >"$WORK/g2.log" 2>&1 ) &
 GPID=$!; PIDS+=("$GPID")
 wait_log "$WORK/g2.log" "ready" "$GPID" || fail "gateway restart"
