@@ -5,7 +5,7 @@
 
 namespace mer {
 
-absl::StatusOr<Tokenizer> LoadTokenizer(const GgufFile& file) {
+absl::StatusOr<TokenizerVocab> LoadTokenizerVocab(const GgufFile& file) {
   auto model = file.GetString("tokenizer.ggml.model");
   if (!model.ok()) return absl::InvalidArgumentError(std::string(model.status().message()));
   if (*model != "gpt2")
@@ -39,6 +39,11 @@ absl::StatusOr<Tokenizer> LoadTokenizer(const GgufFile& file) {
   ASSIGN_OR_RETURN(vocab.bos_id, id("tokenizer.ggml.bos_token_id"));
   ASSIGN_OR_RETURN(vocab.eos_id, id("tokenizer.ggml.eos_token_id"));
   if (auto add_bos = file.GetBool("tokenizer.ggml.add_bos_token"); add_bos.ok()) vocab.add_bos = *add_bos;
+  return vocab;
+}
+
+absl::StatusOr<Tokenizer> LoadTokenizer(const GgufFile& file) {
+  ASSIGN_OR_RETURN(TokenizerVocab vocab, LoadTokenizerVocab(file));
   return Tokenizer::Create(std::move(vocab));
 }
 

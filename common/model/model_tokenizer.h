@@ -7,6 +7,10 @@
 
 namespace mer {
 
+// The tokenizer.ggml.* metadata as is (mer-compute sends it to the gateway).
+// InvalidArgument when the tokenizer is absent or of a kind other than `gpt2`.
+absl::StatusOr<TokenizerVocab> LoadTokenizerVocab(const GgufFile& file);
+
 // InvalidArgument when the tokenizer is absent, of a kind other than `gpt2`, or inconsistent.
 absl::StatusOr<Tokenizer> LoadTokenizer(const GgufFile& file);
 

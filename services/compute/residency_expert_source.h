@@ -67,6 +67,10 @@ class ResidencyExpertSource final : public ExpertSource {
   int max_experts_per_acquire() const override;
 
   ResidencySourceStats stats() const;
+  // Bytes of mer-residency's RAM tier (slots x slot size) in the segment attached now.
+  uint64_t ram_tier_bytes() const {
+    return segment_ ? segment_->header().ram_slot_count * segment_->header().ram_slot_bytes : 0;
+  }
   std::string FormatStats() const;
 
  private:

@@ -57,6 +57,7 @@ struct Daemon {
   std::string partial;  // an unfinished output line
   bool ready = false;
   std::string metrics_url;  // from its "metrics: URL" line
+  std::string listening;    // from its "listening on ADDRESS" line
   std::vector<absl::Time> restarts;
 };
 
@@ -97,6 +98,8 @@ bool Drain(Daemon& d) {
     std::fprintf(stderr, "[%s] %s\n", d.name.c_str(), line.c_str());
     if (absl::StrContains(line, ": ready")) d.ready = true;
     if (absl::StartsWith(line, "metrics: ")) d.metrics_url = line.substr(9);
+    if (const size_t at = line.find("listening on "); at != std::string::npos)
+      d.listening = line.substr(at + 13);
   }
   d.partial.erase(0, start);
   return true;
@@ -224,8 +227,8 @@ absl::Status Up(const Args& args) {
   }
   if (status.ok()) {
     std::printf("mer up: serving %s\n", store.c_str());
-    std::printf("  gRPC API   %s   (mer client --addr %s --prompt ...)\n",
-                f.String("listen", "127.0.0.1:50051").c_str(), f.String("listen", "127.0.0.1:50051").c_str());
+    std::printf("  gRPC API   %s   (mer client --addr %s --prompt ...)\n", gateway.listening.c_str(),
+                gateway.listening.c_str());
     std::printf("  metrics    %s   (all three daemons)\n", gateway.metrics_url.c_str());
     std::printf("             compute %s, residency %s\n", compute.metrics_url.c_str(),
                 residency.metrics_url.c_str());

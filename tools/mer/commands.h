@@ -18,5 +18,7 @@ int RunBench(const Args& args);
 int RunTrace(const Args& args);
 int RunPack(const Args& args);
 int RunUp(const Args& args);
+int RunClient(const Args& args);
+int RunLoadgen(const Args& args);
 
 }  // namespace mer::cli

@@ -19,6 +19,8 @@ commands:
   trace      record routing traces and replay them against expert cache policies
   pack       write a model's expert store (dense.gguf, experts.bin, manifest), or verify one
   up         start mer-residency, mer-compute and mer-gateway on a model; Ctrl-C stops them
+  client     call a running mer-gateway: generate, health, model info
+  loadgen    drive N concurrent Generate streams; throughput, TTFT and inter-token latency
 
 Run `mer <command> --help` for the flags of a command.
 )";
@@ -41,6 +43,8 @@ int main(int argc, char** argv) {
   if (command == "trace") return mer::cli::RunTrace(args);
   if (command == "pack") return mer::cli::RunPack(args);
   if (command == "up") return mer::cli::RunUp(args);
+  if (command == "client") return mer::cli::RunClient(args);
+  if (command == "loadgen") return mer::cli::RunLoadgen(args);
   std::fprintf(stderr, "mer: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;
 }

@@ -1,0 +1,284 @@
+#include "services/compute/daemon/batcher.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/check.h"
+#include "services/compute/daemon/compute_metrics.h"
+
+namespace mer::compute {
+
+bool SequenceStream::Next(absl::Duration timeout, std::vector<int32_t>* out) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return done_ || !tokens_.empty() || cancelled_.load(std::memory_order_relaxed);
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+  out->insert(out->end(), tokens_.begin(), tokens_.end());
+  tokens_.clear();
+  return done_;
+}
+
+void SequenceStream::Cancel() {
+  cancelled_.store(true, std::memory_order_relaxed);
+  absl::MutexLock lock(&mu_);  // Next's condition is evaluated again on unlock
+}
+
+absl::Status SequenceStream::status() const {
+  absl::MutexLock lock(&mu_);
+  return status_;
+}
+
+FinishReason SequenceStream::finish_reason() const {
+  absl::MutexLock lock(&mu_);
+  return reason_;
+}
+
+void SequenceStream::Push(int32_t token) {
+  absl::MutexLock lock(&mu_);
+  tokens_.push_back(token);
+}
+
+void SequenceStream::Finish(absl::Status status, FinishReason reason) {
+  absl::MutexLock lock(&mu_);
+  done_ = true;
+  status_ = std::move(status);
+  reason_ = reason;
+}
+
+Batcher::Batcher(ComputeBackend& backend, const BatcherOptions& options, ComputeMetrics* metrics)
+    : backend_(backend),
+      options_(options),
+      metrics_(metrics),
+      max_sequences_(backend.max_sequences()),
+      max_batch_tokens_(options.max_batch_tokens > 0
+                            ? std::min(options.max_batch_tokens, backend.max_batch_tokens())
+                            : backend.max_batch_tokens()),
+      kv_budget_tokens_(options.kv_budget_tokens > 0
+                            ? options.kv_budget_tokens
+                            : int64_t(backend.max_sequences()) * backend.max_context_tokens()),
+      n_vocab_(backend.config().n_vocab),
+      slot_used_(backend.max_sequences(), false),
+      free_slots_(backend.max_sequences()),
+      kv_free_(kv_budget_tokens_),
+      heartbeat_(absl::Now()) {
+  running_.reserve(max_sequences_);
+  batch_.reserve(max_batch_tokens_);
+  rows_.reserve(max_batch_tokens_);
+  prefill_n_.assign(max_sequences_, 0);
+  leaving_.reserve(max_sequences_);
+  logits_.resize(size_t(max_batch_tokens_) * n_vocab_);
+  for (int s = 0; s < max_sequences_; ++s) backend_.ClearSequence(s);
+  thread_ = std::thread([this] { StepLoop(); });
+}
+
+Batcher::~Batcher() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+  const absl::Status down = absl::UnavailableError("mer-compute is shutting down");
+  while (!running_.empty()) Leave(running_.size() - 1, down, FinishReason::kNone);
+  absl::MutexLock lock(&mu_);
+  for (auto& r : incoming_) r->stream->Finish(down, FinishReason::kNone);
+  incoming_.clear();
+}
+
+absl::StatusOr<std::shared_ptr<SequenceStream>> Batcher::Submit(const GenerationRequest& request,
+                                                                absl::Time deadline) {
+  if (request.prompt.empty()) return absl::InvalidArgumentError("prompt: empty");
+  for (size_t i = 0; i < request.prompt.size(); ++i) {
+    const int32_t id = request.prompt[i];
+    if (id < 0 || id >= n_vocab_)
+      return absl::InvalidArgumentError(absl::StrCat("prompt: token ", id, " at index ", i,
+                                                     " is outside the vocabulary [0, ", n_vocab_, ")"));
+  }
+  if (request.max_new_tokens < 1)
+    return absl::InvalidArgumentError("max_new_tokens: must be >= 1");
+  if (auto s = ValidateSamplingParams(request.sampling); !s.ok()) return s;
+  // The last generated token is never fed back, so it needs no position.
+  const int64_t need = int64_t(request.prompt.size()) + request.max_new_tokens - 1;
+  if (need > backend_.max_context_tokens())
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_new_tokens: prompt (", request.prompt.size(), " tokens) + max_new_tokens (",
+        request.max_new_tokens, ") - 1 = ", need, " positions; the context holds ",
+        backend_.max_context_tokens()));
+  if (need > kv_budget_tokens_)
+    return absl::InvalidArgumentError(absl::StrCat("max_new_tokens: the sequence needs ", need,
+                                                   " KV positions; the budget is ", kv_budget_tokens_));
+
+  auto r = std::make_unique<Running>(Running{nullptr, request, Sampler(request.sampling), {}, 0, -1, 0, need});
+  r->history.reserve(request.prompt.size() + request.max_new_tokens);
+  r->history = request.prompt;
+
+  const absl::Time until = std::min(deadline, absl::Now() + options_.admission_wait);
+  absl::MutexLock lock(&mu_);
+  auto admissible = [this, need]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stop_ || (free_slots_ > 0 && kv_free_ >= need);
+  };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&admissible), until)) {
+    if (deadline <= until) return absl::DeadlineExceededError("deadline passed waiting for a sequence slot");
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "no free sequence slot or KV budget (", free_slots_, " of ", max_sequences_,
+        " slots free, ", kv_free_, " of ", kv_budget_tokens_, " KV positions free, ", need, " needed)"));
+  }
+  if (stop_) return absl::UnavailableError("mer-compute is shutting down");
+  int slot = 0;
+  while (slot_used_[slot]) ++slot;
+  slot_used_[slot] = true;
+  --free_slots_;
+  kv_free_ -= need;
+  r->stream = std::shared_ptr<SequenceStream>(new SequenceStream(slot));
+  std::shared_ptr<SequenceStream> stream = r->stream;
+  incoming_.push_back(std::move(r));
+  return stream;
+}
+
+int Batcher::free_sequences() const {
+  absl::MutexLock lock(&mu_);
+  return free_slots_;
+}
+
+int64_t Batcher::kv_free_tokens() const {
+  absl::MutexLock lock(&mu_);
+  return kv_free_;
+}
+
+absl::Time Batcher::heartbeat() const {
+  absl::MutexLock lock(&mu_);
+  return heartbeat_;
+}
+
+void Batcher::StepLoop() {
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      heartbeat_ = absl::Now();
+      if (stop_) return;
+      if (running_.empty() && incoming_.empty()) {
+        auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !incoming_.empty(); };
+        mu_.AwaitWithTimeout(absl::Condition(&wake), options_.idle_tick);
+        continue;
+      }
+      while (!incoming_.empty()) {
+        running_.push_back(std::move(incoming_.front()));
+        incoming_.pop_front();
+      }
+    }
+    Step();
+  }
+}
+
+void Batcher::Leave(size_t index, absl::Status status, FinishReason reason) {
+  std::unique_ptr<Running> r = std::move(running_[index]);
+  running_.erase(running_.begin() + index);
+  const int slot = r->stream->slot();
+  backend_.ClearSequence(slot);
+  if (metrics_ != nullptr) metrics_->OnSequenceEnd(status, r->generated);
+  {
+    absl::MutexLock lock(&mu_);
+    slot_used_[slot] = false;
+    ++free_slots_;
+    kv_free_ += r->reserved_kv;
+  }
+  r->stream->Finish(std::move(status), reason);
+}
+
+bool Batcher::Step() {
+  // Cancelled sequences leave before anything of theirs runs again.
+  for (size_t i = running_.size(); i-- > 0;) {
+    if (running_[i]->stream->cancelled_.load(std::memory_order_relaxed))
+      Leave(i, absl::CancelledError("cancelled"), FinishReason::kNone);
+  }
+  if (running_.empty()) return false;
+
+  const auto t0 = std::chrono::steady_clock::now();
+  batch_.clear();
+  rows_.clear();
+  int budget = max_batch_tokens_;
+  // Decodes first: one token each, starting at a rotating index when they do not all fit.
+  const size_t n = running_.size();
+  std::fill(prefill_n_.begin(), prefill_n_.end(), 0);
+  const size_t start = decode_rotation_ % n;
+  int decodes = 0;
+  for (size_t k = 0; k < n && budget > 0; ++k) {
+    const size_t i = (start + k) % n;
+    Running& r = *running_[i];
+    if (r.pending < 0) continue;
+    batch_.push_back({r.pending, r.fed, r.stream->slot(), true});
+    rows_.push_back(static_cast<int32_t>(i));
+    --budget;
+    ++decodes;
+  }
+  if (decodes > 0 && budget == 0) decode_rotation_ += decodes;
+  // Then prompt chunks, in arrival order.
+  int prompt_tokens = 0;
+  for (size_t i = 0; i < n && budget > 0; ++i) {
+    Running& r = *running_[i];
+    if (r.pending >= 0) continue;
+    const int32_t prompt_len = static_cast<int32_t>(r.request.prompt.size());
+    const int take = std::min<int>(budget, prompt_len - r.fed);
+    for (int j = 0; j < take; ++j) {
+      const int32_t pos = r.fed + j;
+      const bool last = pos + 1 == prompt_len;
+      batch_.push_back({r.request.prompt[pos], pos, r.stream->slot(), last});
+      if (last) rows_.push_back(static_cast<int32_t>(i));
+    }
+    prefill_n_[i] = take;
+    budget -= take;
+    prompt_tokens += take;
+  }
+
+  // Rows must be in batch order: decodes (in rotation order) come first, then the prompts' last
+  // tokens in arrival order, which is how they were appended.
+  const absl::Status s = backend_.Forward(batch_, logits_.data());
+  if (!s.ok()) {
+    // Every sequence in the batch has undefined KV entries now: they all fail. The others keep
+    // running. Expert-source failures (mer-residency gone) come as Unavailable.
+    std::vector<bool> failed(n, false);
+    for (size_t i = 0; i < n; ++i) failed[i] = running_[i]->pending >= 0 || prefill_n_[i] > 0;
+    for (size_t i = n; i-- > 0;) {
+      if (failed[i]) Leave(i, absl::Status(s.code(), absl::StrCat("forward pass: ", s.message())), FinishReason::kNone);
+    }
+    return true;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (running_[i]->pending < 0) running_[i]->fed += prefill_n_[i];
+  }
+  // Sample; then advance, finish or keep each sequence with a logits row.
+  std::vector<size_t>& leaving = leaving_;
+  leaving.clear();
+  for (size_t row = 0; row < rows_.size(); ++row) {
+    Running& r = *running_[rows_[row]];
+    if (r.pending >= 0) ++r.fed;  // the decode token is in the KV cache now
+    const float* lg = logits_.data() + row * size_t(n_vocab_);
+    const int32_t token = r.sampler.Sample(absl::MakeConstSpan(lg, n_vocab_), r.history);
+    r.history.push_back(token);
+    ++r.generated;
+    r.stream->Push(token);
+    if (token == r.request.eos_id) {
+      leaving.push_back(rows_[row]);
+      r.pending = -2;  // kEos, see below
+    } else if (r.generated == r.request.max_new_tokens) {
+      leaving.push_back(rows_[row]);
+      r.pending = -3;
+    } else {
+      r.pending = token;
+    }
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (metrics_ != nullptr)
+    metrics_->OnStep(seconds, static_cast<int>(batch_.size()), static_cast<int>(n), prompt_tokens,
+                     static_cast<int>(rows_.size()));
+  std::sort(leaving.begin(), leaving.end());
+  for (size_t k = leaving.size(); k-- > 0;) {
+    const size_t i = leaving[k];
+    const FinishReason reason = running_[i]->pending == -2 ? FinishReason::kEos : FinishReason::kLength;
+    Leave(i, absl::OkStatus(), reason);
+  }
+  return true;
+}
+
+}  // namespace mer::compute

@@ -1,0 +1,152 @@
+// Continuous batching over a ComputeBackend: one step thread runs every step, building each
+// batch from all running sequences -- first one decode token per sequence that has finished its
+// prompt, then prompt tokens of the others, in arrival order, up to max_batch_tokens (so a long
+// prompt is prefilled in chunks while the decodes keep flowing). Sequences join (Submit) and leave
+// (finished, cancelled or failed) between steps.
+//
+// Output: each sequence is sampled exactly as services/compute/generation.h's Generate samples it
+// alone (its own Sampler, history = prompt + output, the same positions), so on a batch-invariant
+// backend (the cpu one is, bit for bit) every sequence's tokens equal its solo output.
+//
+// Admission: a sequence takes one of the backend's max_sequences slots and reserves
+// prompt + max_new_tokens - 1 positions of the KV budget (kv_budget_tokens) until it leaves.
+//
+// Thread-safety: Submit, the counters and every SequenceStream method may be called from any
+// thread. The backend is used by the step thread only, from the constructor to the destructor.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "services/compute/backend.h"
+#include "services/compute/generation.h"
+#include "services/compute/sampler.h"
+
+namespace mer::compute {
+
+class ComputeMetrics;
+
+struct BatcherOptions {
+  // Tokens per step; 0: the backend's max_batch_tokens (also the upper limit).
+  int max_batch_tokens = 0;
+  // KV positions all running sequences may reserve together; 0: max_sequences *
+  // max_context_tokens (every slot its full context, which is what the cpu backend allocates).
+  int64_t kv_budget_tokens = 0;
+  // Longest wait of Submit for a free slot and KV budget before ResourceExhausted.
+  absl::Duration admission_wait = absl::Seconds(2);
+  // Longest sleep of the idle step thread between heartbeats (the watchdog reads them).
+  absl::Duration idle_tick = absl::Milliseconds(100);
+};
+
+enum class FinishReason { kNone, kLength, kEos };
+
+// One sequence's output, written by the step thread and read by the caller of Submit.
+class SequenceStream {
+ public:
+  // Waits up to `timeout` for tokens not yet taken, for the end, or for Cancel; appends the new
+  // tokens to *out. Returns true once the sequence has finished and every token was taken (then
+  // status() and finish_reason() are final).
+  bool Next(absl::Duration timeout, std::vector<int32_t>* out);
+  // Asks the step thread to drop the sequence before its next step (frees its slot and KV), and
+  // wakes a waiting Next.
+  void Cancel();
+  bool cancelled() const { return cancelled_.load(std::memory_order_relaxed); }
+
+  absl::Status status() const;
+  FinishReason finish_reason() const;
+  int slot() const { return slot_; }
+
+ private:
+  friend class Batcher;
+  explicit SequenceStream(int slot) : slot_(slot) {}
+  void Push(int32_t token);
+  void Finish(absl::Status status, FinishReason reason);
+
+  const int slot_;
+  std::atomic<bool> cancelled_{false};
+  mutable absl::Mutex mu_;
+  std::vector<int32_t> tokens_ ABSL_GUARDED_BY(mu_);  // produced, not yet taken
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  FinishReason reason_ ABSL_GUARDED_BY(mu_) = FinishReason::kNone;
+};
+
+class Batcher {
+ public:
+  // Starts the step thread. `metrics` (may be null) outlives the batcher.
+  Batcher(ComputeBackend& backend, const BatcherOptions& options, ComputeMetrics* metrics = nullptr);
+  // Stops the step thread; sequences still running finish with Unavailable.
+  ~Batcher();
+  Batcher(const Batcher&) = delete;
+  Batcher& operator=(const Batcher&) = delete;
+
+  // Checks the request (InvalidArgument naming the field: empty prompt, ids outside the
+  // vocabulary, max_new_tokens < 1, prompt + output past the context, sampling out of range),
+  // waits up to min(admission_wait, deadline) for a slot and KV budget (ResourceExhausted, or
+  // DeadlineExceeded when the deadline came first), and queues the sequence for the next step.
+  absl::StatusOr<std::shared_ptr<SequenceStream>> Submit(const GenerationRequest& request,
+                                                         absl::Time deadline = absl::InfiniteFuture());
+
+  int max_sequences() const { return max_sequences_; }
+  int max_batch_tokens() const { return max_batch_tokens_; }
+  int64_t kv_budget_tokens() const { return kv_budget_tokens_; }
+  int free_sequences() const;
+  int64_t kv_free_tokens() const;
+  // When the step thread last went round its loop (for the systemd watchdog).
+  absl::Time heartbeat() const;
+
+ private:
+  struct Running {
+    std::shared_ptr<SequenceStream> stream;
+    GenerationRequest request;
+    Sampler sampler;
+    std::vector<int32_t> history;  // prompt, then the output
+    int32_t fed = 0;               // positions in the KV cache
+    int32_t pending = -1;          // last sampled token, not yet fed; -1 while prefilling
+    int32_t generated = 0;
+    int64_t reserved_kv = 0;
+  };
+
+  void StepLoop();
+  // One step over running_; false when there was nothing to run.
+  bool Step();
+  void Leave(size_t index, absl::Status status, FinishReason reason);
+
+  ComputeBackend& backend_;
+  const BatcherOptions options_;
+  ComputeMetrics* const metrics_;
+  const int max_sequences_;
+  const int max_batch_tokens_;
+  const int64_t kv_budget_tokens_;
+  const int32_t n_vocab_;
+
+  mutable absl::Mutex mu_;
+  std::vector<bool> slot_used_ ABSL_GUARDED_BY(mu_);
+  int free_slots_ ABSL_GUARDED_BY(mu_);
+  int64_t kv_free_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::unique_ptr<Running>> incoming_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time heartbeat_ ABSL_GUARDED_BY(mu_);
+
+  // Step thread only.
+  std::vector<std::unique_ptr<Running>> running_;
+  std::vector<BatchToken> batch_;    // [max_batch_tokens]
+  std::vector<int32_t> rows_;        // running_ index of each logits row
+  std::vector<int32_t> prefill_n_;   // prompt tokens of running_[i] in this batch
+  std::vector<float> logits_;        // f32 [max_batch_tokens, n_vocab]
+  std::vector<size_t> leaving_;      // running_ indices that finish in this step
+  size_t decode_rotation_ = 0;       // where decodes start when they do not all fit
+
+  std::thread thread_;
+};
+
+}  // namespace mer::compute

@@ -1,0 +1,56 @@
+// mer-compute's Prometheus metrics (docs/metrics.md): step latency and batch size histograms,
+// token and sequence counters (updated by the Batcher's step thread), and the capacity gauges
+// (slots, KV budget) read from a callback at scrape time.
+//
+// Thread-safety: every method may be called from any thread (prometheus-cpp's metrics are
+// thread-safe); the capacity callback is called on the exposer's threads.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace prometheus {
+class Collectable;
+class Counter;
+class Gauge;
+class Histogram;
+class Registry;
+}  // namespace prometheus
+
+namespace mer::compute {
+
+struct Capacity {
+  int max_sequences = 0;
+  int free_sequences = 0;
+  int64_t kv_budget_tokens = 0;
+  int64_t kv_free_tokens = 0;
+};
+
+class ComputeMetrics {
+ public:
+  // `backend` labels mer_build_info; `capacity` (may be empty) is read at every scrape.
+  ComputeMetrics(const std::string& version, const std::string& backend,
+                 std::function<Capacity()> capacity);
+  ~ComputeMetrics();
+
+  // One step: its duration, tokens in the batch, sequences running, prompt tokens fed and tokens
+  // generated (logits rows sampled).
+  void OnStep(double seconds, int batch_tokens, int sequences, int prompt_tokens, int generated);
+  // A sequence left the batch (OK, cancelled or failed) after generating `generated` tokens.
+  void OnSequenceEnd(const absl::Status& status, int generated);
+
+  void set_capacity(std::function<Capacity()> capacity);
+  // The registry and the capacity gauges, for MetricsEndpoint.
+  std::vector<std::shared_ptr<prometheus::Collectable>> collectables() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mer::compute

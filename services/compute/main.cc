@@ -1,0 +1,309 @@
+// mer-compute: loads a model (a GGUF file, or an expert store's dense weights with the experts
+// served by mer-residency), runs continuous batching over the cpu backend and serves the
+// internal gRPC API (proto/mer/internal/v1/compute.proto) on a unix socket until SIGTERM/SIGINT.
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/base/status.h"
+#include "common/gguf/gguf_file.h"
+#include "common/metrics/metrics_endpoint.h"
+#include "common/model/expert_source.h"
+#include "common/model/model_tokenizer.h"
+#include "common/model/model_weights.h"
+#include "common/store/expert_store.h"
+#include "common/systemd/sd_notify.h"
+#include "grpcpp/grpcpp.h"
+#include "services/compute/cpu/cpu_engine.h"
+#include "services/compute/daemon/batcher.h"
+#include "services/compute/daemon/compute_metrics.h"
+#include "services/compute/daemon/compute_service.h"
+#include "services/compute/residency_expert_source.h"
+
+#ifndef MER_VERSION
+#define MER_VERSION "unknown"
+#endif
+
+namespace {
+
+constexpr char kHelp[] =
+    R"(usage: mer-compute (--model F.gguf | --store STORE_DIR --residency NAME) --listen unix:PATH
+                   [--backend cpu] [--max-sequences N] [--max-batch-tokens N] [--ctx N]
+                   [--kv-budget-tokens N] [--threads N] [--admission-wait-ms N]
+                   [--metrics-listen HOST:PORT|off]
+
+Serves the model to mer-gateway over the internal gRPC API on the unix socket PATH, generating
+up to --max-sequences (default 8) sequences at once with continuous batching: each step carries
+one decode token per running sequence and then prompt chunks, --max-batch-tokens (default 256)
+tokens in all. --ctx (default 4096, at most the model's) is the KV positions per sequence;
+--kv-budget-tokens (default max-sequences x ctx) caps what running sequences reserve together
+(prompt + max_new_tokens - 1 each). A Generate call waits up to --admission-wait-ms (default
+2000) for a slot, then fails RESOURCE_EXHAUSTED. With --store and --residency the dense weights
+and the tokenizer come from STORE_DIR/dense.gguf and the experts from the mer-residency instance
+NAME. Prometheus metrics are served on http://HOST:PORT/metrics (default 127.0.0.1:0: a free
+port, printed on stderr as "metrics: http://127.0.0.1:PORT/metrics"); off serves none.
+)";
+
+std::atomic<bool> g_stop{false};
+void OnSignal(int) { g_stop.store(true); }
+
+struct Args {
+  std::string model, store, residency, listen, backend = "cpu";
+  std::string metrics_listen = "127.0.0.1:0";
+  int64_t max_sequences = 8, max_batch_tokens = 256, ctx = 4096, kv_budget_tokens = 0, threads = 0;
+  int64_t admission_wait_ms = 2000;
+};
+
+absl::Status ParseArgs(int argc, char** argv, Args* a) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&](std::string* out) -> absl::Status {
+      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(arg, " needs a value"));
+      *out = argv[++i];
+      return absl::OkStatus();
+    };
+    auto number = [&](int64_t* out, int64_t lo, int64_t hi) -> absl::Status {
+      std::string v;
+      RETURN_IF_ERROR(value(&v));
+      if (!absl::SimpleAtoi(v, out) || *out < lo || *out > hi)
+        return absl::InvalidArgumentError(
+            absl::StrCat(arg, ": want an integer in [", lo, ", ", hi, "], got '", v, "'"));
+      return absl::OkStatus();
+    };
+    if (arg == "--model") {
+      RETURN_IF_ERROR(value(&a->model));
+    } else if (arg == "--store") {
+      RETURN_IF_ERROR(value(&a->store));
+    } else if (arg == "--residency") {
+      RETURN_IF_ERROR(value(&a->residency));
+    } else if (arg == "--listen") {
+      RETURN_IF_ERROR(value(&a->listen));
+    } else if (arg == "--backend") {
+      RETURN_IF_ERROR(value(&a->backend));
+    } else if (arg == "--metrics-listen") {
+      RETURN_IF_ERROR(value(&a->metrics_listen));
+    } else if (arg == "--max-sequences") {
+      RETURN_IF_ERROR(number(&a->max_sequences, 1, 4096));
+    } else if (arg == "--max-batch-tokens") {
+      RETURN_IF_ERROR(number(&a->max_batch_tokens, 1, 65536));
+    } else if (arg == "--ctx") {
+      RETURN_IF_ERROR(number(&a->ctx, 1, 1 << 24));
+    } else if (arg == "--kv-budget-tokens") {
+      RETURN_IF_ERROR(number(&a->kv_budget_tokens, 1, int64_t(1) << 40));
+    } else if (arg == "--threads") {
+      RETURN_IF_ERROR(number(&a->threads, 0, 1024));
+    } else if (arg == "--admission-wait-ms") {
+      RETURN_IF_ERROR(number(&a->admission_wait_ms, 0, 3600 * 1000));
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unknown argument '", arg, "'"));
+    }
+  }
+  if (a->model.empty() == a->store.empty())
+    return absl::InvalidArgumentError("give exactly one of --model and --store");
+  if (!a->store.empty() && a->residency.empty())
+    return absl::InvalidArgumentError("--store needs --residency NAME");
+  if (!a->model.empty() && !a->residency.empty())
+    return absl::InvalidArgumentError("--residency goes with --store, not --model");
+  if (!absl::StartsWith(a->listen, "unix:") || a->listen.size() <= 5)
+    return absl::InvalidArgumentError("--listen unix:PATH is required");
+  if (a->backend != "cpu")
+    return absl::InvalidArgumentError(absl::StrCat("--backend '", a->backend, "': this build has only 'cpu'"));
+  return absl::OkStatus();
+}
+
+std::string Quantization(const mer::ModelWeights& w, const mer::ExpertStore* store) {
+  using mer::TypeName;
+  std::string experts;
+  if (store != nullptr) {
+    const auto& l = store->manifest().layers.front();
+    experts = absl::StrCat(TypeName(l.gate_type), "/", TypeName(l.up_type), "/", TypeName(l.down_type));
+  } else {
+    const auto& l = w.layers.front();
+    experts = absl::StrCat(TypeName(l.gate_exps.type), "/", TypeName(l.up_exps.type), "/",
+                           TypeName(l.down_exps.type));
+  }
+  return absl::StrCat("experts (gate/up/down) ", experts, ", attention ", TypeName(w.layers.front().wq.type),
+                      ", output ", TypeName(w.output.type));
+}
+
+absl::Status Main(const Args& a) {
+  using namespace mer;
+  namespace pb = mer::internal::v1;
+  systemd::NotifyStatus("loading the model");
+  systemd::NotifyExtendTimeout(absl::Seconds(120));
+
+  std::unique_ptr<ExpertStore> store;
+  std::shared_ptr<GgufFile> file;
+  std::unique_ptr<ModelWeights> weights;
+  std::unique_ptr<ExpertSource> experts;
+  ResidencyExpertSource* residency = nullptr;
+  std::string path = a.model;
+  if (!a.store.empty()) {
+    ASSIGN_OR_RETURN(store, ExpertStore::Open(a.store));
+    path = store->dense_path();
+  }
+  {
+    ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> f, GgufFile::Open(path));
+    file = std::move(f);
+  }
+  auto loaded = store ? ModelWeights::LoadDense(file) : ModelWeights::Load(file);
+  if (!loaded.ok())
+    return absl::Status(loaded.status().code(), absl::StrCat(path, ": ", loaded.status().message()));
+  weights = std::move(*loaded);
+  auto vocab = LoadTokenizerVocab(*file);
+  if (!vocab.ok()) return absl::Status(vocab.status().code(), absl::StrCat(path, ": ", vocab.status().message()));
+  if (auto t = Tokenizer::Create(*vocab); !t.ok())  // the gateway will build the same one
+    return absl::Status(t.status().code(), absl::StrCat(path, ": ", t.status().message()));
+  systemd::NotifyExtendTimeout(absl::Seconds(120));
+  if (store) {
+    systemd::NotifyStatus(absl::StrCat("waiting for mer-residency instance ", a.residency));
+    ASSIGN_OR_RETURN(std::unique_ptr<ResidencyExpertSource> source,
+                     ResidencyExpertSource::Connect(*store, a.residency));
+    residency = source.get();
+    experts = std::move(source);
+  } else {
+    experts = std::make_unique<MappedExpertSource>(*weights);
+  }
+
+  CpuEngineOptions eo;
+  eo.threads = static_cast<int>(a.threads);
+  eo.max_batch_tokens = static_cast<int>(a.max_batch_tokens);
+  eo.max_sequences = static_cast<int>(a.max_sequences);
+  eo.max_context_tokens = static_cast<int>(std::min<int64_t>(a.ctx, weights->config().n_ctx_train));
+  ASSIGN_OR_RETURN(std::unique_ptr<CpuEngine> engine, CpuEngine::Create(*weights, *experts, eo));
+  const ModelConfig& c = weights->config();
+
+  pb::Info info;
+  info.set_instance_id(std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32) ^ uint64_t(getpid()));
+  info.set_architecture(c.architecture);
+  info.set_name(c.name);
+  info.set_vocab_size(c.n_vocab);
+  info.set_n_embd(c.n_embd);
+  info.set_n_layer(c.n_layer);
+  info.set_n_head(c.n_head);
+  info.set_n_head_kv(c.n_head_kv);
+  info.set_head_dim(c.head_dim);
+  info.set_n_expert(c.n_expert);
+  info.set_n_expert_used(c.n_expert_used);
+  info.set_expert_ffn(c.n_ff_exp);
+  info.set_quantization(Quantization(*weights, store.get()));
+  info.set_context_length(c.n_ctx_train);
+  info.set_backend(a.backend);
+  info.set_max_context_tokens(engine->max_context_tokens());
+  uint64_t all_experts = 0;
+  if (store) {
+    all_experts = uint64_t(store->n_layer()) * store->n_expert() * store->blob_bytes();
+    info.set_ram_expert_bytes(residency->ram_tier_bytes());
+  } else {
+    for (int l = 0; l < c.n_layer; ++l) all_experts += uint64_t(ExpertBytes(*weights, l)) * c.n_expert;
+  }
+  info.set_store_expert_bytes(all_experts);
+  pb::TokenizerVocab vp;
+  for (const auto& t : vocab->tokens) vp.add_tokens(t);
+  for (int32_t t : vocab->token_types) vp.add_token_types(t);
+  for (const auto& m : vocab->merges) vp.add_merges(m);
+  vp.set_pre(vocab->pre);
+  vp.set_bos_id(vocab->bos_id);
+  vp.set_eos_id(vocab->eos_id);
+  vp.set_add_bos(vocab->add_bos);
+  vp.set_add_eos(vocab->add_eos);
+
+  compute::BatcherOptions bo;
+  bo.kv_budget_tokens = a.kv_budget_tokens;
+  bo.admission_wait = absl::Milliseconds(a.admission_wait_ms);
+  compute::ComputeMetrics metrics(MER_VERSION, a.backend, nullptr);
+  auto batcher = std::make_unique<compute::Batcher>(*engine, bo, &metrics);
+  compute::Batcher* b = batcher.get();
+  metrics.set_capacity([b] {
+    return compute::Capacity{b->max_sequences(), b->free_sequences(), b->kv_budget_tokens(),
+                             b->kv_free_tokens()};
+  });
+  compute::ComputeService service(*batcher, info, std::move(vp));
+
+  const std::string socket_path = a.listen.substr(5);
+  std::error_code ec;
+  std::filesystem::remove(socket_path, ec);  // a stale socket of a process that died
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(a.listen, grpc::InsecureServerCredentials());
+  builder.RegisterService(&service);
+  builder.SetMaxSendMessageSize(256 << 20);  // the tokenizer of a real model is ~10 MB
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr) return absl::UnavailableError(absl::StrCat("cannot listen on ", a.listen));
+
+  std::unique_ptr<MetricsEndpoint> endpoint;
+  if (a.metrics_listen != "off") {
+    ASSIGN_OR_RETURN(endpoint, MetricsEndpoint::Start(a.metrics_listen, metrics.collectables()));
+    std::fprintf(stderr, "metrics: %s\n", endpoint->url().c_str());
+  }
+  std::fprintf(stderr,
+               "mer-compute: %s (%s), backend %s, %d threads, %d sequences x %d positions, "
+               "%d batch tokens, KV budget %lld positions, experts %s\n",
+               path.c_str(), info.quantization().c_str(), a.backend.c_str(), engine->options().threads,
+               engine->max_sequences(), engine->max_context_tokens(), batcher->max_batch_tokens(),
+               static_cast<long long>(batcher->kv_budget_tokens()),
+               store ? absl::StrCat("from mer-residency ", a.residency).c_str() : "from the file");
+  std::fprintf(stderr, "mer-compute: listening on %s\n", a.listen.c_str());
+  std::fprintf(stderr, "mer-compute: ready\n");
+  systemd::NotifyReady(absl::StrCat("serving on ", a.listen));
+
+  // The main loop: watchdog pings while the step thread goes round (it beats at least every
+  // idle_tick; a step that hangs longer than the watchdog gets the process restarted).
+  const absl::Duration ping = systemd::WatchdogPingInterval();
+  absl::Time next_ping = absl::Now();
+  while (!g_stop.load()) {
+    absl::SleepFor(absl::Milliseconds(50));
+    if (ping > absl::ZeroDuration() && absl::Now() >= next_ping) {
+      if (absl::Now() - batcher->heartbeat() < 2 * ping) systemd::NotifyWatchdog();
+      next_ping = absl::Now() + ping;
+    }
+  }
+  systemd::NotifyStopping();
+  std::fprintf(stderr, "mer-compute: stopping\n");
+  // No new calls; running ones get 2 s to finish, then are cancelled (the gateway answers its
+  // clients UNAVAILABLE). The batcher outlives every handler that uses it.
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  server.reset();
+  batcher.reset();
+  endpoint.reset();
+  std::filesystem::remove(socket_path, ec);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--help") == 0) {
+      std::fputs(kHelp, stdout);
+      return 0;
+    }
+  }
+  Args a;
+  absl::Status s = ParseArgs(argc, argv, &a);
+  if (!s.ok()) {
+    std::fprintf(stderr, "mer-compute: %s\n%s", std::string(s.message()).c_str(), kHelp);
+    return 2;
+  }
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  s = Main(a);
+  if (!s.ok()) {
+    std::fprintf(stderr, "mer-compute: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,142 @@
+#include "services/gateway/gateway_metrics.h"
+
+#include <map>
+#include <mutex>
+
+#include "prometheus/collectable.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "proto/grpc_status.h"
+#include "services/gateway/metrics_merge.h"
+
+namespace mer::gateway {
+namespace {
+
+prometheus::Histogram::BucketBoundaries Exponential(double start, double factor, int n) {
+  prometheus::Histogram::BucketBoundaries b;
+  for (int i = 0; i < n; ++i, start *= factor) b.push_back(start);
+  return b;
+}
+
+}  // namespace
+
+struct GatewayMetrics::Impl : prometheus::Collectable {
+  GatewayMetricsOptions options;
+  std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
+  prometheus::Family<prometheus::Counter>* requests;
+  mutable std::mutex mu;
+  std::map<grpc::StatusCode, prometheus::Counter*> by_code;  // guarded by mu
+  std::function<std::pair<int, int>()> load;                 // guarded by mu
+  prometheus::Gauge* running;
+  prometheus::Gauge* waiting;
+  prometheus::Gauge* compute_up;
+  prometheus::Histogram* queue;
+  prometheus::Histogram* ttft;
+  prometheus::Histogram* itl;
+  prometheus::Histogram* duration;
+  prometheus::Counter* prompt_tokens;
+  prometheus::Counter* generated_tokens;
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    std::function<std::pair<int, int>()> f;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      f = load;
+    }
+    if (f) {
+      const auto [r, w] = f();
+      running->Set(r);
+      waiting->Set(w);
+    }
+    std::vector<prometheus::MetricFamily> out = registry->Collect();
+    LabelDaemon(&out, "gateway");
+    prometheus::MetricFamily up;
+    up.name = "mer_scrape_up";
+    up.help = "Whether the gateway's scrape of the daemon's /metrics worked at this scrape (1) or not (0).";
+    up.type = prometheus::MetricType::Gauge;
+    auto scrape = [&](const std::string& url, const std::string& daemon) {
+      if (url.empty()) return;
+      bool ok = false;
+      if (auto body = HttpGet(url, options.scrape_timeout); body.ok()) {
+        if (auto families = ParseMetricsText(*body); families.ok()) {
+          // The other exposer's own families (exposer_scrapes_total, ...) would clash with
+          // the ones this page's exposer adds after the collectables; they describe only HTTP.
+          std::erase_if(*families, [](const prometheus::MetricFamily& f) {
+            return f.name.rfind("exposer_", 0) == 0;
+          });
+          LabelDaemon(&*families, daemon);
+          MergeFamilies(&out, std::move(*families));
+          ok = true;
+        }
+      }
+      prometheus::ClientMetric m;
+      m.label.push_back({"daemon", daemon});
+      m.gauge.value = ok ? 1 : 0;
+      up.metric.push_back(std::move(m));
+    };
+    scrape(options.compute_metrics_url, "compute");
+    scrape(options.residency_metrics_url, "residency");
+    if (!up.metric.empty()) out.push_back(std::move(up));
+    return out;
+  }
+};
+
+GatewayMetrics::GatewayMetrics(const GatewayMetricsOptions& options) : impl_(std::make_shared<Impl>()) {
+  Impl& i = *impl_;
+  i.options = options;
+  auto& r = *i.registry;
+  i.requests = &prometheus::BuildCounter()
+                    .Name("mer_requests_total")
+                    .Help("Generate calls that ended, by gRPC status code.")
+                    .Register(r);
+  for (grpc::StatusCode c : {grpc::StatusCode::OK, grpc::StatusCode::INVALID_ARGUMENT,
+                             grpc::StatusCode::RESOURCE_EXHAUSTED, grpc::StatusCode::DEADLINE_EXCEEDED,
+                             grpc::StatusCode::CANCELLED, grpc::StatusCode::UNAVAILABLE})
+    i.by_code[c] = &i.requests->Add({{"status", GrpcCodeName(c)}});
+  i.running = &prometheus::BuildGauge().Name("mer_requests_running").Help("Generate calls admitted and generating.").Register(r).Add({});
+  i.waiting = &prometheus::BuildGauge().Name("mer_requests_waiting").Help("Generate calls waiting in the queue.").Register(r).Add({});
+  i.compute_up = &prometheus::BuildGauge().Name("mer_compute_up").Help("Whether mer-compute answers (1) or not (0).").Register(r).Add({});
+  const auto latency = Exponential(0.001, 2, 16);  // 1 ms .. 33 s
+  i.queue = &prometheus::BuildHistogram().Name("mer_request_queue_seconds").Help("Time a Generate call waited for admission.").Register(r).Add({}, latency);
+  i.ttft = &prometheus::BuildHistogram().Name("mer_time_to_first_token_seconds").Help("Generate call start to its first generated token.").Register(r).Add({}, latency);
+  i.itl = &prometheus::BuildHistogram().Name("mer_inter_token_latency_seconds").Help("Time between consecutive generated tokens of a call.").Register(r).Add({}, Exponential(0.0001, 2, 16));
+  i.duration = &prometheus::BuildHistogram().Name("mer_request_duration_seconds").Help("Generate call start to its end.").Register(r).Add({}, latency);
+  i.prompt_tokens = &prometheus::BuildCounter().Name("mer_prompt_tokens_total").Help("Prompt tokens of admitted Generate calls.").Register(r).Add({});
+  i.generated_tokens = &prometheus::BuildCounter().Name("mer_generated_tokens_total").Help("Tokens streamed to clients.").Register(r).Add({});
+  prometheus::BuildGauge()
+      .Name("mer_build_info")
+      .Help("Build of the daemon; always 1.")
+      .Register(r)
+      .Add({{"daemon", "gateway"}, {"version", options.version}})
+      .Set(1);
+}
+
+GatewayMetrics::~GatewayMetrics() = default;
+
+void GatewayMetrics::OnRequestEnd(grpc::StatusCode code) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto it = impl_->by_code.find(code);
+  if (it == impl_->by_code.end())
+    it = impl_->by_code.emplace(code, &impl_->requests->Add({{"status", GrpcCodeName(code)}})).first;
+  it->second->Increment();
+}
+void GatewayMetrics::SetLoadCallback(std::function<std::pair<int, int>()> load) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->load = std::move(load);
+}
+void GatewayMetrics::SetComputeUp(bool up) { impl_->compute_up->Set(up ? 1 : 0); }
+void GatewayMetrics::ObserveQueue(double s) { impl_->queue->Observe(s); }
+void GatewayMetrics::ObserveTtft(double s) { impl_->ttft->Observe(s); }
+void GatewayMetrics::ObserveInterToken(double s) { impl_->itl->Observe(s); }
+void GatewayMetrics::ObserveDuration(double s) { impl_->duration->Observe(s); }
+void GatewayMetrics::AddPromptTokens(int n) { impl_->prompt_tokens->Increment(n); }
+void GatewayMetrics::AddGeneratedTokens(int n) { impl_->generated_tokens->Increment(n); }
+
+std::vector<std::shared_ptr<prometheus::Collectable>> GatewayMetrics::collectables() const {
+  return {impl_};
+}
+
+}  // namespace mer::gateway

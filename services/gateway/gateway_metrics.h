@@ -1,0 +1,57 @@
+// mer-gateway's Prometheus metrics (docs/metrics.md): requests by final status, running and
+// waiting requests, queue time, time to first token, inter-token latency, request duration,
+// prompt and generated tokens. collectables() also scrapes mer-compute's and mer-residency's
+// /metrics (when their URLs are set) and merges everything into one page (metrics_merge.h), with
+// mer_scrape_up{daemon} telling whether each scrape worked.
+//
+// Thread-safety: every method may be called from any thread.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <utility>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "grpcpp/support/status.h"
+
+namespace prometheus {
+class Collectable;
+}  // namespace prometheus
+
+namespace mer::gateway {
+
+struct GatewayMetricsOptions {
+  std::string version;
+  std::string compute_metrics_url;    // empty: not scraped
+  std::string residency_metrics_url;  // empty: not scraped
+  absl::Duration scrape_timeout = absl::Seconds(2);
+};
+
+class GatewayMetrics {
+ public:
+  explicit GatewayMetrics(const GatewayMetricsOptions& options);
+  ~GatewayMetrics();
+
+  // A Generate call ended with `code`.
+  void OnRequestEnd(grpc::StatusCode code);
+  // Read at every scrape: (running, waiting) requests.
+  void SetLoadCallback(std::function<std::pair<int, int>()> load);
+  void SetComputeUp(bool up);
+  void ObserveQueue(double seconds);
+  void ObserveTtft(double seconds);
+  void ObserveInterToken(double seconds);
+  void ObserveDuration(double seconds);
+  void AddPromptTokens(int n);
+  void AddGeneratedTokens(int n);
+
+  // The combined page (for MetricsEndpoint).
+  std::vector<std::shared_ptr<prometheus::Collectable>> collectables() const;
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace mer::gateway

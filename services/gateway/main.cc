@@ -1,0 +1,193 @@
+// mer-gateway: the public gRPC API of mer (proto/mer/v1/mer.proto), in front of mer-compute's
+// internal API on a unix socket; plus grpc.health.v1, server reflection and /metrics for the host.
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/base/status.h"
+#include "common/metrics/metrics_endpoint.h"
+#include "common/systemd/sd_notify.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "services/gateway/compute_client.h"
+#include "services/gateway/gateway_metrics.h"
+#include "services/gateway/gateway_service.h"
+#include "services/gateway/scheduler.h"
+
+#ifndef MER_VERSION
+#define MER_VERSION "unknown"
+#endif
+
+namespace {
+
+constexpr char kHelp[] =
+    R"(usage: mer-gateway --compute unix:PATH [--listen HOST:PORT] [--metrics-listen HOST:PORT|off]
+                   [--compute-metrics URL] [--residency-metrics URL] [--max-queue N]
+
+Serves mer's public gRPC API (mer.v1.Mer: Generate, Tokenize, GetModelInfo; grpc.health.v1;
+server reflection) on --listen (default 127.0.0.1:50051; port 0 picks a free one, printed on
+stderr as "listening on HOST:PORT") for the mer-compute daemon at unix:PATH. The tokenizer comes
+from mer-compute. Up to --max-queue (default 256) Generate calls wait for a sequence slot; more
+get RESOURCE_EXHAUSTED. While mer-compute is down calls get UNAVAILABLE and the health status is
+NOT_SERVING; it is polled and used again as soon as it answers. Prometheus metrics are served on
+http://HOST:PORT/metrics (default 127.0.0.1:0, printed as "metrics: URL"; off serves none), with
+the pages of --compute-metrics and --residency-metrics (their /metrics URLs) merged in, each
+series labelled daemon="gateway", "compute" or "residency".
+)";
+
+std::atomic<bool> g_stop{false};
+void OnSignal(int) { g_stop.store(true); }
+
+struct Args {
+  std::string compute, listen = "127.0.0.1:50051", metrics_listen = "127.0.0.1:0";
+  std::string compute_metrics, residency_metrics;
+  int64_t max_queue = 256;
+};
+
+absl::Status ParseArgs(int argc, char** argv, Args* a) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&](std::string* out) -> absl::Status {
+      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(arg, " needs a value"));
+      *out = argv[++i];
+      return absl::OkStatus();
+    };
+    if (arg == "--compute") {
+      RETURN_IF_ERROR(value(&a->compute));
+    } else if (arg == "--listen") {
+      RETURN_IF_ERROR(value(&a->listen));
+    } else if (arg == "--metrics-listen") {
+      RETURN_IF_ERROR(value(&a->metrics_listen));
+    } else if (arg == "--compute-metrics") {
+      RETURN_IF_ERROR(value(&a->compute_metrics));
+    } else if (arg == "--residency-metrics") {
+      RETURN_IF_ERROR(value(&a->residency_metrics));
+    } else if (arg == "--max-queue") {
+      std::string v;
+      RETURN_IF_ERROR(value(&v));
+      if (!absl::SimpleAtoi(v, &a->max_queue) || a->max_queue < 0 || a->max_queue > 1000000)
+        return absl::InvalidArgumentError(absl::StrCat("--max-queue: want an integer in [0, 1000000], got '", v, "'"));
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unknown argument '", arg, "'"));
+    }
+  }
+  if (a->compute.rfind("unix:", 0) != 0 || a->compute.size() <= 5)
+    return absl::InvalidArgumentError("--compute unix:PATH is required");
+  for (const std::string* url : {&a->compute_metrics, &a->residency_metrics}) {
+    if (!url->empty() && url->rfind("http://", 0) != 0)
+      return absl::InvalidArgumentError(absl::StrCat("metrics URL '", *url, "' is not http://HOST:PORT/PATH"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Main(const Args& a) {
+  using namespace mer::gateway;
+  GatewayMetricsOptions mo;
+  mo.version = MER_VERSION;
+  mo.compute_metrics_url = a.compute_metrics;
+  mo.residency_metrics_url = a.residency_metrics;
+  GatewayMetrics metrics(mo);
+  SchedulerOptions so;
+  so.max_queue = static_cast<int>(a.max_queue);
+  Scheduler scheduler(so);
+  metrics.SetLoadCallback([&scheduler] { return std::make_pair(scheduler.running(), scheduler.waiting()); });
+
+  ComputeClientOptions co;
+  co.target = a.compute;
+  ComputeClient compute(co, [&](std::shared_ptr<const ServedModel> model) {
+    if (model == nullptr) {
+      scheduler.SetUnavailable();
+      metrics.SetComputeUp(false);
+      return;
+    }
+    const auto& i = model->info;
+    scheduler.SetCapacity(i.max_sequences(), i.kv_budget_tokens());
+    metrics.SetComputeUp(true);
+    std::fprintf(stderr,
+                 "mer-gateway: mer-compute up: %s %s, vocab %d, %d sequences x %d positions, "
+                 "KV budget %lld\n",
+                 i.architecture().c_str(), i.name().c_str(), i.vocab_size(), i.max_sequences(),
+                 i.max_context_tokens(), static_cast<long long>(i.kv_budget_tokens()));
+  });
+  GatewayService service(compute, scheduler, &metrics);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(a.listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) return absl::UnavailableError(absl::StrCat("cannot listen on ", a.listen));
+  const std::string host = a.listen.substr(0, a.listen.rfind(':'));
+
+  std::unique_ptr<mer::MetricsEndpoint> endpoint;
+  if (a.metrics_listen != "off") {
+    ASSIGN_OR_RETURN(endpoint, mer::MetricsEndpoint::Start(a.metrics_listen, metrics.collectables()));
+    std::fprintf(stderr, "metrics: %s\n", endpoint->url().c_str());
+  }
+  std::fprintf(stderr, "mer-gateway: listening on %s:%d\n", host.c_str(), port);
+  std::fprintf(stderr, "mer-gateway: ready\n");
+  mer::systemd::NotifyReady(absl::StrCat("serving on ", host, ":", port));
+
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  const absl::Duration ping = mer::systemd::WatchdogPingInterval();
+  absl::Time next_ping = absl::Now();
+  int serving = -1;
+  while (!g_stop.load()) {
+    const int up = compute.model() != nullptr ? 1 : 0;
+    if (up != serving && health != nullptr) {
+      health->SetServingStatus(up == 1);
+      health->SetServingStatus("mer.v1.Mer", up == 1);
+      mer::systemd::NotifyStatus(up == 1 ? "serving" : "mer-compute unavailable");
+      serving = up;
+    }
+    if (ping > absl::ZeroDuration() && absl::Now() >= next_ping) {
+      mer::systemd::NotifyWatchdog();
+      next_ping = absl::Now() + ping;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  mer::systemd::NotifyStopping();
+  std::fprintf(stderr, "mer-gateway: stopping\n");
+  service.BeginShutdown();
+  if (health != nullptr) health->Shutdown();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  endpoint.reset();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--help") == 0) {
+      std::fputs(kHelp, stdout);
+      return 0;
+    }
+  }
+  Args a;
+  absl::Status s = ParseArgs(argc, argv, &a);
+  if (!s.ok()) {
+    std::fprintf(stderr, "mer-gateway: %s\n%s", std::string(s.message()).c_str(), kHelp);
+    return 2;
+  }
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  s = Main(a);
+  if (!s.ok()) {
+    std::fprintf(stderr, "mer-gateway: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  return 0;
+}

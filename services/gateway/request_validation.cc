@@ -1,0 +1,96 @@
+#include "services/gateway/request_validation.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "services/gateway/text_stream.h"
+
+namespace mer::gateway {
+namespace {
+
+absl::Status Bad(absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+}
+
+}  // namespace
+
+absl::StatusOr<ValidatedRequest> ValidateGenerateRequest(const mer::v1::GenerateRequest& request,
+                                                         const Tokenizer& tokenizer,
+                                                         const ModelLimits& model,
+                                                         const RequestLimits& limits) {
+  ValidatedRequest v;
+  auto* prompt = v.compute.mutable_prompt();
+  switch (request.prompt_case()) {
+    case mer::v1::GenerateRequest::kText: {
+      if (request.text().empty()) return Bad("prompt.text", "empty");
+      if (tokenizer.add_bos() && tokenizer.bos_id() >= 0) prompt->Add(tokenizer.bos_id());
+      const std::vector<int32_t> ids = tokenizer.Encode(request.text(), /*parse_special=*/true);
+      prompt->Add(ids.begin(), ids.end());
+      if (prompt->empty()) return Bad("prompt.text", "tokenizes to no tokens");
+      break;
+    }
+    case mer::v1::GenerateRequest::kTokenIds: {
+      const auto& ids = request.token_ids().ids();
+      if (ids.empty()) return Bad("prompt.token_ids", "empty");
+      for (int i = 0; i < ids.size(); ++i) {
+        if (ids[i] < 0 || ids[i] >= model.vocab_size)
+          return Bad(absl::StrCat("prompt.token_ids[", i, "]"),
+                     absl::StrCat("token ", ids[i], " is not in the vocabulary [0, ", model.vocab_size, ")"));
+      }
+      prompt->Add(ids.begin(), ids.end());
+      break;
+    }
+    default:
+      return Bad("prompt", "missing: set text or token_ids");
+  }
+  const int64_t n_prompt = prompt->size();
+  if (n_prompt > model.max_context_tokens)
+    return Bad("prompt", absl::StrCat(n_prompt, " tokens; the context holds ", model.max_context_tokens));
+  if (request.max_new_tokens() < 1)
+    return Bad("max_new_tokens", absl::StrCat("must be >= 1, got ", request.max_new_tokens()));
+  const int64_t need = n_prompt + request.max_new_tokens() - 1;
+  if (need > model.max_context_tokens)
+    return Bad("max_new_tokens",
+               absl::StrCat(request.max_new_tokens(), " past the context: prompt (", n_prompt,
+                            " tokens) + max_new_tokens - 1 = ", need, " positions; the context holds ",
+                            model.max_context_tokens));
+  if (model.kv_budget_tokens > 0 && need > model.kv_budget_tokens)
+    return Bad("max_new_tokens", absl::StrCat("the request needs ", need,
+                                              " KV positions; the whole KV budget is ", model.kv_budget_tokens));
+  if (!(request.temperature() >= 0) || std::isinf(request.temperature()))
+    return Bad("temperature", absl::StrCat("must be a finite value >= 0, got ", request.temperature()));
+  if (request.top_k() < 0) return Bad("top_k", absl::StrCat("must be >= 0, got ", request.top_k()));
+  const float top_p = request.has_top_p() ? request.top_p() : 1.0f;
+  if (!(top_p > 0 && top_p <= 1)) return Bad("top_p", absl::StrCat("must be in (0, 1], got ", top_p));
+  const float penalty = request.has_repetition_penalty() ? request.repetition_penalty() : 1.0f;
+  if (!(penalty > 0 && penalty <= 10))
+    return Bad("repetition_penalty", absl::StrCat("must be in (0, 10], got ", penalty));
+  if (request.priority() < -limits.max_priority || request.priority() > limits.max_priority)
+    return Bad("priority", absl::StrCat("must be in [", -limits.max_priority, ", ", limits.max_priority,
+                                        "], got ", request.priority()));
+  if (request.stop_size() > limits.max_stop_sequences)
+    return Bad("stop", absl::StrCat(request.stop_size(), " stop sequences; at most ", limits.max_stop_sequences));
+  for (int i = 0; i < request.stop_size(); ++i) {
+    const std::string& s = request.stop(i);
+    const std::string field = absl::StrCat("stop[", i, "]");
+    if (s.empty()) return Bad(field, "empty");
+    if (static_cast<int>(s.size()) > limits.max_stop_bytes)
+      return Bad(field, absl::StrCat(s.size(), " bytes; at most ", limits.max_stop_bytes));
+    if (!IsValidUtf8(s))
+      return Bad(field, "not valid UTF-8");
+    v.stops.push_back(s);
+  }
+  v.compute.set_max_new_tokens(request.max_new_tokens());
+  v.compute.set_eos_id(request.ignore_eos() ? -1 : tokenizer.eos_id());
+  auto* s = v.compute.mutable_sampling();
+  s->set_temperature(request.temperature());
+  s->set_top_k(request.top_k());
+  s->set_top_p(top_p);
+  s->set_seed(request.seed());
+  s->set_repetition_penalty(penalty);
+  v.priority = request.priority();
+  v.kv_tokens = need;
+  return v;
+}
+
+}  // namespace mer::gateway

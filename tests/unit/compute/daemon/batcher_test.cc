@@ -1,0 +1,265 @@
+#include "services/compute/daemon/batcher.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <thread>
+
+#include "common/model/expert_source.h"
+#include "common/model/synth_model.h"
+#include "services/compute/cpu/cpu_engine.h"
+#include "services/compute/generation.h"
+
+namespace mer::compute {
+namespace {
+
+struct Model {
+  std::shared_ptr<const GgufFile> file;
+  std::unique_ptr<ModelWeights> weights;
+};
+
+const Model& MicroModel() {
+  static Model* m = [] {
+    SynthOptions o;
+    o.geometry = *SynthPreset("micro");
+    o.seed = 11;
+    o.threads = 2;
+    const std::string path = (std::filesystem::temp_directory_path() /
+                              ("mer_batcher_test_" + std::to_string(getpid()) + ".gguf")).string();
+    EXPECT_TRUE(WriteSynthModel(o, path).ok());
+    auto file = GgufFile::Open(path);
+    EXPECT_TRUE(file.ok()) << file.status();
+    std::filesystem::remove(path);
+    auto* model = new Model;
+    model->file = std::move(*file);
+    auto w = ModelWeights::Load(model->file);
+    EXPECT_TRUE(w.ok()) << w.status();
+    model->weights = std::move(*w);
+    return model;
+  }();
+  return *m;
+}
+
+// Fails every AcquireLayer with Unavailable while `fail` is set.
+class FlakyExpertSource final : public ExpertSource {
+ public:
+  explicit FlakyExpertSource(const ModelWeights& w) : mapped_(w) {}
+  absl::Status AcquireLayer(int layer, absl::Span<const int32_t> experts,
+                            absl::Span<ExpertWeights> out) override {
+    if (fail.load()) return absl::UnavailableError("residency is gone");
+    if (delay_ms.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms.load()));
+    return mapped_.AcquireLayer(layer, experts, out);
+  }
+  void ReleaseLayer(int layer) override { mapped_.ReleaseLayer(layer); }
+  std::atomic<bool> fail{false};
+  std::atomic<int> delay_ms{0};  // per layer: keeps sequences running long enough to observe
+
+ private:
+  MappedExpertSource mapped_;
+};
+
+std::unique_ptr<CpuEngine> Engine(ExpertSource& src, int sequences, int batch_tokens) {
+  CpuEngineOptions o;
+  o.threads = 1;
+  o.max_sequences = sequences;
+  o.max_batch_tokens = batch_tokens;
+  o.max_context_tokens = 128;
+  auto e = CpuEngine::Create(*MicroModel().weights, src, o);
+  EXPECT_TRUE(e.ok()) << e.status();
+  return std::move(*e);
+}
+
+GenerationRequest Request(int i) {
+  GenerationRequest r;
+  const int len = 1 + (i * 7) % 37;  // 1..37 prompt tokens: several chunks of 16
+  for (int k = 0; k < len; ++k) r.prompt.push_back((i * 31 + k * 17) % 300);
+  r.max_new_tokens = 3 + i % 9;
+  r.eos_id = i % 4 == 0 ? 5 : -1;  // some stop early at a (frequent enough) token
+  if (i % 5 == 1) {                // and some sample, which must be reproducible too
+    r.sampling.temperature = 0.8f;
+    r.sampling.top_k = 20;
+    r.sampling.top_p = 0.9f;
+    r.sampling.seed = 100 + i;
+  }
+  return r;
+}
+
+std::vector<int32_t> Drain(SequenceStream& s) {
+  std::vector<int32_t> out;
+  while (!s.Next(absl::Seconds(1), &out)) {
+  }
+  return out;
+}
+
+TEST(BatcherTest, BatchedOutputEqualsSoloOutput) {
+  MappedExpertSource src(*MicroModel().weights);
+  auto solo_engine = Engine(src, 1, 7);  // another chunk size, too
+  constexpr int kRequests = 24;
+  std::vector<std::vector<int32_t>> solo(kRequests);
+  for (int i = 0; i < kRequests; ++i) {
+    auto out = Generate(*solo_engine, 0, Request(i), nullptr);
+    ASSERT_TRUE(out.ok()) << out.status();
+    solo[i] = *out;
+  }
+  auto engine = Engine(src, 6, 16);  // fewer slots than requests: they join as others leave
+  BatcherOptions bo;
+  bo.admission_wait = absl::Seconds(60);
+  Batcher batcher(*engine, bo);
+  std::vector<std::vector<int32_t>> got(kRequests);
+  std::vector<absl::Status> status(kRequests);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kRequests; ++i) {
+    threads.emplace_back([&, i] {
+      auto s = batcher.Submit(Request(i));
+      if (!s.ok()) {
+        status[i] = s.status();
+        return;
+      }
+      got[i] = Drain(**s);
+      status[i] = (*s)->status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kRequests; ++i) {
+    ASSERT_TRUE(status[i].ok()) << i << ": " << status[i];
+    EXPECT_EQ(got[i], solo[i]) << "request " << i;
+  }
+  EXPECT_EQ(batcher.free_sequences(), 6);
+  EXPECT_EQ(batcher.kv_free_tokens(), batcher.kv_budget_tokens());
+}
+
+TEST(BatcherTest, FinishReasons) {
+  MappedExpertSource src(*MicroModel().weights);
+  auto solo_engine = Engine(src, 1, 16);
+  GenerationRequest r = Request(3);
+  r.max_new_tokens = 6;
+  auto solo = Generate(*solo_engine, 0, r, nullptr);
+  ASSERT_TRUE(solo.ok());
+  auto engine = Engine(src, 2, 16);
+  Batcher batcher(*engine, {});
+  auto s = batcher.Submit(r);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(Drain(**s), *solo);
+  EXPECT_EQ((*s)->finish_reason(), FinishReason::kLength);
+  // With the third solo token as eos, generation stops right after emitting it.
+  r.eos_id = (*solo)[2];
+  s = batcher.Submit(r);
+  ASSERT_TRUE(s.ok());
+  const std::vector<int32_t> out = Drain(**s);
+  const auto first = std::find(solo->begin(), solo->end(), r.eos_id);
+  EXPECT_EQ(out, std::vector<int32_t>(solo->begin(), first + 1));
+  EXPECT_EQ((*s)->finish_reason(), FinishReason::kEos);
+}
+
+TEST(BatcherTest, RejectsBadRequestsNamingTheField) {
+  MappedExpertSource src(*MicroModel().weights);
+  auto engine = Engine(src, 2, 16);
+  Batcher batcher(*engine, {});
+  GenerationRequest r = Request(1);
+  r.prompt.clear();
+  EXPECT_EQ(batcher.Submit(r).status().code(), absl::StatusCode::kInvalidArgument);
+  r = Request(1);
+  r.prompt.push_back(300);
+  auto s = batcher.Submit(r).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("prompt"), absl::string_view::npos) << s;
+  r = Request(1);
+  r.max_new_tokens = 0;
+  s = batcher.Submit(r).status();
+  EXPECT_NE(s.message().find("max_new_tokens"), absl::string_view::npos) << s;
+  r.max_new_tokens = 129 - static_cast<int>(r.prompt.size()) + 1;  // one position too many
+  s = batcher.Submit(r).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("context"), absl::string_view::npos) << s;
+  r.max_new_tokens = 129 - static_cast<int>(r.prompt.size());  // exactly fits
+  EXPECT_TRUE(batcher.Submit(r).ok());
+  r = Request(1);
+  r.sampling.temperature = -1;
+  s = batcher.Submit(r).status();
+  EXPECT_NE(s.message().find("temperature"), absl::string_view::npos) << s;
+}
+
+TEST(BatcherTest, FullSlotsAndKvBudgetAreResourceExhausted) {
+  FlakyExpertSource src(*MicroModel().weights);
+  src.delay_ms = 2;
+  auto engine = Engine(src, 2, 16);
+  BatcherOptions bo;
+  bo.admission_wait = absl::Milliseconds(50);
+  bo.kv_budget_tokens = 100;
+  Batcher batcher(*engine, bo);
+  GenerationRequest big = Request(2);
+  big.prompt.assign(10, 7);
+  big.max_new_tokens = 71;  // 80 positions
+  big.eos_id = -1;
+  GenerationRequest longer = big;
+  longer.max_new_tokens = 120;  // more than the budget itself: never admissible
+  EXPECT_EQ(batcher.Submit(longer).status().code(), absl::StatusCode::kInvalidArgument);
+  auto a = batcher.Submit(big);
+  ASSERT_TRUE(a.ok());
+  GenerationRequest small = big;
+  small.max_new_tokens = 30;  // 39 positions: a slot is free but the budget is not
+  auto b = batcher.Submit(small);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted) << b.status();
+  // A deadline before the admission wait ends is DeadlineExceeded.
+  EXPECT_EQ(batcher.Submit(small, absl::Now() + absl::Milliseconds(5)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  Drain(**a);
+  EXPECT_TRUE(batcher.Submit(small).ok());
+}
+
+TEST(BatcherTest, CancelFreesTheSlotAndOthersContinue) {
+  FlakyExpertSource src(*MicroModel().weights);
+  auto solo_engine = Engine(src, 1, 16);
+  GenerationRequest keep = Request(7);
+  keep.max_new_tokens = 40;
+  keep.eos_id = -1;
+  auto solo = Generate(*solo_engine, 0, keep, nullptr);
+  ASSERT_TRUE(solo.ok());
+  auto engine = Engine(src, 2, 16);
+  BatcherOptions bo;
+  bo.admission_wait = absl::Milliseconds(0);
+  Batcher batcher(*engine, bo);
+  GenerationRequest endless = keep;
+  endless.max_new_tokens = 100;
+  src.delay_ms = 1;
+  auto a = batcher.Submit(endless);
+  auto b = batcher.Submit(keep);
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::vector<int32_t> some;
+  (*a)->Next(absl::Seconds(5), &some);
+  ASSERT_FALSE(some.empty());
+  (*a)->Cancel();
+  src.delay_ms = 0;
+  Drain(**a);
+  EXPECT_EQ((*a)->status().code(), absl::StatusCode::kCancelled);
+  // The slot is free again: with no admission wait at all, a new sequence gets in.
+  auto c = batcher.Submit(keep);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(Drain(**b), *solo);
+  EXPECT_EQ(Drain(**c), *solo);
+}
+
+TEST(BatcherTest, BackendFailureFailsTheBatchAndServesAgain) {
+  FlakyExpertSource src(*MicroModel().weights);
+  auto solo_engine = Engine(src, 1, 16);
+  GenerationRequest r = Request(5);
+  auto solo = Generate(*solo_engine, 0, r, nullptr);
+  ASSERT_TRUE(solo.ok());
+  auto engine = Engine(src, 2, 16);
+  Batcher batcher(*engine, {});
+  src.fail = true;
+  auto a = batcher.Submit(r);
+  ASSERT_TRUE(a.ok());
+  Drain(**a);
+  EXPECT_EQ((*a)->status().code(), absl::StatusCode::kUnavailable) << (*a)->status();
+  src.fail = false;
+  auto b = batcher.Submit(r);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(Drain(**b), *solo);
+  EXPECT_TRUE((*b)->status().ok());
+}
+
+}  // namespace
+}  // namespace mer::compute

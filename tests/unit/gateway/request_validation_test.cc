@@ -1,0 +1,113 @@
+#include "services/gateway/request_validation.h"
+
+#include <gtest/gtest.h>
+
+namespace mer::gateway {
+namespace {
+
+class RequestValidationTest : public ::testing::Test {
+ protected:
+  RequestValidationTest() : tokenizer_(*Tokenizer::Create(MakeSyntheticVocab(300, 40))) {}
+
+  mer::v1::GenerateRequest Good() const {
+    mer::v1::GenerateRequest r;
+    r.mutable_token_ids()->add_ids(1);
+    r.mutable_token_ids()->add_ids(2);
+    r.set_max_new_tokens(8);
+    return r;
+  }
+  // The status of `r`, which must be InvalidArgument whose message starts with `field`.
+  void ExpectBad(const mer::v1::GenerateRequest& r, const std::string& field) {
+    const absl::Status s = ValidateGenerateRequest(r, tokenizer_, limits_).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << field << ": " << s;
+    EXPECT_EQ(s.message().substr(0, field.size() + 1), field + ":") << s;
+  }
+
+  Tokenizer tokenizer_;
+  ModelLimits limits_{300, 64, 1000};
+};
+
+TEST_F(RequestValidationTest, GoodRequests) {
+  auto v = ValidateGenerateRequest(Good(), tokenizer_, limits_);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->compute.prompt_size(), 2);
+  EXPECT_EQ(v->kv_tokens, 2 + 8 - 1);
+  EXPECT_EQ(v->compute.eos_id(), tokenizer_.eos_id());
+  EXPECT_FLOAT_EQ(v->compute.sampling().top_p(), 1.0f);
+  EXPECT_FLOAT_EQ(v->compute.sampling().repetition_penalty(), 1.0f);
+  mer::v1::GenerateRequest r = Good();
+  r.set_text("hello world");
+  r.set_ignore_eos(true);
+  r.add_stop("\n");
+  r.set_top_p(0.5f);
+  r.set_temperature(0.7f);
+  v = ValidateGenerateRequest(r, tokenizer_, limits_);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(std::vector<int32_t>(v->compute.prompt().begin(), v->compute.prompt().end()),
+            tokenizer_.Encode("hello world"));
+  EXPECT_EQ(v->compute.eos_id(), -1);
+  EXPECT_EQ(v->stops, std::vector<std::string>{"\n"});
+  // Exactly filling the context is allowed: the last token needs no position.
+  r = Good();
+  r.set_max_new_tokens(64 - 2 + 1);
+  EXPECT_TRUE(ValidateGenerateRequest(r, tokenizer_, limits_).ok());
+}
+
+TEST_F(RequestValidationTest, EachBadFieldIsNamed) {
+  mer::v1::GenerateRequest r = Good();
+  r.clear_prompt();
+  ExpectBad(r, "prompt");
+  r.set_text("");
+  ExpectBad(r, "prompt.text");
+  r = Good();
+  r.mutable_token_ids()->clear_ids();
+  ExpectBad(r, "prompt.token_ids");
+  r = Good();
+  r.mutable_token_ids()->add_ids(300);
+  ExpectBad(r, "prompt.token_ids[2]");
+  r.mutable_token_ids()->set_ids(2, -1);
+  ExpectBad(r, "prompt.token_ids[2]");
+  r = Good();
+  r.set_max_new_tokens(0);
+  ExpectBad(r, "max_new_tokens");
+  r.set_max_new_tokens(-5);
+  ExpectBad(r, "max_new_tokens");
+  r.set_max_new_tokens(64);  // 2 + 64 - 1 > 64
+  ExpectBad(r, "max_new_tokens");
+  r = Good();
+  for (int i = 0; i < 70; ++i) r.mutable_token_ids()->add_ids(5);
+  ExpectBad(r, "prompt");  // longer than the context
+  r = Good();
+  r.set_temperature(-0.1f);
+  ExpectBad(r, "temperature");
+  r.set_temperature(std::numeric_limits<float>::quiet_NaN());
+  ExpectBad(r, "temperature");
+  r = Good();
+  r.set_top_p(0);
+  ExpectBad(r, "top_p");
+  r.set_top_p(1.5f);
+  ExpectBad(r, "top_p");
+  r = Good();
+  r.set_top_k(-1);
+  ExpectBad(r, "top_k");
+  r = Good();
+  r.set_repetition_penalty(0);
+  ExpectBad(r, "repetition_penalty");
+  r = Good();
+  r.set_priority(101);
+  ExpectBad(r, "priority");
+  r = Good();
+  r.add_stop("ok");
+  r.add_stop("");
+  ExpectBad(r, "stop[1]");
+  r.set_stop(1, std::string(300, 'x'));
+  ExpectBad(r, "stop[1]");
+  r = Good();
+  for (int i = 0; i < 17; ++i) r.add_stop("s");
+  ExpectBad(r, "stop");
+  limits_.kv_budget_tokens = 5;
+  ExpectBad(Good(), "max_new_tokens");
+}
+
+}  // namespace
+}  // namespace mer::gateway

@@ -1,0 +1,165 @@
+// `mer loadgen`: N concurrent Generate streams against mer-gateway; throughput and latency
+// percentiles, measured at the client.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <cstdio>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/base/status.h"
+#include "grpcpp/grpcpp.h"
+#include "mer/v1/mer.grpc.pb.h"
+#include "proto/grpc_status.h"
+#include "tools/mer/cli_util.h"
+
+namespace mer::cli {
+namespace {
+
+constexpr char kLoadgenHelp[] = R"(usage: mer loadgen --addr HOST:PORT [--concurrency N] [--requests M] [--prompt-len L]
+                   [--max-tokens T] [--temperature X] [--seed S] [--timeout-ms MS]
+
+Runs M Generate calls (default 4 x N) on N concurrent streams (default 8), each call a fresh
+prompt of L random token ids (default 31, seeded by --seed and the call's index) and T generated
+tokens (default 128; end-of-sequence ignored, so every call generates exactly T). Greedy unless
+--temperature. Prints, measured at this client:
+  throughput   generated tokens / wall time, requests / wall time
+  ttft         call start to the first token
+  itl          gap between consecutive tokens of a call (a chunk of k tokens: its gap, then k-1 zeros)
+  latency      call start to end
+with p50, p90 and p99 of each. Exits 1 if any call failed (the count per status is printed).
+)";
+
+using Clock = std::chrono::steady_clock;
+
+double Percentile(std::vector<double>& v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p / 100.0 * (v.size() - 1) + 0.5));
+  return v[i];
+}
+
+std::string Ms(std::vector<double>& v) {
+  return absl::StrCat("p50 ", absl::StrFormat("%.2f", Percentile(v, 50) * 1e3), " ms, p90 ",
+                      absl::StrFormat("%.2f", Percentile(v, 90) * 1e3), " ms, p99 ",
+                      absl::StrFormat("%.2f", Percentile(v, 99) * 1e3), " ms");
+}
+
+}  // namespace
+
+int RunLoadgen(const Args& args) {
+  if (MaybeHelp(args, kLoadgenHelp)) return 0;
+  auto parsed = Flags::Parse(args, {"addr", "concurrency", "requests", "prompt-len", "max-tokens",
+                                    "temperature", "seed", "timeout-ms"},
+                             {});
+  if (!parsed.ok()) return Fail("loadgen", parsed.status());
+  const Flags& f = *parsed;
+  auto body = [&]() -> absl::StatusOr<int> {
+    ASSIGN_OR_RETURN(const std::string addr, f.Required("addr"));
+    ASSIGN_OR_RETURN(const int64_t concurrency, f.Int("concurrency", 8));
+    ASSIGN_OR_RETURN(const int64_t requests, f.Int("requests", 4 * concurrency));
+    ASSIGN_OR_RETURN(const int64_t prompt_len, f.Int("prompt-len", 31));
+    ASSIGN_OR_RETURN(const int64_t max_tokens, f.Int("max-tokens", 128));
+    ASSIGN_OR_RETURN(const double temperature, f.Double("temperature", 0));
+    ASSIGN_OR_RETURN(const int64_t seed, f.Int("seed", 1));
+    ASSIGN_OR_RETURN(const int64_t timeout_ms, f.Int("timeout-ms", 600000));
+    if (concurrency < 1 || concurrency > 4096) return absl::InvalidArgumentError("--concurrency must be in [1, 4096]");
+    if (requests < 1) return absl::InvalidArgumentError("--requests must be >= 1");
+    if (prompt_len < 1 || max_tokens < 1) return absl::InvalidArgumentError("--prompt-len and --max-tokens must be >= 1");
+
+    auto channel = grpc::CreateChannel(addr, grpc::InsecureChannelCredentials());
+    auto stub = mer::v1::Mer::NewStub(channel);
+    mer::v1::ModelInfo info;
+    {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+      const grpc::Status s = stub->GetModelInfo(&ctx, {}, &info);
+      if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                                       absl::StrCat("GetModelInfo: ", s.error_message()));
+    }
+
+    std::atomic<int64_t> next{0};
+    std::mutex mu;
+    std::vector<double> ttft, itl, latency;
+    std::map<std::string, int> failures;
+    int64_t tokens = 0, ok = 0;
+    const auto t0 = Clock::now();
+    auto worker = [&] {
+      std::vector<double> my_ttft, my_itl, my_latency;
+      std::map<std::string, int> my_failures;
+      int64_t my_tokens = 0, my_ok = 0;
+      for (int64_t i; (i = next.fetch_add(1)) < requests;) {
+        std::mt19937_64 rng(static_cast<uint64_t>(seed) * 1000003u + static_cast<uint64_t>(i));
+        mer::v1::GenerateRequest req;
+        for (int64_t k = 0; k < prompt_len; ++k)
+          req.mutable_token_ids()->add_ids(static_cast<int32_t>(rng() % static_cast<uint64_t>(info.vocab_size())));
+        req.set_max_new_tokens(static_cast<int32_t>(max_tokens));
+        req.set_temperature(static_cast<float>(temperature));
+        req.set_seed(static_cast<uint64_t>(seed + i));
+        req.set_ignore_eos(true);
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
+        const auto start = Clock::now();
+        auto last = start;
+        int64_t n = 0;
+        auto reader = stub->Generate(&ctx, req);
+        mer::v1::GenerateResponse resp;
+        std::vector<double> gaps;
+        while (reader->Read(&resp)) {
+          if (!resp.has_chunk() || resp.chunk().token_ids_size() == 0) continue;
+          const auto now = Clock::now();
+          const double gap = std::chrono::duration<double>(now - last).count();
+          if (n == 0) {
+            my_ttft.push_back(gap);
+          } else {
+            gaps.push_back(gap);
+          }
+          for (int k = 1; k < resp.chunk().token_ids_size(); ++k) gaps.push_back(0);
+          n += resp.chunk().token_ids_size();
+          last = now;
+        }
+        const grpc::Status s = reader->Finish();
+        if (!s.ok()) {
+          ++my_failures[GrpcCodeName(s.error_code())];
+          continue;
+        }
+        ++my_ok;
+        my_tokens += n;
+        my_itl.insert(my_itl.end(), gaps.begin(), gaps.end());
+        my_latency.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      ttft.insert(ttft.end(), my_ttft.begin(), my_ttft.end());
+      itl.insert(itl.end(), my_itl.begin(), my_itl.end());
+      latency.insert(latency.end(), my_latency.begin(), my_latency.end());
+      for (const auto& [k, v] : my_failures) failures[k] += v;
+      tokens += my_tokens;
+      ok += my_ok;
+    };
+    std::vector<std::thread> threads;
+    for (int64_t t = 0; t < concurrency; ++t) threads.emplace_back(worker);
+    for (auto& t : threads) t.join();
+    const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+
+    std::printf("loadgen: %lld streams, %lld requests (%lld ok), prompt %lld + %lld generated tokens each, %s\n",
+                static_cast<long long>(concurrency), static_cast<long long>(requests),
+                static_cast<long long>(ok), static_cast<long long>(prompt_len),
+                static_cast<long long>(max_tokens), temperature > 0 ? "sampled" : "greedy");
+    std::printf("throughput: %.1f generated tokens/s, %.2f requests/s (%lld tokens in %.3f s)\n",
+                tokens / wall, ok / wall, static_cast<long long>(tokens), wall);
+    std::printf("ttft:       %s\n", Ms(ttft).c_str());
+    std::printf("itl:        %s\n", Ms(itl).c_str());
+    std::printf("latency:    %s\n", Ms(latency).c_str());
+    for (const auto& [code, n] : failures) std::printf("failed:     %d %s\n", n, code.c_str());
+    return failures.empty() ? 0 : 1;
+  };
+  absl::StatusOr<int> rc = body();
+  if (!rc.ok()) return Fail("loadgen", rc.status());
+  return *rc;
+}
+
+}  // namespace mer::cli
