@@ -372,10 +372,13 @@ TEST_F(GatewayApiTest, CancelDeadlineAndFullQueue) {
   const Result late = Call(Ids({1, 2, 3}, 100), 100);
   EXPECT_EQ(late.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << late.status.error_message();
   // 2 slots, a queue of 2: the fifth concurrent call is RESOURCE_EXHAUSTED, the others finish.
+  // Slow steps (~40 ms) keep the first calls running while the rest are issued, even on a loaded
+  // machine.
+  src_->delay_ms = 20;
   std::vector<Result> results(4);
   std::vector<std::thread> threads;
   for (int i = 0; i < 4; ++i) {
-    threads.emplace_back([&, i] { results[i] = Call(Ids({1, 2, 3 + i}, 60)); });
+    threads.emplace_back([&, i] { results[i] = Call(Ids({1, 2, 3 + i}, 30)); });
     for (int w = 0; w < 400 && scheduler_->running() + scheduler_->waiting() < i + 1; ++w)
       absl::SleepFor(absl::Milliseconds(1));
   }
@@ -384,7 +387,7 @@ TEST_F(GatewayApiTest, CancelDeadlineAndFullQueue) {
   for (auto& t : threads) t.join();
   for (int i = 0; i < 4; ++i) {
     EXPECT_TRUE(results[i].status.ok()) << results[i].status.error_message();
-    EXPECT_EQ(results[i].ids, Solo({1, 2, 3 + i}, 60));
+    EXPECT_EQ(results[i].ids, Solo({1, 2, 3 + i}, 30));
   }
 }
 
