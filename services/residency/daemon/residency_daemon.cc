@@ -31,6 +31,7 @@ void ForEachCounter(const ResidencyCounters& c,
   fn("evictions", c.evictions);
   fn("slot_waits", c.slot_waits);
   fn("hints", c.hints);
+  fn("compute_hits", c.compute_hits);
   fn("prefetch_issued", c.prefetch_issued);
   fn("prefetch_useful", c.prefetch_useful);
   fn("prefetch_wasted", c.prefetch_wasted);
@@ -164,6 +165,7 @@ void ResidencyDaemon::CensusSlots() {
 void ResidencyDaemon::Publish(bool census) {
   const absl::Time now = absl::Now();
   if (census || now - last_census_ >= kCensusInterval) {
+    SyncComputeHits();  // compute's own hits reach the counters (and the policy) while idle too
     CensusSlots();
     last_census_ = now;
   }
@@ -274,12 +276,13 @@ std::optional<uint32_t> ResidencyDaemon::AllocateSlot(ExpertKey incoming, bool f
     ep_.EvictRam(KeyLayer(*victim), KeyExpert(*victim));  // R1 (and R2)
     policy_->Remove(*victim);
     ++c_.evictions;
-    if (v.prefetched) {
-      // Compute pins a resident expert without asking us: its hit count tells a used guess.
-      const uint64_t hits =
-          ep_.table().entry(KeyLayer(*victim), KeyExpert(*victim)).hits.load(std::memory_order_relaxed);
-      ++(hits > v.hits_at_prefetch ? c_.prefetch_useful : c_.prefetch_wasted);
-    }
+    // Compute pins a resident expert without asking us: its hit count tells a used guess, and
+    // the hits since the last sync still count.
+    const uint64_t hits =
+        ep_.table().entry(KeyLayer(*victim), KeyExpert(*victim)).hits.load(std::memory_order_relaxed);
+    if (hits > v.hits_seen) c_.compute_hits += hits - v.hits_seen;
+    v.hits_seen = hits;
+    if (v.prefetched) ++(hits > v.hits_at_prefetch ? c_.prefetch_useful : c_.prefetch_wasted);
     v.prefetched = false;
     v.slot = shm::kNoSlot;
     slot_owner_[k] = kFreeOwner;
@@ -317,6 +320,7 @@ void ResidencyDaemon::SyncComputeHits() {
     const shm::ResidencyEntry& entry = ep_.table().entry(i / n_expert_, i % n_expert_);
     const uint64_t hits = entry.hits.load(std::memory_order_relaxed);
     if (hits <= e.hits_seen) continue;
+    c_.compute_hits += hits - e.hits_seen;
     touched_.push_back({entry.last_use_epoch.load(std::memory_order_relaxed), i,
                         std::min<uint64_t>(hits - e.hits_seen, kMaxTouchesPerSync)});
     e.hits_seen = hits;

@@ -96,6 +96,8 @@ struct ResidencyCounters {
   uint64_t lookups = 0;            // DemandRequests handled
   uint64_t hits = 0;               // of those, resident in RAM already
   uint64_t misses = 0;             // of those, not resident (a load started or joined)
+  uint64_t compute_hits = 0;       // acquisitions compute found resident and pinned without a
+                                   // demand (read from the table's hit counts, every census)
   uint64_t coalesced = 0;          // misses that joined a load already in flight
   uint64_t loads = 0;              // blobs published resident
   uint64_t load_failures = 0;      // loads failed for good (DataLoss or an I/O error)

@@ -77,8 +77,10 @@ std::vector<MetricFamily> ResidencyMetricFamilies(const ResidencyCounters& c,
   constexpr MetricType kGauge = MetricType::Gauge;
   const std::vector<ClientMetric::Label> ram = {L("tier", "ram")};
   std::vector<MetricFamily> out;
-  out.push_back(Scalar("mer_expert_lookups_total", "Expert demand requests handled.", kCounter,
-                       double(c.lookups), ram));
+  out.push_back(Scalar("mer_expert_lookups_total",
+                       "Expert acquisitions by compute: hits it served itself from the table plus "
+                       "the demand requests it sent.",
+                       kCounter, double(c.lookups + c.compute_hits), ram));
   out.push_back(Scalar("mer_expert_misses_total",
                        "Expert demands not resident in the tier (a load started or joined).",
                        kCounter, double(c.misses), ram));

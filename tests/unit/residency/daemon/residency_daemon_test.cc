@@ -176,6 +176,10 @@ TEST(ResidencyDaemonTest, ComputeSideHitsReachThePolicy) {
   EXPECT_TRUE(in_ram(0));
   EXPECT_FALSE(in_ram(1));
   EXPECT_TRUE(in_ram(2));
+  const ResidencyCounters c = f.Stop();
+  EXPECT_EQ(c.compute_hits, 1u);  // counted as a lookup that hit, though no demand was sent
+  EXPECT_EQ(c.lookups, 3u);
+  EXPECT_EQ(c.misses, 3u);
 }
 
 TEST(ResidencyDaemonTest, RefetchesAfterChecksumMismatch) {
