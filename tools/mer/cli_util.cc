@@ -1,11 +1,15 @@
 #include "tools/mer/cli_util.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
 #include "services/compute/cpu/cpu_engine.h"
 #include "common/model/model_tokenizer.h"
+#if MER_HAVE_CUDA
+#include "services/compute/cuda/cuda_engine.h"
+#endif
 
 namespace mer::cli {
 
@@ -60,6 +64,36 @@ absl::StatusOr<LoadedModel> LoadModel(const Flags& flags, int min_context_tokens
   ASSIGN_OR_RETURN(const int64_t batch, flags.Int("batch", 256));
   ASSIGN_OR_RETURN(const int64_t ctx, flags.Int("ctx", std::max(4096, min_context_tokens)));
   if (threads < 0 || threads > 1024) return absl::InvalidArgumentError("--threads must be in [0, 1024]");
+  m.backend = flags.String("backend", "cpu");
+  if (m.backend == "cuda") {
+#if MER_HAVE_CUDA
+    CudaEngineOptions co;
+    co.max_batch_tokens = static_cast<int>(std::clamp<int64_t>(batch, 1, 4096));
+    co.max_context_tokens = static_cast<int>(std::clamp<int64_t>(ctx, 1, 1 << 24));
+    if (flags.Has("vram-expert-budget")) {
+      const std::string b = flags.String("vram-expert-budget");
+      char* end = nullptr;
+      const double v = std::strtod(b.c_str(), &end);
+      if (end == b.c_str() || v <= 0) return absl::InvalidArgumentError("--vram-expert-budget: BYTES or PERCENT%");
+      if (*end == '%') {
+        if (v > 100) return absl::InvalidArgumentError("--vram-expert-budget: at most 100%");
+        co.vram_expert_budget_fraction = v / 100.0;
+      } else if (*end == '\0') {
+        co.vram_expert_budget_bytes = static_cast<int64_t>(v);
+      } else {
+        return absl::InvalidArgumentError("--vram-expert-budget: BYTES or PERCENT%");
+      }
+    }
+    ASSIGN_OR_RETURN(const int64_t pin, flags.Int("pin-experts", 1));
+    co.pin_host_experts = pin != 0;
+    ASSIGN_OR_RETURN(std::unique_ptr<CudaEngine> engine, CudaEngine::Create(*m.weights, *m.experts, co));
+    m.engine = std::move(engine);
+    return m;
+#else
+    return absl::UnimplementedError("this mer was built without the cuda backend (MER_CUDA=OFF)");
+#endif
+  }
+  if (m.backend != "cpu") return absl::InvalidArgumentError("--backend must be cpu or cuda");
   options.threads = static_cast<int>(threads);
   options.max_batch_tokens = static_cast<int>(std::clamp<int64_t>(batch, 1, 65536));
   options.max_context_tokens = static_cast<int>(std::clamp<int64_t>(ctx, 1, 1 << 24));
@@ -67,6 +101,26 @@ absl::StatusOr<LoadedModel> LoadModel(const Flags& flags, int min_context_tokens
   m.threads = engine->options().threads;
   m.engine = std::move(engine);
   return m;
+}
+
+BackendCounters ReadBackendCounters(const LoadedModel& m) {
+  BackendCounters b;
+#if MER_HAVE_CUDA
+  if (m.backend != "cuda") return b;
+  const CudaEngineStats s = static_cast<const CudaEngine&>(*m.engine).stats();
+  b.tokens = s.tokens;
+  b.expert_lookups = s.expert_lookups;
+  b.expert_misses = s.expert_misses;
+  b.upload_bytes = s.expert_upload_bytes;
+  b.host_syncs = s.host_syncs;
+  b.graph_launches = s.graph_launches;
+  b.vram_used_peak_bytes = s.vram_used_peak_bytes;
+  b.arena_bytes = s.arena_bytes;
+  b.arena_slots = s.arena_slots;
+  b.total_experts = s.total_experts;
+  b.host_experts_pinned = s.host_experts_pinned;
+#endif
+  return b;
 }
 
 absl::StatusOr<std::vector<int32_t>> PromptTokens(const Flags& f, const Tokenizer& tokenizer) {

@@ -38,15 +38,28 @@ struct LoadedModel {
   ResidencyExpertSource* residency = nullptr;  // == experts.get() with --residency
   std::unique_ptr<ComputeBackend> engine;
   int threads = 0;  // CPU threads the engine runs on
+  std::string backend = "cpu";  // --backend cpu|cuda
 };
 
+// Counters of the cuda backend (zero for cpu), for `mer bench`.
+struct BackendCounters {
+  int64_t tokens = 0, expert_lookups = 0, expert_misses = 0, upload_bytes = 0, host_syncs = 0,
+          graph_launches = 0, vram_used_peak_bytes = 0, arena_bytes = 0, arena_slots = 0,
+          total_experts = 0;
+  bool host_experts_pinned = false;
+};
+BackendCounters ReadBackendCounters(const LoadedModel& m);
+
 // Flags read: --model, or --store and --residency (instance name); --threads, --ctx (KV
-// positions), --batch (prompt chunk).
+// positions), --batch (prompt chunk); --backend cpu|cuda, and for cuda --vram-expert-budget
+// BYTES|PERCENT% (a cap on the expert arena: bytes, or a percentage of all experts) and
+// --pin-experts 0|1 (cudaHostRegister the mapped experts, default 1).
 absl::StatusOr<LoadedModel> LoadModel(const Flags& flags, int min_context_tokens);
 
 // The common engine flags, for Flags::Parse.
 inline const std::vector<std::string> kEngineFlags = {"model", "store", "residency", "threads",
-                                                      "ctx", "batch"};
+                                                      "ctx", "batch", "backend",
+                                                      "vram-expert-budget", "pin-experts"};
 
 // The prompt of --prompt TEXT (tokenized, BOS first where the vocabulary asks for it) or
 // --prompt-tokens 1,2,3 (exactly one of them), every id checked against the vocabulary.
