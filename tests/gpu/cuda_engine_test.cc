@@ -46,6 +46,7 @@ std::unique_ptr<Model> MakeModel(const std::string& preset, SynthQuant quant) {
   const std::string path = (std::filesystem::temp_directory_path() /
                             ("mer_cuda_test_" + std::to_string(getpid()) + "_" + preset + ".gguf")).string();
   EXPECT_TRUE(WriteSynthModel(o, path).ok());
+  std::fprintf(stderr, "%s: model written\n", preset.c_str());
   auto file = GgufFile::Open(path);
   EXPECT_TRUE(file.ok()) << file.status();
   std::filesystem::remove(path);  // the mapping keeps it
@@ -131,6 +132,7 @@ TEST_P(CudaVsCpu, GreedyIdsEqualAndForcedLogitsClose) {
   const Reference ref = GreedyCorpus(**cpu, prompts);
   std::vector<std::vector<float>> ref_logits;
   for (int p = 0; p < kPrompts; ++p) ref_logits.push_back(ScoreIds(**cpu, prompts[p], ref.ids[p]));
+  std::fprintf(stderr, "%s: CPU reference done\n", tc.name.c_str());
 
   for (double fraction : {1.0, 0.1}) {
     CudaEngineOptions o;

@@ -33,7 +33,7 @@ __device__ inline void StoreAct(const DevAct& a, int64_t row, int64_t i, float v
       const float d = amax / 127.0f;
       const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
       const int q = __float2int_rn(__fmul_rn(v, id));
-      reinterpret_cast<int8_t*>(base)[i] = static_cast<int8_t>(max(-128, min(127, q)));
+      reinterpret_cast<int8_t*>(base)[Q8_0QuantOffset(i, a.stride / 32)] = static_cast<int8_t>(max(-128, min(127, q)));
       if ((i & 31) == 0) a.scales[row * (a.stride / 32) + i / 32] = __half2float(__float2half_rn(d));
       break;
     }

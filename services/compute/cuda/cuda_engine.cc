@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -46,6 +47,12 @@ int DevTypeOf(GgmlType t) { return static_cast<int>(t); }  // DevType mirrors Gg
 int ActType(GgmlType weight_type) { return DevTypeOf(ActivationTypeFor(weight_type)); }
 
 int64_t MatrixBytes(const MatrixView& m) { return m.rows * m.row_bytes(); }
+
+// MER_CUDA_DEBUG=1 logs the stages of Create to stderr (start-up problems on a new machine).
+void DebugLog(const char* stage) {
+  static const bool on = std::getenv("MER_CUDA_DEBUG") != nullptr;
+  if (on) std::fprintf(stderr, "cuda: %s\n", stage);
+}
 
 // A bump allocator over one cudaMalloc: every buffer of a kind is carved at Create.
 class DevicePool {
@@ -133,7 +140,7 @@ struct CudaEngine::Impl {
   float* k = nullptr;            // f32 [T, kv_dim]
   float* v = nullptr;            // f32 [T, kv_dim]
   float* attn = nullptr;         // f32 [T, q_dim]
-  float* scores = nullptr;       // f32 [T * n_head, max_ctx]
+  float* scores = nullptr;       // f32 [T * n_head, AttentionScoresStride(max_ctx)]
   float* router_logits = nullptr;// f32 [T, n_expert]
   int32_t* chosen = nullptr;     // int32 [T, K]
   float* chosen_w = nullptr;     // f32 [T, K]
@@ -322,7 +329,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
     const int64_t bytes = MatrixBytes(mv);
     uint8_t* d = m.dense_pool.Take<uint8_t>(bytes);
     CUDA_CHECK(cudaMemcpyAsync(dense_staging, mv.data, bytes, cudaMemcpyHostToDevice, m.stream));
-    const cuda::RepackJob job{dense_staging, d, bytes};
+    const cuda::RepackJob job{dense_staging, d, bytes, mv.cols};
     cuda::LaunchRepack(DevTypeOf(mv.type), &job, 1, m.stream);
     CUDA_CHECK(cudaStreamSynchronize(m.stream));
     return DevMatrix{DevTypeOf(mv.type), mv.rows, mv.cols, d};
@@ -353,6 +360,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   }
   CUDA_CHECK(cudaStreamSynchronize(m.stream));
   CUDA_CHECK(cudaFree(dense_staging));
+  DebugLog("dense weights uploaded");
   m.stats.dense_bytes = m.dense_pool.size();
 
   // KV cache and workspaces.
@@ -370,7 +378,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   m.in.rope_sin = m.in.rope_cos + AlignUp(T * half * 4);
   m.in.bytes = m.in.rope_sin + AlignUp(T * half * 4);
   DevicePool& w = m.work_pool;
-  const int64_t f32_sizes[] = {T * E, T * E, T * QD, T * KD, T * KD, T * QD, T * c.n_head * o.max_context_tokens,
+  const int64_t f32_sizes[] = {T * E, T * E, T * QD, T * KD, T * KD, T * QD, T * c.n_head * cuda::AttentionScoresStride(o.max_context_tokens),
                                T * NE, T * K, T * K * F, T * K * E, T * V};
   for (int64_t s : f32_sizes) w.Reserve(s * 4);
   w.Reserve(T * K * 4);                                  // chosen
@@ -378,7 +386,8 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   w.Reserve(act_a_elems / 32 * 4);
   w.Reserve(act_b_elems * 4);
   w.Reserve(act_b_elems / 32 * 4);
-  w.Reserve(8 + (NE + 1) * 4 * 2 + T * K * 4 + 8);        // groups
+  w.Reserve(8 + (NE + 1) * 4 * 2 + T * K * 4);            // groups
+  w.Reserve(8);                                          // lookups_total
   w.Reserve(m.in.bytes);
   w.Reserve(int64_t(o.staging_experts) * m.slot_bytes);
   w.Reserve(m.total_experts * 4);
@@ -389,7 +398,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   m.k = w.Take<float>(T * KD * 4);
   m.v = w.Take<float>(T * KD * 4);
   m.attn = w.Take<float>(T * QD * 4);
-  m.scores = w.Take<float>(T * c.n_head * o.max_context_tokens * 4);
+  m.scores = w.Take<float>(T * c.n_head * cuda::AttentionScoresStride(o.max_context_tokens) * 4);
   m.router_logits = w.Take<float>(T * NE * 4);
   m.chosen_w = w.Take<float>(T * K * 4);
   m.h = w.Take<float>(T * K * F * 4);
@@ -400,7 +409,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   m.act_a_scales = w.Take<float>(act_a_elems / 32 * 4);
   m.act_b = w.Take<uint8_t>(act_b_elems * 4);
   m.act_b_scales = w.Take<float>(act_b_elems / 32 * 4);
-  uint8_t* g = w.Take<uint8_t>(8 + (NE + 1) * 4 * 2 + T * K * 4 + 8);
+  uint8_t* g = w.Take<uint8_t>(8 + (NE + 1) * 4 * 2 + T * K * 4);
   m.groups.n_used = reinterpret_cast<int32_t*>(g);
   m.groups.n_missing = m.groups.n_used + 1;
   m.groups.used = m.groups.n_used + 2;
@@ -428,6 +437,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
     m.stats.kv_bytes = 2 * kv_bytes;
   }
 
+  DebugLog("workspaces and KV cache allocated");
   CUDA_CHECK(cudaMallocHost(&m.host_input, m.in.bytes));
   CUDA_CHECK(cudaMallocHost(&m.host_slot_table, m.total_experts * 4));
   CUDA_CHECK(cudaMallocHost(&m.host_groups, (NE + 2) * 4));
@@ -478,6 +488,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
     const uintptr_t page = 4096;
     lo &= ~(page - 1);
     hi = (hi + page - 1) & ~(page - 1);
+    DebugLog("registering the experts' host memory");
     const auto t0 = std::chrono::steady_clock::now();
     const cudaError_t e = cudaHostRegister(reinterpret_cast<void*>(lo), hi - lo,
                                            cudaHostRegisterPortable | cudaHostRegisterReadOnly);
@@ -565,7 +576,7 @@ void CudaEngine::Impl::UploadExpert(int layer, int expert, const ExpertWeights& 
     uint8_t* stage = staging + int64_t(*staged) * slot_bytes;
     for (int i = 0; i < 3; ++i) {
       CUDA_CHECK(cudaMemcpyAsync(stage + offsets[i], parts[i]->data, sizes[i], cudaMemcpyHostToDevice, stream));
-      jobs->push_back({stage + offsets[i], dst + offsets[i], sizes[i]});
+      jobs->push_back({stage + offsets[i], dst + offsets[i], sizes[i], parts[i]->cols});
     }
     ++*staged;
   } else {
@@ -779,9 +790,10 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
   }
   const cuda::MatvecOutput ro{L.router, router_logits, c.n_expert, nullptr};
   cuda::LaunchMatvec(&ro, 1, ra, n, stream);
-  cuda::LaunchRouterTopK(router_logits, n, c.n_expert, c.n_expert_used, c.norm_topk_prob, chosen, chosen_w, stream);
-  cuda::LaunchMoeGroup(chosen, n * c.n_expert_used, c.n_expert, slot_table + int64_t(layer) * c.n_expert, groups,
-                       stream);
+  const int32_t* layer_slots = slot_table + int64_t(layer) * c.n_expert;
+  cuda::LaunchRouterTopK(router_logits, n, c.n_expert, c.n_expert_used, c.norm_topk_prob, chosen, chosen_w,
+                         layer_slots, &groups, stream);
+  if (n > 1) cuda::LaunchMoeGroup(chosen, n * c.n_expert_used, c.n_expert, layer_slots, groups, stream);
   if (host_path) {
     RETURN_IF_ERROR(ServeLayerExperts(layer, n, ea));
   } else {

@@ -20,17 +20,19 @@ struct MatvecArgs {
 
 template <int kType, int NT>
 __global__ void __launch_bounds__(kWarps * 32) MatvecKernel(const __grid_constant__ MatvecArgs args) {
+  constexpr int G = kGroup<kType>, kGroupsPerWarp = 32 / G;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t grow = (int64_t(blockIdx.x) * kWarps + warp) * kRows;
+  // Each group of G lanes takes kRows consecutive rows of the concatenated matrices.
+  const int64_t grow = ((int64_t(blockIdx.x) * kWarps + warp) * kGroupsPerWarp + lane / G) * kRows;
   int m = 0;
   while (m + 1 < args.n_outputs && grow >= args.row_begin[m + 1]) ++m;
-  if (grow >= args.row_begin[args.n_outputs]) return;
+  const bool active = grow < args.row_begin[args.n_outputs];
   const MatvecOutput& o = args.o[m];
   const int64_t row0 = grow - args.row_begin[m];
   RowRef rows[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
-    rows[r] = row0 + r < o.w.rows ? MatrixRow<kType>(o.w, row0 + r) : RowRef{};
+    rows[r] = active && row0 + r < o.w.rows ? MatrixRow<kType>(o.w, row0 + r) : RowRef{};
   const int t0 = blockIdx.y * NT;
   const uint8_t* act_rows[NT];
   const float* act_scales[NT];
@@ -42,21 +44,22 @@ __global__ void __launch_bounds__(kWarps * 32) MatvecKernel(const __grid_constan
     act_scales[t] = valid && kType == kDevQ8_0 ? args.act.scales + int64_t(t0 + t) * (args.act.stride / 32) : nullptr;
   }
   float acc[kRows][NT];
-  WarpDots<kType, kRows, NT>(rows, o.w.cols, act_rows, act_scales, acc);
+  GroupDots<kType, kRows, NT>(rows, args.o[0].w.cols, act_rows, act_scales, acc);
+  if (lane % G != 0) return;
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
-      if (lane != r * NT + t || rows[r].q == nullptr || act_rows[t] == nullptr) continue;
+      if (rows[r].q == nullptr || act_rows[t] == nullptr) continue;
       const int64_t i = int64_t(t0 + t) * o.out_stride + row0 + r;
-      o.out[i] = o.residual != nullptr ? o.residual[i] + acc[r][t] : acc[r][t];
+      o.out[i] = o.residual != nullptr ? __fadd_rn(o.residual[i], acc[r][t]) : acc[r][t];
     }
 }
 
 template <int kType>
 void Launch(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
-  const int64_t warps = (total_rows + kRows - 1) / kRows;
-  const unsigned bx = static_cast<unsigned>((warps + kWarps - 1) / kWarps);
+  constexpr int kRowsPerBlock = kWarps * (32 / kGroup<kType>) * kRows;
+  const unsigned bx = static_cast<unsigned>((total_rows + kRowsPerBlock - 1) / kRowsPerBlock);
   if (args.n_tokens == 1) {
     MatvecKernel<kType, 1><<<dim3(bx, 1), kWarps * 32, 0, stream>>>(args);
   } else {
@@ -77,7 +80,7 @@ void LaunchMatvec(const MatvecOutput* outputs, int n_outputs, const DevAct& act,
   args.row_begin[0] = 0;
   for (int i = 0; i < n_outputs; ++i) {
     args.o[i] = outputs[i];
-    // Each matrix's rows start on a warp's first row, so a warp never spans two matrices.
+    // Each matrix's rows start on a group's first row, so a group never spans two matrices.
     args.row_begin[i + 1] = args.row_begin[i] + (outputs[i].w.rows + kRows - 1) / kRows * kRows;
   }
   const int64_t total = args.row_begin[n_outputs];

@@ -13,8 +13,9 @@ __global__ void MoeCombineKernel(const float* expert_out, const float* weights, 
   const float* e = expert_out + t * k * n_embd + i;
   const float* w = weights + t * k;
   float acc = __fmul_rn(e[0], w[0]);
-  for (int j = 1; j < k; ++j) acc = __fadd_rn(acc, __fmul_rn(e[j * n_embd], w[j]));
-  x[t * n_embd + i] += acc;
+  // The CPU engine's `acc + ej * wj`, which GCC contracts to fma(ej, wj, acc) (-mfma, C++).
+  for (int j = 1; j < k; ++j) acc = fmaf(e[j * n_embd], w[j], acc);
+  x[t * n_embd + i] = __fadd_rn(acc, x[t * n_embd + i]);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-// x[t, i] += sum_j weights[t, j] * expert_out[t * k + j, i], the products added in top-k order
-// as the CPU engine (ggml's mul + add chain) does. x: f32 [n_tokens, n_embd].
+// x[t, i] += sum_j weights[t, j] * expert_out[t * k + j, i], in top-k order with the CPU engine's
+// rounding (its mul + add chain, which GCC contracts to fma). x: f32 [n_tokens, n_embd].
 #pragma once
 
 #include <cuda_runtime.h>

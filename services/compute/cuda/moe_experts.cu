@@ -1,6 +1,7 @@
 #include "services/compute/cuda/moe_experts.cuh"
 
 #include "services/compute/cuda/cuda_check.cuh"
+#include "services/compute/cuda/ggml_math.cuh"
 #include "services/compute/cuda/warp_dot.cuh"
 
 namespace mer::cuda {
@@ -23,15 +24,16 @@ __global__ void __launch_bounds__(kWarps * 32) GateUpKernel(const __grid_constan
                                                             float* h) {
   const int u = a.u_begin + blockIdx.y;
   if (u >= *a.n_used || blockIdx.y >= a.u_count) return;
+  constexpr int G = kGroup<kType>;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t r = int64_t(blockIdx.x) * kWarps + warp;
-  if (r >= a.n_ff) return;
+  const int64_t r = (int64_t(blockIdx.x) * kWarps + warp) * (32 / G) + lane / G;
   int n_pairs;
   const int32_t* pairs;
   const uint8_t* base = SlotBase(a, u, &n_pairs, &pairs);
   const DevMatrix gate{kType, a.n_ff, a.n_embd, base};
   const DevMatrix up{kType, a.n_ff, a.n_embd, base + a.up_offset};
-  const RowRef rows[2] = {MatrixRow<kType>(gate, r), MatrixRow<kType>(up, r)};
+  const bool active = r < a.n_ff;  // inactive groups still join the warp's shuffles
+  const RowRef rows[2] = {active ? MatrixRow<kType>(gate, r) : RowRef{}, active ? MatrixRow<kType>(up, r) : RowRef{}};
   const int64_t rb = ActRowBytes(act.type, act.stride);
   for (int g = 0; g < n_pairs; g += NT) {
     const uint8_t* act_rows[NT];
@@ -45,12 +47,14 @@ __global__ void __launch_bounds__(kWarps * 32) GateUpKernel(const __grid_constan
       act_scales[t] = pair[t] >= 0 && kType == kDevQ8_0 ? act.scales + tok * (act.stride / 32) : nullptr;
     }
     float acc[2][NT];
-    WarpDots<kType, 2, NT>(rows, a.n_embd, act_rows, act_scales, acc);
+    GroupDots<kType, 2, NT>(rows, a.n_embd, act_rows, act_scales, acc);
+    if (lane % G != 0 || !active) continue;
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
-      if (lane != t || pair[t] < 0) continue;
+      if (pair[t] < 0) continue;
+      // ggml_vec_swiglu_f32 (cpu_ops.h SwiGlu; n_ff is a multiple of 16, so no scalar tail).
       const float x = acc[0][t];
-      h[int64_t(pair[t]) * a.n_ff + r] = (x / (1.0f + expf(-x))) * acc[1][t];
+      h[int64_t(pair[t]) * a.n_ff + r] = __fmul_rn(__fdiv_rn(x, __fadd_rn(1.0f, GgmlExpf(0.0f - x))), acc[1][t]);
     }
   }
 }
@@ -61,9 +65,9 @@ __global__ void __launch_bounds__(kWarps * 32) DownKernel(const __grid_constant_
   constexpr int R = 2;
   const int u = a.u_begin + blockIdx.y;
   if (u >= *a.n_used || blockIdx.y >= a.u_count) return;
+  constexpr int G = kGroup<kType>;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t r0 = (int64_t(blockIdx.x) * kWarps + warp) * R;
-  if (r0 >= a.n_embd) return;
+  const int64_t r0 = ((int64_t(blockIdx.x) * kWarps + warp) * (32 / G) + lane / G) * R;
   int n_pairs;
   const int32_t* pairs;
   const uint8_t* base = SlotBase(a, u, &n_pairs, &pairs);
@@ -83,19 +87,21 @@ __global__ void __launch_bounds__(kWarps * 32) DownKernel(const __grid_constant_
       act_scales[t] = pair[t] >= 0 && kType == kDevQ8_0 ? act.scales + int64_t(pair[t]) * (act.stride / 32) : nullptr;
     }
     float acc[R][NT];
-    WarpDots<kType, R, NT>(rows, a.n_ff, act_rows, act_scales, acc);
+    GroupDots<kType, R, NT>(rows, a.n_ff, act_rows, act_scales, acc);
+    if (lane % G != 0) continue;
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
       for (int t = 0; t < NT; ++t)
-        if (lane == r * NT + t && pair[t] >= 0 && rows[r].q != nullptr)
+        if (pair[t] >= 0 && rows[r].q != nullptr)
           out[int64_t(pair[t]) * a.n_embd + r0 + r] = acc[r][t];
   }
 }
 
 template <int kType>
 void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pairs, cudaStream_t s) {
-  const dim3 grid((a.n_ff + kWarps - 1) / kWarps, a.u_count);
+  constexpr int kRowsPerBlock = kWarps * (32 / kGroup<kType>);
+  const dim3 grid((a.n_ff + kRowsPerBlock - 1) / kRowsPerBlock, a.u_count);
   if (max_pairs <= 1) GateUpKernel<kType, 1><<<grid, kWarps * 32, 0, s>>>(a, act, h);
   else GateUpKernel<kType, 8><<<grid, kWarps * 32, 0, s>>>(a, act, h);
   CUDA_CHECK_LAUNCH();
@@ -103,7 +109,8 @@ void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pai
 
 template <int kType>
 void LaunchDownT(const ExpertArgs& a, const DevAct& act, float* out, int max_pairs, cudaStream_t s) {
-  const dim3 grid((a.n_embd + 2 * kWarps - 1) / (2 * kWarps), a.u_count);
+  constexpr int kRowsPerBlock = kWarps * (32 / kGroup<kType>) * 2;
+  const dim3 grid((a.n_embd + kRowsPerBlock - 1) / kRowsPerBlock, a.u_count);
   if (max_pairs <= 1) DownKernel<kType, 1><<<grid, kWarps * 32, 0, s>>>(a, act, out);
   else DownKernel<kType, 8><<<grid, kWarps * 32, 0, s>>>(a, act, out);
   CUDA_CHECK_LAUNCH();

@@ -26,8 +26,9 @@ __global__ void QkNormRopeKernel(const QkNormRopeArgs a) {
   const int i = d < half ? d : d - half;
   const float c = a.rope_cos[int64_t(t) * half + i], sn = a.rope_sin[int64_t(t) * half + i];
   const float x0 = head[i], x1 = head[i + half];
-  const float out = d < half ? __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn))
-                             : __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, c));
+  // cpu::RopeNeox as GCC compiles it (-mfma contracts): fma(x0, cos, -(x1 sin)) and
+  // fma(x0, sin, x1 cos).
+  const float out = d < half ? fmaf(x0, c, -__fmul_rn(x1, sn)) : fmaf(x0, sn, __fmul_rn(x1, c));
   if (is_q) {
     a.q[(int64_t(t) * a.n_head + h) * HD + d] = out;
   } else {

@@ -17,11 +17,13 @@ __global__ void RepackQ8_0Kernel(const __grid_constant__ RepackArgs args) {
   for (int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; b < n_blocks;
        b += int64_t(gridDim.x) * blockDim.x) {
     const uint8_t* s = j.src + b * 34;
-    uint8_t* q = j.dst + b * 32;
+    const int64_t nb = j.cols / 32, row = b / nb, bi = b % nb;
+    uint8_t* q = j.dst + row * j.cols;
 #pragma unroll
-    for (int i = 0; i < 32; i += 2) {
-      const uint16_t v = static_cast<uint16_t>(s[2 + i] | (s[3 + i] << 8));
-      *reinterpret_cast<uint16_t*>(q + i) = v;
+    for (int i = 0; i < 32; i += 4) {
+      const uint32_t v = uint32_t{s[2 + i]} | uint32_t{s[3 + i]} << 8 | uint32_t{s[4 + i]} << 16 |
+                         uint32_t{s[5 + i]} << 24;
+      *reinterpret_cast<uint32_t*>(q + Q8_0QuantOffset(bi * 32 + i, nb)) = v;
     }
     reinterpret_cast<uint16_t*>(j.dst + n_blocks * 32)[b] = static_cast<uint16_t>(s[0] | (s[1] << 8));
   }

@@ -13,6 +13,7 @@ struct RepackJob {
   const uint8_t* src;  // GGUF layout
   uint8_t* dst;        // device layout, same byte count
   int64_t bytes;       // of the matrix (rows * row bytes)
+  int64_t cols;        // row length (Q8_0: the interleave is per row)
 };
 
 // Up to kMaxRepackJobs matrices of one type per launch.
