@@ -263,6 +263,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
     return absl::UnimplementedError("cuda backend: n_embd, q_dim and n_ff_exp must be multiples of 32");
   if (c.head_dim > 1024 || c.head_dim % 2 != 0 || c.n_head % c.n_head_kv != 0)
     return absl::UnimplementedError("cuda backend: head_dim must be even and <= 1024, n_head a multiple of n_head_kv");
+  if (c.n_embd > 8192) return absl::UnimplementedError("cuda backend: n_embd must be <= 8192 (rms_norm.cuh)");
   if (c.n_expert > 1024 || c.n_expert_used > 32)
     return absl::UnimplementedError("cuda backend: at most 1024 experts and top-32");
   if (weights.layers.empty() || weights.layers[0].gate_exps.data == nullptr)

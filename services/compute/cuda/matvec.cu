@@ -6,7 +6,7 @@
 namespace mer::cuda {
 namespace {
 
-constexpr int kRows = 2;           // weight rows per warp
+constexpr int kRows = 1;           // weight rows per lane group (more groups: more loads in flight)
 constexpr int kWarps = 4;          // warps per block
 constexpr int kMaxOutputs = 3;
 
@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(kWarps * 32) MatvecKernel(const __grid_constan
     act_scales[t] = valid && kType == kDevQ8_0 ? args.act.scales + int64_t(t0 + t) * (args.act.stride / 32) : nullptr;
   }
   float acc[kRows][NT];
-  GroupDots<kType, kRows, NT>(rows, args.o[0].w.cols, act_rows, act_scales, acc);
+  GroupDots<kType, kRows, NT, NT == 1 ? 8 : 2>(rows, args.o[0].w.cols, act_rows, act_scales, acc);
   if (lane % G != 0) return;
 #pragma unroll
   for (int r = 0; r < kRows; ++r)

@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(kWarps * 32) GateUpKernel(const __grid_constan
       act_scales[t] = pair[t] >= 0 && kType == kDevQ8_0 ? act.scales + tok * (act.stride / 32) : nullptr;
     }
     float acc[2][NT];
-    GroupDots<kType, 2, NT>(rows, a.n_embd, act_rows, act_scales, acc);
+    GroupDots<kType, 2, NT, NT == 1 ? 4 : 2>(rows, a.n_embd, act_rows, act_scales, acc);
     if (lane % G != 0 || !active) continue;
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kWarps * 32) DownKernel(const __grid_constant_
       act_scales[t] = pair[t] >= 0 && kType == kDevQ8_0 ? act.scales + int64_t(pair[t]) * (act.stride / 32) : nullptr;
     }
     float acc[R][NT];
-    GroupDots<kType, R, NT>(rows, a.n_ff, act_rows, act_scales, acc);
+    GroupDots<kType, R, NT, NT == 1 ? 4 : 2>(rows, a.n_ff, act_rows, act_scales, acc);
     if (lane % G != 0) continue;
 #pragma unroll
     for (int r = 0; r < R; ++r)

@@ -1,6 +1,6 @@
 // y[i, :] = x[src_i, :] / sqrt(mean(x^2) + eps) * w, with the sum of squares in double as ggml;
 // written as f32 (y, may be nullptr) and/or as activations (act, type nullable via act.data).
-// src_i = rows ? rows[i] : i. n a multiple of 32.
+// src_i = rows ? rows[i] : i. n a multiple of 32, at most 8192.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -68,7 +68,8 @@ __device__ inline float GroupReduce(float v) {
 
 // acc[r][t] = dot(row r, activation row t), valid in the group's first lane (g == 0).
 // rows[r].q == nullptr skips row r; act_rows[t] == nullptr skips token t. All lanes must call it.
-template <int kType, int R, int NT>
+// U: Q8_0 runs of 4 blocks loaded per lane per step (a tuning knob; results do not depend on it).
+template <int kType, int R, int NT, int U = 2>
 __device__ inline void GroupDots(const RowRef (&rows)[R], int64_t cols, const uint8_t* const (&act_rows)[NT],
                                  const float* const (&act_scales)[NT], float (&acc)[R][NT]) {
   constexpr int G = kGroup<kType>;
@@ -80,7 +81,8 @@ __device__ inline void GroupDots(const RowRef (&rows)[R], int64_t cols, const ui
   if constexpr (kType == kDevQ8_0) {
     const int64_t nb = cols / 32, nb4 = nb / 4 * 4;
     const bool aligned = nb % 4 == 0;  // scales of 4 blocks are one 8-byte (weights) / 16-byte (act) load
-    constexpr int U = 2;               // runs of 4 blocks in flight per lane
+    // U runs of 4 blocks (U 16-byte loads per row) in flight per lane: decode is latency-bound
+    // unless the grid keeps several MB of loads in flight.
     for (int64_t b0 = 0; b0 < nb4; b0 += 4 * U) {
       uint4 wq[U][R];
       float ws[U][R][4];
@@ -148,10 +150,12 @@ __device__ inline void GroupDots(const RowRef (&rows)[R], int64_t cols, const ui
   } else if constexpr (kType == kDevF32) {
     const int64_t np = cols & ~int64_t{63};
     float hi[R][NT];
+    // (unrolled so that several iterations' loads are in flight; the fma order is unchanged)
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
       for (int t = 0; t < NT; ++t) hi[r][t] = 0.0f;
+#pragma unroll 4
     for (int64_t i = 0; i < np; i += 64) {
       float w0[R], w1[R];
 #pragma unroll
@@ -178,18 +182,18 @@ __device__ inline void GroupDots(const RowRef (&rows)[R], int64_t cols, const ui
       for (int t = 0; t < NT; ++t) acc[r][t] = __fadd_rn(acc[r][t], hi[r][t]);
   } else {
     const int64_t chunks = cols / 16;
-    constexpr int U = 8;
-    for (int64_t c0 = 0; c0 < chunks; c0 += U) {
-      uint16_t wv[U][R];
+    constexpr int kChunks = 8;
+    for (int64_t c0 = 0; c0 < chunks; c0 += kChunks) {
+      uint16_t wv[kChunks][R];
 #pragma unroll
-      for (int u = 0; u < U; ++u)
+      for (int u = 0; u < kChunks; ++u)
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           const bool ok = c0 + u < chunks && rows[r].q != nullptr;
           wv[u][r] = ok ? __ldcs(reinterpret_cast<const unsigned short*>(rows[r].q) + (c0 + u) * 16 + g) : 0;
         }
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
+      for (int u = 0; u < kChunks; ++u) {
         if (c0 + u >= chunks) break;
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
