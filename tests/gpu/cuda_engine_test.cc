@@ -45,15 +45,23 @@ std::unique_ptr<Model> MakeModel(const std::string& preset, SynthQuant quant) {
   o.threads = Threads();
   const std::string path = (std::filesystem::temp_directory_path() /
                             ("mer_cuda_test_" + std::to_string(getpid()) + "_" + preset + ".gguf")).string();
-  EXPECT_TRUE(WriteSynthModel(o, path).ok());
-  std::fprintf(stderr, "%s: model written\n", preset.c_str());
+  // Failures are reported on stderr at once (stdout is lost if the process dies) and give nullptr.
+  const absl::Status written = WriteSynthModel(o, path);
+  std::fprintf(stderr, "%s: model written: %s\n", preset.c_str(), written.ToString().c_str());
+  if (!written.ok()) return nullptr;
   auto file = GgufFile::Open(path);
-  EXPECT_TRUE(file.ok()) << file.status();
   std::filesystem::remove(path);  // the mapping keeps it
+  if (!file.ok()) {
+    std::fprintf(stderr, "open: %s\n", file.status().ToString().c_str());
+    return nullptr;
+  }
   auto m = std::make_unique<Model>();
   m->file = std::move(*file);
   auto w = ModelWeights::Load(m->file);
-  EXPECT_TRUE(w.ok()) << w.status();
+  if (!w.ok()) {
+    std::fprintf(stderr, "load: %s\n", w.status().ToString().c_str());
+    return nullptr;
+  }
   m->weights = std::move(*w);
   m->experts = std::make_unique<MappedExpertSource>(*m->weights);
   return m;
@@ -119,6 +127,7 @@ class CudaVsCpu : public ::testing::TestWithParam<Case> {};
 TEST_P(CudaVsCpu, GreedyIdsEqualAndForcedLogitsClose) {
   const Case& tc = GetParam();
   auto model = MakeModel(tc.preset, tc.quant);
+  ASSERT_NE(model, nullptr);
   const ModelWeights& w = *model->weights;
   const int V = w.config().n_vocab;
   const auto prompts = Corpus(V);
@@ -180,6 +189,7 @@ INSTANTIATE_TEST_SUITE_P(
 // Two sequences interleaved in one batch (and a chunked prompt) give the logits of each run alone.
 TEST(CudaEngine, MixedBatchEqualsSolo) {
   auto model = MakeModel("tiny", SynthQuant::kQ8_0);
+  ASSERT_NE(model, nullptr);
   CudaEngineOptions o;
   o.max_batch_tokens = 64;
   o.max_sequences = 2;
@@ -232,6 +242,7 @@ int64_t RssBytes() {
 // uploads and evictions run throughout: device memory and RSS must not grow.
 TEST(CudaEngine, NoMemoryGrowthOver10000DecodeSteps) {
   auto model = MakeModel("tiny", SynthQuant::kQ8_0);
+  ASSERT_NE(model, nullptr);
   CudaEngineOptions o;
   o.max_batch_tokens = 8;
   o.max_context_tokens = 1024;
