@@ -25,7 +25,7 @@
 #include "common/store/expert_store.h"
 #include "common/systemd/sd_notify.h"
 #include "grpcpp/grpcpp.h"
-#include "services/compute/cpu/cpu_engine.h"
+#include "services/compute/backend_factory.h"
 #include "services/compute/daemon/batcher.h"
 #include "services/compute/daemon/compute_metrics.h"
 #include "services/compute/daemon/compute_service.h"
@@ -39,9 +39,9 @@ namespace {
 
 constexpr char kHelp[] =
     R"(usage: mer-compute (--model F.gguf | --store STORE_DIR --residency NAME) --listen unix:PATH
-                   [--backend cpu] [--max-sequences N] [--max-batch-tokens N] [--ctx N]
-                   [--kv-budget-tokens N] [--threads N] [--admission-wait-ms N]
-                   [--metrics-listen HOST:PORT|off]
+                   [--backend cpu|cuda] [--vram-expert-budget BYTES|PERCENT%]
+                   [--max-sequences N] [--max-batch-tokens N] [--ctx N] [--kv-budget-tokens N]
+                   [--threads N] [--admission-wait-ms N] [--metrics-listen HOST:PORT|off]
 
 Serves the model to mer-gateway over the internal gRPC API on the unix socket PATH, generating
 up to --max-sequences (default 8) sequences at once with continuous batching: each step carries
@@ -51,7 +51,9 @@ tokens in all. --ctx (default 4096, at most the model's) is the KV positions per
 (prompt + max_new_tokens - 1 each). A Generate call waits up to --admission-wait-ms (default
 2000) for a slot, then fails RESOURCE_EXHAUSTED. With --store and --residency the dense weights
 and the tokenizer come from STORE_DIR/dense.gguf and the experts from the mer-residency instance
-NAME. Prometheus metrics are served on http://HOST:PORT/metrics (default 127.0.0.1:0: a free
+NAME. --backend cuda (builds with the cuda backend, one NVIDIA GPU) runs the forward pass on
+the GPU with an expert arena in VRAM, capped by --vram-expert-budget (bytes, or a percentage of
+all experts; default: the free VRAM less a margin). Prometheus metrics are served on http://HOST:PORT/metrics (default 127.0.0.1:0: a free
 port, printed on stderr as "metrics: http://127.0.0.1:PORT/metrics"); off serves none.
 )";
 
@@ -59,7 +61,7 @@ std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop.store(true); }
 
 struct Args {
-  std::string model, store, residency, listen, backend = "cpu";
+  std::string model, store, residency, listen, backend = "cpu", vram_expert_budget;
   std::string metrics_listen = "127.0.0.1:0";
   int64_t max_sequences = 8, max_batch_tokens = 256, ctx = 4096, kv_budget_tokens = 0, threads = 0;
   int64_t admission_wait_ms = 2000;
@@ -91,6 +93,8 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
       RETURN_IF_ERROR(value(&a->listen));
     } else if (arg == "--backend") {
       RETURN_IF_ERROR(value(&a->backend));
+    } else if (arg == "--vram-expert-budget") {
+      RETURN_IF_ERROR(value(&a->vram_expert_budget));
     } else if (arg == "--metrics-listen") {
       RETURN_IF_ERROR(value(&a->metrics_listen));
     } else if (arg == "--max-sequences") {
@@ -117,8 +121,8 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
     return absl::InvalidArgumentError("--residency goes with --store, not --model");
   if (!absl::StartsWith(a->listen, "unix:") || a->listen.size() <= 5)
     return absl::InvalidArgumentError("--listen unix:PATH is required");
-  if (a->backend != "cpu")
-    return absl::InvalidArgumentError(absl::StrCat("--backend '", a->backend, "': this build has only 'cpu'"));
+  if (a->backend != "cpu" && a->backend != "cuda")
+    return absl::InvalidArgumentError(absl::StrCat("--backend '", a->backend, "': must be cpu or cuda"));
   return absl::OkStatus();
 }
 
@@ -176,12 +180,15 @@ absl::Status Main(const Args& a) {
     experts = std::make_unique<MappedExpertSource>(*weights);
   }
 
-  CpuEngineOptions eo;
-  eo.threads = static_cast<int>(a.threads);
-  eo.max_batch_tokens = static_cast<int>(a.max_batch_tokens);
-  eo.max_sequences = static_cast<int>(a.max_sequences);
-  eo.max_context_tokens = static_cast<int>(std::min<int64_t>(a.ctx, weights->config().n_ctx_train));
-  ASSIGN_OR_RETURN(std::unique_ptr<CpuEngine> engine, CpuEngine::Create(*weights, *experts, eo));
+  BackendOptions bo_engine;
+  bo_engine.backend = a.backend;
+  bo_engine.threads = static_cast<int>(a.threads);
+  bo_engine.max_batch_tokens = static_cast<int>(a.max_batch_tokens);
+  bo_engine.max_sequences = static_cast<int>(a.max_sequences);
+  bo_engine.max_context_tokens = static_cast<int>(std::min<int64_t>(a.ctx, weights->config().n_ctx_train));
+  bo_engine.vram_expert_budget = a.vram_expert_budget;
+  ASSIGN_OR_RETURN(CreatedBackend created, CreateBackend(*weights, *experts, bo_engine));
+  std::unique_ptr<ComputeBackend> engine = std::move(created.engine);
   const ModelConfig& c = weights->config();
 
   pb::Info info;
@@ -249,7 +256,7 @@ absl::Status Main(const Args& a) {
   std::fprintf(stderr,
                "mer-compute: %s (%s), backend %s, %d threads, %d sequences x %d positions, "
                "%d batch tokens, KV budget %lld positions, experts %s\n",
-               path.c_str(), info.quantization().c_str(), a.backend.c_str(), engine->options().threads,
+               path.c_str(), info.quantization().c_str(), a.backend.c_str(), created.threads,
                engine->max_sequences(), engine->max_context_tokens(), batcher->max_batch_tokens(),
                static_cast<long long>(batcher->kv_budget_tokens()),
                store ? absl::StrCat("from mer-residency ", a.residency).c_str() : "from the file");

@@ -1,10 +1,10 @@
 #include "tools/mer/cli_util.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
-#include "services/compute/cpu/cpu_engine.h"
 #include "common/model/model_tokenizer.h"
 
 namespace mer::cli {
@@ -55,17 +55,21 @@ absl::StatusOr<LoadedModel> LoadModel(const Flags& flags, int min_context_tokens
   m.tokenizer = std::make_unique<Tokenizer>(std::move(*tokenizer));
   if (m.experts == nullptr) m.experts = std::make_unique<MappedExpertSource>(*m.weights);
 
-  CpuEngineOptions options;
   ASSIGN_OR_RETURN(const int64_t threads, flags.Int("threads", 0));
   ASSIGN_OR_RETURN(const int64_t batch, flags.Int("batch", 256));
   ASSIGN_OR_RETURN(const int64_t ctx, flags.Int("ctx", std::max(4096, min_context_tokens)));
+  ASSIGN_OR_RETURN(const int64_t pin, flags.Int("pin-experts", 1));
   if (threads < 0 || threads > 1024) return absl::InvalidArgumentError("--threads must be in [0, 1024]");
-  options.threads = static_cast<int>(threads);
-  options.max_batch_tokens = static_cast<int>(std::clamp<int64_t>(batch, 1, 65536));
-  options.max_context_tokens = static_cast<int>(std::clamp<int64_t>(ctx, 1, 1 << 24));
-  ASSIGN_OR_RETURN(std::unique_ptr<CpuEngine> engine, CpuEngine::Create(*m.weights, *m.experts, options));
-  m.threads = engine->options().threads;
-  m.engine = std::move(engine);
+  BackendOptions o;
+  o.backend = m.backend = flags.String("backend", "cpu");
+  o.threads = static_cast<int>(threads);
+  o.max_batch_tokens = static_cast<int>(std::clamp<int64_t>(batch, 1, 65536));
+  o.max_context_tokens = static_cast<int>(std::clamp<int64_t>(ctx, 1, 1 << 24));
+  o.vram_expert_budget = flags.String("vram-expert-budget");
+  o.pin_host_experts = pin != 0;
+  ASSIGN_OR_RETURN(CreatedBackend created, CreateBackend(*m.weights, *m.experts, o));
+  m.engine = std::move(created.engine);
+  m.threads = created.threads;
   return m;
 }
 

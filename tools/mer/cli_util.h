@@ -14,6 +14,7 @@
 #include "services/compute/residency_expert_source.h"
 #include "common/tokenizer/tokenizer.h"
 #include "services/compute/backend.h"
+#include "services/compute/backend_factory.h"
 #include "services/compute/generation.h"
 #include "tools/mer/commands.h"
 #include "tools/mer/flags.h"
@@ -38,15 +39,24 @@ struct LoadedModel {
   ResidencyExpertSource* residency = nullptr;  // == experts.get() with --residency
   std::unique_ptr<ComputeBackend> engine;
   int threads = 0;  // CPU threads the engine runs on
+  std::string backend = "cpu";  // --backend cpu|cuda
 };
 
+// Counters of the cuda backend (zero for cpu), for `mer bench`.
+inline BackendCounters ReadBackendCounters(const LoadedModel& m) {
+  return ReadBackendCounters(*m.engine, m.backend);
+}
+
 // Flags read: --model, or --store and --residency (instance name); --threads, --ctx (KV
-// positions), --batch (prompt chunk).
+// positions), --batch (prompt chunk); --backend cpu|cuda, and for cuda --vram-expert-budget
+// BYTES|PERCENT% (a cap on the expert arena: bytes, or a percentage of all experts) and
+// --pin-experts 0|1 (cudaHostRegister the mapped experts, default 1).
 absl::StatusOr<LoadedModel> LoadModel(const Flags& flags, int min_context_tokens);
 
 // The common engine flags, for Flags::Parse.
 inline const std::vector<std::string> kEngineFlags = {"model", "store", "residency", "threads",
-                                                      "ctx", "batch"};
+                                                      "ctx", "batch", "backend",
+                                                      "vram-expert-budget", "pin-experts"};
 
 // The prompt of --prompt TEXT (tokenized, BOS first where the vocabulary asks for it) or
 // --prompt-tokens 1,2,3 (exactly one of them), every id checked against the vocabulary.

@@ -15,11 +15,17 @@ namespace {
 
 constexpr char kHelp[] = R"(usage: mer bench --model F.gguf [--threads N] [--prompt-tokens 31 | --prompt-ids 1,2,3]
                  [--gen-tokens 128] [--runs 3] [--warmup 1]
+                 [--backend cpu|cuda] [--vram-expert-budget BYTES|PERCENT%] [--pin-experts 0|1]
+                 [--temperature T --seed S]
 
 Greedy generation of --gen-tokens tokens after a fixed prompt of --prompt-tokens tokens (the
-start of a fixed English text, repeated as needed), end-of-sequence ignored. Prints prompt
+start of a fixed English text, repeated as needed), end-of-sequence ignored; --temperature > 0
+samples instead (seeded, the same tokens every run), which keeps synthetic models' routing from
+settling into a repeated token. Prints prompt
 tokens/s, decode tokens/s (tokens after the first over the time after the first), TTFT, mean
-total time (medians over the measured runs) and peak RSS.
+total time (medians over the measured runs) and peak RSS; for the cuda backend also, over the
+measured runs, the VRAM hit rate of expert lookups, misses and bytes uploaded per token, host
+synchronisations per token, and the arena and peak device memory.
 )";
 
 constexpr char kPromptText[] =
@@ -35,7 +41,8 @@ double Median(std::vector<double> v) {
 absl::Status Bench(const Args& args) {
   ASSIGN_OR_RETURN(Flags f, Flags::Parse(args,
                                          {"model", "threads", "ctx", "batch", "prompt-tokens",
-                                          "prompt-ids", "gen-tokens", "runs", "warmup"},
+                                          "prompt-ids", "gen-tokens", "runs", "warmup", "backend",
+                                          "vram-expert-budget", "pin-experts", "temperature", "seed"},
                                          {}));
   ASSIGN_OR_RETURN(const int64_t n_prompt, f.Int("prompt-tokens", 31));
   ASSIGN_OR_RETURN(const int64_t n_gen, f.Int("gen-tokens", 128));
@@ -59,8 +66,14 @@ absl::Status Bench(const Args& args) {
   GenerationRequest req;
   req.prompt = prompt;
   req.max_new_tokens = static_cast<int32_t>(n_gen);
+  ASSIGN_OR_RETURN(const double temperature, f.Double("temperature", 0.0));
+  ASSIGN_OR_RETURN(const int64_t seed, f.Int("seed", 1));
+  req.sampling.temperature = static_cast<float>(temperature);
+  req.sampling.seed = static_cast<uint64_t>(seed);
   std::vector<double> prompt_tps, decode_tps, ttft, total;
+  BackendCounters before;
   for (int64_t r = 0; r < warmup + runs; ++r) {
+    if (r == warmup) before = ReadBackendCounters(m);
     GenerationStats s;
     ASSIGN_OR_RETURN(std::vector<int32_t> out, mer::Generate(*m.engine, 0, req, {}, &s));
     if (r < warmup) continue;
@@ -77,7 +90,8 @@ absl::Status Bench(const Args& args) {
   std::printf("model            %s (%d layers, d_model %d, %d experts top-%d, ffn %d, %s experts)\n",
               f.String("model").c_str(), c.n_layer, c.n_embd, c.n_expert, c.n_expert_used, c.n_ff_exp,
               std::string(TypeName(m.weights->layers[0].gate_exps.type)).c_str());
-  std::printf("method           greedy, %zu prompt + %lld generated tokens, %lld warm-up + %lld runs, %d threads\n",
+  std::printf("method           %s, %zu prompt + %lld generated tokens, %lld warm-up + %lld runs, %d threads\n",
+              temperature > 0 ? absl::StrCat("temperature ", temperature).c_str() : "greedy",
               prompt.size(), (long long)n_gen, (long long)warmup, (long long)runs,
               m.threads);
   std::printf("prompt_tps       %.1f\n", Median(prompt_tps));
@@ -85,6 +99,23 @@ absl::Status Bench(const Args& args) {
   std::printf("ttft_p50_ms      %.2f\n", Median(ttft) * 1e3);
   std::printf("total_mean_s     %.3f\n", mean_total);
   std::printf("peak_rss_mib     %.1f\n", ru.ru_maxrss / 1024.0);
+  std::printf("backend          %s\n", m.backend.c_str());
+  if (m.backend == "cuda") {
+    const BackendCounters after = ReadBackendCounters(m);
+    const double tokens = static_cast<double>(after.tokens - before.tokens);
+    const double lookups = static_cast<double>(after.expert_lookups - before.expert_lookups);
+    const double misses = static_cast<double>(after.expert_misses - before.expert_misses);
+    std::printf("arena            %lld of %lld experts (%.1f%%), %.2f GiB, host experts %s\n",
+                (long long)after.arena_slots, (long long)after.total_experts,
+                100.0 * after.arena_slots / after.total_experts, after.arena_bytes / 1073741824.0,
+                after.host_experts_pinned ? "pinned" : "pageable");
+    std::printf("vram_hit_rate    %.4f\n", lookups > 0 ? 1.0 - misses / lookups : 1.0);
+    std::printf("misses_per_token %.2f\n", misses / tokens);
+    std::printf("upload_mib_per_token %.2f\n", (after.upload_bytes - before.upload_bytes) / tokens / 1048576.0);
+    std::printf("host_syncs_per_token %.2f\n", (after.host_syncs - before.host_syncs) / tokens);
+    std::printf("graph_steps      %lld\n", (long long)(after.graph_launches - before.graph_launches));
+    std::printf("peak_vram_gib    %.2f\n", after.vram_used_peak_bytes / 1073741824.0);
+  }
   return absl::OkStatus();
 }
 

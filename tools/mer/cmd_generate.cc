@@ -50,7 +50,8 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 absl::Status Generate(const Args& args) {
   ASSIGN_OR_RETURN(Flags f,
                    Flags::Parse(args,
-                                {"model", "store", "residency", "threads", "ctx", "batch", "prompt",
+                                {"model", "store", "residency", "threads", "ctx", "batch", "backend",
+                                 "vram-expert-budget", "pin-experts", "prompt",
                                  "prompt-tokens",
                                  "max-tokens", "temperature", "top-k", "top-p", "seed",
                                  "repetition-penalty"},
@@ -85,7 +86,8 @@ absl::Status Generate(const Args& args) {
 
 absl::Status Score(const Args& args) {
   ASSIGN_OR_RETURN(Flags f, Flags::Parse(args,
-                                         {"model", "threads", "ctx", "batch", "prompt-tokens",
+                                         {"model", "threads", "ctx", "batch", "backend",
+                                          "vram-expert-budget", "pin-experts", "prompt-tokens",
                                           "continuation-tokens", "logits-out"},
                                          {}));
   ASSIGN_OR_RETURN(std::vector<int32_t> prompt,

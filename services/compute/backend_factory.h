@@ -1,0 +1,57 @@
+// Creating a compute backend by name: the one place that knows which backends this build has
+// (`cpu` always, `cuda` when built with MER_CUDA) and turns the shared engine settings into each
+// backend's options. Used by mer-compute and by the `mer` command line.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/model/expert_source.h"
+#include "common/model/model_weights.h"
+#include "services/compute/backend.h"
+
+namespace mer {
+
+struct BackendOptions {
+  std::string backend = "cpu";    // "cpu" or "cuda"
+  int threads = 0;                // cpu: worker threads including the caller; 0 = all cores
+  int max_batch_tokens = 256;     // tokens per Forward (prompt chunk size)
+  int max_sequences = 1;          // KV cache slots
+  int max_context_tokens = 4096;  // KV positions per sequence (capped at the model's)
+  // cuda: cap on the VRAM expert arena, "BYTES" or "PERCENT%" of all experts; empty: no cap
+  // beyond the free VRAM.
+  std::string vram_expert_budget;
+  bool pin_host_experts = true;   // cuda: cudaHostRegister the experts' host memory
+};
+
+// What a backend reports beyond ComputeBackend (zero for the cpu backend).
+struct BackendCounters {
+  int64_t tokens = 0;
+  int64_t expert_lookups = 0;
+  int64_t expert_misses = 0;
+  int64_t upload_bytes = 0;
+  int64_t host_syncs = 0;
+  int64_t graph_launches = 0;
+  int64_t vram_used_peak_bytes = 0;
+  int64_t arena_bytes = 0;
+  int64_t arena_slots = 0;
+  int64_t total_experts = 0;
+  bool host_experts_pinned = false;
+};
+
+struct CreatedBackend {
+  std::unique_ptr<ComputeBackend> engine;
+  int threads = 0;  // CPU threads the backend computes on (the cpu backend's pool; 1 for cuda)
+};
+
+// InvalidArgument for an unknown backend or a bad budget; Unimplemented for `cuda` in a build
+// without it; the backend's own errors otherwise (no GPU, VRAM too small, ...).
+absl::StatusOr<CreatedBackend> CreateBackend(const ModelWeights& weights, ExpertSource& experts,
+                                             const BackendOptions& options);
+
+// The counters of a backend made by CreateBackend with `backend_name`.
+BackendCounters ReadBackendCounters(const ComputeBackend& engine, const std::string& backend_name);
+
+}  // namespace mer

@@ -1,0 +1,30 @@
+// Causal GQA attention over the f32 KV cache: for token t and head h, softmax(q . K / sqrt(head_dim))
+// over positions [0, pos[t]] of sequence seq[t], times V. q: f32 [n_tokens, n_head * head_dim];
+// out: f32 [n_tokens, n_head * head_dim]; scores: f32 scratch [n_tokens * n_head,
+// AttentionScoresStride(max_ctx)]. One block per (token, head); head_dim <= 1024. Results equal
+// the CPU engine's bit for bit (the order of its ggml-style reductions is kept, attention.cu).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace mer::cuda {
+
+// Floats of scratch per (token, head): the scores, then the softmax's group sums.
+inline constexpr int64_t AttentionScoresStride(int64_t max_ctx) { return max_ctx + max_ctx / 16 + 16; }
+
+struct AttentionArgs {
+  const float* q;
+  const float* k_cache;  // this layer's [max_sequences, max_ctx, kv_dim]
+  const float* v_cache;
+  const int32_t* seq;
+  const int32_t* pos;
+  float* scores;
+  float* out;
+  int n_head, n_head_kv, head_dim, max_ctx;
+};
+
+void LaunchAttention(const AttentionArgs& args, int n_tokens, cudaStream_t stream);
+
+}  // namespace mer::cuda

@@ -1,0 +1,110 @@
+// The cuda backend of mer-compute: the qwen3moe forward pass on one NVIDIA GPU (built for Hopper,
+// sm_90a), with the same semantics as CpuEngine (services/compute/cpu/cpu_engine.h): batches that
+// mix sequences and positions, a KV cache per sequence slot, logits copied to the host only for
+// the tokens that want them.
+//
+// Memory (all reserved at Create, nothing allocated by Forward): the dense weights (uploaded at
+// Create), the f32 KV cache, the workspaces for max_batch_tokens tokens, and the expert arena: a
+// pool of equal VRAM slots, one expert (gate | up | down) each, sized from what is left (free
+// memory minus a margin) and capped by the options; a device-side slot table maps (layer, expert)
+// to a slot and is what the expert kernels read. Misses are uploaded from the host pointers the
+// ExpertSource returns (cudaMemcpyAsync; the experts' host memory is pinned with cudaHostRegister
+// when it can be), evicting the least recently used expert that the layer being computed does not
+// use. While every expert is resident, a step runs with no host round trip between its layers (and
+// single-token steps replay a CUDA graph); otherwise the host reads each layer's routing once
+// (one synchronisation) to serve its misses. docs/cuda.md has the design and the numbers.
+//
+// This header exposes no CUDA types (the implementation's are behind Impl).
+// Thread-safety: one Forward at a time; Create, ClearSequence and stats likewise.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/model/expert_source.h"
+#include "common/model/model_weights.h"
+#include "services/compute/backend.h"
+
+namespace mer {
+
+struct CudaEngineOptions {
+  int device = 0;                      // CUDA device ordinal
+  int max_batch_tokens = 256;          // tokens per Forward call (prompt chunk size), >= 1
+  int max_sequences = 1;               // KV cache slots
+  int max_context_tokens = 4096;       // KV positions per sequence; capped at the model's context_length
+  // Caps on the expert arena (the smaller applies); negative: no cap. The arena never exceeds all
+  // of the model's experts, nor the free VRAM less vram_margin_bytes.
+  int64_t vram_expert_budget_bytes = -1;
+  double vram_expert_budget_fraction = -1;  // of all n_layer * n_expert experts, in (0, 1]
+  int64_t vram_margin_bytes = int64_t{1} << 30;  // left free for the driver and libraries
+  bool pin_host_experts = true;        // cudaHostRegister the experts' host memory (the mapped file)
+  bool use_graphs = true;              // CUDA graphs for single-token steps while all experts are resident
+  int staging_experts = 16;            // device staging buffers for uploads (experts per repack launch)
+};
+
+// Counters since Create (cumulative).
+struct CudaEngineStats {
+  int64_t forward_calls = 0;
+  int64_t tokens = 0;               // batch tokens processed
+  int64_t expert_lookups = 0;       // distinct (layer, expert) a batch needs, summed over layers
+  int64_t expert_misses = 0;        // of those, not in the arena
+  int64_t expert_upload_bytes = 0;  // host -> VRAM
+  int64_t evictions = 0;
+  int64_t host_syncs = 0;           // stream/event synchronisations inside Forward
+  int64_t graph_launches = 0;
+  int64_t upload_seconds_x1e6 = 0;  // wall time of miss servicing (host side), microseconds
+  // Memory, bytes.
+  int64_t dense_bytes = 0;
+  int64_t kv_bytes = 0;
+  int64_t workspace_bytes = 0;
+  int64_t arena_bytes = 0;
+  int64_t arena_slots = 0;
+  int64_t slot_bytes = 0;
+  int64_t total_experts = 0;
+  int64_t vram_total_bytes = 0;
+  int64_t vram_used_bytes = 0;      // device-wide (total - free), sampled at Create and by stats()
+  int64_t vram_used_peak_bytes = 0;
+  bool host_experts_pinned = false;
+};
+
+class CudaEngine final : public ComputeBackend {
+ public:
+  // False when no CUDA device is usable (no driver, no GPU): callers fall back or skip.
+  static bool DeviceAvailable();
+
+  static absl::StatusOr<std::unique_ptr<CudaEngine>> Create(const ModelWeights& weights,
+                                                            ExpertSource& experts,
+                                                            const CudaEngineOptions& options);
+  ~CudaEngine();
+
+  const CudaEngineOptions& options() const { return options_; }
+  CudaEngineStats stats() const;
+  // The VRAM breakdown logged at Create: device, dense, KV, workspace, margin, arena.
+  const std::string& budget_report() const { return budget_report_; }
+  // Loads every expert the arena can hold (layer-major), so benchmarks start warm; returns how many.
+  absl::StatusOr<int64_t> Preload();
+
+  // ComputeBackend.
+  const ModelConfig& config() const override { return config_; }
+  int max_batch_tokens() const override { return options_.max_batch_tokens; }
+  int max_sequences() const override { return options_.max_sequences; }
+  int max_context_tokens() const override { return options_.max_context_tokens; }
+  absl::Status Forward(absl::Span<const BatchToken> batch, float* logits) override;
+  void ClearSequence(int sequence) override;
+  int32_t sequence_length(int sequence) const override;
+  void set_routing_observer(RoutingObserver* observer) override;
+
+ private:
+  struct Impl;
+  CudaEngine(const ModelConfig& config, const CudaEngineOptions& options, std::unique_ptr<Impl> impl);
+
+  const ModelConfig config_;
+  CudaEngineOptions options_;
+  std::string budget_report_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mer

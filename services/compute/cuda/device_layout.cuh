@@ -1,0 +1,50 @@
+// How weights and activations lie in device memory, shared by every kernel of the cuda backend.
+//
+// Weights: F32, F16 and BF16 matrices as in the GGUF file (row-major). Q8_0 matrices are split
+// (repack.cuh converts them on upload): all int8 quants first, [rows, cols], then the f16 block
+// scales [rows, cols / 32]; the same bytes as the file's 34-byte blocks. Within a row, each run
+// of 4 blocks (128 quants) is interleaved so that the 16 bytes lane l of an 8-lane group needs
+// (quants 4l..4l+3 of each of the 4 blocks, the CPU kernel's int32 lane l) are contiguous: one
+// 16-byte load per lane per 4 blocks (Q8_0QuantOffset; blocks past the last run of 4 stay plain).
+//
+// Activations (the input of a matrix product) are converted, like the CPU engine's, to the
+// weight's dot type (ActivationTypeFor): f32, f16, bf16, or Q8_0 laid out the same way with f32
+// scales holding the f16-rounded block scale.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace mer::cuda {
+
+// GgmlType values (common/tensor/ggml_type.h), repeated here so device code needs no host header.
+enum DevType : int { kDevF32 = 0, kDevF16 = 1, kDevQ8_0 = 8, kDevBF16 = 30 };
+
+struct DevMatrix {
+  int type = kDevF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  const uint8_t* data = nullptr;  // device layout above
+};
+
+// Rows of activations: row t at data + t * row_bytes; Q8_0 scales of row t at scales + t * (stride / 32).
+struct DevAct {
+  int type = kDevF32;
+  int64_t stride = 0;  // elements per row (>= cols)
+  uint8_t* data = nullptr;
+  float* scales = nullptr;  // Q8_0 only
+};
+
+__host__ __device__ inline int64_t ActRowBytes(int type, int64_t stride) {
+  return type == kDevF32 ? stride * 4 : (type == kDevQ8_0 ? stride : stride * 2);
+}
+
+// Byte offset of quant i in a Q8_0 row of n_blocks blocks (see above).
+__host__ __device__ inline int64_t Q8_0QuantOffset(int64_t i, int64_t n_blocks) {
+  const int64_t b = i / 32, within = i % 32;
+  if (b >= n_blocks / 4 * 4) return i;
+  return (b / 4) * 128 + (within / 4) * 16 + (b % 4) * 4 + within % 4;
+}
+
+}  // namespace mer::cuda

@@ -1,0 +1,96 @@
+#include "services/compute/cuda/matvec.cuh"
+
+#include "services/compute/cuda/cuda_check.cuh"
+#include "services/compute/cuda/warp_dot.cuh"
+
+namespace mer::cuda {
+namespace {
+
+constexpr int kRows = 1;           // weight rows per lane group (more groups: more loads in flight)
+constexpr int kWarps = 4;          // warps per block
+constexpr int kMaxOutputs = 3;
+
+struct MatvecArgs {
+  MatvecOutput o[kMaxOutputs];
+  int64_t row_begin[kMaxOutputs + 1];  // concatenated row ranges
+  int n_outputs;
+  DevAct act;
+  int n_tokens;
+};
+
+template <int kType, int NT>
+__global__ void __launch_bounds__(kWarps * 32) MatvecKernel(const __grid_constant__ MatvecArgs args) {
+  constexpr int G = kGroup<kType>, kGroupsPerWarp = 32 / G;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // Each group of G lanes takes kRows consecutive rows of the concatenated matrices.
+  const int64_t grow = ((int64_t(blockIdx.x) * kWarps + warp) * kGroupsPerWarp + lane / G) * kRows;
+  int m = 0;
+  while (m + 1 < args.n_outputs && grow >= args.row_begin[m + 1]) ++m;
+  const bool active = grow < args.row_begin[args.n_outputs];
+  const MatvecOutput& o = args.o[m];
+  const int64_t row0 = grow - args.row_begin[m];
+  RowRef rows[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+    rows[r] = active && row0 + r < o.w.rows ? MatrixRow<kType>(o.w, row0 + r) : RowRef{};
+  const int t0 = blockIdx.y * NT;
+  const uint8_t* act_rows[NT];
+  const float* act_scales[NT];
+  const int64_t rb = ActRowBytes(args.act.type, args.act.stride);
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const bool valid = t0 + t < args.n_tokens;
+    act_rows[t] = valid ? args.act.data + int64_t(t0 + t) * rb : nullptr;
+    act_scales[t] = valid && kType == kDevQ8_0 ? args.act.scales + int64_t(t0 + t) * (args.act.stride / 32) : nullptr;
+  }
+  float acc[kRows][NT];
+  GroupDots<kType, kRows, NT, NT == 1 ? 8 : 2>(rows, args.o[0].w.cols, act_rows, act_scales, acc);
+  if (lane % G != 0) return;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      if (rows[r].q == nullptr || act_rows[t] == nullptr) continue;
+      const int64_t i = int64_t(t0 + t) * o.out_stride + row0 + r;
+      o.out[i] = o.residual != nullptr ? __fadd_rn(o.residual[i], acc[r][t]) : acc[r][t];
+    }
+}
+
+template <int kType>
+void Launch(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
+  constexpr int kRowsPerBlock = kWarps * (32 / kGroup<kType>) * kRows;
+  const unsigned bx = static_cast<unsigned>((total_rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  if (args.n_tokens == 1) {
+    MatvecKernel<kType, 1><<<dim3(bx, 1), kWarps * 32, 0, stream>>>(args);
+  } else {
+    constexpr int NT = 8;
+    MatvecKernel<kType, NT><<<dim3(bx, (args.n_tokens + NT - 1) / NT), kWarps * 32, 0, stream>>>(args);
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void LaunchMatvec(const MatvecOutput* outputs, int n_outputs, const DevAct& act, int n_tokens,
+                  cudaStream_t stream) {
+  MatvecArgs args{};
+  args.n_outputs = n_outputs;
+  args.act = act;
+  args.n_tokens = n_tokens;
+  args.row_begin[0] = 0;
+  for (int i = 0; i < n_outputs; ++i) {
+    args.o[i] = outputs[i];
+    // Each matrix's rows start on a group's first row, so a group never spans two matrices.
+    args.row_begin[i + 1] = args.row_begin[i] + (outputs[i].w.rows + kRows - 1) / kRows * kRows;
+  }
+  const int64_t total = args.row_begin[n_outputs];
+  switch (outputs[0].w.type) {
+    case kDevF32: Launch<kDevF32>(args, total, stream); break;
+    case kDevF16: Launch<kDevF16>(args, total, stream); break;
+    case kDevBF16: Launch<kDevBF16>(args, total, stream); break;
+    case kDevQ8_0: Launch<kDevQ8_0>(args, total, stream); break;
+    default: std::fprintf(stderr, "matvec: unsupported type %d\n", outputs[0].w.type); std::abort();
+  }
+}
+
+}  // namespace mer::cuda

@@ -1,0 +1,143 @@
+#include "services/compute/cuda/moe_experts.cuh"
+
+#include "services/compute/cuda/cuda_check.cuh"
+#include "services/compute/cuda/ggml_math.cuh"
+#include "services/compute/cuda/warp_dot.cuh"
+
+namespace mer::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+
+__device__ inline const uint8_t* SlotBase(const ExpertArgs& a, int u, int* n_pairs, const int32_t** pairs) {
+  const int e = a.used[u];
+  const int32_t slot = a.slot_table[e];
+  if (slot < 0) __trap();  // the host uploads every processed expert first
+  *pairs = a.pairs + a.begin[u];
+  *n_pairs = a.begin[u + 1] - a.begin[u];
+  return a.arena + int64_t(slot) * a.slot_bytes;
+}
+
+// Rows r of gate and up (2 rows per warp: gate r, up r) over the group's pairs, NT at a time.
+template <int kType, int NT>
+__global__ void __launch_bounds__(kWarps * 32) GateUpKernel(const __grid_constant__ ExpertArgs a, DevAct act,
+                                                            float* h) {
+  const int u = a.u_begin + blockIdx.y;
+  if (u >= *a.n_used || blockIdx.y >= a.u_count) return;
+  constexpr int G = kGroup<kType>;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t r = (int64_t(blockIdx.x) * kWarps + warp) * (32 / G) + lane / G;
+  int n_pairs;
+  const int32_t* pairs;
+  const uint8_t* base = SlotBase(a, u, &n_pairs, &pairs);
+  const DevMatrix gate{kType, a.n_ff, a.n_embd, base};
+  const DevMatrix up{kType, a.n_ff, a.n_embd, base + a.up_offset};
+  const bool active = r < a.n_ff;  // inactive groups still join the warp's shuffles
+  const RowRef rows[2] = {active ? MatrixRow<kType>(gate, r) : RowRef{}, active ? MatrixRow<kType>(up, r) : RowRef{}};
+  const int64_t rb = ActRowBytes(act.type, act.stride);
+  for (int g = 0; g < n_pairs; g += NT) {
+    const uint8_t* act_rows[NT];
+    const float* act_scales[NT];
+    int pair[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      pair[t] = g + t < n_pairs ? pairs[g + t] : -1;
+      const int64_t tok = pair[t] / a.k;
+      act_rows[t] = pair[t] >= 0 ? act.data + tok * rb : nullptr;
+      act_scales[t] = pair[t] >= 0 && kType == kDevQ8_0 ? act.scales + tok * (act.stride / 32) : nullptr;
+    }
+    float acc[2][NT];
+    GroupDots<kType, 2, NT, NT == 1 ? 4 : 2>(rows, a.n_embd, act_rows, act_scales, acc);
+    if (lane % G != 0 || !active) continue;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      if (pair[t] < 0) continue;
+      // ggml_vec_swiglu_f32 (cpu_ops.h SwiGlu; n_ff is a multiple of 16, so no scalar tail).
+      const float x = acc[0][t];
+      h[int64_t(pair[t]) * a.n_ff + r] = __fmul_rn(__fdiv_rn(x, __fadd_rn(1.0f, GgmlExpf(0.0f - x))), acc[1][t]);
+    }
+  }
+}
+
+template <int kType, int NT>
+__global__ void __launch_bounds__(kWarps * 32) DownKernel(const __grid_constant__ ExpertArgs a, DevAct act,
+                                                          float* out) {
+  constexpr int R = 2;
+  const int u = a.u_begin + blockIdx.y;
+  if (u >= *a.n_used || blockIdx.y >= a.u_count) return;
+  constexpr int G = kGroup<kType>;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t r0 = ((int64_t(blockIdx.x) * kWarps + warp) * (32 / G) + lane / G) * R;
+  int n_pairs;
+  const int32_t* pairs;
+  const uint8_t* base = SlotBase(a, u, &n_pairs, &pairs);
+  const DevMatrix down{kType, a.n_embd, a.n_ff, base + a.down_offset};
+  RowRef rows[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) rows[r] = r0 + r < a.n_embd ? MatrixRow<kType>(down, r0 + r) : RowRef{};
+  const int64_t rb = ActRowBytes(act.type, act.stride);
+  for (int g = 0; g < n_pairs; g += NT) {
+    const uint8_t* act_rows[NT];
+    const float* act_scales[NT];
+    int pair[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      pair[t] = g + t < n_pairs ? pairs[g + t] : -1;
+      act_rows[t] = pair[t] >= 0 ? act.data + int64_t(pair[t]) * rb : nullptr;
+      act_scales[t] = pair[t] >= 0 && kType == kDevQ8_0 ? act.scales + int64_t(pair[t]) * (act.stride / 32) : nullptr;
+    }
+    float acc[R][NT];
+    GroupDots<kType, R, NT, NT == 1 ? 4 : 2>(rows, a.n_ff, act_rows, act_scales, acc);
+    if (lane % G != 0) continue;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+        if (pair[t] >= 0 && rows[r].q != nullptr)
+          out[int64_t(pair[t]) * a.n_embd + r0 + r] = acc[r][t];
+  }
+}
+
+template <int kType>
+void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pairs, cudaStream_t s) {
+  constexpr int kRowsPerBlock = kWarps * (32 / kGroup<kType>);
+  const dim3 grid((a.n_ff + kRowsPerBlock - 1) / kRowsPerBlock, a.u_count);
+  if (max_pairs <= 1) GateUpKernel<kType, 1><<<grid, kWarps * 32, 0, s>>>(a, act, h);
+  else GateUpKernel<kType, 8><<<grid, kWarps * 32, 0, s>>>(a, act, h);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <int kType>
+void LaunchDownT(const ExpertArgs& a, const DevAct& act, float* out, int max_pairs, cudaStream_t s) {
+  constexpr int kRowsPerBlock = kWarps * (32 / kGroup<kType>) * 2;
+  const dim3 grid((a.n_embd + kRowsPerBlock - 1) / kRowsPerBlock, a.u_count);
+  if (max_pairs <= 1) DownKernel<kType, 1><<<grid, kWarps * 32, 0, s>>>(a, act, out);
+  else DownKernel<kType, 8><<<grid, kWarps * 32, 0, s>>>(a, act, out);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void LaunchExpertGateUp(const ExpertArgs& a, const DevAct& x_act, float* h, int max_group_pairs,
+                        cudaStream_t stream) {
+  switch (a.type) {
+    case kDevF32: LaunchGateUpT<kDevF32>(a, x_act, h, max_group_pairs, stream); break;
+    case kDevF16: LaunchGateUpT<kDevF16>(a, x_act, h, max_group_pairs, stream); break;
+    case kDevBF16: LaunchGateUpT<kDevBF16>(a, x_act, h, max_group_pairs, stream); break;
+    case kDevQ8_0: LaunchGateUpT<kDevQ8_0>(a, x_act, h, max_group_pairs, stream); break;
+    default: std::fprintf(stderr, "experts: unsupported type %d\n", a.type); std::abort();
+  }
+}
+
+void LaunchExpertDown(const ExpertArgs& a, const DevAct& h_act, float* out, int max_group_pairs,
+                      cudaStream_t stream) {
+  switch (a.type) {
+    case kDevF32: LaunchDownT<kDevF32>(a, h_act, out, max_group_pairs, stream); break;
+    case kDevF16: LaunchDownT<kDevF16>(a, h_act, out, max_group_pairs, stream); break;
+    case kDevBF16: LaunchDownT<kDevBF16>(a, h_act, out, max_group_pairs, stream); break;
+    case kDevQ8_0: LaunchDownT<kDevQ8_0>(a, h_act, out, max_group_pairs, stream); break;
+    default: std::fprintf(stderr, "experts: unsupported type %d\n", a.type); std::abort();
+  }
+}
+
+}  // namespace mer::cuda

@@ -1,0 +1,41 @@
+// The experts of one layer, all selected ones in one launch each, reading weights through the
+// device-side slot table: expert e of the layer lives at arena + slot_table[e] * slot_bytes as
+// gate | up | down (device layout, device_layout.cuh), each [rows, cols] of the layer's type.
+//
+// GateUp: h[p, :] = silu(gate . x[t]) * (up . x[t]) for every pair p = t * k + j routed to a used
+//   expert (moe_group.cuh), act: token rows of the gate's dot type; h: f32 [n_pairs, n_ff].
+// Down:   out[p, :] = down . h_act[p], act: pair rows of the down's dot type; out f32 [n_pairs, n_embd].
+// Groups u in [u_begin, u_begin + u_count) ∩ [0, *n_used) are processed (the host splits a layer
+// into passes when the arena cannot hold all its experts at once).
+// n_embd and n_ff multiples of 32; every processed expert's slot_table entry must be >= 0 (trap).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "services/compute/cuda/device_layout.cuh"
+#include "services/compute/cuda/moe_group.cuh"
+
+namespace mer::cuda {
+
+struct ExpertArgs {
+  int type;                    // weight type of gate, up and down
+  const uint8_t* arena;
+  int64_t slot_bytes;
+  const int32_t* slot_table;   // this layer's [n_expert] -> slot or -1
+  int64_t up_offset, down_offset;  // bytes from the slot start
+  int32_t n_embd, n_ff, k;
+  const int32_t* n_used;
+  const int32_t* used;
+  const int32_t* begin;
+  const int32_t* pairs;
+  int u_begin, u_count;
+};
+
+void LaunchExpertGateUp(const ExpertArgs& args, const DevAct& x_act, float* h, int max_group_pairs,
+                        cudaStream_t stream);
+void LaunchExpertDown(const ExpertArgs& args, const DevAct& h_act, float* out, int max_group_pairs,
+                      cudaStream_t stream);
+
+}  // namespace mer::cuda

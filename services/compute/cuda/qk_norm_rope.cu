@@ -1,0 +1,49 @@
+#include "services/compute/cuda/qk_norm_rope.cuh"
+
+#include "services/compute/cuda/cuda_check.cuh"
+
+namespace mer::cuda {
+namespace {
+
+__global__ void QkNormRopeKernel(const QkNormRopeArgs a) {
+  extern __shared__ double squares[];  // [head_dim], then f32 [head_dim]
+  float* head = reinterpret_cast<float*>(squares + blockDim.x);
+  const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+  const int HD = a.head_dim, KD = a.n_head_kv * HD, half = HD / 2;
+  const bool is_q = h < a.n_head;
+  const int hk = h - a.n_head;
+  const float* src = is_q ? a.q + (int64_t(t) * a.n_head + h) * HD : a.k + int64_t(t) * KD + hk * HD;
+  const float x = src[d];
+  // head_dim may be below a warp (16 in the unit-test geometry): reduce through shared memory.
+  squares[d] = static_cast<double>(x * x);
+  __syncthreads();
+  double total = 0.0;
+  for (int k = 0; k < HD; ++k) total += squares[k];
+  const float mean = static_cast<float>(total / static_cast<double>(HD));
+  const float scale = 1.0f / sqrtf(mean + a.eps);
+  head[d] = __fmul_rn(__fmul_rn(x, scale), (is_q ? a.q_norm : a.k_norm)[d]);
+  __syncthreads();
+  const int i = d < half ? d : d - half;
+  const float c = a.rope_cos[int64_t(t) * half + i], sn = a.rope_sin[int64_t(t) * half + i];
+  const float x0 = head[i], x1 = head[i + half];
+  // cpu::RopeNeox as GCC compiles it (-mfma contracts): fma(x0, cos, -(x1 sin)) and
+  // fma(x0, sin, x1 cos).
+  const float out = d < half ? fmaf(x0, c, -__fmul_rn(x1, sn)) : fmaf(x0, sn, __fmul_rn(x1, c));
+  if (is_q) {
+    a.q[(int64_t(t) * a.n_head + h) * HD + d] = out;
+  } else {
+    const int64_t cell = (int64_t(a.seq[t]) * a.max_ctx + a.pos[t]) * KD + hk * HD + d;
+    a.k_cache[cell] = out;
+    a.v_cache[cell] = a.v[int64_t(t) * KD + hk * HD + d];
+  }
+}
+
+}  // namespace
+
+void LaunchQkNormRope(const QkNormRopeArgs& args, int n_tokens, cudaStream_t stream) {
+  QkNormRopeKernel<<<dim3(n_tokens, args.n_head + args.n_head_kv), args.head_dim,
+                     args.head_dim * (sizeof(double) + sizeof(float)), stream>>>(args);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace mer::cuda

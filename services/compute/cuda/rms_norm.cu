@@ -1,0 +1,54 @@
+#include "services/compute/cuda/rms_norm.cuh"
+
+#include "services/compute/cuda/act_store.cuh"
+#include "services/compute/cuda/cuda_check.cuh"
+
+namespace mer::cuda {
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr int kPerThread = 8;  // n <= kThreads * kPerThread (CHECKed by the engine)
+
+// One block per row; the row is read once into registers (decode is latency-bound here).
+__global__ void __launch_bounds__(kThreads) RmsNormKernel(const float* x, int64_t x_stride,
+                                                          const int32_t* rows, const float* w, float eps,
+                                                          int64_t n, float* y, int64_t y_stride, DevAct act) {
+  const int64_t row = blockIdx.x;
+  const float* xr = x + (rows != nullptr ? rows[row] : row) * x_stride;
+  float xv[kPerThread];
+  double sum = 0.0;
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    const int64_t i = threadIdx.x + int64_t(k) * kThreads;
+    xv[k] = i < n ? xr[i] : 0.0f;
+    sum += static_cast<double>(xv[k] * xv[k]);
+  }
+  __shared__ double partial[kThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = sum;
+  __syncthreads();
+  double total = 0.0;
+  for (int k = 0; k < kThreads / 32; ++k) total += partial[k];
+  const float mean = static_cast<float>(total / static_cast<double>(n));
+  const float scale = 1.0f / sqrtf(mean + eps);
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    const int64_t i = threadIdx.x + int64_t(k) * kThreads;
+    if (i >= n) break;  // whole warps (n is a multiple of 32)
+    const float v = __fmul_rn(__fmul_rn(xv[k], scale), w[i]);
+    if (y != nullptr) y[row * y_stride + i] = v;
+    if (act.data != nullptr) StoreAct(act, row, i, v);
+  }
+}
+
+}  // namespace
+
+void LaunchRmsNorm(const float* x, int64_t x_stride, const int32_t* rows, int n_rows, const float* w,
+                   float eps, int64_t n, float* y, int64_t y_stride, const DevAct& act,
+                   cudaStream_t stream) {
+  if (n_rows == 0) return;
+  RmsNormKernel<<<n_rows, kThreads, 0, stream>>>(x, x_stride, rows, w, eps, n, y, y_stride, act);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace mer::cuda

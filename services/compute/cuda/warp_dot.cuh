@@ -1,0 +1,231 @@
+// The inner loop shared by every matrix product of the cuda backend (dense mat-vec, grouped
+// experts), written to give the CPU engine's results bit for bit: a group of lanes computes one
+// weight row, each lane one of the CPU kernel's SIMD accumulator lanes, with the same fma chain
+// and the same reduction tree, so the sums equal VecDot's/DotF32Ggml's exactly. That matters
+// because a last-ulp difference can flip a later Q8_0 activation rounding or a router top-k
+// choice, which shows as a jump in the logits many steps later (the same reason the CPU engine
+// copies ggml's lane arithmetic, cpu_ops.h).
+//
+//   Q8_0: 8 lanes per row; lane l sums elements 4l..4l+3 of every 32-block as an exact integer
+//         (dp4a), accumulated acc_l = fma(d_w * d_a, isum, acc_l) over blocks in order
+//         (common/quant/q8_0.cc), then ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)).
+//   F16/BF16: 16 lanes per row; lane m accumulates elements 16c + m over c, then lanes m and
+//         m + 8 added and reduced as above (common/quant/float_dot.cc, two __m256 accumulators).
+//   F32:  32 lanes per row holding ggml_vec_dot_f32's 64 lanes (l and l + 32), reduced as
+//         ReduceAcc64, the tail past the last multiple of 64 added by fma in order (cpu_ops.h).
+// Each group reads its rows' bytes once per call; NT activation rows (cache-resident) reuse them.
+// Sizes: cols a multiple of 32 (CHECKed at engine creation).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "services/compute/cuda/act_store.cuh"
+
+namespace mer::cuda {
+
+// Lanes per row.
+template <int kType>
+constexpr int kGroup = kType == kDevQ8_0 ? 8 : (kType == kDevF32 ? 32 : 16);
+
+// Row r of matrix m: quants (or values) and, for Q8_0, the block scales.
+struct RowRef {
+  const uint8_t* q = nullptr;
+  const __half* s = nullptr;
+};
+
+template <int kType>
+__device__ inline RowRef MatrixRow(const DevMatrix& m, int64_t r) {
+  RowRef ref;
+  if constexpr (kType == kDevQ8_0) {
+    ref.q = m.data + r * m.cols;
+    ref.s = reinterpret_cast<const __half*>(m.data + m.rows * m.cols) + r * (m.cols / 32);
+  } else {
+    ref.q = m.data + r * m.cols * (kType == kDevF32 ? 4 : 2);
+  }
+  return ref;
+}
+
+template <int kType>
+__device__ inline float HalfToF32(uint16_t v) {
+  if constexpr (kType == kDevF16) return __half2float(__ushort_as_half(v));
+  else return BF16BitsToF32(v);
+}
+
+// Sum over the group's lanes in the CPU's tree (see above); the result is valid in the group's
+// first lane. All 32 lanes of the warp must call it.
+template <int kType>
+__device__ inline float GroupReduce(float v) {
+  if constexpr (kType == kDevF32) v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 16));
+  if constexpr (kType != kDevQ8_0) v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 8));
+  v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 4));
+  v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 2));
+  v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 1));
+  return v;
+}
+
+// acc[r][t] = dot(row r, activation row t), valid in the group's first lane (g == 0).
+// rows[r].q == nullptr skips row r; act_rows[t] == nullptr skips token t. All lanes must call it.
+// U: Q8_0 runs of 4 blocks loaded per lane per step (a tuning knob; results do not depend on it).
+template <int kType, int R, int NT, int U = 2>
+__device__ inline void GroupDots(const RowRef (&rows)[R], int64_t cols, const uint8_t* const (&act_rows)[NT],
+                                 const float* const (&act_scales)[NT], float (&acc)[R][NT]) {
+  constexpr int G = kGroup<kType>;
+  const int g = threadIdx.x % G;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+  if constexpr (kType == kDevQ8_0) {
+    const int64_t nb = cols / 32, nb4 = nb / 4 * 4;
+    const bool aligned = nb % 4 == 0;  // scales of 4 blocks are one 8-byte (weights) / 16-byte (act) load
+    // U runs of 4 blocks (U 16-byte loads per row) in flight per lane: decode is latency-bound
+    // unless the grid keeps several MB of loads in flight.
+    for (int64_t b0 = 0; b0 < nb4; b0 += 4 * U) {
+      uint4 wq[U][R];
+      float ws[U][R][4];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const int64_t b = b0 + 4 * u;
+          const bool ok = b < nb4 && rows[r].q != nullptr;
+          wq[u][r] = ok ? __ldcs(reinterpret_cast<const uint4*>(rows[r].q + b * 32) + g) : make_uint4(0, 0, 0, 0);
+          if (ok && aligned) {
+            const uint2 sv = *reinterpret_cast<const uint2*>(rows[r].s + b);
+            const __half2 s01 = *reinterpret_cast<const __half2*>(&sv.x), s23 = *reinterpret_cast<const __half2*>(&sv.y);
+            ws[u][r][0] = __low2float(s01); ws[u][r][1] = __high2float(s01);
+            ws[u][r][2] = __low2float(s23); ws[u][r][3] = __high2float(s23);
+          } else {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) ws[u][r][k] = ok ? __half2float(rows[r].s[b + k]) : 0.0f;
+          }
+        }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t b = b0 + 4 * u;
+        if (b >= nb4) break;
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          if (act_rows[t] == nullptr) continue;
+          const uint4 aq = reinterpret_cast<const uint4*>(act_rows[t] + b * 32)[g];
+          float as[4];
+          if (aligned) {
+            const float4 a4 = *reinterpret_cast<const float4*>(act_scales[t] + b);
+            as[0] = a4.x; as[1] = a4.y; as[2] = a4.z; as[3] = a4.w;
+          } else {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) as[k] = act_scales[t][b + k];
+          }
+          const int a_int[4] = {static_cast<int>(aq.x), static_cast<int>(aq.y), static_cast<int>(aq.z),
+                                static_cast<int>(aq.w)};
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            const int w_int[4] = {static_cast<int>(wq[u][r].x), static_cast<int>(wq[u][r].y),
+                                  static_cast<int>(wq[u][r].z), static_cast<int>(wq[u][r].w)};
+#pragma unroll
+            for (int k = 0; k < 4; ++k)  // blocks b..b+3 in order, as the CPU's loop over blocks
+              acc[r][t] = fmaf(__fmul_rn(ws[u][r][k], as[k]), static_cast<float>(__dp4a(w_int[k], a_int[k], 0)),
+                               acc[r][t]);
+          }
+        }
+      }
+    }
+    for (int64_t b = nb4; b < nb; ++b) {  // blocks past the last run of 4: plain layout
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        if (act_rows[t] == nullptr) continue;
+        const int aq = reinterpret_cast<const int*>(act_rows[t] + b * 32)[g];
+        const float as = act_scales[t][b];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          if (rows[r].q == nullptr) continue;
+          const int wq = reinterpret_cast<const int*>(rows[r].q + b * 32)[g];
+          acc[r][t] = fmaf(__fmul_rn(__half2float(rows[r].s[b]), as), static_cast<float>(__dp4a(wq, aq, 0)), acc[r][t]);
+        }
+      }
+    }
+  } else if constexpr (kType == kDevF32) {
+    const int64_t np = cols & ~int64_t{63};
+    float hi[R][NT];
+    // (unrolled so that several iterations' loads are in flight; the fma order is unchanged)
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int t = 0; t < NT; ++t) hi[r][t] = 0.0f;
+#pragma unroll 4
+    for (int64_t i = 0; i < np; i += 64) {
+      float w0[R], w1[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float* w = reinterpret_cast<const float*>(rows[r].q);
+        w0[r] = w != nullptr ? __ldcs(w + i + g) : 0.0f;
+        w1[r] = w != nullptr ? __ldcs(w + i + 32 + g) : 0.0f;
+      }
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        if (act_rows[t] == nullptr) continue;
+        const float* a = reinterpret_cast<const float*>(act_rows[t]);
+        const float a0 = a[i + g], a1 = a[i + 32 + g];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          acc[r][t] = fmaf(w0[r], a0, acc[r][t]);
+          hi[r][t] = fmaf(w1[r], a1, hi[r][t]);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int t = 0; t < NT; ++t) acc[r][t] = __fadd_rn(acc[r][t], hi[r][t]);
+  } else {
+    const int64_t chunks = cols / 16;
+    constexpr int kChunks = 8;
+    for (int64_t c0 = 0; c0 < chunks; c0 += kChunks) {
+      uint16_t wv[kChunks][R];
+#pragma unroll
+      for (int u = 0; u < kChunks; ++u)
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const bool ok = c0 + u < chunks && rows[r].q != nullptr;
+          wv[u][r] = ok ? __ldcs(reinterpret_cast<const unsigned short*>(rows[r].q) + (c0 + u) * 16 + g) : 0;
+        }
+#pragma unroll
+      for (int u = 0; u < kChunks; ++u) {
+        if (c0 + u >= chunks) break;
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          if (act_rows[t] == nullptr) continue;
+          const float a = HalfToF32<kType>(reinterpret_cast<const uint16_t*>(act_rows[t])[(c0 + u) * 16 + g]);
+#pragma unroll
+          for (int r = 0; r < R; ++r) acc[r][t] = fmaf(HalfToF32<kType>(wv[u][r]), a, acc[r][t]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[r][t] = GroupReduce<kType>(acc[r][t]);
+  if constexpr (kType == kDevF32) {
+    // ggml_vec_dot_f32's tail, after the lanes are reduced: elements [np, cols) in order.
+    const int64_t np = cols & ~int64_t{63};
+    if (g == 0 && np < cols) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float* w = reinterpret_cast<const float*>(rows[r].q);
+        if (w == nullptr) continue;
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          if (act_rows[t] == nullptr) continue;
+          const float* a = reinterpret_cast<const float*>(act_rows[t]);
+          for (int64_t i = np; i < cols; ++i) acc[r][t] = fmaf(w[i], a[i], acc[r][t]);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace mer::cuda

@@ -1,0 +1,349 @@
+// Every kernel of the cuda backend against a plain CPU reference (the CPU engine's own row
+// kernels and ops, services/compute/cpu/cpu_ops.h and common/quant/), swept over types and sizes,
+// each with its error bound: activation conversion and matrix products bit-exact (they keep the
+// CPU kernels' lane order); norms, RoPE, attention and routing against double-precision
+// references within relative L2 1e-6..1e-5; embedding rows exact. Fresh random inputs per case; outputs poisoned with NaN before each launch.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "common/quant/quant.h"
+#include "services/compute/cpu/cpu_ops.h"
+#include "services/compute/cuda/attention.cuh"
+#include "services/compute/cuda/cuda_check.cuh"
+#include "services/compute/cuda/embed.cuh"
+#include "services/compute/cuda/matvec.cuh"
+#include "services/compute/cuda/moe_group.cuh"
+#include "services/compute/cuda/qk_norm_rope.cuh"
+#include "services/compute/cuda/quantize.cuh"
+#include "services/compute/cuda/repack.cuh"
+#include "services/compute/cuda/rms_norm.cuh"
+#include "services/compute/cuda/router_topk.cuh"
+
+namespace mer {
+namespace {
+
+std::mt19937 rng(20261201);
+
+std::vector<float> Random(int64_t n, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+template <typename T>
+T* ToDevice(const std::vector<T>& h) {
+  T* d = nullptr;
+  CUDA_CHECK(cudaMalloc(&d, std::max<size_t>(1, h.size() * sizeof(T))));
+  CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+template <typename T>
+T* DeviceNaN(int64_t n) {  // poisoned output buffer
+  T* d = nullptr;
+  CUDA_CHECK(cudaMalloc(&d, std::max<int64_t>(1, n) * sizeof(T)));
+  CUDA_CHECK(cudaMemset(d, 0xff, n * sizeof(T)));
+  return d;
+}
+template <typename T>
+std::vector<T> ToHost(const T* d, int64_t n) {
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<T> h(n);
+  CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+double RelL2(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    den += double(want[i]) * want[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+const GgmlType kTypes[] = {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0};
+
+// Activations in device layout (device_layout.cuh) for n rows of `cols`.
+struct DeviceAct {
+  cuda::DevAct act;
+  DeviceAct(GgmlType type, int64_t cols, int n) {
+    act.type = static_cast<int>(type);
+    act.stride = cols;
+    act.data = DeviceNaN<uint8_t>(n * cols * 4);
+    act.scales = DeviceNaN<float>(n * cols / 32 + 1);
+  }
+  ~DeviceAct() {
+    CUDA_CHECK(cudaFree(act.data));
+    CUDA_CHECK(cudaFree(act.scales));
+  }
+};
+
+TEST(CudaKernels, QuantizeIsBitExact) {
+  for (GgmlType w : kTypes) {
+    const GgmlType at = ActivationTypeFor(w);
+    for (int64_t cols : {32, 96, 256, 768, 2048}) {
+      const int n = 5;
+      const std::vector<float> x = Random(n * cols, 3.0f);
+      float* dx = ToDevice(x);
+      DeviceAct a(at, cols, n);
+      cuda::LaunchQuantize(dx, cols, n, cols, a.act, nullptr);
+      const int64_t rb = cuda::ActRowBytes(a.act.type, cols);
+      const std::vector<uint8_t> got = ToHost(a.act.data, n * rb);
+      const std::vector<float> got_s = ToHost(a.act.scales, n * cols / 32);
+      for (int t = 0; t < n; ++t) {
+        std::vector<uint8_t> want(RowBytes(at, cols));
+        QuantizeRow(at, &x[t * cols], want.data(), cols);
+        if (at == GgmlType::kQ8_0) {
+          const BlockQ8_0* b = reinterpret_cast<const BlockQ8_0*>(want.data());
+          for (int64_t k = 0; k < cols / 32; ++k) {
+            for (int j = 0; j < 32; ++j)  // device rows interleave runs of 4 blocks (device_layout.cuh)
+              ASSERT_EQ(b[k].qs[j], static_cast<int8_t>(got[t * rb + cuda::Q8_0QuantOffset(k * 32 + j, cols / 32)]))
+                  << "q8_0 cols " << cols << " block " << k;
+            ASSERT_EQ(F16ToF32(b[k].d), got_s[t * (cols / 32) + k]);
+          }
+        } else {
+          ASSERT_EQ(0, std::memcmp(want.data(), &got[t * rb], want.size())) << TypeName(at) << " cols " << cols;
+        }
+      }
+      CUDA_CHECK(cudaFree(dx));
+    }
+  }
+}
+
+// Matrix-vector products of every type and a sweep of sizes and token counts, with and without
+// a residual, against VecDot on the CPU-converted activations.
+TEST(CudaKernels, MatvecMatchesCpuRowDots) {
+  struct Size { int64_t rows, cols; };
+  for (GgmlType type : kTypes) {
+    for (Size sz : {Size{2, 32}, Size{67, 64}, Size{33, 160}, Size{256, 256}, Size{512, 768}, Size{1000, 2048}}) {
+      for (int n : {1, 3, 9, 17}) {
+        const int64_t rb = RowBytes(type, sz.cols);
+        const std::vector<float> wf = Random(sz.rows * sz.cols, 0.05f);
+        std::vector<uint8_t> w(sz.rows * rb);
+        for (int64_t r = 0; r < sz.rows; ++r) QuantizeRow(type, &wf[r * sz.cols], &w[r * rb], sz.cols);
+        const std::vector<float> x = Random(n * sz.cols);
+        const std::vector<float> res = Random(n * sz.rows);
+        const GgmlType at = ActivationTypeFor(type);
+        std::vector<float> want(n * sz.rows), want_res(n * sz.rows);
+        std::vector<uint8_t> act(RowBytes(at, sz.cols));
+        for (int t = 0; t < n; ++t) {
+          QuantizeRow(at, &x[t * sz.cols], act.data(), sz.cols);
+          for (int64_t r = 0; r < sz.rows; ++r) {
+            // The CPU engine's row dot (cpu_engine.cc RowDots): ggml_vec_dot_f32's order for F32.
+            want[t * sz.rows + r] =
+                type == GgmlType::kF32
+                    ? cpu::DotF32Ggml(reinterpret_cast<const float*>(&w[r * rb]), &x[t * sz.cols], sz.cols)
+                    : VecDot(type, &w[r * rb], act.data(), sz.cols);
+            want_res[t * sz.rows + r] = res[t * sz.rows + r] + want[t * sz.rows + r];
+          }
+        }
+        uint8_t* raw = ToDevice(w);
+        uint8_t* dw = DeviceNaN<uint8_t>(w.size());
+        const cuda::RepackJob job{raw, dw, int64_t(w.size()), sz.cols};
+        cuda::LaunchRepack(static_cast<int>(type), &job, 1, nullptr);
+        float* dx = ToDevice(x);
+        DeviceAct a(at, sz.cols, n);
+        cuda::LaunchQuantize(dx, sz.cols, n, sz.cols, a.act, nullptr);
+        float* out = DeviceNaN<float>(n * sz.rows);
+        float* out_res = ToDevice(res);
+        const cuda::DevMatrix m{static_cast<int>(type), sz.rows, sz.cols, dw};
+        const cuda::MatvecOutput outs[2] = {{m, out, sz.rows, nullptr}, {m, out_res, sz.rows, out_res}};
+        cuda::LaunchMatvec(outs, 2, a.act, n, nullptr);
+        // Bit for bit: the kernels keep the CPU kernels' lanes and reduction order (warp_dot.cuh).
+        EXPECT_EQ(ToHost(out, n * sz.rows), want) << TypeName(type) << " " << sz.rows << "x" << sz.cols << " n " << n;
+        EXPECT_EQ(ToHost(out_res, n * sz.rows), want_res)
+            << TypeName(type) << " residual " << sz.rows << "x" << sz.cols << " n " << n;
+        for (void* p : {(void*)raw, (void*)dw, (void*)dx, (void*)out, (void*)out_res}) CUDA_CHECK(cudaFree(p));
+      }
+    }
+  }
+}
+
+TEST(CudaKernels, RmsNormMatchesCpu) {
+  for (int64_t cols : {64, 768, 2048}) {
+    const int n = 7;
+    const std::vector<float> x = Random(n * cols, 2.0f), w = Random(cols);
+    const std::vector<int32_t> rows = {6, 0, 3};
+    std::vector<float> want(rows.size() * cols);
+    for (size_t i = 0; i < rows.size(); ++i) cpu::RmsNorm(&x[rows[i] * cols], w.data(), 1e-6f, cols, &want[i * cols]);
+    float* dx = ToDevice(x);
+    float* dw = ToDevice(w);
+    int32_t* dr = ToDevice(rows);
+    float* y = DeviceNaN<float>(rows.size() * cols);
+    cuda::LaunchRmsNorm(dx, cols, dr, rows.size(), dw, 1e-6f, cols, y, cols, cuda::DevAct{}, nullptr);
+    EXPECT_LE(RelL2(ToHost(y, rows.size() * cols), want), 1e-6) << cols;
+    for (void* p : {(void*)dx, (void*)dw, (void*)dr, (void*)y}) CUDA_CHECK(cudaFree(p));
+  }
+}
+
+TEST(CudaKernels, EmbedRowsExact) {
+  for (GgmlType type : kTypes) {
+    const int64_t cols = 256, rows = 50;
+    const int64_t rb = RowBytes(type, cols);
+    const std::vector<float> tf = Random(rows * cols);
+    std::vector<uint8_t> table(rows * rb);
+    for (int64_t r = 0; r < rows; ++r) QuantizeRow(type, &tf[r * cols], &table[r * rb], cols);
+    const std::vector<int32_t> ids = {3, 49, 0, 3};
+    std::vector<float> want(ids.size() * cols);
+    for (size_t i = 0; i < ids.size(); ++i) DequantizeRow(type, &table[ids[i] * rb], &want[i * cols], cols);
+    uint8_t* dt = ToDevice(table);
+    int32_t* di = ToDevice(ids);
+    float* x = DeviceNaN<float>(want.size());
+    cuda::LaunchEmbed(static_cast<int>(type), dt, rb, di, ids.size(), cols, x, nullptr);
+    EXPECT_EQ(ToHost(x, want.size()), want) << TypeName(type);
+    for (void* p : {(void*)dt, (void*)di, (void*)x}) CUDA_CHECK(cudaFree(p));
+  }
+}
+
+// Routing: softmax, top-k (ties to the lower id) and renormalisation, as CpuEngine::MoE.
+TEST(CudaKernels, RouterTopKMatchesCpu) {
+  for (int ne : {8, 32, 128}) {
+    for (int k : {1, 2, 8}) {
+      for (bool norm : {true, false}) {
+        const int n = 9;
+        std::vector<float> logits = Random(n * ne, 2.0f);
+        logits[3] = logits[5];  // a tie
+        std::vector<int32_t> want_e(n * k);
+        std::vector<float> want_w(n * k);
+        for (int t = 0; t < n; ++t) {
+          std::vector<double> p(ne);
+          double mx = -INFINITY, sum = 0;
+          for (int e = 0; e < ne; ++e) mx = std::max(mx, double(logits[t * ne + e]));
+          for (int e = 0; e < ne; ++e) sum += p[e] = std::exp(double(logits[t * ne + e]) - mx);
+          std::vector<int> order(ne);
+          for (int e = 0; e < ne; ++e) order[e] = e;
+          std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b]; });
+          double ws = 0;
+          for (int j = 0; j < k; ++j) ws += p[order[j]] / sum;
+          for (int j = 0; j < k; ++j) {
+            want_e[t * k + j] = order[j];
+            want_w[t * k + j] = static_cast<float>(p[order[j]] / sum / (norm ? ws : 1.0));
+          }
+        }
+        float* dl = ToDevice(logits);
+        int32_t* de = DeviceNaN<int32_t>(n * k);
+        float* dw = DeviceNaN<float>(n * k);
+        cuda::LaunchRouterTopK(dl, n, ne, k, norm, de, dw, nullptr, nullptr, nullptr);
+        EXPECT_EQ(ToHost(de, n * k), want_e) << ne << " top-" << k;
+        EXPECT_LE(RelL2(ToHost(dw, n * k), want_w), 1e-5) << ne << " top-" << k;
+        for (void* p : {(void*)dl, (void*)de, (void*)dw}) CUDA_CHECK(cudaFree(p));
+      }
+    }
+  }
+}
+
+TEST(CudaKernels, MoeGroupPartitionsPairs) {
+  const int ne = 32, n_pairs = 50;
+  std::vector<int32_t> chosen(n_pairs);
+  for (int i = 0; i < n_pairs; ++i) chosen[i] = (i * 7 + i / 3) % 13 * 2;
+  std::vector<int32_t> slots(ne, 0);
+  slots[4] = -1;
+  slots[6] = -1;
+  int32_t* dc = ToDevice(chosen);
+  int32_t* ds = ToDevice(slots);
+  int32_t* buf = DeviceNaN<int32_t>(2 + ne + ne + 1 + n_pairs);
+  unsigned long long* lookups = nullptr;
+  CUDA_CHECK(cudaMalloc(&lookups, 8));
+  CUDA_CHECK(cudaMemset(lookups, 0, 8));
+  const cuda::MoeGroups g{buf, buf + 1, buf + 2, buf + 2 + ne, buf + 2 + ne + ne + 1, lookups};
+  cuda::LaunchMoeGroup(dc, n_pairs, ne, ds, g, nullptr);
+  const std::vector<int32_t> h = ToHost(buf, 2 + ne + ne + 1 + n_pairs);
+  const int n_used = h[0];
+  std::vector<int32_t> distinct(chosen);
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  ASSERT_EQ(n_used, static_cast<int>(distinct.size()));
+  EXPECT_EQ(h[1], int(std::count(distinct.begin(), distinct.end(), 4) + std::count(distinct.begin(), distinct.end(), 6)));
+  std::vector<int> seen(n_pairs, 0);
+  for (int u = 0; u < n_used; ++u) {
+    EXPECT_EQ(h[2 + u], distinct[u]);
+    for (int i = h[2 + ne + u]; i < h[2 + ne + u + 1]; ++i) {
+      const int pair = h[2 + ne + ne + 1 + i];
+      EXPECT_EQ(chosen[pair], distinct[u]);
+      ++seen[pair];
+    }
+  }
+  for (int i = 0; i < n_pairs; ++i) EXPECT_EQ(seen[i], 1) << i;
+  EXPECT_EQ(ToHost(lookups, 1)[0], static_cast<unsigned long long>(n_used));
+  for (void* p : {(void*)dc, (void*)ds, (void*)buf, (void*)lookups}) CUDA_CHECK(cudaFree(p));
+}
+
+// Q/K norm + RoPE + KV append, then attention over the cache, for GQA head layouts and
+// positions across sequences, against cpu_ops.h.
+TEST(CudaKernels, QkNormRopeAndAttentionMatchCpu) {
+  struct Shape { int n_head, n_head_kv, head_dim; };
+  for (Shape sh : {Shape{4, 2, 16}, Shape{12, 4, 64}, Shape{32, 4, 128}}) {
+    const int max_ctx = 300, n_seq = 2, HD = sh.head_dim, KD = sh.n_head_kv * HD, QD = sh.n_head * HD, half = HD / 2;
+    // A batch continuing two sequences: seq 0 from position 0 (6 tokens), seq 1 from 250 (3 tokens).
+    std::vector<int32_t> seq, pos;
+    for (int i = 0; i < 6; ++i) { seq.push_back(0); pos.push_back(i); }
+    for (int i = 0; i < 3; ++i) { seq.push_back(1); pos.push_back(250 + i); }
+    const int n = seq.size();
+    std::vector<float> kc = Random(int64_t(n_seq) * max_ctx * KD), vc = Random(int64_t(n_seq) * max_ctx * KD);
+    const std::vector<float> q = Random(n * QD), k = Random(n * KD), v = Random(n * KD);
+    const std::vector<float> qn = Random(HD), kn = Random(HD);
+    std::vector<float> rc(n * half), rs(n * half);
+    for (int t = 0; t < n; ++t) cpu::RopeCache(pos[t], 1e6f, HD, &rc[t * half], &rs[t * half]);
+    // CPU reference.
+    std::vector<float> q_ref = q, k_ref = k, kc_ref = kc, vc_ref = vc, out_ref(n * QD);
+    for (int t = 0; t < n; ++t) {
+      for (int h = 0; h < sh.n_head; ++h) {
+        cpu::RmsNorm(&q_ref[t * QD + h * HD], qn.data(), 1e-6f, HD, &q_ref[t * QD + h * HD]);
+        cpu::RopeNeox(&q_ref[t * QD + h * HD], HD, &rc[t * half], &rs[t * half]);
+      }
+      for (int h = 0; h < sh.n_head_kv; ++h) {
+        cpu::RmsNorm(&k_ref[t * KD + h * HD], kn.data(), 1e-6f, HD, &k_ref[t * KD + h * HD]);
+        cpu::RopeNeox(&k_ref[t * KD + h * HD], HD, &rc[t * half], &rs[t * half]);
+      }
+      const int64_t cell = (int64_t(seq[t]) * max_ctx + pos[t]) * KD;
+      std::copy(&k_ref[t * KD], &k_ref[t * KD] + KD, &kc_ref[cell]);
+      std::copy(&v[t * KD], &v[t * KD] + KD, &vc_ref[cell]);
+    }
+    for (int t = 0; t < n; ++t)
+      for (int h = 0; h < sh.n_head; ++h) {
+        const int kvh = h / (sh.n_head / sh.n_head_kv), n_pos = pos[t] + 1;
+        std::vector<double> s(n_pos);
+        double mx = -INFINITY, sum = 0;
+        for (int j = 0; j < n_pos; ++j) {
+          double d = 0;
+          for (int i = 0; i < HD; ++i)
+            d += double(q_ref[t * QD + h * HD + i]) * kc_ref[(int64_t(seq[t]) * max_ctx + j) * KD + kvh * HD + i];
+          s[j] = d / std::sqrt(double(HD));
+          mx = std::max(mx, s[j]);
+        }
+        for (int j = 0; j < n_pos; ++j) sum += s[j] = std::exp(s[j] - mx);
+        for (int i = 0; i < HD; ++i) {
+          double o = 0;
+          for (int j = 0; j < n_pos; ++j) o += s[j] / sum * vc_ref[(int64_t(seq[t]) * max_ctx + j) * KD + kvh * HD + i];
+          out_ref[t * QD + h * HD + i] = static_cast<float>(o);
+        }
+      }
+    float *dq = ToDevice(q), *dk = ToDevice(k), *dv = ToDevice(v), *dqn = ToDevice(qn), *dkn = ToDevice(kn);
+    float *drc = ToDevice(rc), *drs = ToDevice(rs), *dkc = ToDevice(kc), *dvc = ToDevice(vc);
+    int32_t *dseq = ToDevice(seq), *dpos = ToDevice(pos);
+    float* scores = DeviceNaN<float>(int64_t(n) * sh.n_head * cuda::AttentionScoresStride(max_ctx));
+    float* out = DeviceNaN<float>(n * QD);
+    cuda::QkNormRopeArgs r{dq, dk, dv, dqn, dkn, drc, drs, dseq, dpos, dkc, dvc, sh.n_head, sh.n_head_kv, HD, max_ctx, 1e-6f};
+    cuda::LaunchQkNormRope(r, n, nullptr);
+    cuda::AttentionArgs a{dq, dkc, dvc, dseq, dpos, scores, out, sh.n_head, sh.n_head_kv, HD, max_ctx};
+    cuda::LaunchAttention(a, n, nullptr);
+    EXPECT_LE(RelL2(ToHost(dq, n * QD), q_ref), 1e-6) << "q, head_dim " << HD;
+    EXPECT_LE(RelL2(ToHost(dkc, kc.size()), kc_ref), 1e-6) << "k cache, head_dim " << HD;
+    EXPECT_EQ(ToHost(dvc, vc.size()), vc_ref) << "v cache, head_dim " << HD;
+    EXPECT_LE(RelL2(ToHost(out, n * QD), out_ref), 1e-5) << "attention, head_dim " << HD;
+    for (void* p : {(void*)dq, (void*)dk, (void*)dv, (void*)dqn, (void*)dkn, (void*)drc, (void*)drs, (void*)dkc,
+                    (void*)dvc, (void*)dseq, (void*)dpos, (void*)scores, (void*)out})
+      CUDA_CHECK(cudaFree(p));
+  }
+}
+
+}  // namespace
+}  // namespace mer

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The whole GPU check of the cuda backend in one call on the GPU machine (docs/cuda.md):
+#   1. the kernel sweep (cuda_kernels_test), and the same under compute-sanitizer memcheck;
+#   2. the engine tests (cuda_engine_test: corpus vs the CPU reference, arena 100% and 10%,
+#      mixed batches, 10,000 decode steps without memory growth);
+#   3. a synthetic Qwen3-30B-A3B Q8_0 model (mer synth, --router-skew $SKEW) and `mer bench
+#      --backend cuda` (31 prompt + 128 generated tokens, 1 warm-up + 3 runs, batch 1) with
+#      100%, 50%, 25% and 12.5% of the experts in VRAM, the rest read from the mapped file
+#      (RUNSPEC: also pageable uploads, and seeded sampling).
+# Programs come from a gpu-bundle (BUNDLE, default .gpu/bundle); results go to $OUT (logs and a
+# summary table, printed last). Every step is time-bounded. STEPS selects steps: kernels, engine, tests (both), bench (default "tests bench").
+set -uo pipefail
+BUNDLE=${BUNDLE:-.gpu/bundle}
+OUT=${OUT:-/tmp/mer-gpu-out}
+SKEW=${SKEW:-0.5}
+STEPS=${STEPS:-"tests bench"}
+# Bench runs as budget:pin:temperature (pin 0 = pageable uploads; temperature 0 = greedy, the
+# method; 1 = seeded sampling, whose routing does not settle into one repeated token).
+RUNSPEC=${RUNSPEC:-"100%:1:0 50%:1:0 25%:1:0 12.5%:1:0 25%:0:0 100%:1:1 25%:1:1 12.5%:1:1"}
+RUNS=${RUNS:-3}
+MODEL=${MODEL:-/tmp/mer-30b-q8_0.gguf}
+mkdir -p "$OUT"
+run() { "$BUNDLE/run" "$@"; }
+summary="$OUT/summary.txt"
+: > "$summary"
+note() { echo "$*" | tee -a "$summary"; }
+
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$summary"
+nproc | sed 's/^/cpus: /' | tee -a "$summary"
+
+if [[ " $STEPS " == *" tests "* || " $STEPS " == *" kernels "* ]]; then
+  timeout 240 "$BUNDLE/run" cuda_kernels_test > "$OUT/kernels.log" 2>&1
+  note "cuda_kernels_test: rc=$? ($(grep -c '^\[       OK' "$OUT/kernels.log") ok, $(grep -c '^\[  FAILED' "$OUT/kernels.log") failed lines)"
+  SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  timeout 300 "$BUNDLE/run" "$SAN" --tool memcheck --leak-check full --error-exitcode 9 \
+    "$BUNDLE/bin/cuda_kernels_test" > "$OUT/memcheck.log" 2>&1
+  note "memcheck cuda_kernels_test: rc=$? ($(grep -m1 'ERROR SUMMARY' "$OUT/memcheck.log"))"
+fi
+if [[ " $STEPS " == *" tests "* || " $STEPS " == *" engine "* ]]; then
+  # One case at a time, each time-bounded, so one stuck case cannot take the whole call.
+  : > "$OUT/engine.log"
+  for f in 'CudaEngine.*' $(for c in tiny_f32 tiny_f16 tiny_q8_0 small_f32 small_f16 small_q8_0; do
+                              echo "Corpus/CudaVsCpu.*/$c"; done); do
+    MER_CUDA_DEBUG=1 timeout 60 "$BUNDLE/run" cuda_engine_test --gtest_filter="$f" >> "$OUT/engine.log" 2>&1
+    note "cuda_engine_test $f: rc=$?"
+  done
+  grep -E '^\[(  FAILED|       OK) |arena .* slots\]|10000 steps' "$OUT/engine.log" | tee -a "$summary"
+fi
+
+if [[ " $STEPS " == *" bench "* ]]; then
+  if [ ! -s "$MODEL" ]; then
+    t0=$(date +%s)
+    timeout 400 "$BUNDLE/run" mer synth --preset qwen3-30b-a3b --quant q8_0 --router-skew "$SKEW" \
+      --threads "$(nproc)" --out "$MODEL" > "$OUT/synth.log" 2>&1
+    rc=$?; note "synth qwen3-30b-a3b q8_0 skew $SKEW: rc=$rc in $(( $(date +%s) - t0 )) s, $(du -h "$MODEL" | cut -f1)"
+  fi
+  for spec in $RUNSPEC; do
+    IFS=: read -r b pin temp <<< "$spec"
+    echo "=== budget $b pin $pin temperature $temp" >> "$OUT/bench.log"
+    timeout 300 "$BUNDLE/run" mer bench --model "$MODEL" --backend cuda --vram-expert-budget "$b" \
+      --pin-experts "$pin" --temperature "$temp" --seed 1 --prompt-tokens 31 --gen-tokens 128 \
+      --warmup 1 --runs "$RUNS" --batch 256 >> "$OUT/bench.log" 2>&1
+    echo "rc=$?" >> "$OUT/bench.log"
+  done
+  # Table: one row per budget.
+  awk '
+    /^=== budget/ {b=$3; p=$5; tp=$7}
+    /^prompt_tps/ {pt=$2} /^decode_tps/ {dt=$2} /^ttft_p50_ms/ {tt=$2} /^vram_hit_rate/ {hr=$2}
+    /^upload_mib_per_token/ {up=$2} /^host_syncs_per_token/ {hs=$2} /^peak_vram_gib/ {pv=$2}
+    /^misses_per_token/ {mt=$2} /^peak_rss_mib/ {rss=$2}
+    /^rc=/ {printf "%-6s pin=%s T=%s prompt %8s tok/s  decode %7s tok/s  ttft %7s ms  hit %6s  miss/tok %6s  upload %7s MiB/tok  syncs/tok %6s  peak VRAM %6s GiB  RSS %s MiB  %s\n", b, p, tp, pt, dt, tt, hr, mt, up, hs, pv, rss, $0; pt=dt=tt=hr=up=hs=pv=mt=rss="-"}
+  ' "$OUT/bench.log" | tee -a "$summary"
+fi
+echo "==== summary"; cat "$summary"
