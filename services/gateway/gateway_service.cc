@@ -15,6 +15,10 @@ namespace pb = mer::internal::v1;
 
 namespace {
 
+// How far before the server's deadline a client's deadline can arrive as a cancellation (the
+// network, and the cancel watcher's poll on a busy host).
+constexpr absl::Duration kDeadlineSlack = absl::Milliseconds(250);
+
 double Since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
@@ -82,7 +86,14 @@ void GatewayService::WatchLoop() {
 grpc::Status GatewayService::Generate(grpc::ServerContext* context, const mer::v1::GenerateRequest* request,
                                       grpc::ServerWriter<mer::v1::GenerateResponse>* writer) {
   const absl::Time start = absl::Now();
-  const grpc::Status status = ToGrpcStatus(GenerateImpl(context, *request, writer, start));
+  absl::Status result = GenerateImpl(context, *request, writer, start);
+  // A client's deadline reaches the server as a cancellation, a little before the server's own
+  // copy of the deadline (taken on arrival) runs out; the client reports DEADLINE_EXCEEDED, and
+  // so must the metrics. A cancel that close to the deadline is counted as the deadline.
+  if (absl::IsCancelled(result) &&
+      absl::FromChrono(context->deadline()) - absl::Now() < kDeadlineSlack)
+    result = absl::DeadlineExceededError("deadline exceeded");
+  const grpc::Status status = ToGrpcStatus(result);
   if (metrics_ != nullptr) {
     metrics_->OnRequestEnd(status.error_code());
     metrics_->ObserveDuration(absl::ToDoubleSeconds(absl::Now() - start));

@@ -170,7 +170,7 @@ phase "cancel"
 # A client killed mid-stream (its connection closes: the call is cancelled).
 ( exec "$MER" client --addr "$ADDR" --prompt-tokens 1,2,3 --max-tokens 4000 --ignore-eos >"$WORK/cancel.out" 2>&1 ) &
 KP=$!
-for _ in $(seq 1 200); do [ -s "$WORK/cancel.out" ] && break; sleep 0.01; done
+for _ in $(seq 1 500); do [ -s "$WORK/cancel.out" ] && break; sleep 0.01; done
 kill -KILL "$KP"; { wait "$KP"; } 2>/dev/null
 N_CANCELLED=$((N_CANCELLED + 1))
 CM=$(metrics_url "$WORK/c1.log")
@@ -332,7 +332,7 @@ alive "at the end"
 ( exec "$MER" client --addr "$ADDR" --prompt-tokens 1,2,3 --max-tokens 4000 --ignore-eos --stats \
     >"$WORK/term.out" 2>"$WORK/term.err" ) &
 TP=$!
-for _ in $(seq 1 300); do [ -s "$WORK/term.out" ] && break; sleep 0.01; done
+for _ in $(seq 1 500); do [ -s "$WORK/term.out" ] && break; sleep 0.01; done
 kill -TERM "$GPID"
 wait "$TP"; rc=$?
 wait "$GPID"; grc=$?
