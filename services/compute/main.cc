@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/base/daemon_main.h"
 #include "common/base/status.h"
 #include "common/gguf/gguf_file.h"
 #include "common/metrics/metrics_endpoint.h"
@@ -57,8 +58,6 @@ all experts; default: the free VRAM less a margin). Prometheus metrics are serve
 port, printed on stderr as "metrics: http://127.0.0.1:PORT/metrics"); off serves none.
 )";
 
-std::atomic<bool> g_stop{false};
-void OnSignal(int) { g_stop.store(true); }
 
 struct Args {
   std::string model, store, residency, listen, backend = "cpu", vram_expert_budget;
@@ -268,7 +267,7 @@ absl::Status Main(const Args& a) {
   // idle_tick; a step that hangs longer than the watchdog gets the process restarted).
   const absl::Duration ping = systemd::WatchdogPingInterval();
   absl::Time next_ping = absl::Now();
-  while (!g_stop.load()) {
+  while (!mer::StopRequested().load()) {
     absl::SleepFor(absl::Milliseconds(50));
     if (ping > absl::ZeroDuration() && absl::Now() >= next_ping) {
       if (absl::Now() - batcher->heartbeat() < 2 * ping) systemd::NotifyWatchdog();
@@ -290,27 +289,5 @@ absl::Status Main(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--help") == 0) {
-      std::fputs(kHelp, stdout);
-      return 0;
-    }
-  }
-  Args a;
-  absl::Status s = ParseArgs(argc, argv, &a);
-  if (!s.ok()) {
-    std::fprintf(stderr, "mer-compute: %s\n%s", std::string(s.message()).c_str(), kHelp);
-    return 2;
-  }
-  struct sigaction sa {};
-  sa.sa_handler = OnSignal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
-  s = Main(a);
-  if (!s.ok()) {
-    std::fprintf(stderr, "mer-compute: %s\n", std::string(s.message()).c_str());
-    return 1;
-  }
-  return 0;
+  return mer::DaemonMain("mer-compute", kHelp, argc, argv, ParseArgs, Main);
 }

@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/base/daemon_main.h"
 #include "common/base/status.h"
 #include "common/metrics/metrics_endpoint.h"
 #include "common/systemd/sd_notify.h"
@@ -41,8 +42,6 @@ the pages of --compute-metrics and --residency-metrics (their /metrics URLs) mer
 series labelled daemon="gateway", "compute" or "residency".
 )";
 
-std::atomic<bool> g_stop{false};
-void OnSignal(int) { g_stop.store(true); }
 
 struct Args {
   std::string compute, listen = "127.0.0.1:50051", metrics_listen = "127.0.0.1:0";
@@ -140,7 +139,7 @@ absl::Status Main(const Args& a) {
   const absl::Duration ping = mer::systemd::WatchdogPingInterval();
   absl::Time next_ping = absl::Now();
   int serving = -1;
-  while (!g_stop.load()) {
+  while (!mer::StopRequested().load()) {
     const int up = compute.model() != nullptr ? 1 : 0;
     if (up != serving && health != nullptr) {
       health->SetServingStatus(up == 1);
@@ -166,28 +165,5 @@ absl::Status Main(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--help") == 0) {
-      std::fputs(kHelp, stdout);
-      return 0;
-    }
-  }
-  Args a;
-  absl::Status s = ParseArgs(argc, argv, &a);
-  if (!s.ok()) {
-    std::fprintf(stderr, "mer-gateway: %s\n%s", std::string(s.message()).c_str(), kHelp);
-    return 2;
-  }
-  struct sigaction sa {};
-  sa.sa_handler = OnSignal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
-  signal(SIGPIPE, SIG_IGN);
-  s = Main(a);
-  if (!s.ok()) {
-    std::fprintf(stderr, "mer-gateway: %s\n", std::string(s.message()).c_str());
-    return 1;
-  }
-  return 0;
+  return mer::DaemonMain("mer-gateway", kHelp, argc, argv, ParseArgs, Main);
 }

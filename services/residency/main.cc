@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/base/daemon_main.h"
 #include "common/base/status.h"
 #include "common/systemd/sd_notify.h"
 #include "services/residency/daemon/host_pinning.h"
@@ -40,8 +41,6 @@ http://HOST:PORT/metrics (default 127.0.0.1:0: a free port, printed on stderr as
 "metrics: http://127.0.0.1:PORT/metrics"); --metrics-listen off serves none.
 )";
 
-std::atomic<bool> g_stop{false};
-void OnSignal(int) { g_stop.store(true); }
 
 struct Args {
   std::string store, instance, budget, io = "auto", policy = "lru";
@@ -195,7 +194,7 @@ absl::Status Main(const Args& a) {
       }
     });
   }
-  const absl::Status s = daemon->Run(g_stop);
+  const absl::Status s = daemon->Run(mer::StopRequested());
   systemd::NotifyStopping();
   watchdog_stop = true;
   if (watchdog.joinable()) watchdog.join();
@@ -210,27 +209,5 @@ absl::Status Main(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--help") == 0) {
-      std::fputs(kHelp, stdout);
-      return 0;
-    }
-  }
-  Args a;
-  absl::Status s = ParseArgs(argc, argv, &a);
-  if (!s.ok()) {
-    std::fprintf(stderr, "mer-residency: %s\n%s", std::string(s.message()).c_str(), kHelp);
-    return 2;
-  }
-  struct sigaction sa {};
-  sa.sa_handler = OnSignal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
-  s = Main(a);
-  if (!s.ok()) {
-    std::fprintf(stderr, "mer-residency: %s\n", std::string(s.message()).c_str());
-    return 1;
-  }
-  return 0;
+  return mer::DaemonMain("mer-residency", kHelp, argc, argv, ParseArgs, Main);
 }
