@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/base/daemon_main.h"
+#include "common/base/flags.h"
 #include "common/base/status.h"
 #include "common/gguf/gguf_file.h"
 #include "common/metrics/metrics_endpoint.h"
@@ -67,51 +68,28 @@ struct Args {
 };
 
 absl::Status ParseArgs(int argc, char** argv, Args* a) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&](std::string* out) -> absl::Status {
-      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(arg, " needs a value"));
-      *out = argv[++i];
-      return absl::OkStatus();
-    };
-    auto number = [&](int64_t* out, int64_t lo, int64_t hi) -> absl::Status {
-      std::string v;
-      RETURN_IF_ERROR(value(&v));
-      if (!absl::SimpleAtoi(v, out) || *out < lo || *out > hi)
-        return absl::InvalidArgumentError(
-            absl::StrCat(arg, ": want an integer in [", lo, ", ", hi, "], got '", v, "'"));
-      return absl::OkStatus();
-    };
-    if (arg == "--model") {
-      RETURN_IF_ERROR(value(&a->model));
-    } else if (arg == "--store") {
-      RETURN_IF_ERROR(value(&a->store));
-    } else if (arg == "--residency") {
-      RETURN_IF_ERROR(value(&a->residency));
-    } else if (arg == "--listen") {
-      RETURN_IF_ERROR(value(&a->listen));
-    } else if (arg == "--backend") {
-      RETURN_IF_ERROR(value(&a->backend));
-    } else if (arg == "--vram-expert-budget") {
-      RETURN_IF_ERROR(value(&a->vram_expert_budget));
-    } else if (arg == "--metrics-listen") {
-      RETURN_IF_ERROR(value(&a->metrics_listen));
-    } else if (arg == "--max-sequences") {
-      RETURN_IF_ERROR(number(&a->max_sequences, 1, 4096));
-    } else if (arg == "--max-batch-tokens") {
-      RETURN_IF_ERROR(number(&a->max_batch_tokens, 1, 65536));
-    } else if (arg == "--ctx") {
-      RETURN_IF_ERROR(number(&a->ctx, 1, 1 << 24));
-    } else if (arg == "--kv-budget-tokens") {
-      RETURN_IF_ERROR(number(&a->kv_budget_tokens, 1, int64_t(1) << 40));
-    } else if (arg == "--threads") {
-      RETURN_IF_ERROR(number(&a->threads, 0, 1024));
-    } else if (arg == "--admission-wait-ms") {
-      RETURN_IF_ERROR(number(&a->admission_wait_ms, 0, 3600 * 1000));
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown argument '", arg, "'"));
-    }
-  }
+  ASSIGN_OR_RETURN(const mer::Flags f,
+                   mer::Flags::ParseMain(argc, argv,
+                                         {"model", "store", "residency", "listen", "backend",
+                                          "vram-expert-budget", "metrics-listen", "max-sequences",
+                                          "max-batch-tokens", "ctx", "kv-budget-tokens", "threads",
+                                          "admission-wait-ms"},
+                                         {}));
+  a->model = f.String("model");
+  a->store = f.String("store");
+  a->residency = f.String("residency");
+  a->listen = f.String("listen");
+  ASSIGN_OR_RETURN(a->backend, f.OneOf("backend", "cpu", {"cpu", "cuda"}));
+  a->vram_expert_budget = f.String("vram-expert-budget");
+  a->metrics_listen = f.String("metrics-listen", a->metrics_listen);
+  ASSIGN_OR_RETURN(a->max_sequences, f.IntInRange("max-sequences", a->max_sequences, 1, 4096));
+  ASSIGN_OR_RETURN(a->max_batch_tokens, f.IntInRange("max-batch-tokens", a->max_batch_tokens, 1, 65536));
+  ASSIGN_OR_RETURN(a->ctx, f.IntInRange("ctx", a->ctx, 1, 1 << 24));
+  ASSIGN_OR_RETURN(a->kv_budget_tokens,
+                   f.IntInRange("kv-budget-tokens", a->kv_budget_tokens, 0, int64_t(1) << 40));
+  ASSIGN_OR_RETURN(a->threads, f.IntInRange("threads", a->threads, 0, 1024));
+  ASSIGN_OR_RETURN(a->admission_wait_ms,
+                   f.IntInRange("admission-wait-ms", a->admission_wait_ms, 0, 3600 * 1000));
   if (a->model.empty() == a->store.empty())
     return absl::InvalidArgumentError("give exactly one of --model and --store");
   if (!a->store.empty() && a->residency.empty())
@@ -120,8 +98,6 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
     return absl::InvalidArgumentError("--residency goes with --store, not --model");
   if (!absl::StartsWith(a->listen, "unix:") || a->listen.size() <= 5)
     return absl::InvalidArgumentError("--listen unix:PATH is required");
-  if (a->backend != "cpu" && a->backend != "cuda")
-    return absl::InvalidArgumentError(absl::StrCat("--backend '", a->backend, "': must be cpu or cuda"));
   return absl::OkStatus();
 }
 

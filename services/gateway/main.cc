@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/base/daemon_main.h"
+#include "common/base/flags.h"
 #include "common/base/status.h"
 #include "common/metrics/metrics_endpoint.h"
 #include "common/systemd/sd_notify.h"
@@ -50,32 +51,17 @@ struct Args {
 };
 
 absl::Status ParseArgs(int argc, char** argv, Args* a) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&](std::string* out) -> absl::Status {
-      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(arg, " needs a value"));
-      *out = argv[++i];
-      return absl::OkStatus();
-    };
-    if (arg == "--compute") {
-      RETURN_IF_ERROR(value(&a->compute));
-    } else if (arg == "--listen") {
-      RETURN_IF_ERROR(value(&a->listen));
-    } else if (arg == "--metrics-listen") {
-      RETURN_IF_ERROR(value(&a->metrics_listen));
-    } else if (arg == "--compute-metrics") {
-      RETURN_IF_ERROR(value(&a->compute_metrics));
-    } else if (arg == "--residency-metrics") {
-      RETURN_IF_ERROR(value(&a->residency_metrics));
-    } else if (arg == "--max-queue") {
-      std::string v;
-      RETURN_IF_ERROR(value(&v));
-      if (!absl::SimpleAtoi(v, &a->max_queue) || a->max_queue < 0 || a->max_queue > 1000000)
-        return absl::InvalidArgumentError(absl::StrCat("--max-queue: want an integer in [0, 1000000], got '", v, "'"));
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown argument '", arg, "'"));
-    }
-  }
+  ASSIGN_OR_RETURN(const mer::Flags f,
+                   mer::Flags::ParseMain(argc, argv,
+                                         {"compute", "listen", "metrics-listen", "compute-metrics",
+                                          "residency-metrics", "max-queue"},
+                                         {}));
+  a->compute = f.String("compute");
+  a->listen = f.String("listen", a->listen);
+  a->metrics_listen = f.String("metrics-listen", a->metrics_listen);
+  a->compute_metrics = f.String("compute-metrics");
+  a->residency_metrics = f.String("residency-metrics");
+  ASSIGN_OR_RETURN(a->max_queue, f.IntInRange("max-queue", a->max_queue, 0, 1000000));
   if (a->compute.rfind("unix:", 0) != 0 || a->compute.size() <= 5)
     return absl::InvalidArgumentError("--compute unix:PATH is required");
   for (const std::string* url : {&a->compute_metrics, &a->residency_metrics}) {

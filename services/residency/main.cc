@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/base/daemon_main.h"
+#include "common/base/flags.h"
 #include "common/base/status.h"
 #include "common/systemd/sd_notify.h"
 #include "services/residency/daemon/host_pinning.h"
@@ -52,51 +53,27 @@ struct Args {
 };
 
 absl::Status ParseArgs(int argc, char** argv, Args* a) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&](std::string* out) -> absl::Status {
-      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(arg, " needs a value"));
-      *out = argv[++i];
-      return absl::OkStatus();
-    };
-    std::string v;
-    if (arg == "--store") {
-      RETURN_IF_ERROR(value(&a->store));
-    } else if (arg == "--instance") {
-      RETURN_IF_ERROR(value(&a->instance));
-    } else if (arg == "--ram-budget") {
-      RETURN_IF_ERROR(value(&a->budget));
-    } else if (arg == "--io") {
-      RETURN_IF_ERROR(value(&a->io));
-    } else if (arg == "--policy") {
-      RETURN_IF_ERROR(value(&a->policy));
-    } else if (arg == "--prefetch") {
-      a->prefetch = true;
-    } else if (arg == "--metrics-listen") {
-      RETURN_IF_ERROR(value(&a->metrics_listen));
-    } else if (arg == "--pin") {
-      RETURN_IF_ERROR(value(&a->pin));
-      if (a->pin != "auto" && a->pin != "off")
-        return absl::InvalidArgumentError(absl::StrCat("--pin: '", a->pin, "' is not auto or off"));
-    } else if (arg == "--take-over") {
-      a->take_over = true;
-    } else if (arg == "--io-inflight" || arg == "--prefetch-inflight") {
-      RETURN_IF_ERROR(value(&v));
-      int64_t n;
-      if (!absl::SimpleAtoi(v, &n) || n < 0 || n > 4096)
-        return absl::InvalidArgumentError(absl::StrCat(arg, ": bad value '", v, "'"));
-      (arg == "--io-inflight" ? a->io_inflight : a->prefetch_inflight) = n;
-    } else if (arg == "--stats-interval") {
-      RETURN_IF_ERROR(value(&v));
-      if (!absl::SimpleAtod(v, &a->stats_interval) || a->stats_interval < 0)
-        return absl::InvalidArgumentError(absl::StrCat("--stats-interval: bad value '", v, "'"));
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown argument '", arg, "'"));
-    }
-  }
+  ASSIGN_OR_RETURN(const mer::Flags f,
+                   mer::Flags::ParseMain(argc, argv,
+                                         {"store", "instance", "ram-budget", "io", "policy",
+                                          "metrics-listen", "pin", "io-inflight",
+                                          "prefetch-inflight", "stats-interval"},
+                                         {"prefetch", "take-over"}));
+  a->store = f.String("store");
+  a->instance = f.String("instance");
+  a->budget = f.String("ram-budget");
+  a->io = f.String("io", a->io);
+  a->policy = f.String("policy", a->policy);
+  a->metrics_listen = f.String("metrics-listen", a->metrics_listen);
+  ASSIGN_OR_RETURN(a->pin, f.OneOf("pin", a->pin, {"auto", "off"}));
+  a->prefetch = f.Has("prefetch");
+  a->take_over = f.Has("take-over");
+  ASSIGN_OR_RETURN(a->io_inflight, f.IntInRange("io-inflight", a->io_inflight, 1, 4096));
+  ASSIGN_OR_RETURN(a->prefetch_inflight, f.IntInRange("prefetch-inflight", a->prefetch_inflight, 0, 4096));
+  ASSIGN_OR_RETURN(a->stats_interval, f.Double("stats-interval", a->stats_interval));
+  if (a->stats_interval < 0) return absl::InvalidArgumentError("--stats-interval must be >= 0");
   if (a->store.empty() || a->instance.empty() || a->budget.empty())
     return absl::InvalidArgumentError("--store, --instance and --ram-budget are required");
-  if (a->io_inflight < 1) return absl::InvalidArgumentError("--io-inflight must be >= 1");
   return absl::OkStatus();
 }
 

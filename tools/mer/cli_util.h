@@ -17,7 +17,7 @@
 #include "services/compute/backend_factory.h"
 #include "services/compute/generation.h"
 #include "tools/mer/commands.h"
-#include "tools/mer/flags.h"
+#include "common/base/flags.h"
 
 namespace mer::cli {
 

@@ -1,12 +1,13 @@
-#include "tools/mer/flags.h"
+#include "common/base/flags.h"
 
 #include <algorithm>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 
-namespace mer::cli {
+namespace mer {
 
 absl::StatusOr<Flags> Flags::Parse(const std::vector<std::string>& args,
                                    const std::vector<std::string>& value_flags,
@@ -58,6 +59,33 @@ absl::StatusOr<int64_t> Flags::Int(const std::string& name, int64_t fallback) co
   return v;
 }
 
+absl::StatusOr<Flags> Flags::ParseMain(int argc, char** argv,
+                                       const std::vector<std::string>& value_flags,
+                                       const std::vector<std::string>& bool_flags) {
+  absl::StatusOr<Flags> f = Parse(std::vector<std::string>(argv + 1, argv + argc), value_flags, bool_flags);
+  if (f.ok() && !f->positional_.empty())
+    return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", f->positional_[0], "'"));
+  return f;
+}
+
+absl::StatusOr<int64_t> Flags::IntInRange(const std::string& name, int64_t fallback, int64_t lo,
+                                          int64_t hi) const {
+  absl::StatusOr<int64_t> v = Int(name, fallback);
+  if (v.ok() && (*v < lo || *v > hi))
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, ": want an integer in [", lo, ", ", hi, "], got ", *v));
+  return v;
+}
+
+absl::StatusOr<std::string> Flags::OneOf(const std::string& name, const std::string& fallback,
+                                         const std::vector<std::string>& choices) const {
+  const std::string v = String(name, fallback);
+  if (std::find(choices.begin(), choices.end(), v) == choices.end())
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, ": '", v, "' is not one of ", absl::StrJoin(choices, ", ")));
+  return v;
+}
+
 absl::StatusOr<double> Flags::Double(const std::string& name, double fallback) const {
   auto it = values_.find(name);
   if (it == values_.end()) return fallback;
@@ -84,4 +112,4 @@ absl::StatusOr<std::vector<int32_t>> ParseIdList(const std::string& text, const 
   return ids;
 }
 
-}  // namespace mer::cli
+}  // namespace mer
