@@ -48,33 +48,68 @@ int32_t Sampler::Sample(absl::Span<const float> logits, absl::Span<const int32_t
   }
   if (params_.temperature == 0.0f) return Argmax(scores);
 
-  // Candidates sorted by score, truncated by top-k, then softmax at the temperature, then top-p.
+  const float inv_t = 1.0f / params_.temperature;
+  std::vector<float>& probs = probs_;  // capacity grows once to n_vocab
+  const int32_t k = params_.top_k > 0 ? std::min(params_.top_k, n) : n;
+
+  if (k == n && params_.top_p >= 1.0f) {
+    // Nothing to truncate: draw straight from the softmax, walking the vocabulary in id order.
+    // (A full sort of a 151,936-token vocabulary took ~30 ms a token, more than a GPU step.)
+    float max = scores[0];
+    for (int32_t i = 1; i < n; ++i) max = std::max(max, scores[i]);
+    probs.resize(n);
+    double sum = 0.0;
+    for (int32_t i = 0; i < n; ++i) {
+      probs[i] = std::exp((scores[i] - max) * inv_t);
+      sum += probs[i];
+    }
+    const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_) * sum;
+    double acc = 0.0;
+    int32_t last = 0;
+    for (int32_t i = 0; i < n; ++i) {
+      if (probs[i] == 0.0f) continue;
+      acc += probs[i];
+      last = i;
+      if (u < acc) return i;
+    }
+    return last;
+  }
+
+  // Candidates by score (lower id first on ties): the top-k, sorted as far as the nucleus needs.
+  // A small k is sorted at once; for a large one the nucleus usually lies in the first couple of
+  // thousand, so those are sorted first and the rest only when the nucleus reaches past them.
   ids_.resize(n);
   std::iota(ids_.begin(), ids_.end(), 0);
-  const int32_t k = params_.top_k > 0 ? std::min(params_.top_k, n) : n;
   const auto by_score = [&](int32_t a, int32_t b) {
     return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
   };
-  std::partial_sort(ids_.begin(), ids_.begin() + k, ids_.end(), by_score);
+  constexpr int32_t kFirstSort = 2048;
+  int32_t sorted = std::min(k, kFirstSort);
+  if (params_.top_p >= 1.0f) sorted = k;
+  if (k < n && sorted < k)  // the top-k set first, unordered, so that its mass is known
+    std::nth_element(ids_.begin(), ids_.begin() + (k - 1), ids_.end(), by_score);
+  std::partial_sort(ids_.begin(), ids_.begin() + sorted, ids_.begin() + (sorted < k ? k : n), by_score);
   ids_.resize(k);
-  std::vector<float>& probs = probs_;
-  probs.resize(k);  // capacity grows once to n_vocab
-  const float max = scores[ids_[0]];
-  double sum = 0.0;
-  for (int32_t i = 0; i < k; ++i) {
-    probs[i] = std::exp((scores[ids_[i]] - max) / params_.temperature);
-    sum += probs[i];
-  }
+  const float max = scores[ids_[0]];  // the best candidate: sorted first
+  double sum = 0.0;  // the candidates' softmax mass, for top-p
+  for (int32_t i = 0; i < k; ++i) sum += std::exp((scores[ids_[i]] - max) * inv_t);
   int32_t keep = k;
-  if (params_.top_p < 1.0f) {
+  for (;;) {
+    probs.resize(sorted);
+    for (int32_t i = 0; i < sorted; ++i) probs[i] = std::exp((scores[ids_[i]] - max) * inv_t);
+    if (params_.top_p >= 1.0f) break;
     double mass = 0.0;
-    for (int32_t i = 0; i < k; ++i) {
+    int32_t reached = -1;
+    for (int32_t i = 0; i < sorted && reached < 0; ++i) {
       mass += probs[i] / sum;
-      if (mass >= params_.top_p) {
-        keep = i + 1;
-        break;
-      }
+      if (mass >= params_.top_p) reached = i + 1;
     }
+    if (reached > 0 || sorted == k) {
+      keep = reached > 0 ? reached : k;
+      break;
+    }
+    std::sort(ids_.begin() + sorted, ids_.end(), by_score);  // the nucleus is wider: sort the rest
+    sorted = k;
   }
   double kept = 0.0;
   for (int32_t i = 0; i < keep; ++i) kept += probs[i];

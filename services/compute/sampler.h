@@ -1,5 +1,7 @@
 // Token sampling from logits: greedy, or temperature with top-k and top-p (nucleus) filtering,
-// with a repetition penalty. Deterministic for a given seed and sequence of calls.
+// with a repetition penalty. Deterministic for a given seed and sequence of calls: one uniform draw
+// per token, walked over the candidates in score order (lower id first on ties) when top-k or
+// top-p truncates, in id order when nothing does (no sort of the vocabulary then).
 #pragma once
 
 #include <cstdint>

@@ -4,6 +4,11 @@
 
 #include <cmath>
 #include <map>
+#include <utility>
+#include <vector>
+#include <algorithm>
+#include <random>
+#include <set>
 
 namespace mer {
 namespace {
@@ -97,6 +102,63 @@ TEST(Sampler, ValidatesParams) {
   p = {};
   p.top_k = -1;
   EXPECT_EQ(ValidateSamplingParams(p).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// On a real-sized vocabulary, top-k and top-p draws stay inside the set a full sort defines, and
+// the unrestricted draw follows the softmax.
+TEST(Sampler, LargeVocabularyTruncationMatchesAFullSort) {
+  const int n = 30000;
+  std::mt19937 gen(5);
+  std::normal_distribution<float> normal(0.0f, 1.5f);
+  std::vector<float> logits(n);
+  for (float& l : logits) l = normal(gen);
+  std::vector<int32_t> order(n);
+  for (int i = 0; i < n; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  for (const auto& [top_k, top_p] : std::vector<std::pair<int, float>>{{0, 0.9f}, {50, 1.0f}, {500, 0.5f}}) {
+    const float t = 0.7f;
+    // The reference candidate set: top-k of the sorted order, then the smallest prefix reaching top_p.
+    const int k = top_k > 0 ? top_k : n;
+    double z = 0;
+    for (int i = 0; i < k; ++i) z += std::exp((logits[order[i]] - logits[order[0]]) / t);
+    int keep = k;
+    double mass = 0;
+    for (int i = 0; i < k && top_p < 1.0f; ++i) {
+      mass += std::exp((logits[order[i]] - logits[order[0]]) / t) / z;
+      if (mass >= top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+    std::set<int32_t> allowed(order.begin(), order.begin() + keep);
+    SamplingParams p;
+    p.temperature = t;
+    p.top_k = top_k;
+    p.top_p = top_p;
+    p.seed = 3;
+    Sampler s(p);
+    std::set<int32_t> seen;
+    for (int i = 0; i < 300; ++i) {
+      const int32_t id = s.Sample(logits, {});
+      ASSERT_TRUE(allowed.count(id)) << "top_k " << top_k << " top_p " << top_p << ": " << id;
+      seen.insert(id);
+    }
+    EXPECT_GT(seen.size(), 1u);
+  }
+  // Unrestricted: the most likely token's frequency is its softmax probability.
+  SamplingParams p;
+  p.temperature = 0.5f;
+  p.seed = 4;
+  Sampler s(p);
+  double z = 0;
+  for (float l : logits) z += std::exp((l - logits[order[0]]) / 0.5f);
+  const double want = 1.0 / z;
+  int hits = 0;
+  const int draws = 5000;
+  for (int i = 0; i < draws; ++i) hits += s.Sample(logits, {}) == order[0];
+  EXPECT_NEAR(hits / double(draws), want, 5 * std::sqrt(want / draws) + 1e-3);
 }
 
 }  // namespace
