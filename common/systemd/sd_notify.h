@@ -9,6 +9,7 @@
 
 #include <string_view>
 
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 
 namespace mer::systemd {
@@ -28,5 +29,26 @@ void NotifyWatchdog();
 // Half of $WATCHDOG_USEC (how often to ping), or absl::ZeroDuration() when no watchdog is set for
 // this process ($WATCHDOG_PID, when present, must be our pid).
 absl::Duration WatchdogPingInterval();
+
+// The pacing of watchdog pings for a daemon's loop: call MaybePing as often as convenient (every
+// few tens of milliseconds); once per WatchdogPingInterval() it asks `alive()` whether the work
+// the watchdog guards still makes progress and pings only if so, so that a wedged loop, not only a
+// dead process, gets the daemon restarted. Does nothing without a watchdog. One thread.
+class WatchdogPacer {
+ public:
+  WatchdogPacer() : interval_(WatchdogPingInterval()), next_(absl::Now()) {}
+  absl::Duration interval() const { return interval_; }
+
+  template <typename Alive>
+  void MaybePing(const Alive& alive) {
+    if (interval_ <= absl::ZeroDuration() || absl::Now() < next_) return;
+    if (alive()) NotifyWatchdog();
+    next_ = absl::Now() + interval_;
+  }
+
+ private:
+  const absl::Duration interval_;
+  absl::Time next_;
+};
 
 }  // namespace mer::systemd

@@ -241,14 +241,10 @@ absl::Status Main(const Args& a) {
 
   // The main loop: watchdog pings while the step thread goes round (it beats at least every
   // idle_tick; a step that hangs longer than the watchdog gets the process restarted).
-  const absl::Duration ping = systemd::WatchdogPingInterval();
-  absl::Time next_ping = absl::Now();
+  systemd::WatchdogPacer watchdog;
   while (!mer::StopRequested().load()) {
     absl::SleepFor(absl::Milliseconds(50));
-    if (ping > absl::ZeroDuration() && absl::Now() >= next_ping) {
-      if (absl::Now() - batcher->heartbeat() < 2 * ping) systemd::NotifyWatchdog();
-      next_ping = absl::Now() + ping;
-    }
+    watchdog.MaybePing([&] { return absl::Now() - batcher->heartbeat() < 2 * watchdog.interval(); });
   }
   systemd::NotifyStopping();
   std::fprintf(stderr, "mer-compute: stopping\n");

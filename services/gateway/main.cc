@@ -122,8 +122,7 @@ absl::Status Main(const Args& a) {
   mer::systemd::NotifyReady(absl::StrCat("serving on ", host, ":", port));
 
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
-  const absl::Duration ping = mer::systemd::WatchdogPingInterval();
-  absl::Time next_ping = absl::Now();
+  mer::systemd::WatchdogPacer watchdog;
   int serving = -1;
   while (!mer::StopRequested().load()) {
     const int up = compute.model() != nullptr ? 1 : 0;
@@ -133,10 +132,7 @@ absl::Status Main(const Args& a) {
       mer::systemd::NotifyStatus(up == 1 ? "serving" : "mer-compute unavailable");
       serving = up;
     }
-    if (ping > absl::ZeroDuration() && absl::Now() >= next_ping) {
-      mer::systemd::NotifyWatchdog();
-      next_ping = absl::Now() + ping;
-    }
+    watchdog.MaybePing([] { return true; });  // this loop turning is the liveness
     absl::SleepFor(absl::Milliseconds(50));
   }
   mer::systemd::NotifyStopping();

@@ -154,20 +154,21 @@ absl::Status Main(const Args& a) {
   systemd::NotifyReady(absl::StrCat("serving ", a.store, " as ", a.instance, ", RAM tier ",
                                     daemon->ram_slots(), " slots"));
   // The watchdog pings only while the service loop turns: a wedged loop stops them and systemd
-  // restarts the daemon.
+  // restarts the daemon. The loop blocks in Run, so the pacing runs on a thread of its own.
   std::atomic<bool> watchdog_stop{false};
   std::thread watchdog;
-  if (const absl::Duration every = systemd::WatchdogPingInterval(); every > absl::ZeroDuration()) {
-    watchdog = std::thread([&, every] {
+  if (systemd::WatchdogPingInterval() > absl::ZeroDuration()) {
+    watchdog = std::thread([&] {
+      systemd::WatchdogPacer pacer;
       uint64_t last = daemon->loop_turns();
-      absl::Time next_ping = absl::Now();
       while (!watchdog_stop.load()) {
-        absl::SleepFor(std::min(every, absl::Milliseconds(200)));
-        if (absl::Now() < next_ping) continue;
-        const uint64_t now = daemon->loop_turns();
-        if (now != last) systemd::NotifyWatchdog();
-        last = now;
-        next_ping = absl::Now() + every;
+        absl::SleepFor(std::min(pacer.interval(), absl::Milliseconds(200)));
+        pacer.MaybePing([&] {
+          const uint64_t now = daemon->loop_turns();
+          const bool turned = now != last;
+          last = now;
+          return turned;
+        });
       }
     });
   }

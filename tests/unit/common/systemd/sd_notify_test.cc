@@ -8,6 +8,7 @@
 #include <cstring>
 #include <string>
 
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 
 namespace mer::systemd {
@@ -89,6 +90,28 @@ TEST(SdNotify, WatchdogIntervalIsHalfOfWatchdogUsec) {
   unsetenv("WATCHDOG_PID");
   EXPECT_EQ(WatchdogPingInterval(), absl::ZeroDuration());
   unsetenv("WATCHDOG_USEC");
+}
+
+TEST(SdNotify, WatchdogPacerPingsOncePerIntervalAndOnlyWhenAlive) {
+  unsetenv("WATCHDOG_PID");
+  setenv("WATCHDOG_USEC", "200000", 1);  // ping every 100 ms
+  NotifySocket sock(/*abstract=*/false);
+  WatchdogPacer pacer;
+  EXPECT_EQ(pacer.interval(), absl::Milliseconds(100));
+  int asked = 0;
+  pacer.MaybePing([&] { ++asked; return true; });
+  EXPECT_EQ(sock.Receive(), "WATCHDOG=1");
+  pacer.MaybePing([&] { ++asked; return true; });  // not due yet: not even asked
+  EXPECT_EQ(asked, 1);
+  absl::SleepFor(absl::Milliseconds(120));
+  pacer.MaybePing([&] { ++asked; return false; });  // due, but the work is stuck: no ping
+  EXPECT_EQ(asked, 2);
+  NotifyStatus("after");
+  EXPECT_EQ(sock.Receive(), "STATUS=after");  // the next datagram: nothing was pinged in between
+  unsetenv("WATCHDOG_USEC");
+  WatchdogPacer off;
+  off.MaybePing([&] { ++asked; return true; });  // no watchdog: never asks
+  EXPECT_EQ(asked, 2);
 }
 
 }  // namespace
