@@ -276,13 +276,9 @@ std::optional<uint32_t> ResidencyDaemon::AllocateSlot(ExpertKey incoming, bool f
     ep_.EvictRam(KeyLayer(*victim), KeyExpert(*victim));  // R1 (and R2)
     policy_->Remove(*victim);
     ++c_.evictions;
-    // Compute pins a resident expert without asking us: its hit count tells a used guess, and
-    // the hits since the last sync still count.
-    const uint64_t hits =
-        ep_.table().entry(KeyLayer(*victim), KeyExpert(*victim)).hits.load(std::memory_order_relaxed);
-    if (hits > v.hits_seen) c_.compute_hits += hits - v.hits_seen;
-    v.hits_seen = hits;
-    if (v.prefetched) ++(hits > v.hits_at_prefetch ? c_.prefetch_useful : c_.prefetch_wasted);
+    // The hits compute made since the last sync still count, and tell whether a prefetch was used.
+    const bool hit_since_sync = TakeComputeHits(vi) > 0;
+    if (v.prefetched) ++(hit_since_sync ? c_.prefetch_useful : c_.prefetch_wasted);
     v.prefetched = false;
     v.slot = shm::kNoSlot;
     slot_owner_[k] = kFreeOwner;
@@ -310,6 +306,17 @@ absl::Status ResidencyDaemon::Submit(uint32_t index) {
   return absl::OkStatus();
 }
 
+uint64_t ResidencyDaemon::TakeComputeHits(uint32_t index) {
+  Expert& e = experts_[index];
+  const uint64_t hits =
+      ep_.table().entry(index / n_expert_, index % n_expert_).hits.load(std::memory_order_relaxed);
+  if (hits <= e.hits_seen) return 0;
+  const uint64_t fresh = hits - e.hits_seen;
+  e.hits_seen = hits;
+  c_.compute_hits += fresh;
+  return fresh;
+}
+
 void ResidencyDaemon::SyncComputeHits() {
   touched_.clear();
   for (uint32_t k = 0; k < n_slots_; ++k) {
@@ -317,13 +324,11 @@ void ResidencyDaemon::SyncComputeHits() {
     if (i == kFreeOwner) continue;
     Expert& e = experts_[i];
     if (e.loading) continue;
+    const uint64_t new_hits = TakeComputeHits(i);
+    if (new_hits == 0) continue;
     const shm::ResidencyEntry& entry = ep_.table().entry(i / n_expert_, i % n_expert_);
-    const uint64_t hits = entry.hits.load(std::memory_order_relaxed);
-    if (hits <= e.hits_seen) continue;
-    c_.compute_hits += hits - e.hits_seen;
     touched_.push_back({entry.last_use_epoch.load(std::memory_order_relaxed), i,
-                        std::min<uint64_t>(hits - e.hits_seen, kMaxTouchesPerSync)});
-    e.hits_seen = hits;
+                        std::min<uint64_t>(new_hits, kMaxTouchesPerSync)});
     if (e.prefetched) {
       e.prefetched = false;
       ++c_.prefetch_useful;
@@ -396,7 +401,6 @@ void ResidencyDaemon::FinishLoad(uint32_t index, const absl::Status& status) {
     e.hits_seen = ep_.table().entry(layer, expert).hits.load(std::memory_order_relaxed);
     if (e.prefetched && e.waiters.empty()) {
       policy_->AdmitPrefetched(key);
-      e.hits_at_prefetch = e.hits_seen;
     } else {
       e.prefetched = false;
       policy_->Admit(key);

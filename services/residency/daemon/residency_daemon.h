@@ -179,7 +179,6 @@ class ResidencyDaemon {
     bool loading = false;
     bool prefetched = false;       // admitted by a prefetch, not demanded since
     bool prefetch_load = false;    // the load in flight is a prefetch
-    uint64_t hits_at_prefetch = 0; // the entry's compute-side hit count when it was prefetched
     uint64_t hits_seen = 0;        // the entry's compute-side hit count the policy has been told of
     int attempts = 0;
     std::vector<shm::DemandRequest> waiters;
@@ -205,6 +204,9 @@ class ResidencyDaemon {
   // use first, before the policy is asked for a victim. A prefetched expert hit since its load
   // counts as a useful prefetch here.
   void SyncComputeHits();
+  // The hits compute made on expert `index` since the last call (from the table's count), added
+  // to compute_hits. A prefetched expert with new hits was a useful prefetch.
+  uint64_t TakeComputeHits(uint32_t index);
   void FlushCompletions();
   // Copies the counters for Snapshot(); with a slot census first when the last one is older than
   // kCensusInterval, or `census`.
