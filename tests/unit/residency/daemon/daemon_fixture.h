@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -16,6 +17,8 @@
 
 #include "common/base/check.h"
 #include "common/model/synth_model.h"
+#include "absl/time/clock.h"
+#include "common/shm/client.h"
 #include "common/shm/segment.h"
 #include "common/store/expert_store.h"
 #include "common/store/packer.h"
@@ -129,6 +132,24 @@ inline std::unique_ptr<shm::ShmSegment> AttachCompute(const DaemonFixture& f) {
   auto s = shm::ShmSegment::Attach(f.name(), ExpectedSegmentIdentity(f.store().manifest()));
   CHECK(s.ok());
   return std::move(*s);
+}
+
+// Acquires `expert` of `layer` in a step of its own (10 s deadline), shows its pinned bytes to
+// `check` (may be empty), then releases it and ends the step. Returns Acquire's status.
+inline absl::Status AcquireOne(shm::ResidencyClient& client, int layer, int32_t expert,
+                               const std::function<void(absl::Span<const uint8_t>)>& check = {}) {
+  absl::StatusOr<shm::Step> step = client.BeginStep();
+  if (!step.ok()) return step.status();
+  std::vector<shm::PinnedExpert> pinned;
+  const int32_t experts[] = {expert};
+  const absl::Status s = client.Acquire(*step, static_cast<uint32_t>(layer), experts,
+                                        absl::Now() + absl::Seconds(10), &pinned);
+  if (s.ok()) {
+    if (check) check(pinned[0].bytes);
+    client.Release(pinned);
+  }
+  client.EndStep(*step);
+  return s;
 }
 
 }  // namespace mer::residency

@@ -128,14 +128,9 @@ TEST(ResidencyDaemonTest, EvictsUnpinnedOnlyAndKeepsPinnedBytes) {
   ASSERT_TRUE(client.Acquire(*held_step, 0, all, absl::Now() + absl::Seconds(10), &held).ok());
   for (int round = 0; round < 3; ++round) {
     for (int e = 0; e < n; ++e) {
-      auto step = client.BeginStep();
-      ASSERT_TRUE(step.ok());
-      std::vector<shm::PinnedExpert> p;
-      const int32_t one[] = {e};
-      ASSERT_TRUE(client.Acquire(*step, 1, one, absl::Now() + absl::Seconds(10), &p).ok());
-      EXPECT_TRUE(SameAsStore(f.store(), 1, e, p[0].bytes));
-      client.Release(p);
-      client.EndStep(*step);
+      ASSERT_TRUE(AcquireOne(client, 1, e, [&](absl::Span<const uint8_t> bytes) {
+                    EXPECT_TRUE(SameAsStore(f.store(), 1, e, bytes));
+                  }).ok());
     }
   }
   for (int e = 0; e < n; ++e) EXPECT_TRUE(SameAsStore(f.store(), 0, e, held[e].bytes)) << e;
@@ -155,15 +150,7 @@ TEST(ResidencyDaemonTest, ComputeSideHitsReachThePolicy) {
   DaemonFixture f(o);
   auto seg = AttachCompute(f);
   shm::ResidencyClient client(seg.get());
-  const auto use = [&](int32_t expert) {
-    auto step = client.BeginStep();
-    ASSERT_TRUE(step.ok());
-    std::vector<shm::PinnedExpert> p;
-    const int32_t e[] = {expert};
-    ASSERT_TRUE(client.Acquire(*step, 0, e, absl::Now() + absl::Seconds(10), &p).ok());
-    client.Release(p);
-    client.EndStep(*step);
-  };
+  const auto use = [&](int32_t expert) { ASSERT_TRUE(AcquireOne(client, 0, expert).ok()); };
   use(0);  // miss: loads 0
   use(1);  // miss: loads 1
   use(0);  // hit in compute alone: 0 is now the most recently used
@@ -193,14 +180,9 @@ TEST(ResidencyDaemonTest, RefetchesAfterChecksumMismatch) {
   DaemonFixture f({}, {r});
   auto seg = AttachCompute(f);
   shm::ResidencyClient client(seg.get());
-  auto step = client.BeginStep();
-  ASSERT_TRUE(step.ok());
-  std::vector<shm::PinnedExpert> p;
-  const int32_t e[] = {2};
-  ASSERT_TRUE(client.Acquire(*step, 1, e, absl::Now() + absl::Seconds(10), &p).ok());
-  EXPECT_TRUE(SameAsStore(f.store(), 1, 2, p[0].bytes));
-  client.Release(p);
-  client.EndStep(*step);
+  ASSERT_TRUE(AcquireOne(client, 1, 2, [&](absl::Span<const uint8_t> bytes) {
+                EXPECT_TRUE(SameAsStore(f.store(), 1, 2, bytes));
+              }).ok());
   const ResidencyCounters c = f.Stop();
   EXPECT_EQ(c.checksum_failures, 1u);
   EXPECT_EQ(c.refetches, 1u);
@@ -252,13 +234,7 @@ TEST(ResidencyDaemonTest, PrefetchFromPredictedHint) {
     if (s.has_value() && s->in(shm::Pool::kRam)) break;
     absl::SleepFor(absl::Milliseconds(1));
   }
-  auto step = client.BeginStep();
-  ASSERT_TRUE(step.ok());
-  std::vector<shm::PinnedExpert> p;
-  const int32_t e[] = {7};
-  ASSERT_TRUE(client.Acquire(*step, 1, e, absl::Now() + absl::Seconds(10), &p).ok());
-  client.Release(p);
-  client.EndStep(*step);
+  ASSERT_TRUE(AcquireOne(client, 1, 7).ok());
   EXPECT_EQ(client.stats().hits, 1u);
   const ResidencyCounters c = f.Stop();
   EXPECT_EQ(c.prefetch_issued, 1u);
