@@ -15,7 +15,7 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
-fail() { echo "FAIL: $*"; FAILURES=$((FAILURES + 1)); }
+source "$(dirname "$0")/lib.sh"
 
 # start_up LOG: runs mer up in the background, waits for its address; sets UPID and ADDR.
 start_up() {

@@ -26,7 +26,7 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
-fail() { echo "FAIL: $*"; FAILURES=$((FAILURES + 1)); }
+source "$(dirname "$0")/lib.sh"
 
 # start_daemon STORE INSTANCE LOG [extra flags] -> sets DPID
 start_daemon() {
@@ -52,32 +52,12 @@ stop_daemon() {  # PID LOG: SIGTERM, wait (bounded), require the counters line
 }
 counter() { grep -o "counters .*" "$2" | tail -1 | grep -o " $1=[0-9]*" | cut -d= -f2; }
 
-# fetch_metrics LOG OUT: GET the /metrics URL the daemon printed ("metrics: http://H:P/metrics").
+# fetch_metrics LOG OUT: GET the /metrics URL the daemon printed.
 fetch_metrics() {
   local url
-  url=$(grep -o 'metrics: http://[^ ]*' "$1" | head -1 | cut -d' ' -f2)
+  url=$(metrics_url "$1")
   [ -n "$url" ] || { echo "no metrics URL in $1"; return 1; }
-  if command -v curl >/dev/null 2>&1; then
-    timeout 10 curl -sSf "$url" -o "$2"
-  else
-    local hp=${url#http://}
-    hp=${hp%%/*}
-    ( exec 3<>"/dev/tcp/${hp%:*}/${hp##*:}" || exit 1
-      printf 'GET /metrics HTTP/1.0\r\nHost: %s\r\n\r\n' "$hp" >&3
-      timeout 10 cat <&3 ) | tr -d '\r' | sed '1,/^$/d' >"$2"
-  fi
-  [ -s "$2" ]
-}
-# metric 'NAME{LABELS}' FILE: the sample's value as an integer (empty if absent).
-metric() { awk -v n="$1" '$1 == n { printf "%d", $2; exit }' "$2"; }
-# lint_metrics NAME FILE: promtool check metrics, if installed.
-lint_metrics() {
-  if ! command -v promtool >/dev/null 2>&1; then
-    echo "  note: promtool not installed: skipping 'promtool check metrics'"; return 0
-  fi
-  local out
-  out=$(timeout 30 promtool check metrics <"$2" 2>&1) || { fail "$1: promtool check metrics: $out"; return; }
-  echo "  promtool check metrics: ok"
+  fetch "$url" "$2"
 }
 
 gen_model() { timeout 120 "$MER" generate --model "$1" --prompt-tokens $PROMPT --max-tokens 32 \

@@ -36,7 +36,7 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
-fail() { echo "FAIL: $*"; FAILURES=$((FAILURES + 1)); }
+source "$(dirname "$0")/lib.sh"
 phase() { awk -v t0="$T0" -v now="$(date +%s.%N)" -v m="$*" 'BEGIN { printf "[%6.1fs] %s\n", now - t0, m }'; }
 
 # wait_log LOG PATTERN PID: until LOG has PATTERN (10 s), or the process died.
@@ -59,15 +59,6 @@ start_compute() {
       --max-sequences 8 --max-batch-tokens 64 --ctx 4096 --threads 2 >"$1" 2>&1 ) &
   CPID=$!; PIDS+=("$CPID")
   wait_log "$1" "ready" "$CPID"
-}
-metrics_url() { grep -o 'metrics: http://[^ ]*' "$1" | head -1 | cut -d' ' -f2; }
-fetch() { timeout 10 curl -sSf "$1" -o "$2" && [ -s "$2" ]; }
-# metric 'NAME{LABELS}' FILE: the sample's value as an integer (empty if absent).
-metric() { awk -v n="$1" '$1 == n { printf "%d", $2; exit }' "$2"; }
-lint() {
-  if ! command -v promtool >/dev/null 2>&1; then echo "  note: no promtool: lint skipped"; return 0; fi
-  local out
-  out=$(timeout 30 promtool check metrics <"$2" 2>&1) || fail "$1: promtool check metrics: $out"
 }
 client() { timeout 60 "$MER" client --addr "$ADDR" "$@"; }
 # solo PROMPT N: the ids `mer generate --model` gives alone.
@@ -125,7 +116,7 @@ phase "64 streams: $((64 - bad)) of 64 equal their solo ids"
 
 # Compute's counters now equal the gateway's and the test's (compute restarts later).
 fetch "$(metrics_url "$WORK/c1.log")" "$WORK/c.metrics" || fail "compute /metrics"
-lint compute "$WORK/c.metrics"
+lint_metrics compute "$WORK/c.metrics"
 [ "$(metric mer_generated_tokens_total "$WORK/c.metrics")" == "$TOKENS" ] ||
   fail "compute mer_generated_tokens_total=$(metric mer_generated_tokens_total "$WORK/c.metrics"), want $TOKENS"
 [ "$(metric mer_prompt_tokens_total "$WORK/c.metrics")" == "$PROMPT_TOKENS" ] ||
@@ -224,7 +215,7 @@ N_OK=$((N_OK + 1)); TOKENS=$((TOKENS + 3)); PROMPT_TOKENS=$((PROMPT_TOKENS + 3))
 # Gateway counters so far (the killed calls' tokens are not known exactly: checked below only
 # for requests and for phases without kills).
 fetch "$GM" "$WORK/g.metrics" || fail "gateway /metrics"
-lint gateway "$WORK/g.metrics"
+lint_metrics gateway "$WORK/g.metrics"
 for s in OK:$N_OK INVALID_ARGUMENT:$N_INVALID CANCELLED:$N_CANCELLED DEADLINE_EXCEEDED:$N_DEADLINE RESOURCE_EXHAUSTED:$N_EXHAUSTED; do
   got=$(metric "mer_requests_total{daemon=\"gateway\",status=\"${s%%:*}\"}" "$WORK/g.metrics")
   [ "$got" == "${s##*:}" ] || fail "gateway mer_requests_total{status=${s%%:*}}=$got, want ${s##*:}"
@@ -295,10 +286,10 @@ phase "recovered: gateway (pid $GPID, never restarted) serves again"
 phase "metrics"
 # The gateway scrapes the metrics URLs it was given; the restarted daemons have new ports, so
 # each daemon's own page is checked directly, and the merged page for the gateway's counters.
-fetch "$(metrics_url "$WORK/c2.log")" "$WORK/c2.metrics" && lint compute "$WORK/c2.metrics" || fail "compute /metrics"
+fetch "$(metrics_url "$WORK/c2.log")" "$WORK/c2.metrics" && lint_metrics compute "$WORK/c2.metrics" || fail "compute /metrics"
 [ "$(metric mer_generated_tokens_total "$WORK/c2.metrics")" == 3 ] || fail "restarted compute: generated != 3"
-fetch "$(metrics_url "$WORK/r3.log")" "$WORK/r2.metrics" && lint residency "$WORK/r2.metrics" || fail "residency /metrics"
-fetch "$GM" "$WORK/g.metrics" && lint gateway "$WORK/g.metrics" || fail "gateway /metrics"
+fetch "$(metrics_url "$WORK/r3.log")" "$WORK/r2.metrics" && lint_metrics residency "$WORK/r2.metrics" || fail "residency /metrics"
+fetch "$GM" "$WORK/g.metrics" && lint_metrics gateway "$WORK/g.metrics" || fail "gateway /metrics"
 for s in OK:$N_OK INVALID_ARGUMENT:$N_INVALID CANCELLED:$N_CANCELLED DEADLINE_EXCEEDED:$N_DEADLINE RESOURCE_EXHAUSTED:$N_EXHAUSTED UNAVAILABLE:$N_UNAVAILABLE; do
   got=$(metric "mer_requests_total{daemon=\"gateway\",status=\"${s%%:*}\"}" "$WORK/g.metrics")
   [ "$got" == "${s##*:}" ] || fail "gateway mer_requests_total{status=${s%%:*}}=$got, want ${s##*:}"
@@ -317,7 +308,7 @@ wait_log "$WORK/g2.log" "ready" "$GPID" || fail "gateway restart"
 ADDR=$(grep -o 'listening on [0-9.:]*' "$WORK/g2.log" | awk '{print $3}')
 wait_health SERVING
 out=$(client --prompt "hello" --max-tokens 5 --ignore-eos --print-token-ids 2>&1) || fail "text prompt: $out"
-fetch "$(metrics_url "$WORK/g2.log")" "$WORK/g2.metrics" && lint "gateway (merged)" "$WORK/g2.metrics" || fail "gateway /metrics"
+fetch "$(metrics_url "$WORK/g2.log")" "$WORK/g2.metrics" && lint_metrics "gateway (merged)" "$WORK/g2.metrics" || fail "gateway /metrics"
 for d in compute residency; do
   [ "$(metric "mer_scrape_up{daemon=\"$d\"}" "$WORK/g2.metrics")" == 1 ] || fail "merged page: $d not scraped"
   grep -q "^mer_build_info{daemon=\"$d\"" "$WORK/g2.metrics" || grep -q "^mer_build_info{.*daemon=\"$d\"" "$WORK/g2.metrics" ||

@@ -18,7 +18,7 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
-fail() { echo "FAIL: $*"; FAILURES=$((FAILURES + 1)); }
+source "$(dirname "$0")/lib.sh"
 
 # 1. Install.
 DESTDIR=$WORK/root timeout 120 cmake --install "$BUILD" --prefix /usr/local >"$WORK/install.log" 2>&1 ||
