@@ -82,6 +82,18 @@ struct Compute {
   std::unique_ptr<grpc::Server> server;
 };
 
+// Polls `done` every millisecond for up to `limit`; whether it came true. Generous limits: the
+// test machine may be loaded, and the conditions are preconditions the tests assert.
+template <typename Done>
+bool WaitUntil(const Done& done, absl::Duration limit = absl::Seconds(10)) {
+  const absl::Time deadline = absl::Now() + limit;
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
+
 class GatewayApiTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -366,24 +378,29 @@ TEST_F(GatewayApiTest, CancelDeadlineAndFullQueue) {
     if (n >= 2) ctx.TryCancel();
   });
   EXPECT_EQ(cancelled.status.error_code(), grpc::StatusCode::CANCELLED);
-  for (int i = 0; i < 200 && compute_->batcher->free_sequences() < 2; ++i) absl::SleepFor(absl::Milliseconds(5));
+  WaitUntil([&] { return compute_->batcher->free_sequences() == 2; });
   EXPECT_EQ(compute_->batcher->free_sequences(), 2);
-  // A deadline while generating.
+  // A deadline while generating; its slot is freed too.
   const Result late = Call(Ids({1, 2, 3}, 100), 100);
   EXPECT_EQ(late.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << late.status.error_message();
+  WaitUntil([&] { return compute_->batcher->free_sequences() == 2; });
+  EXPECT_EQ(compute_->batcher->free_sequences(), 2);
   // 2 slots, a queue of 2: the fifth concurrent call is RESOURCE_EXHAUSTED, the others finish.
-  // Slow steps (~40 ms) keep the first calls running while the rest are issued, even on a loaded
-  // machine.
-  src_->delay_ms = 20;
+  // Very slow steps (~400 ms) while the four are issued, each admitted before the next is sent, so
+  // none can finish and none can come after the fifth, however loaded the machine; fast again after.
+  src_->delay_ms = 200;
   std::vector<Result> results(4);
   std::vector<std::thread> threads;
   for (int i = 0; i < 4; ++i) {
     threads.emplace_back([&, i] { results[i] = Call(Ids({1, 2, 3 + i}, 30)); });
-    for (int w = 0; w < 400 && scheduler_->running() + scheduler_->waiting() < i + 1; ++w)
-      absl::SleepFor(absl::Milliseconds(1));
+    if (!WaitUntil([&] { return scheduler_->running() + scheduler_->waiting() >= i + 1; })) {
+      ADD_FAILURE() << "call " << i << " was never admitted";  // go on: the threads must be joined
+      break;
+    }
   }
   const Result full = Call(Ids({9}, 5));
   EXPECT_EQ(full.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << full.status.error_message();
+  src_->delay_ms = 2;
   for (auto& t : threads) t.join();
   for (int i = 0; i < 4; ++i) {
     EXPECT_TRUE(results[i].status.ok()) << results[i].status.error_message();
@@ -397,7 +414,7 @@ TEST_F(GatewayApiTest, UnavailableWhileComputeIsDownThenServesAgain) {
     const Result r = Call(Ids({5, 6}, 100));
     EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
   });
-  for (int i = 0; i < 400 && scheduler_->running() < 1; ++i) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_TRUE(WaitUntil([&] { return scheduler_->running() >= 1; })) << "the call never started";
   absl::SleepFor(absl::Milliseconds(30));
   compute_.reset();  // compute goes away mid-stream
   running.join();
