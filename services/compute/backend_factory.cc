@@ -45,6 +45,8 @@ absl::StatusOr<CreatedBackend> CreateBackend(const ModelWeights& weights, Expert
     co.max_sequences = o.max_sequences;
     co.max_context_tokens = o.max_context_tokens;
     co.pin_host_experts = o.pin_host_experts;
+    co.vram_prefetch = o.vram_prefetch;
+    co.profile_kernels = o.profile_kernels;
     RETURN_IF_ERROR(ParseVramBudget(o.vram_expert_budget, &co));
     ASSIGN_OR_RETURN(out.engine, CudaEngine::Create(weights, experts, co));
     out.threads = 1;
@@ -68,6 +70,13 @@ absl::StatusOr<CreatedBackend> CreateBackend(const ModelWeights& weights, Expert
   return out;
 }
 
+std::string BackendKernelProfile(const ComputeBackend& engine, const std::string& backend_name) {
+#if MER_HAVE_CUDA
+  if (backend_name == "cuda") return static_cast<const CudaEngine&>(engine).KernelProfile();
+#endif
+  return {};
+}
+
 BackendCounters ReadBackendCounters(const ComputeBackend& engine, const std::string& backend_name) {
   BackendCounters b;
 #if MER_HAVE_CUDA
@@ -77,11 +86,16 @@ BackendCounters ReadBackendCounters(const ComputeBackend& engine, const std::str
   b.expert_lookups = s.expert_lookups;
   b.expert_misses = s.expert_misses;
   b.upload_bytes = s.expert_upload_bytes;
+  b.evictions = s.evictions;
+  b.vram_prefetch_issued = s.vram_prefetch_issued;
+  b.vram_prefetch_useful = s.vram_prefetch_useful;
+  b.vram_prefetch_wasted = s.vram_prefetch_wasted;
   b.host_syncs = s.host_syncs;
   b.graph_launches = s.graph_launches;
   b.vram_used_peak_bytes = s.vram_used_peak_bytes;
   b.arena_bytes = s.arena_bytes;
   b.arena_slots = s.arena_slots;
+  b.arena_resident = s.arena_resident;
   b.total_experts = s.total_experts;
   b.host_experts_pinned = s.host_experts_pinned;
 #endif

@@ -24,6 +24,8 @@ struct BackendOptions {
   // beyond the free VRAM.
   std::string vram_expert_budget;
   bool pin_host_experts = true;   // cuda: cudaHostRegister the experts' host memory
+  bool vram_prefetch = true;      // cuda: look-ahead prefetch into VRAM on decode misses
+  bool profile_kernels = false;   // cuda: time every kernel (BackendKernelProfile)
 };
 
 // What a backend reports beyond ComputeBackend (zero for the cpu backend).
@@ -32,11 +34,16 @@ struct BackendCounters {
   int64_t expert_lookups = 0;
   int64_t expert_misses = 0;
   int64_t upload_bytes = 0;
+  int64_t evictions = 0;
+  int64_t vram_prefetch_issued = 0;
+  int64_t vram_prefetch_useful = 0;
+  int64_t vram_prefetch_wasted = 0;
   int64_t host_syncs = 0;
   int64_t graph_launches = 0;
   int64_t vram_used_peak_bytes = 0;
   int64_t arena_bytes = 0;
   int64_t arena_slots = 0;
+  int64_t arena_resident = 0;
   int64_t total_experts = 0;
   bool host_experts_pinned = false;
 };
@@ -53,5 +60,8 @@ absl::StatusOr<CreatedBackend> CreateBackend(const ModelWeights& weights, Expert
 
 // The counters of a backend made by CreateBackend with `backend_name`.
 BackendCounters ReadBackendCounters(const ComputeBackend& engine, const std::string& backend_name);
+
+// cuda with profile_kernels: the per-kernel GPU time table; empty otherwise.
+std::string BackendKernelProfile(const ComputeBackend& engine, const std::string& backend_name);
 
 }  // namespace mer

@@ -143,7 +143,9 @@ TEST_P(CudaVsCpu, GreedyIdsEqualAndForcedLogitsClose) {
   for (int p = 0; p < kPrompts; ++p) ref_logits.push_back(ScoreIds(**cpu, prompts[p], ref.ids[p]));
   std::fprintf(stderr, "%s: CPU reference done\n", tc.name.c_str());
 
-  for (double fraction : {1.0, 0.1}) {
+  // 100%: all preloaded, graphs; 30% and 10%: misses, look-ahead prefetch (where the arena has
+  // room for it), and at 10% of the tiny preset layers served in several passes.
+  for (double fraction : {1.0, 0.3, 0.1}) {
     CudaEngineOptions o;
     o.max_batch_tokens = 128;
     o.max_context_tokens = 256;
@@ -166,10 +168,10 @@ TEST_P(CudaVsCpu, GreedyIdsEqualAndForcedLogitsClose) {
     }
     const CudaEngineStats s = (*gpu)->stats();
     std::printf("[%s arena %.0f%% = %lld slots] greedy id mismatches %d of %d, worst forced-logits rel L2 %.3g, "
-                "lookups %lld misses %lld syncs %lld graph steps %lld\n",
+                "lookups %lld misses %lld syncs %lld graph steps %lld prefetch %lld issued %lld useful\n",
                 tc.name.c_str(), fraction * 100, (long long)s.arena_slots, id_mismatches, kPrompts * kGenTokens,
                 worst, (long long)s.expert_lookups, (long long)s.expert_misses, (long long)s.host_syncs,
-                (long long)s.graph_launches);
+                (long long)s.graph_launches, (long long)s.vram_prefetch_issued, (long long)s.vram_prefetch_useful);
     if (fraction < 1.0) {
       EXPECT_GT(s.expert_misses, 0);  // the miss path was exercised
     } else {

@@ -123,7 +123,10 @@ TEST(CudaKernels, QuantizeIsBitExact) {
 TEST(CudaKernels, MatvecMatchesCpuRowDots) {
   struct Size { int64_t rows, cols; };
   for (GgmlType type : kTypes) {
-    for (Size sz : {Size{2, 32}, Size{67, 64}, Size{33, 160}, Size{256, 256}, Size{512, 768}, Size{1000, 2048}}) {
+    // One token of Q8_0 with 4,096 cols takes the warp-per-row path (matvec.cu, warp_dot.cuh
+    // WarpQ8_0Rows); the others the lane-group path.
+    for (Size sz : {Size{2, 32}, Size{67, 64}, Size{33, 160}, Size{256, 256}, Size{512, 768}, Size{1000, 2048},
+                    Size{5, 128}, Size{300, 4096}, Size{3, 8192}}) {
       for (int n : {1, 3, 9, 17}) {
         const int64_t rb = RowBytes(type, sz.cols);
         const std::vector<float> wf = Random(sz.rows * sz.cols, 0.05f);
@@ -178,10 +181,39 @@ TEST(CudaKernels, RmsNormMatchesCpu) {
     float* dw = ToDevice(w);
     int32_t* dr = ToDevice(rows);
     float* y = DeviceNaN<float>(rows.size() * cols);
-    cuda::LaunchRmsNorm(dx, cols, dr, rows.size(), dw, 1e-6f, cols, y, cols, cuda::DevAct{}, nullptr);
+    cuda::LaunchRmsNorm(dx, cols, dr, rows.size(), cuda::MoeCombine{}, dw, 1e-6f, cols, y, cols, cuda::DevAct{},
+                        nullptr);
     EXPECT_LE(RelL2(ToHost(y, rows.size() * cols), want), 1e-6) << cols;
     for (void* p : {(void*)dx, (void*)dw, (void*)dr, (void*)y}) CUDA_CHECK(cudaFree(p));
   }
+}
+
+// The norm that first adds the previous MoE block's output into the residual stream: x updated
+// exactly as the CPU engine's combine (mul, then fma per expert in top-k order, then + x).
+TEST(CudaKernels, RmsNormAddsMoeOutputExactly) {
+  const int64_t cols = 768;
+  const int n = 5, k = 3;
+  const std::vector<float> x = Random(n * cols, 2.0f), w = Random(cols);
+  const std::vector<float> eo = Random(n * k * cols), ew = Random(n * k, 0.3f);
+  std::vector<float> want_x(x);
+  for (int t = 0; t < n; ++t)
+    for (int64_t i = 0; i < cols; ++i) {
+      float acc = eo[(t * k) * cols + i] * ew[t * k];
+      for (int j = 1; j < k; ++j) acc = std::fma(eo[(t * k + j) * cols + i], ew[t * k + j], acc);
+      want_x[t * cols + i] = acc + x[t * cols + i];
+    }
+  std::vector<float> want_y(n * cols);
+  for (int t = 0; t < n; ++t) cpu::RmsNorm(&want_x[t * cols], w.data(), 1e-6f, cols, &want_y[t * cols]);
+  float* dx = ToDevice(x);
+  float* dw = ToDevice(w);
+  float* deo = ToDevice(eo);
+  float* dew = ToDevice(ew);
+  float* y = DeviceNaN<float>(n * cols);
+  cuda::LaunchRmsNorm(dx, cols, nullptr, n, cuda::MoeCombine{deo, dew, k}, dw, 1e-6f, cols, y, cols,
+                      cuda::DevAct{}, nullptr);
+  EXPECT_EQ(ToHost(dx, n * cols), want_x);
+  EXPECT_LE(RelL2(ToHost(y, n * cols), want_y), 1e-6);
+  for (void* p : {(void*)dx, (void*)dw, (void*)deo, (void*)dew, (void*)y}) CUDA_CHECK(cudaFree(p));
 }
 
 TEST(CudaKernels, EmbedRowsExact) {
@@ -236,6 +268,79 @@ TEST(CudaKernels, RouterTopKMatchesCpu) {
         EXPECT_LE(RelL2(ToHost(dw, n * k), want_w), 1e-5) << ne << " top-" << k;
         for (void* p : {(void*)dl, (void*)de, (void*)dw}) CUDA_CHECK(cudaFree(p));
       }
+    }
+  }
+}
+
+// The decode step's fused routing (router mat-vec + top-k + groups in one launch) gives exactly
+// what the f32 mat-vec followed by LaunchRouterTopK gives, over several launches (its block
+// counter must reset itself).
+TEST(CudaKernels, FusedRouterEqualsMatvecThenTopK) {
+  for (int64_t cols : {64, 768, 2048, 4096}) {
+    for (int ne : {8, 128}) {
+      const int k = ne == 8 ? 2 : 8;
+      const std::vector<float> w = Random(ne * cols, 0.05f);
+      float* dw = ToDevice(w);
+      std::vector<int32_t> slots(ne, 0);
+      slots[1] = -1;
+      int32_t* ds = ToDevice(slots);
+      int32_t* buf = DeviceNaN<int32_t>(2 + ne + ne + 1 + k);
+      unsigned long long* lookups = nullptr;
+      unsigned int* done = nullptr;
+      CUDA_CHECK(cudaMalloc(&lookups, 8));
+      CUDA_CHECK(cudaMemset(lookups, 0, 8));
+      CUDA_CHECK(cudaMalloc(&done, 4));
+      CUDA_CHECK(cudaMemset(done, 0, 4));
+      const cuda::MoeGroups g{buf, buf + 1, buf + 2, buf + 2 + ne, buf + 2 + ne + ne + 1, lookups};
+      for (int rep = 0; rep < 3; ++rep) {
+        const std::vector<float> x = Random(cols);
+        float* dx = ToDevice(x);
+        float* logits = DeviceNaN<float>(ne);
+        int32_t* want_e = DeviceNaN<int32_t>(k);
+        float* want_w = DeviceNaN<float>(k);
+        const cuda::DevMatrix m{cuda::kDevF32, ne, cols, reinterpret_cast<const uint8_t*>(dw)};
+        const cuda::MatvecOutput out{m, logits, ne, nullptr};
+        const cuda::DevAct act{cuda::kDevF32, cols, reinterpret_cast<uint8_t*>(dx), nullptr};
+        cuda::LaunchMatvec(&out, 1, act, 1, nullptr);
+        cuda::LaunchRouterTopK(logits, 1, ne, k, true, want_e, want_w, nullptr, nullptr, nullptr);
+        ASSERT_TRUE(cuda::RouterTopK1Supported(cols, ne));
+        cuda::Router1Args a{};
+        a.router = dw;
+        a.x = dx;
+        a.n_embd = static_cast<int32_t>(cols);
+        a.n_expert = ne;
+        a.k = k;
+        a.norm_topk = true;
+        a.logits = DeviceNaN<float>(ne);
+        a.blocks_done = done;
+        a.chosen = DeviceNaN<int32_t>(k);
+        a.weights = DeviceNaN<float>(k);
+        a.slot_table = ds;
+        a.groups = g;
+        cuda::LaunchRouterTopK1(a, nullptr);
+        EXPECT_EQ(ToHost(a.logits, ne), ToHost(logits, ne)) << cols << "x" << ne;
+        const std::vector<int32_t> e = ToHost(a.chosen, k);
+        EXPECT_EQ(e, ToHost(want_e, k)) << cols << "x" << ne;
+        EXPECT_EQ(ToHost(a.weights, k), ToHost(want_w, k)) << cols << "x" << ne;
+        // The groups of a single token: its experts ascending, one pair each.
+        const std::vector<int32_t> h = ToHost(buf, 2 + ne + ne + 1 + k);
+        std::vector<int32_t> sorted(e);
+        std::sort(sorted.begin(), sorted.end());
+        ASSERT_EQ(h[0], k);
+        int missing = 0;
+        for (int u = 0; u < k; ++u) {
+          EXPECT_EQ(h[2 + u], sorted[u]);
+          EXPECT_EQ(e[h[2 + ne + ne + 1 + u]], sorted[u]);
+          missing += sorted[u] == 1;
+        }
+        EXPECT_EQ(h[1], missing);
+        EXPECT_EQ(ToHost(done, 1)[0], 0u);
+        for (void* p : {(void*)dx, (void*)logits, (void*)want_e, (void*)want_w, (void*)a.logits, (void*)a.chosen,
+                        (void*)a.weights})
+          CUDA_CHECK(cudaFree(p));
+      }
+      EXPECT_EQ(ToHost(lookups, 1)[0], 3ull * k);
+      for (void* p : {(void*)dw, (void*)ds, (void*)buf, (void*)lookups, (void*)done}) CUDA_CHECK(cudaFree(p));
     }
   }
 }
@@ -333,7 +438,7 @@ TEST(CudaKernels, QkNormRopeAndAttentionMatchCpu) {
     float* out = DeviceNaN<float>(n * QD);
     cuda::QkNormRopeArgs r{dq, dk, dv, dqn, dkn, drc, drs, dseq, dpos, dkc, dvc, sh.n_head, sh.n_head_kv, HD, max_ctx, 1e-6f};
     cuda::LaunchQkNormRope(r, n, nullptr);
-    cuda::AttentionArgs a{dq, dkc, dvc, dseq, dpos, scores, out, sh.n_head, sh.n_head_kv, HD, max_ctx};
+    cuda::AttentionArgs a{dq, dkc, dvc, dseq, dpos, scores, out, cuda::DevAct{}, sh.n_head, sh.n_head_kv, HD, max_ctx};
     cuda::LaunchAttention(a, n, nullptr);
     EXPECT_LE(RelL2(ToHost(dq, n * QD), q_ref), 1e-6) << "q, head_dim " << HD;
     EXPECT_LE(RelL2(ToHost(dkc, kc.size()), kc_ref), 1e-6) << "k cache, head_dim " << HD;

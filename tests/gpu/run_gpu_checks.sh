@@ -8,14 +8,16 @@
 #      100%, 50%, 25% and 12.5% of the experts in VRAM, the rest read from the mapped file
 #      (RUNSPEC: also pageable uploads, and seeded sampling).
 # Programs come from a gpu-bundle (BUNDLE, default .gpu/bundle); results go to $OUT (logs and a
-# summary table, printed last). Every step is time-bounded. STEPS selects steps: kernels, engine, tests (both), bench (default "tests bench").
+# summary table, printed last). Every step is time-bounded. STEPS selects steps: kernels, memcheck,
+# engine, tests (all three), bench, profile (ncu kernel times at 100%, launches PROFILE_SKIP ..
+# + PROFILE_KERNELS, raw CSV in $OUT/$PROFILE_NAME.csv); default "tests bench".
 set -uo pipefail
 BUNDLE=${BUNDLE:-.gpu/bundle}
 OUT=${OUT:-/tmp/mer-gpu-out}
 SKEW=${SKEW:-0.5}
 STEPS=${STEPS:-"tests bench"}
-# Bench runs as budget:pin:temperature (pin 0 = pageable uploads; temperature 0 = greedy, the
-# method; 1 = seeded sampling, whose routing does not settle into one repeated token).
+# Bench runs as budget:pin:temperature[:prefetch] (pin 0 = pageable uploads; temperature 0 =
+# greedy, the method; 1 = seeded sampling; prefetch 0 = no look-ahead prefetch into VRAM).
 RUNSPEC=${RUNSPEC:-"100%:1:0 50%:1:0 25%:1:0 12.5%:1:0 25%:0:0 100%:1:1 25%:1:1 12.5%:1:1"}
 RUNS=${RUNS:-3}
 MODEL=${MODEL:-/tmp/mer-30b-q8_0.gguf}
@@ -28,47 +30,62 @@ note() { echo "$*" | tee -a "$summary"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$summary"
 nproc | sed 's/^/cpus: /' | tee -a "$summary"
 
-if [[ " $STEPS " == *" tests "* || " $STEPS " == *" kernels "* ]]; then
+has_step() { for s in "$@"; do [[ " $STEPS " == *" $s "* ]] && return 0; done; return 1; }
+if has_step tests kernels; then
   timeout 240 "$BUNDLE/run" cuda_kernels_test > "$OUT/kernels.log" 2>&1
   note "cuda_kernels_test: rc=$? ($(grep -c '^\[       OK' "$OUT/kernels.log") ok, $(grep -c '^\[  FAILED' "$OUT/kernels.log") failed lines)"
+  grep -E '^\[  FAILED|Failure|Expected|Which is|Value of' "$OUT/kernels.log" | head -20 | tee -a "$summary"
+fi
+if has_step tests memcheck; then
   SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   timeout 300 "$BUNDLE/run" "$SAN" --tool memcheck --leak-check full --error-exitcode 9 \
     "$BUNDLE/bin/cuda_kernels_test" > "$OUT/memcheck.log" 2>&1
   note "memcheck cuda_kernels_test: rc=$? ($(grep -m1 'ERROR SUMMARY' "$OUT/memcheck.log"))"
 fi
-if [[ " $STEPS " == *" tests "* || " $STEPS " == *" engine "* ]]; then
+if has_step tests engine; then
   # One case at a time, each time-bounded, so one stuck case cannot take the whole call.
   : > "$OUT/engine.log"
   for f in 'CudaEngine.*' $(for c in tiny_f32 tiny_f16 tiny_q8_0 small_f32 small_f16 small_q8_0; do
                               echo "Corpus/CudaVsCpu.*/$c"; done); do
-    MER_CUDA_DEBUG=1 timeout 60 "$BUNDLE/run" cuda_engine_test --gtest_filter="$f" >> "$OUT/engine.log" 2>&1
+    MER_CUDA_DEBUG=1 timeout 90 "$BUNDLE/run" cuda_engine_test --gtest_filter="$f" >> "$OUT/engine.log" 2>&1
     note "cuda_engine_test $f: rc=$?"
   done
   grep -E '^\[(  FAILED|       OK) |arena .* slots\]|10000 steps' "$OUT/engine.log" | tee -a "$summary"
 fi
 
-if [[ " $STEPS " == *" bench "* ]]; then
-  if [ ! -s "$MODEL" ]; then
-    t0=$(date +%s)
-    timeout 400 "$BUNDLE/run" mer synth --preset qwen3-30b-a3b --quant q8_0 --router-skew "$SKEW" \
-      --threads "$(nproc)" --out "$MODEL" > "$OUT/synth.log" 2>&1
-    rc=$?; note "synth qwen3-30b-a3b q8_0 skew $SKEW: rc=$rc in $(( $(date +%s) - t0 )) s, $(du -h "$MODEL" | cut -f1)"
-  fi
+if has_step bench profile && [ ! -s "$MODEL" ]; then
+  t0=$(date +%s)
+  timeout 400 "$BUNDLE/run" mer synth --preset qwen3-30b-a3b --quant q8_0 --router-skew "$SKEW" \
+    --threads "$(nproc)" --out "$MODEL" > "$OUT/synth.log" 2>&1
+  rc=$?; note "synth qwen3-30b-a3b q8_0 skew $SKEW: rc=$rc in $(( $(date +%s) - t0 )) s, $(du -h "$MODEL" | cut -f1)"
+fi
+if has_step profile; then
+  # Kernel durations (serialized by ncu, so without PDL overlap) of decode steps: the prompt and
+  # the first decode steps are skipped, then PROFILE_KERNELS launches are measured.
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  timeout 300 "$BUNDLE/run" "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
+    --launch-skip "${PROFILE_SKIP:-3000}" --launch-count "${PROFILE_KERNELS:-1000}" \
+    "$BUNDLE/bin/mer" bench --model "$MODEL" --backend cuda --prompt-tokens 31 --gen-tokens 16 --warmup 0 --runs 1 \
+    > "$OUT/${PROFILE_NAME:-profile}.csv" 2> "$OUT/${PROFILE_NAME:-profile}.log"
+  note "profile: rc=$? ($(grep -c gpu__time_duration "$OUT/${PROFILE_NAME:-profile}.csv") kernels)"
+fi
+if has_step bench; then
   for spec in $RUNSPEC; do
-    IFS=: read -r b pin temp <<< "$spec"
-    echo "=== budget $b pin $pin temperature $temp" >> "$OUT/bench.log"
+    IFS=: read -r b pin temp pf <<< "$spec"
+    pf=${pf:-1}
+    echo "=== budget $b pin $pin temperature $temp prefetch $pf" >> "$OUT/bench.log"
     timeout 300 "$BUNDLE/run" mer bench --model "$MODEL" --backend cuda --vram-expert-budget "$b" \
-      --pin-experts "$pin" --temperature "$temp" --seed 1 --prompt-tokens 31 --gen-tokens 128 \
+      --pin-experts "$pin" --vram-prefetch "$pf" --temperature "$temp" --seed 1 --prompt-tokens 31 --gen-tokens 128 \
       --warmup 1 --runs "$RUNS" --batch 256 >> "$OUT/bench.log" 2>&1
     echo "rc=$?" >> "$OUT/bench.log"
   done
   # Table: one row per budget.
   awk '
-    /^=== budget/ {b=$3; p=$5; tp=$7}
+    /^=== budget/ {b=$3; p=$5; tp=$7; pf=$9}
     /^prompt_tps/ {pt=$2} /^decode_tps/ {dt=$2} /^ttft_p50_ms/ {tt=$2} /^vram_hit_rate/ {hr=$2}
     /^upload_mib_per_token/ {up=$2} /^host_syncs_per_token/ {hs=$2} /^peak_vram_gib/ {pv=$2}
-    /^misses_per_token/ {mt=$2} /^peak_rss_mib/ {rss=$2}
-    /^rc=/ {printf "%-6s pin=%s T=%s prompt %8s tok/s  decode %7s tok/s  ttft %7s ms  hit %6s  miss/tok %6s  upload %7s MiB/tok  syncs/tok %6s  peak VRAM %6s GiB  RSS %s MiB  %s\n", b, p, tp, pt, dt, tt, hr, mt, up, hs, pv, rss, $0; pt=dt=tt=hr=up=hs=pv=mt=rss="-"}
+    /^misses_per_token/ {mt=$2} /^peak_rss_mib/ {rss=$2} /^prefetch_per_token/ {pfi=$2; pfu=$4; pfw=$6}
+    /^rc=/ {printf "%-6s pin=%s T=%s pf=%s prompt %8s tok/s  decode %7s tok/s  ttft %7s ms  hit %6s  miss/tok %6s  prefetch/tok %s issued %s useful %s wasted  upload %7s MiB/tok  syncs/tok %6s  peak VRAM %6s GiB  RSS %s MiB  %s\n", b, p, tp, pf, pt, dt, tt, hr, mt, pfi, pfu, pfw, up, hs, pv, rss, $0; pt=dt=tt=hr=up=hs=pv=mt=rss=pfi=pfu=pfw="-"}
   ' "$OUT/bench.log" | tee -a "$summary"
 fi
 echo "==== summary"; cat "$summary"

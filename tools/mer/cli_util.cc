@@ -59,6 +59,8 @@ absl::StatusOr<LoadedModel> LoadModel(const Flags& flags, int min_context_tokens
   ASSIGN_OR_RETURN(const int64_t batch, flags.Int("batch", 256));
   ASSIGN_OR_RETURN(const int64_t ctx, flags.Int("ctx", std::max(4096, min_context_tokens)));
   ASSIGN_OR_RETURN(const int64_t pin, flags.Int("pin-experts", 1));
+  ASSIGN_OR_RETURN(const int64_t vram_prefetch, flags.Int("vram-prefetch", 1));
+  ASSIGN_OR_RETURN(const int64_t profile_kernels, flags.Int("profile-kernels", 0));
   if (threads < 0 || threads > 1024) return absl::InvalidArgumentError("--threads must be in [0, 1024]");
   BackendOptions o;
   o.backend = m.backend = flags.String("backend", "cpu");
@@ -67,6 +69,8 @@ absl::StatusOr<LoadedModel> LoadModel(const Flags& flags, int min_context_tokens
   o.max_context_tokens = static_cast<int>(std::clamp<int64_t>(ctx, 1, 1 << 24));
   o.vram_expert_budget = flags.String("vram-expert-budget");
   o.pin_host_experts = pin != 0;
+  o.vram_prefetch = vram_prefetch != 0;
+  o.profile_kernels = profile_kernels != 0;
   ASSIGN_OR_RETURN(CreatedBackend created, CreateBackend(*m.weights, *m.experts, o));
   m.engine = std::move(created.engine);
   m.threads = created.threads;

@@ -50,13 +50,14 @@ inline BackendCounters ReadBackendCounters(const LoadedModel& m) {
 // Flags read: --model, or --store and --residency (instance name); --threads, --ctx (KV
 // positions), --batch (prompt chunk); --backend cpu|cuda, and for cuda --vram-expert-budget
 // BYTES|PERCENT% (a cap on the expert arena: bytes, or a percentage of all experts) and
-// --pin-experts 0|1 (cudaHostRegister the mapped experts, default 1).
+// --pin-experts 0|1 (cudaHostRegister the mapped experts, default 1), --vram-prefetch 0|1
+// (look-ahead prefetch into VRAM on decode misses, default 1).
 absl::StatusOr<LoadedModel> LoadModel(const Flags& flags, int min_context_tokens);
 
 // The common engine flags, for Flags::Parse.
 inline const std::vector<std::string> kEngineFlags = {"model", "store", "residency", "threads",
                                                       "ctx", "batch", "backend",
-                                                      "vram-expert-budget", "pin-experts"};
+                                                      "vram-expert-budget", "pin-experts", "vram-prefetch"};
 
 // The prompt of --prompt TEXT (tokenized, BOS first where the vocabulary asks for it) or
 // --prompt-tokens 1,2,3 (exactly one of them), every id checked against the vocabulary.

@@ -16,7 +16,7 @@ namespace {
 constexpr char kHelp[] = R"(usage: mer bench --model F.gguf [--threads N] [--prompt-tokens 31 | --prompt-ids 1,2,3]
                  [--gen-tokens 128] [--runs 3] [--warmup 1]
                  [--backend cpu|cuda] [--vram-expert-budget BYTES|PERCENT%] [--pin-experts 0|1]
-                 [--temperature T --seed S]
+                 [--vram-prefetch 0|1] [--profile-kernels 0|1] [--temperature T --seed S]
 
 Greedy generation of --gen-tokens tokens after a fixed prompt of --prompt-tokens tokens (the
 start of a fixed English text, repeated as needed), end-of-sequence ignored; --temperature > 0
@@ -25,7 +25,9 @@ settling into a repeated token. Prints prompt
 tokens/s, decode tokens/s (tokens after the first over the time after the first), TTFT, mean
 total time (medians over the measured runs) and peak RSS; for the cuda backend also, over the
 measured runs, the VRAM hit rate of expert lookups, misses and bytes uploaded per token, host
-synchronisations per token, and the arena and peak device memory.
+synchronisations per token, look-ahead prefetches per token, and the arena and peak device
+memory; --profile-kernels 1 also times every kernel with CUDA events (graphs off, so the step is
+slower than without) and prints GPU time per kernel kind.
 )";
 
 constexpr char kPromptText[] =
@@ -42,7 +44,8 @@ absl::Status Bench(const Args& args) {
   ASSIGN_OR_RETURN(Flags f, Flags::Parse(args,
                                          {"model", "threads", "ctx", "batch", "prompt-tokens",
                                           "prompt-ids", "gen-tokens", "runs", "warmup", "backend",
-                                          "vram-expert-budget", "pin-experts", "temperature", "seed"},
+                                          "vram-expert-budget", "pin-experts", "vram-prefetch", "profile-kernels",
+                                          "temperature", "seed"},
                                          {}));
   ASSIGN_OR_RETURN(const int64_t n_prompt, f.Int("prompt-tokens", 31));
   ASSIGN_OR_RETURN(const int64_t n_gen, f.Int("gen-tokens", 128));
@@ -113,8 +116,14 @@ absl::Status Bench(const Args& args) {
     std::printf("misses_per_token %.2f\n", misses / tokens);
     std::printf("upload_mib_per_token %.2f\n", (after.upload_bytes - before.upload_bytes) / tokens / 1048576.0);
     std::printf("host_syncs_per_token %.2f\n", (after.host_syncs - before.host_syncs) / tokens);
+    const double issued = static_cast<double>(after.vram_prefetch_issued - before.vram_prefetch_issued);
+    std::printf("prefetch_per_token %.2f issued, %.2f useful, %.2f wasted\n", issued / tokens,
+                (after.vram_prefetch_useful - before.vram_prefetch_useful) / tokens,
+                (after.vram_prefetch_wasted - before.vram_prefetch_wasted) / tokens);
     std::printf("graph_steps      %lld\n", (long long)(after.graph_launches - before.graph_launches));
     std::printf("peak_vram_gib    %.2f\n", after.vram_used_peak_bytes / 1073741824.0);
+    const std::string profile = BackendKernelProfile(*m.engine, m.backend);
+    if (!profile.empty()) std::printf("kernel profile (all runs, events between launches, no graphs)\n%s", profile.c_str());
   }
   return absl::OkStatus();
 }

@@ -51,7 +51,7 @@ absl::Status Generate(const Args& args) {
   ASSIGN_OR_RETURN(Flags f,
                    Flags::Parse(args,
                                 {"model", "store", "residency", "threads", "ctx", "batch", "backend",
-                                 "vram-expert-budget", "pin-experts", "prompt",
+                                 "vram-expert-budget", "pin-experts", "vram-prefetch", "prompt",
                                  "prompt-tokens",
                                  "max-tokens", "temperature", "top-k", "top-p", "seed",
                                  "repetition-penalty"},
@@ -87,7 +87,7 @@ absl::Status Generate(const Args& args) {
 absl::Status Score(const Args& args) {
   ASSIGN_OR_RETURN(Flags f, Flags::Parse(args,
                                          {"model", "threads", "ctx", "batch", "backend",
-                                          "vram-expert-budget", "pin-experts", "prompt-tokens",
+                                          "vram-expert-budget", "pin-experts", "vram-prefetch", "prompt-tokens",
                                           "continuation-tokens", "logits-out"},
                                          {}));
   ASSIGN_OR_RETURN(std::vector<int32_t> prompt,

@@ -2,21 +2,37 @@
 
 #include <cfloat>
 
+#include "services/compute/cuda/act_store.cuh"
 #include "services/compute/cuda/cuda_check.cuh"
 #include "services/compute/cuda/ggml_math.cuh"
+#include "services/compute/cuda/pdl.cuh"
 
 namespace mer::cuda {
 namespace {
 
-constexpr int kThreads = 128;
+constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
+constexpr int kMaxChunks = 16;  // head_dim <= 1024: 64-element chunks of ggml_vec_dot_f32
+constexpr unsigned kAll = 0xffffffffu;
+
+// ReduceAdd16 (ggml_math.cuh) over the 16 lanes of each half-warp; the sum in the half's lane 0.
+__device__ inline float HalfWarpReduceAdd16(float v) {
+  v = __fadd_rn(__shfl_down_sync(kAll, v, 8, 16), v);  // a[i] = v[i + 8] + v[i]
+  v = __fadd_rn(__shfl_down_sync(kAll, v, 4, 16), v);  // b[i] = a[i + 4] + a[i]
+  v = __fadd_rn(v, __shfl_down_sync(kAll, v, 2, 16));  // b0 + b2, b1 + b3
+  return __fadd_rn(v, __shfl_down_sync(kAll, v, 1, 16));
+}
 
 // The CPU engine's attention (CpuEngine::Attention) operation for operation: scores by
 // ggml_vec_dot_f32, ggml's soft_max over the KV window rounded up to 16, and softmax . V in
-// ggml_vec_dot_f32's 64 fma lanes (cell j in lane j % 64), reduced as ReduceAcc64.
+// ggml_vec_dot_f32's 64 fma lanes (cell j in lane j % 64), reduced as ReduceAcc64. Scores: a warp
+// per cell, lane l holding the CPU's lanes l and l + 32 (ReduceAcc64 by shuffles); softmax
+// groups: a half-warp per group of 16.
 __global__ void __launch_bounds__(kThreads) AttentionKernel(const AttentionArgs a) {
   __shared__ float red_f[kWarps];
   __shared__ float inv_sum;
+  AllowDependents();
+  WaitForPredecessor();
   const int t = blockIdx.x, h = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int HD = a.head_dim, KD = a.n_head_kv * HD, kvh = h / (a.n_head / a.n_head_kv);
@@ -28,26 +44,47 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const AttentionArgs 
   float* group_sum = x + a.max_ctx;
   const float scale = 1.0f / sqrtf(static_cast<float>(HD));
 
-  float local_max = -FLT_MAX;
-  for (int j = threadIdx.x; j < n_pos; j += kThreads) {
-    const float s = __fmul_rn(DotF32GgmlVec4(a.k_cache + base + int64_t(j) * KD, q, HD), scale);
-    x[j] = s;
-    local_max = fmaxf(local_max, s);
+  const int n_chunks = HD / 64;
+  float q_lo[kMaxChunks], q_hi[kMaxChunks];
+#pragma unroll
+  for (int c = 0; c < kMaxChunks; ++c) {
+    if (c >= n_chunks) break;
+    q_lo[c] = q[c * 64 + lane];
+    q_hi[c] = q[c * 64 + 32 + lane];
   }
-  for (int o = 16; o > 0; o >>= 1) local_max = fmaxf(local_max, __shfl_xor_sync(0xffffffffu, local_max, o));
+  float local_max = -FLT_MAX;
+  for (int j = warp; j < n_pos; j += kWarps) {
+    const float* kr = a.k_cache + base + int64_t(j) * KD;
+    float lo = 0.0f, hi = 0.0f;  // the CPU's lanes `lane` and `lane + 32`
+#pragma unroll
+    for (int c = 0; c < kMaxChunks; ++c) {
+      if (c >= n_chunks) break;
+      lo = fmaf(kr[c * 64 + lane], q_lo[c], lo);
+      hi = fmaf(kr[c * 64 + 32 + lane], q_hi[c], hi);
+    }
+    // ReduceAcc64: v[l] = (s[l] + s[32 + l]) + (s[16 + l] + s[48 + l]), then ReduceAdd16(v).
+    float v = __fadd_rn(lo, hi);
+    v = __fadd_rn(v, __shfl_down_sync(kAll, v, 16));
+    v = HalfWarpReduceAdd16(v);
+    if (lane == 0) {
+      for (int i = n_chunks * 64; i < HD; ++i) v = fmaf(kr[i], q[i], v);  // the tail, in order
+      const float sc = __fmul_rn(v, scale);
+      x[j] = sc;
+      local_max = fmaxf(local_max, sc);
+    }
+  }
   if (lane == 0) red_f[warp] = local_max;
   __syncthreads();  // also orders the x[] writes above before the reads below (same block)
   float max = red_f[0];
   for (int w = 1; w < kWarps; ++w) max = fmaxf(max, red_f[w]);
-  for (int gi = threadIdx.x; gi < n_groups; gi += kThreads) {
-    float v[16];
-#pragma unroll
-    for (int l = 0; l < 16; ++l) {
-      const int k = gi * 16 + l;
-      v[l] = k < n_pos ? GgmlExpf(__fsub_rn(x[k], max)) : 0.0f;
-      if (k < n_pos) x[k] = v[l];
-    }
-    group_sum[gi] = ReduceAdd16(v);
+  // Half-warp hw of warp w takes group 2 * w + hw, then every 2 * kWarps-th (uniform per warp).
+  for (int g0 = 2 * warp; g0 < n_groups; g0 += 2 * kWarps) {
+    const int gi = g0 + lane / 16, k = gi * 16 + lane % 16;
+    const bool in = gi < n_groups && k < n_pos;
+    const float e = in ? GgmlExpf(__fsub_rn(x[k], max)) : 0.0f;
+    if (in) x[k] = e;
+    const float sum = HalfWarpReduceAdd16(e);
+    if (lane % 16 == 0 && gi < n_groups) group_sum[gi] = sum;
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -74,15 +111,23 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const AttentionArgs 
 #pragma unroll
     for (int l = 0; l < 64; ++l)
       if (j0 + l < n_pos) lanes[l] = fmaf(v[int64_t(j0 + l) * KD], x[j0 + l], lanes[l]);
-    a.out[(int64_t(t) * a.n_head + h) * HD + d] = ReduceAcc64(lanes);
+    const float o = ReduceAcc64(lanes);
+    // With out_act, whole warps hold whole Q8_0 blocks of the row (AttentionConvertsOutput).
+    if (a.out_act.data != nullptr) StoreAct(a.out_act, t, int64_t(h) * HD + d, o);
+    else a.out[(int64_t(t) * a.n_head + h) * HD + d] = o;
   }
 }
 
 }  // namespace
 
+bool AttentionConvertsOutput(int head_dim) { return head_dim % 32 == 0 && head_dim <= kThreads; }
+
 void LaunchAttention(const AttentionArgs& args, int n_tokens, cudaStream_t stream) {
-  AttentionKernel<<<dim3(n_tokens, args.n_head), kThreads, 0, stream>>>(args);
-  CUDA_CHECK_LAUNCH();
+  if (args.out_act.data != nullptr && !AttentionConvertsOutput(args.head_dim)) {
+    std::fprintf(stderr, "attention: cannot convert the output at head_dim %d\n", args.head_dim);
+    std::abort();
+  }
+  LaunchPdl(AttentionKernel, dim3(n_tokens, args.n_head), dim3(kThreads), 0, stream, args);
 }
 
 }  // namespace mer::cuda

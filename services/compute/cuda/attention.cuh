@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "services/compute/cuda/device_layout.cuh"
+
 namespace mer::cuda {
 
 // Floats of scratch per (token, head): the scores, then the softmax's group sums.
@@ -22,9 +24,12 @@ struct AttentionArgs {
   const int32_t* pos;
   float* scores;
   float* out;
+  DevAct out_act;  // when out_act.data is set, the output goes there as activations instead of out
   int n_head, n_head_kv, head_dim, max_ctx;
 };
 
+// Whether the kernel can write its output as activations (out_act): heads of whole Q8_0 blocks.
+bool AttentionConvertsOutput(int head_dim);
 void LaunchAttention(const AttentionArgs& args, int n_tokens, cudaStream_t stream);
 
 }  // namespace mer::cuda

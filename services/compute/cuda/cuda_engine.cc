@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <map>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -20,7 +21,6 @@
 #include "services/compute/cuda/device_layout.cuh"
 #include "services/compute/cuda/embed.cuh"
 #include "services/compute/cuda/matvec.cuh"
-#include "services/compute/cuda/moe_combine.cuh"
 #include "services/compute/cuda/moe_experts.cuh"
 #include "services/compute/cuda/moe_group.cuh"
 #include "services/compute/cuda/qk_norm_rope.cuh"
@@ -153,8 +153,10 @@ struct CudaEngine::Impl {
   float* act_b_scales = nullptr;
   cuda::MoeGroups groups{};
   unsigned long long* lookups_total = nullptr;
+  unsigned int* router_blocks_done = nullptr;  // LaunchRouterTopK1's counter
   uint8_t* step_input = nullptr; // StepInputLayout
   uint8_t* staging = nullptr;    // raw GGUF expert bytes [staging_experts, expert_bytes]
+  uint8_t* prefetch_staging = nullptr;  // the same, for the look-ahead prefetch's copy stream
   int32_t* slot_table = nullptr; // int32 [n_layer, n_expert] -> slot or -1
   StepInputLayout in{};
 
@@ -163,6 +165,25 @@ struct CudaEngine::Impl {
   int32_t* host_slot_table = nullptr;  // [n_layer * n_expert], authoritative; uploaded after changes
   int32_t* host_groups = nullptr;      // n_used, then used[n_expert]
   int32_t* host_chosen = nullptr;      // [T * K], for the routing observer
+  unsigned long long* host_lookups = nullptr;  // lookups_total, copied back with every step's logits
+  int32_t* host_table_upload = nullptr;  // snapshot of host_slot_table that an async upload reads
+
+  // Look-ahead prefetch into VRAM (decode steps on the host path): layer l + 1's router applied to
+  // layer l's normed hidden state (the input of layer l's own router, in the same launch) predicts
+  // l + 1's experts; the missing ones are uploaded on copy_stream while layer l's experts and
+  // l + 1's attention run. The main stream waits for them (prefetch_done) before it uploads into or
+  // reads any slot of l + 1.
+  cudaStream_t copy_stream = nullptr;
+  cudaEvent_t prefetch_done = nullptr;
+  float* pred_logits = nullptr;        // f32 [n_expert]
+  int32_t* pred_chosen = nullptr;      // int32 [K]
+  float* pred_w = nullptr;             // f32 [K]
+  cuda::MoeGroups pred_groups{};       // its own arrays and lookup counter (predictions are not lookups)
+  int32_t* host_pred = nullptr;        // pinned [K]
+  int prefetch_layer = -1;             // the layer whose prefetch was issued and not yet consumed
+  bool prefetch_acquired = false;      // the source holds prefetch_layer for it
+  std::vector<int32_t> prefetched;     // its experts
+  bool table_dirty = false;            // host_slot_table changed since the last upload
 
   // Arena bookkeeping (host side). LRU list over slots with sentinel n_slots: head = least recent.
   uint8_t* arena = nullptr;
@@ -187,16 +208,54 @@ struct CudaEngine::Impl {
 
   CudaEngineStats stats;
 
+  // Kernel profile (o.profile_kernels): an event after each launch of a step, and per name the
+  // GPU time from the previous event, summed over steps. Graphs are off while it is on.
+  std::vector<std::pair<const char*, cudaEvent_t>> marks;
+  std::vector<cudaEvent_t> event_pool;
+  std::map<std::string, std::pair<double, int64_t>> kernel_ms[2];  // [n == 1], name -> (ms, launches)
+  bool step_is_decode = false;
+  void Mark(const char* name) {
+    if (!o.profile_kernels) return;
+    if (marks.size() == event_pool.size()) {
+      cudaEvent_t e;
+      CUDA_CHECK(cudaEventCreate(&e));
+      event_pool.push_back(e);
+    }
+    cudaEvent_t e = event_pool[marks.size()];
+    CUDA_CHECK(cudaEventRecord(e, stream));
+    marks.push_back({name, e});
+  }
+  // After the step's final synchronisation.
+  void CollectMarks() {
+    for (size_t i = 1; i < marks.size(); ++i) {
+      float ms = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, marks[i - 1].second, marks[i].second));
+      auto& slot = kernel_ms[step_is_decode][marks[i].first];
+      slot.first += ms;
+      ++slot.second;
+    }
+    marks.clear();
+  }
+
   absl::Status Validate(absl::Span<const BatchToken> batch);
   void EnqueueStep(int n, int n_out, bool host_path_allowed, absl::Status* status);
   absl::Status EnqueueLayer(int layer, int n, bool host_path);
   absl::Status ServeLayerExperts(int layer, int n, const DevAct& x_act);
+  bool Predicts(int layer, int n, bool host_path) const;
+  void PrefetchLayer(int layer);
+  void UploadSlotTable();
   void EnqueueExperts(int layer, int n, const DevAct& x_act, int u_begin, int u_count);
+  // Uploads through staging_base on stream s (the main stream and `staging`, or the prefetch's).
   void UploadExpert(int layer, int expert, const ExpertWeights& w, int32_t slot,
-                    std::vector<cuda::RepackJob>* jobs, int* staged);
-  void FlushRepack(std::vector<cuda::RepackJob>* jobs, int* staged);
+                    std::vector<cuda::RepackJob>* jobs, int* staged, cudaStream_t s, uint8_t* staging_base);
+  void FlushRepack(std::vector<cuda::RepackJob>* jobs, int* staged, cudaStream_t s);
   int32_t TakeVictim();
   void Touch(int32_t slot);
+  // The MoE output of the layer before `layer` (none before layer 0), for the norm that adds it.
+  cuda::MoeCombine PreviousMoe(int layer) const {
+    if (layer == 0) return {};
+    return {expert_out, chosen_w, c.n_expert_used};
+  }
   void Sync() {
     CUDA_CHECK(cudaStreamSynchronize(stream));
     ++stats.host_syncs;
@@ -215,15 +274,21 @@ struct CudaEngine::Impl {
 
 CudaEngine::Impl::~Impl() {
   if (stream != nullptr) CUDA_CHECK(cudaStreamSynchronize(stream));
+  for (cudaEvent_t e : event_pool) CUDA_CHECK(cudaEventDestroy(e));
   for (cudaGraphExec_t& g : graph)
     if (g != nullptr) CUDA_CHECK(cudaGraphExecDestroy(g));
+  if (copy_stream != nullptr) CUDA_CHECK(cudaStreamSynchronize(copy_stream));
   if (pinned_base != nullptr) CUDA_CHECK(cudaHostUnregister(pinned_base));
   for (void* p : {static_cast<void*>(host_input), static_cast<void*>(host_slot_table),
-                  static_cast<void*>(host_groups), static_cast<void*>(host_chosen)})
+                  static_cast<void*>(host_groups), static_cast<void*>(host_chosen),
+                  static_cast<void*>(host_lookups), static_cast<void*>(host_table_upload),
+                  static_cast<void*>(host_pred)})
     if (p != nullptr) CUDA_CHECK(cudaFreeHost(p));
   dense_pool.Free();
   work_pool.Free();
   arena_pool.Free();
+  if (prefetch_done != nullptr) CUDA_CHECK(cudaEventDestroy(prefetch_done));
+  if (copy_stream != nullptr) CUDA_CHECK(cudaStreamDestroy(copy_stream));
   if (stream != nullptr) CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
@@ -274,6 +339,8 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   m.o = o;
   CUDA_CHECK(cudaSetDevice(o.device));
   CUDA_CHECK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&m.copy_stream, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaEventCreateWithFlags(&m.prefetch_done, cudaEventDisableTiming));
 
   // Types.
   const LayerWeights& l0 = weights.layers[0];
@@ -389,8 +456,15 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   w.Reserve(act_b_elems / 32 * 4);
   w.Reserve(8 + (NE + 1) * 4 * 2 + T * K * 4);            // groups
   w.Reserve(8);                                          // lookups_total
+  w.Reserve(4);                                          // router_blocks_done
   w.Reserve(m.in.bytes);
   w.Reserve(int64_t(o.staging_experts) * m.slot_bytes);
+  w.Reserve(int64_t(o.staging_experts) * m.slot_bytes);  // prefetch_staging
+  w.Reserve(NE * 4);                                      // pred_logits
+  w.Reserve(K * 4);                                       // pred_chosen
+  w.Reserve(K * 4);                                       // pred_w
+  w.Reserve(8 + (NE + 1) * 4 * 2 + K * 4);               // pred_groups
+  w.Reserve(8);                                           // pred_groups.lookups_total
   w.Reserve(m.total_experts * 4);
   RETURN_IF_ERROR(w.Allocate("workspaces"));
   m.x = w.Take<float>(T * E * 4);
@@ -418,12 +492,27 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   m.groups.pairs = m.groups.begin + NE + 1;
   m.lookups_total = w.Take<unsigned long long>(8);
   m.groups.lookups_total = m.lookups_total;
+  m.router_blocks_done = w.Take<unsigned int>(4);
   m.step_input = w.Take<uint8_t>(m.in.bytes);
   m.staging = w.Take<uint8_t>(int64_t(o.staging_experts) * m.slot_bytes);
+  m.prefetch_staging = w.Take<uint8_t>(int64_t(o.staging_experts) * m.slot_bytes);
+  m.pred_logits = w.Take<float>(NE * 4);
+  m.pred_chosen = w.Take<int32_t>(K * 4);
+  m.pred_w = w.Take<float>(K * 4);
+  {
+    int32_t* pg = w.Take<int32_t>(8 + (NE + 1) * 4 * 2 + K * 4);
+    m.pred_groups.n_used = pg;
+    m.pred_groups.n_missing = pg + 1;
+    m.pred_groups.used = pg + 2;
+    m.pred_groups.begin = m.pred_groups.used + NE + 1;
+    m.pred_groups.pairs = m.pred_groups.begin + NE + 1;
+    m.pred_groups.lookups_total = w.Take<unsigned long long>(8);
+  }
   m.slot_table = w.Take<int32_t>(m.total_experts * 4);
   // Rows of pairs a pass has not computed yet are quantized too: keep them finite.
   CUDA_CHECK(cudaMemsetAsync(m.h, 0, T * K * F * 4, m.stream));
   CUDA_CHECK(cudaMemsetAsync(m.lookups_total, 0, 8, m.stream));
+  CUDA_CHECK(cudaMemsetAsync(m.router_blocks_done, 0, 4, m.stream));
   m.stats.workspace_bytes = w.size();
   {
     const cudaError_t e1 = cudaMalloc(&m.k_cache, kv_bytes);
@@ -443,6 +532,10 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   CUDA_CHECK(cudaMallocHost(&m.host_slot_table, m.total_experts * 4));
   CUDA_CHECK(cudaMallocHost(&m.host_groups, (NE + 2) * 4));
   CUDA_CHECK(cudaMallocHost(&m.host_chosen, T * K * 4));
+  CUDA_CHECK(cudaMallocHost(&m.host_lookups, 8));
+  CUDA_CHECK(cudaMallocHost(&m.host_table_upload, m.total_experts * 4));
+  CUDA_CHECK(cudaMallocHost(&m.host_pred, K * 4));
+  *m.host_lookups = 0;
 
   // The arena: what is left after everything above, less the margin, under the caps.
   size_t free_b = 0, total_b = 0;
@@ -559,30 +652,31 @@ int32_t CudaEngine::Impl::TakeVictim() {
   return -1;
 }
 
-void CudaEngine::Impl::FlushRepack(std::vector<cuda::RepackJob>* jobs, int* staged) {
-  cuda::LaunchRepack(DevTypeOf(expert_type), jobs->data(), static_cast<int>(jobs->size()), stream);
+void CudaEngine::Impl::FlushRepack(std::vector<cuda::RepackJob>* jobs, int* staged, cudaStream_t s) {
+  cuda::LaunchRepack(DevTypeOf(expert_type), jobs->data(), static_cast<int>(jobs->size()), s);
   jobs->clear();
   *staged = 0;
 }
 
 void CudaEngine::Impl::UploadExpert(int layer, int expert, const ExpertWeights& ew, int32_t slot,
-                                    std::vector<cuda::RepackJob>* jobs, int* staged) {
+                                    std::vector<cuda::RepackJob>* jobs, int* staged, cudaStream_t s,
+                                    uint8_t* staging_base) {
   uint8_t* dst = arena + int64_t(slot) * slot_bytes;
   const MatrixView* parts[3] = {&ew.gate, &ew.up, &ew.down};
   const int64_t offsets[3] = {0, gate_bytes, gate_bytes + up_bytes};
   const int64_t sizes[3] = {gate_bytes, up_bytes, down_bytes};
   if (expert_type == GgmlType::kQ8_0) {
     // Raw blocks into a staging buffer, then the repack kernel splits them into the slot.
-    if (*staged == o.staging_experts) FlushRepack(jobs, staged);
-    uint8_t* stage = staging + int64_t(*staged) * slot_bytes;
+    if (*staged == o.staging_experts) FlushRepack(jobs, staged, s);
+    uint8_t* stage = staging_base + int64_t(*staged) * slot_bytes;
     for (int i = 0; i < 3; ++i) {
-      CUDA_CHECK(cudaMemcpyAsync(stage + offsets[i], parts[i]->data, sizes[i], cudaMemcpyHostToDevice, stream));
+      CUDA_CHECK(cudaMemcpyAsync(stage + offsets[i], parts[i]->data, sizes[i], cudaMemcpyHostToDevice, s));
       jobs->push_back({stage + offsets[i], dst + offsets[i], sizes[i], parts[i]->cols});
     }
     ++*staged;
   } else {
     for (int i = 0; i < 3; ++i)
-      CUDA_CHECK(cudaMemcpyAsync(dst + offsets[i], parts[i]->data, sizes[i], cudaMemcpyHostToDevice, stream));
+      CUDA_CHECK(cudaMemcpyAsync(dst + offsets[i], parts[i]->data, sizes[i], cudaMemcpyHostToDevice, s));
   }
   const int32_t key = layer * c.n_expert + expert;
   owner[slot] = key;
@@ -610,11 +704,11 @@ absl::StatusOr<int64_t> CudaEngine::Preload() {
       const int32_t s = m.TakeVictim();
       CHECK(s >= 0);
       m.pin_epoch[s] = m.epoch;
-      m.UploadExpert(l, ids[i], views[i], s, &jobs, &staged);
+      m.UploadExpert(l, ids[i], views[i], s, &jobs, &staged, m.stream, m.staging);
       m.Touch(s);
       ++loaded;
     }
-    if (!jobs.empty()) m.FlushRepack(&jobs, &staged);
+    if (!jobs.empty()) m.FlushRepack(&jobs, &staged, m.stream);
     CUDA_CHECK(cudaStreamSynchronize(m.stream));
     m.source.ReleaseLayer(l);
   }
@@ -678,16 +772,30 @@ void CudaEngine::Impl::EnqueueExperts(int layer, int n, const DevAct& x_act, int
   a.u_count = u_count;
   const int n_pairs = n * cc.n_expert_used;
   cuda::LaunchExpertGateUp(a, x_act, h, n, stream);
+  Mark("gate_up");
   const DevAct h_act = ActB(ActType(expert_type), cc.n_ff_exp);
   cuda::LaunchQuantize(h, cc.n_ff_exp, n_pairs, cc.n_ff_exp, h_act, stream);
+  Mark("quantize h");
   cuda::LaunchExpertDown(a, h_act, expert_out, n, stream);
+  Mark("down");
+}
+
+void CudaEngine::Impl::UploadSlotTable() {
+  // The upload reads host memory when it runs: from a snapshot, so that the host may change its
+  // table (a prefetch) before then. Every upload is followed by a Sync before the next one.
+  std::memcpy(host_table_upload, host_slot_table, total_experts * 4);
+  CUDA_CHECK(cudaMemcpyAsync(slot_table, host_table_upload, total_experts * 4, cudaMemcpyHostToDevice, stream));
+  table_dirty = false;
 }
 
 // The host path of one layer: read its routing (one synchronisation), upload the missing experts
-// into LRU victims, and run the experts in passes of at most n_slots experts each.
+// into LRU victims, and run the experts in passes of at most n_slots experts each; then start
+// the next layer's predicted uploads (PrefetchLayer).
 absl::Status CudaEngine::Impl::ServeLayerExperts(int layer, int n, const DevAct& x_act) {
   const int NE = c.n_expert, K = c.n_expert_used;
+  const bool predicted = Predicts(layer, n, true);
   CUDA_CHECK(cudaMemcpyAsync(host_groups, groups.n_used, (NE + 2) * 4, cudaMemcpyDeviceToHost, stream));
+  if (predicted) CUDA_CHECK(cudaMemcpyAsync(host_pred, pred_chosen, K * 4, cudaMemcpyDeviceToHost, stream));
   if (observer != nullptr)
     CUDA_CHECK(cudaMemcpyAsync(host_chosen, chosen, int64_t(n) * K * 4, cudaMemcpyDeviceToHost, stream));
   Sync();
@@ -695,6 +803,18 @@ absl::Status CudaEngine::Impl::ServeLayerExperts(int layer, int n, const DevAct&
   const int n_used = host_groups[0];
   const int32_t* used = host_groups + 2;
   const auto t0 = std::chrono::steady_clock::now();
+
+  // This layer's prefetch (issued while the previous layer ran): nothing of it may be touched
+  // before it has landed, so the stream waits for it here; its experts were useful or wasted.
+  const bool had_prefetch = prefetch_layer == layer;
+  if (had_prefetch) {
+    CUDA_CHECK(cudaStreamWaitEvent(stream, prefetch_done, 0));
+    for (int32_t e : prefetched) {
+      if (std::find(used, used + n_used, e) != used + n_used) ++stats.vram_prefetch_useful;
+      else ++stats.vram_prefetch_wasted;
+    }
+    prefetch_layer = -1;
+  }
 
   // Which experts to fetch from the source (one AcquireLayer per layer): the missing ones, or,
   // when the layer needs more experts than the arena has slots (passes evict each other's
@@ -709,6 +829,14 @@ absl::Status CudaEngine::Impl::ServeLayerExperts(int layer, int n, const DevAct&
   }
   std::vector<ExpertWeights> views(fetch.size());
   if (!fetch.empty()) {
+    if (had_prefetch && prefetch_acquired) {
+      // The source holds this layer for the prefetch's copies: they must finish before the
+      // layer is released and acquired again for the demand.
+      CUDA_CHECK(cudaEventSynchronize(prefetch_done));
+      ++stats.host_syncs;
+      source.ReleaseLayer(layer);
+      pending_release.erase(std::find(pending_release.begin(), pending_release.end(), layer));
+    }
     const absl::Status s = source.AcquireLayer(layer, fetch, absl::MakeSpan(views));
     if (!s.ok()) {
       source.ReleaseLayer(layer);
@@ -716,6 +844,7 @@ absl::Status CudaEngine::Impl::ServeLayerExperts(int layer, int n, const DevAct&
     }
     pending_release.push_back(layer);
   }
+  if (had_prefetch) prefetch_acquired = false;
   std::vector<cuda::RepackJob> jobs;
   for (int u0 = 0; u0 < n_used; u0 += n_slots) {
     const int count = std::min(n_slots, n_used - u0);
@@ -726,28 +855,73 @@ absl::Status CudaEngine::Impl::ServeLayerExperts(int layer, int n, const DevAct&
       if (s >= 0) pin_epoch[s] = epoch;
     }
     int staged = 0;
-    bool changed = false;
     for (int u = u0; u < u0 + count; ++u) {
       int32_t s = host_slot_table[layer * NE + used[u]];
       if (s < 0) {
         CHECK(view_of[u] >= 0);
         s = TakeVictim();
         CHECK(s >= 0);  // count <= n_slots and only this pass's experts are pinned
-        UploadExpert(layer, used[u], views[view_of[u]], s, &jobs, &staged);
+        UploadExpert(layer, used[u], views[view_of[u]], s, &jobs, &staged, stream, staging);
         ++stats.expert_misses;
-        changed = true;
+        table_dirty = true;
       }
       pin_epoch[s] = epoch;
       Touch(s);
     }
-    if (!jobs.empty()) FlushRepack(&jobs, &staged);
-    if (changed)
-      CUDA_CHECK(cudaMemcpyAsync(slot_table, host_slot_table, total_experts * 4, cudaMemcpyHostToDevice, stream));
+    if (!jobs.empty()) FlushRepack(&jobs, &staged, stream);
+    if (table_dirty) UploadSlotTable();
+    Mark("serve: sync, uploads");
     EnqueueExperts(layer, n, x_act, u0, count);
   }
+  if (predicted && !multi_pass) PrefetchLayer(layer + 1);
   stats.upload_seconds_x1e6 += static_cast<int64_t>(
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
   return absl::OkStatus();
+}
+
+bool CudaEngine::Impl::Predicts(int layer, int n, bool host_path) const {
+  if (!o.vram_prefetch || !host_path || n != 1 || layer + 1 >= c.n_layer) return false;
+  if (n_slots < 4 * c.n_expert_used) return false;  // an arena this small has no room to guess
+  // The prediction rides in the fused routing launch (EnqueueLayer).
+  return layers[layer].router_type == GgmlType::kF32 && layers[layer + 1].router_type == GgmlType::kF32 &&
+         cuda::RouterTopK1Supported(c.n_embd, c.n_expert);
+}
+
+// Uploads the predicted experts of `layer` that are not resident, on copy_stream, into LRU
+// victims that the current pass does not use. Best effort: a source error leaves the demand path
+// to report it. Never more than the prefetch staging holds, so it never waits for itself.
+void CudaEngine::Impl::PrefetchLayer(int layer) {
+  const int NE = c.n_expert, K = c.n_expert_used;
+  prefetched.clear();
+  std::vector<int32_t> ids;
+  for (int j = 0; j < K && static_cast<int>(ids.size()) < o.staging_experts; ++j) {
+    const int32_t e = host_pred[j];
+    if (e < 0 || e >= NE || host_slot_table[layer * NE + e] >= 0) continue;
+    if (std::find(ids.begin(), ids.end(), e) == ids.end()) ids.push_back(e);
+  }
+  if (ids.empty()) return;
+  std::vector<ExpertWeights> views(ids.size());
+  if (!source.AcquireLayer(layer, ids, absl::MakeSpan(views)).ok()) {
+    source.ReleaseLayer(layer);
+    return;
+  }
+  pending_release.push_back(layer);
+  prefetch_acquired = true;
+  std::vector<cuda::RepackJob> jobs;
+  int staged = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int32_t s = TakeVictim();
+    if (s < 0) break;
+    pin_epoch[s] = epoch;  // not a victim of the rest of this step's layer
+    UploadExpert(layer, ids[i], views[i], s, &jobs, &staged, copy_stream, prefetch_staging);
+    Touch(s);
+    prefetched.push_back(ids[i]);
+    ++stats.vram_prefetch_issued;
+  }
+  if (!jobs.empty()) FlushRepack(&jobs, &staged, copy_stream);
+  CUDA_CHECK(cudaEventRecord(prefetch_done, copy_stream));
+  table_dirty = true;
+  prefetch_layer = layer;
 }
 
 absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
@@ -757,11 +931,13 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
   const int32_t* d_seq = reinterpret_cast<const int32_t*>(step_input + in.seq);
   const int64_t layer_kv = int64_t(layer) * o.max_sequences * o.max_context_tokens * KD;
 
-  // Attention block.
+  // Attention block. Its norm first adds the previous layer's MoE output into x.
   const DevAct xa = ActA(ActType(L.wq_type), E);
-  cuda::LaunchRmsNorm(x, E, nullptr, n, L.attn_norm, c.rms_norm_eps, E, nullptr, 0, xa, stream);
+  cuda::LaunchRmsNorm(x, E, nullptr, n, PreviousMoe(layer), L.attn_norm, c.rms_norm_eps, E, nullptr, 0, xa, stream);
+  Mark("attn_norm + combine");
   const cuda::MatvecOutput qkv[3] = {{L.wq, q, QD, nullptr}, {L.wk, k, KD, nullptr}, {L.wv, v, KD, nullptr}};
   cuda::LaunchMatvec(qkv, 3, xa, n, stream);
+  Mark("qkv");
   cuda::QkNormRopeArgs r{};
   r.q = q; r.k = k; r.v = v; r.q_norm = L.q_norm; r.k_norm = L.k_norm;
   r.rope_cos = reinterpret_cast<const float*>(step_input + in.rope_cos);
@@ -771,36 +947,71 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
   r.n_head = c.n_head; r.n_head_kv = c.n_head_kv; r.head_dim = c.head_dim; r.max_ctx = o.max_context_tokens;
   r.eps = c.rms_norm_eps;
   cuda::LaunchQkNormRope(r, n, stream);
+  Mark("qk_norm_rope");
+  const DevAct aa = ActA(ActType(L.wo_type), QD);
   cuda::AttentionArgs at{};
   at.q = q; at.k_cache = k_cache + layer_kv; at.v_cache = v_cache + layer_kv; at.seq = d_seq; at.pos = d_pos;
   at.scores = scores; at.out = attn;
   at.n_head = c.n_head; at.n_head_kv = c.n_head_kv; at.head_dim = c.head_dim; at.max_ctx = o.max_context_tokens;
+  const bool attention_converts = cuda::AttentionConvertsOutput(c.head_dim);
+  if (attention_converts) at.out_act = aa;
   cuda::LaunchAttention(at, n, stream);
-  const DevAct aa = ActA(ActType(L.wo_type), QD);
-  cuda::LaunchQuantize(attn, QD, n, QD, aa, stream);
+  Mark("attention");
+  if (!attention_converts) cuda::LaunchQuantize(attn, QD, n, QD, aa, stream);
+  Mark("quantize attn");
   const cuda::MatvecOutput wo{L.wo, x, E, x};
   cuda::LaunchMatvec(&wo, 1, aa, n, stream);
+  Mark("out_proj");
 
-  // MoE block: norm, router, top-k and grouping on the GPU.
+  // MoE block: norm, router, top-k and grouping on the GPU; its output is added into x by the
+  // next norm (PreviousMoe).
   const DevAct ea = ActA(ActType(expert_type), E);
-  cuda::LaunchRmsNorm(x, E, nullptr, n, L.ffn_norm, c.rms_norm_eps, E, xn, E, ea, stream);
-  DevAct ra{cuda::kDevF32, E, reinterpret_cast<uint8_t*>(xn), nullptr};
-  if (L.router_type != GgmlType::kF32) {
-    ra = ActB(ActType(L.router_type), E);
-    cuda::LaunchQuantize(xn, E, n, E, ra, stream);
-  }
-  const cuda::MatvecOutput ro{L.router, router_logits, c.n_expert, nullptr};
-  cuda::LaunchMatvec(&ro, 1, ra, n, stream);
+  cuda::LaunchRmsNorm(x, E, nullptr, n, cuda::MoeCombine{}, L.ffn_norm, c.rms_norm_eps, E, xn, E, ea, stream);
+  Mark("ffn_norm");
   const int32_t* layer_slots = slot_table + int64_t(layer) * c.n_expert;
-  cuda::LaunchRouterTopK(router_logits, n, c.n_expert, c.n_expert_used, c.norm_topk_prob, chosen, chosen_w,
-                         layer_slots, &groups, stream);
-  if (n > 1) cuda::LaunchMoeGroup(chosen, n * c.n_expert_used, c.n_expert, layer_slots, groups, stream);
+  if (n == 1 && L.router_type == GgmlType::kF32 && cuda::RouterTopK1Supported(E, c.n_expert)) {
+    cuda::Router1Args ra{};
+    ra.router = reinterpret_cast<const float*>(L.router.data);
+    ra.x = xn;
+    ra.n_embd = static_cast<int32_t>(E);
+    ra.n_expert = c.n_expert;
+    ra.k = c.n_expert_used;
+    ra.norm_topk = c.norm_topk_prob;
+    ra.logits = router_logits;
+    ra.blocks_done = router_blocks_done;
+    ra.chosen = chosen;
+    ra.weights = chosen_w;
+    ra.slot_table = layer_slots;
+    ra.groups = groups;
+    if (Predicts(layer, n, host_path)) {
+      cuda::Router1Next& p = ra.next;
+      p.router = reinterpret_cast<const float*>(layers[layer + 1].router.data);
+      p.logits = pred_logits;
+      p.chosen = pred_chosen;
+      p.weights = pred_w;
+      p.slot_table = slot_table + int64_t(layer + 1) * c.n_expert;
+      p.groups = pred_groups;
+    }
+    cuda::LaunchRouterTopK1(ra, stream);
+    Mark("router + topk");
+  } else {
+    DevAct ra{cuda::kDevF32, E, reinterpret_cast<uint8_t*>(xn), nullptr};
+    if (L.router_type != GgmlType::kF32) {
+      ra = ActB(ActType(L.router_type), E);
+      cuda::LaunchQuantize(xn, E, n, E, ra, stream);
+    }
+    const cuda::MatvecOutput ro{L.router, router_logits, c.n_expert, nullptr};
+    cuda::LaunchMatvec(&ro, 1, ra, n, stream);
+    cuda::LaunchRouterTopK(router_logits, n, c.n_expert, c.n_expert_used, c.norm_topk_prob, chosen, chosen_w,
+                           layer_slots, &groups, stream);
+    if (n > 1) cuda::LaunchMoeGroup(chosen, n * c.n_expert_used, c.n_expert, layer_slots, groups, stream);
+    Mark("router, topk, groups");
+  }
   if (host_path) {
     RETURN_IF_ERROR(ServeLayerExperts(layer, n, ea));
   } else {
     EnqueueExperts(layer, n, ea, 0, std::min(c.n_expert, n * c.n_expert_used));
   }
-  cuda::LaunchMoeCombine(expert_out, chosen_w, n, c.n_expert_used, E, x, stream);
   return absl::OkStatus();
 }
 
@@ -810,16 +1021,19 @@ void CudaEngine::Impl::EnqueueStep(int n, int n_out, bool host_path, absl::Statu
   CUDA_CHECK(cudaMemcpyAsync(step_input, host_input, in.bytes, cudaMemcpyHostToDevice, stream));
   cuda::LaunchEmbed(embd_type, embd, embd_row_bytes, reinterpret_cast<const int32_t*>(step_input + in.tokens), n,
                     E, x, stream);
+  Mark("input + embed");
   for (int l = 0; l < c.n_layer; ++l) {
     *status = EnqueueLayer(l, n, host_path);
     if (!status->ok()) return;
   }
   if (n_out == 0) return;
   const DevAct oa = ActA(ActType(output_type), E);
-  cuda::LaunchRmsNorm(x, E, reinterpret_cast<const int32_t*>(step_input + in.out_rows), n_out, output_norm,
-                      c.rms_norm_eps, E, nullptr, 0, oa, stream);
+  cuda::LaunchRmsNorm(x, E, reinterpret_cast<const int32_t*>(step_input + in.out_rows), n_out,
+                      PreviousMoe(c.n_layer), output_norm, c.rms_norm_eps, E, nullptr, 0, oa, stream);
   const cuda::MatvecOutput lm{output, logits, c.n_vocab, nullptr};
+  Mark("final_norm");
   cuda::LaunchMatvec(&lm, 1, oa, n_out, stream);
+  Mark("lm_head");
 }
 
 absl::Status CudaEngine::Forward(absl::Span<const BatchToken> batch, float* logits) {
@@ -848,7 +1062,9 @@ absl::Status CudaEngine::Forward(absl::Span<const BatchToken> batch, float* logi
 
   const bool host_path = !m.AllResident() || m.observer != nullptr;
   absl::Status status;
-  if (!host_path && n == 1 && m.o.use_graphs) {
+  m.step_is_decode = n == 1;
+  m.Mark("start");
+  if (!host_path && n == 1 && m.o.use_graphs && !m.o.profile_kernels) {
     cudaGraphExec_t& exec = m.graph[n_out];
     if (exec == nullptr) {
       cudaGraph_t graph;
@@ -866,7 +1082,19 @@ absl::Status CudaEngine::Forward(absl::Span<const BatchToken> batch, float* logi
   }
   if (status.ok() && n_out > 0)
     CUDA_CHECK(cudaMemcpyAsync(logits, m.logits, int64_t(n_out) * c.n_vocab * 4, cudaMemcpyDeviceToHost, m.stream));
+  m.Mark("logits D2H");
+  CUDA_CHECK(cudaMemcpyAsync(m.host_lookups, m.lookups_total, 8, cudaMemcpyDeviceToHost, m.stream));
   m.Sync();
+  m.CollectMarks();
+  m.stats.expert_lookups = static_cast<int64_t>(*m.host_lookups);
+  if (m.prefetch_layer >= 0) {
+    // A step that failed before consuming its prefetch: the copies must land before the next
+    // step reads the table that lists them, and before their source memory is released.
+    CUDA_CHECK(cudaEventSynchronize(m.prefetch_done));
+    ++m.stats.host_syncs;
+    m.prefetch_layer = -1;
+  }
+  m.prefetch_acquired = false;
   for (int layer : m.pending_release) m.source.ReleaseLayer(layer);
   m.pending_release.clear();
   ++m.stats.forward_calls;
@@ -888,12 +1116,29 @@ int32_t CudaEngine::sequence_length(int sequence) const { return impl_->seq_len[
 
 void CudaEngine::set_routing_observer(RoutingObserver* observer) { impl_->observer = observer; }
 
+std::string CudaEngine::KernelProfile() const {
+  std::string out;
+  for (int decode : {0, 1}) {
+    const auto& table = impl_->kernel_ms[decode];
+    if (table.empty()) continue;
+    double total = 0;
+    for (const auto& [name, v] : table) total += v.first;
+    std::vector<std::pair<double, std::string>> rows;
+    for (const auto& [name, v] : table)
+      rows.push_back({v.first, absl::StrFormat("  %-22s %9.3f ms %6.1f%% %7lld x %8.2f us\n", name, v.first,
+                                               100 * v.first / total, (long long)v.second,
+                                               1e3 * v.first / v.second)});
+    std::sort(rows.rbegin(), rows.rend());
+    absl::StrAppend(&out, decode ? "decode steps" : "multi-token steps", absl::StrFormat(": %.3f ms\n", total));
+    for (const auto& r : rows) absl::StrAppend(&out, r.second);
+  }
+  return out;
+}
+
 CudaEngineStats CudaEngine::stats() const {
   Impl& m = *impl_;
-  unsigned long long lookups = 0;
-  CUDA_CHECK(cudaMemcpy(&lookups, m.lookups_total, 8, cudaMemcpyDeviceToHost));
-  m.stats.expert_lookups = static_cast<int64_t>(lookups);
   m.SampleVram();
+  m.stats.arena_resident = m.resident;
   return m.stats;
 }
 

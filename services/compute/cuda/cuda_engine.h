@@ -43,6 +43,11 @@ struct CudaEngineOptions {
   bool pin_host_experts = true;        // cudaHostRegister the experts' host memory (the mapped file)
   bool use_graphs = true;              // CUDA graphs for single-token steps while all experts are resident
   int staging_experts = 16;            // device staging buffers for uploads (experts per repack launch)
+  // Look-ahead prefetch into VRAM on decode steps that miss: the next layer's router applied to
+  // the current hidden state picks experts to upload while this layer computes.
+  bool vram_prefetch = true;
+  // Time every kernel of every step with CUDA events (no graphs; for KernelProfile).
+  bool profile_kernels = false;
 };
 
 // Counters since Create (cumulative).
@@ -55,6 +60,9 @@ struct CudaEngineStats {
   int64_t evictions = 0;
   int64_t host_syncs = 0;           // stream/event synchronisations inside Forward
   int64_t graph_launches = 0;
+  int64_t vram_prefetch_issued = 0;  // experts uploaded ahead of demand by the look-ahead
+  int64_t vram_prefetch_useful = 0;  // of those, used by the layer they were predicted for
+  int64_t vram_prefetch_wasted = 0;  // not used by it
   int64_t upload_seconds_x1e6 = 0;  // wall time of miss servicing (host side), microseconds
   // Memory, bytes.
   int64_t dense_bytes = 0;
@@ -62,6 +70,7 @@ struct CudaEngineStats {
   int64_t workspace_bytes = 0;
   int64_t arena_bytes = 0;
   int64_t arena_slots = 0;
+  int64_t arena_resident = 0;       // slots holding an expert (sampled by stats())
   int64_t slot_bytes = 0;
   int64_t total_experts = 0;
   int64_t vram_total_bytes = 0;
@@ -82,6 +91,8 @@ class CudaEngine final : public ComputeBackend {
 
   const CudaEngineOptions& options() const { return options_; }
   CudaEngineStats stats() const;
+  // With options.profile_kernels: GPU time per kernel kind, decode and multi-token steps apart.
+  std::string KernelProfile() const;
   // The VRAM breakdown logged at Create: device, dense, KV, workspace, margin, arena.
   const std::string& budget_report() const { return budget_report_; }
   // Loads every expert the arena can hold (layer-major), so benchmarks start warm; returns how many.

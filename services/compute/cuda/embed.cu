@@ -3,6 +3,7 @@
 #include <cuda_fp16.h>
 
 #include "services/compute/cuda/cuda_check.cuh"
+#include "services/compute/cuda/pdl.cuh"
 #include "services/compute/cuda/act_store.cuh"
 
 namespace mer::cuda {
@@ -10,6 +11,8 @@ namespace {
 
 __global__ void EmbedKernel(int type, const uint8_t* table, int64_t row_bytes, const int32_t* tokens,
                             int64_t n, float* x) {
+  AllowDependents();
+  WaitForPredecessor();
   const int64_t t = blockIdx.x;
   const uint8_t* row = table + int64_t(tokens[t]) * row_bytes;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
@@ -32,8 +35,7 @@ __global__ void EmbedKernel(int type, const uint8_t* table, int64_t row_bytes, c
 
 void LaunchEmbed(int type, const uint8_t* table, int64_t row_bytes, const int32_t* tokens, int n_tokens,
                  int64_t n, float* x, cudaStream_t stream) {
-  EmbedKernel<<<n_tokens, 256, 0, stream>>>(type, table, row_bytes, tokens, n, x);
-  CUDA_CHECK_LAUNCH();
+  LaunchPdl(EmbedKernel, dim3(n_tokens), dim3(256), 0, stream, type, table, row_bytes, tokens, n, x);
 }
 
 }  // namespace mer::cuda

@@ -1,6 +1,7 @@
 #include "services/compute/cuda/matvec.cuh"
 
 #include "services/compute/cuda/cuda_check.cuh"
+#include "services/compute/cuda/pdl.cuh"
 #include "services/compute/cuda/warp_dot.cuh"
 
 namespace mer::cuda {
@@ -20,6 +21,8 @@ struct MatvecArgs {
 
 template <int kType, int NT>
 __global__ void __launch_bounds__(kWarps * 32) MatvecKernel(const __grid_constant__ MatvecArgs args) {
+  AllowDependents();
+  WaitForPredecessor();
   constexpr int G = kGroup<kType>, kGroupsPerWarp = 32 / G;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // Each group of G lanes takes kRows consecutive rows of the concatenated matrices.
@@ -56,17 +59,48 @@ __global__ void __launch_bounds__(kWarps * 32) MatvecKernel(const __grid_constan
     }
 }
 
+// One token, Q8_0 rows that WarpQ8_0Fits: a warp per row (WarpQ8_0Rows). The weight loads are
+// issued before waiting for the kernel that writes the activations.
+__global__ void __launch_bounds__(kWarps * 32) MatvecQ8_0DecodeKernel(const __grid_constant__ MatvecArgs args) {
+  extern __shared__ float smem[];
+  AllowDependents();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t grow = int64_t(blockIdx.x) * kWarps + warp;
+  int m = 0;
+  while (m + 1 < args.n_outputs && grow >= args.row_begin[m + 1]) ++m;
+  const MatvecOutput& o = args.o[m];
+  const int64_t row = grow - args.row_begin[m];
+  const bool active = grow < args.row_begin[args.n_outputs] && row < o.w.rows;
+  const int64_t nb = o.w.cols / 32;
+  const RowRef rows[1] = {active ? MatrixRow<kDevQ8_0>(o.w, row) : RowRef{}};
+  WarpQ8_0Rows<1> dot;
+  dot.Load(rows, nb);
+  WaitForPredecessor();
+  float acc[1];
+  dot.Finish(rows, nb, args.act.data, args.act.scales, smem + warp * kWarpQ8_0SmemFloats(1, nb), acc);
+  if (lane != 0 || !active) return;
+  o.out[row] = o.residual != nullptr ? __fadd_rn(o.residual[row], acc[0]) : acc[0];
+}
+
 template <int kType>
 void Launch(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
   constexpr int kRowsPerBlock = kWarps * (32 / kGroup<kType>) * kRows;
   const unsigned bx = static_cast<unsigned>((total_rows + kRowsPerBlock - 1) / kRowsPerBlock);
-  if (args.n_tokens == 1) {
-    MatvecKernel<kType, 1><<<dim3(bx, 1), kWarps * 32, 0, stream>>>(args);
+  const int64_t cols = args.o[0].w.cols;
+  // Measured on the H200 (docs/cuda.md): a warp per row pays off for long rows, whose chains the
+  // lane-group path would feed in several rounds of loads (the 4,096-column output projection:
+  // 11.8 vs 17.7 us); on 2,048 columns the lane groups are as fast or faster (Q/K/V 11.7 vs
+  // 12.8 us, the LM head 102 vs 190 us).
+  if (kType == kDevQ8_0 && args.n_tokens == 1 && cols >= 4096 && WarpQ8_0Fits(1, cols)) {
+    const unsigned blocks = static_cast<unsigned>((total_rows + kWarps - 1) / kWarps);
+    LaunchPdl(MatvecQ8_0DecodeKernel, dim3(blocks), dim3(kWarps * 32),
+              kWarps * kWarpQ8_0SmemFloats(1, cols / 32) * sizeof(float), stream, args);
+  } else if (args.n_tokens == 1) {
+    LaunchPdl(MatvecKernel<kType, 1>, dim3(bx, 1), dim3(kWarps * 32), 0, stream, args);
   } else {
     constexpr int NT = 8;
-    MatvecKernel<kType, NT><<<dim3(bx, (args.n_tokens + NT - 1) / NT), kWarps * 32, 0, stream>>>(args);
+    LaunchPdl(MatvecKernel<kType, NT>, dim3(bx, (args.n_tokens + NT - 1) / NT), dim3(kWarps * 32), 0, stream, args);
   }
-  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace

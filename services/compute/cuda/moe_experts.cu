@@ -2,6 +2,7 @@
 
 #include "services/compute/cuda/cuda_check.cuh"
 #include "services/compute/cuda/ggml_math.cuh"
+#include "services/compute/cuda/pdl.cuh"
 #include "services/compute/cuda/warp_dot.cuh"
 
 namespace mer::cuda {
@@ -18,10 +19,17 @@ __device__ inline const uint8_t* SlotBase(const ExpertArgs& a, int u, int* n_pai
   return a.arena + int64_t(slot) * a.slot_bytes;
 }
 
-// Rows r of gate and up (2 rows per warp: gate r, up r) over the group's pairs, NT at a time.
+// ggml_vec_swiglu_f32 (cpu_ops.h SwiGlu; n_ff is a multiple of 16, so no scalar tail).
+__device__ inline float SwiGlu(float gate, float up) {
+  return __fmul_rn(__fdiv_rn(gate, __fadd_rn(1.0f, GgmlExpf(0.0f - gate))), up);
+}
+
+// Rows r of gate and up (2 rows per lane group: gate r, up r) over the group's pairs, NT at a time.
 template <int kType, int NT>
 __global__ void __launch_bounds__(kWarps * 32) GateUpKernel(const __grid_constant__ ExpertArgs a, DevAct act,
                                                             float* h) {
+  AllowDependents();
+  WaitForPredecessor();
   const int u = a.u_begin + blockIdx.y;
   if (u >= *a.n_used || blockIdx.y >= a.u_count) return;
   constexpr int G = kGroup<kType>;
@@ -47,14 +55,12 @@ __global__ void __launch_bounds__(kWarps * 32) GateUpKernel(const __grid_constan
       act_scales[t] = pair[t] >= 0 && kType == kDevQ8_0 ? act.scales + tok * (act.stride / 32) : nullptr;
     }
     float acc[2][NT];
-    GroupDots<kType, 2, NT, NT == 1 ? 4 : 2>(rows, a.n_embd, act_rows, act_scales, acc);
+    GroupDots<kType, 2, NT, NT == 1 ? 8 : 2>(rows, a.n_embd, act_rows, act_scales, acc);
     if (lane % G != 0 || !active) continue;
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       if (pair[t] < 0) continue;
-      // ggml_vec_swiglu_f32 (cpu_ops.h SwiGlu; n_ff is a multiple of 16, so no scalar tail).
-      const float x = acc[0][t];
-      h[int64_t(pair[t]) * a.n_ff + r] = __fmul_rn(__fdiv_rn(x, __fadd_rn(1.0f, GgmlExpf(0.0f - x))), acc[1][t]);
+      h[int64_t(pair[t]) * a.n_ff + r] = SwiGlu(acc[0][t], acc[1][t]);
     }
   }
 }
@@ -62,6 +68,8 @@ __global__ void __launch_bounds__(kWarps * 32) GateUpKernel(const __grid_constan
 template <int kType, int NT>
 __global__ void __launch_bounds__(kWarps * 32) DownKernel(const __grid_constant__ ExpertArgs a, DevAct act,
                                                           float* out) {
+  AllowDependents();
+  WaitForPredecessor();
   constexpr int R = 2;
   const int u = a.u_begin + blockIdx.y;
   if (u >= *a.n_used || blockIdx.y >= a.u_count) return;
@@ -87,7 +95,7 @@ __global__ void __launch_bounds__(kWarps * 32) DownKernel(const __grid_constant_
       act_scales[t] = pair[t] >= 0 && kType == kDevQ8_0 ? act.scales + int64_t(pair[t]) * (act.stride / 32) : nullptr;
     }
     float acc[R][NT];
-    GroupDots<kType, R, NT, NT == 1 ? 4 : 2>(rows, a.n_ff, act_rows, act_scales, acc);
+    GroupDots<kType, R, NT, NT == 1 ? 8 : 2>(rows, a.n_ff, act_rows, act_scales, acc);
     if (lane % G != 0) continue;
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -102,18 +110,19 @@ template <int kType>
 void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pairs, cudaStream_t s) {
   constexpr int kRowsPerBlock = kWarps * (32 / kGroup<kType>);
   const dim3 grid((a.n_ff + kRowsPerBlock - 1) / kRowsPerBlock, a.u_count);
-  if (max_pairs <= 1) GateUpKernel<kType, 1><<<grid, kWarps * 32, 0, s>>>(a, act, h);
-  else GateUpKernel<kType, 8><<<grid, kWarps * 32, 0, s>>>(a, act, h);
-  CUDA_CHECK_LAUNCH();
+  if (max_pairs <= 1) {
+    LaunchPdl(GateUpKernel<kType, 1>, grid, dim3(kWarps * 32), 0, s, a, act, h);
+  } else {
+    LaunchPdl(GateUpKernel<kType, 8>, grid, dim3(kWarps * 32), 0, s, a, act, h);
+  }
 }
 
 template <int kType>
 void LaunchDownT(const ExpertArgs& a, const DevAct& act, float* out, int max_pairs, cudaStream_t s) {
   constexpr int kRowsPerBlock = kWarps * (32 / kGroup<kType>) * 2;
   const dim3 grid((a.n_embd + kRowsPerBlock - 1) / kRowsPerBlock, a.u_count);
-  if (max_pairs <= 1) DownKernel<kType, 1><<<grid, kWarps * 32, 0, s>>>(a, act, out);
-  else DownKernel<kType, 8><<<grid, kWarps * 32, 0, s>>>(a, act, out);
-  CUDA_CHECK_LAUNCH();
+  if (max_pairs <= 1) LaunchPdl(DownKernel<kType, 1>, grid, dim3(kWarps * 32), 0, s, a, act, out);
+  else LaunchPdl(DownKernel<kType, 8>, grid, dim3(kWarps * 32), 0, s, a, act, out);
 }
 
 }  // namespace

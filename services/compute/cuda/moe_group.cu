@@ -1,6 +1,7 @@
 #include "services/compute/cuda/moe_group.cuh"
 
 #include "services/compute/cuda/cuda_check.cuh"
+#include "services/compute/cuda/pdl.cuh"
 
 namespace mer::cuda {
 namespace {
@@ -12,6 +13,8 @@ __global__ void __launch_bounds__(kThreads) MoeGroupKernel(const int32_t* chosen
                                                            const int32_t* slot_table, MoeGroups g) {
   __shared__ int count[kMaxExperts];
   __shared__ int fill[kMaxExperts];
+  AllowDependents();
+  WaitForPredecessor();
   for (int e = threadIdx.x; e < n_expert; e += kThreads) count[e] = 0;
   __syncthreads();
   for (int i = threadIdx.x; i < n_pairs; i += kThreads) atomicAdd(&count[chosen[i]], 1);
@@ -40,8 +43,7 @@ __global__ void __launch_bounds__(kThreads) MoeGroupKernel(const int32_t* chosen
 
 void LaunchMoeGroup(const int32_t* chosen, int n_pairs, int n_expert, const int32_t* slot_table,
                     const MoeGroups& groups, cudaStream_t stream) {
-  MoeGroupKernel<<<1, kThreads, 0, stream>>>(chosen, n_pairs, n_expert, slot_table, groups);
-  CUDA_CHECK_LAUNCH();
+  LaunchPdl(MoeGroupKernel, dim3(1), dim3(kThreads), 0, stream, chosen, n_pairs, n_expert, slot_table, groups);
 }
 
 }  // namespace mer::cuda

@@ -1,12 +1,15 @@
 #include "services/compute/cuda/qk_norm_rope.cuh"
 
 #include "services/compute/cuda/cuda_check.cuh"
+#include "services/compute/cuda/pdl.cuh"
 
 namespace mer::cuda {
 namespace {
 
 __global__ void QkNormRopeKernel(const QkNormRopeArgs a) {
   extern __shared__ double squares[];  // [head_dim], then f32 [head_dim]
+  AllowDependents();
+  WaitForPredecessor();
   float* head = reinterpret_cast<float*>(squares + blockDim.x);
   const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
   const int HD = a.head_dim, KD = a.n_head_kv * HD, half = HD / 2;
@@ -41,9 +44,8 @@ __global__ void QkNormRopeKernel(const QkNormRopeArgs a) {
 }  // namespace
 
 void LaunchQkNormRope(const QkNormRopeArgs& args, int n_tokens, cudaStream_t stream) {
-  QkNormRopeKernel<<<dim3(n_tokens, args.n_head + args.n_head_kv), args.head_dim,
-                     args.head_dim * (sizeof(double) + sizeof(float)), stream>>>(args);
-  CUDA_CHECK_LAUNCH();
+  LaunchPdl(QkNormRopeKernel, dim3(n_tokens, args.n_head + args.n_head_kv), dim3(args.head_dim),
+            args.head_dim * (sizeof(double) + sizeof(float)), stream, args);
 }
 
 }  // namespace mer::cuda

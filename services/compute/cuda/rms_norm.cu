@@ -2,6 +2,7 @@
 
 #include "services/compute/cuda/act_store.cuh"
 #include "services/compute/cuda/cuda_check.cuh"
+#include "services/compute/cuda/pdl.cuh"
 
 namespace mer::cuda {
 namespace {
@@ -10,17 +11,30 @@ constexpr int kThreads = 1024;
 constexpr int kPerThread = 8;  // n <= kThreads * kPerThread (CHECKed by the engine)
 
 // One block per row; the row is read once into registers (decode is latency-bound here).
-__global__ void __launch_bounds__(kThreads) RmsNormKernel(const float* x, int64_t x_stride,
-                                                          const int32_t* rows, const float* w, float eps,
+__global__ void __launch_bounds__(kThreads) RmsNormKernel(float* x, int64_t x_stride, const int32_t* rows,
+                                                          MoeCombine combine, const float* w, float eps,
                                                           int64_t n, float* y, int64_t y_stride, DevAct act) {
+  AllowDependents();
+  WaitForPredecessor();
   const int64_t row = blockIdx.x;
-  const float* xr = x + (rows != nullptr ? rows[row] : row) * x_stride;
+  const int64_t t = rows != nullptr ? rows[row] : row;
+  float* xr = x + t * x_stride;
   float xv[kPerThread];
   double sum = 0.0;
 #pragma unroll
   for (int k = 0; k < kPerThread; ++k) {
     const int64_t i = threadIdx.x + int64_t(k) * kThreads;
     xv[k] = i < n ? xr[i] : 0.0f;
+    if (combine.expert_out != nullptr && i < n) {
+      // The previous layer's MoE output into the residual stream, as the CPU engine's
+      // `acc + ej * wj` chain (GCC contracts it to fma(ej, wj, acc)), then acc + x.
+      const float* e = combine.expert_out + t * combine.k * n + i;
+      const float* cw = combine.weights + t * combine.k;
+      float acc = __fmul_rn(e[0], cw[0]);
+      for (int j = 1; j < combine.k; ++j) acc = fmaf(e[j * n], cw[j], acc);
+      xv[k] = __fadd_rn(acc, xv[k]);
+      xr[i] = xv[k];
+    }
     sum += static_cast<double>(xv[k] * xv[k]);
   }
   __shared__ double partial[kThreads / 32];
@@ -43,12 +57,12 @@ __global__ void __launch_bounds__(kThreads) RmsNormKernel(const float* x, int64_
 
 }  // namespace
 
-void LaunchRmsNorm(const float* x, int64_t x_stride, const int32_t* rows, int n_rows, const float* w,
-                   float eps, int64_t n, float* y, int64_t y_stride, const DevAct& act,
+void LaunchRmsNorm(float* x, int64_t x_stride, const int32_t* rows, int n_rows, const MoeCombine& combine,
+                   const float* w, float eps, int64_t n, float* y, int64_t y_stride, const DevAct& act,
                    cudaStream_t stream) {
   if (n_rows == 0) return;
-  RmsNormKernel<<<n_rows, kThreads, 0, stream>>>(x, x_stride, rows, w, eps, n, y, y_stride, act);
-  CUDA_CHECK_LAUNCH();
+  LaunchPdl(RmsNormKernel, dim3(n_rows), dim3(kThreads), 0, stream, x, x_stride, rows, combine, w, eps, n, y,
+            y_stride, act);
 }
 
 }  // namespace mer::cuda

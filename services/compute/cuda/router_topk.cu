@@ -4,32 +4,30 @@
 
 #include "services/compute/cuda/cuda_check.cuh"
 #include "services/compute/cuda/ggml_math.cuh"
+#include "services/compute/cuda/pdl.cuh"
+#include "services/compute/cuda/warp_dot.cuh"
 
 namespace mer::cuda {
 namespace {
 
 constexpr int kMaxExperts = 1024;
 
-// One warp per token (no block barriers: routing is on the decode step's critical path).
-__global__ void __launch_bounds__(32) RouterTopKKernel(const float* logits, int n_expert, int k, bool norm_topk,
-                                                      int32_t* chosen, float* weights, const int32_t* slot_table,
-                                                      MoeGroups groups) {
-  __shared__ float p[kMaxExperts];
-  __shared__ float group_sum[kMaxExperts / 16];
-  const int t = blockIdx.x, lane = threadIdx.x;
-  const float* x = logits + int64_t(t) * n_expert;
-
+// Softmax, top-k and renormalisation of one token's logits by one warp; logits in p (shared,
+// n_expert floats), overwritten.
+__device__ void TopKWarp(float* p, float* group_sum, int t, int n_expert, int k, bool norm_topk, int32_t* chosen,
+                         float* weights, const int32_t* slot_table, const MoeGroups& groups) {
+  const int lane = threadIdx.x % 32;
   // cpu::Softmax(p, n_expert, 1.0f) exactly: exps of whole groups of 16 by GgmlExpf, each group
   // summed by ReduceAdd16 and the group sums added in order in double; a tail past the last
   // group (n_expert % 16 != 0) by expf, which may differ from glibc's expf in the last ulp.
   float m = -FLT_MAX;
-  for (int e = lane; e < n_expert; e += 32) m = fmaxf(m, x[e]);
+  for (int e = lane; e < n_expert; e += 32) m = fmaxf(m, p[e]);
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   const int n_groups = n_expert / 16;
   for (int gi = lane; gi < n_groups; gi += 32) {
     float v[16];
 #pragma unroll
-    for (int l = 0; l < 16; ++l) p[gi * 16 + l] = v[l] = GgmlExpf(__fsub_rn(x[gi * 16 + l], m));
+    for (int l = 0; l < 16; ++l) p[gi * 16 + l] = v[l] = GgmlExpf(__fsub_rn(p[gi * 16 + l], m));
     group_sum[gi] = ReduceAdd16(v);
   }
   __syncwarp();
@@ -38,7 +36,7 @@ __global__ void __launch_bounds__(32) RouterTopKKernel(const float* logits, int 
     double sum = 0.0;
     for (int gi = 0; gi < n_groups; ++gi) sum += static_cast<double>(group_sum[gi]);
     for (int e = n_groups * 16; e < n_expert; ++e) {
-      p[e] = expf(__fsub_rn(x[e], m));
+      p[e] = expf(__fsub_rn(p[e], m));
       sum += static_cast<double>(p[e]);
     }
     inv = static_cast<float>(1.0 / sum);
@@ -48,66 +46,147 @@ __global__ void __launch_bounds__(32) RouterTopKKernel(const float* logits, int 
   for (int e = lane; e < n_expert; e += 32) p[e] = __fmul_rn(p[e], inv);
   __syncwarp();
 
-  // k rounds of arg-max (ties to the lower id); a chosen expert's probability becomes -1.
-  float w_sel[32];
-  int32_t e_sel[32];
+  // k rounds of arg-max (ties to the lower id); a chosen expert's probability becomes -1. Lane j
+  // keeps the j-th choice, so what follows runs across lanes (no per-thread arrays, which would
+  // live in local memory on this critical path).
+  constexpr unsigned kAll = 0xffffffffu;
+  float my_w = 0.0f;
+  int32_t my_e = -1;
   for (int j = 0; j < k; ++j) {
     float best = -2.0f;
     int best_e = n_expert;
     for (int e = lane; e < n_expert; e += 32)
       if (p[e] > best) { best = p[e]; best_e = e; }
     for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-      const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
+      const float ov = __shfl_xor_sync(kAll, best, o);
+      const int oe = __shfl_xor_sync(kAll, best_e, o);
       if (ov > best || (ov == best && oe < best_e)) { best = ov; best_e = oe; }
     }
-    w_sel[j] = best;
-    e_sel[j] = best_e;
+    if (lane == j) {
+      my_w = best;
+      my_e = best_e;
+    }
     if (lane == 0) p[best_e] = -1.0f;
     __syncwarp();
   }
-  if (lane != 0) return;
   float div = 1.0f;
   if (norm_topk) {
-    double ws = 0.0;
-    for (int j = 0; j < k; ++j) ws += w_sel[j];
+    double ws = 0.0;  // in choice order, as the CPU
+    for (int j = 0; j < k; ++j) ws += static_cast<double>(__shfl_sync(kAll, my_w, j));
     div = fmaxf(static_cast<float>(ws), 6.103515625e-5f);
   }
-  for (int j = 0; j < k; ++j) {
-    chosen[int64_t(t) * k + j] = e_sel[j];
-    weights[int64_t(t) * k + j] = norm_topk ? __fdiv_rn(w_sel[j], div) : w_sel[j];
+  const bool chooser = lane < k;
+  if (chooser) {
+    chosen[int64_t(t) * k + lane] = my_e;
+    weights[int64_t(t) * k + lane] = norm_topk ? __fdiv_rn(my_w, div) : my_w;
   }
   if (slot_table == nullptr) return;
-  // A single token: its k experts are the groups (moe_group.cuh's output), ascending.
-  int32_t order[32];
-  for (int j = 0; j < k; ++j) order[j] = j;
-  for (int a = 1; a < k; ++a)
-    for (int b = a; b > 0 && e_sel[order[b]] < e_sel[order[b - 1]]; --b) {
-      const int32_t tmp = order[b];
-      order[b] = order[b - 1];
-      order[b - 1] = tmp;
-    }
-  int missing = 0;
-  for (int u = 0; u < k; ++u) {
-    groups.used[u] = e_sel[order[u]];
-    groups.begin[u] = u;
-    groups.pairs[u] = order[u];
-    missing += slot_table[e_sel[order[u]]] < 0;
+  // A single token: its k experts, ascending, are the groups (moe_group.cuh's output), one pair
+  // each: choice j goes to its rank among the k.
+  int rank = 0;
+  for (int j = 0; j < k; ++j) rank += __shfl_sync(kAll, my_e, j) < my_e;
+  const unsigned missing = __ballot_sync(kAll, chooser && slot_table[chooser ? my_e : 0] < 0);
+  if (chooser) {
+    groups.used[rank] = my_e;
+    groups.begin[rank] = rank;
+    groups.pairs[rank] = lane;
   }
-  groups.begin[k] = k;
-  *groups.n_used = k;
-  *groups.n_missing = missing;
-  *groups.lookups_total += static_cast<unsigned long long>(k);
+  if (lane == 0) {
+    groups.begin[k] = k;
+    *groups.n_used = k;
+    *groups.n_missing = __popc(missing);
+    *groups.lookups_total += static_cast<unsigned long long>(k);
+  }
+}
+
+// One warp per token (no block barriers: routing is on the decode step's critical path).
+__global__ void __launch_bounds__(32) RouterTopKKernel(const float* logits, int n_expert, int k, bool norm_topk,
+                                                      int32_t* chosen, float* weights, const int32_t* slot_table,
+                                                      MoeGroups groups) {
+  __shared__ float p[kMaxExperts];
+  __shared__ float group_sum[kMaxExperts / 16];
+  AllowDependents();
+  WaitForPredecessor();
+  const int t = blockIdx.x;
+  for (int e = threadIdx.x; e < n_expert; e += 32) p[e] = logits[int64_t(t) * n_expert + e];
+  __syncwarp();
+  TopKWarp(p, group_sum, t, n_expert, k, norm_topk, chosen, weights, slot_table, groups);
+}
+
+constexpr int kRouterWarps = 4;
+constexpr int kRouterMaxCols = 4096;
+
+// One token, f32 router of n_embd a multiple of 64 and at most kRouterMaxCols: the router mat-vec
+// (a warp per expert row, ggml_vec_dot_f32's 64 lanes as GroupDots<kDevF32>: lane l holds lanes l
+// and l + 32, added, then the same tree), then the last block to finish does the top-k, so routing
+// is one launch. With a next router, its rows are computed on the same x too and the last block's
+// second warp does their top-k (the look-ahead prediction). The weights are loaded before waiting
+// for the norm that writes x.
+__global__ void __launch_bounds__(kRouterWarps * 32) RouterTopK1Kernel(const __grid_constant__ Router1Args a) {
+  __shared__ float p[2][kMaxExperts];
+  __shared__ float group_sum[2][kMaxExperts / 16];
+  __shared__ bool last;
+  AllowDependents();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int n_rows = a.n_expert * (a.next.router != nullptr ? 2 : 1);
+  const int row = blockIdx.x * kRouterWarps + warp;
+  const bool active = row < n_rows;
+  const bool next = row >= a.n_expert;
+  const float* w = (next ? a.next.router : a.router) + int64_t(active ? row % a.n_expert : 0) * a.n_embd;
+  constexpr int kMaxSteps = kRouterMaxCols / 64;
+  const int steps = a.n_embd / 64;
+  float w0[kMaxSteps], w1[kMaxSteps];
+#pragma unroll
+  for (int i = 0; i < kMaxSteps; ++i) {
+    if (i >= steps) break;
+    w0[i] = active ? __ldcs(w + i * 64 + lane) : 0.0f;
+    w1[i] = active ? __ldcs(w + i * 64 + 32 + lane) : 0.0f;
+  }
+  WaitForPredecessor();
+  float acc = 0.0f, hi = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kMaxSteps; ++i) {
+    if (i >= steps) break;
+    acc = fmaf(w0[i], a.x[i * 64 + lane], acc);
+    hi = fmaf(w1[i], a.x[i * 64 + 32 + lane], hi);
+  }
+  acc = GroupReduce<kDevF32>(__fadd_rn(acc, hi));
+  if (lane == 0 && active) (next ? a.next.logits : a.logits)[row % a.n_expert] = acc;
+  // The last block to finish reads every block's logits (threadFenceReduction pattern).
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(a.blocks_done, 1u) == gridDim.x - 1;
+  __syncthreads();
+  const int which = warp;  // 0: this layer, 1: the prediction
+  if (!last || which > (a.next.router != nullptr ? 1 : 0)) return;
+  __threadfence();
+  const float* logits = which == 0 ? a.logits : a.next.logits;
+  for (int i = lane; i < a.n_expert; i += 32) p[which][i] = __ldcg(logits + i);
+  if (threadIdx.x == 0) *a.blocks_done = 0;  // ready for the next launch (graph replays reuse it)
+  __syncwarp();
+  if (which == 0)
+    TopKWarp(p[0], group_sum[0], 0, a.n_expert, a.k, a.norm_topk, a.chosen, a.weights, a.slot_table, a.groups);
+  else
+    TopKWarp(p[1], group_sum[1], 0, a.n_expert, a.k, a.norm_topk, a.next.chosen, a.next.weights, a.next.slot_table,
+             a.next.groups);
 }
 
 }  // namespace
 
 void LaunchRouterTopK(const float* logits, int n_tokens, int n_expert, int k, bool norm_topk, int32_t* chosen,
                       float* weights, const int32_t* slot_table, const MoeGroups* groups, cudaStream_t stream) {
-  RouterTopKKernel<<<n_tokens, 32, 0, stream>>>(logits, n_expert, k, norm_topk, chosen, weights,
-                                               n_tokens == 1 ? slot_table : nullptr,
-                                               groups != nullptr ? *groups : MoeGroups{});
-  CUDA_CHECK_LAUNCH();
+  LaunchPdl(RouterTopKKernel, dim3(n_tokens), dim3(32), 0, stream, logits, n_expert, k, norm_topk, chosen, weights,
+            n_tokens == 1 ? slot_table : nullptr, groups != nullptr ? *groups : MoeGroups{});
+}
+
+bool RouterTopK1Supported(int64_t n_embd, int n_expert) {
+  return n_embd % 64 == 0 && n_embd <= kRouterMaxCols && n_expert <= kMaxExperts;
+}
+
+void LaunchRouterTopK1(const Router1Args& args, cudaStream_t stream) {
+  const int rows = args.n_expert * (args.next.router != nullptr ? 2 : 1);
+  LaunchPdl(RouterTopK1Kernel, dim3((rows + kRouterWarps - 1) / kRouterWarps), dim3(kRouterWarps * 32), 0, stream,
+            args);
 }
 
 }  // namespace mer::cuda

@@ -18,4 +18,33 @@ void LaunchRouterTopK(const float* logits, int n_tokens, int n_expert, int k, bo
                       int32_t* chosen, float* weights, const int32_t* slot_table, const MoeGroups* groups,
                       cudaStream_t stream);
 
+// The decode step's routing in one launch: the f32 router mat-vec of one token (x: f32 [n_embd],
+// router: f32 [n_expert, n_embd]) fused with LaunchRouterTopK's work for that token, the groups
+// included. blocks_done: a device counter that is 0 between launches (the kernel resets it).
+// With next.router set, the same is done for a second router on the same x (the next layer's:
+// the look-ahead prediction of its routing) into next's outputs.
+struct Router1Next {
+  const float* router = nullptr;  // f32 [n_expert, n_embd], or nullptr
+  float* logits = nullptr;        // f32 [n_expert] scratch
+  int32_t* chosen = nullptr;
+  float* weights = nullptr;
+  const int32_t* slot_table = nullptr;
+  MoeGroups groups{};
+};
+struct Router1Args {
+  const float* router;
+  const float* x;
+  int32_t n_embd, n_expert, k;
+  bool norm_topk;
+  float* logits;               // f32 [n_expert] scratch
+  unsigned int* blocks_done;
+  int32_t* chosen;
+  float* weights;
+  const int32_t* slot_table;   // this layer's
+  MoeGroups groups;
+  Router1Next next;
+};
+bool RouterTopK1Supported(int64_t n_embd, int n_expert);
+void LaunchRouterTopK1(const Router1Args& args, cudaStream_t stream);
+
 }  // namespace mer::cuda

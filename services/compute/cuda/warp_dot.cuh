@@ -228,4 +228,87 @@ __device__ inline void GroupDots(const RowRef (&rows)[R], int64_t cols, const ui
   }
 }
 
+
+// Decode (one activation row): a whole warp per weight row, for Q8_0 rows of a multiple of 4
+// blocks. The 8-lane group's chain per row cannot be split (the sum would change), but only its
+// fma chain is sequential: the loads and the dp4a integer sums are not. So all 32 lanes load the
+// row's runs of 4 blocks at once (one DRAM round trip instead of one per run), compute each
+// block's exact integer sum and scale product, leave them in shared memory, and then 8 lanes per
+// row run exactly the chains of GroupDots over them: acc_l = fma(d_w * d_a, isum_l, acc_l) in
+// block order, reduced in the same tree. Bit for bit GroupDots<kDevQ8_0>.
+//
+// Use: WarpQ8_0Rows<NR> w; w.Load(rows, nb) (weights only: may precede WaitForPredecessor);
+// then w.Finish(rows, nb, act_q, act_s, smem, out). NR rows of nb blocks, nb a multiple of 4,
+// NR * nb / 4 <= 4 * kWarpQ8_0RunsPerLane (WarpQ8_0Fits).
+// smem: kWarpQ8_0SmemFloats(NR, nb) floats per warp. out[r] is valid in lane 0 of the warp.
+inline constexpr int kWarpQ8_0RunsPerLane = 8;
+__host__ __device__ constexpr bool WarpQ8_0Fits(int nr, int64_t cols) {
+  return cols % 128 == 0 && nr * (cols / 128) <= 4 * kWarpQ8_0RunsPerLane;
+}
+__host__ __device__ constexpr int64_t kWarpQ8_0SmemFloats(int nr, int64_t nb) { return nr * (8 * (nb + nb / 4) + nb); }
+
+template <int NR>
+struct WarpQ8_0Rows {
+  static constexpr int kRuns = kWarpQ8_0RunsPerLane;
+  uint4 wq[kRuns];
+  uint2 ws[kRuns];
+
+  // Lane group g = lane / 8 takes the warp's runs g, g + 4, ...; run q is run q % nr of row q / nr.
+  __device__ void Load(const RowRef (&rows)[NR], int64_t nb) {
+    const int lane = threadIdx.x % 32, g = lane / 8, l = lane % 8;
+    const int nr = static_cast<int>(nb / 4);
+#pragma unroll
+    for (int i = 0; i < kRuns; ++i) {
+      const int q = g + 4 * i;
+      if (q >= NR * nr) break;
+      const int r = q / nr, j = q % nr;
+      if (rows[r].q == nullptr) continue;
+      wq[i] = __ldcs(reinterpret_cast<const uint4*>(rows[r].q + int64_t(j) * 128) + l);
+      ws[i] = *reinterpret_cast<const uint2*>(rows[r].s + 4 * j);
+    }
+  }
+
+  __device__ void Finish(const RowRef (&rows)[NR], int64_t nb, const uint8_t* act_q, const float* act_s,
+                         float* smem, float (&out)[NR]) {
+    const int lane = threadIdx.x % 32, g = lane / 8, l = lane % 8;
+    const int nr = static_cast<int>(nb / 4);
+    // Per row: isum [nb][8], each run of 4 blocks followed by 8 floats of padding (the 4 lane groups
+    // store runs j..j+3 at once; the padding puts them in different banks), then the nb products.
+    const int64_t row_floats = kWarpQ8_0SmemFloats(1, nb), isum_floats = 8 * (nb + nb / 4);
+    const auto isum_at = [&](int r, int64_t b, int lane_l) { return smem + r * row_floats + 8 * (b + b / 4) + lane_l; };
+    const auto prod_at = [&](int r, int64_t b) { return smem + r * row_floats + isum_floats + b; };
+#pragma unroll
+    for (int i = 0; i < kRuns; ++i) {
+      const int q = g + 4 * i;
+      if (q >= NR * nr) break;
+      const int r = q / nr, j = q % nr;
+      if (rows[r].q == nullptr) continue;
+      const uint4 aq = reinterpret_cast<const uint4*>(act_q + int64_t(j) * 128)[l];
+      const float4 a4 = *reinterpret_cast<const float4*>(act_s + 4 * j);
+      const float as[4] = {a4.x, a4.y, a4.z, a4.w};
+      const __half2 s01 = *reinterpret_cast<const __half2*>(&ws[i].x), s23 = *reinterpret_cast<const __half2*>(&ws[i].y);
+      const float w_s[4] = {__low2float(s01), __high2float(s01), __low2float(s23), __high2float(s23)};
+      const int a_int[4] = {static_cast<int>(aq.x), static_cast<int>(aq.y), static_cast<int>(aq.z), static_cast<int>(aq.w)};
+      const int w_int[4] = {static_cast<int>(wq[i].x), static_cast<int>(wq[i].y), static_cast<int>(wq[i].z),
+                            static_cast<int>(wq[i].w)};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        *isum_at(r, 4 * j + k, l) = static_cast<float>(__dp4a(w_int[k], a_int[k], 0));
+        if (l == 0) *prod_at(r, 4 * j + k) = __fmul_rn(w_s[k], as[k]);
+      }
+    }
+    __syncwarp();
+    float acc = 0.0f;
+    const int r_chain = lane / 8;  // lanes 8r..8r+7 run row r's 8 chains
+    if (r_chain < NR && rows[r_chain < NR ? r_chain : 0].q != nullptr) {
+#pragma unroll 8
+      for (int64_t b = 0; b < nb; ++b) acc = fmaf(*prod_at(r_chain, b), *isum_at(r_chain, b, l), acc);
+    }
+    acc = GroupReduce<kDevQ8_0>(acc);  // each 8-lane group's tree; row r's sum in lane 8r
+#pragma unroll
+    for (int r = 0; r < NR; ++r) out[r] = __shfl_sync(0xffffffffu, acc, 8 * r);
+    __syncwarp();  // the shared memory may be reused by the caller's next rows
+  }
+};
+
 }  // namespace mer::cuda

@@ -1,0 +1,43 @@
+// Programmatic dependent launch (Hopper): every kernel of the step is launched with LaunchPdl, so
+// it may become resident while its predecessor on the stream is still running. Decode is a chain
+// of ~10 small kernels per layer, each of which would otherwise pay a launch ramp and a first
+// DRAM round trip after the previous one drained; with PDL a mat-vec issues its weight loads
+// (which depend on nothing) before it waits.
+//
+// The contract, for every kernel launched with LaunchPdl:
+//   - AllowDependents() may come first (it lets the next kernel be scheduled; it orders nothing);
+//   - WaitForPredecessor() must come before the first read of anything an earlier kernel of the
+//     stream writes and before the first write of anything an earlier kernel reads. It returns
+//     once the predecessor grid has completed and its writes are visible; since the predecessor
+//     itself waited on its own predecessor, that covers every earlier kernel.
+// Outside a PDL launch both are no-ops, so the kernels stay correct under any launch.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "services/compute/cuda/cuda_check.cuh"
+
+namespace mer::cuda {
+
+__device__ __forceinline__ void WaitForPredecessor() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void AllowDependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+template <typename... KernelArgs, typename... Args>
+void LaunchPdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
+               Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+}  // namespace mer::cuda
