@@ -211,6 +211,11 @@ absl::Status Main(const Args& a) {
     return compute::Capacity{b->max_sequences(), b->free_sequences(), b->kv_budget_tokens(),
                              b->kv_free_tokens()};
   });
+  if (a.backend == "cuda") {
+    const ComputeBackend* e = engine.get();
+    const std::string name = a.backend;
+    metrics.set_backend_counters([e, name] { return ReadBackendCounters(*e, name); });
+  }
   compute::ComputeService service(*batcher, info, std::move(vp));
 
   const std::string socket_path = a.listen.substr(5);

@@ -57,6 +57,90 @@ class CapacityCollectable : public prometheus::Collectable {
   std::function<Capacity()> capacity_;
 };
 
+// One more sample of a gauge family.
+void AddSample(prometheus::MetricFamily* m, double v, std::vector<prometheus::ClientMetric::Label> labels) {
+  prometheus::ClientMetric cm;
+  cm.label = std::move(labels);
+  cm.gauge.value = v;
+  m->metric.push_back(std::move(cm));
+}
+
+// The backend counters of the last step (BackendCounters), as the VRAM tier's families.
+class BackendCollectable : public prometheus::Collectable {
+ public:
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    BackendCounters b;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!valid_) return {};
+      b = last_;
+    }
+    std::vector<prometheus::MetricFamily> out;
+    auto family = [&out](std::string name, std::string help, prometheus::MetricType type, double v,
+                         std::vector<prometheus::ClientMetric::Label> labels) {
+      prometheus::MetricFamily m;
+      m.name = std::move(name);
+      m.help = std::move(help);
+      m.type = type;
+      prometheus::ClientMetric cm;
+      cm.label = std::move(labels);
+      if (type == prometheus::MetricType::Counter) cm.counter.value = v;
+      else cm.gauge.value = v;
+      m.metric.push_back(std::move(cm));
+      out.push_back(std::move(m));
+    };
+    const auto counter = prometheus::MetricType::Counter;
+    const auto gauge = prometheus::MetricType::Gauge;
+    const std::vector<prometheus::ClientMetric::Label> vram = {{"tier", "vram"}};
+    family("mer_expert_lookups_total", "Distinct experts the steps needed, summed over layers, by tier.", counter,
+           double(b.expert_lookups), vram);
+    family("mer_expert_misses_total", "Needed experts that were not in the tier and were uploaded.", counter,
+           double(b.expert_misses), vram);
+    family("mer_evictions_total", "Experts evicted from the tier to make room.", counter, double(b.evictions), vram);
+    family("mer_prefetch_issued_total", "Experts uploaded into the tier ahead of demand (look-ahead).", counter,
+           double(b.vram_prefetch_issued), vram);
+    family("mer_prefetch_useful_total", "Prefetched experts that the predicted layer used.", counter,
+           double(b.vram_prefetch_useful), vram);
+    family("mer_prefetch_wasted_total", "Prefetched experts that the predicted layer did not use.", counter,
+           double(b.vram_prefetch_wasted), vram);
+    family("mer_expert_upload_bytes_total", "Expert bytes copied host -> VRAM.", counter, double(b.upload_bytes), {});
+    family("mer_host_syncs_total", "Host waits on the GPU inside forward steps.", counter, double(b.host_syncs), {});
+    family("mer_graph_launches_total", "Forward steps replayed as a CUDA graph.", counter, double(b.graph_launches),
+           {});
+    family("mer_backend_tokens_total", "Batch tokens the backend processed.", counter, double(b.tokens), {});
+    family("mer_tier_slots", "Expert slots of the tier by state.", gauge, double(b.arena_resident),
+           {{"state", "resident"}, {"tier", "vram"}});
+    AddSample(&out.back(), double(b.arena_slots - b.arena_resident), {{"state", "free"}, {"tier", "vram"}});
+    family("mer_vram_bytes", "Device memory: the expert arena, and the peak in use device-wide.", gauge,
+           double(b.arena_bytes), {{"use", "arena"}});
+    AddSample(&out.back(), double(b.vram_used_peak_bytes), {{"use", "peak"}});
+    return out;
+  }
+  void set_reader(std::function<BackendCounters()> read) {
+    std::lock_guard<std::mutex> lock(mu_);
+    read_ = std::move(read);
+  }
+  // On the step thread.
+  void Sample() {
+    std::function<BackendCounters()> read;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      read = read_;
+    }
+    if (!read) return;
+    const BackendCounters b = read();
+    std::lock_guard<std::mutex> lock(mu_);
+    last_ = b;
+    valid_ = true;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::function<BackendCounters()> read_;
+  BackendCounters last_;
+  bool valid_ = false;
+};
+
 prometheus::Histogram::BucketBoundaries Exponential(double start, double factor, int n) {
   prometheus::Histogram::BucketBoundaries b;
   for (int i = 0; i < n; ++i, start *= factor) b.push_back(start);
@@ -68,6 +152,7 @@ prometheus::Histogram::BucketBoundaries Exponential(double start, double factor,
 struct ComputeMetrics::Impl {
   std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
   std::shared_ptr<CapacityCollectable> capacity = std::make_shared<CapacityCollectable>();
+  std::shared_ptr<BackendCollectable> backend = std::make_shared<BackendCollectable>();
   prometheus::Histogram* step_seconds;
   prometheus::Histogram* batch_size;
   prometheus::Counter* prompt_tokens;
@@ -132,6 +217,7 @@ void ComputeMetrics::OnStep(double seconds, int batch_tokens, int sequences, int
   impl_->prompt_tokens->Increment(prompt_tokens);
   impl_->generated_tokens->Increment(generated);
   impl_->steps->Increment();
+  impl_->backend->Sample();
 }
 
 void ComputeMetrics::OnSequenceEnd(const absl::Status& status, int generated) {
@@ -148,8 +234,12 @@ void ComputeMetrics::set_capacity(std::function<Capacity()> capacity) {
   impl_->capacity->set(std::move(capacity));
 }
 
+void ComputeMetrics::set_backend_counters(std::function<BackendCounters()> read) {
+  impl_->backend->set_reader(std::move(read));
+}
+
 std::vector<std::shared_ptr<prometheus::Collectable>> ComputeMetrics::collectables() const {
-  return {impl_->registry, impl_->capacity};
+  return {impl_->registry, impl_->capacity, impl_->backend};
 }
 
 }  // namespace mer::compute

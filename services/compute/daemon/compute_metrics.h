@@ -1,6 +1,7 @@
 // mer-compute's Prometheus metrics (docs/metrics.md): step latency and batch size histograms,
 // token and sequence counters (updated by the Batcher's step thread), and the capacity gauges
-// (slots, KV budget) read from a callback at scrape time.
+// (slots, KV budget) read from a callback at scrape time; for the cuda backend also the VRAM
+// tier's counters, sampled after every step.
 //
 // Thread-safety: every method may be called from any thread (prometheus-cpp's metrics are
 // thread-safe); the capacity callback is called on the exposer's threads.
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "services/compute/backend_factory.h"
 
 namespace prometheus {
 class Collectable;
@@ -45,6 +47,9 @@ class ComputeMetrics {
   void OnSequenceEnd(const absl::Status& status, int generated);
 
   void set_capacity(std::function<Capacity()> capacity);
+  // The backend's own counters (VRAM tier, uploads, host synchronisations), read by OnStep on
+  // the step thread (the backend is not thread-safe) and exported from that snapshot.
+  void set_backend_counters(std::function<BackendCounters()> read);
   // The registry and the capacity gauges, for MetricsEndpoint.
   std::vector<std::shared_ptr<prometheus::Collectable>> collectables() const;
 
