@@ -662,6 +662,7 @@ void CudaEngine::Impl::EnqueueExperts(int layer, int n, const DevAct& x_act, int
   const ModelConfig& cc = c;
   cuda::ExpertArgs a{};
   a.type = DevTypeOf(expert_type);
+  a.down_type = DevTypeOf(expert_type);
   a.arena = arena;
   a.slot_bytes = slot_bytes;
   a.slot_table = slot_table + int64_t(layer) * cc.n_expert;
