@@ -39,7 +39,13 @@ constexpr int64_t kAlign = 256;
 int64_t AlignUp(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 bool SupportedType(GgmlType t) {
-  return t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16 || t == GgmlType::kQ8_0;
+  return t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16 || t == GgmlType::kQ8_0 ||
+         t == GgmlType::kQ4_K || t == GgmlType::kQ6_K;
+}
+
+// Types whose device layout differs from the file's (repack.cuh): uploaded through staging.
+bool NeedsRepack(GgmlType t) {
+  return t == GgmlType::kQ8_0 || t == GgmlType::kQ4_K || t == GgmlType::kQ6_K;
 }
 
 int DevTypeOf(GgmlType t) { return static_cast<int>(t); }  // DevType mirrors GgmlType's numbers
@@ -87,6 +93,34 @@ class DevicePool {
   int64_t used_ = 0;
 };
 
+// One layer's experts: types and bytes of gate, up and down (Q4_K_M files give half the layers'
+// down another type), and where they lie in a slot (256-byte aligned for the kernels' loads).
+struct ExpertLayout {
+  GgmlType gate_type = GgmlType::kF32;  // gate and up (equal, checked at Create)
+  GgmlType down_type = GgmlType::kF32;
+  int64_t gate_bytes = 0, up_bytes = 0, down_bytes = 0;
+  int64_t up_offset = 0, down_offset = 0;  // from the slot start
+  int64_t bytes() const { return gate_bytes + up_bytes + down_bytes; }
+};
+
+// An expert matrix staged for the repack kernel, which takes one type per launch.
+struct PendingRepack {
+  GgmlType type;
+  cuda::RepackJob job;
+};
+
+// Matrices that read the same activations (Q, K, V), in one launch per run of equal types
+// (LaunchMatvec takes one type; Q4_K_M files give V another type than Q and K).
+void LaunchMatvecRuns(const cuda::MatvecOutput* outputs, int n, const DevAct& act, int n_tokens,
+                      cudaStream_t stream) {
+  for (int i = 0; i < n;) {
+    int j = i + 1;
+    while (j < n && outputs[j].w.type == outputs[i].w.type) ++j;
+    cuda::LaunchMatvec(outputs + i, j - i, act, n_tokens, stream);
+    i = j;
+  }
+}
+
 struct DevLayer {
   const float* attn_norm;  // f32 [n_embd]
   const float* q_norm;     // f32 [head_dim]
@@ -125,9 +159,8 @@ struct CudaEngine::Impl {
   const float* output_norm = nullptr;
   std::vector<DevLayer> layers;
 
-  // Experts: type and per-matrix bytes (equal for every layer, checked at Create).
-  GgmlType expert_type = GgmlType::kF32;
-  int64_t gate_bytes = 0, up_bytes = 0, down_bytes = 0, expert_bytes = 0;
+  // Experts: per layer, types and where gate, up and down lie in a slot.
+  std::vector<ExpertLayout> expert_layout;
 
   // KV cache, f32 [layer][sequence][position][kv_dim].
   float* k_cache = nullptr;
@@ -154,7 +187,7 @@ struct CudaEngine::Impl {
   cuda::MoeGroups groups{};
   unsigned long long* lookups_total = nullptr;
   uint8_t* step_input = nullptr; // StepInputLayout
-  uint8_t* staging = nullptr;    // raw GGUF expert bytes [staging_experts, expert_bytes]
+  uint8_t* staging = nullptr;    // raw GGUF expert bytes [staging_experts, slot_bytes]
   int32_t* slot_table = nullptr; // int32 [n_layer, n_expert] -> slot or -1
   StepInputLayout in{};
 
@@ -193,8 +226,9 @@ struct CudaEngine::Impl {
   absl::Status ServeLayerExperts(int layer, int n, const DevAct& x_act);
   void EnqueueExperts(int layer, int n, const DevAct& x_act, int u_begin, int u_count);
   void UploadExpert(int layer, int expert, const ExpertWeights& w, int32_t slot,
-                    std::vector<cuda::RepackJob>* jobs, int* staged);
-  void FlushRepack(std::vector<cuda::RepackJob>* jobs, int* staged);
+                    std::vector<PendingRepack>* jobs, int* staged);
+  void FlushRepack(std::vector<PendingRepack>* jobs, int* staged);
+  void RmsNormAct(const int32_t* rows, int n_rows, const float* w, float* y, const DevAct& act);
   int32_t TakeVictim();
   void Touch(int32_t slot);
   void Sync() {
@@ -275,27 +309,36 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   CUDA_CHECK(cudaSetDevice(o.device));
   CUDA_CHECK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
 
-  // Types.
-  const LayerWeights& l0 = weights.layers[0];
-  m.expert_type = l0.gate_exps.type;
+  // Types. Per layer the types may differ (Q4_K_M); the kernels need gate and up of one type and
+  // Q, K and V of one activation type (each is converted once), as every GGUF mix has.
   for (const LayerWeights& L : weights.layers) {
     for (const MatrixView* mv : {&L.wq, &L.wk, &L.wv, &L.wo, &L.router, &L.gate_exps, &L.up_exps, &L.down_exps})
       if (!SupportedType(mv->type))
         return absl::UnimplementedError(absl::StrCat("cuda backend: tensor type ", TypeName(mv->type),
-                                                     " is not supported yet (F32, F16, BF16, Q8_0)"));
-    if (L.gate_exps.type != m.expert_type || L.up_exps.type != m.expert_type || L.down_exps.type != m.expert_type)
-      return absl::UnimplementedError("cuda backend: all expert matrices must share one type");
-    if (L.wq.type != L.wk.type || L.wq.type != L.wv.type)
-      return absl::UnimplementedError("cuda backend: Q, K and V must share one type");
+                                                     " is not supported yet (F32, F16, BF16, Q8_0, Q4_K, Q6_K)"));
+    if (L.up_exps.type != L.gate_exps.type)
+      return absl::UnimplementedError("cuda backend: the gate and up experts must share one type");
+    if (ActivationTypeFor(L.wk.type) != ActivationTypeFor(L.wq.type) ||
+        ActivationTypeFor(L.wv.type) != ActivationTypeFor(L.wq.type))
+      return absl::UnimplementedError("cuda backend: Q, K and V must share one activation type");
   }
   if (!SupportedType(weights.output.type) || !SupportedType(weights.token_embd.type))
     return absl::UnimplementedError("cuda backend: unsupported type of token_embd or output");
-  const ExpertWeights e0 = weights.Expert(0, 0);
-  m.gate_bytes = MatrixBytes(e0.gate);
-  m.up_bytes = MatrixBytes(e0.up);
-  m.down_bytes = MatrixBytes(e0.down);
-  m.expert_bytes = m.gate_bytes + m.up_bytes + m.down_bytes;
-  m.slot_bytes = AlignUp(m.expert_bytes);
+  int64_t slot_end = 0;
+  for (int l = 0; l < c.n_layer; ++l) {
+    const ExpertWeights e = weights.Expert(l, 0);
+    ExpertLayout el;
+    el.gate_type = e.gate.type;
+    el.down_type = e.down.type;
+    el.gate_bytes = MatrixBytes(e.gate);
+    el.up_bytes = MatrixBytes(e.up);
+    el.down_bytes = MatrixBytes(e.down);
+    el.up_offset = AlignUp(el.gate_bytes);
+    el.down_offset = el.up_offset + AlignUp(el.up_bytes);
+    slot_end = std::max(slot_end, el.down_offset + el.down_bytes);
+    m.expert_layout.push_back(el);
+  }
+  m.slot_bytes = AlignUp(slot_end);
   m.total_experts = int64_t(c.n_layer) * c.n_expert;
 
   // Dense weights: sizes, then upload through a staging buffer and the repack kernel.
@@ -559,43 +602,58 @@ int32_t CudaEngine::Impl::TakeVictim() {
   return -1;
 }
 
-void CudaEngine::Impl::FlushRepack(std::vector<cuda::RepackJob>* jobs, int* staged) {
-  cuda::LaunchRepack(DevTypeOf(expert_type), jobs->data(), static_cast<int>(jobs->size()), stream);
+void CudaEngine::Impl::FlushRepack(std::vector<PendingRepack>* jobs, int* staged) {
+  // One launch per type present, in order of first appearance (at most 3 * staging_experts <=
+  // kMaxRepackJobs jobs in all).
+  cuda::RepackJob batch[cuda::kMaxRepackJobs];
+  for (size_t i = 0; i < jobs->size(); ++i) {
+    const GgmlType type = (*jobs)[i].type;
+    bool seen_before = false;
+    for (size_t k = 0; k < i && !seen_before; ++k) seen_before = (*jobs)[k].type == type;
+    if (seen_before) continue;
+    int n = 0;
+    for (const PendingRepack& p : *jobs)
+      if (p.type == type) batch[n++] = p.job;
+    cuda::LaunchRepack(DevTypeOf(type), batch, n, stream);
+  }
   jobs->clear();
   *staged = 0;
 }
 
 void CudaEngine::Impl::UploadExpert(int layer, int expert, const ExpertWeights& ew, int32_t slot,
-                                    std::vector<cuda::RepackJob>* jobs, int* staged) {
+                                    std::vector<PendingRepack>* jobs, int* staged) {
+  const ExpertLayout& el = expert_layout[layer];
   uint8_t* dst = arena + int64_t(slot) * slot_bytes;
   const MatrixView* parts[3] = {&ew.gate, &ew.up, &ew.down};
-  const int64_t offsets[3] = {0, gate_bytes, gate_bytes + up_bytes};
-  const int64_t sizes[3] = {gate_bytes, up_bytes, down_bytes};
-  if (expert_type == GgmlType::kQ8_0) {
-    // Raw blocks into a staging buffer, then the repack kernel splits them into the slot.
-    if (*staged == o.staging_experts) FlushRepack(jobs, staged);
-    uint8_t* stage = staging + int64_t(*staged) * slot_bytes;
-    for (int i = 0; i < 3; ++i) {
-      CUDA_CHECK(cudaMemcpyAsync(stage + offsets[i], parts[i]->data, sizes[i], cudaMemcpyHostToDevice, stream));
-      jobs->push_back({stage + offsets[i], dst + offsets[i], sizes[i], parts[i]->cols});
-    }
-    ++*staged;
-  } else {
-    for (int i = 0; i < 3; ++i)
+  const int64_t offsets[3] = {0, el.up_offset, el.down_offset};
+  const int64_t sizes[3] = {el.gate_bytes, el.up_bytes, el.down_bytes};
+  const GgmlType types[3] = {el.gate_type, el.gate_type, el.down_type};
+  // Matrices in another device layout go as raw blocks into a staging slot, from which the repack
+  // kernel writes them into the arena slot; the others are copied in place.
+  const bool stage = NeedsRepack(el.gate_type) || NeedsRepack(el.down_type);
+  if (stage && *staged == o.staging_experts) FlushRepack(jobs, staged);
+  uint8_t* stage_base = staging + int64_t(*staged) * slot_bytes;
+  for (int i = 0; i < 3; ++i) {
+    if (NeedsRepack(types[i])) {
+      CUDA_CHECK(cudaMemcpyAsync(stage_base + offsets[i], parts[i]->data, sizes[i], cudaMemcpyHostToDevice, stream));
+      jobs->push_back({types[i], {stage_base + offsets[i], dst + offsets[i], sizes[i], parts[i]->cols}});
+    } else {
       CUDA_CHECK(cudaMemcpyAsync(dst + offsets[i], parts[i]->data, sizes[i], cudaMemcpyHostToDevice, stream));
+    }
   }
+  if (stage) ++*staged;
   const int32_t key = layer * c.n_expert + expert;
   owner[slot] = key;
   host_slot_table[key] = slot;
   ++resident;
-  stats.expert_upload_bytes += expert_bytes;
+  stats.expert_upload_bytes += el.bytes();
 }
 
 absl::StatusOr<int64_t> CudaEngine::Preload() {
   Impl& m = *impl_;
   const ModelConfig& c = config_;
   int64_t loaded = 0;
-  std::vector<cuda::RepackJob> jobs;
+  std::vector<PendingRepack> jobs;
   std::vector<int32_t> ids;
   std::vector<ExpertWeights> views(c.n_expert);
   for (int l = 0; l < c.n_layer && m.resident < m.n_slots; ++l) {
@@ -660,14 +718,15 @@ absl::Status CudaEngine::Impl::Validate(absl::Span<const BatchToken> batch) {
 
 void CudaEngine::Impl::EnqueueExperts(int layer, int n, const DevAct& x_act, int u_begin, int u_count) {
   const ModelConfig& cc = c;
+  const ExpertLayout& el = expert_layout[layer];
   cuda::ExpertArgs a{};
-  a.type = DevTypeOf(expert_type);
-  a.down_type = DevTypeOf(expert_type);
+  a.type = DevTypeOf(el.gate_type);
+  a.down_type = DevTypeOf(el.down_type);
   a.arena = arena;
   a.slot_bytes = slot_bytes;
   a.slot_table = slot_table + int64_t(layer) * cc.n_expert;
-  a.up_offset = gate_bytes;
-  a.down_offset = gate_bytes + up_bytes;
+  a.up_offset = el.up_offset;
+  a.down_offset = el.down_offset;
   a.n_embd = cc.n_embd;
   a.n_ff = cc.n_ff_exp;
   a.k = cc.n_expert_used;
@@ -679,7 +738,7 @@ void CudaEngine::Impl::EnqueueExperts(int layer, int n, const DevAct& x_act, int
   a.u_count = u_count;
   const int n_pairs = n * cc.n_expert_used;
   cuda::LaunchExpertGateUp(a, x_act, h, n, stream);
-  const DevAct h_act = ActB(ActType(expert_type), cc.n_ff_exp);
+  const DevAct h_act = ActB(ActType(el.down_type), cc.n_ff_exp);
   cuda::LaunchQuantize(h, cc.n_ff_exp, n_pairs, cc.n_ff_exp, h_act, stream);
   cuda::LaunchExpertDown(a, h_act, expert_out, n, stream);
 }
@@ -717,7 +776,7 @@ absl::Status CudaEngine::Impl::ServeLayerExperts(int layer, int n, const DevAct&
     }
     pending_release.push_back(layer);
   }
-  std::vector<cuda::RepackJob> jobs;
+  std::vector<PendingRepack> jobs;
   for (int u0 = 0; u0 < n_used; u0 += n_slots) {
     const int count = std::min(n_slots, n_used - u0);
     if (u0 > 0) Sync();  // the previous pass read the slots this one may evict, and the host table
@@ -751,6 +810,21 @@ absl::Status CudaEngine::Impl::ServeLayerExperts(int layer, int n, const DevAct&
   return absl::OkStatus();
 }
 
+// RMSNorm of residual rows (rows[i], or i) into f32 y (may be nullptr) and the activations act.
+// Q8_K quantizes whole 256-element blocks (kquant_quantize.cuh), which the norm's per-element
+// store cannot: for it the norm writes f32 rows (into y, else into xn, which only the MoE
+// block's norm uses) and a conversion follows.
+void CudaEngine::Impl::RmsNormAct(const int32_t* rows, int n_rows, const float* w, float* y, const DevAct& act) {
+  const int64_t E = c.n_embd;
+  if (act.type != cuda::kDevQ8_K) {
+    cuda::LaunchRmsNorm(x, E, rows, n_rows, w, c.rms_norm_eps, E, y, E, act, stream);
+    return;
+  }
+  float* f = y != nullptr ? y : xn;
+  cuda::LaunchRmsNorm(x, E, rows, n_rows, w, c.rms_norm_eps, E, f, E, DevAct{}, stream);
+  cuda::LaunchQuantize(f, E, n_rows, E, act, stream);
+}
+
 absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
   const DevLayer& L = layers[layer];
   const int64_t E = c.n_embd, QD = c.q_dim(), KD = c.kv_dim();
@@ -760,9 +834,9 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
 
   // Attention block.
   const DevAct xa = ActA(ActType(L.wq_type), E);
-  cuda::LaunchRmsNorm(x, E, nullptr, n, L.attn_norm, c.rms_norm_eps, E, nullptr, 0, xa, stream);
+  RmsNormAct(nullptr, n, L.attn_norm, nullptr, xa);
   const cuda::MatvecOutput qkv[3] = {{L.wq, q, QD, nullptr}, {L.wk, k, KD, nullptr}, {L.wv, v, KD, nullptr}};
-  cuda::LaunchMatvec(qkv, 3, xa, n, stream);
+  LaunchMatvecRuns(qkv, 3, xa, n, stream);
   cuda::QkNormRopeArgs r{};
   r.q = q; r.k = k; r.v = v; r.q_norm = L.q_norm; r.k_norm = L.k_norm;
   r.rope_cos = reinterpret_cast<const float*>(step_input + in.rope_cos);
@@ -783,8 +857,8 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
   cuda::LaunchMatvec(&wo, 1, aa, n, stream);
 
   // MoE block: norm, router, top-k and grouping on the GPU.
-  const DevAct ea = ActA(ActType(expert_type), E);
-  cuda::LaunchRmsNorm(x, E, nullptr, n, L.ffn_norm, c.rms_norm_eps, E, xn, E, ea, stream);
+  const DevAct ea = ActA(ActType(expert_layout[layer].gate_type), E);
+  RmsNormAct(nullptr, n, L.ffn_norm, xn, ea);
   DevAct ra{cuda::kDevF32, E, reinterpret_cast<uint8_t*>(xn), nullptr};
   if (L.router_type != GgmlType::kF32) {
     ra = ActB(ActType(L.router_type), E);
@@ -817,8 +891,7 @@ void CudaEngine::Impl::EnqueueStep(int n, int n_out, bool host_path, absl::Statu
   }
   if (n_out == 0) return;
   const DevAct oa = ActA(ActType(output_type), E);
-  cuda::LaunchRmsNorm(x, E, reinterpret_cast<const int32_t*>(step_input + in.out_rows), n_out, output_norm,
-                      c.rms_norm_eps, E, nullptr, 0, oa, stream);
+  RmsNormAct(reinterpret_cast<const int32_t*>(step_input + in.out_rows), n_out, output_norm, nullptr, oa);
   const cuda::MatvecOutput lm{output, logits, c.n_vocab, nullptr};
   cuda::LaunchMatvec(&lm, 1, oa, n_out, stream);
 }
