@@ -1,5 +1,7 @@
 // The cuda backend against the CPU reference engine (which matches llama.cpp): on a fixed corpus
-// of 8 prompts x 64 greedy tokens, for the tiny and small synthetic presets in F32, F16 and Q8_0,
+// of 8 prompts x 64 greedy tokens, for the tiny and small synthetic presets in F32, F16, Q8_0 and
+// Q4_K (the Q4_K_M mix of `mer synth --quant q4_k`: Q4_K, Q6_K for half the layers' attn_v and
+// ffn_down and for the output, Q8_0 where a row is not a multiple of 256, e.g. tiny's ffn_down),
 // the greedy ids are equal, and with the reference's tokens forced (Score) every step's logits
 // are within 1e-3 relative L2 -- with the expert arena holding all experts and 10% of them.
 // Also: mixed batches equal solo runs, and 10,000 decode steps grow neither VRAM nor RSS.
@@ -185,7 +187,8 @@ INSTANTIATE_TEST_SUITE_P(
     Corpus, CudaVsCpu,
     ::testing::Values(Case{"tiny", SynthQuant::kF32, "tiny_f32"}, Case{"tiny", SynthQuant::kF16, "tiny_f16"},
                       Case{"tiny", SynthQuant::kQ8_0, "tiny_q8_0"}, Case{"small", SynthQuant::kF32, "small_f32"},
-                      Case{"small", SynthQuant::kF16, "small_f16"}, Case{"small", SynthQuant::kQ8_0, "small_q8_0"}),
+                      Case{"small", SynthQuant::kF16, "small_f16"}, Case{"small", SynthQuant::kQ8_0, "small_q8_0"},
+                      Case{"tiny", SynthQuant::kQ4_K, "tiny_q4_k"}, Case{"small", SynthQuant::kQ4_K, "small_q4_k"}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
 // Two sequences interleaved in one batch (and a chunked prompt) give the logits of each run alone.

@@ -1,8 +1,10 @@
 // Every kernel of the cuda backend against a plain CPU reference (the CPU engine's own row
 // kernels and ops, services/compute/cpu/cpu_ops.h and common/quant/), swept over types and sizes,
 // each with its error bound: activation conversion and matrix products bit-exact (they keep the
-// CPU kernels' lane order); norms, RoPE, attention and routing against double-precision
-// references within relative L2 1e-6..1e-5; embedding rows exact. Fresh random inputs per case; outputs poisoned with NaN before each launch.
+// CPU kernels' lane order), the K-quant ones (Q4_K, Q6_K weights, Q8_K activations) for dense
+// mat-vec and the grouped experts too; norms, RoPE, attention and routing against
+// double-precision references within relative L2 1e-6..1e-5; embedding rows exact. Fresh random
+// inputs per case; outputs poisoned with NaN before each launch.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -10,14 +12,19 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <sstream>
+#include <string>
 #include <vector>
 
+#include "common/quant/q8_k.h"
 #include "common/quant/quant.h"
 #include "services/compute/cpu/cpu_ops.h"
 #include "services/compute/cuda/attention.cuh"
 #include "services/compute/cuda/cuda_check.cuh"
 #include "services/compute/cuda/embed.cuh"
+#include "services/compute/cuda/kquant_layout.cuh"
 #include "services/compute/cuda/matvec.cuh"
+#include "services/compute/cuda/moe_experts.cuh"
 #include "services/compute/cuda/moe_group.cuh"
 #include "services/compute/cuda/qk_norm_rope.cuh"
 #include "services/compute/cuda/quantize.cuh"
@@ -217,8 +224,9 @@ TEST(CudaKernels, RmsNormAddsMoeOutputExactly) {
 }
 
 TEST(CudaKernels, EmbedRowsExact) {
-  for (GgmlType type : kTypes) {
-    const int64_t cols = 256, rows = 50;
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_K,
+                        GgmlType::kQ6_K}) {
+    const int64_t cols = 768, rows = 50;
     const int64_t rb = RowBytes(type, cols);
     const std::vector<float> tf = Random(rows * cols);
     std::vector<uint8_t> table(rows * rb);
@@ -447,6 +455,266 @@ TEST(CudaKernels, QkNormRopeAndAttentionMatchCpu) {
     for (void* p : {(void*)dq, (void*)dk, (void*)dv, (void*)dqn, (void*)dkn, (void*)drc, (void*)drs, (void*)dkc,
                     (void*)dvc, (void*)dseq, (void*)dpos, (void*)scores, (void*)out})
       CUDA_CHECK(cudaFree(p));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// K-quants: Q4_K and Q6_K weights with Q8_K activations (kquant_layout.cuh, kquant_dot.cuh).
+
+const GgmlType kKQuantTypes[] = {GgmlType::kQ4_K, GgmlType::kQ6_K};
+
+// "" when got equals want element for element; else how many differ, where the first one is
+// ([token][row], `rows` per token) and the two values.
+std::string Mismatch(const std::vector<float>& got, const std::vector<float>& want, int64_t rows) {
+  int64_t count = 0, first = -1;
+  for (size_t i = 0; i < want.size(); ++i)
+    if (!(got[i] == want[i])) {
+      if (first < 0) first = static_cast<int64_t>(i);
+      ++count;
+    }
+  if (count == 0) return "";
+  std::ostringstream m;
+  m.precision(9);
+  m << count << " of " << want.size() << " differ; first at token " << first / rows << " row " << first % rows
+    << ": got " << got[first] << ", CPU " << want[first];
+  return m.str();
+}
+
+// rows x cols weights of a K-quant type: quantized from Gaussian floats, or (raw) random bytes with
+// small f16 scales, which reach every 6-bit scale/min pattern and every int8 scale (-128 too).
+std::vector<uint8_t> KQuantWeights(GgmlType type, int64_t rows, int64_t cols, bool raw) {
+  const int64_t rb = RowBytes(type, cols);
+  std::vector<uint8_t> w(rows * rb);
+  if (!raw) {
+    const std::vector<float> f = Random(rows * cols, 0.05f);
+    for (int64_t r = 0; r < rows; ++r) QuantizeRow(type, &f[r * cols], &w[r * rb], cols);
+    return w;
+  }
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (uint8_t& b : w) b = static_cast<uint8_t>(byte(rng));
+  std::uniform_real_distribution<float> scale(-0.02f, 0.02f);
+  const int block = type == GgmlType::kQ4_K ? cuda::kQ4_KBlockBytes : cuda::kQ6_KBlockBytes;
+  for (size_t b = 0; b < w.size() / block; ++b) {
+    const f16_bits d = F32ToF16(scale(rng)), dmin = F32ToF16(scale(rng));
+    std::memcpy(&w[b * block + (type == GgmlType::kQ4_K ? 0 : 208)], &d, 2);
+    if (type == GgmlType::kQ4_K) std::memcpy(&w[b * block + 2], &dmin, 2);
+  }
+  return w;
+}
+
+// Q8_K conversion of rows of f32 (an all-zero block, ties of magnitude of either sign first
+// included) against QuantizeRowQ8_K: quants, bsums and d.
+TEST(CudaKernels, QuantizeQ8_KIsBitExact) {
+  for (int64_t cols : {256, 512, 768, 2048, 4096}) {
+    for (int n : {1, 3, 17}) {
+      std::vector<float> x = Random(n * cols, 3.0f);
+      std::fill(x.begin(), x.begin() + 256, 0.0f);  // row 0, block 0
+      if (n > 1) {
+        x[cols + 5] = 60.0f;  // row 1: a tie, the first wins
+        x[cols + 9] = -60.0f;
+      }
+      if (n > 2) {
+        x[2 * cols + 3] = -70.0f;
+        x[2 * cols + 8] = 70.0f;
+      }
+      float* dx = ToDevice(x);
+      DeviceAct a(GgmlType::kQ8_K, cols, n);
+      cuda::LaunchQuantize(dx, cols, n, cols, a.act, nullptr);
+      const int64_t rb = cuda::Q8_KRowBytes(cols), nb = cols / 256;
+      const std::vector<uint8_t> got = ToHost(a.act.data, n * rb);
+      const std::vector<float> got_d = ToHost(a.act.scales, n * nb);
+      for (int t = 0; t < n; ++t) {
+        std::vector<BlockQ8_K> want(nb);
+        QuantizeRowQ8_K(&x[t * cols], want.data(), cols);
+        for (int64_t b = 0; b < nb; ++b) {
+          for (int e = 0; e < 256; ++e)
+            ASSERT_EQ(want[b].qs[e], static_cast<int8_t>(got[t * rb + cuda::Q8_KQuantOffset(b * 256 + e)]))
+                << "q8_k cols " << cols << " row " << t << " block " << b << " element " << e;
+          int16_t bsums[16];
+          std::memcpy(bsums, &got[t * rb + cuda::Q8_KBsumsOffset(cols, b)], 32);
+          for (int j = 0; j < 16; ++j)
+            ASSERT_EQ(want[b].bsums[j], bsums[j]) << "q8_k cols " << cols << " row " << t << " block " << b << " bsum " << j;
+          ASSERT_EQ(want[b].d, got_d[t * nb + b]) << "q8_k cols " << cols << " row " << t << " block " << b << " d";
+        }
+      }
+      CUDA_CHECK(cudaFree(dx));
+    }
+  }
+}
+
+// Dense mat-vec of Q4_K and Q6_K rows: cols 256..4096, rows 1..1000, 1..17 tokens, with and
+// without a residual, three matrices of different heights in one launch (as Q, K, V), against
+// VecDotRows on the CPU-converted activations.
+TEST(CudaKernels, KQuantMatvecMatchesCpuRowDots) {
+  struct Size { int64_t rows, cols; };
+  for (GgmlType type : kKQuantTypes) {
+    for (Size sz : {Size{1, 256}, Size{7, 512}, Size{33, 768}, Size{256, 1024}, Size{100, 2048}, Size{1000, 4096},
+                    Size{1000, 256}, Size{3, 4096}}) {
+      for (int n : {1, 2, 9, 17}) {
+        const bool raw = (sz.rows + n) % 2 == 1;
+        const int64_t nb = sz.cols / 256;
+        // Matrix 0 alone, then in one launch: matrix 0 again with a residual, two shorter ones.
+        const int64_t heights[4] = {sz.rows, sz.rows, sz.rows / 2 + 1, 3};
+        const bool raws[4] = {raw, raw, !raw, raw};
+        std::vector<std::vector<uint8_t>> w(4);
+        w[0] = KQuantWeights(type, sz.rows, sz.cols, raw);
+        w[1] = w[0];
+        w[2] = KQuantWeights(type, heights[2], sz.cols, raws[2]);
+        w[3] = KQuantWeights(type, heights[3], sz.cols, raws[3]);
+        const std::vector<float> x = Random(n * sz.cols);
+        const std::vector<float> res = Random(n * sz.rows);
+        std::vector<std::vector<float>> want(4);
+        std::vector<BlockQ8_K> act(nb);
+        for (int i = 0; i < 4; ++i) want[i].resize(n * heights[i]);
+        for (int t = 0; t < n; ++t) {
+          QuantizeRowQ8_K(&x[t * sz.cols], act.data(), sz.cols);
+          for (int i = 0; i < 4; ++i) VecDotRows(type, w[i].data(), heights[i], act.data(), sz.cols, &want[i][t * heights[i]]);
+          for (int64_t r = 0; r < sz.rows; ++r) want[1][t * sz.rows + r] = res[t * sz.rows + r] + want[1][t * sz.rows + r];
+        }
+        float* dx = ToDevice(x);
+        DeviceAct a(GgmlType::kQ8_K, sz.cols, n);
+        cuda::LaunchQuantize(dx, sz.cols, n, sz.cols, a.act, nullptr);
+        uint8_t* raw_w[4];
+        uint8_t* dw[4];
+        float* out[4];
+        cuda::MatvecOutput outs[4];
+        for (int i = 0; i < 4; ++i) {
+          raw_w[i] = ToDevice(w[i]);
+          dw[i] = DeviceNaN<uint8_t>(w[i].size());
+          const cuda::RepackJob job{raw_w[i], dw[i], int64_t(w[i].size()), sz.cols};
+          cuda::LaunchRepack(static_cast<int>(type), &job, 1, nullptr);
+          out[i] = i == 1 ? ToDevice(res) : DeviceNaN<float>(n * heights[i]);
+          outs[i] = {cuda::DevMatrix{static_cast<int>(type), heights[i], sz.cols, dw[i]}, out[i], heights[i],
+                     i == 1 ? out[1] : nullptr};
+        }
+        cuda::LaunchMatvec(outs, 1, a.act, n, nullptr);
+        cuda::LaunchMatvec(outs + 1, 3, a.act, n, nullptr);
+        const char* what[4] = {"alone", "first of three, with a residual", "second of three", "third of three"};
+        for (int i = 0; i < 4; ++i) {
+          EXPECT_EQ(Mismatch(ToHost(out[i], n * heights[i]), want[i], heights[i]), "")
+              << TypeName(type) << (raws[i] ? " random-byte" : " quantized") << " weights " << heights[i] << "x"
+              << sz.cols << ", " << n << " tokens (" << what[i] << ")";
+        }
+        for (int i = 0; i < 4; ++i)
+          for (void* p : {(void*)raw_w[i], (void*)dw[i], (void*)out[i]}) CUDA_CHECK(cudaFree(p));
+        CUDA_CHECK(cudaFree(dx));
+      }
+    }
+  }
+}
+
+// The grouped expert kernels with K-quant gate/up and a down of the same or another type (the
+// Q4_K_M mixes), experts at permuted arena slots laid out as CudaEngine does, against the CPU
+// engine's MoE: row dots, SwiGLU (cpu_ops.h), conversion of h, down row dots.
+TEST(CudaKernels, KQuantExpertsMatchCpu) {
+  struct Mix { GgmlType gate, down; };
+  const int64_t E = 768, F = 512;
+  const int NE = 6, K = 2;
+  auto align = [](int64_t b) { return (b + 255) / 256 * 256; };
+  for (Mix mix : {Mix{GgmlType::kQ4_K, GgmlType::kQ6_K}, Mix{GgmlType::kQ4_K, GgmlType::kQ4_K},
+                  Mix{GgmlType::kQ4_K, GgmlType::kQ8_0}, Mix{GgmlType::kQ6_K, GgmlType::kQ6_K}}) {
+    for (int n : {1, 5}) {
+      const int64_t gate_bytes = F * RowBytes(mix.gate, E), down_bytes = E * RowBytes(mix.down, F);
+      const int64_t up_offset = align(gate_bytes), down_offset = up_offset + align(gate_bytes);
+      const int64_t slot_bytes = align(down_offset + down_bytes);
+      std::vector<std::vector<uint8_t>> gate(NE), up(NE), down(NE);
+      for (int e = 0; e < NE; ++e) {
+        gate[e] = KQuantWeights(mix.gate, F, E, e % 2 == 1);
+        up[e] = KQuantWeights(mix.gate, F, E, e % 3 == 1);
+        if (mix.down == GgmlType::kQ8_0) {
+          const std::vector<float> f = Random(E * F, 0.05f);
+          down[e].resize(down_bytes);
+          for (int64_t r = 0; r < E; ++r) QuantizeRow(mix.down, &f[r * F], &down[e][r * RowBytes(mix.down, F)], F);
+        } else {
+          down[e] = KQuantWeights(mix.down, E, F, e % 2 == 0);
+        }
+      }
+      // Expert e in slot NE - 1 - e, each matrix repacked in place as CudaEngine::UploadExpert does.
+      uint8_t* arena = DeviceNaN<uint8_t>(NE * slot_bytes);
+      std::vector<void*> sources;
+      for (int e = 0; e < NE; ++e) {
+        uint8_t* slot = arena + (NE - 1 - e) * slot_bytes;
+        const std::vector<uint8_t>* parts[3] = {&gate[e], &up[e], &down[e]};
+        const int64_t offsets[3] = {0, up_offset, down_offset}, cols[3] = {E, E, F};
+        const GgmlType types[3] = {mix.gate, mix.gate, mix.down};
+        for (int i = 0; i < 3; ++i) {
+          uint8_t* src = ToDevice(*parts[i]);
+          sources.push_back(src);
+          const cuda::RepackJob job{src, slot + offsets[i], int64_t(parts[i]->size()), cols[i]};
+          cuda::LaunchRepack(static_cast<int>(types[i]), &job, 1, nullptr);
+        }
+      }
+      std::vector<int32_t> slots(NE);
+      for (int e = 0; e < NE; ++e) slots[e] = NE - 1 - e;
+      // Top-2 of each token: distinct experts, several tokens per expert.
+      std::vector<int32_t> chosen(n * K);
+      for (int t = 0; t < n; ++t) {
+        chosen[t * K] = (3 * t) % NE;
+        chosen[t * K + 1] = (3 * t + 1 + t % 2) % NE;
+      }
+      const int n_pairs = n * K;
+      int32_t* d_slots = ToDevice(slots);
+      int32_t* d_chosen = ToDevice(chosen);
+      int32_t* buf = DeviceNaN<int32_t>(2 + NE + NE + 1 + n_pairs);
+      unsigned long long* lookups = nullptr;
+      CUDA_CHECK(cudaMalloc(&lookups, 8));
+      CUDA_CHECK(cudaMemset(lookups, 0, 8));
+      const cuda::MoeGroups groups{buf, buf + 1, buf + 2, buf + 2 + NE, buf + 2 + NE + NE + 1, lookups};
+      cuda::LaunchMoeGroup(d_chosen, n_pairs, NE, d_slots, groups, nullptr);
+
+      // CPU reference (CpuEngine::MoE for one layer).
+      const std::vector<float> x = Random(n * E);
+      const GgmlType down_act = ActivationTypeFor(mix.down);
+      std::vector<float> h_want(n_pairs * F), out_want(n_pairs * E);
+      std::vector<BlockQ8_K> xa(E / 256);
+      std::vector<uint8_t> ha(RowBytes(down_act, F));
+      for (int p = 0; p < n_pairs; ++p) {
+        const int e = chosen[p];
+        QuantizeRowQ8_K(&x[(p / K) * E], xa.data(), E);
+        std::vector<float> g(F), u(F);
+        VecDotRows(mix.gate, gate[e].data(), F, xa.data(), E, g.data());
+        VecDotRows(mix.gate, up[e].data(), F, xa.data(), E, u.data());
+        cpu::SwiGlu(g.data(), u.data(), static_cast<int64_t>(g.size()));
+        std::copy(g.begin(), g.end(), &h_want[p * F]);
+        QuantizeRow(down_act, g.data(), ha.data(), F);
+        VecDotRows(mix.down, down[e].data(), E, ha.data(), F, &out_want[p * E]);
+      }
+
+      float* dx = ToDevice(x);
+      DeviceAct x_act(GgmlType::kQ8_K, E, n);
+      cuda::LaunchQuantize(dx, E, n, E, x_act.act, nullptr);
+      float* h = DeviceNaN<float>(n_pairs * F);
+      float* out = DeviceNaN<float>(n_pairs * E);
+      DeviceAct h_act(down_act, F, n_pairs);
+      cuda::ExpertArgs a{};
+      a.type = static_cast<int>(mix.gate);
+      a.down_type = static_cast<int>(mix.down);
+      a.arena = arena;
+      a.slot_bytes = slot_bytes;
+      a.slot_table = d_slots;
+      a.up_offset = up_offset;
+      a.down_offset = down_offset;
+      a.n_embd = E;
+      a.n_ff = F;
+      a.k = K;
+      a.n_used = groups.n_used;
+      a.used = groups.used;
+      a.begin = groups.begin;
+      a.pairs = groups.pairs;
+      a.u_begin = 0;
+      a.u_count = std::min(NE, n_pairs);
+      cuda::LaunchExpertGateUp(a, x_act.act, h, n, nullptr);
+      cuda::LaunchQuantize(h, F, n_pairs, F, h_act.act, nullptr);
+      cuda::LaunchExpertDown(a, h_act.act, out, n, nullptr);
+      const std::string name = std::string(TypeName(mix.gate)) + " gate/up, " + std::string(TypeName(mix.down)) +
+                               " down, " + std::to_string(n) + " tokens";
+      EXPECT_EQ(Mismatch(ToHost(h, n_pairs * F), h_want, F), "") << name << ": SwiGLU output h (token = pair)";
+      EXPECT_EQ(Mismatch(ToHost(out, n_pairs * E), out_want, E), "") << name << ": down output (token = pair)";
+      for (void* p : sources) CUDA_CHECK(cudaFree(p));
+      for (void* p : {(void*)arena, (void*)d_slots, (void*)d_chosen, (void*)buf, (void*)lookups, (void*)dx, (void*)h,
+                      (void*)out})
+        CUDA_CHECK(cudaFree(p));
+    }
   }
 }
 

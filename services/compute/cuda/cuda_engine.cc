@@ -39,7 +39,13 @@ constexpr int64_t kAlign = 256;
 int64_t AlignUp(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 bool SupportedType(GgmlType t) {
-  return t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16 || t == GgmlType::kQ8_0;
+  return t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16 || t == GgmlType::kQ8_0 ||
+         t == GgmlType::kQ4_K || t == GgmlType::kQ6_K;
+}
+
+// Types whose device layout differs from the file's (repack.cuh): uploaded through staging.
+bool NeedsRepack(GgmlType t) {
+  return t == GgmlType::kQ8_0 || t == GgmlType::kQ4_K || t == GgmlType::kQ6_K;
 }
 
 int DevTypeOf(GgmlType t) { return static_cast<int>(t); }  // DevType mirrors GgmlType's numbers
@@ -87,6 +93,34 @@ class DevicePool {
   int64_t used_ = 0;
 };
 
+// One layer's experts: types and bytes of gate, up and down (Q4_K_M files give half the layers'
+// down another type), and where they lie in a slot (256-byte aligned for the kernels' loads).
+struct ExpertLayout {
+  GgmlType gate_type = GgmlType::kF32;  // gate and up (equal, checked at Create)
+  GgmlType down_type = GgmlType::kF32;
+  int64_t gate_bytes = 0, up_bytes = 0, down_bytes = 0;
+  int64_t up_offset = 0, down_offset = 0;  // from the slot start
+  int64_t bytes() const { return gate_bytes + up_bytes + down_bytes; }
+};
+
+// An expert matrix staged for the repack kernel, which takes one type per launch.
+struct PendingRepack {
+  GgmlType type;
+  cuda::RepackJob job;
+};
+
+// Matrices that read the same activations (Q, K, V), in one launch per run of equal types
+// (LaunchMatvec takes one type; Q4_K_M files give V another type than Q and K).
+void LaunchMatvecRuns(const cuda::MatvecOutput* outputs, int n, const DevAct& act, int n_tokens,
+                      cudaStream_t stream) {
+  for (int i = 0; i < n;) {
+    int j = i + 1;
+    while (j < n && outputs[j].w.type == outputs[i].w.type) ++j;
+    cuda::LaunchMatvec(outputs + i, j - i, act, n_tokens, stream);
+    i = j;
+  }
+}
+
 struct DevLayer {
   const float* attn_norm;  // f32 [n_embd]
   const float* q_norm;     // f32 [head_dim]
@@ -125,9 +159,8 @@ struct CudaEngine::Impl {
   const float* output_norm = nullptr;
   std::vector<DevLayer> layers;
 
-  // Experts: type and per-matrix bytes (equal for every layer, checked at Create).
-  GgmlType expert_type = GgmlType::kF32;
-  int64_t gate_bytes = 0, up_bytes = 0, down_bytes = 0, expert_bytes = 0;
+  // Experts: per layer, types and where gate, up and down lie in a slot.
+  std::vector<ExpertLayout> expert_layout;
 
   // KV cache, f32 [layer][sequence][position][kv_dim].
   float* k_cache = nullptr;
@@ -155,7 +188,7 @@ struct CudaEngine::Impl {
   unsigned long long* lookups_total = nullptr;
   unsigned int* router_blocks_done = nullptr;  // LaunchRouterTopK1's counter
   uint8_t* step_input = nullptr; // StepInputLayout
-  uint8_t* staging = nullptr;    // raw GGUF expert bytes [staging_experts, expert_bytes]
+  uint8_t* staging = nullptr;    // raw GGUF expert bytes [staging_experts, slot_bytes]
   uint8_t* prefetch_staging = nullptr;  // the same, for the look-ahead prefetch's copy stream
   int32_t* slot_table = nullptr; // int32 [n_layer, n_expert] -> slot or -1
   StepInputLayout in{};
@@ -247,8 +280,10 @@ struct CudaEngine::Impl {
   void EnqueueExperts(int layer, int n, const DevAct& x_act, int u_begin, int u_count);
   // Uploads through staging_base on stream s (the main stream and `staging`, or the prefetch's).
   void UploadExpert(int layer, int expert, const ExpertWeights& w, int32_t slot,
-                    std::vector<cuda::RepackJob>* jobs, int* staged, cudaStream_t s, uint8_t* staging_base);
-  void FlushRepack(std::vector<cuda::RepackJob>* jobs, int* staged, cudaStream_t s);
+                    std::vector<PendingRepack>* jobs, int* staged, cudaStream_t s, uint8_t* staging_base);
+  void FlushRepack(std::vector<PendingRepack>* jobs, int* staged, cudaStream_t s);
+  void RmsNormAct(const int32_t* rows, int n_rows, const cuda::MoeCombine& combine, const float* w, float* y,
+                  const DevAct& act);
   int32_t TakeVictim();
   void Touch(int32_t slot);
   // The MoE output of the layer before `layer` (none before layer 0), for the norm that adds it.
@@ -342,27 +377,36 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   CUDA_CHECK(cudaStreamCreateWithFlags(&m.copy_stream, cudaStreamNonBlocking));
   CUDA_CHECK(cudaEventCreateWithFlags(&m.prefetch_done, cudaEventDisableTiming));
 
-  // Types.
-  const LayerWeights& l0 = weights.layers[0];
-  m.expert_type = l0.gate_exps.type;
+  // Types. Per layer the types may differ (Q4_K_M); the kernels need gate and up of one type and
+  // Q, K and V of one activation type (each is converted once), as every GGUF mix has.
   for (const LayerWeights& L : weights.layers) {
     for (const MatrixView* mv : {&L.wq, &L.wk, &L.wv, &L.wo, &L.router, &L.gate_exps, &L.up_exps, &L.down_exps})
       if (!SupportedType(mv->type))
         return absl::UnimplementedError(absl::StrCat("cuda backend: tensor type ", TypeName(mv->type),
-                                                     " is not supported yet (F32, F16, BF16, Q8_0)"));
-    if (L.gate_exps.type != m.expert_type || L.up_exps.type != m.expert_type || L.down_exps.type != m.expert_type)
-      return absl::UnimplementedError("cuda backend: all expert matrices must share one type");
-    if (L.wq.type != L.wk.type || L.wq.type != L.wv.type)
-      return absl::UnimplementedError("cuda backend: Q, K and V must share one type");
+                                                     " is not supported yet (F32, F16, BF16, Q8_0, Q4_K, Q6_K)"));
+    if (L.up_exps.type != L.gate_exps.type)
+      return absl::UnimplementedError("cuda backend: the gate and up experts must share one type");
+    if (ActivationTypeFor(L.wk.type) != ActivationTypeFor(L.wq.type) ||
+        ActivationTypeFor(L.wv.type) != ActivationTypeFor(L.wq.type))
+      return absl::UnimplementedError("cuda backend: Q, K and V must share one activation type");
   }
   if (!SupportedType(weights.output.type) || !SupportedType(weights.token_embd.type))
     return absl::UnimplementedError("cuda backend: unsupported type of token_embd or output");
-  const ExpertWeights e0 = weights.Expert(0, 0);
-  m.gate_bytes = MatrixBytes(e0.gate);
-  m.up_bytes = MatrixBytes(e0.up);
-  m.down_bytes = MatrixBytes(e0.down);
-  m.expert_bytes = m.gate_bytes + m.up_bytes + m.down_bytes;
-  m.slot_bytes = AlignUp(m.expert_bytes);
+  int64_t slot_end = 0;
+  for (int l = 0; l < c.n_layer; ++l) {
+    const ExpertWeights e = weights.Expert(l, 0);
+    ExpertLayout el;
+    el.gate_type = e.gate.type;
+    el.down_type = e.down.type;
+    el.gate_bytes = MatrixBytes(e.gate);
+    el.up_bytes = MatrixBytes(e.up);
+    el.down_bytes = MatrixBytes(e.down);
+    el.up_offset = AlignUp(el.gate_bytes);
+    el.down_offset = el.up_offset + AlignUp(el.up_bytes);
+    slot_end = std::max(slot_end, el.down_offset + el.down_bytes);
+    m.expert_layout.push_back(el);
+  }
+  m.slot_bytes = AlignUp(slot_end);
   m.total_experts = int64_t(c.n_layer) * c.n_expert;
 
   // Dense weights: sizes, then upload through a staging buffer and the repack kernel.
@@ -652,44 +696,59 @@ int32_t CudaEngine::Impl::TakeVictim() {
   return -1;
 }
 
-void CudaEngine::Impl::FlushRepack(std::vector<cuda::RepackJob>* jobs, int* staged, cudaStream_t s) {
-  cuda::LaunchRepack(DevTypeOf(expert_type), jobs->data(), static_cast<int>(jobs->size()), s);
+void CudaEngine::Impl::FlushRepack(std::vector<PendingRepack>* jobs, int* staged, cudaStream_t s) {
+  // One launch per type present, in order of first appearance (at most 3 * staging_experts <=
+  // kMaxRepackJobs jobs in all).
+  cuda::RepackJob batch[cuda::kMaxRepackJobs];
+  for (size_t i = 0; i < jobs->size(); ++i) {
+    const GgmlType type = (*jobs)[i].type;
+    bool seen_before = false;
+    for (size_t k = 0; k < i && !seen_before; ++k) seen_before = (*jobs)[k].type == type;
+    if (seen_before) continue;
+    int n = 0;
+    for (const PendingRepack& p : *jobs)
+      if (p.type == type) batch[n++] = p.job;
+    cuda::LaunchRepack(DevTypeOf(type), batch, n, s);
+  }
   jobs->clear();
   *staged = 0;
 }
 
 void CudaEngine::Impl::UploadExpert(int layer, int expert, const ExpertWeights& ew, int32_t slot,
-                                    std::vector<cuda::RepackJob>* jobs, int* staged, cudaStream_t s,
+                                    std::vector<PendingRepack>* jobs, int* staged, cudaStream_t s,
                                     uint8_t* staging_base) {
+  const ExpertLayout& el = expert_layout[layer];
   uint8_t* dst = arena + int64_t(slot) * slot_bytes;
   const MatrixView* parts[3] = {&ew.gate, &ew.up, &ew.down};
-  const int64_t offsets[3] = {0, gate_bytes, gate_bytes + up_bytes};
-  const int64_t sizes[3] = {gate_bytes, up_bytes, down_bytes};
-  if (expert_type == GgmlType::kQ8_0) {
-    // Raw blocks into a staging buffer, then the repack kernel splits them into the slot.
-    if (*staged == o.staging_experts) FlushRepack(jobs, staged, s);
-    uint8_t* stage = staging_base + int64_t(*staged) * slot_bytes;
-    for (int i = 0; i < 3; ++i) {
-      CUDA_CHECK(cudaMemcpyAsync(stage + offsets[i], parts[i]->data, sizes[i], cudaMemcpyHostToDevice, s));
-      jobs->push_back({stage + offsets[i], dst + offsets[i], sizes[i], parts[i]->cols});
-    }
-    ++*staged;
-  } else {
-    for (int i = 0; i < 3; ++i)
+  const int64_t offsets[3] = {0, el.up_offset, el.down_offset};
+  const int64_t sizes[3] = {el.gate_bytes, el.up_bytes, el.down_bytes};
+  const GgmlType types[3] = {el.gate_type, el.gate_type, el.down_type};
+  // Matrices in another device layout go as raw blocks into a staging slot, from which the repack
+  // kernel writes them into the arena slot; the others are copied in place.
+  const bool stage = NeedsRepack(el.gate_type) || NeedsRepack(el.down_type);
+  if (stage && *staged == o.staging_experts) FlushRepack(jobs, staged, s);
+  uint8_t* stage_base = staging_base + int64_t(*staged) * slot_bytes;
+  for (int i = 0; i < 3; ++i) {
+    if (NeedsRepack(types[i])) {
+      CUDA_CHECK(cudaMemcpyAsync(stage_base + offsets[i], parts[i]->data, sizes[i], cudaMemcpyHostToDevice, s));
+      jobs->push_back({types[i], {stage_base + offsets[i], dst + offsets[i], sizes[i], parts[i]->cols}});
+    } else {
       CUDA_CHECK(cudaMemcpyAsync(dst + offsets[i], parts[i]->data, sizes[i], cudaMemcpyHostToDevice, s));
+    }
   }
+  if (stage) ++*staged;
   const int32_t key = layer * c.n_expert + expert;
   owner[slot] = key;
   host_slot_table[key] = slot;
   ++resident;
-  stats.expert_upload_bytes += expert_bytes;
+  stats.expert_upload_bytes += el.bytes();
 }
 
 absl::StatusOr<int64_t> CudaEngine::Preload() {
   Impl& m = *impl_;
   const ModelConfig& c = config_;
   int64_t loaded = 0;
-  std::vector<cuda::RepackJob> jobs;
+  std::vector<PendingRepack> jobs;
   std::vector<int32_t> ids;
   std::vector<ExpertWeights> views(c.n_expert);
   for (int l = 0; l < c.n_layer && m.resident < m.n_slots; ++l) {
@@ -754,13 +813,15 @@ absl::Status CudaEngine::Impl::Validate(absl::Span<const BatchToken> batch) {
 
 void CudaEngine::Impl::EnqueueExperts(int layer, int n, const DevAct& x_act, int u_begin, int u_count) {
   const ModelConfig& cc = c;
+  const ExpertLayout& el = expert_layout[layer];
   cuda::ExpertArgs a{};
-  a.type = DevTypeOf(expert_type);
+  a.type = DevTypeOf(el.gate_type);
+  a.down_type = DevTypeOf(el.down_type);
   a.arena = arena;
   a.slot_bytes = slot_bytes;
   a.slot_table = slot_table + int64_t(layer) * cc.n_expert;
-  a.up_offset = gate_bytes;
-  a.down_offset = gate_bytes + up_bytes;
+  a.up_offset = el.up_offset;
+  a.down_offset = el.down_offset;
   a.n_embd = cc.n_embd;
   a.n_ff = cc.n_ff_exp;
   a.k = cc.n_expert_used;
@@ -773,7 +834,7 @@ void CudaEngine::Impl::EnqueueExperts(int layer, int n, const DevAct& x_act, int
   const int n_pairs = n * cc.n_expert_used;
   cuda::LaunchExpertGateUp(a, x_act, h, n, stream);
   Mark("gate_up");
-  const DevAct h_act = ActB(ActType(expert_type), cc.n_ff_exp);
+  const DevAct h_act = ActB(ActType(el.down_type), cc.n_ff_exp);
   cuda::LaunchQuantize(h, cc.n_ff_exp, n_pairs, cc.n_ff_exp, h_act, stream);
   Mark("quantize h");
   cuda::LaunchExpertDown(a, h_act, expert_out, n, stream);
@@ -845,7 +906,7 @@ absl::Status CudaEngine::Impl::ServeLayerExperts(int layer, int n, const DevAct&
     pending_release.push_back(layer);
   }
   if (had_prefetch) prefetch_acquired = false;
-  std::vector<cuda::RepackJob> jobs;
+  std::vector<PendingRepack> jobs;
   for (int u0 = 0; u0 < n_used; u0 += n_slots) {
     const int count = std::min(n_slots, n_used - u0);
     if (u0 > 0) Sync();  // the previous pass read the slots this one may evict, and the host table
@@ -907,7 +968,7 @@ void CudaEngine::Impl::PrefetchLayer(int layer) {
   }
   pending_release.push_back(layer);
   prefetch_acquired = true;
-  std::vector<cuda::RepackJob> jobs;
+  std::vector<PendingRepack> jobs;
   int staged = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
     const int32_t s = TakeVictim();
@@ -924,6 +985,22 @@ void CudaEngine::Impl::PrefetchLayer(int layer) {
   prefetch_layer = layer;
 }
 
+// RMSNorm of residual rows (rows[i], or i) into f32 y (may be nullptr) and the activations act.
+// Q8_K quantizes whole 256-element blocks (kquant_quantize.cuh), which the norm's per-element
+// store cannot: for it the norm writes f32 rows (into y, else into xn, which only the MoE
+// block's norm uses) and a conversion follows.
+void CudaEngine::Impl::RmsNormAct(const int32_t* rows, int n_rows, const cuda::MoeCombine& combine, const float* w,
+                                  float* y, const DevAct& act) {
+  const int64_t E = c.n_embd;
+  if (act.type != cuda::kDevQ8_K) {
+    cuda::LaunchRmsNorm(x, E, rows, n_rows, combine, w, c.rms_norm_eps, E, y, E, act, stream);
+    return;
+  }
+  float* f = y != nullptr ? y : xn;
+  cuda::LaunchRmsNorm(x, E, rows, n_rows, combine, w, c.rms_norm_eps, E, f, E, DevAct{}, stream);
+  cuda::LaunchQuantize(f, E, n_rows, E, act, stream);
+}
+
 absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
   const DevLayer& L = layers[layer];
   const int64_t E = c.n_embd, QD = c.q_dim(), KD = c.kv_dim();
@@ -933,10 +1010,10 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
 
   // Attention block. Its norm first adds the previous layer's MoE output into x.
   const DevAct xa = ActA(ActType(L.wq_type), E);
-  cuda::LaunchRmsNorm(x, E, nullptr, n, PreviousMoe(layer), L.attn_norm, c.rms_norm_eps, E, nullptr, 0, xa, stream);
+  RmsNormAct(nullptr, n, PreviousMoe(layer), L.attn_norm, nullptr, xa);
   Mark("attn_norm + combine");
   const cuda::MatvecOutput qkv[3] = {{L.wq, q, QD, nullptr}, {L.wk, k, KD, nullptr}, {L.wv, v, KD, nullptr}};
-  cuda::LaunchMatvec(qkv, 3, xa, n, stream);
+  LaunchMatvecRuns(qkv, 3, xa, n, stream);
   Mark("qkv");
   cuda::QkNormRopeArgs r{};
   r.q = q; r.k = k; r.v = v; r.q_norm = L.q_norm; r.k_norm = L.k_norm;
@@ -953,7 +1030,7 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
   at.q = q; at.k_cache = k_cache + layer_kv; at.v_cache = v_cache + layer_kv; at.seq = d_seq; at.pos = d_pos;
   at.scores = scores; at.out = attn;
   at.n_head = c.n_head; at.n_head_kv = c.n_head_kv; at.head_dim = c.head_dim; at.max_ctx = o.max_context_tokens;
-  const bool attention_converts = cuda::AttentionConvertsOutput(c.head_dim);
+  const bool attention_converts = cuda::AttentionConvertsOutput(c.head_dim) && aa.type != cuda::kDevQ8_K;
   if (attention_converts) at.out_act = aa;
   cuda::LaunchAttention(at, n, stream);
   Mark("attention");
@@ -965,8 +1042,8 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
 
   // MoE block: norm, router, top-k and grouping on the GPU; its output is added into x by the
   // next norm (PreviousMoe).
-  const DevAct ea = ActA(ActType(expert_type), E);
-  cuda::LaunchRmsNorm(x, E, nullptr, n, cuda::MoeCombine{}, L.ffn_norm, c.rms_norm_eps, E, xn, E, ea, stream);
+  const DevAct ea = ActA(ActType(expert_layout[layer].gate_type), E);
+  RmsNormAct(nullptr, n, cuda::MoeCombine{}, L.ffn_norm, xn, ea);
   Mark("ffn_norm");
   const int32_t* layer_slots = slot_table + int64_t(layer) * c.n_expert;
   if (n == 1 && L.router_type == GgmlType::kF32 && cuda::RouterTopK1Supported(E, c.n_expert)) {
@@ -1028,8 +1105,8 @@ void CudaEngine::Impl::EnqueueStep(int n, int n_out, bool host_path, absl::Statu
   }
   if (n_out == 0) return;
   const DevAct oa = ActA(ActType(output_type), E);
-  cuda::LaunchRmsNorm(x, E, reinterpret_cast<const int32_t*>(step_input + in.out_rows), n_out,
-                      PreviousMoe(c.n_layer), output_norm, c.rms_norm_eps, E, nullptr, 0, oa, stream);
+  RmsNormAct(reinterpret_cast<const int32_t*>(step_input + in.out_rows), n_out, PreviousMoe(c.n_layer), output_norm,
+             nullptr, oa);
   const cuda::MatvecOutput lm{output, logits, c.n_vocab, nullptr};
   Mark("final_norm");
   cuda::LaunchMatvec(&lm, 1, oa, n_out, stream);

@@ -10,6 +10,8 @@
 // Activations (the input of a matrix product) are converted, like the CPU engine's, to the
 // weight's dot type (ActivationTypeFor): f32, f16, bf16, or Q8_0 laid out the same way with f32
 // scales holding the f16-rounded block scale.
+//
+// Q4_K and Q6_K weights and their Q8_K activations: kquant_layout.cuh.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,7 +21,7 @@
 namespace mer::cuda {
 
 // GgmlType values (common/tensor/ggml_type.h), repeated here so device code needs no host header.
-enum DevType : int { kDevF32 = 0, kDevF16 = 1, kDevQ8_0 = 8, kDevBF16 = 30 };
+enum DevType : int { kDevF32 = 0, kDevF16 = 1, kDevQ8_0 = 8, kDevQ4_K = 12, kDevQ6_K = 14, kDevQ8_K = 15, kDevBF16 = 30 };
 
 struct DevMatrix {
   int type = kDevF32;
@@ -28,15 +30,17 @@ struct DevMatrix {
   const uint8_t* data = nullptr;  // device layout above
 };
 
-// Rows of activations: row t at data + t * row_bytes; Q8_0 scales of row t at scales + t * (stride / 32).
+// Rows of activations: row t at data + t * row_bytes; Q8_0 scales of row t at scales + t * (stride / 32);
+// Q8_K (kquant_layout.cuh): quants then bsums in the row, d of row t at scales + t * (stride / 256).
 struct DevAct {
   int type = kDevF32;
   int64_t stride = 0;  // elements per row (>= cols)
   uint8_t* data = nullptr;
-  float* scales = nullptr;  // Q8_0 only
+  float* scales = nullptr;  // Q8_0 and Q8_K only
 };
 
 __host__ __device__ inline int64_t ActRowBytes(int type, int64_t stride) {
+  if (type == kDevQ8_K) return stride + stride / 8;  // quants, then int16 bsums per 16 (Q8_KRowBytes)
   return type == kDevF32 ? stride * 4 : (type == kDevQ8_0 ? stride : stride * 2);
 }
 

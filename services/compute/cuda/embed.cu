@@ -5,6 +5,7 @@
 #include "services/compute/cuda/cuda_check.cuh"
 #include "services/compute/cuda/pdl.cuh"
 #include "services/compute/cuda/act_store.cuh"
+#include "services/compute/cuda/kquant_dequant.cuh"
 
 namespace mer::cuda {
 namespace {
@@ -21,6 +22,8 @@ __global__ void EmbedKernel(int type, const uint8_t* table, int64_t row_bytes, c
       case kDevF32: v = reinterpret_cast<const float*>(row)[i]; break;
       case kDevF16: v = __half2float(reinterpret_cast<const __half*>(row)[i]); break;
       case kDevBF16: v = BF16BitsToF32(reinterpret_cast<const uint16_t*>(row)[i]); break;
+      case kDevQ4_K: v = DequantQ4_K(row, i); break;
+      case kDevQ6_K: v = DequantQ6_K(row, i); break;
       default: {  // Q8_0: block b = 2 bytes of f16 scale, then 32 int8
         const uint8_t* blk = row + (i / 32) * 34;
         const __half d = __ushort_as_half(static_cast<unsigned short>(blk[0] | (blk[1] << 8)));

@@ -1,6 +1,7 @@
 #include "services/compute/cuda/matvec.cuh"
 
 #include "services/compute/cuda/cuda_check.cuh"
+#include "services/compute/cuda/kquant_matvec.cuh"
 #include "services/compute/cuda/pdl.cuh"
 #include "services/compute/cuda/warp_dot.cuh"
 
@@ -123,6 +124,8 @@ void LaunchMatvec(const MatvecOutput* outputs, int n_outputs, const DevAct& act,
     case kDevF16: Launch<kDevF16>(args, total, stream); break;
     case kDevBF16: Launch<kDevBF16>(args, total, stream); break;
     case kDevQ8_0: Launch<kDevQ8_0>(args, total, stream); break;
+    case kDevQ4_K:
+    case kDevQ6_K: LaunchMatvecKQuant(outputs, n_outputs, act, n_tokens, stream); break;
     default: std::fprintf(stderr, "matvec: unsupported type %d\n", outputs[0].w.type); std::abort();
   }
 }

@@ -2,6 +2,7 @@
 
 #include "services/compute/cuda/cuda_check.cuh"
 #include "services/compute/cuda/ggml_math.cuh"
+#include "services/compute/cuda/kquant_experts.cuh"
 #include "services/compute/cuda/pdl.cuh"
 #include "services/compute/cuda/warp_dot.cuh"
 
@@ -134,18 +135,22 @@ void LaunchExpertGateUp(const ExpertArgs& a, const DevAct& x_act, float* h, int 
     case kDevF16: LaunchGateUpT<kDevF16>(a, x_act, h, max_group_pairs, stream); break;
     case kDevBF16: LaunchGateUpT<kDevBF16>(a, x_act, h, max_group_pairs, stream); break;
     case kDevQ8_0: LaunchGateUpT<kDevQ8_0>(a, x_act, h, max_group_pairs, stream); break;
+    case kDevQ4_K:
+    case kDevQ6_K: LaunchExpertGateUpKQuant(a, x_act, h, max_group_pairs, stream); break;
     default: std::fprintf(stderr, "experts: unsupported type %d\n", a.type); std::abort();
   }
 }
 
 void LaunchExpertDown(const ExpertArgs& a, const DevAct& h_act, float* out, int max_group_pairs,
                       cudaStream_t stream) {
-  switch (a.type) {
+  switch (a.down_type) {
     case kDevF32: LaunchDownT<kDevF32>(a, h_act, out, max_group_pairs, stream); break;
     case kDevF16: LaunchDownT<kDevF16>(a, h_act, out, max_group_pairs, stream); break;
     case kDevBF16: LaunchDownT<kDevBF16>(a, h_act, out, max_group_pairs, stream); break;
     case kDevQ8_0: LaunchDownT<kDevQ8_0>(a, h_act, out, max_group_pairs, stream); break;
-    default: std::fprintf(stderr, "experts: unsupported type %d\n", a.type); std::abort();
+    case kDevQ4_K:
+    case kDevQ6_K: LaunchExpertDownKQuant(a, h_act, out, max_group_pairs, stream); break;
+    default: std::fprintf(stderr, "experts: unsupported down type %d\n", a.down_type); std::abort();
   }
 }
 

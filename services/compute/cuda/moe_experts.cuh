@@ -1,6 +1,7 @@
 // The experts of one layer, all selected ones in one launch each, reading weights through the
 // device-side slot table: expert e of the layer lives at arena + slot_table[e] * slot_bytes as
-// gate | up | down (device layout, device_layout.cuh), each [rows, cols] of the layer's type.
+// gate | up | down (device layout, device_layout.cuh), each [rows, cols]; gate and up of one type,
+// down of its own (Q4_K_M files mix them). Q4_K and Q6_K matrices: kquant_experts.cuh.
 //
 // GateUp: h[p, :] = silu(gate . x[t]) * (up . x[t]) for every pair p = t * k + j routed to a used
 //   expert (moe_group.cuh), act: token rows of the gate's dot type; h: f32 [n_pairs, n_ff].
@@ -20,7 +21,8 @@
 namespace mer::cuda {
 
 struct ExpertArgs {
-  int type;                    // weight type of gate, up and down
+  int type;                    // weight type of gate and up
+  int down_type;               // weight type of down
   const uint8_t* arena;
   int64_t slot_bytes;
   const int32_t* slot_table;   // this layer's [n_expert] -> slot or -1

@@ -2,6 +2,7 @@
 
 #include "services/compute/cuda/act_store.cuh"
 #include "services/compute/cuda/cuda_check.cuh"
+#include "services/compute/cuda/kquant_quantize.cuh"
 #include "services/compute/cuda/pdl.cuh"
 
 namespace mer::cuda {
@@ -25,6 +26,7 @@ __global__ void __launch_bounds__(kThreads) QuantizeKernel(const float* x, int64
 void LaunchQuantize(const float* x, int64_t x_stride, int n_rows, int64_t n, const DevAct& act,
                     cudaStream_t stream) {
   if (n_rows == 0) return;
+  if (act.type == kDevQ8_K) return LaunchQuantizeQ8_K(x, x_stride, n_rows, n, act, stream);
   LaunchPdl(QuantizeKernel, dim3((n + kThreads - 1) / kThreads, n_rows), dim3(kThreads), 0, stream, x, x_stride, n,
             act);
 }

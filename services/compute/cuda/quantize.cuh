@@ -1,5 +1,5 @@
 // act[i, :] = f32 rows x[i, :] converted to the activation type (device_layout.cuh), n_rows rows
-// of n elements; n a multiple of 32.
+// of n elements; n a multiple of 32 (256 for Q8_K, kquant_quantize.cuh).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -2,6 +2,7 @@
 
 #include "services/compute/cuda/cuda_check.cuh"
 #include "services/compute/cuda/device_layout.cuh"
+#include "services/compute/cuda/kquant_repack.cuh"
 
 namespace mer::cuda {
 namespace {
@@ -42,6 +43,7 @@ __global__ void CopyKernel(const __grid_constant__ RepackArgs args) {
 
 void LaunchRepack(int type, const RepackJob* jobs, int n_jobs, cudaStream_t stream) {
   if (n_jobs == 0) return;
+  if (type == kDevQ4_K || type == kDevQ6_K) return LaunchRepackKQuant(type, jobs, n_jobs, stream);
   RepackArgs args{};
   for (int i = 0; i < n_jobs; ++i) args.jobs[i] = jobs[i];
   const dim3 grid(64, n_jobs);

@@ -1,0 +1,152 @@
+// The inner loop of the K-quant matrix products (dense mat-vec and grouped experts), bit-exact
+// with the CPU engine's VecDotRowsQ4_K / VecDotRowsQ6_K (common/quant/q4_k.cc, q6_k.cc, the
+// AVX2 kernels; the VNNI ones form the same integers and floats; the scalar ones, used only in
+// builds without AVX2, sum in another order):
+//
+//   8 lanes per row (kquant_layout.cuh). Per block, in order, lane i forms the CPU's int32 lane i
+//   exactly (Q4_KLaneSum / Q6_KLaneSum) and accumulates acc_i = fma(d_w * d_a, (float)isum, acc_i);
+//   Q4_K lanes 0..3 also acc_m_i = fma(dmin_w * d_a, (float)prod_m, acc_m_i). Then
+//   HorizontalSum: ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)); for Q4_K minus the 4-lane
+//   (m0+m2) + (m1+m3).
+//
+// Per lane and block: one 16-byte load of quants (plus 8 bytes of qh for Q6_K) and one 16-byte
+// header load shared by the group; per token 32 bytes of activation quants, d, and the bsums.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "services/compute/cuda/device_layout.cuh"
+#include "services/compute/cuda/kquant_layout.cuh"
+
+namespace mer::cuda {
+
+inline constexpr int kKQuantGroup = 8;  // lanes per row
+
+// Row r of a K-quant matrix: its base, block count and the row's first block.
+struct KQuantRowRef {
+  const uint8_t* m = nullptr;  // nullptr: no row (the lanes still join the shuffles)
+  int64_t n = 0;
+  int64_t b0 = 0;
+};
+__device__ inline KQuantRowRef KQuantRow(const DevMatrix& m, int64_t r) {
+  const int64_t nb = m.cols / kKBlock;
+  return {m.data, m.rows * nb, r * nb};
+}
+
+// Q8_K activation row t of act (kquant_layout.cuh).
+struct KQuantActRef {
+  const uint8_t* row = nullptr;  // nullptr: no token
+  const float* d = nullptr;
+};
+__device__ inline KQuantActRef KQuantAct(const DevAct& act, int64_t t) {
+  return {act.data + t * Q8_KRowBytes(act.stride), act.scales + t * (act.stride / kKBlock)};
+}
+
+// Sums over the 8 lanes (4 for the Q4_K min term) in the CPU's trees; valid in the group's
+// first lane. All 32 lanes of the warp must call them.
+__device__ inline float KQuantReduce8(float v) {
+  v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 4));
+  v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 2));
+  return __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 1));
+}
+__device__ inline float KQuantReduce4(float v) {
+  v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 2));
+  return __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 1));
+}
+
+// out[r][t] = dot(row r, activation row t) for rows of nb blocks, valid in the group's first
+// lane (threadIdx.x % 8 == 0). All lanes of the warp must call it with the same nb and the same
+// null pattern of acts. U: blocks loaded per lane before they are used (a tuning knob; the
+// results do not depend on it).
+template <int kType, int R, int NT, int U>
+__device__ inline void KQuantGroupDots(const KQuantRowRef (&rows)[R], int64_t nb, const KQuantActRef (&acts)[NT],
+                                       int64_t act_stride, float (&out)[R][NT]) {
+  static_assert(kType == kDevQ4_K || kType == kDevQ6_K);
+  constexpr bool kQ4 = kType == kDevQ4_K;
+  const int g = threadIdx.x % kKQuantGroup;
+  float acc[R][NT], acc_m[R][NT];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[r][t] = acc_m[r][t] = 0.0f;
+  for (int64_t b0 = 0; b0 < nb; b0 += U) {
+    uint4 wq[U][R];     // Q4_K: qs words; Q6_K: ql words
+    uint4 wh[U][R];     // Q4_K: header; Q6_K: scales
+    uint2 wqh[U][R];    // Q6_K: qh words
+    float wd[U][R], wdmin[U][R];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int64_t b = rows[r].b0 + b0 + u;
+        const bool ok = b0 + u < nb && rows[r].m != nullptr;
+        wq[u][r] = wh[u][r] = make_uint4(0, 0, 0, 0);
+        wqh[u][r] = make_uint2(0, 0);
+        wd[u][r] = wdmin[u][r] = 0.0f;
+        if (!ok) continue;
+        const uint8_t* m = rows[r].m;
+        if constexpr (kQ4) {
+          wq[u][r] = __ldcs(reinterpret_cast<const uint4*>(m + Q4_KQsOffset(b, g)));
+          wh[u][r] = *reinterpret_cast<const uint4*>(m + Q4_KHeaderOffset(rows[r].n, b));
+          wd[u][r] = __half2float(__ushort_as_half(static_cast<unsigned short>(wh[u][r].x & 0xffffu)));
+          wdmin[u][r] = __half2float(__ushort_as_half(static_cast<unsigned short>(wh[u][r].x >> 16)));
+        } else {
+          wq[u][r] = __ldcs(reinterpret_cast<const uint4*>(m + Q6_KQlOffset(b, g)));
+          wqh[u][r] = __ldcs(reinterpret_cast<const uint2*>(m + Q6_KQhOffset(rows[r].n, b, g)));
+          wh[u][r] = *reinterpret_cast<const uint4*>(m + Q6_KScalesOffset(rows[r].n, b));
+          wd[u][r] = __half2float(*reinterpret_cast<const __half*>(m + Q6_KDOffset(rows[r].n, b)));
+        }
+      }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t b = b0 + u;  // block within the row
+      if (b >= nb) break;
+      Q4_KScales s[R];
+      if constexpr (kQ4) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) s[r] = DecodeQ4_KScales(wh[u][r]);
+      }
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        if (acts[t].row == nullptr) continue;
+        const uint4* aq = reinterpret_cast<const uint4*>(acts[t].row + Q8_KLaneOffset(b, g));
+        const uint4 a0 = aq[0], a1 = aq[1];
+        const float ad = acts[t].d[b];
+        const uint8_t* bsums = acts[t].row + Q8_KBsumsOffset(act_stride, b);
+        if constexpr (kQ4) {
+          const uint2 bs = g < 4 ? *reinterpret_cast<const uint2*>(bsums + 8 * g) : make_uint2(0, 0);
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            if (rows[r].m == nullptr) continue;
+            acc[r][t] = fmaf(__fmul_rn(wd[u][r], ad), __int2float_rn(Q4_KLaneSum(wq[u][r], s[r], a0, a1)), acc[r][t]);
+            if (g < 4)
+              acc_m[r][t] = fmaf(__fmul_rn(wdmin[u][r], ad), __int2float_rn(Q4_KMinLaneSum(s[r], g, bs)), acc_m[r][t]);
+          }
+        } else {
+          const uint32_t bs = *reinterpret_cast<const uint32_t*>(bsums + 4 * g);
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            if (rows[r].m == nullptr) continue;
+            const int isum = Q6_KLaneSum(wq[u][r], wqh[u][r], wh[u][r], a0, a1, g, bs);
+            acc[r][t] = fmaf(__fmul_rn(wd[u][r], ad), __int2float_rn(isum), acc[r][t]);
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const float sum = KQuantReduce8(acc[r][t]);
+      if constexpr (kQ4) {
+        out[r][t] = __fsub_rn(sum, KQuantReduce4(acc_m[r][t]));
+      } else {
+        out[r][t] = sum;
+      }
+    }
+}
+
+}  // namespace mer::cuda

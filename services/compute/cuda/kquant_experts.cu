@@ -1,0 +1,140 @@
+#include "services/compute/cuda/kquant_experts.cuh"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "services/compute/cuda/cuda_check.cuh"
+#include "services/compute/cuda/ggml_math.cuh"
+#include "services/compute/cuda/kquant_dot.cuh"
+
+namespace mer::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kGroupsPerBlock = kWarps * (32 / kKQuantGroup);
+
+__device__ inline const uint8_t* SlotBase(const ExpertArgs& a, int u, int* n_pairs, const int32_t** pairs) {
+  const int e = a.used[u];
+  const int32_t slot = a.slot_table[e];
+  if (slot < 0) __trap();  // the host uploads every processed expert first
+  *pairs = a.pairs + a.begin[u];
+  *n_pairs = a.begin[u + 1] - a.begin[u];
+  return a.arena + int64_t(slot) * a.slot_bytes;
+}
+
+// Row r of gate and up per lane group (gate r, up r) over the group's pairs, NT at a time, then
+// SwiGLU into h.
+template <int kType, int NT>
+__global__ void __launch_bounds__(kWarps * 32) KQuantGateUpKernel(const __grid_constant__ ExpertArgs a, DevAct act,
+                                                                  float* h) {
+  const int u = a.u_begin + blockIdx.y;
+  if (u >= *a.n_used || blockIdx.y >= a.u_count) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t r = (int64_t(blockIdx.x) * kWarps + warp) * (32 / kKQuantGroup) + lane / kKQuantGroup;
+  int n_pairs;
+  const int32_t* pairs;
+  const uint8_t* base = SlotBase(a, u, &n_pairs, &pairs);
+  const DevMatrix gate{kType, a.n_ff, a.n_embd, base};
+  const DevMatrix up{kType, a.n_ff, a.n_embd, base + a.up_offset};
+  const bool active = r < a.n_ff;  // inactive groups still join the warp's shuffles
+  const KQuantRowRef rows[2] = {active ? KQuantRow(gate, r) : KQuantRowRef{}, active ? KQuantRow(up, r) : KQuantRowRef{}};
+  for (int g = 0; g < n_pairs; g += NT) {
+    KQuantActRef acts[NT];
+    int pair[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      pair[t] = g + t < n_pairs ? pairs[g + t] : -1;
+      acts[t] = pair[t] >= 0 ? KQuantAct(act, pair[t] / a.k) : KQuantActRef{};
+    }
+    float acc[2][NT];
+    KQuantGroupDots<kType, 2, NT, NT == 1 ? 4 : 2>(rows, a.n_embd / kKBlock, acts, act.stride, acc);
+    if (lane % kKQuantGroup != 0 || !active) continue;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      if (pair[t] < 0) continue;
+      // ggml_vec_swiglu_f32 (cpu_ops.h SwiGlu; n_ff is a multiple of 16, so no scalar tail).
+      const float x = acc[0][t];
+      h[int64_t(pair[t]) * a.n_ff + r] = __fmul_rn(__fdiv_rn(x, __fadd_rn(1.0f, GgmlExpf(0.0f - x))), acc[1][t]);
+    }
+  }
+}
+
+// Rows 2 * group, +1 of down per lane group over the group's pairs, NT at a time.
+template <int kType, int NT>
+__global__ void __launch_bounds__(kWarps * 32) KQuantDownKernel(const __grid_constant__ ExpertArgs a, DevAct act,
+                                                                float* out) {
+  constexpr int R = 2;
+  const int u = a.u_begin + blockIdx.y;
+  if (u >= *a.n_used || blockIdx.y >= a.u_count) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t r0 = ((int64_t(blockIdx.x) * kWarps + warp) * (32 / kKQuantGroup) + lane / kKQuantGroup) * R;
+  int n_pairs;
+  const int32_t* pairs;
+  const uint8_t* base = SlotBase(a, u, &n_pairs, &pairs);
+  const DevMatrix down{kType, a.n_embd, a.n_ff, base + a.down_offset};
+  KQuantRowRef rows[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) rows[r] = r0 + r < a.n_embd ? KQuantRow(down, r0 + r) : KQuantRowRef{};
+  for (int g = 0; g < n_pairs; g += NT) {
+    KQuantActRef acts[NT];
+    int pair[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      pair[t] = g + t < n_pairs ? pairs[g + t] : -1;
+      acts[t] = pair[t] >= 0 ? KQuantAct(act, pair[t]) : KQuantActRef{};
+    }
+    float acc[R][NT];
+    KQuantGroupDots<kType, R, NT, NT == 1 ? 4 : 2>(rows, a.n_ff / kKBlock, acts, act.stride, acc);
+    if (lane % kKQuantGroup != 0) continue;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+        if (pair[t] >= 0 && rows[r].m != nullptr) out[int64_t(pair[t]) * a.n_embd + r0 + r] = acc[r][t];
+  }
+}
+
+template <int kType>
+void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pairs, cudaStream_t s) {
+  const dim3 grid((a.n_ff + kGroupsPerBlock - 1) / kGroupsPerBlock, a.u_count);
+  if (max_pairs <= 1) KQuantGateUpKernel<kType, 1><<<grid, kWarps * 32, 0, s>>>(a, act, h);
+  else KQuantGateUpKernel<kType, 8><<<grid, kWarps * 32, 0, s>>>(a, act, h);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <int kType>
+void LaunchDownT(const ExpertArgs& a, const DevAct& act, float* out, int max_pairs, cudaStream_t s) {
+  constexpr int kRowsPerBlock = kGroupsPerBlock * 2;
+  const dim3 grid((a.n_embd + kRowsPerBlock - 1) / kRowsPerBlock, a.u_count);
+  if (max_pairs <= 1) KQuantDownKernel<kType, 1><<<grid, kWarps * 32, 0, s>>>(a, act, out);
+  else KQuantDownKernel<kType, 8><<<grid, kWarps * 32, 0, s>>>(a, act, out);
+  CUDA_CHECK_LAUNCH();
+}
+
+void CheckArgs(const char* what, int type, int64_t cols, const DevAct& act) {
+  if ((type != kDevQ4_K && type != kDevQ6_K) || cols % kKBlock != 0 || act.type != kDevQ8_K) {
+    std::fprintf(stderr, "experts (k-quant) %s: type %d, %lld cols, activation type %d\n", what, type,
+                 static_cast<long long>(cols), act.type);
+    std::abort();
+  }
+}
+
+}  // namespace
+
+void LaunchExpertGateUpKQuant(const ExpertArgs& a, const DevAct& x_act, float* h, int max_group_pairs,
+                              cudaStream_t stream) {
+  CheckArgs("gate/up", a.type, a.n_embd, x_act);
+  if (a.u_count <= 0) return;
+  if (a.type == kDevQ4_K) LaunchGateUpT<kDevQ4_K>(a, x_act, h, max_group_pairs, stream);
+  else LaunchGateUpT<kDevQ6_K>(a, x_act, h, max_group_pairs, stream);
+}
+
+void LaunchExpertDownKQuant(const ExpertArgs& a, const DevAct& h_act, float* out, int max_group_pairs,
+                            cudaStream_t stream) {
+  CheckArgs("down", a.down_type, a.n_ff, h_act);
+  if (a.u_count <= 0) return;
+  if (a.down_type == kDevQ4_K) LaunchDownT<kDevQ4_K>(a, h_act, out, max_group_pairs, stream);
+  else LaunchDownT<kDevQ6_K>(a, h_act, out, max_group_pairs, stream);
+}
+
+}  // namespace mer::cuda

@@ -1,0 +1,18 @@
+// LaunchExpertGateUp / LaunchExpertDown (moe_experts.cuh) for Q4_K and Q6_K expert matrices:
+// gate and up of type args.type, down of args.down_type, each dispatched here when it is a
+// K-quant. Activations Q8_K (kquant_layout.cuh); n_embd (gate/up) and n_ff (down) multiples of
+// 256. Same semantics and outputs as moe_experts.cuh, bit-exact with the CPU engine.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "services/compute/cuda/moe_experts.cuh"
+
+namespace mer::cuda {
+
+void LaunchExpertGateUpKQuant(const ExpertArgs& args, const DevAct& x_act, float* h, int max_group_pairs,
+                              cudaStream_t stream);
+void LaunchExpertDownKQuant(const ExpertArgs& args, const DevAct& h_act, float* out, int max_group_pairs,
+                            cudaStream_t stream);
+
+}  // namespace mer::cuda

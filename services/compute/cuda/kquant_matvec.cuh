@@ -1,0 +1,16 @@
+// LaunchMatvec (matvec.cuh) for Q4_K and Q6_K weights: out[t, r] = (residual ? residual[t, r] : 0)
+// + W[r, :] . act[t, :] for up to three matrices of one K-quant type that read the same Q8_K
+// activations, in one launch. cols a multiple of 256 (shared by the matrices); weights in the
+// device layout of kquant_layout.cuh. Results equal the CPU engine's bit for bit (kquant_dot.cuh).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "services/compute/cuda/matvec.cuh"
+
+namespace mer::cuda {
+
+void LaunchMatvecKQuant(const MatvecOutput* outputs, int n_outputs, const DevAct& act, int n_tokens,
+                        cudaStream_t stream);
+
+}  // namespace mer::cuda

@@ -1,0 +1,53 @@
+#include "services/compute/cuda/kquant_repack.cuh"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "services/compute/cuda/cuda_check.cuh"
+#include "services/compute/cuda/device_layout.cuh"
+#include "services/compute/cuda/kquant_layout.cuh"
+
+namespace mer::cuda {
+namespace {
+
+struct KQuantRepackArgs {
+  RepackJob jobs[kMaxRepackJobs];
+};
+
+// A thread per block (blocks are row-major, so block b of the matrix is the file's block b).
+template <int kType>
+__global__ void RepackKQuantKernel(const __grid_constant__ KQuantRepackArgs args) {
+  constexpr int kBytes = kType == kDevQ4_K ? kQ4_KBlockBytes : kQ6_KBlockBytes;
+  const RepackJob& j = args.jobs[blockIdx.y];
+  const int64_t n = j.bytes / kBytes;
+  for (int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; b < n; b += int64_t(gridDim.x) * blockDim.x) {
+    if constexpr (kType == kDevQ4_K) RepackQ4_KBlock(j.src + b * kBytes, j.dst, n, b);
+    else RepackQ6_KBlock(j.src + b * kBytes, j.dst, n, b);
+  }
+}
+
+}  // namespace
+
+void LaunchRepackKQuant(int type, const RepackJob* jobs, int n_jobs, cudaStream_t stream) {
+  if (n_jobs == 0) return;
+  const int block_bytes = type == kDevQ4_K ? kQ4_KBlockBytes : kQ6_KBlockBytes;
+  if ((type != kDevQ4_K && type != kDevQ6_K) || n_jobs > kMaxRepackJobs) {
+    std::fprintf(stderr, "repack (k-quant): type %d, %d jobs\n", type, n_jobs);
+    std::abort();
+  }
+  KQuantRepackArgs args{};
+  for (int i = 0; i < n_jobs; ++i) {
+    if (jobs[i].bytes % block_bytes != 0 || jobs[i].cols % kKBlock != 0) {
+      std::fprintf(stderr, "repack (k-quant): job %d of %lld bytes, %lld cols\n", i,
+                   static_cast<long long>(jobs[i].bytes), static_cast<long long>(jobs[i].cols));
+      std::abort();
+    }
+    args.jobs[i] = jobs[i];
+  }
+  const dim3 grid(64, n_jobs);
+  if (type == kDevQ4_K) RepackKQuantKernel<kDevQ4_K><<<grid, 256, 0, stream>>>(args);
+  else RepackKQuantKernel<kDevQ6_K><<<grid, 256, 0, stream>>>(args);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace mer::cuda

@@ -1,0 +1,303 @@
+// The cuda backend's K-quant arithmetic run on the host (no GPU needed): the device layouts and
+// per-lane integer sums of services/compute/cuda/kquant_layout.cuh, driven the way the kernels
+// drive them (kquant_dot.cuh: 8 lanes per row, an fma chain per lane over the blocks, the CPU's
+// reduction trees; kquant_quantize.cu: the Q8_K conversion; kquant_dequant.cuh: embedding rows),
+// against the CPU engine's kernels, for exact equality. A failure names the type, size, row and
+// token. The GPU runs the same functions (tests/gpu/cuda_kernels_test.cc checks the kernels).
+#include "services/compute/cuda/kquant_layout.cuh"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "common/quant/q4_k.h"
+#include "common/quant/q6_k.h"
+#include "common/quant/q8_k.h"
+#include "common/quant/quant.h"
+#include "services/compute/cuda/device_layout.cuh"
+
+namespace mer {
+namespace {
+
+using cuda::kKBlock;
+
+std::mt19937 rng(20261215);
+
+std::vector<float> Random(int64_t n, float scale) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+template <typename T>
+T Load(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+int BlockBytes(GgmlType type) { return type == GgmlType::kQ4_K ? cuda::kQ4_KBlockBytes : cuda::kQ6_KBlockBytes; }
+
+// Weights of `rows` x `cols`: quantized from Gaussian floats, or (raw) random bytes with sane
+// f16 scales, which reach every 6-bit scale/min pattern and int8 scale (-128 included).
+std::vector<uint8_t> RandomWeights(GgmlType type, int64_t rows, int64_t cols, bool raw) {
+  const int64_t n = rows * cols / kKBlock;
+  std::vector<uint8_t> w(n * BlockBytes(type));
+  if (!raw) {
+    const std::vector<float> f = Random(rows * cols, 0.05f);
+    for (int64_t r = 0; r < rows; ++r) QuantizeRow(type, &f[r * cols], &w[r * RowBytes(type, cols)], cols);
+    return w;
+  }
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (uint8_t& b : w) b = static_cast<uint8_t>(byte(rng));
+  std::uniform_real_distribution<float> scale(-0.02f, 0.02f);
+  for (int64_t b = 0; b < n; ++b) {
+    uint8_t* blk = &w[b * BlockBytes(type)];
+    const f16_bits d = F32ToF16(scale(rng)), dmin = F32ToF16(scale(rng));
+    if (type == GgmlType::kQ4_K) {
+      std::memcpy(blk, &d, 2);
+      std::memcpy(blk + 2, &dmin, 2);
+    } else {
+      std::memcpy(blk + 208, &d, 2);
+    }
+  }
+  return w;
+}
+
+// GGUF blocks -> device layout, with the repack kernel's per-block function.
+std::vector<uint8_t> Repack(GgmlType type, const std::vector<uint8_t>& w) {
+  const int64_t n = w.size() / BlockBytes(type);
+  std::vector<uint8_t> dev(w.size(), 0xAB);
+  for (int64_t b = 0; b < n; ++b) {
+    if (type == GgmlType::kQ4_K) cuda::RepackQ4_KBlock(&w[b * cuda::kQ4_KBlockBytes], dev.data(), n, b);
+    else cuda::RepackQ6_KBlock(&w[b * cuda::kQ6_KBlockBytes], dev.data(), n, b);
+  }
+  return dev;
+}
+
+// A CPU Q8_K row in the device layout: quants and bsums in the row, d separately.
+void ToDeviceQ8_K(const std::vector<BlockQ8_K>& a, int64_t cols, std::vector<uint8_t>* row, std::vector<float>* d) {
+  row->assign(cuda::Q8_KRowBytes(cols), 0xAB);
+  d->assign(cols / kKBlock, NAN);
+  for (int64_t e = 0; e < cols; ++e) (*row)[cuda::Q8_KQuantOffset(e)] = static_cast<uint8_t>(a[e / kKBlock].qs[e % kKBlock]);
+  for (int64_t b = 0; b < cols / kKBlock; ++b) {
+    std::memcpy(&(*row)[cuda::Q8_KBsumsOffset(cols, b)], a[b].bsums, 32);
+    (*d)[b] = a[b].d;
+  }
+}
+
+// kquant_quantize.cu lane by lane: lane l of the block's warp holds elements 8l .. 8l + 7.
+void EmulateQuantizeQ8_K(const float* x, int64_t cols, uint8_t* row, float* d) {
+  for (int64_t b = 0; b < cols / kKBlock; ++b) {
+    const float* xb = x + b * kKBlock;
+    float amax = 0.0f;
+    for (int e = 0; e < kKBlock; ++e) amax = std::fmax(amax, std::fabs(xb[e]));
+    int16_t* bsums = reinterpret_cast<int16_t*>(row + cuda::Q8_KBsumsOffset(cols, b));
+    if (amax == 0.0f) {
+      for (int e = 0; e < kKBlock; ++e) row[cuda::Q8_KQuantOffset(b * kKBlock + e)] = 0;
+      for (int j = 0; j < 16; ++j) bsums[j] = 0;
+      d[b] = 0.0f;
+      continue;
+    }
+    int first = 0;
+    while (std::fabs(xb[first]) != amax) ++first;
+    const float iscale = -127.0f / xb[first];
+    int sums[32] = {};
+    for (int lane = 0; lane < 32; ++lane) {
+      uint32_t packed[2] = {0, 0};
+      for (int k = 0; k < 8; ++k) {
+        const float p = iscale * xb[8 * lane + k];
+        const int q = std::min(127, static_cast<int>(std::nearbyint(p)));
+        sums[lane] += q;
+        packed[k / 4] |= (static_cast<uint32_t>(q) & 0xffu) << (8 * (k % 4));
+      }
+      std::memcpy(row + cuda::Q8_KQuantOffset(b * kKBlock + 8 * lane), &packed[0], 4);
+      std::memcpy(row + cuda::Q8_KQuantOffset(b * kKBlock + 8 * lane + 4), &packed[1], 4);
+    }
+    for (int j = 0; j < 16; ++j) bsums[j] = static_cast<int16_t>(sums[2 * j] + sums[2 * j + 1]);
+    d[b] = 1.0f / iscale;
+  }
+}
+
+// kquant_dot.cuh for one row (blocks b_row .. b_row + nb of a matrix of n blocks) and one
+// activation row: lane g's chain over the blocks, then the CPU's trees.
+float EmulateRowDot(GgmlType type, const uint8_t* m, int64_t n, int64_t b_row, int64_t nb, const uint8_t* act,
+                    const float* act_d, int64_t stride) {
+  float acc[8] = {}, acc_m[4] = {};
+  for (int64_t bi = 0; bi < nb; ++bi) {
+    const int64_t b = b_row + bi;
+    const float ad = act_d[bi];
+    for (int g = 0; g < 8; ++g) {
+      const uint4 a0 = Load<uint4>(act + cuda::Q8_KLaneOffset(bi, g)), a1 = Load<uint4>(act + cuda::Q8_KLaneOffset(bi, g) + 16);
+      const uint8_t* bsums = act + cuda::Q8_KBsumsOffset(stride, bi);
+      if (type == GgmlType::kQ4_K) {
+        const uint4 header = Load<uint4>(m + cuda::Q4_KHeaderOffset(n, b));
+        const cuda::Q4_KScales s = cuda::DecodeQ4_KScales(header);
+        const float dw = F16ToF32(static_cast<f16_bits>(header.x & 0xffffu));
+        const float dmin = F16ToF32(static_cast<f16_bits>(header.x >> 16));
+        const int isum = cuda::Q4_KLaneSum(Load<uint4>(m + cuda::Q4_KQsOffset(b, g)), s, a0, a1);
+        const float dd = dw * ad;
+        acc[g] = std::fma(dd, static_cast<float>(isum), acc[g]);
+        if (g < 4) {
+          const float ddmin = dmin * ad;
+          const int msum = cuda::Q4_KMinLaneSum(s, g, Load<uint2>(bsums + 8 * g));
+          acc_m[g] = std::fma(ddmin, static_cast<float>(msum), acc_m[g]);
+        }
+      } else {
+        const float dw = F16ToF32(Load<f16_bits>(m + cuda::Q6_KDOffset(n, b)));
+        const int isum = cuda::Q6_KLaneSum(Load<uint4>(m + cuda::Q6_KQlOffset(b, g)),
+                                           Load<uint2>(m + cuda::Q6_KQhOffset(n, b, g)),
+                                           Load<uint4>(m + cuda::Q6_KScalesOffset(n, b)), a0, a1, g,
+                                           Load<uint32_t>(bsums + 4 * g));
+        const float dd = dw * ad;
+        acc[g] = std::fma(dd, static_cast<float>(isum), acc[g]);
+      }
+    }
+  }
+  // KQuantReduce8: shuffles down by 4, 2, 1; KQuantReduce4: by 2, 1.
+  float s4[4], s2[2];
+  for (int i = 0; i < 4; ++i) s4[i] = acc[i] + acc[i + 4];
+  for (int i = 0; i < 2; ++i) s2[i] = s4[i] + s4[i + 2];
+  const float sum = s2[0] + s2[1];
+  if (type == GgmlType::kQ6_K) return sum;
+  const float m0 = acc_m[0] + acc_m[2], m1 = acc_m[1] + acc_m[3];
+  const float sum_m = m0 + m1;
+  return sum - sum_m;
+}
+
+TEST(KQuantLayout, RowBytesAndAlignment) {
+  for (int64_t cols = 256; cols <= 8192; cols += 256) {
+    EXPECT_EQ(cuda::ActRowBytes(cuda::kDevQ8_K, cols), cuda::Q8_KRowBytes(cols));
+    EXPECT_EQ(cuda::Q8_KRowBytes(cols) % 16, 0) << cols;  // rows start 16-byte aligned
+    EXPECT_LE(cuda::Q8_KRowBytes(cols), 4 * cols);         // fits where f32 activations fit
+  }
+  // Every byte of a block lands in one place: the interleaves are permutations.
+  for (int words : {2, 4, 8}) {
+    std::vector<int> seen(32 * words, 0);
+    for (int j = 0; j < 32 * words; ++j) ++seen[cuda::LaneInterleave(j, words)];
+    for (int j = 0; j < 32 * words; ++j) EXPECT_EQ(seen[j], 1) << words << " words, byte " << j;
+  }
+  for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+    const std::vector<uint8_t> w = RandomWeights(type, 3, 512, true);
+    const std::vector<uint8_t> dev = Repack(type, w);
+    std::vector<uint8_t> a = w, b = dev;
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    EXPECT_EQ(a, b) << TypeName(type) << ": the repack keeps every byte";
+  }
+}
+
+TEST(KQuantLayout, Q8_KConversionMatchesCpu) {
+  for (int64_t cols : {256, 512, 768, 2048, 4096}) {
+    for (int variant = 0; variant < 5; ++variant) {
+      std::vector<float> x = Random(cols, 3.0f);
+      if (variant == 1) std::fill(x.begin(), x.begin() + 256, 0.0f);  // an all-zero block
+      if (variant == 2) { x[17] = -39.9f; x[200] = 40.0f; }          // the largest is positive
+      if (variant == 3) { x[5] = 60.0f; x[9] = -60.0f; }             // ties: the first wins
+      if (variant == 4) { x[3] = -70.0f; x[8] = 70.0f; }
+      std::vector<BlockQ8_K> cpu(cols / kKBlock);
+      QuantizeRowQ8_K(x.data(), cpu.data(), cols);
+      std::vector<uint8_t> want_row;
+      std::vector<float> want_d;
+      ToDeviceQ8_K(cpu, cols, &want_row, &want_d);
+      std::vector<uint8_t> got_row(cuda::Q8_KRowBytes(cols), 0xAB);
+      std::vector<float> got_d(cols / kKBlock, NAN);
+      EmulateQuantizeQ8_K(x.data(), cols, got_row.data(), got_d.data());
+      for (size_t i = 0; i < want_row.size(); ++i)
+        ASSERT_EQ(got_row[i], want_row[i]) << "cols " << cols << " variant " << variant << " byte " << i;
+      for (size_t b = 0; b < want_d.size(); ++b)
+        ASSERT_EQ(got_d[b], want_d[b]) << "cols " << cols << " variant " << variant << " block " << b;
+    }
+  }
+}
+
+TEST(KQuantLayout, LaneDotsMatchCpuKernels) {
+  int checked = 0;
+  for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+    for (int64_t cols : {256, 512, 768, 1024, 2048, 4096}) {
+      for (int64_t rows : {1, 5, 33}) {
+        for (bool raw : {false, true}) {
+          const std::vector<uint8_t> w = RandomWeights(type, rows, cols, raw);
+          const std::vector<uint8_t> dev = Repack(type, w);
+          const int64_t nb = cols / kKBlock, n = rows * nb, rb = RowBytes(type, cols);
+          for (int t = 0; t < 3; ++t) {
+            std::vector<float> x = Random(cols, t == 2 ? 50.0f : 1.0f);
+            std::vector<BlockQ8_K> a(nb);
+            QuantizeRowQ8_K(x.data(), a.data(), cols);
+            if (t == 2) {  // extreme activations: every quant +-127
+              for (int64_t b = 0; b < nb; ++b)
+                for (int j = 0; j < 16; ++j) {
+                  int s = 0;
+                  for (int i = 0; i < 16; ++i) s += a[b].qs[16 * j + i] = (i + j) % 3 == 0 ? -127 : 127;
+                  a[b].bsums[j] = static_cast<int16_t>(s);
+                }
+            }
+            std::vector<float> want(rows), want_avx2(rows);
+            VecDotRows(type, w.data(), rows, a.data(), cols, want.data());
+            if (type == GgmlType::kQ4_K) VecDotRowsQ4_KAvx2(reinterpret_cast<const BlockQ4_K*>(w.data()), rows, a.data(), cols, want_avx2.data());
+            else VecDotRowsQ6_KAvx2(reinterpret_cast<const BlockQ6_K*>(w.data()), rows, a.data(), cols, want_avx2.data());
+            std::vector<uint8_t> act;
+            std::vector<float> act_d;
+            ToDeviceQ8_K(a, cols, &act, &act_d);
+            for (int64_t r = 0; r < rows; ++r) {
+              ASSERT_EQ(want[r], want_avx2[r]) << "CPU variants differ: " << TypeName(type) << " row " << r;
+              const float got = EmulateRowDot(type, dev.data(), n, r * nb, nb, act.data(), act_d.data(), cols);
+              ASSERT_EQ(got, want[r]) << TypeName(type) << " " << rows << "x" << cols << (raw ? " raw" : "")
+                                      << " token " << t << " row " << r << " (CPU row dot " << VecDot(type, &w[r * rb], a.data(), cols) << ")";
+              ++checked;
+            }
+          }
+        }
+      }
+    }
+  }
+  std::printf("%d row dots equal\n", checked);
+}
+
+// kquant_dequant.cuh's formulas against DequantizeRow as compiled (GCC contracts Q4_K's
+// d_j * q - min_j into an fma; d_j * q is exact, so fused or not is the same float).
+TEST(KQuantLayout, EmbeddingDequantMatchesCpu) {
+  for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+    for (bool raw : {false, true}) {
+      const int64_t rows = 20, cols = 1024;
+      const std::vector<uint8_t> w = RandomWeights(type, rows, cols, raw);
+      const int64_t rb = RowBytes(type, cols);
+      for (int64_t r = 0; r < rows; ++r) {
+        std::vector<float> want(cols);
+        DequantizeRow(type, &w[r * rb], want.data(), cols);
+        for (int64_t i = 0; i < cols; ++i) {
+          const uint8_t* blk = &w[r * rb + (i / kKBlock) * BlockBytes(type)];
+          const int e = static_cast<int>(i % kKBlock);
+          float got;
+          if (type == GgmlType::kQ4_K) {
+            const int chunk = e / 64, high = (e % 64) / 32;
+            uint8_t sc, m;
+            Q4_KScaleMin(blk + 4, 2 * chunk + high, &sc, &m);
+            const uint8_t qb = blk[16 + 32 * chunk + e % 32];
+            const int q = high ? qb >> 4 : qb & 0xF;
+            const float dj = F16ToF32(Load<f16_bits>(blk)) * static_cast<float>(sc);
+            const float mj = F16ToF32(Load<f16_bits>(blk + 2)) * static_cast<float>(m);
+            got = std::fma(dj, static_cast<float>(q), -mj);
+            volatile float product = dj * static_cast<float>(q);
+            ASSERT_EQ(product - mj, got) << "d_j * q is exact";
+          } else {
+            const int half = e / 128, group = (e % 128) / 32, l = e % 32;
+            const uint8_t ql = blk[64 * half + l + 32 * (group & 1)];
+            const int code = (group < 2 ? (ql & 0xF) : (ql >> 4)) | (((blk[128 + 32 * half + l] >> (2 * group)) & 3) << 4);
+            const float dsc = F16ToF32(Load<f16_bits>(blk + 208)) * static_cast<float>(static_cast<int8_t>(blk[192 + e / 16]));
+            got = dsc * static_cast<float>(code - 32);
+          }
+          ASSERT_EQ(got, want[i]) << TypeName(type) << (raw ? " raw" : "") << " row " << r << " element " << i;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mer
