@@ -8,6 +8,7 @@
 #include "services/compute/cpu/cpu_engine.h"
 #if MER_HAVE_CUDA
 #include "services/compute/cuda/cuda_engine.h"
+#include "services/compute/cuda/host_memory.h"
 #endif
 
 namespace mer {
@@ -66,6 +67,13 @@ absl::StatusOr<CreatedBackend> CreateBackend(const ModelWeights& weights, Expert
   out.threads = engine->options().threads;
   out.engine = std::move(engine);
   return out;
+}
+
+HostMemoryPinner HostMemoryPinnerFor(const BackendOptions& options) {
+#if MER_HAVE_CUDA
+  if (options.backend == "cuda" && options.pin_host_experts) return CudaRegisterHostMemory;
+#endif
+  return {};
 }
 
 BackendCounters ReadBackendCounters(const ComputeBackend& engine, const std::string& backend_name) {

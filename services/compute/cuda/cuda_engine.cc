@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -47,6 +48,29 @@ int DevTypeOf(GgmlType t) { return static_cast<int>(t); }  // DevType mirrors Gg
 int ActType(GgmlType weight_type) { return DevTypeOf(ActivationTypeFor(weight_type)); }
 
 int64_t MatrixBytes(const MatrixView& m) { return m.rows * m.row_bytes(); }
+
+// The one type of every expert matrix: per layer from the source, or from the weights' merged
+// expert tensors where the source cannot tell and the file has them.
+absl::StatusOr<GgmlType> ExpertTypeOf(const ModelWeights& weights, const ExpertSource& experts) {
+  std::optional<GgmlType> type;
+  for (int l = 0; l < static_cast<int>(weights.layers.size()); ++l) {
+    std::optional<ExpertTypes> t = experts.expert_types(l);
+    const LayerWeights& L = weights.layers[l];
+    if (!t && L.gate_exps.data != nullptr) t = ExpertTypes{L.gate_exps.type, L.up_exps.type, L.down_exps.type};
+    if (!t)
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cuda backend: neither the expert source nor the model file gives layer ", l, "'s expert types"));
+    for (GgmlType g : {t->gate, t->up, t->down})
+      if (!SupportedType(g))
+        return absl::UnimplementedError(absl::StrCat("cuda backend: expert tensor type ", TypeName(g),
+                                                     " is not supported yet (F32, F16, BF16, Q8_0)"));
+    if (!type) type = t->gate;
+    if (t->gate != *type || t->up != *type || t->down != *type)
+      return absl::UnimplementedError("cuda backend: all expert matrices must share one type");
+  }
+  if (!type) return absl::InvalidArgumentError("cuda backend: the model has no layers");
+  return *type;
+}
 
 // MER_CUDA_DEBUG=1 logs the stages of Create to stderr (start-up problems on a new machine).
 void DebugLog(const char* stage) {
@@ -180,7 +204,13 @@ struct CudaEngine::Impl {
   std::vector<int32_t> seq_len, next_pos;
   std::vector<uint8_t> seen;
   std::vector<int32_t> out_rows;
-  std::vector<int> pending_release;  // layers acquired from the source in this step
+  // The layer acquired from the source whose uploads may still be in flight (at most one): it is
+  // released after the next synchronisation (ReleaseHeld).
+  std::vector<int> pending_release;
+  // ServeLayerExperts' and Preload's lists, reserved at Create.
+  std::vector<int32_t> missing;          // experts of a pass not in the arena
+  std::vector<ExpertWeights> views;      // of the group acquired
+  std::vector<cuda::RepackJob> jobs;     // repack jobs not launched yet
 
   // CUDA graphs of a single-token, all-resident step, by number of logits rows (0 or 1).
   cudaGraphExec_t graph[2] = {nullptr, nullptr};
@@ -197,6 +227,15 @@ struct CudaEngine::Impl {
   void FlushRepack(std::vector<cuda::RepackJob>* jobs, int* staged);
   int32_t TakeVictim();
   void Touch(int32_t slot);
+  // Releases the layer held from the source; call after a synchronisation saw its copies complete.
+  void ReleaseHeld() {
+    for (int layer : pending_release) source.ReleaseLayer(layer);
+    pending_release.clear();
+  }
+  // FailedPrecondition unless the source's view of (layer, expert) has the arena's types and shapes.
+  absl::Status CheckView(int layer, int expert, const ExpertWeights& w) const;
+  // Acquires group of `layer` into views (and holds it, pending_release), checked.
+  absl::Status AcquireGroup(int layer, absl::Span<const int32_t> group);
   void Sync() {
     CUDA_CHECK(cudaStreamSynchronize(stream));
     ++stats.host_syncs;
@@ -266,34 +305,30 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   if (c.n_embd > 8192) return absl::UnimplementedError("cuda backend: n_embd must be <= 8192 (rms_norm.cuh)");
   if (c.n_expert > 1024 || c.n_expert_used > 32)
     return absl::UnimplementedError("cuda backend: at most 1024 experts and top-32");
-  if (weights.layers.empty() || weights.layers[0].gate_exps.data == nullptr)
-    return absl::UnimplementedError("cuda backend: needs the experts' tensors in the model file (--model)");
-
   auto impl = std::make_unique<Impl>(weights, experts);
   Impl& m = *impl;
   m.o = o;
   CUDA_CHECK(cudaSetDevice(o.device));
   CUDA_CHECK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
 
-  // Types.
-  const LayerWeights& l0 = weights.layers[0];
-  m.expert_type = l0.gate_exps.type;
+  // Types. The experts' come from the source (the file's tensors, or an expert store's manifest
+  // when the weights are a store's dense.gguf), else from the weights' expert tensors; every
+  // expert matrix must have one type, which sizes the arena's slots.
+  ASSIGN_OR_RETURN(m.expert_type, ExpertTypeOf(weights, experts));
   for (const LayerWeights& L : weights.layers) {
-    for (const MatrixView* mv : {&L.wq, &L.wk, &L.wv, &L.wo, &L.router, &L.gate_exps, &L.up_exps, &L.down_exps})
+    for (const MatrixView* mv : {&L.wq, &L.wk, &L.wv, &L.wo, &L.router})
       if (!SupportedType(mv->type))
         return absl::UnimplementedError(absl::StrCat("cuda backend: tensor type ", TypeName(mv->type),
                                                      " is not supported yet (F32, F16, BF16, Q8_0)"));
-    if (L.gate_exps.type != m.expert_type || L.up_exps.type != m.expert_type || L.down_exps.type != m.expert_type)
-      return absl::UnimplementedError("cuda backend: all expert matrices must share one type");
     if (L.wq.type != L.wk.type || L.wq.type != L.wv.type)
       return absl::UnimplementedError("cuda backend: Q, K and V must share one type");
   }
   if (!SupportedType(weights.output.type) || !SupportedType(weights.token_embd.type))
     return absl::UnimplementedError("cuda backend: unsupported type of token_embd or output");
-  const ExpertWeights e0 = weights.Expert(0, 0);
-  m.gate_bytes = MatrixBytes(e0.gate);
-  m.up_bytes = MatrixBytes(e0.up);
-  m.down_bytes = MatrixBytes(e0.down);
+  // gate, up: [n_ff_exp rows, n_embd cols]; down: [n_embd rows, n_ff_exp cols].
+  m.gate_bytes = int64_t(c.n_ff_exp) * RowBytes(m.expert_type, c.n_embd);
+  m.up_bytes = m.gate_bytes;
+  m.down_bytes = int64_t(c.n_embd) * RowBytes(m.expert_type, c.n_ff_exp);
   m.expert_bytes = m.gate_bytes + m.up_bytes + m.down_bytes;
   m.slot_bytes = AlignUp(m.expert_bytes);
   m.total_experts = int64_t(c.n_layer) * c.n_expert;
@@ -477,9 +512,11 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   CUDA_CHECK(cudaMemcpyAsync(m.slot_table, m.host_slot_table, m.total_experts * 4, cudaMemcpyHostToDevice, m.stream));
   CUDA_CHECK(cudaStreamSynchronize(m.stream));
 
-  // Pin the experts' host memory (the mapped model file), so misses upload by DMA at full PCIe
-  // speed instead of through the driver's pageable staging.
-  if (o.pin_host_experts) {
+  // Pin the experts' host memory when it is the mapped model file, so misses upload by DMA at full
+  // PCIe speed instead of through the driver's pageable staging. Experts from elsewhere (an expert
+  // store's dense.gguf has no expert tensors) are pinned by their source: mer-residency's RAM tier
+  // through ResidencyExpertSourceOptions::pin_ram_tier (backend_factory.h, HostMemoryPinnerFor).
+  if (o.pin_host_experts && weights.layers[0].gate_exps.data != nullptr) {
     uintptr_t lo = UINTPTR_MAX, hi = 0;
     for (const LayerWeights& L : weights.layers)
       for (const MatrixView* mv : {&L.gate_exps, &L.up_exps, &L.down_exps}) {
@@ -506,6 +543,10 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
     }
   }
 
+  m.missing.reserve(NE);
+  m.views.reserve(NE);
+  m.jobs.reserve(cuda::kMaxRepackJobs);
+  m.pending_release.reserve(1);
   m.seq_len.assign(o.max_sequences, 0);
   m.next_pos.reserve(o.max_sequences);
   m.seen.reserve(o.max_sequences);
@@ -591,36 +632,67 @@ void CudaEngine::Impl::UploadExpert(int layer, int expert, const ExpertWeights& 
   stats.expert_upload_bytes += expert_bytes;
 }
 
+absl::Status CudaEngine::Impl::CheckView(int layer, int expert, const ExpertWeights& w) const {
+  const auto ok = [&](const MatrixView& mv, int64_t rows, int64_t cols) {
+    return mv.data != nullptr && mv.type == expert_type && mv.rows == rows && mv.cols == cols;
+  };
+  if (ok(w.gate, c.n_ff_exp, c.n_embd) && ok(w.up, c.n_ff_exp, c.n_embd) && ok(w.down, c.n_embd, c.n_ff_exp))
+    return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "cuda backend: layer ", layer, " expert ", expert, " from the expert source is not ", TypeName(expert_type),
+      " [", c.n_ff_exp, " x ", c.n_embd, "] x 2 + [", c.n_embd, " x ", c.n_ff_exp, "], the arena's layout"));
+}
+
+absl::Status CudaEngine::Impl::AcquireGroup(int layer, absl::Span<const int32_t> group) {
+  CHECK(pending_release.empty());  // a source hands out a layer once between releases
+  views.resize(group.size());
+  if (absl::Status s = source.AcquireLayer(layer, group, absl::MakeSpan(views)); !s.ok()) {
+    source.ReleaseLayer(layer);  // as the CPU engine does: a failed acquire holds nothing
+    return s;
+  }
+  pending_release.push_back(layer);
+  for (size_t i = 0; i < group.size(); ++i) RETURN_IF_ERROR(CheckView(layer, group[i], views[i]));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int64_t> CudaEngine::Preload() {
   Impl& m = *impl_;
   const ModelConfig& c = config_;
+  const int group_max = std::max(1, m.source.max_experts_per_acquire());
   int64_t loaded = 0;
-  std::vector<cuda::RepackJob> jobs;
-  std::vector<int32_t> ids;
-  std::vector<ExpertWeights> views(c.n_expert);
-  for (int l = 0; l < c.n_layer && m.resident < m.n_slots; ++l) {
-    ids.clear();
-    for (int e = 0; e < c.n_expert && m.resident + int64_t(ids.size()) < m.n_slots; ++e)
-      if (m.host_slot_table[l * c.n_expert + e] < 0) ids.push_back(e);
-    if (ids.empty()) continue;
-    RETURN_IF_ERROR(m.source.AcquireLayer(l, ids, absl::MakeSpan(views.data(), ids.size())));
-    int staged = 0;
-    ++m.epoch;
-    for (size_t i = 0; i < ids.size(); ++i) {
-      const int32_t s = m.TakeVictim();
-      CHECK(s >= 0);
-      m.pin_epoch[s] = m.epoch;
-      m.UploadExpert(l, ids[i], views[i], s, &jobs, &staged);
-      m.Touch(s);
-      ++loaded;
+  absl::Status status;
+  // Layer by layer, in groups the source can hand out at once; each group's copies are complete
+  // (synchronised) before it is released.
+  for (int l = 0; l < c.n_layer && m.resident < m.n_slots && status.ok(); ++l) {
+    m.missing.clear();
+    for (int e = 0; e < c.n_expert && m.resident + int64_t(m.missing.size()) < m.n_slots; ++e)
+      if (m.host_slot_table[l * c.n_expert + e] < 0) m.missing.push_back(e);
+    for (size_t g0 = 0; g0 < m.missing.size() && status.ok(); g0 += group_max) {
+      const absl::Span<const int32_t> group(m.missing.data() + g0,
+                                            std::min<size_t>(group_max, m.missing.size() - g0));
+      status = m.AcquireGroup(l, group);
+      if (status.ok()) {
+        int staged = 0;
+        ++m.epoch;
+        for (size_t i = 0; i < group.size(); ++i) {
+          const int32_t s = m.TakeVictim();
+          CHECK(s >= 0);
+          m.pin_epoch[s] = m.epoch;
+          m.UploadExpert(l, group[i], m.views[i], s, &m.jobs, &staged);
+          m.Touch(s);
+          ++loaded;
+        }
+        if (!m.jobs.empty()) m.FlushRepack(&m.jobs, &staged);
+      }
+      CUDA_CHECK(cudaStreamSynchronize(m.stream));
+      m.ReleaseHeld();
     }
-    if (!jobs.empty()) m.FlushRepack(&jobs, &staged);
-    CUDA_CHECK(cudaStreamSynchronize(m.stream));
-    m.source.ReleaseLayer(l);
   }
+  // The device table follows the host's, also after a failure part way.
   CUDA_CHECK(cudaMemcpyAsync(m.slot_table, m.host_slot_table, m.total_experts * 4, cudaMemcpyHostToDevice, m.stream));
   CUDA_CHECK(cudaStreamSynchronize(m.stream));
   m.stats.expert_upload_bytes = 0;  // preloading is not a miss
+  RETURN_IF_ERROR(status);
   return loaded;
 }
 
@@ -683,71 +755,74 @@ void CudaEngine::Impl::EnqueueExperts(int layer, int n, const DevAct& x_act, int
   cuda::LaunchExpertDown(a, h_act, expert_out, n, stream);
 }
 
-// The host path of one layer: read its routing (one synchronisation), upload the missing experts
-// into LRU victims, and run the experts in passes of at most n_slots experts each.
+// The host path of one layer: read its routing (one synchronisation), then run its experts in
+// passes of at most n_slots experts each. A pass acquires its missing experts from the source in
+// groups of at most max_experts_per_acquire() (a RAM tier smaller than a layer's experts), uploads
+// them into LRU victims and launches the expert kernels. The views' memory must outlive the copies
+// from it: the last group stays held until the next synchronisation (the next layer's routing
+// read, or the end of the step) and an earlier group of the same pass or layer is released after a
+// synchronisation of its own, since a source hands out a layer once between releases.
 absl::Status CudaEngine::Impl::ServeLayerExperts(int layer, int n, const DevAct& x_act) {
   const int NE = c.n_expert, K = c.n_expert_used;
   CUDA_CHECK(cudaMemcpyAsync(host_groups, groups.n_used, (NE + 2) * 4, cudaMemcpyDeviceToHost, stream));
   if (observer != nullptr)
     CUDA_CHECK(cudaMemcpyAsync(host_chosen, chosen, int64_t(n) * K * 4, cudaMemcpyDeviceToHost, stream));
   Sync();
+  ReleaseHeld();  // the previous layer's uploads are complete
   if (observer != nullptr) observer->OnRouting(layer, absl::MakeConstSpan(host_chosen, n * K), K);
   const int n_used = host_groups[0];
   const int32_t* used = host_groups + 2;
   const auto t0 = std::chrono::steady_clock::now();
+  const int group_max = std::max(1, source.max_experts_per_acquire());
 
-  // Which experts to fetch from the source (one AcquireLayer per layer): the missing ones, or,
-  // when the layer needs more experts than the arena has slots (passes evict each other's
-  // experts), all of them. Control path: small allocations per missing layer are acceptable.
-  const bool multi_pass = n_used > n_slots;
-  std::vector<int32_t> fetch, view_of(n_used, -1);
-  for (int u = 0; u < n_used; ++u) {
-    if (multi_pass || host_slot_table[layer * NE + used[u]] < 0) {
-      view_of[u] = static_cast<int32_t>(fetch.size());
-      fetch.push_back(used[u]);
-    }
-  }
-  std::vector<ExpertWeights> views(fetch.size());
-  if (!fetch.empty()) {
-    const absl::Status s = source.AcquireLayer(layer, fetch, absl::MakeSpan(views));
-    if (!s.ok()) {
-      source.ReleaseLayer(layer);
-      return s;
-    }
-    pending_release.push_back(layer);
-  }
-  std::vector<cuda::RepackJob> jobs;
-  for (int u0 = 0; u0 < n_used; u0 += n_slots) {
+  absl::Status status;
+  for (int u0 = 0; u0 < n_used && status.ok(); u0 += n_slots) {
     const int count = std::min(n_slots, n_used - u0);
-    if (u0 > 0) Sync();  // the previous pass read the slots this one may evict, and the host table
+    if (u0 > 0) {
+      Sync();  // the previous pass read the slots this one may evict, and its copies are done
+      ReleaseHeld();
+    }
     ++epoch;
+    missing.clear();
     for (int u = u0; u < u0 + count; ++u) {
       const int32_t s = host_slot_table[layer * NE + used[u]];
-      if (s >= 0) pin_epoch[s] = epoch;
+      if (s >= 0) {
+        pin_epoch[s] = epoch;
+      } else {
+        missing.push_back(used[u]);
+      }
     }
     int staged = 0;
     bool changed = false;
-    for (int u = u0; u < u0 + count; ++u) {
-      int32_t s = host_slot_table[layer * NE + used[u]];
-      if (s < 0) {
-        CHECK(view_of[u] >= 0);
-        s = TakeVictim();
+    for (size_t g0 = 0; g0 < missing.size(); g0 += group_max) {
+      if (g0 > 0) {
+        if (!jobs.empty()) FlushRepack(&jobs, &staged);
+        Sync();  // the copies from the group held are done
+        ReleaseHeld();
+      }
+      const absl::Span<const int32_t> group(missing.data() + g0, std::min<size_t>(group_max, missing.size() - g0));
+      status = AcquireGroup(layer, group);
+      if (!status.ok()) break;  // a group held is released after Forward's synchronisation
+      for (size_t i = 0; i < group.size(); ++i) {
+        const int32_t s = TakeVictim();
         CHECK(s >= 0);  // count <= n_slots and only this pass's experts are pinned
-        UploadExpert(layer, used[u], views[view_of[u]], s, &jobs, &staged);
+        pin_epoch[s] = epoch;
+        UploadExpert(layer, group[i], views[i], s, &jobs, &staged);
         ++stats.expert_misses;
         changed = true;
       }
-      pin_epoch[s] = epoch;
-      Touch(s);
     }
     if (!jobs.empty()) FlushRepack(&jobs, &staged);
+    // The device table follows the host's before anything reads it, also after a failure.
     if (changed)
       CUDA_CHECK(cudaMemcpyAsync(slot_table, host_slot_table, total_experts * 4, cudaMemcpyHostToDevice, stream));
+    if (!status.ok()) break;
+    for (int u = u0; u < u0 + count; ++u) Touch(host_slot_table[layer * NE + used[u]]);
     EnqueueExperts(layer, n, x_act, u0, count);
   }
   stats.upload_seconds_x1e6 += static_cast<int64_t>(
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
-  return absl::OkStatus();
+  return status;
 }
 
 absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
