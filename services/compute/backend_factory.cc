@@ -85,9 +85,14 @@ BackendCounters ReadBackendCounters(const ComputeBackend& engine, const std::str
   b.expert_lookups = s.expert_lookups;
   b.expert_misses = s.expert_misses;
   b.upload_bytes = s.expert_upload_bytes;
+  b.evictions = s.evictions;
   b.host_syncs = s.host_syncs;
   b.graph_launches = s.graph_launches;
+  b.vram_used_bytes = s.vram_used_bytes;
   b.vram_used_peak_bytes = s.vram_used_peak_bytes;
+  b.dense_bytes = s.dense_bytes;
+  b.kv_bytes = s.kv_bytes;
+  b.workspace_bytes = s.workspace_bytes;
   b.arena_bytes = s.arena_bytes;
   b.arena_slots = s.arena_slots;
   b.total_experts = s.total_experts;

@@ -34,9 +34,14 @@ struct BackendCounters {
   int64_t expert_lookups = 0;
   int64_t expert_misses = 0;
   int64_t upload_bytes = 0;
+  int64_t evictions = 0;
   int64_t host_syncs = 0;
   int64_t graph_launches = 0;
+  int64_t vram_used_bytes = 0;
   int64_t vram_used_peak_bytes = 0;
+  int64_t dense_bytes = 0;
+  int64_t kv_bytes = 0;
+  int64_t workspace_bytes = 0;
   int64_t arena_bytes = 0;
   int64_t arena_slots = 0;
   int64_t total_experts = 0;

@@ -215,10 +215,34 @@ absl::Status Main(const Args& a) {
   vp.set_add_bos(vocab->add_bos);
   vp.set_add_eos(vocab->add_eos);
 
+  compute::ComputeMetrics metrics(MER_VERSION, a.backend, nullptr);
   compute::BatcherOptions bo;
   bo.kv_budget_tokens = a.kv_budget_tokens;
   bo.admission_wait = absl::Milliseconds(a.admission_wait_ms);
-  compute::ComputeMetrics metrics(MER_VERSION, a.backend, nullptr);
+  if (a.backend == "cuda") {
+    // The cuda backend's counters (VRAM hit rate, uploads, host syncs) as metrics: read on the
+    // step thread, at most every 100 ms while steps run (a read costs a device round trip) and
+    // at every idle tick, so a scrape after a burst sees its end.
+    ComputeBackend* e = engine.get();
+    bo.after_step = [e, &metrics, backend = a.backend, last = absl::InfinitePast()](bool idle) mutable {
+      const absl::Time now = absl::Now();
+      if (!idle && now - last < absl::Milliseconds(100)) return;
+      last = now;
+      const BackendCounters b = ReadBackendCounters(*e, backend);
+      compute::BackendStats s;
+      s.expert_lookups = b.expert_lookups;
+      s.expert_misses = b.expert_misses;
+      s.upload_bytes = b.upload_bytes;
+      s.evictions = b.evictions;
+      s.host_syncs = b.host_syncs;
+      s.dense_bytes = b.dense_bytes;
+      s.kv_bytes = b.kv_bytes;
+      s.workspace_bytes = b.workspace_bytes;
+      s.arena_bytes = b.arena_bytes;
+      s.vram_used_bytes = b.vram_used_bytes;
+      metrics.OnBackendStats(s);
+    };
+  }
   auto batcher = std::make_unique<compute::Batcher>(*engine, bo, &metrics);
   compute::Batcher* b = batcher.get();
   metrics.set_capacity([b] {

@@ -76,6 +76,14 @@ struct ComputeMetrics::Impl {
   prometheus::Counter* seq_ok;
   prometheus::Counter* seq_cancelled;
   prometheus::Counter* seq_failed;
+  // The cuda backend's (null for cpu), and the sample they were last advanced to.
+  prometheus::Counter* vram_lookups = nullptr;
+  prometheus::Counter* vram_misses = nullptr;
+  prometheus::Counter* upload_bytes = nullptr;
+  prometheus::Counter* vram_evictions = nullptr;
+  prometheus::Counter* host_syncs = nullptr;
+  prometheus::Gauge* vram_bytes[5] = {};  // dense, kv, workspace, arena, used
+  BackendStats last;
 };
 
 ComputeMetrics::ComputeMetrics(const std::string& version, const std::string& backend,
@@ -121,9 +129,48 @@ ComputeMetrics::ComputeMetrics(const std::string& version, const std::string& ba
       .Add({{"daemon", "compute"}, {"version", version}, {"backend", backend}})
       .Set(1);
   impl_->capacity->set(std::move(capacity));
+  if (backend == "cuda") {
+    auto counter = [&r](const char* name, const char* help) -> prometheus::Family<prometheus::Counter>& {
+      return prometheus::BuildCounter().Name(name).Help(help).Register(r);
+    };
+    impl_->vram_lookups =
+        &counter("mer_expert_lookups_total", "Distinct (layer, expert) a batch needed, summed over layers.")
+             .Add({{"tier", "vram"}});
+    impl_->vram_misses =
+        &counter("mer_expert_misses_total", "Expert lookups not in the VRAM arena (uploaded from the host).")
+             .Add({{"tier", "vram"}});
+    impl_->upload_bytes = &counter("mer_expert_upload_bytes_total", "Bytes of expert uploads host -> VRAM.").Add({});
+    impl_->vram_evictions =
+        &counter("mer_evictions_total", "VRAM arena slots reused for another expert.").Add({{"tier", "vram"}});
+    impl_->host_syncs =
+        &counter("mer_host_syncs_total", "Host synchronisations with the GPU inside forward passes.").Add({});
+    auto& vram = prometheus::BuildGauge()
+                     .Name("mer_vram_bytes")
+                     .Help("Device memory by use: dense weights, KV cache, workspaces, expert arena; "
+                           "used: device-wide at the last sample.")
+                     .Register(r);
+    const char* uses[5] = {"dense", "kv", "workspace", "arena", "used"};
+    for (int i = 0; i < 5; ++i) impl_->vram_bytes[i] = &vram.Add({{"use", uses[i]}});
+  }
 }
 
 ComputeMetrics::~ComputeMetrics() = default;
+
+void ComputeMetrics::OnBackendStats(const BackendStats& s) {
+  Impl& m = *impl_;
+  if (m.vram_lookups == nullptr) return;
+  const auto advance = [](prometheus::Counter* c, int64_t now, int64_t before) {
+    if (now > before) c->Increment(static_cast<double>(now - before));
+  };
+  advance(m.vram_lookups, s.expert_lookups, m.last.expert_lookups);
+  advance(m.vram_misses, s.expert_misses, m.last.expert_misses);
+  advance(m.upload_bytes, s.upload_bytes, m.last.upload_bytes);
+  advance(m.vram_evictions, s.evictions, m.last.evictions);
+  advance(m.host_syncs, s.host_syncs, m.last.host_syncs);
+  const int64_t bytes[5] = {s.dense_bytes, s.kv_bytes, s.workspace_bytes, s.arena_bytes, s.vram_used_bytes};
+  for (int i = 0; i < 5; ++i) m.vram_bytes[i]->Set(static_cast<double>(bytes[i]));
+  m.last = s;
+}
 
 void ComputeMetrics::OnStep(double seconds, int batch_tokens, int sequences, int prompt_tokens,
                             int generated) {

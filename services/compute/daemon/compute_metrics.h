@@ -31,6 +31,17 @@ struct Capacity {
   int64_t kv_free_tokens = 0;
 };
 
+// The cuda backend's own counters (cumulative since it was created) and VRAM use, bytes.
+struct BackendStats {
+  int64_t expert_lookups = 0;  // distinct (layer, expert) a batch needed, summed over layers
+  int64_t expert_misses = 0;   // of those, not in the VRAM arena (uploaded)
+  int64_t upload_bytes = 0;    // host -> VRAM expert uploads
+  int64_t evictions = 0;       // arena slots reused for another expert
+  int64_t host_syncs = 0;      // synchronisations inside the forward pass
+  int64_t dense_bytes = 0, kv_bytes = 0, workspace_bytes = 0, arena_bytes = 0;
+  int64_t vram_used_bytes = 0;  // device-wide, when sampled
+};
+
 class ComputeMetrics {
  public:
   // `backend` labels mer_build_info; `capacity` (may be empty) is read at every scrape.
@@ -43,6 +54,10 @@ class ComputeMetrics {
   void OnStep(double seconds, int batch_tokens, int sequences, int prompt_tokens, int generated);
   // A sequence left the batch (OK, cancelled or failed) after generating `generated` tokens.
   void OnSequenceEnd(const absl::Status& status, int generated);
+  // A sample of the backend's counters (the cuda backend's; families exist only for it): the
+  // counters advance by the difference to the previous sample. Called by the thread that runs
+  // the forward pass (BatcherOptions::after_step), the only one that may read them.
+  void OnBackendStats(const BackendStats& stats);
 
   void set_capacity(std::function<Capacity()> capacity);
   // The registry and the capacity gauges, for MetricsEndpoint.
