@@ -115,6 +115,14 @@ else
   [ $rc -eq 0 ] || die "mer synth"
 fi
 
+# The RAM tier lives in /dev/shm and is allocated in full at start: say so when it cannot fit.
+if [[ "$RAM_BUDGET" == *% ]]; then
+  need=$(awk -v b="$(stat -c %s "$STORE/experts.bin")" -v p="${RAM_BUDGET%\%}" 'BEGIN { printf "%d", b * p / 100 }')
+  avail=$(( $(df --output=avail -k /dev/shm | tail -1) * 1024 ))
+  [ "$need" -lt "$avail" ] ||
+    note "WARNING: a RAM tier of $RAM_BUDGET is $((need >> 30)) GiB, /dev/shm has $((avail >> 30)) GiB free: set RAM_BUDGET lower"
+fi
+
 # 2. The daemons.
 run mer-residency --store "$STORE" --instance "$TAG" --ram-budget "$RAM_BUDGET" --policy "$POLICY" \
   --metrics-listen 127.0.0.1:0 > "$WORK/residency.log" 2>&1 &
