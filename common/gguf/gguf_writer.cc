@@ -112,26 +112,31 @@ absl::Status GgufWriter::Open(const std::string& path) {
   if (out_ == nullptr)
     return absl::UnavailableError(absl::StrCat("cannot create ", path, ": ", std::strerror(errno)));
   std::setvbuf(out_, nullptr, _IOFBF, 1 << 20);
-  const uint32_t magic_version[2] = {0x46554747, 3};
-  const uint64_t counts[2] = {tensors_.size(), n_metadata_};
-  RETURN_IF_ERROR(WriteRaw(magic_version, 8));
-  RETURN_IF_ERROR(WriteRaw(counts, 16));
-  RETURN_IF_ERROR(WriteRaw(header_.data(), header_.size()));
-  std::string infos;
-  for (const Tensor& t : tensors_) {
-    const uint64_t n = t.name.size();
-    infos.append(reinterpret_cast<const char*>(&n), 8).append(t.name);
-    const uint32_t n_dims = static_cast<uint32_t>(t.shape.size());
-    infos.append(reinterpret_cast<const char*>(&n_dims), 4);
-    for (int64_t d : t.shape) infos.append(reinterpret_cast<const char*>(&d), 8);
-    const uint32_t type = static_cast<uint32_t>(t.type);
-    infos.append(reinterpret_cast<const char*>(&type), 4);
-    infos.append(reinterpret_cast<const char*>(&t.offset), 8);
-  }
-  RETURN_IF_ERROR(WriteRaw(infos.data(), infos.size()));
-  RETURN_IF_ERROR(PadTo(kAlignment));
+  const std::string header = EncodeHeader();
+  RETURN_IF_ERROR(WriteRaw(header.data(), header.size()));
   data_start_ = written_;
   return absl::OkStatus();
+}
+
+std::string GgufWriter::EncodeHeader() const {
+  std::string out;
+  const uint32_t magic_version[2] = {0x46554747, 3};
+  const uint64_t counts[2] = {tensors_.size(), n_metadata_};
+  out.append(reinterpret_cast<const char*>(magic_version), 8);
+  out.append(reinterpret_cast<const char*>(counts), 16);
+  out.append(header_);
+  for (const Tensor& t : tensors_) {
+    const uint64_t n = t.name.size();
+    out.append(reinterpret_cast<const char*>(&n), 8).append(t.name);
+    const uint32_t n_dims = static_cast<uint32_t>(t.shape.size());
+    out.append(reinterpret_cast<const char*>(&n_dims), 4);
+    for (int64_t d : t.shape) out.append(reinterpret_cast<const char*>(&d), 8);
+    const uint32_t type = static_cast<uint32_t>(t.type);
+    out.append(reinterpret_cast<const char*>(&type), 4);
+    out.append(reinterpret_cast<const char*>(&t.offset), 8);
+  }
+  out.resize((out.size() + kAlignment - 1) / kAlignment * kAlignment, '\0');
+  return out;
 }
 
 absl::Status GgufWriter::Append(absl::Span<const uint8_t> bytes) {

@@ -38,6 +38,12 @@ class GgufWriter {
   int AddTensor(absl::string_view name, GgmlType type, absl::Span<const int64_t> shape);
   uint64_t TensorBytes(int index) const { return tensors_[index].size_bytes; }
 
+  // The bytes Open writes before the tensor data (header, metadata, tensor infos, padding to the
+  // alignment), and the size the file will have once every tensor is appended: the identity of a
+  // file without writing it (common/store/synth_store.h).
+  std::string EncodeHeader() const;
+  uint64_t FileBytes() const { return EncodeHeader().size() + data_bytes_; }
+
   // Creates `path` and writes header, metadata and tensor infos.
   absl::Status Open(const std::string& path);
   // Appends the data of the next tensor in declaration order; `bytes` may come in several pieces

@@ -3,14 +3,33 @@
 // or the residency tiers (RAM slots filled from the expert store on demand).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
+#include <memory>
+#include <optional>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/model/model_weights.h"
 
 namespace mer {
+
+// The tensor types of one layer's expert matrices (gate, up, down).
+struct ExpertTypes {
+  GgmlType gate = GgmlType::kF32;
+  GgmlType up = GgmlType::kF32;
+  GgmlType down = GgmlType::kF32;
+};
+
+// Page-locks [base, base + bytes) of this process's address space for a backend's DMA and returns
+// a handle that unlocks it when its last copy is destroyed; the memory must stay mapped until then.
+// An error leaves the memory pageable (uploads from it still work, through the driver's staging).
+// Given by a backend that uploads from host memory (backend_factory.h: HostMemoryPinnerFor) to a
+// source whose memory is not the model file's mapping (a RAM tier in shared memory).
+using HostMemoryPinner = std::function<absl::StatusOr<std::shared_ptr<void>>(void* base, size_t bytes)>;
 
 class ExpertSource {
  public:
@@ -29,6 +48,11 @@ class ExpertSource {
   // them in groups, releasing each group before acquiring the next: that is how a RAM tier
   // holding fewer slots than a layer has experts still serves a prompt batch routed to all of them.
   virtual int max_experts_per_acquire() const { return std::numeric_limits<int>::max(); }
+
+  // The types of `layer`'s expert matrices, known without an acquire (the model file's tensors, an
+  // expert store's manifest): for a backend that sizes its buffers before the first step. Views
+  // from AcquireLayer have these types. nullopt where the source cannot tell.
+  virtual std::optional<ExpertTypes> expert_types(int layer) const { return std::nullopt; }
 };
 
 // Every expert straight from the model file's mapping; never fails, never blocks.
@@ -42,6 +66,11 @@ class MappedExpertSource final : public ExpertSource {
     return absl::OkStatus();
   }
   void ReleaseLayer(int) override {}
+  std::optional<ExpertTypes> expert_types(int layer) const override {
+    const LayerWeights& l = weights_.layers[layer];
+    if (l.gate_exps.data == nullptr) return std::nullopt;  // dense weights only (LoadDense)
+    return ExpertTypes{l.gate_exps.type, l.up_exps.type, l.down_exps.type};
+  }
 
  private:
   const ModelWeights& weights_;

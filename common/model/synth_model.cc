@@ -1,16 +1,16 @@
 #include "common/model/synth_model.h"
 
 #include <algorithm>
-#include <functional>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <numeric>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
-#include "common/gguf/gguf_writer.h"
 #include "common/quant/quant.h"
 #include "common/tokenizer/tokenizer.h"
 
@@ -78,21 +78,14 @@ absl::Status ValidateGeometry(const SynthGeometry& g) {
   return absl::OkStatus();
 }
 
-// How one tensor's rows are made: row r of the f32 matrix is produced by `fill(r, row)`.
-struct TensorPlan {
-  std::string name;
-  GgmlType type;
-  std::vector<int64_t> shape;  // ne[0] first
-  std::function<void(int64_t row, float* out)> fill;
-};
-
 // Generates the rows of `plan` in parallel, in chunks of bounded size, and appends them.
-absl::Status WriteTensor(GgufWriter& writer, const TensorPlan& plan, int threads) {
+absl::Status WriteTensor(GgufWriter& writer, const SynthTensor& plan, int threads) {
   const int64_t cols = plan.shape[0];
   int64_t rows = 1;
   for (size_t i = 1; i < plan.shape.size(); ++i) rows *= plan.shape[i];
   const int64_t row_bytes = RowBytes(plan.type, cols);
-  const int64_t chunk_rows = std::max<int64_t>(1, (64 << 20) / std::max<int64_t>(row_bytes, cols * 4));
+  const int64_t chunk_rows =
+      std::min(rows, std::max<int64_t>(1, (64 << 20) / std::max<int64_t>(row_bytes, cols * 4)));
   std::vector<uint8_t> chunk(chunk_rows * row_bytes);
   for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
     const int64_t n = std::min(chunk_rows, rows - r0);
@@ -101,14 +94,7 @@ absl::Status WriteTensor(GgufWriter& writer, const TensorPlan& plan, int threads
     for (int t = 0; t < t_count; ++t) {
       pool.emplace_back([&, t] {
         std::vector<float> row(cols);
-        for (int64_t r = t; r < n; r += t_count) {
-          plan.fill(r0 + r, row.data());
-          if (plan.type == GgmlType::kF32) {
-            std::memcpy(chunk.data() + r * row_bytes, row.data(), row_bytes);
-          } else {
-            QuantizeRow(plan.type, row.data(), chunk.data() + r * row_bytes, cols);
-          }
-        }
+        for (int64_t r = t; r < n; r += t_count) SynthRows(plan, r0 + r, 1, row.data(), chunk.data() + r * row_bytes);
       });
     }
     for (std::thread& th : pool) th.join();
@@ -178,18 +164,29 @@ GgmlType SynthTensorType(SynthQuant quant, int64_t cols, bool use_more_bits) {
   return GgmlType::kF32;
 }
 
-absl::Status WriteSynthModel(const SynthOptions& options, const std::string& path) {
+void SynthRows(const SynthTensor& t, int64_t row0, int64_t rows, float* scratch, uint8_t* out) {
+  const int64_t cols = t.shape[0];
+  const int64_t row_bytes = RowBytes(t.type, cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    t.fill(row0 + r, scratch);
+    if (t.type == GgmlType::kF32) {
+      std::memcpy(out + r * row_bytes, scratch, row_bytes);
+    } else {
+      QuantizeRow(t.type, scratch, out + r * row_bytes, cols);
+    }
+  }
+}
+
+absl::StatusOr<std::vector<SynthTensor>> PlanSynthModel(const SynthOptions& options, GgufWriter& w) {
   const SynthGeometry& g = options.geometry;
   RETURN_IF_ERROR(ValidateGeometry(g));
   if (!(options.router_skew >= 0 && options.router_skew <= 16))
     return absl::InvalidArgumentError("synth: --router-skew must be in [0, 16]");
-  const int threads = ResolveThreads(options.threads);
   const uint64_t seed = options.seed;
   const int64_t n_embd = g.n_embd;
   const int64_t q_dim = int64_t{g.n_head} * g.head_dim;
   const int64_t kv_dim = int64_t{g.n_head_kv} * g.head_dim;
 
-  GgufWriter w;
   w.AddString("general.architecture", "qwen3moe");
   w.AddString("general.name", "mer synthetic qwen3moe");
   w.AddUint32("general.file_type", FileType(options.quant));
@@ -222,19 +219,21 @@ absl::Status WriteSynthModel(const SynthOptions& options, const std::string& pat
   w.AddBool("tokenizer.ggml.add_bos_token", vocab.add_bos);
 
   // The shared direction c of the skew construction: a fixed random sign pattern, unit length.
-  std::vector<float> c_hat(n_embd);
+  // Shared by the fill functions, which outlive this call.
+  auto c_hat_owned = std::make_shared<std::vector<float>>(n_embd);
   {
     Rng rng{HashName("mer.synth.c", seed)};
     const float inv = 1.0f / std::sqrt(static_cast<float>(n_embd));
-    for (float& v : c_hat) v = (rng.Next() & 1) ? inv : -inv;
+    for (float& v : *c_hat_owned) v = (rng.Next() & 1) ? inv : -inv;
   }
+  std::shared_ptr<const std::vector<float>> c_hat = c_hat_owned;
   const bool skewed = options.router_skew > 0;
   // Embedding: unit noise, plus sqrt(n_embd) along c when skewed: c carries about half of its
   // energy, so the residual stream keeps a component the routers can see, and the other half
   // still tells tokens apart.
   const float c_embd = std::sqrt(static_cast<float>(n_embd));
 
-  std::vector<TensorPlan> plans;
+  std::vector<SynthTensor> plans;
   const auto noise_matrix = [&](std::string name, GgmlType type, std::vector<int64_t> shape,
                                 float stddev) {
     const uint64_t h = HashName(name, seed);
@@ -258,11 +257,11 @@ absl::Status WriteSynthModel(const SynthOptions& options, const std::string& pat
   {
     const uint64_t h = HashName("token_embd.weight", seed);
     plans.push_back({"token_embd.weight", type_for(n_embd, false), {n_embd, g.n_vocab},
-                     [h, n_embd, skewed, c_embd, &c_hat](int64_t row, float* out) {
+                     [h, n_embd, skewed, c_embd, c_hat](int64_t row, float* out) {
                        Rng rng{h ^ (static_cast<uint64_t>(row) * 0xd1342543de82ef95ull)};
                        FillNoise(rng, 1.0f, out, n_embd);
                        if (skewed)
-                         for (int64_t i = 0; i < n_embd; ++i) out[i] += c_embd * c_hat[i];
+                         for (int64_t i = 0; i < n_embd; ++i) out[i] += c_embd * (*c_hat)[i];
                      }});
   }
   for (int il = 0; il < g.n_layer; ++il) {
@@ -286,7 +285,7 @@ absl::Status WriteSynthModel(const SynthOptions& options, const std::string& pat
       const uint64_t h = HashName(name, seed);
       const double skew = options.router_skew;
       plans.push_back({name, GgmlType::kF32, {n_embd, g.n_expert},
-                       [h, n_embd, rank, skew, &c_hat](int64_t row, float* out) {
+                       [h, n_embd, rank, skew, c_hat](int64_t row, float* out) {
                          Rng rng{h ^ (static_cast<uint64_t>(row) * 0xd1342543de82ef95ull)};
                          FillNoise(rng, 1.0f / std::sqrt(float(n_embd)), out, n_embd);
                          if (skew > 0) {
@@ -294,12 +293,13 @@ absl::Status WriteSynthModel(const SynthOptions& options, const std::string& pat
                            // would collapse onto the few experts whose noise row happens to
                            // align with it, whatever the skew. Popularity comes from b_e alone:
                            // the normed state has |x| ~ sqrt(n_embd) and about 0.7 of it along c.
+                           const std::vector<float>& c = *c_hat;
                            double along_c = 0;
-                           for (int64_t i = 0; i < n_embd; ++i) along_c += out[i] * c_hat[i];
+                           for (int64_t i = 0; i < n_embd; ++i) along_c += out[i] * c[i];
                            const double b_e = -skew * std::log(rank[row] + 1.0) /
                                               (0.7 * std::sqrt(double(n_embd)));
                            for (int64_t i = 0; i < n_embd; ++i)
-                             out[i] += static_cast<float>(b_e - along_c) * c_hat[i];
+                             out[i] += static_cast<float>(b_e - along_c) * c[i];
                          }
                        }});
     }
@@ -313,9 +313,16 @@ absl::Status WriteSynthModel(const SynthOptions& options, const std::string& pat
   norm_vector("output_norm.weight", n_embd);
   noise_matrix("output.weight", type_for(n_embd, true), {n_embd, g.n_vocab}, 2.0f / std::sqrt(float(n_embd)));
 
-  for (const TensorPlan& p : plans) w.AddTensor(p.name, p.type, p.shape);
+  return plans;
+}
+
+absl::Status WriteSynthModel(const SynthOptions& options, const std::string& path) {
+  GgufWriter w;
+  ASSIGN_OR_RETURN(const std::vector<SynthTensor> tensors, PlanSynthModel(options, w));
+  for (const SynthTensor& t : tensors) w.AddTensor(t.name, t.type, t.shape);
   RETURN_IF_ERROR(w.Open(path));
-  for (const TensorPlan& p : plans) RETURN_IF_ERROR(WriteTensor(w, p, threads));
+  const int threads = ResolveThreads(options.threads);
+  for (const SynthTensor& t : tensors) RETURN_IF_ERROR(WriteTensor(w, t, threads));
   return w.Finish();
 }
 

@@ -8,10 +8,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/gguf/gguf_writer.h"
 #include "common/tensor/ggml_type.h"
 
 namespace mer {
@@ -52,5 +55,24 @@ GgmlType SynthTensorType(SynthQuant quant, int64_t cols, bool use_more_bits);
 
 // Writes the model to `path`. Validates the geometry first (InvalidArgument naming the field).
 absl::Status WriteSynthModel(const SynthOptions& options, const std::string& path);
+
+// One tensor of a synthetic model and how its rows are made: `fill(r, out)` writes row r (0 <= r <
+// the product of shape[1..]) of the f32 matrix, shape[0] values; rows are independent of each
+// other, so they can be made in any order and on any thread, with the same results.
+struct SynthTensor {
+  std::string name;
+  GgmlType type;
+  std::vector<int64_t> shape;  // ne[0] (row length) first
+  std::function<void(int64_t row, float* out)> fill;
+};
+
+// What WriteSynthModel writes, for writers of another layout (the expert store of
+// common/store/synth_store.h): adds the model's metadata to `metadata` in file order and returns
+// the tensors in file order. Validates the options first (InvalidArgument naming the field).
+absl::StatusOr<std::vector<SynthTensor>> PlanSynthModel(const SynthOptions& options, GgufWriter& metadata);
+
+// Rows [row0, row0 + rows) of `t` in its type, as the file holds them, into `out` (rows *
+// RowBytes(t.type, t.shape[0]) bytes); `scratch` holds shape[0] floats.
+void SynthRows(const SynthTensor& t, int64_t row0, int64_t rows, float* scratch, uint8_t* out);
 
 }  // namespace mer

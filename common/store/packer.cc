@@ -26,19 +26,16 @@
 #include "common/store/expert_store.h"
 #include "common/store/manifest.h"
 #include "common/store/store_internal.h"
+#include "common/store/store_writer.h"
 
 namespace mer {
 
-using store_internal::ErrnoStatus;
 using store_internal::JoinPath;
-using store_internal::PwriteFull;
 
 namespace {
 
 constexpr uint64_t kBatchBytes = 64 << 20;       // blobs filled and written per step
 constexpr uint64_t kDensePieceBytes = 16 << 20;  // dense tensors are appended in pieces of this
-
-uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 double Since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -147,109 +144,37 @@ absl::Status CopyValue(GgufWriter& w, absl::string_view key, const GgufValue& v)
   }
 }
 
-absl::Status SyncPath(const std::string& path, bool directory) {
-  const int fd = ::open(path.c_str(), (directory ? O_DIRECTORY : 0) | O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, "cannot open", path);
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) return ErrnoStatus(err, "cannot fsync", path);
-  return absl::OkStatus();
-}
-
-// Whole-file CRC-32C, read in pieces.
-absl::StatusOr<uint32_t> FileCrc(const std::string& path, uint64_t size) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, "cannot open", path);
-  std::vector<uint8_t> buf(std::min<uint64_t>(size, kDensePieceBytes));
-  uint32_t crc = 0;
-  absl::Status s;
-  for (uint64_t off = 0; s.ok() && off < size; off += buf.size()) {
-    const uint64_t n = std::min<uint64_t>(buf.size(), size - off);
-    s = store_internal::PreadFull(fd, buf.data(), n, off, path);
-    if (s.ok()) crc = Crc32cExtend(crc, buf.data(), n);
-  }
-  ::close(fd);
-  RETURN_IF_ERROR(s);
-  return crc;
-}
-
-// experts.bin: batches of blobs, filled in parallel, each written while the next is filled.
+// experts.bin: each blob copied from the mapping; the source's pages are read ahead a batch or two
+// early and dropped once their layer is packed.
 absl::Status WriteExperts(const ModelWeights& w, StoreManifest& m, const std::string& path,
                           const PackOptions& options, bool& direct) {
-  const int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
-  int fd = options.direct_io ? ::open(path.c_str(), flags | O_DIRECT, 0644) : -1;
-  direct = fd >= 0;
-  if (fd < 0) fd = ::open(path.c_str(), flags, 0644);
-  if (fd < 0) return ErrnoStatus(errno, "cannot create", path);
-
-  const uint64_t n_blobs = m.blobs.size();
-  const uint64_t stride = m.blob_stride;
-  const uint64_t per_batch = std::max<uint64_t>(1, kBatchBytes / stride);
-  AlignedBuffer buffers[2] = {AllocateAligned(per_batch * stride), AllocateAligned(per_batch * stride)};
-  // Buffered writes are pushed to disk as they go and then dropped from the page cache, so a
-  // 30 GB pack does not fill memory with dirty pages.
-  uint64_t flushed_to = 0;
-  const auto write_batch = [&, fd](const uint8_t* buf, uint64_t offset, uint64_t bytes) -> absl::Status {
-    RETURN_IF_ERROR(PwriteFull(fd, buf, bytes, offset, path));
-    if (!direct) {
-      (void)::sync_file_range(fd, offset, bytes, SYNC_FILE_RANGE_WRITE);
-      if (offset > flushed_to) {
-        (void)::sync_file_range(fd, flushed_to, offset - flushed_to,
-                                SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
-        (void)::posix_fadvise(fd, flushed_to, offset - flushed_to, POSIX_FADV_DONTNEED);
-        flushed_to = offset;
-      }
-    }
-    return absl::OkStatus();
-  };
-
   const int n_expert = static_cast<int>(m.n_expert);
   int advised = 0, released = 0;  // layers given MADV_WILLNEED / MADV_DONTNEED so far
-  std::future<absl::Status> pending;
-  absl::Status status;
-  for (uint64_t first = 0, k = 0; first < n_blobs && status.ok(); first += per_batch, ++k) {
-    const uint64_t n = std::min(per_batch, n_blobs - first);
+  store_internal::ExpertsFileOptions o;
+  o.threads = options.threads;
+  o.direct_io = options.direct_io;
+  o.batch_bytes = kBatchBytes;
+  o.before_batch = [&](uint64_t first, uint64_t n) {
     // Read ahead: the layers this batch and the next touch.
-    const int last_layer = static_cast<int>(std::min(n_blobs, first + 2 * per_batch) - 1) / n_expert;
+    const int last_layer = static_cast<int>(std::min<uint64_t>(m.blobs.size(), first + 2 * n) - 1) / n_expert;
     for (; advised <= last_layer; ++advised) AdviseLayer(w, advised, MADV_WILLNEED);
-
-    uint8_t* buf = buffers[k % 2].get();
-    store_internal::ParallelFor(static_cast<int64_t>(n), options.threads, [&](int64_t i) {
-      const uint64_t index = first + static_cast<uint64_t>(i);
-      const int layer = static_cast<int>(index / n_expert);
-      const int expert = static_cast<int>(index % n_expert);
-      const StoreLayer& l = m.layers[layer];
-      const ExpertWeights e = w.Expert(layer, expert);
-      uint8_t* blob = buf + static_cast<uint64_t>(i) * stride;
-      std::memcpy(blob + l.gate_offset, e.gate.data, l.gate_bytes);
-      std::memset(blob + l.gate_offset + l.gate_bytes, 0, l.up_offset - l.gate_offset - l.gate_bytes);
-      std::memcpy(blob + l.up_offset, e.up.data, l.up_bytes);
-      std::memset(blob + l.up_offset + l.up_bytes, 0, l.down_offset - l.up_offset - l.up_bytes);
-      std::memcpy(blob + l.down_offset, e.down.data, l.down_bytes);
-      std::memset(blob + l.used_bytes(), 0, stride - l.used_bytes());
-      m.blobs[index].offset = index * stride;
-      m.blobs[index].crc = Crc32c(blob, m.blob_bytes);
-    });
-    if (pending.valid()) status = pending.get();
-    if (!status.ok()) break;
-    pending = std::async(std::launch::async, write_batch, buf, first * stride, n * stride);
-
+  };
+  o.after_batch = [&](uint64_t end) {
     // Layers wholly packed no longer need their pages.
-    const int done_layers = static_cast<int>((first + n) / n_expert);
+    const int done_layers = static_cast<int>(end / n_expert);
     for (; released < done_layers; ++released) {
       AdviseLayer(w, released, MADV_DONTNEED);
       if (options.progress) options.progress(released + 1, static_cast<int>(m.n_layer));
     }
-  }
-  if (pending.valid()) {
-    const absl::Status s = pending.get();
-    if (status.ok()) status = s;
-  }
-  if (status.ok() && ::fdatasync(fd) != 0) status = ErrnoStatus(errno, "cannot fsync", path);
-  if (!direct) (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  if (::close(fd) != 0 && status.ok()) status = ErrnoStatus(errno, "cannot close", path);
-  return status;
+  };
+  const auto fill = [&](int layer, int expert, uint8_t* blob) {
+    const StoreLayer& l = m.layers[layer];
+    const ExpertWeights e = w.Expert(layer, expert);
+    std::memcpy(blob + l.gate_offset, e.gate.data, l.gate_bytes);
+    std::memcpy(blob + l.up_offset, e.up.data, l.up_bytes);
+    std::memcpy(blob + l.down_offset, e.down.data, l.down_bytes);
+  };
+  return store_internal::WriteExpertsFile(m, path, fill, o, &direct);
 }
 
 // dense.gguf: every metadata key of the source (but general.alignment, which GgufWriter fixes)
@@ -283,7 +208,7 @@ absl::Status WriteDense(const GgufFile& file, const ModelWeights& w, const Store
   }
   RETURN_IF_ERROR(writer.Finish());
   tensors = dense.size();
-  return SyncPath(path, false);
+  return store_internal::SyncPath(path, false);
 }
 
 }  // namespace
@@ -309,78 +234,28 @@ absl::StatusOr<PackStats> PackExpertStore(const std::string& gguf_path, const st
   m.n_embd = c.n_embd;
   m.n_ff_exp = c.n_ff_exp;
   m.layers.resize(c.n_layer);
-  uint64_t max_used = 0;
   for (int il = 0; il < c.n_layer; ++il) {
     const ExpertWeights e = w.Expert(il, 0);
     StoreLayer& l = m.layers[il];
-    l.gate_type = e.gate.type;
-    l.up_type = e.up.type;
-    l.down_type = e.down.type;
-    l.gate_offset = 0;
-    l.gate_bytes = static_cast<uint64_t>(e.gate.rows * e.gate.row_bytes());
-    l.up_offset = RoundUp(l.gate_offset + l.gate_bytes, kStoreMatrixAlignment);
-    l.up_bytes = static_cast<uint64_t>(e.up.rows * e.up.row_bytes());
-    l.down_offset = RoundUp(l.up_offset + l.up_bytes, kStoreMatrixAlignment);
-    l.down_bytes = static_cast<uint64_t>(e.down.rows * e.down.row_bytes());
-    max_used = std::max(max_used, l.used_bytes());
+    l = store_internal::LayoutLayer(e.gate.type, e.up.type, e.down.type, c.n_embd, c.n_ff_exp);
     stats.expert_payload_bytes += (l.gate_bytes + l.up_bytes + l.down_bytes) * m.n_expert;
   }
-  m.blob_bytes = RoundUp(max_used, kStoreBlobAlignment);
-  m.blob_stride = m.blob_bytes;
-  m.blobs.resize(static_cast<size_t>(m.n_layer) * m.n_expert);
-  m.experts_bytes = m.blobs.size() * m.blob_stride;
+  store_internal::LayoutBlobs(m);
   ASSIGN_OR_RETURN(m.source, FileIdentity(gguf_path, file->data_offset()));
   m.source_mtime_ns = mtime;
   m.source_name = gguf_path.substr(0, kStoreMaxSourceName);
 
-  // The directory; an existing store there loses its manifest first, so that an interrupted
-  // pack never leaves a manifest describing files that are being rewritten.
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return ErrnoStatus(errno, "cannot create", dir);
-  struct stat st;
-  if (::stat(dir.c_str(), &st) != 0) return ErrnoStatus(errno, "cannot stat", dir);
-  if (!S_ISDIR(st.st_mode)) return absl::InvalidArgumentError(absl::StrCat(dir, " is not a directory"));
-  const std::string manifest_path = JoinPath(dir, kStoreManifestFile);
-  if (::access(manifest_path.c_str(), F_OK) == 0) {
-    if (!options.overwrite)
-      return absl::AlreadyExistsError(absl::StrCat(dir, " already holds an expert store (",
-                                                   manifest_path, " exists)"));
-    if (::unlink(manifest_path.c_str()) != 0) return ErrnoStatus(errno, "cannot remove", manifest_path);
-  }
-
+  RETURN_IF_ERROR(store_internal::PrepareStoreDir(dir, options.overwrite));
   const auto experts_start = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(WriteExperts(w, m, JoinPath(dir, kStoreExpertsFile), options, stats.direct_io));
   stats.experts_seconds = Since(experts_start);
-
-  const std::string dense_path = JoinPath(dir, kStoreDenseFile);
-  RETURN_IF_ERROR(WriteDense(*file, w, m, dense_path, stats.dense_tensors));
-  {
-    // The dense file must load as the engine will load it; its identity goes into the manifest.
-    auto dense = GgufFile::Open(dense_path);
-    if (!dense.ok()) return absl::InternalError(absl::StrCat(dense_path, ": ", dense.status().message()));
-    std::shared_ptr<const GgufFile> dense_file(std::move(*dense));
-    auto dense_weights = ModelWeights::LoadDense(dense_file);
-    if (!dense_weights.ok())
-      return absl::InternalError(absl::StrCat(dense_path, ": ", dense_weights.status().message()));
-    ASSIGN_OR_RETURN(m.dense, FileIdentity(dense_path, dense_file->data_offset()));
-    ASSIGN_OR_RETURN(m.dense_crc, FileCrc(dense_path, m.dense.size));
-  }
-
-  const std::string bytes = SerializeManifest(m);
-  const std::string tmp = manifest_path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoStatus(errno, "cannot create", tmp);
-  absl::Status s = PwriteFull(fd, bytes.data(), bytes.size(), 0, tmp);
-  if (s.ok() && ::fsync(fd) != 0) s = ErrnoStatus(errno, "cannot fsync", tmp);
-  ::close(fd);
-  RETURN_IF_ERROR(s);
-  if (::rename(tmp.c_str(), manifest_path.c_str()) != 0) return ErrnoStatus(errno, "cannot rename", tmp);
-  RETURN_IF_ERROR(SyncPath(dir, true));
+  RETURN_IF_ERROR(WriteDense(*file, w, m, JoinPath(dir, kStoreDenseFile), stats.dense_tensors));
+  ASSIGN_OR_RETURN(stats.manifest_bytes, store_internal::CommitStore(m, dir));
 
   stats.blob_bytes = m.blob_bytes;
   stats.blob_count = m.blobs.size();
   stats.experts_bytes = m.experts_bytes;
   stats.dense_bytes = m.dense.size;
-  stats.manifest_bytes = bytes.size();
   stats.seconds = Since(start);
   return stats;
 }

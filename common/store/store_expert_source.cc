@@ -34,6 +34,11 @@ absl::Status StoreExpertSource::AcquireLayer(int layer, absl::Span<const int32_t
   return absl::OkStatus();
 }
 
+std::optional<ExpertTypes> StoreExpertSource::expert_types(int layer) const {
+  const StoreLayer& l = store_.manifest().layers[layer];
+  return ExpertTypes{l.gate_type, l.up_type, l.down_type};
+}
+
 void StoreExpertSource::ReleaseLayer(int layer) {
   auto it = held_.find(layer);
   if (it == held_.end()) return;

@@ -23,6 +23,7 @@ class StoreExpertSource final : public ExpertSource {
   absl::Status AcquireLayer(int layer, absl::Span<const int32_t> experts,
                             absl::Span<ExpertWeights> out) override;
   void ReleaseLayer(int layer) override;
+  std::optional<ExpertTypes> expert_types(int layer) const override;
 
   uint64_t blobs_read() const { return blobs_read_; }
 

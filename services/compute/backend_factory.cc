@@ -8,6 +8,7 @@
 #include "services/compute/cpu/cpu_engine.h"
 #if MER_HAVE_CUDA
 #include "services/compute/cuda/cuda_engine.h"
+#include "services/compute/cuda/host_memory.h"
 #endif
 
 namespace mer {
@@ -77,6 +78,13 @@ std::string BackendKernelProfile(const ComputeBackend& engine, const std::string
   return {};
 }
 
+HostMemoryPinner HostMemoryPinnerFor(const BackendOptions& options) {
+#if MER_HAVE_CUDA
+  if (options.backend == "cuda" && options.pin_host_experts) return CudaRegisterHostMemory;
+#endif
+  return {};
+}
+
 BackendCounters ReadBackendCounters(const ComputeBackend& engine, const std::string& backend_name) {
   BackendCounters b;
 #if MER_HAVE_CUDA
@@ -92,7 +100,11 @@ BackendCounters ReadBackendCounters(const ComputeBackend& engine, const std::str
   b.vram_prefetch_wasted = s.vram_prefetch_wasted;
   b.host_syncs = s.host_syncs;
   b.graph_launches = s.graph_launches;
+  b.vram_used_bytes = s.vram_used_bytes;
   b.vram_used_peak_bytes = s.vram_used_peak_bytes;
+  b.dense_bytes = s.dense_bytes;
+  b.kv_bytes = s.kv_bytes;
+  b.workspace_bytes = s.workspace_bytes;
   b.arena_bytes = s.arena_bytes;
   b.arena_slots = s.arena_slots;
   b.arena_resident = s.arena_resident;

@@ -23,7 +23,9 @@ struct BackendOptions {
   // cuda: cap on the VRAM expert arena, "BYTES" or "PERCENT%" of all experts; empty: no cap
   // beyond the free VRAM.
   std::string vram_expert_budget;
-  bool pin_host_experts = true;   // cuda: cudaHostRegister the experts' host memory
+  // cuda: page-lock the host memory experts are uploaded from (the mapped file at Create; a
+  // RAM tier through HostMemoryPinnerFor).
+  bool pin_host_experts = true;
   bool vram_prefetch = true;      // cuda: look-ahead prefetch into VRAM on decode misses
   bool profile_kernels = false;   // cuda: time every kernel (BackendKernelProfile)
 };
@@ -40,7 +42,11 @@ struct BackendCounters {
   int64_t vram_prefetch_wasted = 0;
   int64_t host_syncs = 0;
   int64_t graph_launches = 0;
+  int64_t vram_used_bytes = 0;
   int64_t vram_used_peak_bytes = 0;
+  int64_t dense_bytes = 0;
+  int64_t kv_bytes = 0;
+  int64_t workspace_bytes = 0;
   int64_t arena_bytes = 0;
   int64_t arena_slots = 0;
   int64_t arena_resident = 0;
@@ -57,6 +63,12 @@ struct CreatedBackend {
 // without it; the backend's own errors otherwise (no GPU, VRAM too small, ...).
 absl::StatusOr<CreatedBackend> CreateBackend(const ModelWeights& weights, ExpertSource& experts,
                                              const BackendOptions& options);
+
+// How the backend of `options` wants host memory that it uploads experts from page-locked in this
+// process, for an ExpertSource whose memory is not the model file's mapping (mer-residency's RAM
+// tier: ResidencyExpertSourceOptions::pin_ram_tier). cuda with pin_host_experts:
+// cudaHostRegister; empty otherwise (the cpu backend reads experts in place; no cuda in the build).
+HostMemoryPinner HostMemoryPinnerFor(const BackendOptions& options);
 
 // The counters of a backend made by CreateBackend with `backend_name`.
 BackendCounters ReadBackendCounters(const ComputeBackend& engine, const std::string& backend_name);

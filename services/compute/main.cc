@@ -41,7 +41,7 @@ namespace {
 
 constexpr char kHelp[] =
     R"(usage: mer-compute (--model F.gguf | --store STORE_DIR --residency NAME) --listen unix:PATH
-                   [--backend cpu|cuda] [--vram-expert-budget BYTES|PERCENT%]
+                   [--backend cpu|cuda] [--vram-expert-budget BYTES|PERCENT%] [--pin-experts 0|1]
                    [--max-sequences N] [--max-batch-tokens N] [--ctx N] [--kv-budget-tokens N]
                    [--threads N] [--admission-wait-ms N] [--metrics-listen HOST:PORT|off]
 
@@ -55,7 +55,9 @@ tokens in all. --ctx (default 4096, at most the model's) is the KV positions per
 and the tokenizer come from STORE_DIR/dense.gguf and the experts from the mer-residency instance
 NAME. --backend cuda (builds with the cuda backend, one NVIDIA GPU) runs the forward pass on
 the GPU with an expert arena in VRAM, capped by --vram-expert-budget (bytes, or a percentage of
-all experts; default: the free VRAM less a margin). Prometheus metrics are served on http://HOST:PORT/metrics (default 127.0.0.1:0: a free
+all experts; default: the free VRAM less a margin); misses are uploaded from the host memory the
+experts are read from, page-locked for DMA unless --pin-experts 0 (the mapped file, or with
+--store the mapping of mer-residency's RAM tier in this process). Prometheus metrics are served on http://HOST:PORT/metrics (default 127.0.0.1:0: a free
 port, printed on stderr as "metrics: http://127.0.0.1:PORT/metrics"); off serves none.
 )";
 
@@ -65,6 +67,7 @@ struct Args {
   std::string metrics_listen = "127.0.0.1:0";
   int64_t max_sequences = 8, max_batch_tokens = 256, ctx = 4096, kv_budget_tokens = 0, threads = 0;
   int64_t admission_wait_ms = 2000;
+  bool pin_experts = true;
 };
 
 absl::Status ParseArgs(int argc, char** argv, Args* a) {
@@ -73,7 +76,7 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
                                          {"model", "store", "residency", "listen", "backend",
                                           "vram-expert-budget", "metrics-listen", "max-sequences",
                                           "max-batch-tokens", "ctx", "kv-budget-tokens", "threads",
-                                          "admission-wait-ms"},
+                                          "admission-wait-ms", "pin-experts"},
                                          {}));
   a->model = f.String("model");
   a->store = f.String("store");
@@ -90,6 +93,9 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
   ASSIGN_OR_RETURN(a->threads, f.IntInRange("threads", a->threads, 0, 1024));
   ASSIGN_OR_RETURN(a->admission_wait_ms,
                    f.IntInRange("admission-wait-ms", a->admission_wait_ms, 0, 3600 * 1000));
+  int64_t pin = 1;
+  ASSIGN_OR_RETURN(pin, f.IntInRange("pin-experts", pin, 0, 1));
+  a->pin_experts = pin != 0;
   if (a->model.empty() == a->store.empty())
     return absl::InvalidArgumentError("give exactly one of --model and --store");
   if (!a->store.empty() && a->residency.empty())
@@ -145,16 +151,6 @@ absl::Status Main(const Args& a) {
   if (auto t = Tokenizer::Create(*vocab); !t.ok())  // the gateway will build the same one
     return absl::Status(t.status().code(), absl::StrCat(path, ": ", t.status().message()));
   systemd::NotifyExtendTimeout(absl::Seconds(120));
-  if (store) {
-    systemd::NotifyStatus(absl::StrCat("waiting for mer-residency instance ", a.residency));
-    ASSIGN_OR_RETURN(std::unique_ptr<ResidencyExpertSource> source,
-                     ResidencyExpertSource::Connect(*store, a.residency));
-    residency = source.get();
-    experts = std::move(source);
-  } else {
-    experts = std::make_unique<MappedExpertSource>(*weights);
-  }
-
   BackendOptions bo_engine;
   bo_engine.backend = a.backend;
   bo_engine.threads = static_cast<int>(a.threads);
@@ -162,6 +158,24 @@ absl::Status Main(const Args& a) {
   bo_engine.max_sequences = static_cast<int>(a.max_sequences);
   bo_engine.max_context_tokens = static_cast<int>(std::min<int64_t>(a.ctx, weights->config().n_ctx_train));
   bo_engine.vram_expert_budget = a.vram_expert_budget;
+  bo_engine.pin_host_experts = a.pin_experts;
+  if (store) {
+    systemd::NotifyStatus(absl::StrCat("waiting for mer-residency instance ", a.residency));
+    ResidencyExpertSourceOptions so;
+    so.pin_ram_tier = HostMemoryPinnerFor(bo_engine);  // cuda: register the RAM tier here too
+    ASSIGN_OR_RETURN(std::unique_ptr<ResidencyExpertSource> source,
+                     ResidencyExpertSource::Connect(*store, a.residency, so));
+    residency = source.get();
+    experts = std::move(source);
+    if (so.pin_ram_tier)
+      std::fprintf(stderr, "mer-compute: RAM tier %s\n", residency->ram_tier_pinning().c_str());
+  } else {
+    experts = std::make_unique<MappedExpertSource>(*weights);
+  }
+  // Creating the cuda backend with every expert in VRAM preloads them all (from mer-residency:
+  // NVMe reads at first), which can take minutes on a large model.
+  systemd::NotifyStatus(absl::StrCat("creating the ", a.backend, " backend"));
+  systemd::NotifyExtendTimeout(absl::Seconds(600));
   ASSIGN_OR_RETURN(CreatedBackend created, CreateBackend(*weights, *experts, bo_engine));
   std::unique_ptr<ComputeBackend> engine = std::move(created.engine);
   const ModelConfig& c = weights->config();
@@ -201,21 +215,48 @@ absl::Status Main(const Args& a) {
   vp.set_add_bos(vocab->add_bos);
   vp.set_add_eos(vocab->add_eos);
 
+  compute::ComputeMetrics metrics(MER_VERSION, a.backend, nullptr);
   compute::BatcherOptions bo;
   bo.kv_budget_tokens = a.kv_budget_tokens;
   bo.admission_wait = absl::Milliseconds(a.admission_wait_ms);
-  compute::ComputeMetrics metrics(MER_VERSION, a.backend, nullptr);
+  if (a.backend == "cuda") {
+    // The cuda backend's counters (VRAM hit rate, uploads, host syncs) as metrics: read on the
+    // step thread, at most every 100 ms while steps run and at every idle tick, so a scrape
+    // after a burst sees its end.
+    ComputeBackend* e = engine.get();
+    bo.after_step = [e, &metrics, backend = a.backend, last = absl::InfinitePast()](bool idle) mutable {
+      const absl::Time now = absl::Now();
+      if (!idle && now - last < absl::Milliseconds(100)) return;
+      last = now;
+      const BackendCounters b = ReadBackendCounters(*e, backend);
+      compute::BackendStats s;
+      s.expert_lookups = b.expert_lookups;
+      s.expert_misses = b.expert_misses;
+      s.upload_bytes = b.upload_bytes;
+      s.evictions = b.evictions;
+      s.host_syncs = b.host_syncs;
+      s.graph_launches = b.graph_launches;
+      s.tokens = b.tokens;
+      s.prefetch_issued = b.vram_prefetch_issued;
+      s.prefetch_useful = b.vram_prefetch_useful;
+      s.prefetch_wasted = b.vram_prefetch_wasted;
+      s.arena_slots = b.arena_slots;
+      s.arena_resident = b.arena_resident;
+      s.vram_used_peak_bytes = b.vram_used_peak_bytes;
+      s.dense_bytes = b.dense_bytes;
+      s.kv_bytes = b.kv_bytes;
+      s.workspace_bytes = b.workspace_bytes;
+      s.arena_bytes = b.arena_bytes;
+      s.vram_used_bytes = b.vram_used_bytes;
+      metrics.OnBackendStats(s);
+    };
+  }
   auto batcher = std::make_unique<compute::Batcher>(*engine, bo, &metrics);
   compute::Batcher* b = batcher.get();
   metrics.set_capacity([b] {
     return compute::Capacity{b->max_sequences(), b->free_sequences(), b->kv_budget_tokens(),
                              b->kv_free_tokens()};
   });
-  if (a.backend == "cuda") {
-    const ComputeBackend* e = engine.get();
-    const std::string name = a.backend;
-    metrics.set_backend_counters([e, name] { return ReadBackendCounters(*e, name); });
-  }
   compute::ComputeService service(*batcher, info, std::move(vp));
 
   const std::string socket_path = a.listen.substr(5);

@@ -1,8 +1,10 @@
 #include "services/compute/residency_expert_source.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/base/status.h"
 #include "services/residency/daemon/segment_identity.h"
@@ -24,6 +26,31 @@ ResidencyExpertSource::~ResidencyExpertSource() {
   held_.clear();
   client_.reset();
   old_clients_.clear();
+  // Registrations go before the mappings they cover (a later mapping at the same address must
+  // not inherit a stale registration).
+  ram_pin_.reset();
+  old_pins_.clear();
+  segment_.reset();
+  old_segments_.clear();
+}
+
+std::shared_ptr<void> ResidencyExpertSource::PinRamTier(const shm::ShmSegment& segment) {
+  const shm::SegmentHeader& h = segment.header();
+  if (!options_.pin_ram_tier || h.ram_slot_count == 0) {
+    pinning_ = "not pinned";
+    return nullptr;
+  }
+  const size_t bytes = size_t{h.ram_slot_count} * h.ram_slot_bytes;
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<std::shared_ptr<void>> pin = options_.pin_ram_tier(segment.ram_slot(0).data(), bytes);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!pin.ok() || *pin == nullptr) {
+    pinning_ = absl::StrCat("pageable: ", pin.ok() ? "not registered" : pin.status().message());
+    return nullptr;
+  }
+  pinning_ = absl::StrFormat("pinned: %.2f GiB registered in this process in %.2f s",
+                             bytes / 1073741824.0, secs);
+  return *std::move(pin);
 }
 
 absl::Status ResidencyExpertSource::Attach() {
@@ -64,8 +91,10 @@ absl::Status ResidencyExpertSource::Attach() {
     retired_stats_.raced += s.raced;
     retired_stats_.hints_dropped += s.hints_dropped;
     old_clients_.push_back(std::move(client_));
+    old_pins_.push_back(std::move(ram_pin_));
     old_segments_.push_back(std::move(segment_));
   }
+  ram_pin_ = PinRamTier(*segment);
   segment_ = std::move(segment);
   client_ = std::move(client);
   return absl::OkStatus();
@@ -137,6 +166,11 @@ absl::Status ResidencyExpertSource::AcquireLayer(int layer, absl::Span<const int
   return absl::OkStatus();
 }
 
+std::optional<ExpertTypes> ResidencyExpertSource::expert_types(int layer) const {
+  const StoreLayer& l = store_.manifest().layers[layer];
+  return ExpertTypes{l.gate_type, l.up_type, l.down_type};
+}
+
 int ResidencyExpertSource::max_experts_per_acquire() const {
   return static_cast<int>(std::max<uint32_t>(1, segment_->header().ram_slot_count / 2));
 }
@@ -149,6 +183,7 @@ void ResidencyExpertSource::ReleaseLayer(int layer) {
   held_.erase(it);
   if (held_.empty() && !old_clients_.empty()) {
     old_clients_.clear();
+    old_pins_.clear();
     old_segments_.clear();
   }
 }

@@ -12,6 +12,14 @@
 // once; any other error, or a second failure, is returned (the engine passes it up). DataLoss
 // names the expert whose blob failed verification.
 //
+// Page-locking the RAM tier for the engine's uploads (options.pin_ram_tier): mer-residency may
+// cudaHostRegister the RAM tier in its own process, but registration belongs to a process's
+// address space, so this process's mapping of the same pages is pageable to its own CUDA context
+// (uploads from it go through the driver's staging at about a third of the pinned rate). A backend
+// that uploads from the views (cuda) therefore gives a pinner, and every segment the source
+// attaches has its RAM tier registered here too, once, at attach (the physical pages are then
+// locked by both processes, which costs no memory), and unregistered before it is unmapped.
+//
 // Thread-safety: one thread (the engine's Forward).
 #pragma once
 
@@ -38,6 +46,9 @@ struct ResidencyExpertSourceOptions {
   absl::Duration reconnect_timeout = absl::Seconds(10);
   // Send a routed Hint per acquired layer.
   bool send_hints = true;
+  // Page-locks each attached segment's RAM tier in this process (above); empty: left pageable
+  // (the cpu backend reads the slots in place and needs no DMA).
+  HostMemoryPinner pin_ram_tier;
   shm::ClientOptions client;
 };
 
@@ -65,6 +76,8 @@ class ResidencyExpertSource final : public ExpertSource {
   // Half the RAM tier's slots (at least one): what one acquire may pin while leaving the daemon
   // room for another client's step and for prefetch.
   int max_experts_per_acquire() const override;
+  // From the store's manifest.
+  std::optional<ExpertTypes> expert_types(int layer) const override;
 
   ResidencySourceStats stats() const;
   // Bytes of mer-residency's RAM tier (slots x slot size) in the segment attached now.
@@ -72,6 +85,10 @@ class ResidencyExpertSource final : public ExpertSource {
     return segment_ ? segment_->header().ram_slot_count * segment_->header().ram_slot_bytes : 0;
   }
   std::string FormatStats() const;
+  // How the RAM tier of the segment attached now is mapped for DMA: "pinned: ..." (bytes and
+  // time of the registration), "pageable: WHY", or "not pinned" without a pinner.
+  const std::string& ram_tier_pinning() const { return pinning_; }
+  bool ram_tier_pinned() const { return ram_pin_ != nullptr; }
 
  private:
   struct Held {
@@ -84,15 +101,21 @@ class ResidencyExpertSource final : public ExpertSource {
       : store_(store), name_(std::move(name)), options_(options) {}
   absl::Status Attach();
   absl::Status TryAcquire(int layer, absl::Span<const int32_t> experts, Held* held);
+  // Registers `segment`'s RAM tier with options_.pin_ram_tier (sets pinning_); null when not pinned.
+  std::shared_ptr<void> PinRamTier(const shm::ShmSegment& segment);
 
   const ExpertStore& store_;
   const std::string name_;
   const ResidencyExpertSourceOptions options_;
   std::unique_ptr<shm::ShmSegment> segment_;
   std::unique_ptr<shm::ResidencyClient> client_;
-  // Clients (and segments) replaced by a reconnection, kept while layers they pinned are held.
+  std::shared_ptr<void> ram_pin_;  // segment_'s RAM tier registration, released before segment_
+  std::string pinning_ = "not pinned";
+  // Clients (and segments, and their registrations) replaced by a reconnection, kept while layers
+  // they pinned are held.
   std::vector<std::unique_ptr<shm::ShmSegment>> old_segments_;
   std::vector<std::unique_ptr<shm::ResidencyClient>> old_clients_;
+  std::vector<std::shared_ptr<void>> old_pins_;
   std::map<int, Held> held_;
   shm::ClientStats retired_stats_;  // of clients replaced
   uint64_t layers_ = 0, experts_ = 0, reconnects_ = 0;

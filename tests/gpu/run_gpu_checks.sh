@@ -2,7 +2,8 @@
 # The whole GPU check of the cuda backend in one call on the GPU machine (docs/cuda.md):
 #   1. the kernel sweep (cuda_kernels_test), and the same under compute-sanitizer memcheck;
 #   2. the engine tests (cuda_engine_test: corpus vs the CPU reference, arena 100% and 10%,
-#      mixed batches, 10,000 decode steps without memory growth);
+#      mixed batches, 10,000 decode steps without memory growth; cuda_store_test: the same
+#      comparison with the experts served by mer-residency from an expert store, RAM tier 10%);
 #   3. a synthetic Qwen3-30B-A3B Q8_0 model (mer synth, --router-skew $SKEW) and `mer bench
 #      --backend cuda` (31 prompt + 128 generated tokens, 1 warm-up + 3 runs, batch 1) with
 #      100%, 50%, 25% and 12.5% of the experts in VRAM, the rest read from the mapped file
@@ -50,7 +51,12 @@ if has_step tests engine; then
     MER_CUDA_DEBUG=1 timeout 90 "$BUNDLE/run" cuda_engine_test --gtest_filter="$f" >> "$OUT/engine.log" 2>&1
     note "cuda_engine_test $f: rc=$?"
   done
-  grep -E '^\[(  FAILED|       OK) |arena .* slots\]|10000 steps' "$OUT/engine.log" | tee -a "$summary"
+  # Experts from an expert store through mer-residency (in process, RAM tier 10%).
+  for f in 'CudaFromStore.*' $(for c in tiny_q8_0 tiny_f16 small_q8_0; do echo "Store/CudaFromResidency.*/$c"; done); do
+    MER_CUDA_DEBUG=1 timeout 180 "$BUNDLE/run" cuda_store_test --gtest_filter="$f" >> "$OUT/engine.log" 2>&1
+    note "cuda_store_test $f: rc=$?"
+  done
+  grep -E '^\[(  FAILED|       OK) |arena .* slots|10000 steps' "$OUT/engine.log" | tee -a "$summary"
 fi
 
 if has_step bench profile && [ ! -s "$MODEL" ]; then

@@ -22,6 +22,23 @@ bool MaybeHelp(const Args& args, const char* help) {
 
 absl::StatusOr<LoadedModel> LoadModel(const Flags& flags, int min_context_tokens) {
   LoadedModel m;
+  ASSIGN_OR_RETURN(const int64_t threads, flags.Int("threads", 0));
+  ASSIGN_OR_RETURN(const int64_t batch, flags.Int("batch", 256));
+  ASSIGN_OR_RETURN(const int64_t ctx, flags.Int("ctx", std::max(4096, min_context_tokens)));
+  ASSIGN_OR_RETURN(const int64_t pin, flags.Int("pin-experts", 1));
+  ASSIGN_OR_RETURN(const int64_t vram_prefetch, flags.Int("vram-prefetch", 1));
+  ASSIGN_OR_RETURN(const int64_t profile_kernels, flags.Int("profile-kernels", 0));
+  if (threads < 0 || threads > 1024) return absl::InvalidArgumentError("--threads must be in [0, 1024]");
+  BackendOptions o;
+  o.backend = m.backend = flags.String("backend", "cpu");
+  o.threads = static_cast<int>(threads);
+  o.max_batch_tokens = static_cast<int>(std::clamp<int64_t>(batch, 1, 65536));
+  o.max_context_tokens = static_cast<int>(std::clamp<int64_t>(ctx, 1, 1 << 24));
+  o.vram_expert_budget = flags.String("vram-expert-budget");
+  o.pin_host_experts = pin != 0;
+  o.vram_prefetch = vram_prefetch != 0;
+  o.profile_kernels = profile_kernels != 0;
+
   std::string path;
   if (flags.Has("store") || flags.Has("residency")) {
     if (flags.Has("model"))
@@ -36,8 +53,10 @@ absl::StatusOr<LoadedModel> LoadModel(const Flags& flags, int min_context_tokens
     if (!weights.ok())
       return absl::Status(weights.status().code(), absl::StrCat(path, ": ", weights.status().message()));
     m.weights = std::move(*weights);
+    ResidencyExpertSourceOptions so;
+    so.pin_ram_tier = HostMemoryPinnerFor(o);  // cuda: register the RAM tier in this process
     ASSIGN_OR_RETURN(std::unique_ptr<ResidencyExpertSource> source,
-                     ResidencyExpertSource::Connect(*m.store, instance));
+                     ResidencyExpertSource::Connect(*m.store, instance, so));
     m.residency = source.get();
     m.experts = std::move(source);
   } else {
@@ -55,22 +74,6 @@ absl::StatusOr<LoadedModel> LoadModel(const Flags& flags, int min_context_tokens
   m.tokenizer = std::make_unique<Tokenizer>(std::move(*tokenizer));
   if (m.experts == nullptr) m.experts = std::make_unique<MappedExpertSource>(*m.weights);
 
-  ASSIGN_OR_RETURN(const int64_t threads, flags.Int("threads", 0));
-  ASSIGN_OR_RETURN(const int64_t batch, flags.Int("batch", 256));
-  ASSIGN_OR_RETURN(const int64_t ctx, flags.Int("ctx", std::max(4096, min_context_tokens)));
-  ASSIGN_OR_RETURN(const int64_t pin, flags.Int("pin-experts", 1));
-  ASSIGN_OR_RETURN(const int64_t vram_prefetch, flags.Int("vram-prefetch", 1));
-  ASSIGN_OR_RETURN(const int64_t profile_kernels, flags.Int("profile-kernels", 0));
-  if (threads < 0 || threads > 1024) return absl::InvalidArgumentError("--threads must be in [0, 1024]");
-  BackendOptions o;
-  o.backend = m.backend = flags.String("backend", "cpu");
-  o.threads = static_cast<int>(threads);
-  o.max_batch_tokens = static_cast<int>(std::clamp<int64_t>(batch, 1, 65536));
-  o.max_context_tokens = static_cast<int>(std::clamp<int64_t>(ctx, 1, 1 << 24));
-  o.vram_expert_budget = flags.String("vram-expert-budget");
-  o.pin_host_experts = pin != 0;
-  o.vram_prefetch = vram_prefetch != 0;
-  o.profile_kernels = profile_kernels != 0;
   ASSIGN_OR_RETURN(CreatedBackend created, CreateBackend(*m.weights, *m.experts, o));
   m.engine = std::move(created.engine);
   m.threads = created.threads;

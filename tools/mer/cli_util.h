@@ -50,7 +50,8 @@ inline BackendCounters ReadBackendCounters(const LoadedModel& m) {
 // Flags read: --model, or --store and --residency (instance name); --threads, --ctx (KV
 // positions), --batch (prompt chunk); --backend cpu|cuda, and for cuda --vram-expert-budget
 // BYTES|PERCENT% (a cap on the expert arena: bytes, or a percentage of all experts) and
-// --pin-experts 0|1 (cudaHostRegister the mapped experts, default 1), --vram-prefetch 0|1
+// --pin-experts 0|1 (cudaHostRegister the host memory experts are uploaded from: the mapped file,
+// or with --residency this process's mapping of the RAM tier; default 1), --vram-prefetch 0|1
 // (look-ahead prefetch into VRAM on decode misses, default 1).
 absl::StatusOr<LoadedModel> LoadModel(const Flags& flags, int min_context_tokens);
 

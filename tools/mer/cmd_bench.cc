@@ -13,7 +13,8 @@
 namespace mer::cli {
 namespace {
 
-constexpr char kHelp[] = R"(usage: mer bench --model F.gguf [--threads N] [--prompt-tokens 31 | --prompt-ids 1,2,3]
+constexpr char kHelp[] = R"(usage: mer bench (--model F.gguf | --store STORE_DIR --residency NAME) [--threads N]
+                 [--prompt-tokens 31 | --prompt-ids 1,2,3]
                  [--gen-tokens 128] [--runs 3] [--warmup 1]
                  [--backend cpu|cuda] [--vram-expert-budget BYTES|PERCENT%] [--pin-experts 0|1]
                  [--vram-prefetch 0|1] [--profile-kernels 0|1] [--temperature T --seed S]
@@ -27,7 +28,8 @@ total time (medians over the measured runs) and peak RSS; for the cuda backend a
 measured runs, the VRAM hit rate of expert lookups, misses and bytes uploaded per token, host
 synchronisations per token, look-ahead prefetches per token, and the arena and peak device
 memory; --profile-kernels 1 also times every kernel with CUDA events (graphs off, so the step is
-slower than without) and prints GPU time per kernel kind.
+slower than without) and prints GPU time per kernel kind. With --store and --residency the
+experts come from the mer-residency instance NAME (its RAM tier, filled from the store).
 )";
 
 constexpr char kPromptText[] =
@@ -42,7 +44,7 @@ double Median(std::vector<double> v) {
 
 absl::Status Bench(const Args& args) {
   ASSIGN_OR_RETURN(Flags f, Flags::Parse(args,
-                                         {"model", "threads", "ctx", "batch", "prompt-tokens",
+                                         {"model", "store", "residency", "threads", "ctx", "batch", "prompt-tokens",
                                           "prompt-ids", "gen-tokens", "runs", "warmup", "backend",
                                           "vram-expert-budget", "pin-experts", "vram-prefetch", "profile-kernels",
                                           "temperature", "seed"},
@@ -90,9 +92,12 @@ absl::Status Bench(const Args& args) {
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   const ModelConfig& c = m.weights->config();
+  const std::optional<ExpertTypes> types = m.experts->expert_types(0);
   std::printf("model            %s (%d layers, d_model %d, %d experts top-%d, ffn %d, %s experts)\n",
-              f.String("model").c_str(), c.n_layer, c.n_embd, c.n_expert, c.n_expert_used, c.n_ff_exp,
-              std::string(TypeName(m.weights->layers[0].gate_exps.type)).c_str());
+              m.store ? absl::StrCat(m.store->dir(), " via mer-residency ", f.String("residency")).c_str()
+                      : f.String("model").c_str(),
+              c.n_layer, c.n_embd, c.n_expert, c.n_expert_used, c.n_ff_exp,
+              types ? std::string(TypeName(types->gate)).c_str() : "?");
   std::printf("method           %s, %zu prompt + %lld generated tokens, %lld warm-up + %lld runs, %d threads\n",
               temperature > 0 ? absl::StrCat("temperature ", temperature).c_str() : "greedy",
               prompt.size(), (long long)n_gen, (long long)warmup, (long long)runs,
@@ -103,6 +108,7 @@ absl::Status Bench(const Args& args) {
   std::printf("total_mean_s     %.3f\n", mean_total);
   std::printf("peak_rss_mib     %.1f\n", ru.ru_maxrss / 1024.0);
   std::printf("backend          %s\n", m.backend.c_str());
+  if (m.residency != nullptr) std::printf("residency        %s\n", m.residency->FormatStats().c_str());
   if (m.backend == "cuda") {
     const BackendCounters after = ReadBackendCounters(m);
     const double tokens = static_cast<double>(after.tokens - before.tokens);
@@ -111,7 +117,8 @@ absl::Status Bench(const Args& args) {
     std::printf("arena            %lld of %lld experts (%.1f%%), %.2f GiB, host experts %s\n",
                 (long long)after.arena_slots, (long long)after.total_experts,
                 100.0 * after.arena_slots / after.total_experts, after.arena_bytes / 1073741824.0,
-                after.host_experts_pinned ? "pinned" : "pageable");
+                m.residency != nullptr ? m.residency->ram_tier_pinning().c_str()
+                                       : after.host_experts_pinned ? "pinned" : "pageable");
     std::printf("vram_hit_rate    %.4f\n", lookups > 0 ? 1.0 - misses / lookups : 1.0);
     std::printf("misses_per_token %.2f\n", misses / tokens);
     std::printf("upload_mib_per_token %.2f\n", (after.upload_bytes - before.upload_bytes) / tokens / 1048576.0);

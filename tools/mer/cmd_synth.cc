@@ -1,9 +1,11 @@
 // `mer synth`: write a synthetic qwen3moe model.
+#include <algorithm>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
 #include "common/model/synth_model.h"
+#include "common/store/synth_store.h"
 #include "tools/mer/cli_util.h"
 
 namespace mer::cli {
@@ -13,19 +15,24 @@ constexpr char kHelp[] = R"(usage: mer synth --preset {micro,tiny,small,qwen3-30
                  [--layers N --embd N --experts N --experts-used N --ff-exp N --heads N
                   --kv-heads N --head-dim N --vocab N --ctx N]
                  --quant {f32,f16,bf16,q8_0,q4_k} [--seed S] [--router-skew X]
-                 [--no-norm-topk] [--threads N] --out FILE.gguf
+                 [--no-norm-topk] [--threads N] (--out FILE.gguf | --store-out STORE_DIR [--force]
+                 [--no-direct])
 
 Writes a valid qwen3moe GGUF file with deterministic pseudo-random weights. The preset gives the
 geometry, the other flags override parts of it. --router-skew X > 0 makes expert popularity
 Zipf-like with exponent about X. --no-norm-topk writes expert_weights_norm = false.
+--store-out writes the model's expert store instead (what `mer pack` makes of the GGUF, byte for
+byte in experts.bin and dense.gguf) without writing the GGUF, for models whose file and store do
+not fit on the disk together; --force replaces a store in STORE_DIR, --no-direct writes
+experts.bin through the page cache. --threads (default: all cores) generates the weights.
 )";
 
 absl::Status Synth(const Args& args) {
   ASSIGN_OR_RETURN(Flags f, Flags::Parse(args,
                                          {"preset", "layers", "embd", "experts", "experts-used",
                                           "ff-exp", "heads", "kv-heads", "head-dim", "vocab", "ctx",
-                                          "quant", "seed", "router-skew", "threads", "out"},
-                                         {"no-norm-topk"}));
+                                          "quant", "seed", "router-skew", "threads", "out", "store-out"},
+                                         {"no-norm-topk", "force", "no-direct"}));
   const std::string preset = f.String("preset", "tiny");
   std::optional<SynthGeometry> g = SynthPreset(preset);
   if (!g) return absl::InvalidArgumentError(absl::StrCat("--preset: unknown preset '", preset, "'"));
@@ -57,8 +64,24 @@ absl::Status Synth(const Args& args) {
   ASSIGN_OR_RETURN(int64_t threads, f.Int("threads", 0));
   o.threads = static_cast<int>(threads);
   o.norm_topk_prob = !f.Has("no-norm-topk");
-  ASSIGN_OR_RETURN(const std::string out, f.Required("out"));
-  return WriteSynthModel(o, out);
+  if (f.Has("out") == f.Has("store-out")) return absl::InvalidArgumentError("give exactly one of --out and --store-out");
+  if (f.Has("out")) return WriteSynthModel(o, f.String("out"));
+  const std::string dir = f.String("store-out");
+  PackOptions po;
+  po.threads = o.threads;
+  po.overwrite = f.Has("force");
+  po.direct_io = !f.Has("no-direct");
+  po.progress = [](int done, int n_layer) {
+    if (done % 8 == 0 || done == n_layer) std::fprintf(stderr, "mer synth: %d of %d layers of experts\n", done, n_layer);
+  };
+  ASSIGN_OR_RETURN(const PackStats s, WriteSynthStore(o, dir, po));
+  std::printf("synthesized  %s: %llu blobs x %llu bytes = %.2f GiB%s, dense.gguf %.2f GiB, in %.1f s "
+              "(experts %.1f s, %.2f GB/s)\n",
+              dir.c_str(), static_cast<unsigned long long>(s.blob_count),
+              static_cast<unsigned long long>(s.blob_bytes), s.experts_bytes / 1073741824.0,
+              s.direct_io ? " (O_DIRECT)" : "", s.dense_bytes / 1073741824.0, s.seconds, s.experts_seconds,
+              s.experts_bytes / 1e9 / std::max(s.experts_seconds, 1e-9));
+  return absl::OkStatus();
 }
 
 }  // namespace

@@ -31,15 +31,17 @@ namespace {
 
 constexpr char kHelp[] = R"(usage: mer up (--model F.gguf [--store-dir DIR] | --store DIR) [--listen HOST:PORT]
               [--metrics-listen HOST:PORT] [--ram-budget BYTES|PERCENT%] [--policy lru|lfu|arc]
-              [--prefetch] [--backend cpu|cuda] [--max-sequences N] [--ctx N] [--threads N]
-              [--max-queue N]
+              [--prefetch] [--backend cpu|cuda] [--vram-expert-budget BYTES|PERCENT%]
+              [--max-sequences N] [--max-batch-tokens N] [--ctx N] [--threads N] [--max-queue N]
 
 Starts mer-residency, mer-compute and mer-gateway (found beside this `mer`), each once the one
 before is ready, and prints where they serve: the public gRPC API on --listen (default
 127.0.0.1:50051) and the host's /metrics on the gateway's --metrics-listen (default
 127.0.0.1:9480; the page carries all three daemons' metrics). With --model the expert store is
 --store-dir (default F.gguf.store beside the model), packed on first use and packed again when it
-no longer matches the model. The RAM tier holds --ram-budget of the experts (default 25%). A
+no longer matches the model. The RAM tier holds --ram-budget of the experts (default 25%);
+--backend, --vram-expert-budget, --max-sequences, --max-batch-tokens, --ctx and --threads are
+mer-compute's (see mer-compute --help). A
 daemon that exits is restarted (at most 5 times a minute); SIGINT or SIGTERM stops all three.
 Daemon output goes to stderr, each line prefixed with the daemon's name.
 )";
@@ -182,8 +184,9 @@ absl::StatusOr<std::string> EnsureStore(const Flags& f) {
 absl::Status Up(const Args& args) {
   ASSIGN_OR_RETURN(Flags f, Flags::Parse(args,
                                          {"model", "store", "store-dir", "listen", "metrics-listen",
-                                          "ram-budget", "policy", "backend", "max-sequences", "ctx",
-                                          "threads", "max-queue"},
+                                          "ram-budget", "policy", "backend", "vram-expert-budget",
+                                          "max-sequences", "max-batch-tokens", "ctx", "threads",
+                                          "max-queue"},
                                          {"prefetch"}));
   if (f.Has("model") == f.Has("store")) return absl::InvalidArgumentError("give exactly one of --model and --store");
   struct sigaction sa {};
@@ -209,8 +212,11 @@ absl::Status Up(const Args& args) {
   Daemon compute{"compute",
                  {bin + "/mer-compute", "--store", store, "--residency", instance, "--listen", socket,
                   "--backend", f.String("backend", "cpu"), "--max-sequences",
-                  f.String("max-sequences", "8"), "--ctx", f.String("ctx", "4096"), "--threads",
-                  f.String("threads", "0"), "--metrics-listen", "127.0.0.1:0"}};
+                  f.String("max-sequences", "8"), "--max-batch-tokens", f.String("max-batch-tokens", "256"),
+                  "--ctx", f.String("ctx", "4096"), "--threads", f.String("threads", "0"),
+                  "--metrics-listen", "127.0.0.1:0"}};
+  if (f.Has("vram-expert-budget"))
+    compute.argv.insert(compute.argv.end(), {"--vram-expert-budget", f.String("vram-expert-budget")});
   Daemon gateway{"gateway",
                  {bin + "/mer-gateway", "--compute", socket, "--listen",
                   f.String("listen", "127.0.0.1:50051"), "--metrics-listen",

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -53,6 +54,23 @@ int DevTypeOf(GgmlType t) { return static_cast<int>(t); }  // DevType mirrors Gg
 int ActType(GgmlType weight_type) { return DevTypeOf(ActivationTypeFor(weight_type)); }
 
 int64_t MatrixBytes(const MatrixView& m) { return m.rows * m.row_bytes(); }
+
+// A layer's expert types: from the source, or from the weights' merged expert tensors where the
+// source cannot tell and the file has them. Gate and up must share one type.
+absl::StatusOr<ExpertTypes> ExpertTypesOf(const ModelWeights& weights, const ExpertSource& experts, int l) {
+  std::optional<ExpertTypes> t = experts.expert_types(l);
+  const LayerWeights& L = weights.layers[l];
+  if (!t && L.gate_exps.data != nullptr) t = ExpertTypes{L.gate_exps.type, L.up_exps.type, L.down_exps.type};
+  if (!t)
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cuda backend: neither the expert source nor the model file gives layer ", l, "'s expert types"));
+  for (GgmlType g : {t->gate, t->up, t->down})
+    if (!SupportedType(g))
+      return absl::UnimplementedError(absl::StrCat("cuda backend: expert tensor type ", TypeName(g),
+                                                   " is not supported yet (F32, F16, BF16, Q8_0, Q4_K, Q6_K)"));
+  if (t->up != t->gate) return absl::UnimplementedError("cuda backend: the gate and up experts must share one type");
+  return *t;
+}
 
 // MER_CUDA_DEBUG=1 logs the stages of Create to stderr (start-up problems on a new machine).
 void DebugLog(const char* stage) {
@@ -214,7 +232,7 @@ struct CudaEngine::Impl {
   cuda::MoeGroups pred_groups{};       // its own arrays and lookup counter (predictions are not lookups)
   int32_t* host_pred = nullptr;        // pinned [K]
   int prefetch_layer = -1;             // the layer whose prefetch was issued and not yet consumed
-  bool prefetch_acquired = false;      // the source holds prefetch_layer for it
+  int prefetch_held_layer = -1;        // the layer the source holds for a prefetch's copies, or -1
   std::vector<int32_t> prefetched;     // its experts
   bool table_dirty = false;            // host_slot_table changed since the last upload
 
@@ -234,7 +252,13 @@ struct CudaEngine::Impl {
   std::vector<int32_t> seq_len, next_pos;
   std::vector<uint8_t> seen;
   std::vector<int32_t> out_rows;
-  std::vector<int> pending_release;  // layers acquired from the source in this step
+  // The layer acquired from the source whose uploads may still be in flight (at most one): it is
+  // released after the next synchronisation (ReleaseHeld).
+  std::vector<int> pending_release;
+  // ServeLayerExperts' and Preload's lists, reserved at Create.
+  std::vector<int32_t> missing;          // experts of a pass not in the arena
+  std::vector<ExpertWeights> views;      // of the group acquired
+  std::vector<PendingRepack> jobs;       // repack jobs not launched yet
 
   // CUDA graphs of a single-token, all-resident step, by number of logits rows (0 or 1).
   cudaGraphExec_t graph[2] = {nullptr, nullptr};
@@ -291,6 +315,26 @@ struct CudaEngine::Impl {
     if (layer == 0) return {};
     return {expert_out, chosen_w, c.n_expert_used};
   }
+  // Releases the layer held from the source; call after a synchronisation saw its copies complete.
+  // Releases the prefetch's hold on the source; unless the main stream has synchronised since it
+  // waited for the prefetch's copies, waits for them first (a host synchronisation).
+  void ReleasePrefetchHold(bool copies_done) {
+    if (prefetch_held_layer < 0) return;
+    if (!copies_done) {
+      CUDA_CHECK(cudaEventSynchronize(prefetch_done));
+      ++stats.host_syncs;
+    }
+    source.ReleaseLayer(prefetch_held_layer);
+    prefetch_held_layer = -1;
+  }
+  void ReleaseHeld() {
+    for (int layer : pending_release) source.ReleaseLayer(layer);
+    pending_release.clear();
+  }
+  // FailedPrecondition unless the source's view of (layer, expert) has the arena's types and shapes.
+  absl::Status CheckView(int layer, int expert, const ExpertWeights& w) const;
+  // Acquires group of `layer` into views (and holds it, pending_release), checked.
+  absl::Status AcquireGroup(int layer, absl::Span<const int32_t> group);
   void Sync() {
     CUDA_CHECK(cudaStreamSynchronize(stream));
     ++stats.host_syncs;
@@ -366,9 +410,6 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   if (c.n_embd > 8192) return absl::UnimplementedError("cuda backend: n_embd must be <= 8192 (rms_norm.cuh)");
   if (c.n_expert > 1024 || c.n_expert_used > 32)
     return absl::UnimplementedError("cuda backend: at most 1024 experts and top-32");
-  if (weights.layers.empty() || weights.layers[0].gate_exps.data == nullptr)
-    return absl::UnimplementedError("cuda backend: needs the experts' tensors in the model file (--model)");
-
   auto impl = std::make_unique<Impl>(weights, experts);
   Impl& m = *impl;
   m.o = o;
@@ -377,15 +418,15 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   CUDA_CHECK(cudaStreamCreateWithFlags(&m.copy_stream, cudaStreamNonBlocking));
   CUDA_CHECK(cudaEventCreateWithFlags(&m.prefetch_done, cudaEventDisableTiming));
 
-  // Types. Per layer the types may differ (Q4_K_M); the kernels need gate and up of one type and
-  // Q, K and V of one activation type (each is converted once), as every GGUF mix has.
+  // Types. The experts' come from the source (the file's tensors, or an expert store's manifest
+  // when the weights are a store's dense.gguf), else from the weights' expert tensors; per layer
+  // they may differ (Q4_K_M), gate and up of one type. Q, K and V must share one activation type
+  // (each is converted once), as every GGUF mix has.
   for (const LayerWeights& L : weights.layers) {
-    for (const MatrixView* mv : {&L.wq, &L.wk, &L.wv, &L.wo, &L.router, &L.gate_exps, &L.up_exps, &L.down_exps})
+    for (const MatrixView* mv : {&L.wq, &L.wk, &L.wv, &L.wo, &L.router})
       if (!SupportedType(mv->type))
         return absl::UnimplementedError(absl::StrCat("cuda backend: tensor type ", TypeName(mv->type),
                                                      " is not supported yet (F32, F16, BF16, Q8_0, Q4_K, Q6_K)"));
-    if (L.up_exps.type != L.gate_exps.type)
-      return absl::UnimplementedError("cuda backend: the gate and up experts must share one type");
     if (ActivationTypeFor(L.wk.type) != ActivationTypeFor(L.wq.type) ||
         ActivationTypeFor(L.wv.type) != ActivationTypeFor(L.wq.type))
       return absl::UnimplementedError("cuda backend: Q, K and V must share one activation type");
@@ -394,13 +435,14 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
     return absl::UnimplementedError("cuda backend: unsupported type of token_embd or output");
   int64_t slot_end = 0;
   for (int l = 0; l < c.n_layer; ++l) {
-    const ExpertWeights e = weights.Expert(l, 0);
+    ASSIGN_OR_RETURN(const ExpertTypes t, ExpertTypesOf(weights, experts, l));
+    // gate, up: [n_ff_exp rows, n_embd cols]; down: [n_embd rows, n_ff_exp cols].
     ExpertLayout el;
-    el.gate_type = e.gate.type;
-    el.down_type = e.down.type;
-    el.gate_bytes = MatrixBytes(e.gate);
-    el.up_bytes = MatrixBytes(e.up);
-    el.down_bytes = MatrixBytes(e.down);
+    el.gate_type = t.gate;
+    el.down_type = t.down;
+    el.gate_bytes = int64_t(c.n_ff_exp) * RowBytes(t.gate, c.n_embd);
+    el.up_bytes = el.gate_bytes;
+    el.down_bytes = int64_t(c.n_embd) * RowBytes(t.down, c.n_ff_exp);
     el.up_offset = AlignUp(el.gate_bytes);
     el.down_offset = el.up_offset + AlignUp(el.up_bytes);
     slot_end = std::max(slot_end, el.down_offset + el.down_bytes);
@@ -614,9 +656,11 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   CUDA_CHECK(cudaMemcpyAsync(m.slot_table, m.host_slot_table, m.total_experts * 4, cudaMemcpyHostToDevice, m.stream));
   CUDA_CHECK(cudaStreamSynchronize(m.stream));
 
-  // Pin the experts' host memory (the mapped model file), so misses upload by DMA at full PCIe
-  // speed instead of through the driver's pageable staging.
-  if (o.pin_host_experts) {
+  // Pin the experts' host memory when it is the mapped model file, so misses upload by DMA at full
+  // PCIe speed instead of through the driver's pageable staging. Experts from elsewhere (an expert
+  // store's dense.gguf has no expert tensors) are pinned by their source: mer-residency's RAM tier
+  // through ResidencyExpertSourceOptions::pin_ram_tier (backend_factory.h, HostMemoryPinnerFor).
+  if (o.pin_host_experts && weights.layers[0].gate_exps.data != nullptr) {
     uintptr_t lo = UINTPTR_MAX, hi = 0;
     for (const LayerWeights& L : weights.layers)
       for (const MatrixView* mv : {&L.gate_exps, &L.up_exps, &L.down_exps}) {
@@ -643,6 +687,10 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
     }
   }
 
+  m.missing.reserve(NE);
+  m.views.reserve(NE);
+  m.jobs.reserve(cuda::kMaxRepackJobs);
+  m.pending_release.reserve(1);
   m.seq_len.assign(o.max_sequences, 0);
   m.next_pos.reserve(o.max_sequences);
   m.seen.reserve(o.max_sequences);
@@ -744,36 +792,70 @@ void CudaEngine::Impl::UploadExpert(int layer, int expert, const ExpertWeights& 
   stats.expert_upload_bytes += el.bytes();
 }
 
+absl::Status CudaEngine::Impl::CheckView(int layer, int expert, const ExpertWeights& w) const {
+  const auto ok = [&](const MatrixView& mv, int64_t rows, int64_t cols) {
+    return mv.data != nullptr && mv.rows == rows && mv.cols == cols;
+  };
+  const ExpertLayout& el = expert_layout[layer];
+  if (ok(w.gate, c.n_ff_exp, c.n_embd) && ok(w.up, c.n_ff_exp, c.n_embd) && ok(w.down, c.n_embd, c.n_ff_exp) &&
+      w.gate.type == el.gate_type && w.up.type == el.gate_type && w.down.type == el.down_type)
+    return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "cuda backend: layer ", layer, " expert ", expert, " from the expert source is not ", TypeName(el.gate_type),
+      " [", c.n_ff_exp, " x ", c.n_embd, "] x 2 + ", TypeName(el.down_type), " [", c.n_embd, " x ", c.n_ff_exp,
+      "], the arena's layout"));
+}
+
+absl::Status CudaEngine::Impl::AcquireGroup(int layer, absl::Span<const int32_t> group) {
+  CHECK(pending_release.empty());  // a source hands out a layer once between releases
+  views.resize(group.size());
+  if (absl::Status s = source.AcquireLayer(layer, group, absl::MakeSpan(views)); !s.ok()) {
+    source.ReleaseLayer(layer);  // as the CPU engine does: a failed acquire holds nothing
+    return s;
+  }
+  pending_release.push_back(layer);
+  for (size_t i = 0; i < group.size(); ++i) RETURN_IF_ERROR(CheckView(layer, group[i], views[i]));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int64_t> CudaEngine::Preload() {
   Impl& m = *impl_;
   const ModelConfig& c = config_;
+  const int group_max = std::max(1, m.source.max_experts_per_acquire());
   int64_t loaded = 0;
-  std::vector<PendingRepack> jobs;
-  std::vector<int32_t> ids;
-  std::vector<ExpertWeights> views(c.n_expert);
-  for (int l = 0; l < c.n_layer && m.resident < m.n_slots; ++l) {
-    ids.clear();
-    for (int e = 0; e < c.n_expert && m.resident + int64_t(ids.size()) < m.n_slots; ++e)
-      if (m.host_slot_table[l * c.n_expert + e] < 0) ids.push_back(e);
-    if (ids.empty()) continue;
-    RETURN_IF_ERROR(m.source.AcquireLayer(l, ids, absl::MakeSpan(views.data(), ids.size())));
-    int staged = 0;
-    ++m.epoch;
-    for (size_t i = 0; i < ids.size(); ++i) {
-      const int32_t s = m.TakeVictim();
-      CHECK(s >= 0);
-      m.pin_epoch[s] = m.epoch;
-      m.UploadExpert(l, ids[i], views[i], s, &jobs, &staged, m.stream, m.staging);
-      m.Touch(s);
-      ++loaded;
+  absl::Status status;
+  // Layer by layer, in groups the source can hand out at once; each group's copies are complete
+  // (synchronised) before it is released.
+  for (int l = 0; l < c.n_layer && m.resident < m.n_slots && status.ok(); ++l) {
+    m.missing.clear();
+    for (int e = 0; e < c.n_expert && m.resident + int64_t(m.missing.size()) < m.n_slots; ++e)
+      if (m.host_slot_table[l * c.n_expert + e] < 0) m.missing.push_back(e);
+    for (size_t g0 = 0; g0 < m.missing.size() && status.ok(); g0 += group_max) {
+      const absl::Span<const int32_t> group(m.missing.data() + g0,
+                                            std::min<size_t>(group_max, m.missing.size() - g0));
+      status = m.AcquireGroup(l, group);
+      if (status.ok()) {
+        int staged = 0;
+        ++m.epoch;
+        for (size_t i = 0; i < group.size(); ++i) {
+          const int32_t s = m.TakeVictim();
+          CHECK(s >= 0);
+          m.pin_epoch[s] = m.epoch;
+          m.UploadExpert(l, group[i], m.views[i], s, &m.jobs, &staged, m.stream, m.staging);
+          m.Touch(s);
+          ++loaded;
+        }
+        if (!m.jobs.empty()) m.FlushRepack(&m.jobs, &staged, m.stream);
+      }
+      CUDA_CHECK(cudaStreamSynchronize(m.stream));
+      m.ReleaseHeld();
     }
-    if (!jobs.empty()) m.FlushRepack(&jobs, &staged, m.stream);
-    CUDA_CHECK(cudaStreamSynchronize(m.stream));
-    m.source.ReleaseLayer(l);
   }
+  // The device table follows the host's, also after a failure part way.
   CUDA_CHECK(cudaMemcpyAsync(m.slot_table, m.host_slot_table, m.total_experts * 4, cudaMemcpyHostToDevice, m.stream));
   CUDA_CHECK(cudaStreamSynchronize(m.stream));
   m.stats.expert_upload_bytes = 0;  // preloading is not a miss
+  RETURN_IF_ERROR(status);
   return loaded;
 }
 
@@ -849,9 +931,14 @@ void CudaEngine::Impl::UploadSlotTable() {
   table_dirty = false;
 }
 
-// The host path of one layer: read its routing (one synchronisation), upload the missing experts
-// into LRU victims, and run the experts in passes of at most n_slots experts each; then start
-// the next layer's predicted uploads (PrefetchLayer).
+// The host path of one layer: read its routing (one synchronisation), then run its experts in
+// passes of at most n_slots experts each. A pass acquires its missing experts from the source in
+// groups of at most max_experts_per_acquire() (a RAM tier smaller than a layer's experts), uploads
+// them into LRU victims and launches the expert kernels. The views' memory must outlive the copies
+// from it: the last group stays held until the next synchronisation (the next layer's routing
+// read, or the end of the step) and an earlier group of the same pass or layer is released after a
+// synchronisation of its own, since a source hands out a layer once between releases. Then the
+// next layer's predicted uploads start (PrefetchLayer).
 absl::Status CudaEngine::Impl::ServeLayerExperts(int layer, int n, const DevAct& x_act) {
   const int NE = c.n_expert, K = c.n_expert_used;
   const bool predicted = Predicts(layer, n, true);
@@ -860,10 +947,14 @@ absl::Status CudaEngine::Impl::ServeLayerExperts(int layer, int n, const DevAct&
   if (observer != nullptr)
     CUDA_CHECK(cudaMemcpyAsync(host_chosen, chosen, int64_t(n) * K * 4, cudaMemcpyDeviceToHost, stream));
   Sync();
+  ReleaseHeld();  // the previous layer's uploads are complete
+  // So are those of a prefetch of an earlier layer (this stream waited for them at that layer).
+  if (prefetch_held_layer >= 0 && prefetch_held_layer != layer) ReleasePrefetchHold(true);
   if (observer != nullptr) observer->OnRouting(layer, absl::MakeConstSpan(host_chosen, n * K), K);
   const int n_used = host_groups[0];
   const int32_t* used = host_groups + 2;
   const auto t0 = std::chrono::steady_clock::now();
+  const int group_max = std::max(1, source.max_experts_per_acquire());
 
   // This layer's prefetch (issued while the previous layer ran): nothing of it may be touched
   // before it has landed, so the stream waits for it here; its experts were useful or wasted.
@@ -876,68 +967,58 @@ absl::Status CudaEngine::Impl::ServeLayerExperts(int layer, int n, const DevAct&
     }
     prefetch_layer = -1;
   }
-
-  // Which experts to fetch from the source (one AcquireLayer per layer): the missing ones, or,
-  // when the layer needs more experts than the arena has slots (passes evict each other's
-  // experts), all of them. Control path: small allocations per missing layer are acceptable.
   const bool multi_pass = n_used > n_slots;
-  std::vector<int32_t> fetch, view_of(n_used, -1);
-  for (int u = 0; u < n_used; ++u) {
-    if (multi_pass || host_slot_table[layer * NE + used[u]] < 0) {
-      view_of[u] = static_cast<int32_t>(fetch.size());
-      fetch.push_back(used[u]);
-    }
-  }
-  std::vector<ExpertWeights> views(fetch.size());
-  if (!fetch.empty()) {
-    if (had_prefetch && prefetch_acquired) {
-      // The source holds this layer for the prefetch's copies: they must finish before the
-      // layer is released and acquired again for the demand.
-      CUDA_CHECK(cudaEventSynchronize(prefetch_done));
-      ++stats.host_syncs;
-      source.ReleaseLayer(layer);
-      pending_release.erase(std::find(pending_release.begin(), pending_release.end(), layer));
-    }
-    const absl::Status s = source.AcquireLayer(layer, fetch, absl::MakeSpan(views));
-    if (!s.ok()) {
-      source.ReleaseLayer(layer);
-      return s;
-    }
-    pending_release.push_back(layer);
-  }
-  if (had_prefetch) prefetch_acquired = false;
-  std::vector<PendingRepack> jobs;
-  for (int u0 = 0; u0 < n_used; u0 += n_slots) {
+
+  absl::Status status;
+  for (int u0 = 0; u0 < n_used && status.ok(); u0 += n_slots) {
     const int count = std::min(n_slots, n_used - u0);
-    if (u0 > 0) Sync();  // the previous pass read the slots this one may evict, and the host table
+    if (u0 > 0) {
+      Sync();  // the previous pass read the slots this one may evict, and its copies are done
+      ReleaseHeld();
+    }
     ++epoch;
+    missing.clear();
     for (int u = u0; u < u0 + count; ++u) {
       const int32_t s = host_slot_table[layer * NE + used[u]];
-      if (s >= 0) pin_epoch[s] = epoch;
+      if (s >= 0) {
+        pin_epoch[s] = epoch;
+      } else {
+        missing.push_back(used[u]);
+      }
     }
     int staged = 0;
-    for (int u = u0; u < u0 + count; ++u) {
-      int32_t s = host_slot_table[layer * NE + used[u]];
-      if (s < 0) {
-        CHECK(view_of[u] >= 0);
-        s = TakeVictim();
+    for (size_t g0 = 0; g0 < missing.size(); g0 += group_max) {
+      if (g0 > 0) {
+        if (!jobs.empty()) FlushRepack(&jobs, &staged, stream);
+        Sync();  // the copies from the group held are done
+        ReleaseHeld();
+      }
+      const absl::Span<const int32_t> group(missing.data() + g0, std::min<size_t>(group_max, missing.size() - g0));
+      // The source hands out a layer once between releases: a prefetch of this layer lets go first.
+      if (prefetch_held_layer == layer) ReleasePrefetchHold(false);
+      status = AcquireGroup(layer, group);
+      if (!status.ok()) break;  // a group held is released after Forward's synchronisation
+      for (size_t i = 0; i < group.size(); ++i) {
+        const int32_t s = TakeVictim();
         CHECK(s >= 0);  // count <= n_slots and only this pass's experts are pinned
-        UploadExpert(layer, used[u], views[view_of[u]], s, &jobs, &staged, stream, staging);
+        pin_epoch[s] = epoch;
+        UploadExpert(layer, group[i], views[i], s, &jobs, &staged, stream, staging);
         ++stats.expert_misses;
         table_dirty = true;
       }
-      pin_epoch[s] = epoch;
-      Touch(s);
     }
     if (!jobs.empty()) FlushRepack(&jobs, &staged, stream);
+    // The device table follows the host's before anything reads it, also after a failure.
     if (table_dirty) UploadSlotTable();
+    if (!status.ok()) break;
+    for (int u = u0; u < u0 + count; ++u) Touch(host_slot_table[layer * NE + used[u]]);
     Mark("serve: sync, uploads");
     EnqueueExperts(layer, n, x_act, u0, count);
   }
   if (predicted && !multi_pass) PrefetchLayer(layer + 1);
   stats.upload_seconds_x1e6 += static_cast<int64_t>(
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
-  return absl::OkStatus();
+  return status;
 }
 
 bool CudaEngine::Impl::Predicts(int layer, int n, bool host_path) const {
@@ -955,19 +1036,22 @@ void CudaEngine::Impl::PrefetchLayer(int layer) {
   const int NE = c.n_expert, K = c.n_expert_used;
   prefetched.clear();
   std::vector<int32_t> ids;
-  for (int j = 0; j < K && static_cast<int>(ids.size()) < o.staging_experts; ++j) {
+  const int most = std::min(o.staging_experts, std::max(1, source.max_experts_per_acquire()));
+  for (int j = 0; j < K && static_cast<int>(ids.size()) < most; ++j) {
     const int32_t e = host_pred[j];
     if (e < 0 || e >= NE || host_slot_table[layer * NE + e] >= 0) continue;
     if (std::find(ids.begin(), ids.end(), e) == ids.end()) ids.push_back(e);
   }
   if (ids.empty()) return;
+  // One hold at a time (a RAM tier may have few slots): the last prefetch's, if this layer had no
+  // miss that released it, goes now.
+  ReleasePrefetchHold(false);
   std::vector<ExpertWeights> views(ids.size());
   if (!source.AcquireLayer(layer, ids, absl::MakeSpan(views)).ok()) {
     source.ReleaseLayer(layer);
     return;
   }
-  pending_release.push_back(layer);
-  prefetch_acquired = true;
+  prefetch_held_layer = layer;
   std::vector<PendingRepack> jobs;
   int staged = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -1171,9 +1255,8 @@ absl::Status CudaEngine::Forward(absl::Span<const BatchToken> batch, float* logi
     ++m.stats.host_syncs;
     m.prefetch_layer = -1;
   }
-  m.prefetch_acquired = false;
-  for (int layer : m.pending_release) m.source.ReleaseLayer(layer);
-  m.pending_release.clear();
+  m.ReleasePrefetchHold(true);
+  m.ReleaseHeld();
   ++m.stats.forward_calls;
   m.stats.tokens += n;
   if (!status.ok()) {

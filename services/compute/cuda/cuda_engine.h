@@ -10,7 +10,10 @@
 // to a slot and is what the expert kernels read. Misses are uploaded from the host pointers the
 // ExpertSource returns (cudaMemcpyAsync; the experts' host memory is pinned with cudaHostRegister
 // when it can be), evicting the least recently used expert that the layer being computed does not
-// use. While every expert is resident, a step runs with no host round trip between its layers (and
+// use. The weights may lack the expert tensors (an expert store's dense.gguf): the experts' types
+// then come from the source (ExpertSource::expert_types, a store's manifest), and a layer's misses
+// are acquired in groups of at most the source's max_experts_per_acquire() (mer-residency's RAM
+// tier, ResidencyExpertSource), each held until its copies are complete. While every expert is resident, a step runs with no host round trip between its layers (and
 // single-token steps replay a CUDA graph); otherwise the host reads each layer's routing once
 // (one synchronisation) to serve its misses. docs/cuda.md has the design and the numbers.
 //
@@ -40,7 +43,9 @@ struct CudaEngineOptions {
   int64_t vram_expert_budget_bytes = -1;
   double vram_expert_budget_fraction = -1;  // of all n_layer * n_expert experts, in (0, 1]
   int64_t vram_margin_bytes = int64_t{1} << 30;  // left free for the driver and libraries
-  bool pin_host_experts = true;        // cudaHostRegister the experts' host memory (the mapped file)
+  // cudaHostRegister the experts' host memory when it is the mapped model file (other sources pin
+  // their own memory: ResidencyExpertSourceOptions::pin_ram_tier with CudaRegisterHostMemory).
+  bool pin_host_experts = true;
   bool use_graphs = true;              // CUDA graphs for single-token steps while all experts are resident
   int staging_experts = 16;            // device staging buffers for uploads (experts per repack launch)
   // Look-ahead prefetch into VRAM on decode steps that miss: the next layer's router applied to

@@ -153,6 +153,7 @@ absl::Time Batcher::heartbeat() const {
 
 void Batcher::StepLoop() {
   for (;;) {
+    bool idle = false;
     {
       absl::MutexLock lock(&mu_);
       heartbeat_ = absl::Now();
@@ -160,14 +161,16 @@ void Batcher::StepLoop() {
       if (running_.empty() && incoming_.empty()) {
         auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !incoming_.empty(); };
         mu_.AwaitWithTimeout(absl::Condition(&wake), options_.idle_tick);
-        continue;
-      }
-      while (!incoming_.empty()) {
-        running_.push_back(std::move(incoming_.front()));
-        incoming_.pop_front();
+        idle = true;
+      } else {
+        while (!incoming_.empty()) {
+          running_.push_back(std::move(incoming_.front()));
+          incoming_.pop_front();
+        }
       }
     }
-    Step();
+    if (!idle) Step();
+    if (options_.after_step) options_.after_step(idle);
   }
 }
 

@@ -18,6 +18,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -45,6 +46,10 @@ struct BatcherOptions {
   absl::Duration admission_wait = absl::Seconds(2);
   // Longest sleep of the idle step thread between heartbeats (the watchdog reads them).
   absl::Duration idle_tick = absl::Milliseconds(100);
+  // Called on the step thread after every step (idle = false) and every idle tick (idle = true):
+  // the one thread that may read the backend's own counters, e.g. to publish them as metrics.
+  // Keep it cheap: it runs between steps.
+  std::function<void(bool idle)> after_step;
 };
 
 enum class FinishReason { kNone, kLength, kEos };

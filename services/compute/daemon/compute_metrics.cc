@@ -57,90 +57,6 @@ class CapacityCollectable : public prometheus::Collectable {
   std::function<Capacity()> capacity_;
 };
 
-// One more sample of a gauge family.
-void AddSample(prometheus::MetricFamily* m, double v, std::vector<prometheus::ClientMetric::Label> labels) {
-  prometheus::ClientMetric cm;
-  cm.label = std::move(labels);
-  cm.gauge.value = v;
-  m->metric.push_back(std::move(cm));
-}
-
-// The backend counters of the last step (BackendCounters), as the VRAM tier's families.
-class BackendCollectable : public prometheus::Collectable {
- public:
-  std::vector<prometheus::MetricFamily> Collect() const override {
-    BackendCounters b;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!valid_) return {};
-      b = last_;
-    }
-    std::vector<prometheus::MetricFamily> out;
-    auto family = [&out](std::string name, std::string help, prometheus::MetricType type, double v,
-                         std::vector<prometheus::ClientMetric::Label> labels) {
-      prometheus::MetricFamily m;
-      m.name = std::move(name);
-      m.help = std::move(help);
-      m.type = type;
-      prometheus::ClientMetric cm;
-      cm.label = std::move(labels);
-      if (type == prometheus::MetricType::Counter) cm.counter.value = v;
-      else cm.gauge.value = v;
-      m.metric.push_back(std::move(cm));
-      out.push_back(std::move(m));
-    };
-    const auto counter = prometheus::MetricType::Counter;
-    const auto gauge = prometheus::MetricType::Gauge;
-    const std::vector<prometheus::ClientMetric::Label> vram = {{"tier", "vram"}};
-    family("mer_expert_lookups_total", "Distinct experts the steps needed, summed over layers, by tier.", counter,
-           double(b.expert_lookups), vram);
-    family("mer_expert_misses_total", "Needed experts that were not in the tier and were uploaded.", counter,
-           double(b.expert_misses), vram);
-    family("mer_evictions_total", "Experts evicted from the tier to make room.", counter, double(b.evictions), vram);
-    family("mer_prefetch_issued_total", "Experts uploaded into the tier ahead of demand (look-ahead).", counter,
-           double(b.vram_prefetch_issued), vram);
-    family("mer_prefetch_useful_total", "Prefetched experts that the predicted layer used.", counter,
-           double(b.vram_prefetch_useful), vram);
-    family("mer_prefetch_wasted_total", "Prefetched experts that the predicted layer did not use.", counter,
-           double(b.vram_prefetch_wasted), vram);
-    family("mer_expert_upload_bytes_total", "Expert bytes copied host -> VRAM.", counter, double(b.upload_bytes), {});
-    family("mer_host_syncs_total", "Host waits on the GPU inside forward steps.", counter, double(b.host_syncs), {});
-    family("mer_graph_launches_total", "Forward steps replayed as a CUDA graph.", counter, double(b.graph_launches),
-           {});
-    family("mer_backend_tokens_total", "Batch tokens the backend processed.", counter, double(b.tokens), {});
-    family("mer_tier_slots", "Expert slots of the tier by state.", gauge, double(b.arena_resident),
-           {{"state", "resident"}, {"tier", "vram"}});
-    AddSample(&out.back(), double(b.arena_slots - b.arena_resident), {{"state", "free"}, {"tier", "vram"}});
-    family("mer_vram_bytes", "Device memory: the expert arena, and the peak in use device-wide.", gauge,
-           double(b.arena_bytes), {{"use", "arena"}});
-    AddSample(&out.back(), double(b.vram_used_peak_bytes), {{"use", "peak"}});
-    return out;
-  }
-  void set_reader(std::function<BackendCounters()> read) {
-    std::lock_guard<std::mutex> lock(mu_);
-    read_ = std::move(read);
-  }
-  // On the step thread.
-  void Sample() {
-    std::function<BackendCounters()> read;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      read = read_;
-    }
-    if (!read) return;
-    const BackendCounters b = read();
-    std::lock_guard<std::mutex> lock(mu_);
-    last_ = b;
-    valid_ = true;
-  }
-
- private:
-  mutable std::mutex mu_;
-  std::function<BackendCounters()> read_;
-  BackendCounters last_;
-  bool valid_ = false;
-};
-
 prometheus::Histogram::BucketBoundaries Exponential(double start, double factor, int n) {
   prometheus::Histogram::BucketBoundaries b;
   for (int i = 0; i < n; ++i, start *= factor) b.push_back(start);
@@ -152,7 +68,6 @@ prometheus::Histogram::BucketBoundaries Exponential(double start, double factor,
 struct ComputeMetrics::Impl {
   std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
   std::shared_ptr<CapacityCollectable> capacity = std::make_shared<CapacityCollectable>();
-  std::shared_ptr<BackendCollectable> backend = std::make_shared<BackendCollectable>();
   prometheus::Histogram* step_seconds;
   prometheus::Histogram* batch_size;
   prometheus::Counter* prompt_tokens;
@@ -161,6 +76,18 @@ struct ComputeMetrics::Impl {
   prometheus::Counter* seq_ok;
   prometheus::Counter* seq_cancelled;
   prometheus::Counter* seq_failed;
+  // The cuda backend's (null for cpu), and the sample they were last advanced to.
+  prometheus::Counter* vram_lookups = nullptr;
+  prometheus::Counter* vram_misses = nullptr;
+  prometheus::Counter* upload_bytes = nullptr;
+  prometheus::Counter* vram_evictions = nullptr;
+  prometheus::Counter* host_syncs = nullptr;
+  prometheus::Counter* graph_launches = nullptr;
+  prometheus::Counter* backend_tokens = nullptr;
+  prometheus::Counter* prefetch[3] = {};  // issued, useful, wasted
+  prometheus::Gauge* vram_slots[2] = {};  // resident, free
+  prometheus::Gauge* vram_bytes[6] = {};  // dense, kv, workspace, arena, used, peak
+  BackendStats last;
 };
 
 ComputeMetrics::ComputeMetrics(const std::string& version, const std::string& backend,
@@ -206,9 +133,66 @@ ComputeMetrics::ComputeMetrics(const std::string& version, const std::string& ba
       .Add({{"daemon", "compute"}, {"version", version}, {"backend", backend}})
       .Set(1);
   impl_->capacity->set(std::move(capacity));
+  if (backend == "cuda") {
+    auto counter = [&r](const char* name, const char* help) -> prometheus::Family<prometheus::Counter>& {
+      return prometheus::BuildCounter().Name(name).Help(help).Register(r);
+    };
+    impl_->vram_lookups =
+        &counter("mer_expert_lookups_total", "Distinct (layer, expert) a batch needed, summed over layers.")
+             .Add({{"tier", "vram"}});
+    impl_->vram_misses =
+        &counter("mer_expert_misses_total", "Expert lookups not in the VRAM arena (uploaded from the host).")
+             .Add({{"tier", "vram"}});
+    impl_->upload_bytes = &counter("mer_expert_upload_bytes_total", "Bytes of expert uploads host -> VRAM.").Add({});
+    impl_->vram_evictions =
+        &counter("mer_evictions_total", "VRAM arena slots reused for another expert.").Add({{"tier", "vram"}});
+    impl_->host_syncs =
+        &counter("mer_host_syncs_total", "Host synchronisations with the GPU inside forward passes.").Add({});
+    auto& vram = prometheus::BuildGauge()
+                     .Name("mer_vram_bytes")
+                     .Help("Device memory by use: dense weights, KV cache, workspaces, expert arena; "
+                           "used: device-wide at the last sample.")
+                     .Register(r);
+    const char* uses[6] = {"dense", "kv", "workspace", "arena", "used", "peak"};
+    for (int i = 0; i < 6; ++i) impl_->vram_bytes[i] = &vram.Add({{"use", uses[i]}});
+    impl_->graph_launches = &counter("mer_graph_launches_total", "Forward steps replayed as a CUDA graph.").Add({});
+    impl_->backend_tokens = &counter("mer_backend_tokens_total", "Batch tokens the backend processed.").Add({});
+    const char* prefetch[3][2] = {
+        {"mer_prefetch_issued_total", "Experts uploaded into the tier ahead of demand (look-ahead)."},
+        {"mer_prefetch_useful_total", "Prefetched experts that the predicted layer used."},
+        {"mer_prefetch_wasted_total", "Prefetched experts that the predicted layer did not use."}};
+    for (int i = 0; i < 3; ++i) impl_->prefetch[i] = &counter(prefetch[i][0], prefetch[i][1]).Add({{"tier", "vram"}});
+    auto& slots = prometheus::BuildGauge().Name("mer_tier_slots").Help("Expert slots of the tier by state.").Register(r);
+    impl_->vram_slots[0] = &slots.Add({{"state", "resident"}, {"tier", "vram"}});
+    impl_->vram_slots[1] = &slots.Add({{"state", "free"}, {"tier", "vram"}});
+  }
 }
 
 ComputeMetrics::~ComputeMetrics() = default;
+
+void ComputeMetrics::OnBackendStats(const BackendStats& s) {
+  Impl& m = *impl_;
+  if (m.vram_lookups == nullptr) return;
+  const auto advance = [](prometheus::Counter* c, int64_t now, int64_t before) {
+    if (now > before) c->Increment(static_cast<double>(now - before));
+  };
+  advance(m.vram_lookups, s.expert_lookups, m.last.expert_lookups);
+  advance(m.vram_misses, s.expert_misses, m.last.expert_misses);
+  advance(m.upload_bytes, s.upload_bytes, m.last.upload_bytes);
+  advance(m.vram_evictions, s.evictions, m.last.evictions);
+  advance(m.host_syncs, s.host_syncs, m.last.host_syncs);
+  advance(m.graph_launches, s.graph_launches, m.last.graph_launches);
+  advance(m.backend_tokens, s.tokens, m.last.tokens);
+  advance(m.prefetch[0], s.prefetch_issued, m.last.prefetch_issued);
+  advance(m.prefetch[1], s.prefetch_useful, m.last.prefetch_useful);
+  advance(m.prefetch[2], s.prefetch_wasted, m.last.prefetch_wasted);
+  m.vram_slots[0]->Set(static_cast<double>(s.arena_resident));
+  m.vram_slots[1]->Set(static_cast<double>(s.arena_slots - s.arena_resident));
+  const int64_t bytes[6] = {s.dense_bytes, s.kv_bytes, s.workspace_bytes, s.arena_bytes, s.vram_used_bytes,
+                            s.vram_used_peak_bytes};
+  for (int i = 0; i < 6; ++i) m.vram_bytes[i]->Set(static_cast<double>(bytes[i]));
+  m.last = s;
+}
 
 void ComputeMetrics::OnStep(double seconds, int batch_tokens, int sequences, int prompt_tokens,
                             int generated) {
@@ -217,7 +201,6 @@ void ComputeMetrics::OnStep(double seconds, int batch_tokens, int sequences, int
   impl_->prompt_tokens->Increment(prompt_tokens);
   impl_->generated_tokens->Increment(generated);
   impl_->steps->Increment();
-  impl_->backend->Sample();
 }
 
 void ComputeMetrics::OnSequenceEnd(const absl::Status& status, int generated) {
@@ -234,12 +217,8 @@ void ComputeMetrics::set_capacity(std::function<Capacity()> capacity) {
   impl_->capacity->set(std::move(capacity));
 }
 
-void ComputeMetrics::set_backend_counters(std::function<BackendCounters()> read) {
-  impl_->backend->set_reader(std::move(read));
-}
-
 std::vector<std::shared_ptr<prometheus::Collectable>> ComputeMetrics::collectables() const {
-  return {impl_->registry, impl_->capacity, impl_->backend};
+  return {impl_->registry, impl_->capacity};
 }
 
 }  // namespace mer::compute

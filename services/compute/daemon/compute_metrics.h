@@ -1,7 +1,6 @@
 // mer-compute's Prometheus metrics (docs/metrics.md): step latency and batch size histograms,
 // token and sequence counters (updated by the Batcher's step thread), and the capacity gauges
-// (slots, KV budget) read from a callback at scrape time; for the cuda backend also the VRAM
-// tier's counters, sampled after every step.
+// (slots, KV budget) read from a callback at scrape time.
 //
 // Thread-safety: every method may be called from any thread (prometheus-cpp's metrics are
 // thread-safe); the capacity callback is called on the exposer's threads.
@@ -14,7 +13,6 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "services/compute/backend_factory.h"
 
 namespace prometheus {
 class Collectable;
@@ -33,6 +31,22 @@ struct Capacity {
   int64_t kv_free_tokens = 0;
 };
 
+// The cuda backend's own counters (cumulative since it was created) and VRAM use, bytes.
+struct BackendStats {
+  int64_t expert_lookups = 0;  // distinct (layer, expert) a batch needed, summed over layers
+  int64_t expert_misses = 0;   // of those, not in the VRAM arena (uploaded)
+  int64_t upload_bytes = 0;    // host -> VRAM expert uploads
+  int64_t evictions = 0;       // arena slots reused for another expert
+  int64_t host_syncs = 0;      // synchronisations inside the forward pass
+  int64_t graph_launches = 0;  // steps replayed as a CUDA graph
+  int64_t tokens = 0;          // batch tokens processed
+  int64_t prefetch_issued = 0, prefetch_useful = 0, prefetch_wasted = 0;  // look-ahead into VRAM
+  int64_t arena_slots = 0, arena_resident = 0;
+  int64_t dense_bytes = 0, kv_bytes = 0, workspace_bytes = 0, arena_bytes = 0;
+  int64_t vram_used_bytes = 0;       // device-wide, when sampled
+  int64_t vram_used_peak_bytes = 0;  // the highest sampled
+};
+
 class ComputeMetrics {
  public:
   // `backend` labels mer_build_info; `capacity` (may be empty) is read at every scrape.
@@ -45,11 +59,13 @@ class ComputeMetrics {
   void OnStep(double seconds, int batch_tokens, int sequences, int prompt_tokens, int generated);
   // A sequence left the batch (OK, cancelled or failed) after generating `generated` tokens.
   void OnSequenceEnd(const absl::Status& status, int generated);
+  // A sample of the backend's counters (the cuda backend's; families exist only for it): the
+  // counters advance by the difference to the previous sample. Called by the thread that runs
+  // the forward pass (BatcherOptions::after_step), the only one that may read them.
+  void OnBackendStats(const BackendStats& stats);
 
   void set_capacity(std::function<Capacity()> capacity);
-  // The backend's own counters (VRAM tier, uploads, host synchronisations), read by OnStep on
-  // the step thread (the backend is not thread-safe) and exported from that snapshot.
-  void set_backend_counters(std::function<BackendCounters()> read);
+
   // The registry and the capacity gauges, for MetricsEndpoint.
   std::vector<std::shared_ptr<prometheus::Collectable>> collectables() const;
 

@@ -5,12 +5,16 @@
 
 #include <atomic>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "common/model/expert_source.h"
 #include "common/model/synth_model.h"
 #include "services/compute/cpu/cpu_engine.h"
+#include "services/compute/daemon/compute_metrics.h"
 #include "services/compute/generation.h"
+#include "prometheus/collectable.h"
+#include "prometheus/metric_family.h"
 
 namespace mer::compute {
 namespace {
@@ -259,6 +263,71 @@ TEST(BatcherTest, BackendFailureFailsTheBatchAndServesAgain) {
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(Drain(**b), *solo);
   EXPECT_TRUE((*b)->status().ok());
+}
+
+// after_step runs on the step thread: after each step (idle = false) and at idle ticks (true),
+// never concurrently with a Forward -- what lets mer-compute read the cuda backend's counters.
+TEST(BatcherTest, AfterStepRunsOnTheStepThreadAfterStepsAndWhenIdle) {
+  MappedExpertSource src(*MicroModel().weights);
+  auto engine = Engine(src, 2, 16);
+  std::atomic<int> busy{0}, idle{0};
+  std::atomic<bool> wrong_thread{false};
+  std::atomic<std::thread::id> step_thread{};
+  BatcherOptions bo;
+  bo.idle_tick = absl::Milliseconds(5);
+  bo.after_step = [&](bool is_idle) {
+    std::thread::id expected{};
+    if (!step_thread.compare_exchange_strong(expected, std::this_thread::get_id()) &&
+        expected != std::this_thread::get_id())
+      wrong_thread = true;
+    (is_idle ? idle : busy).fetch_add(1);
+  };
+  Batcher batcher(*engine, bo);
+  GenerationRequest r = Request(3);
+  r.eos_id = -1;
+  auto s = batcher.Submit(r);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(Drain(**s).size(), size_t(r.max_new_tokens));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (idle.load() < 2 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_GE(busy.load(), r.max_new_tokens);  // a step per token at least (the prompt may take more)
+  EXPECT_GE(idle.load(), 2);
+  EXPECT_FALSE(wrong_thread.load());
+  EXPECT_NE(step_thread.load(), std::this_thread::get_id());
+}
+
+// The cuda backend's counters as Prometheus counters: advanced by the difference between samples.
+TEST(ComputeMetricsTest, BackendStatsBecomeCountersForCudaOnly) {
+  const auto value = [](const ComputeMetrics& m, const std::string& name,
+                        const std::string& label) -> std::optional<double> {
+    for (const auto& c : m.collectables())
+      for (const prometheus::MetricFamily& f : c->Collect()) {
+        if (f.name != name) continue;
+        for (const prometheus::ClientMetric& cm : f.metric) {
+          bool match = label.empty();
+          for (const auto& l : cm.label) match = match || l.value == label;
+          if (match) return f.type == prometheus::MetricType::Counter ? cm.counter.value : cm.gauge.value;
+        }
+      }
+    return std::nullopt;
+  };
+  ComputeMetrics cuda("test", "cuda", nullptr);
+  BackendStats s;
+  s.expert_lookups = 100;
+  s.expert_misses = 10;
+  s.host_syncs = 7;
+  s.arena_bytes = 4096;
+  cuda.OnBackendStats(s);
+  s.expert_lookups = 250;
+  s.expert_misses = 12;
+  cuda.OnBackendStats(s);
+  EXPECT_EQ(value(cuda, "mer_expert_lookups_total", "vram"), 250);
+  EXPECT_EQ(value(cuda, "mer_expert_misses_total", "vram"), 12);
+  EXPECT_EQ(value(cuda, "mer_host_syncs_total", ""), 7);
+  EXPECT_EQ(value(cuda, "mer_vram_bytes", "arena"), 4096);
+  ComputeMetrics cpu("test", "cpu", nullptr);
+  cpu.OnBackendStats(s);
+  EXPECT_FALSE(value(cpu, "mer_expert_lookups_total", "").has_value());
 }
 
 }  // namespace
