@@ -12,6 +12,59 @@ namespace {
 
 constexpr int kMaxExperts = 1024;
 
+__device__ void WriteChoices(float my_w, int32_t my_e, int t, int k, bool norm_topk, int32_t* chosen, float* weights,
+                             const int32_t* slot_table, const MoeGroups& groups);
+
+// ReduceAdd16 (ggml_math.cuh) over the 16 lanes of each half-warp; the sum in the half's lane 0.
+__device__ inline float HalfWarpReduceAdd16(float v) {
+  constexpr unsigned kAll = 0xffffffffu;
+  v = __fadd_rn(__shfl_down_sync(kAll, v, 8, 16), v);  // a[i] = v[i + 8] + v[i]
+  v = __fadd_rn(__shfl_down_sync(kAll, v, 4, 16), v);  // b[i] = a[i + 4] + a[i]
+  v = __fadd_rn(v, __shfl_down_sync(kAll, v, 2, 16));  // b0 + b2, b1 + b3
+  return __fadd_rn(v, __shfl_down_sync(kAll, v, 1, 16));
+}
+
+// The same softmax and choices by a whole block, for n_expert a multiple of 16 (every warp's
+// shuffles whole): a half-warp per group of 16 exps, and each probability's rank among all (larger
+// first, ties to the lower id) instead of k rounds of arg-max; the same floats and the same
+// choices. p: the logits (shared), overwritten; choice j in sel_w[j], sel_e[j] (shared) after it.
+__device__ void SelectTopKBlock(float* p, float* group_sum, float* red, float* sel_w, int32_t* sel_e, int n_expert,
+                                int k) {
+  constexpr unsigned kAll = 0xffffffffu;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, n_warps = blockDim.x / 32;
+  float m = -FLT_MAX;
+  for (int e = tid; e < n_expert; e += blockDim.x) m = fmaxf(m, p[e]);
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(kAll, m, o));
+  if (lane == 0) red[warp] = m;
+  __syncthreads();
+  m = red[0];
+  for (int w = 1; w < n_warps; ++w) m = fmaxf(m, red[w]);
+  for (int e0 = warp * 32; e0 < n_expert; e0 += blockDim.x) {
+    const int e = e0 + lane;
+    const bool in = e < n_expert;
+    const float v = in ? GgmlExpf(__fsub_rn(p[e], m)) : 0.0f;
+    if (in) p[e] = v;
+    const float sum = HalfWarpReduceAdd16(v);
+    if (in && lane % 16 == 0) group_sum[e / 16] = sum;
+  }
+  __syncthreads();
+  double sum = 0.0;  // every thread, in group order: the same value in all
+  for (int gi = 0; gi < n_expert / 16; ++gi) sum += static_cast<double>(group_sum[gi]);
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int e = tid; e < n_expert; e += blockDim.x) p[e] = __fmul_rn(p[e], inv);
+  __syncthreads();
+  for (int e = tid; e < n_expert; e += blockDim.x) {
+    const float v = p[e];
+    int rank = 0;
+    for (int o = 0; o < n_expert; ++o) rank += p[o] > v || (p[o] == v && o < e);
+    if (rank < k) {
+      sel_w[rank] = v;
+      sel_e[rank] = e;
+    }
+  }
+  __syncthreads();
+}
+
 // Softmax, top-k and renormalisation of one token's logits by one warp; logits in p (shared,
 // n_expert floats), overwritten.
 __device__ void TopKWarp(float* p, float* group_sum, int t, int n_expert, int k, bool norm_topk, int32_t* chosen,
@@ -69,6 +122,15 @@ __device__ void TopKWarp(float* p, float* group_sum, int t, int n_expert, int k,
     if (lane == 0) p[best_e] = -1.0f;
     __syncwarp();
   }
+  WriteChoices(my_w, my_e, t, k, norm_topk, chosen, weights, slot_table, groups);
+}
+
+// The k choices of token t, choice j in lane j (my_w, my_e; the j-th largest probability, ties to
+// the lower id), written out by one warp: renormalised weights and, with slot_table, the groups.
+__device__ void WriteChoices(float my_w, int32_t my_e, int t, int k, bool norm_topk, int32_t* chosen, float* weights,
+                             const int32_t* slot_table, const MoeGroups& groups) {
+  constexpr unsigned kAll = 0xffffffffu;
+  const int lane = threadIdx.x % 32;
   float div = 1.0f;
   if (norm_topk) {
     double ws = 0.0;  // in choice order, as the CPU
@@ -157,12 +219,33 @@ __global__ void __launch_bounds__(kRouterWarps * 32) RouterTopK1Kernel(const __g
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(a.blocks_done, 1u) == gridDim.x - 1;
   __syncthreads();
-  const int which = warp;  // 0: this layer, 1: the prediction
-  if (!last || which > (a.next.router != nullptr ? 1 : 0)) return;
+  if (!last) return;
   __threadfence();
+  const int n_tables = a.next.router != nullptr ? 2 : 1;  // 0: this layer, 1: the prediction
+  if (threadIdx.x == 0) *a.blocks_done = 0;  // ready for the next launch (graph replays reuse it)
+  if (a.n_expert % 16 == 0) {
+    __shared__ float red[kRouterWarps];
+    __shared__ float sel_w[2][32];
+    __shared__ int32_t sel_e[2][32];
+    for (int which = 0; which < n_tables; ++which) {
+      const float* logits = which == 0 ? a.logits : a.next.logits;
+      for (int i = threadIdx.x; i < a.n_expert; i += blockDim.x) p[which][i] = __ldcg(logits + i);
+      __syncthreads();
+      SelectTopKBlock(p[which], group_sum[which], red, sel_w[which], sel_e[which], a.n_expert, a.k);
+    }
+    if (warp >= n_tables) return;
+    const bool in = lane < a.k;
+    const float my_w = in ? sel_w[warp][lane] : 0.0f;
+    const int32_t my_e = in ? sel_e[warp][lane] : -1;
+    if (warp == 0) WriteChoices(my_w, my_e, 0, a.k, a.norm_topk, a.chosen, a.weights, a.slot_table, a.groups);
+    else
+      WriteChoices(my_w, my_e, 0, a.k, a.norm_topk, a.next.chosen, a.next.weights, a.next.slot_table, a.next.groups);
+    return;
+  }
+  const int which = warp;
+  if (which >= n_tables) return;
   const float* logits = which == 0 ? a.logits : a.next.logits;
   for (int i = lane; i < a.n_expert; i += 32) p[which][i] = __ldcg(logits + i);
-  if (threadIdx.x == 0) *a.blocks_done = 0;  // ready for the next launch (graph replays reuse it)
   __syncwarp();
   if (which == 0)
     TopKWarp(p[0], group_sum[0], 0, a.n_expert, a.k, a.norm_topk, a.chosen, a.weights, a.slot_table, a.groups);
