@@ -131,7 +131,7 @@ double RelL2(const float* a, const float* b, int n) {
 
 // Forwards to the residency source and checks the engine keeps to the ExpertSource contract: at
 // most max_experts_per_acquire() experts per acquire, a layer acquired once between releases, and
-// (the engine's own rule) at most one layer held at a time.
+// (the engine's own rule) at most two layers held at a time: a demand group and a prefetch.
 class CheckedSource final : public ExpertSource {
  public:
   explicit CheckedSource(ExpertSource& inner) : inner_(inner) {}
@@ -139,7 +139,10 @@ class CheckedSource final : public ExpertSource {
                             absl::Span<ExpertWeights> out) override {
     EXPECT_LE(static_cast<int>(experts.size()), inner_.max_experts_per_acquire()) << "layer " << layer;
     EXPECT_EQ(held_.count(layer), 0u) << "layer " << layer << " acquired twice without a release";
-    EXPECT_TRUE(held_.empty()) << "another layer is still held";
+    // A layer's last demand group stays held until the next synchronisation, and the look-ahead
+    // prefetch of the next layer is acquired before it: two layers at most, so at most one held
+    // here (each of at most max_experts_per_acquire(), half the RAM tier).
+    EXPECT_LE(held_.size(), 1u) << "two other layers are still held";
     held_.insert(layer);
     ++acquires_;
     if (layer == last_layer_) ++repeats_;  // a layer's misses split into several groups
