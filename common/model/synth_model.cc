@@ -121,7 +121,8 @@ absl::Status WriteTensor(GgufWriter& writer, const TensorPlan& plan, int threads
   int64_t rows = 1;
   for (size_t i = 1; i < plan.shape.size(); ++i) rows *= plan.shape[i];
   const int64_t row_bytes = RowBytes(plan.type, cols);
-  const int64_t chunk_rows = std::max<int64_t>(1, (64 << 20) / std::max<int64_t>(row_bytes, cols * 4));
+  const int64_t chunk_rows =
+      std::min(rows, std::max<int64_t>(1, (64 << 20) / std::max<int64_t>(row_bytes, cols * 4)));
   std::vector<uint8_t> chunk(chunk_rows * row_bytes);
   for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
     const int64_t n = std::min(chunk_rows, rows - r0);
