@@ -14,6 +14,9 @@
 // other row that reads a normed state (attn_v, the experts' gate and up, output) and the router's
 // noise are made blind to c, so that c reaches nothing but the router's popularity term: otherwise
 // each layer would add the same vector to every state and the routers would see it, not the token.
+// Calibration (docs/benchmarks.md): greedy, 31 prompt + 128 generated tokens, LRU over 25% of all
+// experts hits 73% at skew 0.675 on the qwen3-30b-a3b geometry (real Qwen3 routing: ~72%), and on
+// that geometry with d_model 512 23% at skew 0 and 97% at 2.
 // The same options and seed always give the same bytes.
 #pragma once
 

@@ -20,12 +20,11 @@ constexpr char kHelp[] = R"(usage: mer bench --model F.gguf [--threads N] [--pro
 
 Greedy generation of --gen-tokens tokens after a fixed prompt of --prompt-tokens tokens (the
 start of a fixed English text, repeated as needed), end-of-sequence ignored; --temperature > 0
-samples instead (seeded, the same tokens every run), which keeps synthetic models' routing from
-settling into a repeated token. Prints prompt
-tokens/s, decode tokens/s (tokens after the first over the time after the first), TTFT, mean
-total time (medians over the measured runs) and peak RSS; for the cuda backend also, over the
-measured runs, the VRAM hit rate of expert lookups, misses and bytes uploaded per token, host
-synchronisations per token, and the arena and peak device memory.
+samples instead (seeded, the same tokens every run). Prints prompt tokens/s, decode tokens/s
+(tokens after the first over the time after the first), TTFT, mean total time (medians over the
+measured runs) and peak RSS; for the cuda backend also, over the measured runs, the VRAM hit rate
+of expert lookups, misses and bytes uploaded per token, host synchronisations per token, and the
+arena and peak device memory.
 )";
 
 constexpr char kPromptText[] =
