@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <numeric>
@@ -41,6 +42,34 @@ uint64_t HashName(absl::string_view s, uint64_t seed) {
 void FillNoise(Rng& rng, float stddev, float* out, int64_t n) {
   const float a = 1.7320508f * stddev;
   for (int64_t i = 0; i < n; ++i) out[i] = a * rng.Symmetric();
+}
+
+// The weights of an RMS norm: 1 + 0.1 u, u uniform in [-1, 1).
+std::vector<float> NormWeights(absl::string_view name, int64_t n, uint64_t seed) {
+  Rng rng{HashName(name, seed)};
+  std::vector<float> g(n);
+  for (float& v : g) v = 1.0f + 0.1f * rng.Symmetric();
+  return g;
+}
+
+// The unit direction along which a row reads c_hat after a norm with weights g: g * c_hat.
+std::vector<float> NormedDirection(const std::vector<float>& g, const std::vector<float>& c_hat) {
+  std::vector<float> d(g.size());
+  double sq = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    d[i] = g[i] * c_hat[i];
+    sq += double{d[i]} * d[i];
+  }
+  const float inv = static_cast<float>(1.0 / std::sqrt(sq));
+  for (float& v : d) v *= inv;
+  return d;
+}
+
+// out -= (out . d) d for a unit d: the row no longer reads anything along d.
+void RemoveComponent(const float* d, float* out, int64_t n) {
+  double dot = 0;
+  for (int64_t i = 0; i < n; ++i) dot += double{out[i]} * d[i];
+  for (int64_t i = 0; i < n; ++i) out[i] -= static_cast<float>(dot) * d[i];
 }
 
 int ResolveThreads(int threads) {
@@ -232,22 +261,42 @@ absl::StatusOr<std::vector<SynthTensor>> PlanSynthModel(const SynthOptions& opti
   // energy, so the residual stream keeps a component the routers can see, and the other half
   // still tells tokens apart.
   const float c_embd = std::sqrt(static_cast<float>(n_embd));
+  // Attention averages values over the context, so whatever the states of a sequence share comes
+  // out of every layer's attention again (gain about 1 per layer at these scales) and compounds
+  // over depth until it is most of the state: every token then routes alike and greedy decoding
+  // repeats itself. Scaling the output projection by 2 / sqrt(n_layer) bounds that growth the same
+  // way at any depth; up to 4 layers it is left at 1.
+  const float attn_out_scale = g.n_layer > 4 ? 2.0f / std::sqrt(static_cast<float>(g.n_layer)) : 1.0f;
+
+  // When skewed, the rows that read a normed state do not see c (along the direction that c has
+  // after the norm's weights), except the router's popularity component: c is the same in every
+  // token, so values, experts and the output layer carrying it would add to every state the same
+  // vector, and the routers would see that instead of the token.
+  // Shared by the fill functions that read them (which outlive this call); a deque keeps the
+  // directions in place as more are added.
+  auto directions = std::make_shared<std::deque<std::vector<float>>>();
+  const auto direction_after = [&](const std::string& norm_name) -> const float* {
+    if (!skewed) return nullptr;
+    directions->push_back(NormedDirection(NormWeights(norm_name, n_embd, seed), *c_hat));
+    return directions->back().data();
+  };
 
   std::vector<SynthTensor> plans;
   const auto noise_matrix = [&](std::string name, GgmlType type, std::vector<int64_t> shape,
-                                float stddev) {
+                                float stddev, const float* blind = nullptr) {  // blind: unit, or null
     const uint64_t h = HashName(name, seed);
     const int64_t cols = shape[0];
-    plans.push_back({std::move(name), type, std::move(shape), [h, stddev, cols](int64_t row, float* out) {
+    plans.push_back({std::move(name), type, std::move(shape),
+                     [h, stddev, cols, blind, directions](int64_t row, float* out) {
                        Rng rng{h ^ (static_cast<uint64_t>(row) * 0xd1342543de82ef95ull)};
                        FillNoise(rng, stddev, out, cols);
+                       if (blind != nullptr) RemoveComponent(blind, out, cols);
                      }});
   };
   const auto norm_vector = [&](std::string name, int64_t n) {
-    const uint64_t h = HashName(name, seed);
-    plans.push_back({std::move(name), GgmlType::kF32, {n}, [h, n](int64_t, float* out) {
-                       Rng rng{h};
-                       for (int64_t i = 0; i < n; ++i) out[i] = 1.0f + 0.1f * rng.Symmetric();
+    std::vector<float> weights = NormWeights(name, n, seed);
+    plans.push_back({std::move(name), GgmlType::kF32, {n}, [weights = std::move(weights)](int64_t, float* out) {
+                       std::copy(weights.begin(), weights.end(), out);
                      }});
   };
   const auto type_for = [&](int64_t cols, bool more_bits) {
@@ -267,16 +316,22 @@ absl::StatusOr<std::vector<SynthTensor>> PlanSynthModel(const SynthOptions& opti
   for (int il = 0; il < g.n_layer; ++il) {
     const std::string b = absl::StrCat("blk.", il, ".");
     const bool more_bits = il % 2 == 0;  // Q4_K_M gives half the layers' attn_v and ffn_down q6_k
+    const float* attn_blind = direction_after(b + "attn_norm.weight");
+    const float* ffn_blind = direction_after(b + "ffn_norm.weight");
     norm_vector(b + "attn_norm.weight", n_embd);
     noise_matrix(b + "attn_q.weight", type_for(n_embd, false), {n_embd, q_dim}, 1.0f / std::sqrt(float(n_embd)));
     noise_matrix(b + "attn_k.weight", type_for(n_embd, false), {n_embd, kv_dim}, 1.0f / std::sqrt(float(n_embd)));
-    noise_matrix(b + "attn_v.weight", type_for(n_embd, more_bits), {n_embd, kv_dim}, 1.0f / std::sqrt(float(n_embd)));
-    noise_matrix(b + "attn_output.weight", type_for(q_dim, false), {q_dim, n_embd}, 1.0f / std::sqrt(float(q_dim)));
+    noise_matrix(b + "attn_v.weight", type_for(n_embd, more_bits), {n_embd, kv_dim}, 1.0f / std::sqrt(float(n_embd)),
+                 attn_blind);
+    noise_matrix(b + "attn_output.weight", type_for(q_dim, false), {q_dim, n_embd},
+                 attn_out_scale / std::sqrt(float(q_dim)));
     norm_vector(b + "attn_q_norm.weight", g.head_dim);
     norm_vector(b + "attn_k_norm.weight", g.head_dim);
     norm_vector(b + "ffn_norm.weight", n_embd);
     {
-      // Router: noise giving logits of about unit spread, plus the popularity component along c.
+      // Router: noise giving logits of about unit spread, plus, when skewed, the popularity
+      // component along c: the normed state has |x| ~ sqrt(n_embd) and about 0.7 of it along c,
+      // so expert e's logit gets b_e = -router_skew * ln(rank + 1) in every token.
       std::vector<int> rank(g.n_expert);
       std::iota(rank.begin(), rank.end(), 0);
       Rng perm{HashName(b + "router.rank", seed)};
@@ -285,33 +340,29 @@ absl::StatusOr<std::vector<SynthTensor>> PlanSynthModel(const SynthOptions& opti
       const uint64_t h = HashName(name, seed);
       const double skew = options.router_skew;
       plans.push_back({name, GgmlType::kF32, {n_embd, g.n_expert},
-                       [h, n_embd, rank, skew, c_hat](int64_t row, float* out) {
+                       [h, n_embd, rank, skew, c_hat, ffn_blind, directions](int64_t row, float* out) {
                          Rng rng{h ^ (static_cast<uint64_t>(row) * 0xd1342543de82ef95ull)};
                          FillNoise(rng, 1.0f / std::sqrt(float(n_embd)), out, n_embd);
                          if (skew > 0) {
-                           // The noise must not see c: every hidden state shares it, so routing
-                           // would collapse onto the few experts whose noise row happens to
-                           // align with it, whatever the skew. Popularity comes from b_e alone:
-                           // the normed state has |x| ~ sqrt(n_embd) and about 0.7 of it along c.
-                           const std::vector<float>& c = *c_hat;
-                           double along_c = 0;
-                           for (int64_t i = 0; i < n_embd; ++i) along_c += out[i] * c[i];
+                           RemoveComponent(ffn_blind, out, n_embd);
                            const double b_e = -skew * std::log(rank[row] + 1.0) /
                                               (0.7 * std::sqrt(double(n_embd)));
                            for (int64_t i = 0; i < n_embd; ++i)
-                             out[i] += static_cast<float>(b_e - along_c) * c[i];
+                             out[i] += static_cast<float>(b_e) * (*c_hat)[i];
                          }
                        }});
     }
     noise_matrix(b + "ffn_gate_exps.weight", type_for(n_embd, false), {n_embd, g.n_ff_exp, g.n_expert},
-                 1.0f / std::sqrt(float(n_embd)));
+                 1.0f / std::sqrt(float(n_embd)), ffn_blind);
     noise_matrix(b + "ffn_up_exps.weight", type_for(n_embd, false), {n_embd, g.n_ff_exp, g.n_expert},
-                 1.0f / std::sqrt(float(n_embd)));
+                 1.0f / std::sqrt(float(n_embd)), ffn_blind);
     noise_matrix(b + "ffn_down_exps.weight", type_for(g.n_ff_exp, more_bits), {g.n_ff_exp, n_embd, g.n_expert},
                  1.0f / std::sqrt(float(g.n_ff_exp)));
   }
+  const float* output_blind = direction_after("output_norm.weight");
   norm_vector("output_norm.weight", n_embd);
-  noise_matrix("output.weight", type_for(n_embd, true), {n_embd, g.n_vocab}, 2.0f / std::sqrt(float(n_embd)));
+  noise_matrix("output.weight", type_for(n_embd, true), {n_embd, g.n_vocab}, 2.0f / std::sqrt(float(n_embd)),
+               output_blind);
 
   return plans;
 }

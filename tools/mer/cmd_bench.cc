@@ -21,15 +21,14 @@ constexpr char kHelp[] = R"(usage: mer bench (--model F.gguf | --store STORE_DIR
 
 Greedy generation of --gen-tokens tokens after a fixed prompt of --prompt-tokens tokens (the
 start of a fixed English text, repeated as needed), end-of-sequence ignored; --temperature > 0
-samples instead (seeded, the same tokens every run), which keeps synthetic models' routing from
-settling into a repeated token. Prints prompt
-tokens/s, decode tokens/s (tokens after the first over the time after the first), TTFT, mean
-total time (medians over the measured runs) and peak RSS; for the cuda backend also, over the
-measured runs, the VRAM hit rate of expert lookups, misses and bytes uploaded per token, host
-synchronisations per token, look-ahead prefetches per token, and the arena and peak device
-memory; --profile-kernels 1 also times every kernel with CUDA events (graphs off, so the step is
-slower than without) and prints GPU time per kernel kind. With --store and --residency the
-experts come from the mer-residency instance NAME (its RAM tier, filled from the store).
+samples instead (seeded, the same tokens every run). Prints prompt tokens/s, decode tokens/s
+(tokens after the first over the time after the first), TTFT, mean total time (medians over the
+measured runs) and peak RSS; for the cuda backend also, over the measured runs, the VRAM hit rate
+of expert lookups, misses and bytes uploaded per token, host synchronisations per token,
+look-ahead prefetches per token, and the arena and peak device memory; --profile-kernels 1 also
+times every kernel with CUDA events (graphs off, so the step is slower than without) and prints
+GPU time per kernel kind. With --store and --residency the experts come from the mer-residency
+instance NAME (its RAM tier, filled from the store).
 )";
 
 constexpr char kPromptText[] =
