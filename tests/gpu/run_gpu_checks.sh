@@ -19,7 +19,7 @@ SKEW=${SKEW:-0.675}  # LRU over 25% of the experts hits ~73% (docs/benchmarks.md
 STEPS=${STEPS:-"tests bench"}
 # Bench runs as budget:pin:temperature[:prefetch] (pin 0 = pageable uploads; temperature 0 =
 # greedy, the method; 1 = seeded sampling; prefetch 0 = no look-ahead prefetch into VRAM).
-RUNSPEC=${RUNSPEC:-"100%:1:0 50%:1:0 25%:1:0 12.5%:1:0 25%:0:0 100%:1:1 25%:1:1 12.5%:1:1"}
+RUNSPEC=${RUNSPEC:-"100%:1:0 50%:1:0 25%:1:0:1 25%:1:0:0 12.5%:1:0:1 12.5%:1:0:0"}
 RUNS=${RUNS:-3}
 MODEL=${MODEL:-/tmp/mer-30b-q8_0.gguf}
 mkdir -p "$OUT"
