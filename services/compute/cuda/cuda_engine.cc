@@ -916,6 +916,11 @@ void CudaEngine::Impl::EnqueueExperts(int layer, int n, const DevAct& x_act, int
   const int n_pairs = n * cc.n_expert_used;
   cuda::LaunchExpertGateUp(a, x_act, h, n, stream);
   Mark("gate_up");
+  if (n == 1 && cuda::ExpertDownConvertsInput(a.down_type, cc.n_ff_exp)) {
+    cuda::LaunchExpertDownFromF32(a, h, expert_out, stream);
+    Mark("down (+ conversion)");
+    return;
+  }
   const DevAct h_act = ActB(ActType(el.down_type), cc.n_ff_exp);
   cuda::LaunchQuantize(h, cc.n_ff_exp, n_pairs, cc.n_ff_exp, h_act, stream);
   Mark("quantize h");

@@ -1,6 +1,7 @@
 #include "services/compute/cuda/moe_experts.cuh"
 
 #include "services/compute/cuda/cuda_check.cuh"
+#include "services/compute/cuda/act_store.cuh"
 #include "services/compute/cuda/ggml_math.cuh"
 #include "services/compute/cuda/kquant_experts.cuh"
 #include "services/compute/cuda/pdl.cuh"
@@ -10,6 +11,10 @@ namespace mer::cuda {
 namespace {
 
 constexpr int kWarps = 4;
+
+// Bytes of f32 block scales before the converted row in DownFromF32Kernel's shared memory (a
+// multiple of 16, so the row's 16-byte loads stay aligned).
+__host__ __device__ inline int64_t DownActScaleBytes(int64_t n_ff) { return (n_ff / 32 * 4 + 15) / 16 * 16; }
 
 __device__ inline const uint8_t* SlotBase(const ExpertArgs& a, int u, int* n_pairs, const int32_t** pairs) {
   const int e = a.used[u];
@@ -107,6 +112,47 @@ __global__ void __launch_bounds__(kWarps * 32) DownKernel(const __grid_constant_
   }
 }
 
+// One pair per expert (decode): the SwiGLU output's conversion to the down matrix's dot type,
+// done by each block into shared memory (StoreAct, the same bytes as LaunchQuantize), then the
+// down rows as DownKernel<kType, 1>. One launch and one hand-off less per layer.
+template <int kType>
+__global__ void __launch_bounds__(kWarps * 32) DownFromF32Kernel(const __grid_constant__ ExpertArgs a,
+                                                                 const float* h, float* out) {
+  extern __shared__ float4 act_smem[];  // Q8_0 scales (f32), then the row, 16-byte aligned
+  AllowDependents();
+  WaitForPredecessor();
+  constexpr int R = 2;
+  const int u = a.u_begin + blockIdx.y;
+  if (u >= *a.n_used || blockIdx.y >= a.u_count) return;
+  constexpr int G = kGroup<kType>;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t r0 = ((int64_t(blockIdx.x) * kWarps + warp) * (32 / G) + lane / G) * R;
+  int n_pairs;
+  const int32_t* pairs;
+  const uint8_t* base = SlotBase(a, u, &n_pairs, &pairs);
+  if (n_pairs == 0) return;
+  const int pair = pairs[0];
+  float* scales = reinterpret_cast<float*>(act_smem);
+  uint8_t* row = reinterpret_cast<uint8_t*>(act_smem) + DownActScaleBytes(a.n_ff);
+  const DevAct act{kType, a.n_ff, row, scales};  // the dot type of F32/F16/BF16/Q8_0 rows is their own
+  // Warp w converts the 32-element blocks w, w + kWarps, ... (StoreAct: a block per warp call).
+  for (int64_t i0 = int64_t(warp) * 32; i0 < a.n_ff; i0 += kWarps * 32)
+    StoreAct(act, 0, i0 + lane, h[int64_t(pair) * a.n_ff + i0 + lane]);
+  __syncthreads();
+  const DevMatrix down{kType, a.n_embd, a.n_ff, base + a.down_offset};
+  RowRef rows[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) rows[r] = r0 + r < a.n_embd ? MatrixRow<kType>(down, r0 + r) : RowRef{};
+  const uint8_t* const act_rows[1] = {row};
+  const float* const act_scales[1] = {kType == kDevQ8_0 ? scales : nullptr};
+  float acc[R][1];
+  GroupDots<kType, R, 1, 8>(rows, a.n_ff, act_rows, act_scales, acc);
+  if (lane % G != 0) return;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    if (rows[r].q != nullptr) out[int64_t(pair) * a.n_embd + r0 + r] = acc[r][0];
+}
+
 template <int kType>
 void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pairs, cudaStream_t s) {
   constexpr int kRowsPerBlock = kWarps * (32 / kGroup<kType>);
@@ -126,7 +172,30 @@ void LaunchDownT(const ExpertArgs& a, const DevAct& act, float* out, int max_pai
   else LaunchPdl(DownKernel<kType, 8>, grid, dim3(kWarps * 32), 0, s, a, act, out);
 }
 
+template <int kType>
+void LaunchDownFromF32T(const ExpertArgs& a, const float* h, float* out, cudaStream_t s) {
+  constexpr int kRowsPerBlock = kWarps * (32 / kGroup<kType>) * 2;
+  const dim3 grid((a.n_embd + kRowsPerBlock - 1) / kRowsPerBlock, a.u_count);
+  const size_t smem = DownActScaleBytes(a.n_ff) + ActRowBytes(kType, a.n_ff);
+  LaunchPdl(DownFromF32Kernel<kType>, grid, dim3(kWarps * 32), smem, s, a, h, out);
+}
+
 }  // namespace
+
+bool ExpertDownConvertsInput(int down_type, int64_t n_ff) {
+  const bool type_ok = down_type == kDevF32 || down_type == kDevF16 || down_type == kDevBF16 || down_type == kDevQ8_0;
+  return type_ok && n_ff % 32 == 0 && DownActScaleBytes(n_ff) + n_ff * 4 <= 48 * 1024;
+}
+
+void LaunchExpertDownFromF32(const ExpertArgs& a, const float* h, float* out, cudaStream_t stream) {
+  switch (a.down_type) {
+    case kDevF32: LaunchDownFromF32T<kDevF32>(a, h, out, stream); break;
+    case kDevF16: LaunchDownFromF32T<kDevF16>(a, h, out, stream); break;
+    case kDevBF16: LaunchDownFromF32T<kDevBF16>(a, h, out, stream); break;
+    case kDevQ8_0: LaunchDownFromF32T<kDevQ8_0>(a, h, out, stream); break;
+    default: std::fprintf(stderr, "experts: down from f32: unsupported type %d\n", a.down_type); std::abort();
+  }
+}
 
 void LaunchExpertGateUp(const ExpertArgs& a, const DevAct& x_act, float* h, int max_group_pairs,
                         cudaStream_t stream) {

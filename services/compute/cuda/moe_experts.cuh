@@ -39,5 +39,10 @@ void LaunchExpertGateUp(const ExpertArgs& args, const DevAct& x_act, float* h, i
                         cudaStream_t stream);
 void LaunchExpertDown(const ExpertArgs& args, const DevAct& h_act, float* out, int max_group_pairs,
                       cudaStream_t stream);
+// One pair per expert (a decode step): Down from the f32 SwiGLU output h [n_pairs, n_ff], each
+// block converting its pair's row to the down matrix's dot type itself (the bytes LaunchQuantize
+// would write). For the types ExpertDownConvertsInput accepts (not the K-quants).
+bool ExpertDownConvertsInput(int down_type, int64_t n_ff);
+void LaunchExpertDownFromF32(const ExpertArgs& args, const float* h, float* out, cudaStream_t stream);
 
 }  // namespace mer::cuda
