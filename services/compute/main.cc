@@ -42,6 +42,7 @@ namespace {
 constexpr char kHelp[] =
     R"(usage: mer-compute (--model F.gguf | --store STORE_DIR --residency NAME) --listen unix:PATH
                    [--backend cpu|cuda] [--vram-expert-budget BYTES|PERCENT%] [--pin-experts 0|1]
+                   [--vram-prefetch 0|1]
                    [--max-sequences N] [--max-batch-tokens N] [--ctx N] [--kv-budget-tokens N]
                    [--threads N] [--admission-wait-ms N] [--metrics-listen HOST:PORT|off]
 
@@ -57,8 +58,11 @@ NAME. --backend cuda (builds with the cuda backend, one NVIDIA GPU) runs the for
 the GPU with an expert arena in VRAM, capped by --vram-expert-budget (bytes, or a percentage of
 all experts; default: the free VRAM less a margin); misses are uploaded from the host memory the
 experts are read from, page-locked for DMA unless --pin-experts 0 (the mapped file, or with
---store the mapping of mer-residency's RAM tier in this process). Prometheus metrics are served on http://HOST:PORT/metrics (default 127.0.0.1:0: a free
-port, printed on stderr as "metrics: http://127.0.0.1:PORT/metrics"); off serves none.
+--store the mapping of mer-residency's RAM tier in this process); on decode steps that miss, the
+next layer's predicted experts are uploaded ahead of demand unless --vram-prefetch 0
+(docs/cuda.md). Prometheus metrics are served on http://HOST:PORT/metrics (default
+127.0.0.1:0: a free port, printed on stderr as "metrics: http://127.0.0.1:PORT/metrics"); off
+serves none.
 )";
 
 
@@ -68,6 +72,7 @@ struct Args {
   int64_t max_sequences = 8, max_batch_tokens = 256, ctx = 4096, kv_budget_tokens = 0, threads = 0;
   int64_t admission_wait_ms = 2000;
   bool pin_experts = true;
+  bool vram_prefetch = true;
 };
 
 absl::Status ParseArgs(int argc, char** argv, Args* a) {
@@ -76,7 +81,7 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
                                          {"model", "store", "residency", "listen", "backend",
                                           "vram-expert-budget", "metrics-listen", "max-sequences",
                                           "max-batch-tokens", "ctx", "kv-budget-tokens", "threads",
-                                          "admission-wait-ms", "pin-experts"},
+                                          "admission-wait-ms", "pin-experts", "vram-prefetch"},
                                          {}));
   a->model = f.String("model");
   a->store = f.String("store");
@@ -96,6 +101,9 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
   int64_t pin = 1;
   ASSIGN_OR_RETURN(pin, f.IntInRange("pin-experts", pin, 0, 1));
   a->pin_experts = pin != 0;
+  int64_t vram_prefetch = 1;
+  ASSIGN_OR_RETURN(vram_prefetch, f.IntInRange("vram-prefetch", vram_prefetch, 0, 1));
+  a->vram_prefetch = vram_prefetch != 0;
   if (a->model.empty() == a->store.empty())
     return absl::InvalidArgumentError("give exactly one of --model and --store");
   if (!a->store.empty() && a->residency.empty())
@@ -159,6 +167,7 @@ absl::Status Main(const Args& a) {
   bo_engine.max_context_tokens = static_cast<int>(std::min<int64_t>(a.ctx, weights->config().n_ctx_train));
   bo_engine.vram_expert_budget = a.vram_expert_budget;
   bo_engine.pin_host_experts = a.pin_experts;
+  bo_engine.vram_prefetch = a.vram_prefetch;
   if (store) {
     systemd::NotifyStatus(absl::StrCat("waiting for mer-residency instance ", a.residency));
     ResidencyExpertSourceOptions so;
