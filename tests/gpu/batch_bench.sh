@@ -19,6 +19,8 @@
 # On the GPU machine (defaults):   tests/gpu/batch_bench.sh
 # A CPU check of the script:       BACKEND=cpu PRESET=tiny BUNDLE=... tests/gpu/batch_bench.sh
 set -uo pipefail
+# metrics_url, fetch
+source "$(dirname "$0")/../integration/lib.sh"
 BUNDLE=${BUNDLE:-.gpu/bundle}
 OUT=${OUT:-/tmp/mer-batch-out}
 BACKEND=${BACKEND:-cuda}
@@ -72,21 +74,6 @@ wait_ready() {
     sleep 0.2
   done
   note "$(basename "$1" .log) ready in $((SECONDS - t0)) s"
-}
-metrics_url() { grep -o 'metrics: http://[^ ]*' "$1" | head -1 | cut -d' ' -f2; }
-# fetch URL FILE: HTTP GET (curl, else bash's /dev/tcp).
-fetch() {
-  if command -v curl >/dev/null 2>&1; then
-    timeout 10 curl -sSf "$1" -o "$2"
-  else
-    local hp=${1#http://} path
-    path=/${hp#*/}
-    hp=${hp%%/*}
-    ( exec 3<>"/dev/tcp/${hp%:*}/${hp##*:}" || exit 1
-      printf 'GET %s HTTP/1.0\r\nHost: %s\r\n\r\n' "$path" "$hp" >&3
-      timeout 10 cat <&3 ) | tr -d '\r' | sed '1,/^$/d' > "$2"
-  fi
-  [ -s "$2" ]
 }
 # m FILE 'NAME{LABELS}': a sample's value (0 if absent).
 m() { awk -v n="$2" '$1 == n { v = $2 } END { printf "%.17g", v + 0 }' "$1"; }
