@@ -71,24 +71,43 @@ __global__ void __launch_bounds__(kWarps * 32) GateUpKernel(const __grid_constan
   }
 }
 
+// Down: each lane group takes kDownRows consecutive rows of the block's expert (group u =
+// u_begin + blockIdx.y). Its rows and the group's pairs; false when the block has no group.
+constexpr int kDownRows = 2;
+
+template <int kType>
+__device__ inline bool DownGroupRows(const ExpertArgs& a, int64_t* r0, RowRef (&rows)[kDownRows], int* n_pairs,
+                                     const int32_t** pairs) {
+  const int u = a.u_begin + blockIdx.y;
+  if (u >= *a.n_used || blockIdx.y >= a.u_count) return false;
+  constexpr int G = kGroup<kType>;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  *r0 = ((int64_t(blockIdx.x) * kWarps + warp) * (32 / G) + lane / G) * kDownRows;
+  const uint8_t* base = SlotBase(a, u, n_pairs, pairs);
+  const DevMatrix down{kType, a.n_embd, a.n_ff, base + a.down_offset};
+#pragma unroll
+  for (int r = 0; r < kDownRows; ++r) rows[r] = *r0 + r < a.n_embd ? MatrixRow<kType>(down, *r0 + r) : RowRef{};
+  return true;
+}
+
+template <int kType>
+dim3 DownGrid(const ExpertArgs& a) {
+  constexpr int kRowsPerBlock = kWarps * (32 / kGroup<kType>) * kDownRows;
+  return dim3((a.n_embd + kRowsPerBlock - 1) / kRowsPerBlock, a.u_count);
+}
+
 template <int kType, int NT>
 __global__ void __launch_bounds__(kWarps * 32) DownKernel(const __grid_constant__ ExpertArgs a, DevAct act,
                                                           float* out) {
   AllowDependents();
   WaitForPredecessor();
-  constexpr int R = 2;
-  const int u = a.u_begin + blockIdx.y;
-  if (u >= *a.n_used || blockIdx.y >= a.u_count) return;
-  constexpr int G = kGroup<kType>;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t r0 = ((int64_t(blockIdx.x) * kWarps + warp) * (32 / G) + lane / G) * R;
+  constexpr int R = kDownRows, G = kGroup<kType>;
+  const int lane = threadIdx.x % 32;
+  int64_t r0;
+  RowRef rows[R];
   int n_pairs;
   const int32_t* pairs;
-  const uint8_t* base = SlotBase(a, u, &n_pairs, &pairs);
-  const DevMatrix down{kType, a.n_embd, a.n_ff, base + a.down_offset};
-  RowRef rows[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) rows[r] = r0 + r < a.n_embd ? MatrixRow<kType>(down, r0 + r) : RowRef{};
+  if (!DownGroupRows<kType>(a, &r0, rows, &n_pairs, &pairs)) return;
   const int64_t rb = ActRowBytes(act.type, act.stride);
   for (int g = 0; g < n_pairs; g += NT) {
     const uint8_t* act_rows[NT];
@@ -121,16 +140,13 @@ __global__ void __launch_bounds__(kWarps * 32) DownFromF32Kernel(const __grid_co
   extern __shared__ float4 act_smem[];  // Q8_0 scales (f32), then the row, 16-byte aligned
   AllowDependents();
   WaitForPredecessor();
-  constexpr int R = 2;
-  const int u = a.u_begin + blockIdx.y;
-  if (u >= *a.n_used || blockIdx.y >= a.u_count) return;
-  constexpr int G = kGroup<kType>;
+  constexpr int R = kDownRows, G = kGroup<kType>;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t r0 = ((int64_t(blockIdx.x) * kWarps + warp) * (32 / G) + lane / G) * R;
+  int64_t r0;
+  RowRef rows[R];
   int n_pairs;
   const int32_t* pairs;
-  const uint8_t* base = SlotBase(a, u, &n_pairs, &pairs);
-  if (n_pairs == 0) return;
+  if (!DownGroupRows<kType>(a, &r0, rows, &n_pairs, &pairs) || n_pairs == 0) return;
   const int pair = pairs[0];
   float* scales = reinterpret_cast<float*>(act_smem);
   uint8_t* row = reinterpret_cast<uint8_t*>(act_smem) + DownActScaleBytes(a.n_ff);
@@ -139,10 +155,6 @@ __global__ void __launch_bounds__(kWarps * 32) DownFromF32Kernel(const __grid_co
   for (int64_t i0 = int64_t(warp) * 32; i0 < a.n_ff; i0 += kWarps * 32)
     StoreAct(act, 0, i0 + lane, h[int64_t(pair) * a.n_ff + i0 + lane]);
   __syncthreads();
-  const DevMatrix down{kType, a.n_embd, a.n_ff, base + a.down_offset};
-  RowRef rows[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) rows[r] = r0 + r < a.n_embd ? MatrixRow<kType>(down, r0 + r) : RowRef{};
   const uint8_t* const act_rows[1] = {row};
   const float* const act_scales[1] = {kType == kDevQ8_0 ? scales : nullptr};
   float acc[R][1];
@@ -166,18 +178,15 @@ void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pai
 
 template <int kType>
 void LaunchDownT(const ExpertArgs& a, const DevAct& act, float* out, int max_pairs, cudaStream_t s) {
-  constexpr int kRowsPerBlock = kWarps * (32 / kGroup<kType>) * 2;
-  const dim3 grid((a.n_embd + kRowsPerBlock - 1) / kRowsPerBlock, a.u_count);
+  const dim3 grid = DownGrid<kType>(a);
   if (max_pairs <= 1) LaunchPdl(DownKernel<kType, 1>, grid, dim3(kWarps * 32), 0, s, a, act, out);
   else LaunchPdl(DownKernel<kType, 8>, grid, dim3(kWarps * 32), 0, s, a, act, out);
 }
 
 template <int kType>
 void LaunchDownFromF32T(const ExpertArgs& a, const float* h, float* out, cudaStream_t s) {
-  constexpr int kRowsPerBlock = kWarps * (32 / kGroup<kType>) * 2;
-  const dim3 grid((a.n_embd + kRowsPerBlock - 1) / kRowsPerBlock, a.u_count);
   const size_t smem = DownActScaleBytes(a.n_ff) + ActRowBytes(kType, a.n_ff);
-  LaunchPdl(DownFromF32Kernel<kType>, grid, dim3(kWarps * 32), smem, s, a, h, out);
+  LaunchPdl(DownFromF32Kernel<kType>, DownGrid<kType>(a), dim3(kWarps * 32), smem, s, a, h, out);
 }
 
 }  // namespace
