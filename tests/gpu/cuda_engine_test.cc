@@ -21,9 +21,15 @@
 #include "common/model/synth_model.h"
 #include "services/compute/cpu/cpu_engine.h"
 #include "services/compute/generation.h"
+#include "tests/gpu/corpus.h"
 
 namespace mer {
 namespace {
+
+using gpu_test::Corpus;
+using gpu_test::ForcedLogits;
+using gpu_test::GreedyIds;
+using gpu_test::RelL2;
 
 constexpr int kPrompts = 8;
 constexpr int kPromptTokens = 8;
@@ -69,53 +75,14 @@ std::unique_ptr<Model> MakeModel(const std::string& preset, SynthQuant quant) {
   return m;
 }
 
-std::vector<std::vector<int32_t>> Corpus(int n_vocab) {
-  std::vector<std::vector<int32_t>> prompts;
-  uint64_t s = 12345;
-  for (int p = 0; p < kPrompts; ++p) {
-    std::vector<int32_t> ids;
-    for (int i = 0; i < kPromptTokens; ++i) {
-      s = s * 6364136223846793005ull + 1442695040888963407ull;
-      ids.push_back(static_cast<int32_t>((s >> 33) % n_vocab));
-    }
-    prompts.push_back(ids);
-  }
-  return prompts;
-}
-
 struct Reference {
   std::vector<std::vector<int32_t>> ids;     // [prompt][kGenTokens]
-  std::vector<std::vector<float>> logits;    // [prompt][kGenTokens * n_vocab], tokens forced
 };
 
 Reference GreedyCorpus(ComputeBackend& engine, const std::vector<std::vector<int32_t>>& prompts) {
   Reference r;
-  for (const auto& prompt : prompts) {
-    GenerationRequest req;
-    req.prompt = prompt;
-    req.max_new_tokens = kGenTokens;
-    auto ids = Generate(engine, 0, req, {});
-    EXPECT_TRUE(ids.ok()) << ids.status();
-    r.ids.push_back(ids.ok() ? *ids : std::vector<int32_t>());
-  }
+  for (const auto& prompt : prompts) r.ids.push_back(GreedyIds(engine, prompt, kGenTokens));
   return r;
-}
-
-std::vector<float> ScoreIds(ComputeBackend& engine, const std::vector<int32_t>& prompt,
-                            const std::vector<int32_t>& cont) {
-  std::vector<float> logits(cont.size() * engine.config().n_vocab);
-  const absl::Status s = Score(engine, 0, prompt, cont, logits.data());
-  EXPECT_TRUE(s.ok()) << s;
-  return logits;
-}
-
-double RelL2(const float* a, const float* b, int n) {
-  double num = 0, den = 0;
-  for (int i = 0; i < n; ++i) {
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
 }
 
 struct Case {
@@ -132,7 +99,7 @@ TEST_P(CudaVsCpu, GreedyIdsEqualAndForcedLogitsClose) {
   ASSERT_NE(model, nullptr);
   const ModelWeights& w = *model->weights;
   const int V = w.config().n_vocab;
-  const auto prompts = Corpus(V);
+  const auto prompts = Corpus(kPrompts, kPromptTokens, V, 12345);
 
   CpuEngineOptions co;
   co.threads = Threads();
@@ -142,7 +109,7 @@ TEST_P(CudaVsCpu, GreedyIdsEqualAndForcedLogitsClose) {
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   const Reference ref = GreedyCorpus(**cpu, prompts);
   std::vector<std::vector<float>> ref_logits;
-  for (int p = 0; p < kPrompts; ++p) ref_logits.push_back(ScoreIds(**cpu, prompts[p], ref.ids[p]));
+  for (int p = 0; p < kPrompts; ++p) ref_logits.push_back(ForcedLogits(**cpu, prompts[p], ref.ids[p]));
   std::fprintf(stderr, "%s: CPU reference done\n", tc.name.c_str());
 
   // 100%: all preloaded, graphs; 30% and 10%: misses, look-ahead prefetch (where the arena has
@@ -161,7 +128,7 @@ TEST_P(CudaVsCpu, GreedyIdsEqualAndForcedLogitsClose) {
       ASSERT_EQ(got.ids[p].size(), ref.ids[p].size());
       for (int i = 0; i < kGenTokens; ++i) id_mismatches += got.ids[p][i] != ref.ids[p][i];
       EXPECT_EQ(got.ids[p], ref.ids[p]) << tc.name << " arena " << fraction << " prompt " << p;
-      const std::vector<float> logits = ScoreIds(**gpu, prompts[p], ref.ids[p]);
+      const std::vector<float> logits = ForcedLogits(**gpu, prompts[p], ref.ids[p]);
       for (int i = 0; i < kGenTokens; ++i) {
         const double e = RelL2(&logits[int64_t(i) * V], &ref_logits[p][int64_t(i) * V], V);
         worst = std::max(worst, e);

@@ -28,11 +28,17 @@
 #include "services/compute/cuda/cuda_engine.h"
 #include "services/compute/cuda/host_memory.h"
 #include "services/compute/generation.h"
+#include "tests/gpu/corpus.h"
 #include "services/compute/residency_expert_source.h"
 #include "tests/unit/residency/daemon/daemon_fixture.h"
 
 namespace mer {
 namespace {
+
+using gpu_test::Corpus;
+using gpu_test::ForcedLogits;
+using gpu_test::GreedyIds;
+using gpu_test::RelL2;
 
 constexpr int kPrompts = 4;
 constexpr int kPromptTokens = 12;   // x top-k: a prompt layer routes to more experts than one acquire may pin
@@ -79,20 +85,6 @@ std::unique_ptr<Files> MakeStore(const std::string& preset, SynthQuant quant, co
   return f;
 }
 
-std::vector<std::vector<int32_t>> Corpus(int n_vocab) {
-  std::vector<std::vector<int32_t>> prompts;
-  uint64_t s = 424242;
-  for (int p = 0; p < kPrompts; ++p) {
-    std::vector<int32_t> ids;
-    for (int i = 0; i < kPromptTokens; ++i) {
-      s = s * 6364136223846793005ull + 1442695040888963407ull;
-      ids.push_back(static_cast<int32_t>((s >> 33) % n_vocab));
-    }
-    prompts.push_back(ids);
-  }
-  return prompts;
-}
-
 struct Outputs {
   std::vector<std::vector<int32_t>> ids;     // [prompt][kGenTokens]
   std::vector<std::vector<float>> logits;    // [prompt][kGenTokens * n_vocab], reference ids forced
@@ -100,33 +92,12 @@ struct Outputs {
 
 // Greedy ids of every prompt, then the logits with `forced` ids (the reference's; its own if null).
 Outputs GreedyAndScore(ComputeBackend& engine, const std::vector<std::vector<int32_t>>& prompts,
-                   const Outputs* forced) {
+                       const Outputs* forced) {
   Outputs r;
-  for (const auto& prompt : prompts) {
-    GenerationRequest req;
-    req.prompt = prompt;
-    req.max_new_tokens = kGenTokens;
-    auto ids = Generate(engine, 0, req, {});
-    EXPECT_TRUE(ids.ok()) << ids.status();
-    r.ids.push_back(ids.ok() ? *ids : std::vector<int32_t>(kGenTokens, -1));
-  }
-  for (size_t p = 0; p < prompts.size(); ++p) {
-    const std::vector<int32_t>& cont = forced != nullptr ? forced->ids[p] : r.ids[p];
-    std::vector<float> logits(cont.size() * engine.config().n_vocab);
-    const absl::Status s = Score(engine, 0, prompts[p], cont, logits.data());
-    EXPECT_TRUE(s.ok()) << s;
-    r.logits.push_back(std::move(logits));
-  }
+  for (const auto& prompt : prompts) r.ids.push_back(GreedyIds(engine, prompt, kGenTokens));
+  for (size_t p = 0; p < prompts.size(); ++p)
+    r.logits.push_back(ForcedLogits(engine, prompts[p], forced != nullptr ? forced->ids[p] : r.ids[p]));
   return r;
-}
-
-double RelL2(const float* a, const float* b, int n) {
-  double num = 0, den = 0;
-  for (int i = 0; i < n; ++i) {
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
 }
 
 // Forwards to the residency source and checks the engine keeps to the ExpertSource contract: at
@@ -192,7 +163,7 @@ TEST_P(CudaFromResidency, GreedyIdsEqualTheCpuReference) {
   co.max_context_tokens = 128;
   auto cpu = CpuEngine::Create(**full, mapped, co);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
-  const auto prompts = Corpus((*full)->config().n_vocab);
+  const auto prompts = Corpus(kPrompts, kPromptTokens, (*full)->config().n_vocab, 424242);
   const Outputs ref = GreedyAndScore(**cpu, prompts, nullptr);
   std::fprintf(stderr, "%s: CPU reference done\n", tc.name.c_str());
 
