@@ -13,6 +13,8 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxChunks = 16;  // head_dim <= 1024: 64-element chunks of ggml_vec_dot_f32
+constexpr int kCellsInFlight = 4;
+constexpr size_t kMaxSmemScoreBytes = 40 * 1024;  // within the 48 KB of dynamic shared memory without opt-in
 constexpr unsigned kAll = 0xffffffffu;
 
 // ReduceAdd16 (ggml_math.cuh) over the 16 lanes of each half-warp; the sum in the half's lane 0.
@@ -28,7 +30,8 @@ __device__ inline float HalfWarpReduceAdd16(float v) {
 // ggml_vec_dot_f32's 64 fma lanes (cell j in lane j % 64), reduced as ReduceAcc64. Scores: a warp
 // per cell, lane l holding the CPU's lanes l and l + 32 (ReduceAcc64 by shuffles); softmax
 // groups: a half-warp per group of 16.
-__global__ void __launch_bounds__(kThreads) AttentionKernel(const AttentionArgs a) {
+__global__ void __launch_bounds__(kThreads) AttentionKernel(const AttentionArgs a, bool scores_in_smem) {
+  extern __shared__ float smem_scores[];  // AttentionScoresStride(max_ctx) floats when scores_in_smem
   __shared__ float red_f[kWarps];
   __shared__ float inv_sum;
   AllowDependents();
@@ -40,7 +43,7 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const AttentionArgs 
   const int n_groups = (n_pos + 15) / 16;
   const float* q = a.q + (int64_t(t) * a.n_head + h) * HD;
   const int64_t base = int64_t(a.seq[t]) * a.max_ctx * KD + kvh * HD;
-  float* x = a.scores + (int64_t(t) * a.n_head + h) * AttentionScoresStride(a.max_ctx);
+  float* x = scores_in_smem ? smem_scores : a.scores + (int64_t(t) * a.n_head + h) * AttentionScoresStride(a.max_ctx);
   float* group_sum = x + a.max_ctx;
   const float scale = 1.0f / sqrtf(static_cast<float>(HD));
 
@@ -52,25 +55,55 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const AttentionArgs 
     q_lo[c] = q[c * 64 + lane];
     q_hi[c] = q[c * 64 + 32 + lane];
   }
+  // kCellsInFlight cells per warp per pass (j, j + kWarps, ...): their K loads are issued
+  // together, so a pass costs one L2/DRAM round trip instead of one per cell.
   float local_max = -FLT_MAX;
-  for (int j = warp; j < n_pos; j += kWarps) {
-    const float* kr = a.k_cache + base + int64_t(j) * KD;
-    float lo = 0.0f, hi = 0.0f;  // the CPU's lanes `lane` and `lane + 32`
+  for (int j0 = warp; j0 < n_pos; j0 += kWarps * kCellsInFlight) {
+    float lo[kCellsInFlight], hi[kCellsInFlight];  // the CPU's lanes `lane` and `lane + 32`
 #pragma unroll
-    for (int c = 0; c < kMaxChunks; ++c) {
-      if (c >= n_chunks) break;
-      lo = fmaf(kr[c * 64 + lane], q_lo[c], lo);
-      hi = fmaf(kr[c * 64 + 32 + lane], q_hi[c], hi);
+    for (int u = 0; u < kCellsInFlight; ++u) lo[u] = hi[u] = 0.0f;
+    // Two chunks of every cell loaded before the first fma that needs one (an fma waiting on a
+    // load would hold back the loads behind it); per cell the fma chain is the CPU's, in order.
+#pragma unroll
+    for (int c0 = 0; c0 < kMaxChunks; c0 += 2) {
+      if (c0 >= n_chunks) break;
+      float k_lo[kCellsInFlight][2], k_hi[kCellsInFlight][2];
+#pragma unroll
+      for (int u = 0; u < kCellsInFlight; ++u) {
+        const int j = j0 + u * kWarps;
+        const float* kr = a.k_cache + base + int64_t(j < n_pos ? j : 0) * KD;
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+          const int c = c0 + cc;
+          const bool ok = j < n_pos && c < n_chunks;
+          k_lo[u][cc] = ok ? kr[c * 64 + lane] : 0.0f;
+          k_hi[u][cc] = ok ? kr[c * 64 + 32 + lane] : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kCellsInFlight; ++u)
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+          if (c0 + cc >= n_chunks) break;
+          lo[u] = fmaf(k_lo[u][cc], q_lo[c0 + cc], lo[u]);
+          hi[u] = fmaf(k_hi[u][cc], q_hi[c0 + cc], hi[u]);
+        }
     }
-    // ReduceAcc64: v[l] = (s[l] + s[32 + l]) + (s[16 + l] + s[48 + l]), then ReduceAdd16(v).
-    float v = __fadd_rn(lo, hi);
-    v = __fadd_rn(v, __shfl_down_sync(kAll, v, 16));
-    v = HalfWarpReduceAdd16(v);
-    if (lane == 0) {
-      for (int i = n_chunks * 64; i < HD; ++i) v = fmaf(kr[i], q[i], v);  // the tail, in order
-      const float sc = __fmul_rn(v, scale);
-      x[j] = sc;
-      local_max = fmaxf(local_max, sc);
+#pragma unroll
+    for (int u = 0; u < kCellsInFlight; ++u) {
+      const int j = j0 + u * kWarps;  // uniform per warp
+      if (j >= n_pos) break;
+      // ReduceAcc64: v[l] = (s[l] + s[32 + l]) + (s[16 + l] + s[48 + l]), then ReduceAdd16(v).
+      float v = __fadd_rn(lo[u], hi[u]);
+      v = __fadd_rn(v, __shfl_down_sync(kAll, v, 16));
+      v = HalfWarpReduceAdd16(v);
+      if (lane == 0) {
+        const float* kr = a.k_cache + base + int64_t(j) * KD;
+        for (int i = n_chunks * 64; i < HD; ++i) v = fmaf(kr[i], q[i], v);  // the tail, in order
+        const float sc = __fmul_rn(v, scale);
+        x[j] = sc;
+        local_max = fmaxf(local_max, sc);
+      }
     }
   }
   if (lane == 0) red_f[warp] = local_max;
@@ -108,9 +141,17 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const AttentionArgs 
 #pragma unroll
       for (int l = 0; l < 64; ++l) lanes[l] = fmaf(v[int64_t(j0 + l) * KD], x[j0 + l], lanes[l]);
     }
+    // The last, partial pass: every load issued before the first fma (a load behind a branch
+    // would wait for the fma before it), cells past n_pos leaving their lane as it is.
+    float vv[64];
 #pragma unroll
-    for (int l = 0; l < 64; ++l)
-      if (j0 + l < n_pos) lanes[l] = fmaf(v[int64_t(j0 + l) * KD], x[j0 + l], lanes[l]);
+    for (int l = 0; l < 64; ++l) vv[l] = j0 + l < n_pos ? v[int64_t(j0 + l) * KD] : 0.0f;
+#pragma unroll
+    for (int l = 0; l < 64; ++l) {
+      const bool in = j0 + l < n_pos;
+      const float f = fmaf(vv[l], in ? x[j0 + l] : 0.0f, lanes[l]);
+      lanes[l] = in ? f : lanes[l];
+    }
     const float o = ReduceAcc64(lanes);
     // With out_act, whole warps hold whole Q8_0 blocks of the row (AttentionConvertsOutput).
     if (a.out_act.data != nullptr) StoreAct(a.out_act, t, int64_t(h) * HD + d, o);
@@ -127,7 +168,12 @@ void LaunchAttention(const AttentionArgs& args, int n_tokens, cudaStream_t strea
     std::fprintf(stderr, "attention: cannot convert the output at head_dim %d\n", args.head_dim);
     std::abort();
   }
-  LaunchPdl(AttentionKernel, dim3(n_tokens, args.n_head), dim3(kThreads), 0, stream, args);
+  // The scores in shared memory where they fit (the softmax and the V pass read them back), else
+  // in the global scratch.
+  const size_t score_bytes = AttentionScoresStride(args.max_ctx) * sizeof(float);
+  const bool in_smem = score_bytes <= kMaxSmemScoreBytes;
+  LaunchPdl(AttentionKernel, dim3(n_tokens, args.n_head), dim3(kThreads), in_smem ? score_bytes : 0, stream, args,
+            in_smem);
 }
 
 }  // namespace mer::cuda
