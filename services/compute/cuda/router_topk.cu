@@ -55,8 +55,16 @@ __device__ void SelectTopKBlock(float* p, float* group_sum, float* red, float* s
   __syncthreads();
   for (int e = tid; e < n_expert; e += blockDim.x) {
     const float v = p[e];
-    int rank = 0;
-    for (int o = 0; o < n_expert; ++o) rank += p[o] > v || (p[o] == v && o < e);
+    int rank = 0;  // 16 probabilities per step (n_expert % 16 == 0; p is 16-byte aligned)
+    for (int o0 = 0; o0 < n_expert; o0 += 16) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float4 q = reinterpret_cast<const float4*>(p + o0)[k];
+        const int o = o0 + 4 * k;
+        rank += (q.x > v || (q.x == v && o < e)) + (q.y > v || (q.y == v && o + 1 < e)) +
+                (q.z > v || (q.z == v && o + 2 < e)) + (q.w > v || (q.w == v && o + 3 < e));
+      }
+    }
     if (rank < k) {
       sel_w[rank] = v;
       sel_e[rank] = e;
@@ -185,7 +193,7 @@ constexpr int kRouterMaxCols = 4096;
 // second warp does their top-k (the look-ahead prediction). The weights are loaded before waiting
 // for the norm that writes x.
 __global__ void __launch_bounds__(kRouterWarps * 32) RouterTopK1Kernel(const __grid_constant__ Router1Args a) {
-  __shared__ float p[2][kMaxExperts];
+  __shared__ __align__(16) float p[2][kMaxExperts];
   __shared__ float group_sum[2][kMaxExperts / 16];
   __shared__ bool last;
   AllowDependents();
@@ -205,12 +213,18 @@ __global__ void __launch_bounds__(kRouterWarps * 32) RouterTopK1Kernel(const __g
     w1[i] = active ? __ldcs(w + i * 64 + 32 + lane) : 0.0f;
   }
   WaitForPredecessor();
+  // x into shared memory first: read straight from global inside the loop below, each load would
+  // wait behind the previous step's fma and its loop-exit branch (one L2 round trip per step).
+  __shared__ __align__(16) float xs[kRouterMaxCols];
+  for (int i = threadIdx.x * 4; i < a.n_embd; i += blockDim.x * 4)
+    *reinterpret_cast<float4*>(xs + i) = __ldcg(reinterpret_cast<const float4*>(a.x + i));
+  __syncthreads();
   float acc = 0.0f, hi = 0.0f;
 #pragma unroll
   for (int i = 0; i < kMaxSteps; ++i) {
     if (i >= steps) break;
-    acc = fmaf(w0[i], a.x[i * 64 + lane], acc);
-    hi = fmaf(w1[i], a.x[i * 64 + 32 + lane], hi);
+    acc = fmaf(w0[i], xs[i * 64 + lane], acc);
+    hi = fmaf(w1[i], xs[i * 64 + 32 + lane], hi);
   }
   acc = GroupReduce<kDevF32>(__fadd_rn(acc, hi));
   if (lane == 0 && active) (next ? a.next.logits : a.logits)[row % a.n_expert] = acc;
