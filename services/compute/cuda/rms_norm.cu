@@ -9,6 +9,7 @@ namespace {
 
 constexpr int kThreads = 1024;
 constexpr int kPerThread = 8;  // n <= kThreads * kPerThread (CHECKed by the engine)
+constexpr int kCombineInFlight = 8;
 
 // One block per row; the row is read once into registers (decode is latency-bound here).
 __global__ void __launch_bounds__(kThreads) RmsNormKernel(float* x, int64_t x_stride, const int32_t* rows,
@@ -30,8 +31,19 @@ __global__ void __launch_bounds__(kThreads) RmsNormKernel(float* x, int64_t x_st
       // `acc + ej * wj` chain (GCC contracts it to fma(ej, wj, acc)), then acc + x.
       const float* e = combine.expert_out + t * combine.k * n + i;
       const float* cw = combine.weights + t * combine.k;
-      float acc = __fmul_rn(e[0], cw[0]);
-      for (int j = 1; j < combine.k; ++j) acc = fmaf(e[j * n], cw[j], acc);
+      // Up to kCombineInFlight outputs loaded before the chain uses them (a load inside the
+      // chain would wait for the previous fma: one L2 round trip per expert).
+      float ev[kCombineInFlight], wv[kCombineInFlight];
+#pragma unroll
+      for (int j = 0; j < kCombineInFlight; ++j) {
+        ev[j] = j < combine.k ? e[j * n] : 0.0f;
+        wv[j] = j < combine.k ? cw[j] : 0.0f;
+      }
+      float acc = __fmul_rn(ev[0], wv[0]);
+#pragma unroll
+      for (int j = 1; j < kCombineInFlight; ++j)
+        if (j < combine.k) acc = fmaf(ev[j], wv[j], acc);
+      for (int j = kCombineInFlight; j < combine.k; ++j) acc = fmaf(e[j * n], cw[j], acc);
       xv[k] = __fadd_rn(acc, xv[k]);
       xr[i] = xv[k];
     }
