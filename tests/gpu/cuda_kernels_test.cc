@@ -604,30 +604,34 @@ TEST(CudaKernels, KQuantMatvecMatchesCpuRowDots) {
 }
 
 // The grouped expert kernels with K-quant gate/up and a down of the same or another type (the
-// Q4_K_M mixes), experts at permuted arena slots laid out as CudaEngine does, against the CPU
-// engine's MoE: row dots, SwiGLU (cpu_ops.h), conversion of h, down row dots.
-TEST(CudaKernels, KQuantExpertsMatchCpu) {
-  struct Mix { GgmlType gate, down; };
-  const int64_t E = 768, F = 512;
+// Q4_K_M mixes), and Q8_0 throughout, also at the Qwen3-30B-A3B expert geometry (2,048 x 768,
+// where the decode down kernel loads its rows before its wait), experts at permuted arena slots laid out as CudaEngine does, against the CPU
+// engine's MoE: row dots, SwiGLU (cpu_ops.h), conversion of h, down row dots. One token also
+// goes through the decode path's down kernel, which converts h itself.
+TEST(CudaKernels, ExpertsMatchCpu) {
+  struct Mix { GgmlType gate, down; int64_t E, F; };
   const int NE = 6, K = 2;
   auto align = [](int64_t b) { return (b + 255) / 256 * 256; };
-  for (Mix mix : {Mix{GgmlType::kQ4_K, GgmlType::kQ6_K}, Mix{GgmlType::kQ4_K, GgmlType::kQ4_K},
-                  Mix{GgmlType::kQ4_K, GgmlType::kQ8_0}, Mix{GgmlType::kQ6_K, GgmlType::kQ6_K}}) {
+  auto weights = [](GgmlType type, int64_t rows, int64_t cols, bool raw) {
+    if (type != GgmlType::kQ8_0) return KQuantWeights(type, rows, cols, raw);
+    const std::vector<float> f = Random(rows * cols, 0.05f);
+    std::vector<uint8_t> q(rows * RowBytes(type, cols));
+    for (int64_t r = 0; r < rows; ++r) QuantizeRow(type, &f[r * cols], &q[r * RowBytes(type, cols)], cols);
+    return q;
+  };
+  for (Mix mix : {Mix{GgmlType::kQ4_K, GgmlType::kQ6_K, 768, 512}, Mix{GgmlType::kQ4_K, GgmlType::kQ4_K, 768, 512},
+                  Mix{GgmlType::kQ4_K, GgmlType::kQ8_0, 768, 512}, Mix{GgmlType::kQ6_K, GgmlType::kQ6_K, 768, 512},
+                  Mix{GgmlType::kQ8_0, GgmlType::kQ8_0, 2048, 768}, Mix{GgmlType::kQ8_0, GgmlType::kQ8_0, 768, 512}}) {
+    const int64_t E = mix.E, F = mix.F;
     for (int n : {1, 5}) {
       const int64_t gate_bytes = F * RowBytes(mix.gate, E), down_bytes = E * RowBytes(mix.down, F);
       const int64_t up_offset = align(gate_bytes), down_offset = up_offset + align(gate_bytes);
       const int64_t slot_bytes = align(down_offset + down_bytes);
       std::vector<std::vector<uint8_t>> gate(NE), up(NE), down(NE);
       for (int e = 0; e < NE; ++e) {
-        gate[e] = KQuantWeights(mix.gate, F, E, e % 2 == 1);
-        up[e] = KQuantWeights(mix.gate, F, E, e % 3 == 1);
-        if (mix.down == GgmlType::kQ8_0) {
-          const std::vector<float> f = Random(E * F, 0.05f);
-          down[e].resize(down_bytes);
-          for (int64_t r = 0; r < E; ++r) QuantizeRow(mix.down, &f[r * F], &down[e][r * RowBytes(mix.down, F)], F);
-        } else {
-          down[e] = KQuantWeights(mix.down, E, F, e % 2 == 0);
-        }
+        gate[e] = weights(mix.gate, F, E, e % 2 == 1);
+        up[e] = weights(mix.gate, F, E, e % 3 == 1);
+        down[e] = weights(mix.down, E, F, e % 2 == 0);
       }
       // Expert e in slot NE - 1 - e, each matrix repacked in place as CudaEngine::UploadExpert does.
       uint8_t* arena = DeviceNaN<uint8_t>(NE * slot_bytes);
@@ -666,11 +670,12 @@ TEST(CudaKernels, KQuantExpertsMatchCpu) {
       const std::vector<float> x = Random(n * E);
       const GgmlType down_act = ActivationTypeFor(mix.down);
       std::vector<float> h_want(n_pairs * F), out_want(n_pairs * E);
-      std::vector<BlockQ8_K> xa(E / 256);
+      const GgmlType gate_act = ActivationTypeFor(mix.gate);
+      std::vector<uint8_t> xa(RowBytes(gate_act, E));
       std::vector<uint8_t> ha(RowBytes(down_act, F));
       for (int p = 0; p < n_pairs; ++p) {
         const int e = chosen[p];
-        QuantizeRowQ8_K(&x[(p / K) * E], xa.data(), E);
+        QuantizeRow(gate_act, &x[(p / K) * E], xa.data(), E);
         std::vector<float> g(F), u(F);
         VecDotRows(mix.gate, gate[e].data(), F, xa.data(), E, g.data());
         VecDotRows(mix.gate, up[e].data(), F, xa.data(), E, u.data());
@@ -681,7 +686,7 @@ TEST(CudaKernels, KQuantExpertsMatchCpu) {
       }
 
       float* dx = ToDevice(x);
-      DeviceAct x_act(GgmlType::kQ8_K, E, n);
+      DeviceAct x_act(gate_act, E, n);
       cuda::LaunchQuantize(dx, E, n, E, x_act.act, nullptr);
       float* h = DeviceNaN<float>(n_pairs * F);
       float* out = DeviceNaN<float>(n_pairs * E);
@@ -710,6 +715,12 @@ TEST(CudaKernels, KQuantExpertsMatchCpu) {
                                " down, " + std::to_string(n) + " tokens";
       EXPECT_EQ(Mismatch(ToHost(h, n_pairs * F), h_want, F), "") << name << ": SwiGLU output h (token = pair)";
       EXPECT_EQ(Mismatch(ToHost(out, n_pairs * E), out_want, E), "") << name << ": down output (token = pair)";
+      if (n == 1 && cuda::ExpertDownConvertsInput(a.down_type, F)) {
+        float* out_f32 = DeviceNaN<float>(n_pairs * E);
+        cuda::LaunchExpertDownFromF32(a, h, out_f32, nullptr);
+        EXPECT_EQ(Mismatch(ToHost(out_f32, n_pairs * E), out_want, E), "") << name << ": down converting h itself";
+        CUDA_CHECK(cudaFree(out_f32));
+      }
       for (void* p : sources) CUDA_CHECK(cudaFree(p));
       for (void* p : {(void*)arena, (void*)d_slots, (void*)d_chosen, (void*)buf, (void*)lookups, (void*)dx, (void*)h,
                       (void*)out})

@@ -18,12 +18,34 @@ struct MatvecArgs {
   int n_outputs;
   DevAct act;
   int n_tokens;
+  bool prefetch_l2;  // each lane group pulls its rows into L2 before waiting (kL2PrefetchMaxBytes)
+  bool stage_act;    // one token: its activation row is copied into shared memory (StageActRow)
 };
+
+// A launch's weights that its first wave may prefetch into L2 without pushing out what it needs:
+// Q/K/V (11 MB on the 30B geometry) yes, the 330 MB LM head no.
+constexpr int64_t kL2PrefetchMaxBytes = 24ll << 20;
+
+// Lane g of a group of G lanes prefetches every G-th 128-byte line of the row (quants or values,
+// then for Q8_0 the row's block scales) into L2: they depend on nothing, so this runs before
+// WaitForPredecessor and the row's loads after it find L2 instead of DRAM.
+template <int kType, int G>
+__device__ inline void PrefetchRowToL2(const RowRef& row, int64_t cols) {
+  if (row.q == nullptr) return;
+  const int g = threadIdx.x % G;
+  const int64_t bytes = kType == kDevF32 ? cols * 4 : (kType == kDevQ8_0 ? cols : cols * 2);
+  for (int64_t off = int64_t(g) * 128; off < bytes; off += G * 128)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(row.q + off));
+  if constexpr (kType == kDevQ8_0) {
+    const uint8_t* s = reinterpret_cast<const uint8_t*>(row.s);
+    for (int64_t off = int64_t(g) * 128; off < cols / 16; off += G * 128)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(s + off));
+  }
+}
 
 template <int kType, int NT>
 __global__ void __launch_bounds__(kWarps * 32) MatvecKernel(const __grid_constant__ MatvecArgs args) {
   AllowDependents();
-  WaitForPredecessor();
   constexpr int G = kGroup<kType>, kGroupsPerWarp = 32 / G;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // Each group of G lanes takes kRows consecutive rows of the concatenated matrices.
@@ -37,6 +59,11 @@ __global__ void __launch_bounds__(kWarps * 32) MatvecKernel(const __grid_constan
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
     rows[r] = active && row0 + r < o.w.rows ? MatrixRow<kType>(o.w, row0 + r) : RowRef{};
+  if (args.prefetch_l2) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) PrefetchRowToL2<kType, G>(rows[r], o.w.cols);
+  }
+  WaitForPredecessor();
   const int t0 = blockIdx.y * NT;
   const uint8_t* act_rows[NT];
   const float* act_scales[NT];
@@ -46,6 +73,12 @@ __global__ void __launch_bounds__(kWarps * 32) MatvecKernel(const __grid_constan
     const bool valid = t0 + t < args.n_tokens;
     act_rows[t] = valid ? args.act.data + int64_t(t0 + t) * rb : nullptr;
     act_scales[t] = valid && kType == kDevQ8_0 ? args.act.scales + int64_t(t0 + t) * (args.act.stride / 32) : nullptr;
+  }
+  if (NT == 1 && args.stage_act) {
+    // One token: its row in shared memory. GroupDots reads a run's activations after the previous
+    // run's fma, so from global memory every run would cost an L2 round trip.
+    extern __shared__ uint4 act_smem[];
+    act_rows[0] = StageActRow<kType>(act_smem, act_rows[0], act_scales[0], args.o[0].w.cols, &act_scales[0]);
   }
   float acc[kRows][NT];
   GroupDots<kType, kRows, NT, NT == 1 ? 8 : 2>(rows, args.o[0].w.cols, act_rows, act_scales, acc);
@@ -97,7 +130,10 @@ void Launch(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
     LaunchPdl(MatvecQ8_0DecodeKernel, dim3(blocks), dim3(kWarps * 32),
               kWarps * kWarpQ8_0SmemFloats(1, cols / 32) * sizeof(float), stream, args);
   } else if (args.n_tokens == 1) {
-    LaunchPdl(MatvecKernel<kType, 1>, dim3(bx, 1), dim3(kWarps * 32), 0, stream, args);
+    MatvecArgs staged = args;
+    staged.stage_act = StagedActBytes<kType>(cols) <= 48 * 1024;
+    LaunchPdl(MatvecKernel<kType, 1>, dim3(bx, 1), dim3(kWarps * 32), staged.stage_act ? StagedActBytes<kType>(cols) : 0,
+              stream, staged);
   } else {
     constexpr int NT = 8;
     LaunchPdl(MatvecKernel<kType, NT>, dim3(bx, (args.n_tokens + NT - 1) / NT), dim3(kWarps * 32), 0, stream, args);
@@ -119,6 +155,9 @@ void LaunchMatvec(const MatvecOutput* outputs, int n_outputs, const DevAct& act,
     args.row_begin[i + 1] = args.row_begin[i] + (outputs[i].w.rows + kRows - 1) / kRows * kRows;
   }
   const int64_t total = args.row_begin[n_outputs];
+  int64_t weight_bytes = 0;
+  for (int i = 0; i < n_outputs; ++i) weight_bytes += outputs[i].w.rows * ActRowBytes(outputs[i].w.type, outputs[i].w.cols);
+  args.prefetch_l2 = weight_bytes <= kL2PrefetchMaxBytes;
   switch (outputs[0].w.type) {
     case kDevF32: Launch<kDevF32>(args, total, stream); break;
     case kDevF16: Launch<kDevF16>(args, total, stream); break;

@@ -229,6 +229,80 @@ __device__ inline void GroupDots(const RowRef (&rows)[R], int64_t cols, const ui
 }
 
 
+// Bytes of shared memory StageActRow needs for one activation row of cols elements.
+template <int kType>
+__host__ __device__ constexpr int64_t StagedActBytes(int64_t cols) {
+  return kType == kDevQ8_0 ? cols + cols / 32 * 4 : cols * (kType == kDevF32 ? 4 : 2);
+}
+
+// The block copies an activation row (and its Q8_0 scales) into smem and returns the copy (the
+// scales' copy in *scales_out). Every thread of the block must call it.
+template <int kType>
+__device__ inline const uint8_t* StageActRow(uint4* smem, const uint8_t* row, const float* scales, int64_t cols,
+                                             const float** scales_out) {
+  const int64_t row_bytes = kType == kDevQ8_0 ? cols : StagedActBytes<kType>(cols);
+  for (int64_t i = threadIdx.x; i < row_bytes / 16; i += blockDim.x) smem[i] = reinterpret_cast<const uint4*>(row)[i];
+  if constexpr (kType == kDevQ8_0) {
+    float* s = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(smem) + row_bytes);
+    for (int64_t i = threadIdx.x; i < cols / 32; i += blockDim.x) s[i] = scales[i];
+    *scales_out = s;
+  }
+  __syncthreads();
+  return reinterpret_cast<const uint8_t*>(smem);
+}
+
+// Q8_0 rows of a lane group (R rows of nb blocks, nb % 4 == 0, nb / 4 <= kRuns) whose weights
+// are loaded before the activations exist: Load may precede WaitForPredecessor, Dot then runs
+// GroupDots<kDevQ8_0, R, 1>'s chains over them (bit for bit; the result in the group's lane 0).
+template <int R, int kRuns>
+struct GroupQ8_0Preload {
+  uint4 wq[kRuns][R];
+  uint2 ws[kRuns][R];
+
+  __host__ __device__ static constexpr bool Fits(int64_t nb) { return nb % 4 == 0 && nb / 4 <= kRuns; }
+
+  __device__ void Load(const RowRef (&rows)[R], int64_t nb) {
+    const int g = threadIdx.x % kGroup<kDevQ8_0>;
+#pragma unroll
+    for (int i = 0; i < kRuns; ++i) {
+      if (4 * i >= nb) break;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const bool ok = rows[r].q != nullptr;
+        wq[i][r] = ok ? __ldcs(reinterpret_cast<const uint4*>(rows[r].q + int64_t(i) * 128) + g) : make_uint4(0, 0, 0, 0);
+        ws[i][r] = ok ? *reinterpret_cast<const uint2*>(rows[r].s + 4 * i) : make_uint2(0, 0);
+      }
+    }
+  }
+
+  __device__ void Dot(int64_t nb, const uint8_t* act_q, const float* act_s, float (&acc)[R]) const {
+    const int g = threadIdx.x % kGroup<kDevQ8_0>;
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kRuns; ++i) {
+      if (4 * i >= nb) break;
+      const uint4 aq = reinterpret_cast<const uint4*>(act_q + int64_t(i) * 128)[g];
+      const float4 a4 = *reinterpret_cast<const float4*>(act_s + 4 * i);
+      const float as[4] = {a4.x, a4.y, a4.z, a4.w};
+      const int a_int[4] = {static_cast<int>(aq.x), static_cast<int>(aq.y), static_cast<int>(aq.z), static_cast<int>(aq.w)};
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const __half2 s01 = *reinterpret_cast<const __half2*>(&ws[i][r].x);
+        const __half2 s23 = *reinterpret_cast<const __half2*>(&ws[i][r].y);
+        const float w_s[4] = {__low2float(s01), __high2float(s01), __low2float(s23), __high2float(s23)};
+        const int w_int[4] = {static_cast<int>(wq[i][r].x), static_cast<int>(wq[i][r].y), static_cast<int>(wq[i][r].z),
+                              static_cast<int>(wq[i][r].w)};
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          acc[r] = fmaf(__fmul_rn(w_s[k], as[k]), static_cast<float>(__dp4a(w_int[k], a_int[k], 0)), acc[r]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = GroupReduce<kDevQ8_0>(acc[r]);
+  }
+};
+
 // Decode (one activation row): a whole warp per weight row, for Q8_0 rows of a multiple of 4
 // blocks. The 8-lane group's chain per row cannot be split (the sum would change), but only its
 // fma chain is sequential: the loads and the dp4a integer sums are not. So all 32 lanes load the
