@@ -19,7 +19,7 @@ struct MatvecArgs {
   DevAct act;
   int n_tokens;
   bool prefetch_l2;  // each lane group pulls its rows into L2 before waiting (kL2PrefetchMaxBytes)
-  bool stage_act;    // one token: its activation row is copied into shared memory (StageActRow)
+  bool stage_act;    // the block's activation rows are copied into shared memory (StageActRows)
 };
 
 // A launch's weights that its first wave may prefetch into L2 without pushing out what it needs:
@@ -74,11 +74,9 @@ __global__ void __launch_bounds__(kWarps * 32) MatvecKernel(const __grid_constan
     act_rows[t] = valid ? args.act.data + int64_t(t0 + t) * rb : nullptr;
     act_scales[t] = valid && kType == kDevQ8_0 ? args.act.scales + int64_t(t0 + t) * (args.act.stride / 32) : nullptr;
   }
-  if (NT == 1 && args.stage_act) {
-    // One token: its row in shared memory. GroupDots reads a run's activations after the previous
-    // run's fma, so from global memory every run would cost an L2 round trip.
+  if (args.stage_act) {  // the block's token rows in shared memory (StageActRows)
     extern __shared__ uint4 act_smem[];
-    act_rows[0] = StageActRow<kType>(act_smem, act_rows[0], act_scales[0], args.o[0].w.cols, &act_scales[0]);
+    StageActRows<kType, NT>(act_smem, act_rows, act_scales, args.o[0].w.cols);
   }
   float acc[kRows][NT];
   GroupDots<kType, kRows, NT, NT == 1 ? 8 : 2>(rows, args.o[0].w.cols, act_rows, act_scales, acc);
@@ -131,12 +129,15 @@ void Launch(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
               kWarps * kWarpQ8_0SmemFloats(1, cols / 32) * sizeof(float), stream, args);
   } else if (args.n_tokens == 1) {
     MatvecArgs staged = args;
-    staged.stage_act = StagedActBytes<kType>(cols) <= 48 * 1024;
+    staged.stage_act = StagedActBytes<kType>(cols) <= kMaxStagedActBytes;
     LaunchPdl(MatvecKernel<kType, 1>, dim3(bx, 1), dim3(kWarps * 32), staged.stage_act ? StagedActBytes<kType>(cols) : 0,
               stream, staged);
   } else {
     constexpr int NT = 8;
-    LaunchPdl(MatvecKernel<kType, NT>, dim3(bx, (args.n_tokens + NT - 1) / NT), dim3(kWarps * 32), 0, stream, args);
+    MatvecArgs staged = args;
+    staged.stage_act = NT * StagedActBytes<kType>(cols) <= kMaxStagedActBytes;
+    LaunchPdl(MatvecKernel<kType, NT>, dim3(bx, (args.n_tokens + NT - 1) / NT), dim3(kWarps * 32),
+              staged.stage_act ? NT * StagedActBytes<kType>(cols) : 0, stream, staged);
   }
 }
 

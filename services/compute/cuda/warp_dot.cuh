@@ -229,26 +229,36 @@ __device__ inline void GroupDots(const RowRef (&rows)[R], int64_t cols, const ui
 }
 
 
-// Bytes of shared memory StageActRow needs for one activation row of cols elements.
+// Bytes of shared memory StageActRows needs per activation row of cols elements (16-byte rows).
 template <int kType>
 __host__ __device__ constexpr int64_t StagedActBytes(int64_t cols) {
-  return kType == kDevQ8_0 ? cols + cols / 32 * 4 : cols * (kType == kDevF32 ? 4 : 2);
+  return ((kType == kDevQ8_0 ? cols + cols / 32 * 4 : cols * (kType == kDevF32 ? 4 : 2)) + 15) / 16 * 16;
 }
+inline constexpr int64_t kMaxStagedActBytes = 48 * 1024;  // dynamic shared memory without opt-in
 
-// The block copies an activation row (and its Q8_0 scales) into smem and returns the copy (the
-// scales' copy in *scales_out). Every thread of the block must call it.
-template <int kType>
-__device__ inline const uint8_t* StageActRow(uint4* smem, const uint8_t* row, const float* scales, int64_t cols,
-                                             const float** scales_out) {
-  const int64_t row_bytes = kType == kDevQ8_0 ? cols : StagedActBytes<kType>(cols);
-  for (int64_t i = threadIdx.x; i < row_bytes / 16; i += blockDim.x) smem[i] = reinterpret_cast<const uint4*>(row)[i];
-  if constexpr (kType == kDevQ8_0) {
-    float* s = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(smem) + row_bytes);
-    for (int64_t i = threadIdx.x; i < cols / 32; i += blockDim.x) s[i] = scales[i];
-    *scales_out = s;
+// The block copies the NT activation rows (and their Q8_0 scales; null rows skipped) into smem,
+// row t at t * StagedActBytes, and points act_rows/act_scales at the copies. GroupDots reads a
+// run's activations after the previous run's fma, so from global memory every run would cost an
+// L2 round trip. Every thread of the block must call it; a caller that stages again in a loop
+// must __syncthreads() first (the previous rows may still be read).
+template <int kType, int NT>
+__device__ inline void StageActRows(uint4* smem, const uint8_t* (&act_rows)[NT], const float* (&act_scales)[NT],
+                                    int64_t cols) {
+  const int64_t quant_bytes = kType == kDevQ8_0 ? cols : cols * (kType == kDevF32 ? 4 : 2);
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    if (act_rows[t] == nullptr) continue;
+    uint8_t* dst = reinterpret_cast<uint8_t*>(smem) + t * StagedActBytes<kType>(cols);
+    for (int64_t i = threadIdx.x; i < quant_bytes / 16; i += blockDim.x)
+      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(act_rows[t])[i];
+    if constexpr (kType == kDevQ8_0) {
+      float* sc = reinterpret_cast<float*>(dst + quant_bytes);
+      for (int64_t i = threadIdx.x; i < cols / 32; i += blockDim.x) sc[i] = act_scales[t][i];
+      act_scales[t] = sc;
+    }
+    act_rows[t] = dst;
   }
   __syncthreads();
-  return reinterpret_cast<const uint8_t*>(smem);
 }
 
 // Q8_0 rows of a lane group (R rows of nb blocks, nb % 4 == 0, nb / 4 <= kRuns) whose weights
