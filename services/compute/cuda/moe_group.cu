@@ -13,9 +13,15 @@ __global__ void __launch_bounds__(kThreads) MoeGroupKernel(const int32_t* chosen
                                                            const int32_t* slot_table, MoeGroups g) {
   __shared__ int count[kMaxExperts];
   __shared__ int fill[kMaxExperts];
+  __shared__ bool missing_slot[kMaxExperts];
   AllowDependents();
   WaitForPredecessor();
-  for (int e = threadIdx.x; e < n_expert; e += kThreads) count[e] = 0;
+  // The slot table into shared memory in parallel: read by thread 0's loop below, every entry
+  // would be an L2 round trip of its own (~50 us per layer for 128 experts).
+  for (int e = threadIdx.x; e < n_expert; e += kThreads) {
+    count[e] = 0;
+    missing_slot[e] = slot_table[e] < 0;
+  }
   __syncthreads();
   for (int i = threadIdx.x; i < n_pairs; i += kThreads) atomicAdd(&count[chosen[i]], 1);
   __syncthreads();
@@ -27,7 +33,7 @@ __global__ void __launch_bounds__(kThreads) MoeGroupKernel(const int32_t* chosen
       g.used[u] = e;
       g.begin[u] = offset;
       offset += count[e];
-      missing += slot_table[e] < 0;
+      missing += missing_slot[e];
       ++u;
     }
     g.begin[u] = offset;
