@@ -307,6 +307,18 @@ absl::Status ResidencyClient::ExportVramArena(VramArenaInfo info, absl::Time dea
   }
 }
 
+absl::Status ResidencyClient::WithdrawVramArena(absl::Time deadline) {
+  VramArenaExport& x = segment_->control().vram_arena;
+  const uint64_t sequence = shm::WithdrawVramArena(x, segment_->incarnation());
+  for (;;) {
+    if (VramArenaAck(x, sequence).has_value()) return absl::OkStatus();
+    RETURN_IF_ERROR(CheckPeer());
+    if (absl::Now() >= deadline)
+      return absl::DeadlineExceededError("mer-residency did not close the VRAM arena in time");
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 
 ResidencyEndpoint::ResidencyEndpoint(ShmSegment* segment)

@@ -116,6 +116,9 @@ class ResidencyClient {
   // refused the arena (e.g. Unimplemented: built without CUDA), Unavailable when it died or went
   // away, DeadlineExceeded, InvalidArgument for an arena the segment has no pins for.
   absl::Status ExportVramArena(VramArenaInfo info, absl::Time deadline);
+  // Withdraws it before its memory is freed and waits (until `deadline`) for mer-residency to
+  // have closed it. Unavailable/DeadlineExceeded as above (a dead residency holds nothing).
+  absl::Status WithdrawVramArena(absl::Time deadline);
 
   // OK while the residency this client started with is alive.
   absl::Status CheckPeer() const;

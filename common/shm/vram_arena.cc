@@ -49,6 +49,18 @@ absl::StatusOr<uint64_t> WriteVramArena(VramArenaExport& x, const VramArenaInfo&
   return s + 2;
 }
 
+uint64_t WithdrawVramArena(VramArenaExport& x, uint64_t compute_incarnation) {
+  uint64_t s = x.sequence.load(std::memory_order_relaxed);
+  s += s & 1;
+  x.sequence.store(s + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  x.compute_incarnation.store(compute_incarnation, std::memory_order_relaxed);
+  x.slot_bytes.store(0, std::memory_order_relaxed);
+  x.slot_count.store(0, std::memory_order_relaxed);
+  x.sequence.store(s + 2, std::memory_order_release);
+  return s + 2;
+}
+
 std::optional<VramArenaRead> ReadVramArena(const VramArenaExport& x, uint64_t compute_incarnation,
                                            uint32_t vram_slot_count) {
   const uint64_t s1 = x.sequence.load(std::memory_order_acquire);
@@ -67,6 +79,10 @@ std::optional<VramArenaRead> ReadVramArena(const VramArenaExport& x, uint64_t co
   if (info.compute_incarnation != compute_incarnation) return std::nullopt;
   VramArenaRead r;
   r.sequence = s1;
+  if (info.slot_count == 0 && info.slot_bytes == 0) {
+    r.info = absl::NotFoundError("vram arena: withdrawn by compute");
+    return r;
+  }
   if (absl::Status s = CheckInfo(info.slot_bytes, info.slot_count, vram_slot_count); !s.ok()) {
     r.info = s;
     return r;

@@ -41,9 +41,13 @@ struct VramArenaRead {
   uint64_t sequence = 0;
   absl::StatusOr<VramArenaInfo> info = VramArenaInfo{};
 };
+// compute: withdraws the arena (the memory is about to be freed): an export of no slots, which
+// residency acknowledges (OK) after it closed the arena and cleared its placements.
+uint64_t WithdrawVramArena(VramArenaExport& x, uint64_t compute_incarnation);
+
 // residency: nullopt while nothing was exported, compute is writing (or died writing), or the
-// export is of another compute incarnation than `compute_incarnation`. Otherwise the export, or
-// InvalidArgument naming the bad field.
+// export is of another compute incarnation than `compute_incarnation`. Otherwise the export,
+// NotFound for a withdrawal, or InvalidArgument naming the bad field.
 std::optional<VramArenaRead> ReadVramArena(const VramArenaExport& x, uint64_t compute_incarnation,
                                            uint32_t vram_slot_count);
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -129,6 +130,14 @@ absl::Status ResidencyExpertSource::ExportArena(const VramArenaDescriptor& arena
   if (!s.ok())
     return absl::Status(s.code(), absl::StrCat("mer-residency instance '", name_, "': ", s.message()));
   return absl::OkStatus();
+}
+
+void ResidencyExpertSource::WithdrawArena() {
+  if (!arena_.has_value()) return;
+  arena_.reset();
+  const absl::Status s = client_->WithdrawVramArena(absl::Now() + options_.reconnect_timeout);
+  // A residency that does not answer is dead or gone: it holds no copy into the arena then.
+  if (!s.ok()) std::fprintf(stderr, "mer-compute: withdrawing the VRAM arena: %s\n", s.ToString().c_str());
 }
 
 absl::Status ResidencyExpertSource::TryAcquireVram(int layer, absl::Span<const int32_t> experts,

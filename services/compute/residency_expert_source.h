@@ -91,6 +91,7 @@ class ResidencyExpertSource final : public ExpertSource, public VramResidency {
   uint32_t max_vram_slots() const override { return segment_->header().vram_slot_count; }
   RawExpertOffsets raw_offsets(int layer) const override;
   absl::Status ExportArena(const VramArenaDescriptor& arena) override;
+  void WithdrawArena() override;
   absl::StatusOr<int> AcquireVram(int layer, absl::Span<const int32_t> experts,
                                   absl::Span<VramPlacement> out) override;
   void ReleaseVram() override;

@@ -50,6 +50,8 @@ class VramResidency {
   // re-attachment). mer-residency's code when it refuses it (e.g. Unimplemented: built without
   // CUDA), Unavailable/DeadlineExceeded when it does not answer.
   virtual absl::Status ExportArena(const VramArenaDescriptor& arena) = 0;
+  // Before the arena's memory is freed: mer-residency closes it (and forgets its placements).
+  virtual void WithdrawArena() = 0;
   // Makes experts[i] of `layer` resident in the arena and pins their slots until ReleaseVram;
   // writes out[i]. Returns how many had to be demanded (were not in VRAM). Errors as
   // ResidencyClient::Acquire; nothing stays pinned then.

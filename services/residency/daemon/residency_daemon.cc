@@ -635,6 +635,11 @@ void ResidencyDaemon::PollVramArena() {
   if (r->sequence == vram_acted_sequence_ && compute.incarnation == vram_acted_incarnation_) return;
   vram_acted_sequence_ = r->sequence;
   vram_acted_incarnation_ = compute.incarnation;
+  if (absl::IsNotFound(r->info.status())) {
+    DropVramArena("compute withdrew it");
+    shm::AckVramArena(ep_.vram_arena(), r->sequence, absl::StatusCode::kOk);
+    return;
+  }
   DropVramArena("compute exported another arena");
   absl::Status s = r->info.status();
   if (s.ok() && r->info->slot_bytes < max_used_bytes_)

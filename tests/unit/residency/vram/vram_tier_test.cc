@@ -259,6 +259,28 @@ TEST(VramTierTest, AComputeRestartClearsItsArenasPlacements) {
   EXPECT_EQ(f.Stop().vram_uploads, 2u);
 }
 
+TEST(VramTierTest, AWithdrawnArenaIsClosedBeforeTheAck) {
+  auto arena = std::make_shared<FakeArena>();
+  DaemonFixture f({}, {}, true, {}, SynthStoreDir("micro", SynthQuant::kQ8_0), FakeFactory(arena));
+  auto seg = AttachCompute(f);
+  shm::ResidencyClient client(seg.get());
+  ASSERT_TRUE(client.ExportVramArena(Arena(4, SlotBytes(f.store())), absl::Now() + absl::Seconds(10)).ok());
+  std::vector<shm::PinnedExpert> p;
+  shm::Step st;
+  ASSERT_TRUE(AcquireVram(client, 0, 3, &p, &st).ok());
+  client.Release(p);
+  client.EndStep(st);
+  ASSERT_TRUE(client.WithdrawVramArena(absl::Now() + absl::Seconds(10)).ok());
+  {
+    std::lock_guard<std::mutex> l(arena->mu);
+    EXPECT_EQ(arena->closes, 1);
+  }
+  const auto e = seg->table().Read(0, 3);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_FALSE(e->in(Pool::kVram));
+  EXPECT_EQ(AcquireVram(client, 0, 3, &p, &st).code(), absl::StatusCode::kFailedPrecondition);
+}
+
 // Predicted hints move RAM-resident experts into VRAM when confident enough; counted as issued,
 // and as useful once compute uses them.
 TEST(VramTierTest, PredictedHintsMoveExpertsIntoVram) {
