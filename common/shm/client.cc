@@ -4,7 +4,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/base/check.h"
+#include "common/base/status.h"
 
 namespace mer::shm {
 namespace {
@@ -116,6 +118,7 @@ bool ResidencyClient::PinOne(uint32_t layer, uint32_t expert, Pool pool, uint64_
   out->pool = pool;
   out->slot = slot;
   out->generation = s->generation;
+  out->vram_fill = pool == Pool::kVram ? s->vram_fill : 0;
   out->bytes = pool == Pool::kRam ? absl::Span<const uint8_t>(segment_->ram_slot(slot))
                                   : absl::Span<const uint8_t>();
   return true;
@@ -283,6 +286,39 @@ bool ResidencyClient::SendHint(const Hint& hint) {
   return false;
 }
 
+absl::Status ResidencyClient::ExportVramArena(VramArenaInfo info, absl::Time deadline) {
+  info.compute_incarnation = segment_->incarnation();
+  VramArenaExport& x = segment_->control().vram_arena;
+  ASSIGN_OR_RETURN(const uint64_t sequence,
+                   WriteVramArena(x, info, segment_->header().vram_slot_count));
+  // mer-residency acts on it within one turn of its loop (a few ms); the peer checks bound the
+  // wait when it is gone.
+  for (;;) {
+    if (const std::optional<absl::StatusCode> code = VramArenaAck(x, sequence); code.has_value()) {
+      if (*code == absl::StatusCode::kOk) return absl::OkStatus();
+      return absl::Status(*code, absl::StrCat("mer-residency refused the VRAM arena (",
+                                              absl::StatusCodeToString(*code),
+                                              "; its log says why)"));
+    }
+    RETURN_IF_ERROR(CheckPeer());
+    if (absl::Now() >= deadline)
+      return absl::DeadlineExceededError("mer-residency did not import the VRAM arena in time");
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+}
+
+absl::Status ResidencyClient::WithdrawVramArena(absl::Time deadline) {
+  VramArenaExport& x = segment_->control().vram_arena;
+  const uint64_t sequence = shm::WithdrawVramArena(x, segment_->incarnation());
+  for (;;) {
+    if (VramArenaAck(x, sequence).has_value()) return absl::OkStatus();
+    RETURN_IF_ERROR(CheckPeer());
+    if (absl::Now() >= deadline)
+      return absl::DeadlineExceededError("mer-residency did not close the VRAM arena in time");
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 
 ResidencyEndpoint::ResidencyEndpoint(ShmSegment* segment)
@@ -293,18 +329,26 @@ ResidencyEndpoint::ResidencyEndpoint(ShmSegment* segment)
 }
 
 uint64_t ResidencyEndpoint::PublishResident(uint32_t layer, uint32_t expert, uint32_t ram_slot,
-                                            uint32_t vram_slot) {
+                                            uint32_t vram_slot, uint64_t vram_fill) {
   uint32_t tiers = kTierNvme;
   if (ram_slot != kNoSlot) tiers |= kTierRam;
   if (vram_slot != kNoSlot) tiers |= kTierVram;
-  return table_.Write(layer, expert, tiers, ram_slot, vram_slot);
+  return table_.Write(layer, expert, tiers, ram_slot, vram_slot, 0,
+                      vram_slot != kNoSlot ? vram_fill : 0);
 }
 
 uint64_t ResidencyEndpoint::EvictRam(uint32_t layer, uint32_t expert) {
   const std::optional<EntryState> s = table_.Read(layer, expert);
-  const uint32_t vram = s.has_value() ? s->vram_slot : kNoSlot;
+  const uint32_t vram = s.has_value() && s->in(Pool::kVram) ? s->vram_slot : kNoSlot;
   const uint32_t tiers = kTierNvme | (vram != kNoSlot ? kTierVram : 0u);
-  return table_.Write(layer, expert, tiers, kNoSlot, vram);
+  return table_.Write(layer, expert, tiers, kNoSlot, vram, 0, vram != kNoSlot ? s->vram_fill : 0);
+}
+
+uint64_t ResidencyEndpoint::EvictVram(uint32_t layer, uint32_t expert) {
+  const std::optional<EntryState> s = table_.Read(layer, expert);
+  const uint32_t ram = s.has_value() && s->in(Pool::kRam) ? s->ram_slot : kNoSlot;
+  const uint32_t tiers = kTierNvme | (ram != kNoSlot ? kTierRam : 0u);
+  return table_.Write(layer, expert, tiers, ram, kNoSlot);
 }
 
 uint64_t ResidencyEndpoint::PublishFailed(uint32_t layer, uint32_t expert, absl::StatusCode code) {

@@ -28,6 +28,7 @@
 #include "common/shm/residency_table.h"
 #include "common/shm/ring.h"
 #include "common/shm/segment.h"
+#include "common/shm/vram_arena.h"
 
 namespace mer::shm {
 
@@ -51,6 +52,7 @@ struct PinnedExpert {
   Pool pool = Pool::kRam;
   uint32_t slot = kNoSlot;
   uint64_t generation = 0;
+  uint64_t vram_fill = 0;           // VRAM: the upload that filled the slot (ResidencyEntry)
   absl::Span<const uint8_t> bytes;  // the RAM slot (empty for VRAM: the arena is compute's)
 };
 
@@ -108,6 +110,16 @@ class ResidencyClient {
   // Best effort: false (and counted) when the hint ring is full.
   bool SendHint(const Hint& hint);
 
+  // Publishes the VRAM arena this process exported (info.compute_incarnation is set to this
+  // segment's) and waits until mer-residency has imported it, which it does only after clearing
+  // every VRAM placement of an earlier arena from the table. Errors: mer-residency's code when it
+  // refused the arena (e.g. Unimplemented: built without CUDA), Unavailable when it died or went
+  // away, DeadlineExceeded, InvalidArgument for an arena the segment has no pins for.
+  absl::Status ExportVramArena(VramArenaInfo info, absl::Time deadline);
+  // Withdraws it before its memory is freed and waits (until `deadline`) for mer-residency to
+  // have closed it. Unavailable/DeadlineExceeded as above (a dead residency holds nothing).
+  absl::Status WithdrawVramArena(absl::Time deadline);
+
   // OK while the residency this client started with is alive.
   absl::Status CheckPeer() const;
 
@@ -150,10 +162,13 @@ class ResidencyEndpoint {
   // Publishes (layer, expert) resident in RAM slot `ram_slot` (and/or VRAM), then returns the new
   // generation to put in the Completion. The slot's bytes must be complete before this call.
   uint64_t PublishResident(uint32_t layer, uint32_t expert, uint32_t ram_slot,
-                           uint32_t vram_slot = kNoSlot);
+                           uint32_t vram_slot = kNoSlot, uint64_t vram_fill = 0);
   // Removes (layer, expert) from the RAM tier (R1-R2): the slot becomes reusable once
   // SlotReusable says so.
   uint64_t EvictRam(uint32_t layer, uint32_t expert);
+  // Removes (layer, expert) from the VRAM tier (R1-R2), keeping its RAM placement.
+  uint64_t EvictVram(uint32_t layer, uint32_t expert);
+  VramArenaExport& vram_arena() { return segment_->control().vram_arena; }
   uint64_t PublishFailed(uint32_t layer, uint32_t expert, absl::StatusCode code);
 
   // Whether no step of the current compute can still read `slot` of `pool` (R3). Call after the

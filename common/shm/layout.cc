@@ -42,7 +42,13 @@ constexpr uint64_t kLayoutHash = Fnv1a({
     MER_F(ProcessInfo, attach_ns), MER_F(ProcessInfo, pid_ns), MER_F(ProcessInfo, pid),
     MER_F(ProcessInfo, state), sizeof(SegmentControl), MER_F(SegmentControl, process),
     MER_F(SegmentControl, superseded), MER_F(SegmentControl, compute_epoch),
-    MER_F(SegmentControl, step_epochs),
+    MER_F(SegmentControl, step_epochs), MER_F(SegmentControl, vram_arena),
+    // VramArenaExport
+    sizeof(VramArenaExport), MER_F(VramArenaExport, sequence),
+    MER_F(VramArenaExport, compute_incarnation), MER_F(VramArenaExport, slot_bytes),
+    MER_F(VramArenaExport, slot_count), MER_F(VramArenaExport, pci_bus_id),
+    MER_F(VramArenaExport, ipc_handle), MER_F(VramArenaExport, imported_sequence),
+    MER_F(VramArenaExport, import_status), kMaxVramSlotBytes, kVramSlotAlign,
     // RingControl
     sizeof(RingControl), MER_F(RingControl, head), MER_F(RingControl, tail),
     MER_F(RingControl, data_futex), MER_F(RingControl, consumer_waiting),
@@ -51,7 +57,8 @@ constexpr uint64_t kLayoutHash = Fnv1a({
     sizeof(ResidencyEntry), MER_F(ResidencyEntry, generation), MER_F(ResidencyEntry, tiers),
     MER_F(ResidencyEntry, ram_slot), MER_F(ResidencyEntry, vram_slot), MER_F(ResidencyEntry, error),
     MER_F(ResidencyEntry, last_use_epoch), MER_F(ResidencyEntry, hits),
-    MER_F(ResidencyEntry, misses), MER_F(ResidencyEntry, loads), sizeof(SlotPin),
+    MER_F(ResidencyEntry, misses), MER_F(ResidencyEntry, loads), MER_F(ResidencyEntry, vram_fill),
+    sizeof(SlotPin),
     MER_F(SlotPin, word), MER_F(SlotPin, last_epoch),
     // Messages
     sizeof(DemandRequest), MER_F(DemandRequest, layer), MER_F(DemandRequest, expert),

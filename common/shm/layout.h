@@ -28,7 +28,7 @@ namespace mer::shm {
 
 // "merSHM01" read as a little-endian uint64.
 inline constexpr uint64_t kMagic = 0x31304D485372656DULL;
-inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint32_t kProtocolVersion = 2;
 
 inline constexpr uint32_t kCacheLine = 64;
 inline constexpr uint32_t kPageBytes = 4096;     // RAM slot size and pool alignment (O_DIRECT)
@@ -45,6 +45,10 @@ inline constexpr uint32_t kMaxRingCapacity = 1u << 20;
 inline constexpr uint32_t kMaxSlots = 1u << 20;    // RAM slots, and VRAM slots
 inline constexpr uint64_t kMaxRamSlotBytes = 4ull << 30;
 inline constexpr uint64_t kMaxRamPoolBytes = 16ull << 40;
+inline constexpr uint64_t kMaxVramSlotBytes = 4ull << 30;  // an exported arena's slot size
+inline constexpr uint32_t kVramSlotAlign = 256;              // and its alignment
+inline constexpr uint32_t kIpcHandleBytes = 64;              // sizeof(cudaIpcMemHandle_t)
+inline constexpr uint32_t kPciBusIdBytes = 32;               // cudaDeviceGetPCIBusId's string, NUL-padded
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
@@ -107,6 +111,29 @@ struct alignas(kCacheLine) ProcessInfo {
 };
 static_assert(sizeof(ProcessInfo) == 64);
 
+// The VRAM arena compute exported through CUDA IPC (docs/cuda.md, "The arena over CUDA IPC").
+// The export (sequence .. ipc_handle) is written by compute only, under the seqlock `sequence`
+// (odd while compute writes; the protocol of residency_table.h); the import result by residency
+// only. compute: write the export, then wait until imported_sequence == its sequence and read
+// import_status. Residency acts on an export only if compute_incarnation is the live compute's
+// (an export left by a dead compute names memory that is gone), and clears every VRAM placement
+// of the table before it acknowledges an import, so that compute never reads a placement in
+// another arena than the one it exported.
+struct alignas(kCacheLine) VramArenaExport {
+  std::atomic<uint64_t> sequence;             // seqlock; 0 = never exported
+  std::atomic<uint64_t> compute_incarnation;  // the exporting compute's ProcessInfo incarnation
+  std::atomic<uint64_t> slot_bytes;           // multiple of kVramSlotAlign, <= kMaxVramSlotBytes
+  std::atomic<uint32_t> slot_count;           // 1 .. header.vram_slot_count
+  std::atomic<uint32_t> reserved0;
+  std::atomic<uint64_t> pci_bus_id[kPciBusIdBytes / 8];  // the device, NUL-padded ASCII
+  std::atomic<uint64_t> ipc_handle[kIpcHandleBytes / 8];  // cudaIpcMemHandle_t of the arena base
+  // Written by residency.
+  alignas(kCacheLine) std::atomic<uint64_t> imported_sequence;  // the export it acted on last
+  std::atomic<uint32_t> import_status;  // absl::StatusCode of that import; 0 = OK, imported
+  std::atomic<uint32_t> reserved1;
+};
+static_assert(sizeof(VramArenaExport) == 192);
+
 struct alignas(kCacheLine) SegmentControl {
   ProcessInfo process[kRoleCount];          // indexed by Role
   // Set to 1 by a newer mer-residency that replaced this segment by one of the same name; the
@@ -117,8 +144,9 @@ struct alignas(kCacheLine) SegmentControl {
   // step in flight holds one of step_epochs (its epoch; 0 = free) from BeginStep to EndStep.
   alignas(kCacheLine) std::atomic<uint64_t> compute_epoch;
   alignas(kCacheLine) std::atomic<uint64_t> step_epochs[kMaxStepsInFlight];
+  VramArenaExport vram_arena;
 };
-static_assert(sizeof(SegmentControl) == 64 * 4 + 8 * kMaxStepsInFlight);
+static_assert(sizeof(SegmentControl) == 64 * 4 + 8 * kMaxStepsInFlight + sizeof(VramArenaExport));
 
 // ---------------------------------------------------------------------------------------------
 // Ring control (see ring.h for the protocol). head and tail count items ever pushed / popped; they
@@ -156,7 +184,9 @@ struct alignas(kCacheLine) ResidencyEntry {
   std::atomic<uint64_t> hits;            // compute: acquisitions found resident
   std::atomic<uint64_t> misses;          // compute: acquisitions that had to demand it
   std::atomic<uint64_t> loads;           // residency: completed loads into RAM
-  uint8_t reserved[8];
+  // Residency's number for the upload that put the bytes in vram_slot (0 unless kTierVram),
+  // unique within a segment: compute converts a slot to its device layout once per fill.
+  std::atomic<uint64_t> vram_fill;
 };
 static_assert(sizeof(ResidencyEntry) == 64);
 

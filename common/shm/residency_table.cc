@@ -28,6 +28,7 @@ std::optional<EntryState> ResidencyTable::Read(uint32_t layer, uint32_t expert,
       s.ram_slot = e.ram_slot.load(std::memory_order_relaxed);
       s.vram_slot = e.vram_slot.load(std::memory_order_relaxed);
       s.error = e.error.load(std::memory_order_relaxed);
+      s.vram_fill = e.vram_fill.load(std::memory_order_relaxed);
       std::atomic_thread_fence(std::memory_order_acquire);
       const uint64_t g2 = e.generation.load(std::memory_order_relaxed);
       if (g1 == g2) {
@@ -45,8 +46,11 @@ std::optional<EntryState> ResidencyTable::Read(uint32_t layer, uint32_t expert,
 }
 
 uint64_t ResidencyTable::Write(uint32_t layer, uint32_t expert, uint32_t tiers, uint32_t ram_slot,
-                               uint32_t vram_slot, uint32_t error) {
+                               uint32_t vram_slot, uint32_t error, uint64_t vram_fill) {
   ResidencyEntry& e = entry(layer, expert);
+  // Only this thread writes these fields, so a relaxed load sees its own last write.
+  const bool was_in_ram = (e.tiers.load(std::memory_order_relaxed) & kTierRam) != 0 &&
+                          e.ram_slot.load(std::memory_order_relaxed) == ram_slot;
   // Only this thread writes `generation`; an odd value can only be left by a dead writer of an
   // earlier incarnation, and the segment is recreated then, so round up to even defensively.
   uint64_t g = e.generation.load(std::memory_order_relaxed);
@@ -57,10 +61,12 @@ uint64_t ResidencyTable::Write(uint32_t layer, uint32_t expert, uint32_t tiers, 
   e.ram_slot.store(ram_slot, std::memory_order_relaxed);
   e.vram_slot.store(vram_slot, std::memory_order_relaxed);
   e.error.store(error, std::memory_order_relaxed);
+  e.vram_fill.store(vram_fill, std::memory_order_relaxed);
   e.generation.store(g + 2, std::memory_order_release);
   // (R2): order the new generation before any later load of a pin word.
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if ((tiers & kTierRam) != 0 && ram_slot != kNoSlot) e.loads.fetch_add(1, std::memory_order_relaxed);
+  if ((tiers & kTierRam) != 0 && ram_slot != kNoSlot && !was_in_ram)
+    e.loads.fetch_add(1, std::memory_order_relaxed);
   return g + 2;
 }
 

@@ -4,7 +4,7 @@
 // -------------------------------------------------------------------------------------------
 // `generation` is a sequence lock. The writer, for each change of an entry:
 //   g = generation (even); generation = g + 1 (relaxed); fence(release);
-//   tiers, ram_slot, vram_slot, error = ... (relaxed);
+//   tiers, ram_slot, vram_slot, error, vram_fill = ... (relaxed);
 //   generation = g + 2 (release)
 // A reader:
 //   g1 = generation (acquire); if odd, retry; read the fields (relaxed); fence(acquire);
@@ -51,6 +51,7 @@ struct EntryState {
   uint32_t ram_slot = kNoSlot;
   uint32_t vram_slot = kNoSlot;
   uint32_t error = 0;       // absl::StatusCode
+  uint64_t vram_fill = 0;   // the upload that filled vram_slot (ResidencyEntry::vram_fill)
 
   bool in(Pool pool) const { return (tiers & (pool == Pool::kRam ? kTierRam : kTierVram)) != 0; }
   uint32_t slot(Pool pool) const { return pool == Pool::kRam ? ram_slot : vram_slot; }
@@ -75,9 +76,10 @@ class ResidencyTable {
   // entry stayed mid-write for `max_tries` attempts.
   std::optional<EntryState> Read(uint32_t layer, uint32_t expert, int max_tries = 1 << 16) const;
 
-  // Writer side (mer-residency's one writer thread). Returns the new (even) generation.
+  // Writer side (mer-residency's one writer thread). Returns the new (even) generation. `loads`
+  // counts the writes that put the expert into a RAM slot it was not in.
   uint64_t Write(uint32_t layer, uint32_t expert, uint32_t tiers, uint32_t ram_slot,
-                 uint32_t vram_slot, uint32_t error = 0);
+                 uint32_t vram_slot, uint32_t error = 0, uint64_t vram_fill = 0);
 
   // Compute-side statistics (no seqlock).
   void NoteUse(uint32_t layer, uint32_t expert, uint64_t epoch, bool hit);

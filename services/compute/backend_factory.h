@@ -11,6 +11,7 @@
 #include "common/model/expert_source.h"
 #include "common/model/model_weights.h"
 #include "services/compute/backend.h"
+#include "services/compute/vram_residency.h"
 
 namespace mer {
 
@@ -28,6 +29,8 @@ struct BackendOptions {
   bool pin_host_experts = true;
   bool vram_prefetch = true;      // cuda: look-ahead prefetch into VRAM on decode misses
   bool profile_kernels = false;   // cuda: time every kernel (BackendKernelProfile)
+  // cuda: export the arena to mer-residency over CUDA IPC (it fills it); null: upload here.
+  VramResidency* vram_residency = nullptr;
 };
 
 // What a backend reports beyond ComputeBackend (zero for the cpu backend).

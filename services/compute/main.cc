@@ -42,7 +42,7 @@ namespace {
 constexpr char kHelp[] =
     R"(usage: mer-compute (--model F.gguf | --store STORE_DIR --residency NAME) --listen unix:PATH
                    [--backend cpu|cuda] [--vram-expert-budget BYTES|PERCENT%] [--pin-experts 0|1]
-                   [--vram-prefetch 0|1]
+                   [--vram-prefetch 0|1] [--vram-arena residency|compute]
                    [--max-sequences N] [--max-batch-tokens N] [--ctx N] [--kv-budget-tokens N]
                    [--threads N] [--admission-wait-ms N] [--metrics-listen HOST:PORT|off]
 
@@ -60,7 +60,10 @@ all experts; default: the free VRAM less a margin); misses are uploaded from the
 experts are read from, page-locked for DMA unless --pin-experts 0 (the mapped file, or with
 --store the mapping of mer-residency's RAM tier in this process); on decode steps that miss, the
 next layer's predicted experts are uploaded ahead of demand unless --vram-prefetch 0
-(docs/cuda.md). Prometheus metrics are served on http://HOST:PORT/metrics (default
+(docs/cuda.md). With --store and --backend cuda the arena is by default exported to
+mer-residency over CUDA IPC and filled by it (--vram-arena residency: mer-residency uploads
+from its RAM tier, evicts and prefetches into VRAM); --vram-arena compute keeps the arena's
+uploads in this process, from its own mapping of the RAM tier. Prometheus metrics are served on http://HOST:PORT/metrics (default
 127.0.0.1:0: a free port, printed on stderr as "metrics: http://127.0.0.1:PORT/metrics"); off
 serves none.
 )";
@@ -73,6 +76,7 @@ struct Args {
   int64_t admission_wait_ms = 2000;
   bool pin_experts = true;
   bool vram_prefetch = true;
+  std::string vram_arena;  // "residency" or "compute"
 };
 
 absl::Status ParseArgs(int argc, char** argv, Args* a) {
@@ -81,7 +85,7 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
                                          {"model", "store", "residency", "listen", "backend",
                                           "vram-expert-budget", "metrics-listen", "max-sequences",
                                           "max-batch-tokens", "ctx", "kv-budget-tokens", "threads",
-                                          "admission-wait-ms", "pin-experts", "vram-prefetch"},
+                                          "admission-wait-ms", "pin-experts", "vram-prefetch", "vram-arena"},
                                          {}));
   a->model = f.String("model");
   a->store = f.String("store");
@@ -104,6 +108,11 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
   int64_t vram_prefetch = 1;
   ASSIGN_OR_RETURN(vram_prefetch, f.IntInRange("vram-prefetch", vram_prefetch, 0, 1));
   a->vram_prefetch = vram_prefetch != 0;
+  ASSIGN_OR_RETURN(a->vram_arena,
+                   f.OneOf("vram-arena", !a->store.empty() && a->backend == "cuda" ? "residency" : "compute",
+                           {"residency", "compute"}));
+  if (a->vram_arena == "residency" && (a->store.empty() || a->backend != "cuda"))
+    return absl::InvalidArgumentError("--vram-arena residency needs --backend cuda and --store/--residency");
   if (a->model.empty() == a->store.empty())
     return absl::InvalidArgumentError("give exactly one of --model and --store");
   if (!a->store.empty() && a->residency.empty())
@@ -171,10 +180,12 @@ absl::Status Main(const Args& a) {
   if (store) {
     systemd::NotifyStatus(absl::StrCat("waiting for mer-residency instance ", a.residency));
     ResidencyExpertSourceOptions so;
-    so.pin_ram_tier = HostMemoryPinnerFor(bo_engine);  // cuda: register the RAM tier here too
+    // cuda uploading itself: register the RAM tier here too (over CUDA IPC mer-residency uploads).
+    if (a.vram_arena == "compute") so.pin_ram_tier = HostMemoryPinnerFor(bo_engine);
     ASSIGN_OR_RETURN(std::unique_ptr<ResidencyExpertSource> source,
                      ResidencyExpertSource::Connect(*store, a.residency, so));
     residency = source.get();
+    if (a.vram_arena == "residency") bo_engine.vram_residency = residency;
     experts = std::move(source);
     if (so.pin_ram_tier)
       std::fprintf(stderr, "mer-compute: RAM tier %s\n", residency->ram_tier_pinning().c_str());

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -24,6 +25,11 @@ ResidencyExpertSource::~ResidencyExpertSource() {
     held.client->EndStep(held.step);
   }
   held_.clear();
+  for (Held& h : vram_held_) {
+    h.client->Release(h.pinned);
+    h.client->EndStep(h.step);
+  }
+  vram_held_.clear();
   client_.reset();
   old_clients_.clear();
   // Registrations go before the mappings they cover (a later mapping at the same address must
@@ -97,7 +103,118 @@ absl::Status ResidencyExpertSource::Attach() {
   ram_pin_ = PinRamTier(*segment);
   segment_ = std::move(segment);
   client_ = std::move(client);
+  if (arena_.has_value()) {
+    // A new segment (a restarted mer-residency) knows nothing of the arena: export it again.
+    // Its fill numbers start over, so what was converted is forgotten too.
+    std::fill(converted_fill_.begin(), converted_fill_.end(), 0);
+    RETURN_IF_ERROR(ExportArena(*arena_));
+  }
   return absl::OkStatus();
+}
+
+RawExpertOffsets ResidencyExpertSource::raw_offsets(int layer) const {
+  const StoreLayer& l = store_.manifest().layers[layer];
+  return RawExpertOffsets{l.gate_offset, l.up_offset, l.down_offset, l.used_bytes()};
+}
+
+absl::Status ResidencyExpertSource::ExportArena(const VramArenaDescriptor& arena) {
+  shm::VramArenaInfo info;
+  info.slot_bytes = arena.slot_bytes;
+  info.slot_count = arena.slot_count;
+  info.pci_bus_id = arena.pci_bus_id;
+  std::copy(arena.ipc_handle.begin(), arena.ipc_handle.end(), info.ipc_handle.begin());
+  arena_ = arena;
+  converted_fill_.assign(arena.slot_count, 0);
+  const absl::Status s =
+      client_->ExportVramArena(info, absl::Now() + options_.reconnect_timeout);
+  if (!s.ok())
+    return absl::Status(s.code(), absl::StrCat("mer-residency instance '", name_, "': ", s.message()));
+  return absl::OkStatus();
+}
+
+void ResidencyExpertSource::WithdrawArena() {
+  if (!arena_.has_value()) return;
+  arena_.reset();
+  const absl::Status s = client_->WithdrawVramArena(absl::Now() + options_.reconnect_timeout);
+  // A residency that does not answer is dead or gone: it holds no copy into the arena then.
+  if (!s.ok()) std::fprintf(stderr, "mer-compute: withdrawing the VRAM arena: %s\n", s.ToString().c_str());
+}
+
+absl::Status ResidencyExpertSource::TryAcquireVram(int layer, absl::Span<const int32_t> experts,
+                                                   Held* held) {
+  held->client = client_.get();
+  ASSIGN_OR_RETURN(held->step, client_->BeginStep());
+  const absl::Status s =
+      client_->Acquire(held->step, static_cast<uint32_t>(layer), experts,
+                       absl::Now() + options_.acquire_timeout, &held->pinned, shm::Pool::kVram);
+  if (!s.ok()) {
+    client_->EndStep(held->step);
+    held->pinned.clear();
+    held->client = nullptr;
+  }
+  return s;
+}
+
+absl::StatusOr<int> ResidencyExpertSource::AcquireVram(int layer, absl::Span<const int32_t> experts,
+                                                       absl::Span<VramPlacement> out) {
+  if (!arena_.has_value())
+    return absl::FailedPreconditionError("AcquireVram before ExportArena");
+  Held held;
+  uint64_t demands_before = client_->stats().demands;
+  absl::Status s = TryAcquireVram(layer, experts, &held);
+  if (absl::IsUnavailable(s)) {
+    ++reconnects_;
+    const absl::Status a = Attach();  // re-exports the arena into the new segment
+    if (!a.ok())
+      return absl::UnavailableError(absl::StrCat(s.message(), "; reconnecting: ", a.message()));
+    demands_before = client_->stats().demands;
+    s = TryAcquireVram(layer, experts, &held);
+  }
+  if (!s.ok()) return s;
+  const int demanded = static_cast<int>(held.client->stats().demands - demands_before);
+  for (size_t i = 0; i < experts.size(); ++i) {
+    const shm::PinnedExpert& p = held.pinned[i];
+    if (p.slot >= converted_fill_.size()) {
+      held.client->Release(held.pinned);
+      held.client->EndStep(held.step);
+      return absl::InternalError(absl::StrCat("layer ", layer, " expert ", experts[i],
+                                              ": VRAM slot ", p.slot, " outside the arena of ",
+                                              converted_fill_.size()));
+    }
+    out[i].slot = static_cast<int32_t>(p.slot);
+    out[i].fresh = converted_fill_[p.slot] != p.vram_fill;
+    converted_fill_[p.slot] = p.vram_fill;
+  }
+  ++layers_;
+  experts_ += experts.size();
+  vram_held_.push_back(std::move(held));
+  return demanded;
+}
+
+void ResidencyExpertSource::ReleaseVram() {
+  for (Held& h : vram_held_) {
+    h.client->Release(h.pinned);
+    h.client->EndStep(h.step);
+  }
+  vram_held_.clear();
+  DropOldClients();
+}
+
+void ResidencyExpertSource::HintVram(int layer, absl::Span<const int32_t> experts,
+                                     absl::Span<const uint8_t> confidence, bool predicted) {
+  if (!options_.send_hints || client_ == nullptr) return;
+  for (size_t b = 0; b < experts.size(); b += shm::kHintMaxExperts) {
+    shm::Hint h{};
+    h.layer = static_cast<uint32_t>(layer);
+    h.count = static_cast<uint16_t>(std::min<size_t>(shm::kHintMaxExperts, experts.size() - b));
+    h.kind = static_cast<uint8_t>(predicted ? shm::HintKind::kPredicted : shm::HintKind::kRouted);
+    h.epoch = segment_->control().compute_epoch.load(std::memory_order_relaxed);
+    for (int j = 0; j < h.count; ++j) {
+      h.experts[j] = static_cast<uint16_t>(experts[b + j]);
+      h.confidence[j] = b + j < confidence.size() ? confidence[b + j] : 255;
+    }
+    client_->SendHint(h);
+  }
 }
 
 absl::Status ResidencyExpertSource::TryAcquire(int layer, absl::Span<const int32_t> experts,
@@ -181,7 +298,11 @@ void ResidencyExpertSource::ReleaseLayer(int layer) {
   it->second.client->Release(it->second.pinned);
   it->second.client->EndStep(it->second.step);
   held_.erase(it);
-  if (held_.empty() && !old_clients_.empty()) {
+  DropOldClients();
+}
+
+void ResidencyExpertSource::DropOldClients() {
+  if (held_.empty() && vram_held_.empty() && !old_clients_.empty()) {
     old_clients_.clear();
     old_pins_.clear();
     old_segments_.clear();

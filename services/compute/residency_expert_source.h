@@ -20,11 +20,18 @@
 // attaches has its RAM tier registered here too, once, at attach (the physical pages are then
 // locked by both processes, which costs no memory), and unregistered before it is unmapped.
 //
+// The VRAM tier (VramResidency, for the cuda backend's arena over CUDA IPC): ExportArena publishes
+// the arena compute allocated and re-publishes it into every segment the source re-attaches to;
+// AcquireVram pins VRAM slots for one shm step per call, released together by ReleaseVram. Which
+// fills compute has converted to its device layout is tracked per slot here (a fill number is
+// unique within one segment, so the record is cleared at re-attachment).
+//
 // Thread-safety: one thread (the engine's Forward).
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,6 +43,7 @@
 #include "common/shm/client.h"
 #include "common/shm/segment.h"
 #include "common/store/expert_store.h"
+#include "services/compute/vram_residency.h"
 
 namespace mer {
 
@@ -60,7 +68,7 @@ struct ResidencySourceStats {
   uint64_t reconnects = 0;  // re-attachments after Unavailable
 };
 
-class ResidencyExpertSource final : public ExpertSource {
+class ResidencyExpertSource final : public ExpertSource, public VramResidency {
  public:
   // Attaches to instance `name` (waiting up to reconnect_timeout for mer-residency to create it).
   // `store` is the store mer-residency serves (its manifest gives the segment identity and the
@@ -78,6 +86,17 @@ class ResidencyExpertSource final : public ExpertSource {
   int max_experts_per_acquire() const override;
   // From the store's manifest.
   std::optional<ExpertTypes> expert_types(int layer) const override;
+
+  // VramResidency.
+  uint32_t max_vram_slots() const override { return segment_->header().vram_slot_count; }
+  RawExpertOffsets raw_offsets(int layer) const override;
+  absl::Status ExportArena(const VramArenaDescriptor& arena) override;
+  void WithdrawArena() override;
+  absl::StatusOr<int> AcquireVram(int layer, absl::Span<const int32_t> experts,
+                                  absl::Span<VramPlacement> out) override;
+  void ReleaseVram() override;
+  void HintVram(int layer, absl::Span<const int32_t> experts, absl::Span<const uint8_t> confidence,
+                bool predicted) override;
 
   ResidencySourceStats stats() const;
   // Bytes of mer-residency's RAM tier (slots x slot size) in the segment attached now.
@@ -103,6 +122,9 @@ class ResidencyExpertSource final : public ExpertSource {
   absl::Status TryAcquire(int layer, absl::Span<const int32_t> experts, Held* held);
   // Registers `segment`'s RAM tier with options_.pin_ram_tier (sets pinning_); null when not pinned.
   std::shared_ptr<void> PinRamTier(const shm::ShmSegment& segment);
+  absl::Status TryAcquireVram(int layer, absl::Span<const int32_t> experts, Held* held);
+  // Drops the clients replaced by a reconnection once nothing they pinned is held.
+  void DropOldClients();
 
   const ExpertStore& store_;
   const std::string name_;
@@ -117,6 +139,9 @@ class ResidencyExpertSource final : public ExpertSource {
   std::vector<std::unique_ptr<shm::ResidencyClient>> old_clients_;
   std::vector<std::shared_ptr<void>> old_pins_;
   std::map<int, Held> held_;
+  std::vector<Held> vram_held_;            // acquired since the last ReleaseVram
+  std::optional<VramArenaDescriptor> arena_;  // exported, to re-export after a re-attachment
+  std::vector<uint64_t> converted_fill_;   // per VRAM slot: the fill compute converted, 0 = none
   shm::ClientStats retired_stats_;  // of clients replaced
   uint64_t layers_ = 0, experts_ = 0, reconnects_ = 0;
 };

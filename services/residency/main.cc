@@ -35,7 +35,10 @@ powers of 1024) or a percentage of all experts' bytes ("10%"); the RAM tier hold
 blob size slots (at least one; compute acquires a layer's experts in groups of half the slots).
 With --pin auto (the default) the RAM tier is page-locked with cudaHostRegister when a GPU and
 the CUDA runtime are present (uploads to VRAM then run at the pinned rate); the log says whether
-it was. Under systemd (Type=notify) it reports READY once serving and pings WatchdogSec= while
+it was. When mer-compute exports its VRAM expert arena over CUDA IPC (--vram-arena residency,
+its default with --backend cuda), this daemon fills it: uploads from the RAM tier on demand and
+for confident predictions, evicting only unpinned slots (a build without CUDA refuses the arena,
+saying so). Under systemd (Type=notify) it reports READY once serving and pings WatchdogSec= while
 its loop turns. Counters go to stderr at exit and,
 with --stats-interval, periodically. Prometheus metrics (docs/metrics.md) are served on
 http://HOST:PORT/metrics (default 127.0.0.1:0: a free port, printed on stderr as

@@ -3,7 +3,9 @@
 #   1. the kernel sweep (cuda_kernels_test), and the same under compute-sanitizer memcheck;
 #   2. the engine tests (cuda_engine_test: corpus vs the CPU reference, arena 100% and 10%,
 #      mixed batches, 10,000 decode steps without memory growth; cuda_store_test: the same
-#      comparison with the experts served by mer-residency from an expert store, RAM tier 10%);
+#      comparison with the experts served by mer-residency from an expert store, RAM tier 10%;
+#      cuda_ipc_test: the same with the arena exported over CUDA IPC to a mer-residency process
+#      that fills it);
 #   3. a synthetic Qwen3-30B-A3B Q8_0 model (mer synth, --router-skew $SKEW) and `mer bench
 #      --backend cuda` (31 prompt + 128 generated tokens, 1 warm-up + 3 runs, batch 1) with
 #      100%, 50%, 25% and 12.5% of the experts in VRAM, the rest read from the mapped file
@@ -56,7 +58,13 @@ if has_step tests engine; then
     MER_CUDA_DEBUG=1 timeout 180 "$BUNDLE/run" cuda_store_test --gtest_filter="$f" >> "$OUT/engine.log" 2>&1
     note "cuda_store_test $f: rc=$?"
   done
-  grep -E '^\[(  FAILED|       OK) |arena .* slots|10000 steps' "$OUT/engine.log" | tee -a "$summary"
+  # The arena exported over CUDA IPC, filled by a real mer-residency process (it must be in the
+  # bundle's bin/, next to cuda_ipc_test, or named by MER_RESIDENCY_BIN).
+  for c in tiny_q8_0 tiny_f16 small_q8_0; do
+    MER_CUDA_DEBUG=1 timeout 180 "$BUNDLE/run" cuda_ipc_test --gtest_filter="Ipc/CudaIpcArena.*/$c" >> "$OUT/engine.log" 2>&1
+    note "cuda_ipc_test $c: rc=$?"
+  done
+  grep -E '^\[(  FAILED|       OK) |arena .* slots|10000 steps|IPC arena|mer-residency exit' "$OUT/engine.log" | tee -a "$summary"
 fi
 
 if has_step bench profile && [ ! -s "$MODEL" ]; then

@@ -27,6 +27,7 @@
 #include "services/compute/cuda/qk_norm_rope.cuh"
 #include "services/compute/cuda/quantize.cuh"
 #include "services/compute/cuda/repack.cuh"
+#include "services/compute/cuda/residency_vram.h"
 #include "services/compute/cuda/rms_norm.cuh"
 #include "services/compute/cuda/router_topk.cuh"
 
@@ -260,6 +261,10 @@ struct CudaEngine::Impl {
   std::vector<ExpertWeights> views;      // of the group acquired
   std::vector<PendingRepack> jobs;       // repack jobs not launched yet
 
+  // With o.vram_residency: the arena is exported to mer-residency, which fills it (docs/cuda.md,
+  // "The arena over CUDA IPC"); the LRU above is unused then.
+  std::unique_ptr<cuda::ResidencyVram> residency_vram;
+
   // CUDA graphs of a single-token, all-resident step, by number of logits rows (0 or 1).
   cudaGraphExec_t graph[2] = {nullptr, nullptr};
 
@@ -298,6 +303,8 @@ struct CudaEngine::Impl {
   void EnqueueStep(int n, int n_out, bool host_path_allowed, absl::Status* status);
   absl::Status EnqueueLayer(int layer, int n, bool host_path);
   absl::Status ServeLayerExperts(int layer, int n, const DevAct& x_act);
+  absl::Status ServeFromResidency(int layer, int n, const DevAct& x_act, const int32_t* used, int n_used,
+                                  bool predicted);
   bool Predicts(int layer, int n, bool host_path) const;
   void PrefetchLayer(int layer);
   void UploadSlotTable();
@@ -330,6 +337,7 @@ struct CudaEngine::Impl {
   void ReleaseHeld() {
     for (int layer : pending_release) source.ReleaseLayer(layer);
     pending_release.clear();
+    if (residency_vram != nullptr) residency_vram->Release();  // VRAM pins, after the same sync
   }
   // FailedPrecondition unless the source's view of (layer, expert) has the arena's types and shapes.
   absl::Status CheckView(int layer, int expert, const ExpertWeights& w) const;
@@ -353,6 +361,7 @@ struct CudaEngine::Impl {
 
 CudaEngine::Impl::~Impl() {
   if (stream != nullptr) CUDA_CHECK(cudaStreamSynchronize(stream));
+  residency_vram.reset();  // unpins (nothing reads the arena now), before the arena goes
   for (cudaEvent_t e : event_pool) CUDA_CHECK(cudaEventDestroy(e));
   for (cudaGraphExec_t& g : graph)
     if (g != nullptr) CUDA_CHECK(cudaGraphExecDestroy(g));
@@ -446,6 +455,9 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
     el.up_offset = AlignUp(el.gate_bytes);
     el.down_offset = el.up_offset + AlignUp(el.up_bytes);
     slot_end = std::max(slot_end, el.down_offset + el.down_bytes);
+    // Over CUDA IPC a slot first receives the blob's bytes, converted in place (residency_vram.h).
+    if (o.vram_residency != nullptr)
+      slot_end = std::max<int64_t>(slot_end, o.vram_residency->raw_offsets(l).bytes);
     m.expert_layout.push_back(el);
   }
   m.slot_bytes = AlignUp(slot_end);
@@ -632,6 +644,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   if (o.vram_expert_budget_fraction > 0)
     slots = std::min<int64_t>(slots, static_cast<int64_t>(o.vram_expert_budget_fraction * m.total_experts + 0.5));
   slots = std::min(slots, m.total_experts);
+  if (o.vram_residency != nullptr) slots = std::min<int64_t>(slots, o.vram_residency->max_vram_slots());
   if (slots < 1)
     return absl::ResourceExhaustedError(absl::StrCat("no VRAM left for the expert arena (", free_b,
                                                      " bytes free, margin ", o.vram_margin_bytes, ")"));
@@ -652,6 +665,29 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
     m.lru_prev[s] = s == 0 ? m.n_slots : s - 1;
   }
   if (m.n_slots == 0) m.lru_next[0] = m.lru_prev[0] = 0;
+  if (o.vram_residency != nullptr) {
+    std::vector<cuda::VramLayerLayout> layouts;
+    for (int l = 0; l < c.n_layer; ++l) {
+      const ExpertLayout& el = m.expert_layout[l];
+      cuda::VramLayerLayout v;
+      v.gate_type = DevTypeOf(el.gate_type);
+      v.down_type = DevTypeOf(el.down_type);
+      v.gate_repack = NeedsRepack(el.gate_type);
+      v.down_repack = NeedsRepack(el.down_type);
+      v.gate_bytes = el.gate_bytes;
+      v.up_bytes = el.up_bytes;
+      v.down_bytes = el.down_bytes;
+      v.up_offset = el.up_offset;
+      v.down_offset = el.down_offset;
+      v.gate_cols = c.n_embd;
+      v.down_cols = c.n_ff_exp;
+      v.raw = o.vram_residency->raw_offsets(l);
+      layouts.push_back(v);
+    }
+    ASSIGN_OR_RETURN(m.residency_vram,
+                     cuda::ResidencyVram::Create(*o.vram_residency, o.device, m.arena, m.slot_bytes, m.n_slots,
+                                                 std::move(layouts), m.staging, o.staging_experts));
+  }
   std::fill(m.host_slot_table, m.host_slot_table + m.total_experts, -1);
   CUDA_CHECK(cudaMemcpyAsync(m.slot_table, m.host_slot_table, m.total_experts * 4, cudaMemcpyHostToDevice, m.stream));
   CUDA_CHECK(cudaStreamSynchronize(m.stream));
@@ -709,7 +745,8 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
       " experts (", absl::StrFormat("%.1f", 100.0 * slots / m.total_experts), "%) x ",
       m.slot_bytes, " B = ", absl::StrFormat("%.2f", m.stats.arena_bytes / gib), " GiB");
   std::fprintf(stderr, "%s\n", engine->budget_report_.c_str());
-  if (slots == m.total_experts) {
+  // Over CUDA IPC mer-residency fills the arena (on demand and ahead of it), never compute.
+  if (slots == m.total_experts && m.residency_vram == nullptr) {
     ASSIGN_OR_RETURN(const int64_t loaded, engine->Preload());
     std::fprintf(stderr, "cuda: preloaded all %lld experts\n", static_cast<long long>(loaded));
   }
@@ -959,6 +996,7 @@ absl::Status CudaEngine::Impl::ServeLayerExperts(int layer, int n, const DevAct&
   const int n_used = host_groups[0];
   const int32_t* used = host_groups + 2;
   const auto t0 = std::chrono::steady_clock::now();
+  if (residency_vram != nullptr) return ServeFromResidency(layer, n, x_act, used, n_used, predicted);
   const int group_max = std::max(1, source.max_experts_per_acquire());
 
   // This layer's prefetch (issued while the previous layer ran): nothing of it may be touched
@@ -1021,6 +1059,38 @@ absl::Status CudaEngine::Impl::ServeLayerExperts(int layer, int n, const DevAct&
     EnqueueExperts(layer, n, x_act, u0, count);
   }
   if (predicted && !multi_pass) PrefetchLayer(layer + 1);
+  stats.upload_seconds_x1e6 += static_cast<int64_t>(
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  return status;
+}
+
+// The host path over CUDA IPC: mer-residency places the experts; each pass of at most n_slots
+// experts is acquired (pinned) into the arena, its fresh fills converted, the device table
+// updated, and its kernels launched. A pass's pins go at the next synchronisation (ReleaseHeld).
+// The look-ahead's prediction becomes a hint (mer-residency moves it into VRAM if it can).
+absl::Status CudaEngine::Impl::ServeFromResidency(int layer, int n, const DevAct& x_act, const int32_t* used,
+                                                  int n_used, bool predicted) {
+  const auto t0 = std::chrono::steady_clock::now();
+  residency_vram->Routed(layer, absl::MakeConstSpan(used, n_used));
+  if (predicted) residency_vram->Predicted(layer + 1, absl::MakeConstSpan(host_pred, c.n_expert_used));
+  absl::Status status;
+  for (int u0 = 0; u0 < n_used && status.ok(); u0 += n_slots) {
+    const int count = std::min(n_slots, n_used - u0);
+    if (u0 > 0) {
+      Sync();  // the previous pass's kernels are done with the slots this one may need
+      ReleaseHeld();
+    }
+    absl::StatusOr<int> demanded = residency_vram->Acquire(layer, absl::MakeConstSpan(used + u0, count),
+                                                           host_slot_table + int64_t(layer) * c.n_expert, stream);
+    if (!demanded.ok()) {
+      status = demanded.status();
+      break;
+    }
+    stats.expert_misses += *demanded;
+    UploadSlotTable();
+    Mark("serve: residency");
+    EnqueueExperts(layer, n, x_act, u0, count);
+  }
   stats.upload_seconds_x1e6 += static_cast<int64_t>(
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
   return status;

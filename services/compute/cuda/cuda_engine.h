@@ -30,6 +30,7 @@
 #include "common/model/expert_source.h"
 #include "common/model/model_weights.h"
 #include "services/compute/backend.h"
+#include "services/compute/vram_residency.h"
 
 namespace mer {
 
@@ -53,6 +54,10 @@ struct CudaEngineOptions {
   bool vram_prefetch = true;
   // Time every kernel of every step with CUDA events (no graphs; for KernelProfile).
   bool profile_kernels = false;
+  // Non-null: the arena is exported to mer-residency through CUDA IPC and filled by it (the
+  // experts come through this, not the ExpertSource; docs/cuda.md, "The arena over CUDA IPC").
+  // Not owned; outlives the engine. Null: the engine uploads from the ExpertSource itself.
+  VramResidency* vram_residency = nullptr;
 };
 
 // Counters since Create (cumulative).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -45,6 +46,24 @@ void ForEachCounter(const ResidencyCounters& c,
   fn("slots_resident", c.slots_resident);
   fn("slots_pinned", c.slots_pinned);
   fn("slots_loading", c.slots_loading);
+  fn("vram_arena_imports", c.vram_arena_imports);
+  fn("vram_arena_refusals", c.vram_arena_refusals);
+  fn("vram_lookups", c.vram_lookups);
+  fn("vram_hits", c.vram_hits);
+  fn("vram_misses", c.vram_misses);
+  fn("vram_refused", c.vram_refused);
+  fn("vram_uploads", c.vram_uploads);
+  fn("vram_upload_bytes", c.vram_upload_bytes);
+  fn("vram_evictions", c.vram_evictions);
+  fn("vram_slot_waits", c.vram_slot_waits);
+  fn("vram_prefetch_issued", c.vram_prefetch_issued);
+  fn("vram_prefetch_useful", c.vram_prefetch_useful);
+  fn("vram_prefetch_wasted", c.vram_prefetch_wasted);
+  fn("vram_slots", c.vram_slots);
+  fn("vram_slots_free", c.vram_slots_free);
+  fn("vram_slots_resident", c.vram_slots_resident);
+  fn("vram_slots_pinned", c.vram_slots_pinned);
+  fn("vram_slots_filling", c.vram_slots_filling);
 }
 
 std::string FormatCounters(const ResidencyCounters& c) {
@@ -74,7 +93,9 @@ shm::SegmentGeometry DaemonGeometry(const ExpertStore& store, const ResidencyOpt
   g.n_expert = static_cast<uint32_t>(store.n_expert());
   g.ram_slot_count = RamSlotCount(store, options);
   g.ram_slot_bytes = store.blob_bytes();
-  g.vram_slot_count = 0;
+  // Pins for an arena of every expert (16 bytes a slot): compute sizes its arena, up to this.
+  g.vram_slot_count = static_cast<uint32_t>(
+      std::min<uint64_t>(uint64_t(store.n_layer()) * store.n_expert(), shm::kMaxSlots));
   return g;
 }
 
@@ -93,8 +114,10 @@ absl::StatusOr<std::unique_ptr<ResidencyDaemon>> ResidencyDaemon::Create(
                                                    " bytes) cannot hold blobs of ",
                                                    store.blob_bytes(), " bytes"));
   if (options.io_inflight_max < 1 || options.prefetch_inflight_max < 0 ||
-      options.max_refetches < 0)
-    return absl::InvalidArgumentError("io_inflight_max must be >= 1, the other limits >= 0");
+      options.max_refetches < 0 || options.vram_upload_inflight_max < 1 ||
+      options.vram_prefetch_inflight_max < 0)
+    return absl::InvalidArgumentError(
+        "io_inflight_max and vram_upload_inflight_max must be >= 1, the other limits >= 0");
   std::unique_ptr<ResidencyDaemon> d(
       new ResidencyDaemon(store, segment, std::move(io), experts_fd, options));
   ASSIGN_OR_RETURN(d->policy_, CreatePolicy(options.policy, d->n_slots_));
@@ -109,6 +132,14 @@ absl::StatusOr<std::unique_ptr<ResidencyDaemon>> ResidencyDaemon::Create(
     buffers.push_back({segment->ram_slot(k).data(), static_cast<size_t>(n * h.ram_slot_bytes)});
   }
   d->buffers_registered_ = buffers.size() <= 16384 && d->io_->RegisterBuffers(buffers).ok();
+  for (const StoreLayer& l : store.manifest().layers)
+    d->max_used_bytes_ = std::max(d->max_used_bytes_, l.used_bytes());
+  void* pool = segment->ram_slot(0).data();
+  const uint64_t pool_bytes = uint64_t{h.ram_slot_count} * h.ram_slot_bytes;
+  const int inflight = options.vram_upload_inflight_max;
+  d->vram_factory_ = [pool, pool_bytes, inflight] {
+    return CreateCudaVramUploader(pool, pool_bytes, inflight);
+  };
   return d;
 }
 
@@ -133,7 +164,9 @@ ResidencyDaemon::ResidencyDaemon(const ExpertStore& store, shm::ShmSegment* segm
   last_stats_print_ = absl::Now();
 }
 
-ResidencyDaemon::~ResidencyDaemon() = default;
+ResidencyDaemon::~ResidencyDaemon() {
+  if (uploader_ != nullptr) uploader_->Close();  // copies from our RAM slots end first
+}
 
 ResidencyCounters ResidencyDaemon::Snapshot() const {
   std::lock_guard<std::mutex> lock(snapshot_mu_);
@@ -160,6 +193,7 @@ void ResidencyDaemon::CensusSlots() {
   c_.slots_resident = resident;
   c_.slots_pinned = pinned;
   c_.slots_loading = loading;
+  CensusVramSlots();
 }
 
 void ResidencyDaemon::Publish(bool census) {
@@ -175,7 +209,7 @@ void ResidencyDaemon::Publish(bool census) {
 }
 
 void ResidencyDaemon::Complete(const shm::DemandRequest& d, uint32_t slot, uint64_t generation,
-                               absl::StatusCode code, int64_t arrival_ns) {
+                               absl::StatusCode code, int64_t arrival_ns, shm::Pool pool) {
   shm::Completion c{};
   c.layer = d.layer;
   c.expert = d.expert;
@@ -183,7 +217,7 @@ void ResidencyDaemon::Complete(const shm::DemandRequest& d, uint32_t slot, uint6
   c.generation = generation;
   c.slot = slot;
   c.status = static_cast<uint16_t>(code);
-  c.pool = static_cast<uint8_t>(shm::Pool::kRam);
+  c.pool = static_cast<uint8_t>(pool);
   out_.push_back(c);
   out_arrival_ns_.push_back(arrival_ns);
 }
@@ -212,8 +246,12 @@ void ResidencyDaemon::FlushCompletions() {
 void ResidencyDaemon::HandleDemand(const shm::DemandRequest& d, int64_t now_ns) {
   ++c_.lookups;
   if (!ep_.table().Contains(d.layer, d.expert)) return;  // hostile input: dropped
+  if (d.pool == static_cast<uint8_t>(shm::Pool::kVram)) {
+    HandleVramDemand(d, now_ns);
+    return;
+  }
   if (d.pool != static_cast<uint8_t>(shm::Pool::kRam)) {
-    Complete(d, shm::kNoSlot, 0, absl::StatusCode::kUnimplemented);  // no VRAM tier here
+    Complete(d, shm::kNoSlot, 0, absl::StatusCode::kInvalidArgument);  // hostile input
     return;
   }
   const uint32_t i = Index(d.layer, d.expert);
@@ -237,7 +275,7 @@ void ResidencyDaemon::HandleDemand(const shm::DemandRequest& d, int64_t now_ns) 
     e.prefetched = false;
     ++c_.prefetch_useful;
   }
-  if (e.loading || !e.waiters.empty()) {
+  if (e.loading || e.load_queued) {
     ++c_.coalesced;
     e.waiters.push_back(d);
     e.waiter_arrival_ns.push_back(now_ns);
@@ -246,6 +284,7 @@ void ResidencyDaemon::HandleDemand(const shm::DemandRequest& d, int64_t now_ns) 
   e.waiters.push_back(d);
   e.waiter_arrival_ns.push_back(now_ns);
   e.attempts = 0;
+  e.load_queued = true;
   queued_.push_back(i);
 }
 
@@ -265,7 +304,8 @@ std::optional<uint32_t> ResidencyDaemon::AllocateSlot(ExpertKey incoming, bool f
     const std::optional<ExpertKey> victim = policy_->ChooseVictim(
         [&](ExpertKey key) {
           const Expert& v = experts_[Index(KeyLayer(key), KeyExpert(key))];
-          return v.slot != shm::kNoSlot && !v.loading &&
+          // A copy into VRAM reads the RAM slot until it completes.
+          return v.slot != shm::kNoSlot && !v.loading && !v.vram_filling &&
                  !pins.InUse(v.slot, compute.incarnation, compute.gone);
         },
         for_prefetch ? kNoKey : incoming);
@@ -356,6 +396,7 @@ bool ResidencyDaemon::StartLoads() {
       break;
     }
     queued_.pop_front();
+    e.load_queued = false;
     e.slot = *slot;
     e.prefetch_load = false;
     slot_owner_[*slot] = i;
@@ -374,7 +415,7 @@ void ResidencyDaemon::Prefetch(uint32_t layer, uint32_t expert) {
     return;
   const uint32_t i = Index(layer, expert);
   Expert& e = experts_[i];
-  if (e.slot != shm::kNoSlot || e.loading || !e.waiters.empty()) return;
+  if (e.slot != shm::kNoSlot || e.loading || e.load_queued) return;
   const std::optional<uint32_t> slot = AllocateSlot(PackExpertKey(layer, expert), true);
   if (!slot.has_value()) return;  // never a pinned slot for a guess
   e.slot = *slot;
@@ -396,7 +437,7 @@ void ResidencyDaemon::FinishLoad(uint32_t index, const absl::Status& status) {
     if (e.prefetch_load) --prefetch_inflight_;
   }
   if (status.ok()) {
-    const uint64_t g = ep_.PublishResident(layer, expert, e.slot);
+    const uint64_t g = PublishEntry(index);
     const ExpertKey key = PackExpertKey(layer, expert);
     e.hits_seen = ep_.table().entry(layer, expert).hits.load(std::memory_order_relaxed);
     if (e.prefetched && e.waiters.empty()) {
@@ -413,15 +454,22 @@ void ResidencyDaemon::FinishLoad(uint32_t index, const absl::Status& status) {
     slot_owner_[e.slot] = kFreeOwner;
     free_slots_.push_back(e.slot);
     e.slot = shm::kNoSlot;
-    if (e.prefetched && e.waiters.empty()) {
+    if (e.prefetched && e.waiters.empty() && e.vram_waiters.empty()) {
       ++c_.prefetch_wasted;
     } else {
       ++c_.load_failures;
+      if (e.vram_slot != shm::kNoSlot && !e.vram_filling) {
+        // The failed entry shows no tier: the VRAM copy is unpublished too, and its slot free
+        // once unpinned (R3 is checked when it is taken again).
+        vram_map_.Release(e.vram_slot);
+        e.vram_slot = shm::kNoSlot;
+      }
       const uint64_t g = ep_.PublishFailed(layer, expert, status.code());
       std::fprintf(stderr, "mer-residency: layer %u expert %u: %s\n", layer, expert,
                    std::string(status.message()).c_str());
       for (size_t w = 0; w < e.waiters.size(); ++w)
         Complete(e.waiters[w], shm::kNoSlot, g, status.code(), e.waiter_arrival_ns[w]);
+      FailVramWaiters(index, status.code());
     }
     e.prefetched = false;
   }
@@ -483,8 +531,9 @@ void ResidencyDaemon::HandleHints() {
   shm::Hint hints[16];
   const size_t n = ep_.hints().PopBatch(absl::MakeSpan(hints));
   c_.hints += n;
-  if (!options_.prefetch) return;
-  if (n > 0) SyncComputeHits();
+  const bool vram = vram_open_ && options_.vram_prefetch;
+  if (!options_.prefetch && !vram) return;
+  if (n > 0 && options_.prefetch) SyncComputeHits();
   std::vector<int32_t> experts;
   std::vector<uint8_t> seen(n_expert_, 0);
   for (size_t h = 0; h < n; ++h) {
@@ -501,12 +550,19 @@ void ResidencyDaemon::HandleHints() {
       }
     }
     for (int32_t e : experts) seen[e] = 0;
-    const bool demand_waiting = !queued_.empty() || ep_.demand().SizeApprox() > 0;
+    const bool demand_waiting = DemandWaiting();
     if (hint.kind == 1) {  // predicted by compute
-      if (!demand_waiting)
-        for (int32_t e : experts) Prefetch(hint.layer, static_cast<uint32_t>(e));
+      if (demand_waiting) continue;
+      const int vram_min = static_cast<int>(options_.vram_prefetch_threshold * 255.0 + 0.5);
+      for (int j = 0; j < count; ++j) {
+        const uint32_t e = hint.experts[j];
+        if (e >= n_expert_) continue;
+        if (options_.prefetch) Prefetch(hint.layer, e);
+        if (vram && hint.confidence[j] >= vram_min) VramPrefetch(hint.layer, e);
+      }
       continue;
     }
+    if (predictor_ == nullptr) continue;
     predictor_->Observe(static_cast<int>(hint.layer), experts);
     last_hint_layer_ = static_cast<int>(hint.layer);
     if (demand_waiting) continue;
@@ -514,14 +570,313 @@ void ResidencyDaemon::HandleHints() {
       const int next = (last_hint_layer_ + ahead) % static_cast<int>(n_layer_);
       predictor_->Predict(next, options_.prefetch_threshold, options_.prefetch_max_per_hint,
                           &predictions_);
-      for (const ExpertPrediction& p : predictions_) Prefetch(next, static_cast<uint32_t>(p.expert));
+      for (const ExpertPrediction& p : predictions_) {
+        Prefetch(next, static_cast<uint32_t>(p.expert));
+        if (vram && ahead == 1 && p.confidence >= options_.vram_prefetch_threshold)
+          VramPrefetch(next, static_cast<uint32_t>(p.expert));
+      }
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The VRAM tier.
+
+uint64_t ResidencyDaemon::PublishEntry(uint32_t index) {
+  const Expert& e = experts_[index];
+  const uint32_t ram = e.slot != shm::kNoSlot && !e.loading ? e.slot : shm::kNoSlot;
+  const uint32_t vram = e.vram_slot != shm::kNoSlot && !e.vram_filling ? e.vram_slot : shm::kNoSlot;
+  return ep_.PublishResident(index / n_expert_, index % n_expert_, ram, vram, e.vram_fill);
+}
+
+bool ResidencyDaemon::DemandWaiting() {
+  return !queued_.empty() || !vram_queue_.empty() || ep_.demand().SizeApprox() > 0;
+}
+
+void ResidencyDaemon::FailVramWaiters(uint32_t index, absl::StatusCode code) {
+  Expert& e = experts_[index];
+  for (size_t w = 0; w < e.vram_waiters.size(); ++w)
+    Complete(e.vram_waiters[w], shm::kNoSlot, 0, code, e.vram_waiter_arrival_ns[w], shm::Pool::kVram);
+  e.vram_waiters.clear();
+  e.vram_waiter_arrival_ns.clear();
+  e.vram_queued = false;  // vram_queue_ skips it from now on
+}
+
+void ResidencyDaemon::DropVramArena(const char* why) {
+  if (!vram_open_) return;
+  std::fprintf(stderr, "mer-residency: VRAM arena closed: %s\n", why);
+  if (uploader_ != nullptr) uploader_->Close();  // waits for the copies in flight
+  vram_open_ = false;
+  vram_prefetch_inflight_ = 0;
+  for (uint32_t i = 0; i < experts_.size(); ++i) {
+    Expert& e = experts_[i];
+    if (e.vram_slot == shm::kNoSlot && e.vram_waiters.empty() && !e.vram_queued) continue;
+    const bool published = e.vram_slot != shm::kNoSlot && !e.vram_filling;
+    if (e.vram_prefetched) ++c_.vram_prefetch_wasted;
+    e.vram_slot = shm::kNoSlot;
+    e.vram_filling = e.vram_prefetched = e.vram_prefetch_load = false;
+    e.vram_fill = 0;
+    // Placements in an arena that is gone must not outlive it in the table.
+    if (published) PublishEntry(i);
+    FailVramWaiters(i, absl::StatusCode::kUnavailable);
+  }
+  vram_queue_.clear();
+  vram_map_.Reset(0);
+}
+
+void ResidencyDaemon::PollVramArena() {
+  const shm::PeerInfo compute = segment_->Peer();
+  // An arena dies with the compute that exported it (its memory is freed with the process).
+  if (vram_open_ && (compute.incarnation != vram_incarnation_ || compute.gone))
+    DropVramArena("the compute that exported it is gone or restarted");
+  const std::optional<shm::VramArenaRead> r = shm::ReadVramArena(
+      ep_.vram_arena(), compute.incarnation, segment_->header().vram_slot_count);
+  if (!r.has_value()) return;
+  if (r->sequence == vram_acted_sequence_ && compute.incarnation == vram_acted_incarnation_) return;
+  vram_acted_sequence_ = r->sequence;
+  vram_acted_incarnation_ = compute.incarnation;
+  if (absl::IsNotFound(r->info.status())) {
+    DropVramArena("compute withdrew it");
+    shm::AckVramArena(ep_.vram_arena(), r->sequence, absl::StatusCode::kOk);
+    return;
+  }
+  DropVramArena("compute exported another arena");
+  absl::Status s = r->info.status();
+  if (s.ok() && r->info->slot_bytes < max_used_bytes_)
+    s = absl::InvalidArgumentError(absl::StrCat("its slots of ", r->info->slot_bytes,
+                                                " bytes are smaller than the store's experts (",
+                                                max_used_bytes_, " bytes)"));
+  if (s.ok() && uploader_ == nullptr) {
+    absl::StatusOr<std::unique_ptr<VramUploader>> u = vram_factory_();
+    if (u.ok()) {
+      uploader_ = std::move(*u);
+    } else {
+      s = u.status();
+    }
+  }
+  if (s.ok()) s = uploader_->Import(*r->info);
+  if (!s.ok()) {
+    ++c_.vram_arena_refusals;
+    vram_refusal_ = s.code();
+    std::fprintf(stderr, "mer-residency: VRAM arena of compute %llu refused: %s\n",
+                 static_cast<unsigned long long>(compute.incarnation), s.ToString().c_str());
+    shm::AckVramArena(ep_.vram_arena(), r->sequence, s.code());
+    return;
+  }
+  vram_map_.Reset(r->info->slot_count);
+  vram_open_ = true;
+  vram_incarnation_ = compute.incarnation;
+  ++c_.vram_arena_imports;
+  std::fprintf(stderr, "mer-residency: VRAM arena imported: %s\n", uploader_->Describe().c_str());
+  // The table holds no placement in it yet (DropVramArena cleared the last arena's): compute may
+  // use it from the acknowledgement on.
+  shm::AckVramArena(ep_.vram_arena(), r->sequence, absl::StatusCode::kOk);
+}
+
+void ResidencyDaemon::HandleVramDemand(const shm::DemandRequest& d, int64_t now_ns) {
+  ++c_.vram_lookups;
+  if (!vram_open_) {
+    ++c_.vram_refused;
+    Complete(d, shm::kNoSlot, 0, vram_refusal_, 0, shm::Pool::kVram);
+    return;
+  }
+  const uint32_t i = Index(d.layer, d.expert);
+  Expert& e = experts_[i];
+  if (e.vram_prefetched) {  // demanded: the guess was good (resident or still filling)
+    e.vram_prefetched = false;
+    ++c_.vram_prefetch_useful;
+  }
+  if (e.vram_slot != shm::kNoSlot && !e.vram_filling) {
+    const std::optional<shm::EntryState> st = ep_.table().Read(d.layer, d.expert);
+    if (st.has_value() && st->in(shm::Pool::kVram) && st->vram_slot == e.vram_slot) {
+      ++c_.vram_hits;
+      vram_map_.Touch(e.vram_slot, segment_->control().compute_epoch.load(std::memory_order_relaxed));
+      Complete(d, e.vram_slot, st->generation, absl::StatusCode::kOk, 0, shm::Pool::kVram);
+      return;
+    }
+  }
+  ++c_.vram_misses;
+  if (e.vram_filling || e.vram_queued) ++c_.coalesced;
+  e.vram_waiters.push_back(d);
+  e.vram_waiter_arrival_ns.push_back(now_ns);
+  if (e.vram_filling || e.vram_queued) return;
+  e.vram_queued = true;
+  vram_queue_.push_back(i);
+}
+
+std::optional<uint32_t> ResidencyDaemon::AllocateVramSlot(uint64_t used_before) {
+  const shm::PeerInfo compute = segment_->Peer();
+  shm::SlotPins& pins = ep_.pins(shm::Pool::kVram);
+  const auto in_use = [&](uint32_t k) { return pins.InUse(k, compute.incarnation, compute.gone); };
+  const auto pin_epoch = [&](uint32_t k) { return pins.LastEpoch(k); };
+  for (int tries = 0; tries < 4; ++tries) {
+    const std::optional<uint32_t> k = vram_map_.Candidate(in_use, pin_epoch, used_before);
+    if (!k.has_value()) return std::nullopt;
+    const uint32_t owner = vram_map_.owner(*k);
+    if (owner == VramSlotMap::kFree) return k;  // free and unpinned (checked by Candidate)
+    Expert& v = experts_[owner];
+    if (v.vram_prefetched) ++(VramPrefetchUsed(owner) ? c_.vram_prefetch_useful : c_.vram_prefetch_wasted);
+    v.vram_prefetched = false;
+    v.vram_slot = shm::kNoSlot;
+    v.vram_fill = 0;
+    PublishEntry(owner);  // R1, R2 (Write ends with a seq_cst fence)
+    vram_map_.Release(*k);
+    ++c_.vram_evictions;
+    if (!in_use(*k)) return k;  // R3
+    // Pinned in between: free now, reusable once unpinned.
+  }
+  return std::nullopt;
+}
+
+bool ResidencyDaemon::VramPrefetchUsed(uint32_t index) {
+  const Expert& e = experts_[index];
+  if (e.vram_slot == shm::kNoSlot || e.vram_filling) return false;
+  return ep_.pins(shm::Pool::kVram).LastEpoch(e.vram_slot) > e.vram_fill_epoch;
+}
+
+bool ResidencyDaemon::StartVramUpload(uint32_t index, bool prefetch) {
+  Expert& e = experts_[index];
+  const uint64_t used_before =
+      prefetch ? ep_.MinInflightEpoch() : std::numeric_limits<uint64_t>::max();
+  const std::optional<uint32_t> slot = AllocateVramSlot(used_before);
+  if (!slot.has_value()) {
+    if (!prefetch) ++c_.vram_slot_waits;
+    return false;
+  }
+  const uint32_t layer = index / n_expert_;
+  const uint64_t bytes = store_.manifest().layers[layer].used_bytes();
+  const absl::Status s = uploader_->Start(*slot, segment_->ram_slot(e.slot).data(), bytes, index);
+  if (!s.ok()) {
+    std::fprintf(stderr, "mer-residency: upload of layer %u expert %u into VRAM: %s\n", layer,
+                 index % n_expert_, s.ToString().c_str());
+    if (!prefetch) FailVramWaiters(index, s.code());
+    return !prefetch;  // a demand is answered (with the error); a prefetch just does not happen
+  }
+  vram_map_.Fill(*slot, index, segment_->control().compute_epoch.load(std::memory_order_relaxed));
+  e.vram_slot = *slot;
+  e.vram_filling = true;
+  e.vram_prefetch_load = prefetch;
+  e.vram_prefetched = prefetch;
+  if (prefetch) {
+    ++vram_prefetch_inflight_;
+    ++c_.vram_prefetch_issued;
+  }
+  return true;
+}
+
+bool ResidencyDaemon::StartVramUploads() {
+  if (!vram_open_ || vram_queue_.empty()) return false;
+  bool progress = false;
+  // Demand order, skipping (and keeping) experts whose RAM copy is not there yet.
+  for (size_t j = 0; j < vram_queue_.size() && uploader_->inflight() < uploader_->max_inflight();) {
+    const uint32_t i = vram_queue_[j];
+    Expert& e = experts_[i];
+    if (!e.vram_queued) {  // answered meanwhile (a failed load)
+      vram_queue_.erase(vram_queue_.begin() + j);
+      continue;
+    }
+    if (e.slot == shm::kNoSlot || e.loading) {
+      if (!e.loading && !e.load_queued) {  // a RAM load first, with no RAM waiter of its own
+        e.attempts = 0;
+        e.load_queued = true;
+        queued_.push_back(i);
+        progress = true;
+      }
+      ++j;
+      continue;
+    }
+    if (!StartVramUpload(i, /*prefetch=*/false)) break;  // every slot pinned or filling: later
+    e.vram_queued = false;
+    vram_queue_.erase(vram_queue_.begin() + j);
+    progress = true;
+  }
+  return progress;
+}
+
+void ResidencyDaemon::PollVramUploads() {
+  if (!vram_open_ || uploader_->inflight() == 0) return;
+  vram_done_.clear();
+  if (const absl::Status s = uploader_->Poll(&vram_done_); !s.ok()) {
+    std::fprintf(stderr, "mer-residency: %s\n", s.ToString().c_str());
+    vram_refusal_ = absl::StatusCode::kInternal;
+    DropVramArena("an upload failed");
+    return;
+  }
+  const uint64_t epoch = segment_->control().compute_epoch.load(std::memory_order_relaxed);
+  for (uint64_t tag : vram_done_) {
+    const uint32_t i = static_cast<uint32_t>(tag);
+    if (i >= experts_.size() || !experts_[i].vram_filling) continue;
+    Expert& e = experts_[i];
+    // The copy is complete (its event has passed): only now may compute learn of it.
+    e.vram_filling = false;
+    vram_map_.Filled(e.vram_slot);
+    e.vram_fill = ++vram_fill_counter_;
+    e.vram_fill_epoch = epoch;
+    if (e.vram_prefetch_load) --vram_prefetch_inflight_;
+    e.vram_prefetch_load = false;
+    const uint64_t g = PublishEntry(i);
+    ++c_.vram_uploads;
+    c_.vram_upload_bytes += store_.manifest().layers[i / n_expert_].used_bytes();
+    for (size_t w = 0; w < e.vram_waiters.size(); ++w)
+      Complete(e.vram_waiters[w], e.vram_slot, g, absl::StatusCode::kOk, e.vram_waiter_arrival_ns[w],
+               shm::Pool::kVram);
+    e.vram_waiters.clear();
+    e.vram_waiter_arrival_ns.clear();
+  }
+}
+
+void ResidencyDaemon::VramPrefetch(uint32_t layer, uint32_t expert) {
+  if (!vram_open_ || !ep_.table().Contains(layer, expert)) return;
+  if (vram_prefetch_inflight_ >= options_.vram_prefetch_inflight_max ||
+      uploader_->inflight() >= uploader_->max_inflight() || DemandWaiting())
+    return;
+  const uint32_t i = Index(layer, expert);
+  Expert& e = experts_[i];
+  // Only what RAM holds already: a guess never costs a storage read here (the RAM prefetch
+  // decides those), and never a pinned or recently used VRAM slot (AllocateVramSlot).
+  if (e.vram_slot != shm::kNoSlot || e.vram_queued || e.slot == shm::kNoSlot || e.loading) return;
+  StartVramUpload(i, /*prefetch=*/true);
+}
+
+void ResidencyDaemon::CensusVramSlots() {
+  const uint32_t n = vram_map_.size();
+  c_.vram_slots = n;
+  if (n == 0) {
+    c_.vram_slots_free = c_.vram_slots_resident = c_.vram_slots_pinned = c_.vram_slots_filling = 0;
+    return;
+  }
+  const shm::PeerInfo compute = segment_->Peer();
+  shm::SlotPins& pins = ep_.pins(shm::Pool::kVram);
+  uint64_t free = 0, resident = 0, pinned = 0, filling = 0;
+  for (uint32_t k = 0; k < n; ++k) {
+    if (pins.InUse(k, compute.incarnation, compute.gone)) {
+      ++pinned;
+    } else if (vram_map_.filling(k)) {
+      ++filling;
+    } else if (vram_map_.owner(k) == VramSlotMap::kFree) {
+      ++free;
+    } else {
+      ++resident;
+    }
+    // A prefetched expert compute pinned without asking was a good guess.
+    const uint32_t owner = vram_map_.owner(k);
+    if (owner != VramSlotMap::kFree && experts_[owner].vram_prefetched && VramPrefetchUsed(owner)) {
+      experts_[owner].vram_prefetched = false;
+      ++c_.vram_prefetch_useful;
+    }
+  }
+  c_.vram_slots_free = free;
+  c_.vram_slots_resident = resident;
+  c_.vram_slots_pinned = pinned;
+  c_.vram_slots_filling = filling;
 }
 
 absl::StatusOr<bool> ResidencyDaemon::Turn() {
   bool progress = false;
   const uint64_t sent_before = c_.completions_sent;
+  const uint64_t vram_before = c_.vram_uploads + c_.vram_arena_imports + c_.vram_arena_refusals;
+  // 0. An arena exported (or gone) since the last turn.
+  PollVramArena();
   // 1. Demand first.
   shm::DemandRequest buf[64];
   for (int rounds = 0; rounds < 16; ++rounds) {
@@ -532,12 +887,16 @@ absl::StatusOr<bool> ResidencyDaemon::Turn() {
     if (n < 64) break;
   }
   FlushCompletions();
-  // 2. Loads for the misses.
+  // 2. Loads for the misses, and uploads of demanded experts that RAM holds.
+  if (StartVramUploads()) progress = true;
   if (StartLoads()) progress = true;
-  // 3. Finished reads.
+  // 3. Finished reads and copies; uploads of what they brought into RAM.
   const uint64_t reads_before = c_.reads;
   RETURN_IF_ERROR(Reap(/*block=*/false));
   if (c_.reads != reads_before) progress = true;
+  PollVramUploads();
+  if (StartVramUploads()) progress = true;
+  if (c_.vram_uploads + c_.vram_arena_imports + c_.vram_arena_refusals != vram_before) progress = true;
   FlushCompletions();
   // 4. Hints, and prefetch while no demand waits.
   const uint64_t hints_before = c_.hints;
@@ -560,7 +919,9 @@ absl::Status ResidencyDaemon::Run(const std::atomic<bool>& stop) {
       break;
     }
     if (!*progress) {
-      if (io_->outstanding() > 0) {
+      if (uploader_ != nullptr && uploader_->inflight() > 0) {
+        absl::SleepFor(absl::Microseconds(20));  // a copy lands within ~100 us: poll it soon
+      } else if (io_->outstanding() > 0) {
         const uint64_t reads_before = c_.reads;
         status = Reap(/*block=*/true);
         if (!status.ok()) break;
@@ -584,6 +945,7 @@ absl::Status ResidencyDaemon::Run(const std::atomic<bool>& stop) {
     reaped_.clear();
     if (!io_->Wait(1, absl::Milliseconds(10), &reaped_).ok()) break;
   }
+  if (uploader_ != nullptr) uploader_->Close();  // copies read our RAM slots
   Publish(/*census=*/true);
   return status;
 }

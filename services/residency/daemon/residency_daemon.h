@@ -50,6 +50,8 @@
 #include "services/residency/io/io_engine.h"
 #include "services/residency/policy/prefetch_predictor.h"
 #include "services/residency/policy/replacement_policy.h"
+#include "services/residency/vram/vram_slot_map.h"
+#include "services/residency/vram/vram_uploader.h"
 
 namespace mer::residency {
 
@@ -83,6 +85,16 @@ struct ResidencyOptions {
   absl::Duration idle_wait = absl::Milliseconds(2);
   // Print the counters to stderr this often from Run; zero = never.
   absl::Duration stats_interval = absl::ZeroDuration();
+  // VRAM tier (the arena compute exports through CUDA IPC; docs/cuda.md). RAM -> VRAM copies in
+  // flight at once, demand and prefetch together.
+  int vram_upload_inflight_max = 4;
+  // Move predicted experts (compute's predicted hints, and the predictor's when prefetch is on)
+  // from RAM into free or least recently used unpinned VRAM slots while no demand waits.
+  bool vram_prefetch = true;
+  // Of vram_upload_inflight_max, at most this many copies are prefetches (demand keeps the rest).
+  int vram_prefetch_inflight_max = 1;
+  // Predictions below this confidence (0..1) are not moved into VRAM.
+  double vram_prefetch_threshold = 0.5;
 };
 
 // Upper bounds (seconds) of the read latency histogram's buckets; one more bucket (+Inf) follows.
@@ -130,6 +142,27 @@ struct ResidencyCounters {
   uint64_t slots_resident = 0;
   uint64_t slots_pinned = 0;
   uint64_t slots_loading = 0;
+  // VRAM tier (zero until compute exports an arena).
+  uint64_t vram_arena_imports = 0;   // arenas imported
+  uint64_t vram_arena_refusals = 0;  // exports refused (no CUDA, a bad export, an import error)
+  uint64_t vram_lookups = 0;         // VRAM DemandRequests handled
+  uint64_t vram_hits = 0;            // of those, in VRAM already
+  uint64_t vram_misses = 0;          // of those, an upload started or joined
+  uint64_t vram_refused = 0;         // of those, answered with an error (no arena)
+  uint64_t vram_uploads = 0;         // RAM -> VRAM copies completed and published
+  uint64_t vram_upload_bytes = 0;    // bytes of those copies
+  uint64_t vram_evictions = 0;       // VRAM residents unpublished to free a slot
+  uint64_t vram_slot_waits = 0;      // times an upload waited for an unpinned VRAM slot
+  uint64_t vram_prefetch_issued = 0; // uploads started for a prediction
+  uint64_t vram_prefetch_useful = 0; // of those, demanded or pinned by compute before eviction
+  uint64_t vram_prefetch_wasted = 0; // of those, evicted (or dropped) unused
+  // Gauges: the arena's slots by state (they sum to vram_slots): pinned by a compute step,
+  // filling (a copy in flight), resident (published, unpinned), free.
+  uint64_t vram_slots = 0;
+  uint64_t vram_slots_free = 0;
+  uint64_t vram_slots_resident = 0;
+  uint64_t vram_slots_pinned = 0;
+  uint64_t vram_slots_filling = 0;
 };
 
 // Calls fn(name, value) for every counter (names in snake_case; for exporters and printing).
@@ -172,6 +205,10 @@ class ResidencyDaemon {
   uint64_t loop_turns() const { return loop_turns_.load(std::memory_order_relaxed); }
   // Whether the engine accepted the slot pool as registered buffers.
   bool buffers_registered() const { return buffers_registered_; }
+  // How VRAM uploaders are made (default: CreateCudaVramUploader over the RAM tier, which is
+  // Unimplemented without CUDA). Call before Run; tests give a fake.
+  void set_vram_uploader_factory(VramUploaderFactory factory) { vram_factory_ = std::move(factory); }
+  bool vram_arena_open() const { return vram_open_; }
 
  private:
   struct Expert {
@@ -181,8 +218,19 @@ class ResidencyDaemon {
     bool prefetch_load = false;    // the load in flight is a prefetch
     uint64_t hits_seen = 0;        // the entry's compute-side hit count the policy has been told of
     int attempts = 0;
+    bool load_queued = false;      // in queued_, waiting for a RAM slot or a read
     std::vector<shm::DemandRequest> waiters;
     std::vector<int64_t> waiter_arrival_ns;  // per waiter: when its demand was popped
+    // VRAM tier.
+    uint32_t vram_slot = shm::kNoSlot;  // while resident or filling
+    bool vram_filling = false;     // a copy from its RAM slot is in flight (the RAM slot stays)
+    bool vram_queued = false;      // in vram_queue_, waiting for its RAM copy or a VRAM slot
+    bool vram_prefetched = false;  // filled by a prediction, not used since
+    bool vram_prefetch_load = false;  // the copy in flight is a prefetch
+    uint64_t vram_fill = 0;        // the published fill number (ResidencyEntry::vram_fill)
+    uint64_t vram_fill_epoch = 0;  // compute_epoch when the fill was published
+    std::vector<shm::DemandRequest> vram_waiters;
+    std::vector<int64_t> vram_waiter_arrival_ns;
   };
 
   ResidencyDaemon(const ExpertStore& store, shm::ShmSegment* segment, std::unique_ptr<IoEngine> io,
@@ -197,7 +245,26 @@ class ResidencyDaemon {
   absl::Status Reap(bool block);
   void FinishLoad(uint32_t index, const absl::Status& status);
   void Complete(const shm::DemandRequest& d, uint32_t slot, uint64_t generation,
-                absl::StatusCode code, int64_t arrival_ns = 0);
+                absl::StatusCode code, int64_t arrival_ns = 0, shm::Pool pool = shm::Pool::kRam);
+  // Writes (layer, expert)'s entry from the loop's own state: its RAM slot unless loading, its
+  // VRAM slot unless filling. Returns the generation.
+  uint64_t PublishEntry(uint32_t index);
+  // VRAM tier.
+  void PollVramArena();
+  void DropVramArena(const char* why);
+  void HandleVramDemand(const shm::DemandRequest& d, int64_t now_ns);
+  std::optional<uint32_t> AllocateVramSlot(uint64_t used_before);
+  // Starts the copy of expert `index` (RAM-resident) into a VRAM slot; false if no slot is free.
+  bool StartVramUpload(uint32_t index, bool prefetch);
+  bool StartVramUploads();
+  void PollVramUploads();
+  void FailVramWaiters(uint32_t index, absl::StatusCode code);
+  void VramPrefetch(uint32_t layer, uint32_t expert);
+  bool DemandWaiting();
+  // Whether compute has pinned the prefetched expert's slot since its fill (a use it made without
+  // asking); counts it useful once.
+  bool VramPrefetchUsed(uint32_t index);
+  void CensusVramSlots();
   void HandleHints();
   // Compute pins resident experts without asking (a hit costs it no round trip), so the policy
   // learns of those uses from the table: every resident whose hit count grew is touched, oldest
@@ -243,6 +310,21 @@ class ResidencyDaemon {
   std::vector<ReadCompletion> reaped_;
   std::vector<ExpertPrediction> predictions_;
   int last_hint_layer_ = -1;
+
+  // VRAM tier: the arena compute exported, once imported.
+  VramUploaderFactory vram_factory_;
+  std::unique_ptr<VramUploader> uploader_;
+  bool vram_open_ = false;
+  uint64_t vram_incarnation_ = 0;    // the compute incarnation whose arena is open
+  uint64_t vram_acted_sequence_ = 0; // the last export acted on
+  uint64_t vram_acted_incarnation_ = 0;
+  absl::StatusCode vram_refusal_ = absl::StatusCode::kFailedPrecondition;  // for demands without arena
+  VramSlotMap vram_map_;
+  uint64_t vram_fill_counter_ = 0;
+  uint64_t max_used_bytes_ = 0;       // the largest expert payload (what one upload copies)
+  std::deque<uint32_t> vram_queue_;   // demanded experts waiting for an upload
+  int vram_prefetch_inflight_ = 0;
+  std::vector<uint64_t> vram_done_;
 
   ResidencyCounters c_;
   mutable std::mutex snapshot_mu_;

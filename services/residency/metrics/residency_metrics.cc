@@ -76,14 +76,27 @@ std::vector<MetricFamily> ResidencyMetricFamilies(const ResidencyCounters& c,
   constexpr MetricType kCounter = MetricType::Counter;
   constexpr MetricType kGauge = MetricType::Gauge;
   const std::vector<ClientMetric::Label> ram = {L("tier", "ram")};
+  const std::vector<ClientMetric::Label> vram = {L("tier", "vram")};
   std::vector<MetricFamily> out;
   out.push_back(Scalar("mer_expert_lookups_total",
                        "Expert acquisitions by compute: hits it served itself from the table plus "
                        "the demand requests it sent.",
                        kCounter, double(c.lookups + c.compute_hits), ram));
-  out.push_back(Scalar("mer_expert_misses_total",
-                       "Expert demands not resident in the tier (a load started or joined).",
-                       kCounter, double(c.misses), ram));
+  {
+    MetricFamily f = Family("mer_expert_misses_total",
+                            "Expert demands not resident in the tier (a load or upload started or "
+                            "joined).",
+                            kCounter);
+    Add(&f, double(c.misses), ram);
+    Add(&f, double(c.vram_misses), vram);
+    out.push_back(std::move(f));
+  }
+  out.push_back(Scalar("mer_expert_upload_bytes_total",
+                       "Bytes copied from the RAM tier into compute's VRAM arena (CUDA IPC).",
+                       kCounter, double(c.vram_upload_bytes)));
+  out.push_back(Scalar("mer_expert_uploads_total",
+                       "Experts copied from the RAM tier into compute's VRAM arena and published.",
+                       kCounter, double(c.vram_uploads)));
   out.push_back(Scalar("mer_expert_read_bytes_total",
                        "Bytes of expert blobs read from the store (refetches included).", kCounter,
                        double(c.bytes_read)));
@@ -106,26 +119,42 @@ std::vector<MetricFamily> ResidencyMetricFamilies(const ResidencyCounters& c,
   }
   out.push_back(Scalar("mer_io_inflight", "Expert blob reads in flight.", kGauge,
                        double(c.io_inflight)));
-  out.push_back(Scalar("mer_evictions_total", "Resident experts evicted to free a slot.", kCounter,
-                       double(c.evictions), ram));
+  {
+    MetricFamily f = Family("mer_evictions_total", "Resident experts evicted to free a slot.", kCounter);
+    Add(&f, double(c.evictions), ram);
+    Add(&f, double(c.vram_evictions), vram);
+    out.push_back(std::move(f));
+  }
   out.push_back(Scalar("mer_expert_stall_seconds_total",
                        "Time demanded experts waited for their reads: demand received to "
                        "completion pushed, summed over demands that missed.",
                        kCounter, double(c.stall_ns_total) * 1e-9, ram));
-  out.push_back(Scalar("mer_prefetch_issued_total", "Prefetch reads started.", kCounter,
-                       double(c.prefetch_issued)));
-  out.push_back(Scalar("mer_prefetch_useful_total",
-                       "Prefetched experts used before their eviction.", kCounter,
-                       double(c.prefetch_useful)));
-  out.push_back(Scalar("mer_prefetch_wasted_total",
-                       "Prefetched experts evicted (or failed) unused.", kCounter,
-                       double(c.prefetch_wasted)));
+  // RAM prefetch unlabelled (as before the VRAM tier), VRAM moves with tier="vram".
+  const auto prefetch = [&](const char* name, const char* help, uint64_t ram_v, uint64_t vram_v) {
+    MetricFamily f = Family(name, help, kCounter);
+    Add(&f, double(ram_v), {});
+    Add(&f, double(vram_v), vram);
+    out.push_back(std::move(f));
+  };
+  prefetch("mer_prefetch_issued_total",
+           "Prefetches started: storage reads into RAM, and (tier=\"vram\") uploads into VRAM.",
+           c.prefetch_issued, c.vram_prefetch_issued);
+  prefetch("mer_prefetch_useful_total", "Prefetched experts used before their eviction.",
+           c.prefetch_useful, c.vram_prefetch_useful);
+  prefetch("mer_prefetch_wasted_total", "Prefetched experts evicted (or failed) unused.",
+           c.prefetch_wasted, c.vram_prefetch_wasted);
   {
     MetricFamily f = Family("mer_tier_slots", "Slots of the tier by state (last census).", kGauge);
     Add(&f, double(c.slots_free), {L("state", "free"), L("tier", "ram")});
     Add(&f, double(c.slots_resident), {L("state", "resident"), L("tier", "ram")});
     Add(&f, double(c.slots_pinned), {L("state", "pinned"), L("tier", "ram")});
     Add(&f, double(c.slots_loading), {L("state", "loading"), L("tier", "ram")});
+    if (c.vram_slots > 0) {  // an arena is imported
+      Add(&f, double(c.vram_slots_free), {L("state", "free"), L("tier", "vram")});
+      Add(&f, double(c.vram_slots_resident), {L("state", "resident"), L("tier", "vram")});
+      Add(&f, double(c.vram_slots_pinned), {L("state", "pinned"), L("tier", "vram")});
+      Add(&f, double(c.vram_slots_filling), {L("state", "filling"), L("tier", "vram")});
+    }
     out.push_back(std::move(f));
   }
   out.push_back(Scalar("mer_checksum_failures_total",

@@ -113,7 +113,7 @@ TEST(HeaderTest, EachBadFieldIsNamed) {
   const std::vector<Case> cases = {
       {"magic", C::kFailedPrecondition, [](SegmentHeader& h) { h.magic ^= 1; }},
       {"magic is 0", C::kUnavailable, [](SegmentHeader& h) { h.magic = 0; }},
-      {"protocol_version", C::kFailedPrecondition, [](SegmentHeader& h) { h.protocol_version = 2; }},
+      {"protocol_version", C::kFailedPrecondition, [](SegmentHeader& h) { h.protocol_version = kProtocolVersion + 1; }},
       {"header_bytes", C::kFailedPrecondition, [](SegmentHeader& h) { h.header_bytes = 128; }},
       {"layout_hash", C::kFailedPrecondition, [](SegmentHeader& h) { h.layout_hash ^= 0x10; }},
       {"segment_bytes", C::kInvalidArgument, [](SegmentHeader& h) { h.segment_bytes += 4096; }},

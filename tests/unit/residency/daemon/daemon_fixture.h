@@ -71,7 +71,8 @@ class DaemonFixture {
   // probabilities), reads go through a FaultInjectingIoEngine over pread.
   explicit DaemonFixture(ResidencyOptions o = {}, std::vector<FaultRule> rules = {},
                          bool thread = true, FaultInjectionOptions faults = {},
-                         const std::string& store_dir = SynthStoreDir("micro", SynthQuant::kQ8_0))
+                         const std::string& store_dir = SynthStoreDir("micro", SynthQuant::kQ8_0),
+                         VramUploaderFactory vram = {})
       : name_(UniqueName("d")) {
     auto store = ExpertStore::Open(store_dir);
     CHECK(store.ok());
@@ -97,6 +98,7 @@ class DaemonFixture {
     auto d = ResidencyDaemon::Create(*store_, seg_.get(), std::move(e), store_->experts_fd(), o);
     CHECK(d.ok());
     daemon_ = std::move(*d);
+    if (vram) daemon_->set_vram_uploader_factory(std::move(vram));
     if (thread) thread_ = std::thread([this] { CHECK(daemon_->Run(stop_).ok()); });
   }
   ~DaemonFixture() {

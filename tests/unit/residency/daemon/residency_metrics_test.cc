@@ -70,6 +70,35 @@ TEST(ResidencyMetricsTest, RendersTheDesignDocNames) {
   EXPECT_THAT(text, HasSubstr("mer_build_info{version=\"1.2.3\"} 1\n"));
 }
 
+TEST(ResidencyMetricsTest, RendersTheVramTier) {
+  ResidencyCounters c;
+  EXPECT_THAT(RenderResidencyMetrics(c, "v"), Not(HasSubstr("tier=\"vram\",state")));
+  EXPECT_THAT(RenderResidencyMetrics(c, "v"), Not(HasSubstr("state=\"filling\"")));  // no arena yet
+  c.vram_upload_bytes = 5013504;
+  c.vram_uploads = 1;
+  c.vram_evictions = 4;
+  c.vram_misses = 6;
+  c.vram_prefetch_issued = 9;
+  c.vram_prefetch_useful = 7;
+  c.vram_prefetch_wasted = 1;
+  c.prefetch_issued = 3;
+  c.vram_slots = 10;
+  c.vram_slots_free = 2;
+  c.vram_slots_resident = 5;
+  c.vram_slots_pinned = 2;
+  c.vram_slots_filling = 1;
+  const std::string text = RenderResidencyMetrics(c, "v");
+  EXPECT_THAT(text, HasSubstr("mer_expert_upload_bytes_total 5013504\n"));
+  EXPECT_THAT(text, HasSubstr("mer_evictions_total{tier=\"vram\"} 4\n"));
+  EXPECT_THAT(text, HasSubstr("mer_expert_misses_total{tier=\"vram\"} 6\n"));
+  EXPECT_THAT(text, HasSubstr("mer_prefetch_issued_total 3\n"));  // RAM, as before
+  EXPECT_THAT(text, HasSubstr("mer_prefetch_issued_total{tier=\"vram\"} 9\n"));
+  EXPECT_THAT(text, HasSubstr("mer_prefetch_useful_total{tier=\"vram\"} 7\n"));
+  EXPECT_THAT(text, HasSubstr("mer_prefetch_wasted_total{tier=\"vram\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("mer_tier_slots{state=\"filling\",tier=\"vram\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("mer_tier_slots{state=\"resident\",tier=\"vram\"} 5\n"));
+}
+
 TEST(ResidencyMetricsTest, RejectsABadListenAddress) {
   auto none = [] { return ResidencyCounters{}; };
   EXPECT_EQ(MetricsServer::Start("nonsense", none).status().code(),

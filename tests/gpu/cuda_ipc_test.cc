@@ -1,0 +1,270 @@
+// The cuda backend with its VRAM arena exported over CUDA IPC and filled by a real mer-residency
+// process (`mer-compute --backend cuda --store DIR --residency NAME`, --vram-arena residency; CUDA
+// IPC does not work within one process, so the daemon is the mer-residency binary, started here).
+// A synthetic model is packed into an expert store; mer-residency serves it with a RAM tier of
+// 10% of the experts; CudaEngine runs over the store's dense weights with
+// CudaEngineOptions::vram_residency set, with an arena of every expert and of 10% of them
+// (mer-residency uploads every expert, evicts in the 10% arena, never a pinned slot). On a corpus
+// of prompts the greedy ids must equal the CPU reference engine's on the GGUF, and the
+// teacher-forced logits be within 1e-3 relative L2 at every step, as cuda_store_test.
+//
+// The binary: $MER_RESIDENCY_BIN, else mer-residency next to this test (build/bin, or a
+// gpu-bundle's bin/). Time-bounded: acquires give up after 20 s, the daemon is SIGKILLed if it
+// does not exit 5 s after SIGTERM, CTest stops the binary after 300 s.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "absl/time/clock.h"
+#include "common/model/synth_model.h"
+#include "common/store/expert_store.h"
+#include "common/store/packer.h"
+#include "services/compute/cpu/cpu_engine.h"
+#include "services/compute/cuda/cuda_engine.h"
+#include "services/compute/generation.h"
+#include "services/compute/residency_expert_source.h"
+#include "tests/gpu/corpus.h"
+
+namespace mer {
+namespace {
+
+using gpu_test::Corpus;
+using gpu_test::ForcedLogits;
+using gpu_test::GreedyIds;
+using gpu_test::RelL2;
+
+constexpr int kPrompts = 4;
+constexpr int kPromptTokens = 12;
+constexpr int kGenTokens = 32;
+constexpr double kLogitsBound = 1e-3;
+
+int Threads() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+
+std::string ResidencyBinary() {
+  if (const char* env = std::getenv("MER_RESIDENCY_BIN"); env != nullptr && *env != '\0') return env;
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return (self.parent_path() / "mer-residency").string();
+}
+
+struct Files {
+  std::filesystem::path dir;
+  std::string gguf, store;
+  ~Files() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+};
+
+std::unique_ptr<Files> MakeStore(const std::string& preset, SynthQuant quant, const std::string& tag) {
+  auto f = std::make_unique<Files>();
+  f->dir = std::filesystem::temp_directory_path() / ("mer_cuda_ipc_test_" + std::to_string(getpid()) + "_" + tag);
+  std::filesystem::create_directories(f->dir);
+  f->gguf = (f->dir / "m.gguf").string();
+  f->store = (f->dir / "store").string();
+  SynthOptions o;
+  o.geometry = *SynthPreset(preset);
+  o.quant = quant;
+  o.seed = 11;
+  o.router_skew = 0.5;
+  o.threads = Threads();
+  if (const absl::Status s = WriteSynthModel(o, f->gguf); !s.ok()) {
+    std::fprintf(stderr, "%s: synth: %s\n", tag.c_str(), s.ToString().c_str());
+    return nullptr;
+  }
+  PackOptions po;
+  po.threads = Threads();
+  if (const auto s = PackExpertStore(f->gguf, f->store, po); !s.ok()) {
+    std::fprintf(stderr, "%s: pack: %s\n", tag.c_str(), s.status().ToString().c_str());
+    return nullptr;
+  }
+  return f;
+}
+
+// mer-residency as a child process; its stderr goes to `log`. SIGTERM (then SIGKILL) at the end.
+class ResidencyProcess {
+ public:
+  ResidencyProcess(const std::string& store, const std::string& instance, const std::string& log) : log_(log) {
+    const std::string bin = ResidencyBinary();
+    if (access(bin.c_str(), X_OK) != 0) {
+      error_ = "no mer-residency binary at " + bin + " (set MER_RESIDENCY_BIN)";
+      return;
+    }
+    pid_ = fork();
+    if (pid_ == 0) {
+      FILE* f = std::freopen(log.c_str(), "w", stderr);
+      (void)f;
+      execl(bin.c_str(), bin.c_str(), "--store", store.c_str(), "--instance", instance.c_str(), "--ram-budget",
+            "10%", "--metrics-listen", "off", "--stats-interval", "0", static_cast<char*>(nullptr));
+      std::perror("execl mer-residency");
+      _exit(127);
+    }
+    if (pid_ < 0) error_ = "fork failed";
+  }
+  ~ResidencyProcess() { Stop(); }
+  const std::string& error() const { return error_; }
+  bool Alive() const { return pid_ > 0 && waitpid(pid_, nullptr, WNOHANG) == 0; }
+  // Returns its exit status (-1 if it had to be killed).
+  int Stop() {
+    if (pid_ <= 0) return status_;
+    kill(pid_, SIGTERM);
+    int st = 0;
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    while (waitpid(pid_, &st, WNOHANG) == 0) {
+      if (absl::Now() > deadline) {
+        kill(pid_, SIGKILL);
+        waitpid(pid_, &st, 0);
+        pid_ = -1;
+        return status_ = -1;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    pid_ = -1;
+    return status_ = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  }
+  std::string Log() const {
+    std::ifstream in(log_);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+ private:
+  std::string log_;
+  pid_t pid_ = -1;
+  int status_ = -1;
+  std::string error_;
+};
+
+struct Outputs {
+  std::vector<std::vector<int32_t>> ids;
+  std::vector<std::vector<float>> logits;
+};
+
+Outputs GreedyAndScore(ComputeBackend& engine, const std::vector<std::vector<int32_t>>& prompts,
+                       const Outputs* forced) {
+  Outputs r;
+  for (const auto& prompt : prompts) r.ids.push_back(GreedyIds(engine, prompt, kGenTokens));
+  for (size_t p = 0; p < prompts.size(); ++p)
+    r.logits.push_back(ForcedLogits(engine, prompts[p], forced != nullptr ? forced->ids[p] : r.ids[p]));
+  return r;
+}
+
+// A counter from mer-residency's exit line "mer-residency: counters a=1 b=2 ...".
+int64_t Counter(const std::string& log, const std::string& name) {
+  const size_t at = log.rfind(" " + name + "=");
+  if (at == std::string::npos) return -1;
+  return std::strtoll(log.c_str() + at + name.size() + 2, nullptr, 10);
+}
+
+struct Case {
+  std::string preset;
+  SynthQuant quant;
+  std::string name;
+};
+
+class CudaIpcArena : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CudaIpcArena, GreedyIdsEqualTheCpuReference) {
+  const Case& tc = GetParam();
+  const std::unique_ptr<Files> files = MakeStore(tc.preset, tc.quant, tc.name);
+  ASSERT_NE(files, nullptr);
+
+  auto file = GgufFile::Open(files->gguf);
+  ASSERT_TRUE(file.ok()) << file.status();
+  std::shared_ptr<const GgufFile> gguf(std::move(*file));
+  auto full = ModelWeights::Load(gguf);
+  ASSERT_TRUE(full.ok()) << full.status();
+  MappedExpertSource mapped(**full);
+  CpuEngineOptions co;
+  co.threads = Threads();
+  co.max_batch_tokens = 64;
+  co.max_context_tokens = 128;
+  auto cpu = CpuEngine::Create(**full, mapped, co);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  const auto prompts = Corpus(kPrompts, kPromptTokens, (*full)->config().n_vocab, 424242);
+  const Outputs ref = GreedyAndScore(**cpu, prompts, nullptr);
+  std::fprintf(stderr, "%s: CPU reference done\n", tc.name.c_str());
+
+  auto store = ExpertStore::Open(files->store);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto dense = (*store)->LoadDenseWeights();
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  const int V = (*dense)->config().n_vocab;
+  const std::string instance = "mer-cuda-ipc-test-" + std::to_string(getpid()) + "-" + tc.name;
+  ResidencyProcess daemon(files->store, instance, (files->dir / "residency.log").string());
+  ASSERT_TRUE(daemon.error().empty()) << daemon.error();
+
+  int64_t total_misses = 0;
+  for (double arena : {1.0, 0.1}) {
+    // A source (a compute incarnation) per engine, as a restarted mer-compute would be.
+    ResidencyExpertSourceOptions so;
+    so.acquire_timeout = absl::Seconds(20);
+    so.reconnect_timeout = absl::Seconds(20);
+    auto source = ResidencyExpertSource::Connect(**store, instance, so);
+    ASSERT_TRUE(source.ok()) << source.status() << "\nmer-residency log:\n" << daemon.Log();
+    CudaEngineOptions o;
+    o.max_batch_tokens = 64;
+    o.max_context_tokens = 128;
+    o.vram_expert_budget_fraction = arena;
+    o.vram_residency = source->get();
+    auto gpu = CudaEngine::Create(**dense, **source, o);
+    ASSERT_TRUE(gpu.ok()) << gpu.status() << "\nmer-residency log:\n" << daemon.Log();
+    const Outputs got = GreedyAndScore(**gpu, prompts, &ref);
+    int mismatches = 0;
+    double worst = 0;
+    for (int p = 0; p < kPrompts; ++p) {
+      ASSERT_EQ(got.ids[p].size(), ref.ids[p].size());
+      for (int i = 0; i < kGenTokens; ++i) mismatches += got.ids[p][i] != ref.ids[p][i];
+      EXPECT_EQ(got.ids[p], ref.ids[p]) << tc.name << " arena " << arena << " prompt " << p;
+      for (int i = 0; i < kGenTokens; ++i) {
+        const double e = RelL2(&got.logits[p][int64_t(i) * V], &ref.logits[p][int64_t(i) * V], V);
+        worst = std::max(worst, e);
+        EXPECT_LE(e, kLogitsBound) << tc.name << " arena " << arena << " prompt " << p << " step " << i;
+      }
+    }
+    const CudaEngineStats s = (*gpu)->stats();
+    total_misses += s.expert_misses;
+    std::printf("[%s IPC arena %.0f%% = %lld slots of %lld experts] compared %d prompts x %d greedy ids and "
+                "teacher-forced logits with the CPU reference: id mismatches %d of %d, worst logits rel L2 %.3g "
+                "(bound %.0e); demanded into VRAM %lld, host syncs %lld; source %s\n",
+                tc.name.c_str(), arena * 100, (long long)s.arena_slots, (long long)s.total_experts, kPrompts,
+                kGenTokens, mismatches, kPrompts * kGenTokens, worst, kLogitsBound, (long long)s.expert_misses,
+                (long long)s.host_syncs, (*source)->FormatStats().c_str());
+    EXPECT_GT(s.expert_misses, 0);  // mer-residency uploaded them: compute preloads nothing here
+    EXPECT_EQ(s.expert_upload_bytes, 0);  // and compute itself uploaded nothing
+    EXPECT_TRUE(daemon.Alive()) << daemon.Log();
+  }
+  const int rc = daemon.Stop();
+  const std::string log = daemon.Log();
+  const int64_t uploads = Counter(log, "vram_uploads"), evictions = Counter(log, "vram_evictions"),
+                imports = Counter(log, "vram_arena_imports"), refused = Counter(log, "vram_refused");
+  std::printf("[%s] mer-residency exit %d: vram_arena_imports %lld, vram_uploads %lld, vram_evictions %lld, "
+              "vram_refused %lld, checksum_failures %lld\n",
+              tc.name.c_str(), rc, (long long)imports, (long long)uploads, (long long)evictions,
+              (long long)refused, (long long)Counter(log, "checksum_failures"));
+  EXPECT_EQ(rc, 0) << log;
+  EXPECT_EQ(imports, 2) << log;  // one arena per engine
+  EXPECT_GE(uploads, total_misses) << log;
+  EXPECT_GT(evictions, 0) << log;  // the 10% arena really was smaller than the model
+  EXPECT_EQ(refused, 0) << log;
+  EXPECT_EQ(Counter(log, "checksum_failures"), 0) << log;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ipc, CudaIpcArena,
+    ::testing::Values(Case{"tiny", SynthQuant::kQ8_0, "tiny_q8_0"}, Case{"tiny", SynthQuant::kF16, "tiny_f16"},
+                      Case{"small", SynthQuant::kQ8_0, "small_q8_0"}),
+    [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+
+}  // namespace
+}  // namespace mer

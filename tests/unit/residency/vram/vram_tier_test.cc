@@ -1,0 +1,393 @@
+// mer-residency's VRAM tier without a GPU: a FakeUploader stands for the CUDA IPC arena (a host
+// buffer of slots; copies complete when the test lets them), driven through the real segment,
+// the real ResidencyClient and ResidencyExpertSource.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/shm/client.h"
+#include "services/compute/residency_expert_source.h"
+#include "tests/unit/residency/daemon/daemon_fixture.h"
+
+namespace mer::residency {
+namespace {
+
+using shm::Pool;
+
+// What the fake arena saw, shared with the test (the daemon's thread calls the uploader).
+struct FakeArena {
+  std::mutex mu;
+  std::vector<uint8_t> bytes;  // slot_count * slot_bytes
+  uint64_t slot_bytes = 0;
+  int imports = 0, closes = 0, copies = 0;
+  bool hold = false;           // copies stay in flight while set
+  std::vector<uint32_t> slots_written;
+};
+
+class FakeUploader final : public VramUploader {
+ public:
+  explicit FakeUploader(std::shared_ptr<FakeArena> a) : a_(std::move(a)) {}
+  absl::Status Import(const shm::VramArenaInfo& info) override {
+    std::lock_guard<std::mutex> l(a_->mu);
+    if (info.pci_bus_id != "0000:01:00.0") return absl::InvalidArgumentError("unknown device");
+    a_->bytes.assign(info.slot_count * info.slot_bytes, 0xEE);
+    a_->slot_bytes = info.slot_bytes;
+    slots_ = info.slot_count;
+    ++a_->imports;
+    return absl::OkStatus();
+  }
+  void Close() override {
+    std::lock_guard<std::mutex> l(a_->mu);
+    inflight_.clear();
+    ++a_->closes;
+  }
+  absl::Status Start(uint32_t slot, const void* src, uint64_t bytes, uint64_t tag) override {
+    std::lock_guard<std::mutex> l(a_->mu);
+    if (slot >= slots_ || bytes > a_->slot_bytes) return absl::InvalidArgumentError("outside the arena");
+    std::memcpy(a_->bytes.data() + slot * a_->slot_bytes, src, bytes);
+    a_->slots_written.push_back(slot);
+    ++a_->copies;
+    inflight_.push_back(tag);
+    return absl::OkStatus();
+  }
+  absl::Status Poll(std::vector<uint64_t>* done) override {
+    std::lock_guard<std::mutex> l(a_->mu);
+    if (a_->hold) return absl::OkStatus();
+    done->insert(done->end(), inflight_.begin(), inflight_.end());
+    inflight_.clear();
+    return absl::OkStatus();
+  }
+  int inflight() const override { return static_cast<int>(inflight_.size()); }
+  int max_inflight() const override { return 4; }
+  std::string Describe() const override { return "fake arena"; }
+
+ private:
+  std::shared_ptr<FakeArena> a_;
+  uint32_t slots_ = 0;
+  std::vector<uint64_t> inflight_;
+};
+
+VramUploaderFactory FakeFactory(std::shared_ptr<FakeArena> a) {
+  return [a]() -> absl::StatusOr<std::unique_ptr<VramUploader>> {
+    return std::unique_ptr<VramUploader>(new FakeUploader(a));
+  };
+}
+
+shm::VramArenaInfo Arena(uint32_t slots, uint64_t slot_bytes) {
+  shm::VramArenaInfo i;
+  i.slot_count = slots;
+  i.slot_bytes = slot_bytes;
+  i.pci_bus_id = "0000:01:00.0";
+  for (size_t k = 0; k < i.ipc_handle.size(); ++k) i.ipc_handle[k] = static_cast<uint8_t>(k);
+  return i;
+}
+
+uint64_t SlotBytes(const ExpertStore& s) {
+  uint64_t b = 0;
+  for (const StoreLayer& l : s.manifest().layers) b = std::max(b, l.used_bytes());
+  return (b + 255) / 256 * 256;
+}
+
+// One expert into VRAM for a step of its own; the pinned placement (slot, fill) is returned and
+// stays pinned until the caller releases `pinned`.
+absl::Status AcquireVram(shm::ResidencyClient& client, uint32_t layer, int32_t expert,
+                         std::vector<shm::PinnedExpert>* pinned, shm::Step* step,
+                         absl::Duration timeout = absl::Seconds(10)) {
+  absl::StatusOr<shm::Step> s = client.BeginStep();
+  if (!s.ok()) return s.status();
+  *step = *s;
+  const int32_t experts[] = {expert};
+  const absl::Status st = client.Acquire(*step, layer, experts, absl::Now() + timeout, pinned, Pool::kVram);
+  if (!st.ok()) client.EndStep(*step);
+  return st;
+}
+
+TEST(VramTierTest, ImportsTheArenaAndUploadsDemandedExperts) {
+  auto arena = std::make_shared<FakeArena>();
+  DaemonFixture f({}, {}, true, {}, SynthStoreDir("micro", SynthQuant::kQ8_0), FakeFactory(arena));
+  auto seg = AttachCompute(f);
+  shm::ResidencyClient client(seg.get());
+  const uint64_t slot_bytes = SlotBytes(f.store());
+  ASSERT_TRUE(client.ExportVramArena(Arena(4, slot_bytes), absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_EQ(arena->imports, 1);
+
+  std::vector<shm::PinnedExpert> pinned;
+  shm::Step step;
+  ASSERT_TRUE(AcquireVram(client, 1, 2, &pinned, &step).ok());
+  ASSERT_EQ(pinned.size(), 1u);
+  EXPECT_EQ(pinned[0].pool, Pool::kVram);
+  ASSERT_LT(pinned[0].slot, 4u);
+  EXPECT_NE(pinned[0].vram_fill, 0u);
+  // The slot holds the blob's payload, byte for byte (what the store reads for it).
+  const uint32_t vram_slot = pinned[0].slot;
+  ASSERT_TRUE(AcquireOne(client, 1, 2, [&](absl::Span<const uint8_t> ram) {
+    ASSERT_TRUE(f.store().VerifyBlob(1, 2, ram.data()).ok());
+    std::lock_guard<std::mutex> l(arena->mu);
+    EXPECT_EQ(std::memcmp(arena->bytes.data() + vram_slot * slot_bytes, ram.data(),
+                          f.store().manifest().layers[1].used_bytes()),
+              0);
+  }).ok());
+  const auto entry = seg->table().Read(1, 2);
+  ASSERT_TRUE(entry.has_value());
+  EXPECT_TRUE(entry->in(Pool::kVram));
+  EXPECT_TRUE(entry->in(Pool::kRam));  // staged through the RAM tier, still there
+  EXPECT_EQ(entry->vram_slot, pinned[0].slot);
+  EXPECT_EQ(entry->vram_fill, pinned[0].vram_fill);
+  const uint64_t fill = pinned[0].vram_fill;
+  client.Release(pinned);
+  client.EndStep(step);
+  // A second acquire pins it at once: same slot, same fill, no upload.
+  const uint64_t demands = client.stats().demands;
+  ASSERT_TRUE(AcquireVram(client, 1, 2, &pinned, &step).ok());
+  EXPECT_EQ(client.stats().demands, demands);
+  EXPECT_EQ(pinned[0].vram_fill, fill);
+  client.Release(pinned);
+  client.EndStep(step);
+  const ResidencyCounters c = f.Stop();
+  EXPECT_EQ(c.vram_uploads, 1u);
+  EXPECT_EQ(c.vram_upload_bytes, f.store().manifest().layers[1].used_bytes());
+  EXPECT_EQ(c.vram_arena_imports, 1u);
+}
+
+TEST(VramTierTest, WithoutAnUploaderTheArenaAndVramDemandsAreRefused) {
+  DaemonFixture f({}, {}, true, {}, SynthStoreDir("micro", SynthQuant::kQ8_0),
+                  []() -> absl::StatusOr<std::unique_ptr<VramUploader>> {
+                    return absl::UnimplementedError("built without CUDA");
+                  });
+  auto seg = AttachCompute(f);
+  shm::ResidencyClient client(seg.get());
+  // Before any export: a VRAM demand is answered, not left waiting.
+  std::vector<shm::PinnedExpert> pinned;
+  shm::Step step;
+  absl::Status s = AcquireVram(client, 0, 0, &pinned, &step);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  s = client.ExportVramArena(Arena(4, SlotBytes(f.store())), absl::Now() + absl::Seconds(10));
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_NE(s.message().find("refused the VRAM arena"), std::string::npos) << s;
+  s = AcquireVram(client, 0, 0, &pinned, &step);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  // The RAM tier still serves.
+  EXPECT_TRUE(AcquireOne(client, 0, 0).ok());
+  EXPECT_EQ(f.Stop().vram_arena_refusals, 1u);
+}
+
+TEST(VramTierTest, RefusesAnArenaWhoseSlotsAreTooSmall) {
+  auto arena = std::make_shared<FakeArena>();
+  DaemonFixture f({}, {}, true, {}, SynthStoreDir("micro", SynthQuant::kQ8_0), FakeFactory(arena));
+  auto seg = AttachCompute(f);
+  shm::ResidencyClient client(seg.get());
+  const absl::Status s = client.ExportVramArena(Arena(4, SlotBytes(f.store()) - 256),
+                                                absl::Now() + absl::Seconds(10));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(arena->imports, 0);
+}
+
+TEST(VramTierTest, NeverOverwritesAPinnedSlot) {
+  auto arena = std::make_shared<FakeArena>();
+  DaemonFixture f({}, {}, true, {}, SynthStoreDir("micro", SynthQuant::kQ8_0), FakeFactory(arena));
+  auto seg = AttachCompute(f);
+  shm::ResidencyClient client(seg.get());
+  const uint64_t slot_bytes = SlotBytes(f.store());
+  ASSERT_TRUE(client.ExportVramArena(Arena(2, slot_bytes), absl::Now() + absl::Seconds(10)).ok());
+  std::vector<shm::PinnedExpert> a, b, c;
+  shm::Step sa, sb, sc;
+  ASSERT_TRUE(AcquireVram(client, 0, 0, &a, &sa).ok());
+  ASSERT_TRUE(AcquireVram(client, 0, 1, &b, &sb).ok());
+  ASSERT_NE(a[0].slot, b[0].slot);
+  // Both slots pinned: a third expert cannot get one, whatever the LRU says.
+  const absl::Status s = AcquireVram(client, 0, 2, &c, &sc, absl::Milliseconds(200));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  {
+    std::lock_guard<std::mutex> l(arena->mu);
+    EXPECT_EQ(arena->copies, 2);
+  }
+  // Unpin b: c takes b's slot, a's stays as it was.
+  client.Release(b);
+  client.EndStep(sb);
+  ASSERT_TRUE(AcquireVram(client, 0, 2, &c, &sc).ok());
+  EXPECT_EQ(c[0].slot, b[0].slot);
+  const auto ea = seg->table().Read(0, 0);
+  ASSERT_TRUE(ea.has_value());
+  EXPECT_TRUE(ea->in(Pool::kVram));
+  EXPECT_EQ(ea->vram_slot, a[0].slot);
+  const auto eb = seg->table().Read(0, 1);
+  ASSERT_TRUE(eb.has_value());
+  EXPECT_FALSE(eb->in(Pool::kVram));  // evicted from VRAM...
+  EXPECT_TRUE(eb->in(Pool::kRam));    // ...not from RAM
+  {
+    std::lock_guard<std::mutex> l(arena->mu);
+    EXPECT_EQ(std::count(arena->slots_written.begin(), arena->slots_written.end(), a[0].slot), 1);
+  }
+  client.Release(a);
+  client.EndStep(sa);
+  client.Release(c);
+  client.EndStep(sc);
+  EXPECT_GE(f.Stop().vram_evictions, 1u);
+}
+
+TEST(VramTierTest, AComputeRestartClearsItsArenasPlacements) {
+  auto arena = std::make_shared<FakeArena>();
+  DaemonFixture f({}, {}, true, {}, SynthStoreDir("micro", SynthQuant::kQ8_0), FakeFactory(arena));
+  const uint64_t slot_bytes = SlotBytes(f.store());
+  {
+    auto seg = AttachCompute(f);
+    shm::ResidencyClient client(seg.get());
+    ASSERT_TRUE(client.ExportVramArena(Arena(4, slot_bytes), absl::Now() + absl::Seconds(10)).ok());
+    std::vector<shm::PinnedExpert> p;
+    shm::Step st;
+    ASSERT_TRUE(AcquireVram(client, 1, 1, &p, &st).ok());
+    client.Release(p);
+    client.EndStep(st);
+  }  // this compute detaches
+  auto seg = AttachCompute(f);
+  shm::ResidencyClient client(seg.get());
+  ASSERT_TRUE(client.ExportVramArena(Arena(4, slot_bytes), absl::Now() + absl::Seconds(10)).ok());
+  // Acknowledged only after the old arena's placements were removed from the table.
+  const auto e = seg->table().Read(1, 1);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_FALSE(e->in(Pool::kVram));
+  EXPECT_EQ(arena->imports, 2);
+  std::vector<shm::PinnedExpert> p;
+  shm::Step st;
+  ASSERT_TRUE(AcquireVram(client, 1, 1, &p, &st).ok());  // uploaded again into the new arena
+  client.Release(p);
+  client.EndStep(st);
+  EXPECT_EQ(f.Stop().vram_uploads, 2u);
+}
+
+TEST(VramTierTest, AWithdrawnArenaIsClosedBeforeTheAck) {
+  auto arena = std::make_shared<FakeArena>();
+  DaemonFixture f({}, {}, true, {}, SynthStoreDir("micro", SynthQuant::kQ8_0), FakeFactory(arena));
+  auto seg = AttachCompute(f);
+  shm::ResidencyClient client(seg.get());
+  ASSERT_TRUE(client.ExportVramArena(Arena(4, SlotBytes(f.store())), absl::Now() + absl::Seconds(10)).ok());
+  std::vector<shm::PinnedExpert> p;
+  shm::Step st;
+  ASSERT_TRUE(AcquireVram(client, 0, 3, &p, &st).ok());
+  client.Release(p);
+  client.EndStep(st);
+  ASSERT_TRUE(client.WithdrawVramArena(absl::Now() + absl::Seconds(10)).ok());
+  {
+    std::lock_guard<std::mutex> l(arena->mu);
+    EXPECT_EQ(arena->closes, 1);
+  }
+  const auto e = seg->table().Read(0, 3);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_FALSE(e->in(Pool::kVram));
+  EXPECT_EQ(AcquireVram(client, 0, 3, &p, &st).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// Predicted hints move RAM-resident experts into VRAM when confident enough; counted as issued,
+// and as useful once compute uses them.
+TEST(VramTierTest, PredictedHintsMoveExpertsIntoVram) {
+  auto arena = std::make_shared<FakeArena>();
+  ResidencyOptions o;
+  o.vram_prefetch_threshold = 0.5;
+  DaemonFixture f(o, {}, true, {}, SynthStoreDir("micro", SynthQuant::kQ8_0), FakeFactory(arena));
+  auto seg = AttachCompute(f);
+  shm::ResidencyClient client(seg.get());
+  ASSERT_TRUE(client.ExportVramArena(Arena(4, SlotBytes(f.store())), absl::Now() + absl::Seconds(10)).ok());
+  // Into RAM first (a VRAM move never reads storage for a guess).
+  ASSERT_TRUE(AcquireOne(client, 1, 3).ok());
+  ASSERT_TRUE(AcquireOne(client, 1, 4).ok());
+  auto hint = [&](uint32_t expert, uint8_t confidence) {
+    shm::Hint h{};
+    h.layer = 1;
+    h.count = 1;
+    h.kind = static_cast<uint8_t>(shm::HintKind::kPredicted);
+    h.experts[0] = static_cast<uint16_t>(expert);
+    h.confidence[0] = confidence;
+    ASSERT_TRUE(client.SendHint(h));
+  };
+  hint(4, 100);  // below 0.5: stays in RAM only
+  hint(3, 200);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline) {
+    const auto e = seg->table().Read(1, 3);
+    if (e.has_value() && e->in(Pool::kVram)) break;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  const auto e3 = seg->table().Read(1, 3);
+  ASSERT_TRUE(e3.has_value() && e3->in(Pool::kVram));
+  absl::SleepFor(absl::Milliseconds(50));  // the low-confidence hint has been consumed by now
+  const auto e4 = seg->table().Read(1, 4);
+  ASSERT_TRUE(e4.has_value());
+  EXPECT_FALSE(e4->in(Pool::kVram));
+  // Compute finds it in VRAM without asking.
+  const uint64_t demands = client.stats().demands;
+  std::vector<shm::PinnedExpert> p;
+  shm::Step st;
+  ASSERT_TRUE(AcquireVram(client, 1, 3, &p, &st).ok());
+  EXPECT_EQ(client.stats().demands, demands);
+  client.Release(p);
+  client.EndStep(st);
+  absl::SleepFor(absl::Milliseconds(30));  // a census sees the pin
+  const ResidencyCounters c = f.Stop();
+  EXPECT_EQ(c.vram_prefetch_issued, 1u);
+  EXPECT_EQ(c.vram_prefetch_useful, 1u);
+  EXPECT_EQ(c.vram_prefetch_wasted, 0u);
+}
+
+// A prediction never takes a copy slot or a VRAM slot from a waiting demand: with every copy held
+// in flight by the fake, a demand queued and a confident hint, nothing is prefetched.
+TEST(VramTierTest, DemandsGoFirst) {
+  auto arena = std::make_shared<FakeArena>();
+  DaemonFixture f({}, {}, true, {}, SynthStoreDir("micro", SynthQuant::kQ8_0), FakeFactory(arena));
+  auto seg = AttachCompute(f);
+  shm::ResidencyClient client(seg.get());
+  ASSERT_TRUE(client.ExportVramArena(Arena(1, SlotBytes(f.store())), absl::Now() + absl::Seconds(10)).ok());
+  ASSERT_TRUE(AcquireOne(client, 0, 5).ok());
+  std::vector<shm::PinnedExpert> a;
+  shm::Step sa;
+  ASSERT_TRUE(AcquireVram(client, 0, 6, &a, &sa).ok());  // the only VRAM slot, pinned
+  shm::Hint h{};
+  h.layer = 0;
+  h.count = 1;
+  h.kind = static_cast<uint8_t>(shm::HintKind::kPredicted);
+  h.experts[0] = 5;
+  h.confidence[0] = 255;
+  ASSERT_TRUE(client.SendHint(h));
+  absl::SleepFor(absl::Milliseconds(50));
+  client.Release(a);
+  client.EndStep(sa);
+  const ResidencyCounters c = f.Stop();
+  EXPECT_EQ(c.vram_prefetch_issued, 0u);  // the only slot was pinned: no guess evicts into it
+  EXPECT_EQ(c.vram_uploads, 1u);
+}
+
+// ResidencyExpertSource's VRAM side: fresh exactly once per fill.
+TEST(VramTierTest, SourceReportsAFillFreshOnce) {
+  auto arena = std::make_shared<FakeArena>();
+  DaemonFixture f({}, {}, true, {}, SynthStoreDir("micro", SynthQuant::kQ8_0), FakeFactory(arena));
+  ResidencyExpertSourceOptions so;
+  so.acquire_timeout = absl::Seconds(10);
+  auto source = ResidencyExpertSource::Connect(f.store(), f.name(), so);
+  ASSERT_TRUE(source.ok()) << source.status();
+  VramArenaDescriptor d;
+  d.pci_bus_id = "0000:01:00.0";
+  d.slot_bytes = SlotBytes(f.store());
+  d.slot_count = 3;
+  ASSERT_TRUE((*source)->ExportArena(d).ok());
+  const int32_t experts[] = {0, 1};
+  VramPlacement out[2];
+  auto demanded = (*source)->AcquireVram(1, experts, absl::MakeSpan(out));
+  ASSERT_TRUE(demanded.ok()) << demanded.status();
+  EXPECT_EQ(*demanded, 2);
+  EXPECT_TRUE(out[0].fresh && out[1].fresh);
+  EXPECT_NE(out[0].slot, out[1].slot);
+  (*source)->ReleaseVram();
+  demanded = (*source)->AcquireVram(1, experts, absl::MakeSpan(out));
+  ASSERT_TRUE(demanded.ok()) << demanded.status();
+  EXPECT_EQ(*demanded, 0);
+  EXPECT_FALSE(out[0].fresh || out[1].fresh);
+  (*source)->ReleaseVram();
+  const RawExpertOffsets raw = (*source)->raw_offsets(1);
+  EXPECT_EQ(raw.bytes, f.store().manifest().layers[1].used_bytes());
+}
+
+}  // namespace
+}  // namespace mer::residency
