@@ -5,6 +5,7 @@
 #include "services/compute/cuda/ggml_math.cuh"
 #include "services/compute/cuda/kquant_experts.cuh"
 #include "services/compute/cuda/pdl.cuh"
+#include "services/compute/cuda/staged_dots.cuh"
 #include "services/compute/cuda/warp_dot.cuh"
 
 namespace mer::cuda {
@@ -215,122 +216,9 @@ __global__ void __launch_bounds__(kWarps * 32, 3) DownFromF32Kernel(const __grid
     if (rows[r].q != nullptr) out[int64_t(pair) * a.n_embd + r0 + r] = acc[r][0];
 }
 
-// Multi-token passes (prompts, batches) over Q8_0 experts of a multiple of 256 columns: each
-// lane group's 2 rows (gate r and up r; down rows r0, r0 + 1) and their scales are copied into
-// shared memory with cp.async, all at once, then every pair of the expert is computed from there,
-// kStagedNT at a time with their activation rows staged too. The register-staged kernels keep 2
-// runs per row in flight (16 KB per SM), so a 31-token prompt read its ~27 GB of experts at
-// ~1 TB/s; here an SM has ~100-170 KB in flight. The chains are GroupDots<kDevQ8_0, 2, NT>'s.
-//
-// Shared memory, 16-byte chunks: chunk (j, tid) at j * blockDim.x + tid (a warp's 16-byte reads
-// of one j are contiguous: no bank conflicts): j < 2 * nr for the runs (row 0's runs 0..nr-1,
-// then row 1's), then StagedScaleChunks(nr) per row for the scales (lane g of a group copies
-// chunks g, g + 8, ... of its row's nr * 8 scale bytes); then kStagedNT activation rows.
-constexpr int kStagedNT = 8;
-constexpr int64_t kStagedMaxSmem = 100 * 1024;
-__host__ __device__ inline int StagedScaleChunks(int nr) { return (nr / 2 + 7) / 8; }
-__host__ __device__ inline int64_t StagedRowsBytes(int64_t cols) {
-  const int nr = static_cast<int>(cols / 128);
-  return int64_t(2 * nr + 2 * StagedScaleChunks(nr)) * kWarps * 32 * 16;
-}
-__host__ __device__ inline int64_t StagedSmemBytes(int64_t cols) {
-  return StagedRowsBytes(cols) + kStagedNT * StagedActBytes<kDevQ8_0>(cols);
-}
-// cols % 256: whole 16-byte scale chunks per row (nr even).
-inline bool StagedFits(int type, int64_t cols) {
-  return type == kDevQ8_0 && cols % 256 == 0 && StagedSmemBytes(cols) <= kStagedMaxSmem;
-}
-
-__device__ inline void CpAsync16(void* smem, const void* global) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(global) : "memory");
-}
-__device__ inline void CpAsyncWaitAll() {
-  asm volatile("cp.async.commit_group;" ::: "memory");
-  asm volatile("cp.async.wait_group 0;" ::: "memory");
-}
-
-// The staged dots of one block: rows (null: this lane group has no row r), n_pairs pairs;
-// act_of(pair, &q, &s) gives a pair's activation row, epilogue(pair, acc) takes the two sums
-// (valid in the group's lane 0). Every thread of the block must call it.
-template <typename ActOf, typename Epilogue>
-__device__ void StagedDots(uint4* staged, const RowRef (&rows)[2], int64_t cols, int n_pairs, const int32_t* pairs,
-                           ActOf act_of, Epilogue epilogue) {
-  if (n_pairs == 0) return;  // (block-uniform) no copies left in flight
-  constexpr int G = kGroup<kDevQ8_0>, NT = kStagedNT;
-  const int tid = threadIdx.x, g = tid % G, nthreads = blockDim.x;
-  const int nr = static_cast<int>(cols / 128), sc = StagedScaleChunks(nr);
-  const auto chunk = [&](int j, int t) { return staged + int64_t(j) * nthreads + t; };
-#pragma unroll
-  for (int m = 0; m < 2; ++m) {
-    if (rows[m].q == nullptr) continue;
-    for (int i = 0; i < nr; ++i) CpAsync16(chunk(m * nr + i, tid), reinterpret_cast<const uint4*>(rows[m].q + int64_t(i) * 128) + g);
-    const uint8_t* s = reinterpret_cast<const uint8_t*>(rows[m].s);
-    for (int c = 0; c < sc; ++c)
-      if ((c * G + g) * 16 < nr * 8) CpAsync16(chunk(2 * nr + m * sc + c, tid), s + (c * G + g) * 16);
-  }
-  uint4* act_smem = staged + StagedRowsBytes(cols) / 16;
-  for (int p0 = 0; p0 < n_pairs; p0 += NT) {
-    const uint8_t* act_rows[NT];
-    const float* act_scales[NT];
-    int pair[NT];
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      pair[t] = p0 + t < n_pairs ? __ldcg(pairs + p0 + t) : -1;
-      act_rows[t] = nullptr;
-      act_scales[t] = nullptr;
-      if (pair[t] >= 0) act_of(pair[t], &act_rows[t], &act_scales[t]);
-    }
-    if (p0 > 0) __syncthreads();  // every lane is done with the previous rows
-    StageActRows<kDevQ8_0, NT>(act_smem, act_rows, act_scales, cols);
-    if (p0 == 0) {
-      CpAsyncWaitAll();
-      __syncthreads();  // the group's scale chunks were copied by its other lanes
-    }
-    float acc[2][NT];
-#pragma unroll
-    for (int m = 0; m < 2; ++m)
-#pragma unroll
-      for (int t = 0; t < NT; ++t) acc[m][t] = 0.0f;
-    for (int i = 0; i < nr; ++i) {
-      uint4 wq[2];
-      float w_s[2][4];
-#pragma unroll
-      for (int m = 0; m < 2; ++m) {
-        wq[m] = *chunk(m * nr + i, tid);
-        // Blocks 4i..4i+3's scales: bytes 8i..8i+7 of the row's, in chunk i / 2, copied by lane
-        // (i / 2) % 8 of this group as its chunk (i / 2) / 8.
-        const int c = i / 2;
-        const uint2 sv = reinterpret_cast<const uint2*>(chunk(2 * nr + m * sc + c / G, tid - g + c % G))[i % 2];
-        const __half2 s01 = *reinterpret_cast<const __half2*>(&sv.x), s23 = *reinterpret_cast<const __half2*>(&sv.y);
-        w_s[m][0] = __low2float(s01); w_s[m][1] = __high2float(s01);
-        w_s[m][2] = __low2float(s23); w_s[m][3] = __high2float(s23);
-      }
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        if (act_rows[t] == nullptr) continue;
-        const uint4 aq = reinterpret_cast<const uint4*>(act_rows[t] + int64_t(i) * 128)[g];
-        const float4 a4 = reinterpret_cast<const float4*>(act_scales[t])[i];
-        const float as[4] = {a4.x, a4.y, a4.z, a4.w};
-        const int a_int[4] = {static_cast<int>(aq.x), static_cast<int>(aq.y), static_cast<int>(aq.z),
-                              static_cast<int>(aq.w)};
-#pragma unroll
-        for (int m = 0; m < 2; ++m) {
-          const int w_int[4] = {static_cast<int>(wq[m].x), static_cast<int>(wq[m].y), static_cast<int>(wq[m].z),
-                                static_cast<int>(wq[m].w)};
-#pragma unroll
-          for (int k = 0; k < 4; ++k)
-            acc[m][t] = fmaf(__fmul_rn(w_s[m][k], as[k]), static_cast<float>(__dp4a(w_int[k], a_int[k], 0)), acc[m][t]);
-        }
-      }
-    }
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      const float sums[2] = {GroupReduce<kDevQ8_0>(acc[0][t]), GroupReduce<kDevQ8_0>(acc[1][t])};
-      if (g == 0 && pair[t] >= 0) epilogue(pair[t], sums);
-    }
-  }
-}
+// Multi-token passes over Q8_0 experts (staged_dots.cuh): 2 pairs at a time for gate/up, whose
+// 70 KB of rows per block then leave room for 3 blocks per SM; 8 for down (31 KB of rows).
+constexpr int kGateUpStagedNT = 2, kDownStagedNT = 8;
 
 __global__ void __launch_bounds__(kWarps * 32) GateUpStagedKernel(const __grid_constant__ ExpertArgs a, DevAct act,
                                                                   float* h) {
@@ -350,8 +238,8 @@ __global__ void __launch_bounds__(kWarps * 32) GateUpStagedKernel(const __grid_c
   const DevMatrix up{kDevQ8_0, a.n_ff, a.n_embd, base + a.up_offset};
   const RowRef rows[2] = {active ? MatrixRow<kDevQ8_0>(gate, r) : RowRef{}, active ? MatrixRow<kDevQ8_0>(up, r) : RowRef{}};
   const int64_t rb = ActRowBytes(act.type, act.stride);
-  StagedDots(
-      staged, rows, a.n_embd, n_pairs, pairs,
+  StagedDots<kGateUpStagedNT>(
+      staged, rows, a.n_embd, [] {}, n_pairs, [&](int i) { return __ldcg(pairs + i); },
       [&](int pair, const uint8_t** q, const float** s) {
         const int64_t tok = pair / a.k;
         *q = act.data + tok * rb;
@@ -373,8 +261,8 @@ __global__ void __launch_bounds__(kWarps * 32) DownStagedKernel(const __grid_con
   const int32_t* pairs;
   if (!DownGroupRows<kDevQ8_0>(a, &r0, rows, &n_pairs, &pairs)) return;
   const int64_t rb = ActRowBytes(act.type, act.stride);
-  StagedDots(
-      staged, rows, a.n_ff, n_pairs, pairs,
+  StagedDots<kDownStagedNT>(
+      staged, rows, a.n_ff, [] {}, n_pairs, [&](int i) { return __ldcg(pairs + i); },
       [&](int pair, const uint8_t** q, const float** s) {
         *q = act.data + int64_t(pair) * rb;
         *s = act.scales + int64_t(pair) * (act.stride / 32);
@@ -386,11 +274,6 @@ __global__ void __launch_bounds__(kWarps * 32) DownStagedKernel(const __grid_con
       });
 }
 
-template <typename Kernel>
-void SetStagedSmemLimit(Kernel kernel) {
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kStagedMaxSmem)));
-}
-
 template <int kType>
 void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pairs, cudaStream_t s) {
   constexpr int kRowsPerBlock = kWarps * (32 / kGroup<kType>);
@@ -399,10 +282,11 @@ void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pai
     const int64_t bytes = StagedActBytes<kType>(a.n_embd);
     const bool stage = bytes <= kMaxStagedActBytes;
     LaunchPdl(GateUpKernel<kType, 1>, grid, dim3(kWarps * 32), stage ? bytes : 0, s, a, act, h, stage);
-  } else if (StagedFits(kType, a.n_embd)) {
+  } else if (StagedFits(kType, a.n_embd, kWarps * 32, kGateUpStagedNT)) {
     static const bool limit_set = (SetStagedSmemLimit(GateUpStagedKernel), true);
     (void)limit_set;
-    LaunchPdl(GateUpStagedKernel, grid, dim3(kWarps * 32), StagedSmemBytes(a.n_embd), s, a, act, h);
+    LaunchPdl(GateUpStagedKernel, grid, dim3(kWarps * 32), StagedSmemBytes(a.n_embd, kWarps * 32, kGateUpStagedNT), s, a,
+              act, h);
   } else {
     const int64_t bytes = 8 * StagedActBytes<kType>(a.n_embd);
     const bool stage = bytes <= kMaxStagedActBytes;
@@ -413,10 +297,11 @@ void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pai
 template <int kType>
 void LaunchDownT(const ExpertArgs& a, const DevAct& act, float* out, int max_pairs, cudaStream_t s) {
   const dim3 grid = DownGrid<kType>(a);
-  if (max_pairs > 1 && StagedFits(kType, a.n_ff)) {
+  if (max_pairs > 1 && StagedFits(kType, a.n_ff, kWarps * 32, kDownStagedNT)) {
     static const bool limit_set = (SetStagedSmemLimit(DownStagedKernel), true);
     (void)limit_set;
-    LaunchPdl(DownStagedKernel, grid, dim3(kWarps * 32), StagedSmemBytes(a.n_ff), s, a, act, out);
+    LaunchPdl(DownStagedKernel, grid, dim3(kWarps * 32), StagedSmemBytes(a.n_ff, kWarps * 32, kDownStagedNT), s, a, act,
+              out);
     return;
   }
   const int nt = max_pairs <= 1 ? 1 : 8;
