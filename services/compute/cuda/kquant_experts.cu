@@ -6,6 +6,7 @@
 #include "services/compute/cuda/cuda_check.cuh"
 #include "services/compute/cuda/ggml_math.cuh"
 #include "services/compute/cuda/kquant_dot.cuh"
+#include "services/compute/cuda/pdl.cuh"
 
 namespace mer::cuda {
 namespace {
@@ -27,6 +28,8 @@ __device__ inline const uint8_t* SlotBase(const ExpertArgs& a, int u, int* n_pai
 template <int kType, int NT>
 __global__ void __launch_bounds__(kWarps * 32) KQuantGateUpKernel(const __grid_constant__ ExpertArgs a, DevAct act,
                                                                   float* h) {
+  WaitForPredecessor();
+  AllowDependents();  // after the wait, as GateUpKernel: the down kernel may read the routing early
   const int u = a.u_begin + blockIdx.y;
   if (u >= *a.n_used || blockIdx.y >= a.u_count) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -63,6 +66,8 @@ __global__ void __launch_bounds__(kWarps * 32) KQuantGateUpKernel(const __grid_c
 template <int kType, int NT>
 __global__ void __launch_bounds__(kWarps * 32) KQuantDownKernel(const __grid_constant__ ExpertArgs a, DevAct act,
                                                                 float* out) {
+  AllowDependents();
+  WaitForPredecessor();
   constexpr int R = 2;
   const int u = a.u_begin + blockIdx.y;
   if (u >= *a.n_used || blockIdx.y >= a.u_count) return;
@@ -97,8 +102,8 @@ __global__ void __launch_bounds__(kWarps * 32) KQuantDownKernel(const __grid_con
 template <int kType>
 void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pairs, cudaStream_t s) {
   const dim3 grid((a.n_ff + kGroupsPerBlock - 1) / kGroupsPerBlock, a.u_count);
-  if (max_pairs <= 1) KQuantGateUpKernel<kType, 1><<<grid, kWarps * 32, 0, s>>>(a, act, h);
-  else KQuantGateUpKernel<kType, 8><<<grid, kWarps * 32, 0, s>>>(a, act, h);
+  if (max_pairs <= 1) LaunchPdl(KQuantGateUpKernel<kType, 1>, grid, dim3(kWarps * 32), 0, s, a, act, h);
+  else LaunchPdl(KQuantGateUpKernel<kType, 8>, grid, dim3(kWarps * 32), 0, s, a, act, h);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -106,8 +111,8 @@ template <int kType>
 void LaunchDownT(const ExpertArgs& a, const DevAct& act, float* out, int max_pairs, cudaStream_t s) {
   constexpr int kRowsPerBlock = kGroupsPerBlock * 2;
   const dim3 grid((a.n_embd + kRowsPerBlock - 1) / kRowsPerBlock, a.u_count);
-  if (max_pairs <= 1) KQuantDownKernel<kType, 1><<<grid, kWarps * 32, 0, s>>>(a, act, out);
-  else KQuantDownKernel<kType, 8><<<grid, kWarps * 32, 0, s>>>(a, act, out);
+  if (max_pairs <= 1) LaunchPdl(KQuantDownKernel<kType, 1>, grid, dim3(kWarps * 32), 0, s, a, act, out);
+  else LaunchPdl(KQuantDownKernel<kType, 8>, grid, dim3(kWarps * 32), 0, s, a, act, out);
   CUDA_CHECK_LAUNCH();
 }
 

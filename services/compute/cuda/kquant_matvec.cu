@@ -5,6 +5,7 @@
 
 #include "services/compute/cuda/cuda_check.cuh"
 #include "services/compute/cuda/kquant_dot.cuh"
+#include "services/compute/cuda/pdl.cuh"
 
 namespace mer::cuda {
 namespace {
@@ -25,6 +26,8 @@ struct KQuantMatvecArgs {
 // tokens [blockIdx.y * NT, +NT).
 template <int kType, int NT>
 __global__ void __launch_bounds__(kWarps * 32) KQuantMatvecKernel(const __grid_constant__ KQuantMatvecArgs args) {
+  AllowDependents();
+  WaitForPredecessor();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t grow = (int64_t(blockIdx.x) * kWarps + warp) * (32 / kKQuantGroup) + lane / kKQuantGroup;
   int m = 0;
@@ -52,10 +55,10 @@ template <int kType>
 void Launch(const KQuantMatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
   const unsigned bx = static_cast<unsigned>((total_rows + kRowsPerBlock - 1) / kRowsPerBlock);
   if (args.n_tokens == 1) {
-    KQuantMatvecKernel<kType, 1><<<dim3(bx, 1), kWarps * 32, 0, stream>>>(args);
+    LaunchPdl(KQuantMatvecKernel<kType, 1>, dim3(bx, 1), dim3(kWarps * 32), 0, stream, args);
   } else {
     constexpr int NT = 8;
-    KQuantMatvecKernel<kType, NT><<<dim3(bx, (args.n_tokens + NT - 1) / NT), kWarps * 32, 0, stream>>>(args);
+    LaunchPdl(KQuantMatvecKernel<kType, NT>, dim3(bx, (args.n_tokens + NT - 1) / NT), dim3(kWarps * 32), 0, stream, args);
   }
   CUDA_CHECK_LAUNCH();
 }

@@ -6,6 +6,7 @@
 
 #include "services/compute/cuda/cuda_check.cuh"
 #include "services/compute/cuda/kquant_layout.cuh"
+#include "services/compute/cuda/pdl.cuh"
 
 namespace mer::cuda {
 namespace {
@@ -15,6 +16,8 @@ constexpr int kWarps = 4;  // one 256-block per warp
 // Lane l holds elements 8l .. 8l + 7 of the block: bsums[j] is lanes 2j and 2j + 1.
 __global__ void __launch_bounds__(kWarps * 32) QuantizeQ8_KKernel(const float* x, int64_t x_stride, int64_t n,
                                                                   int64_t n_blocks_total, DevAct act) {
+  AllowDependents();
+  WaitForPredecessor();
   const int lane = threadIdx.x % 32;
   const int64_t q = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;  // block over all rows
   if (q >= n_blocks_total) return;  // whole warps
@@ -79,9 +82,8 @@ void LaunchQuantizeQ8_K(const float* x, int64_t x_stride, int n_rows, int64_t n,
   }
   const int64_t total = int64_t(n_rows) * (n / kKBlock);
   if (total == 0) return;
-  QuantizeQ8_KKernel<<<static_cast<unsigned>((total + kWarps - 1) / kWarps), kWarps * 32, 0, stream>>>(
-      x, x_stride, n, total, act);
-  CUDA_CHECK_LAUNCH();
+  LaunchPdl(QuantizeQ8_KKernel, dim3(static_cast<unsigned>((total + kWarps - 1) / kWarps)), dim3(kWarps * 32), 0, stream,
+            x, x_stride, n, total, act);
 }
 
 }  // namespace mer::cuda
