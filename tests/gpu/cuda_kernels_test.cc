@@ -391,14 +391,14 @@ TEST(CudaKernels, MoeGroupPartitionsPairs) {
 
 // Q/K norm + RoPE + KV append, then attention over the cache, for GQA head layouts and
 // positions across sequences, against cpu_ops.h.
-TEST(CudaKernels, QkNormRopeAndAttentionMatchCpu) {
-  struct Shape { int n_head, n_head_kv, head_dim; };
-  for (Shape sh : {Shape{4, 2, 16}, Shape{12, 4, 64}, Shape{32, 4, 128}}) {
-    const int max_ctx = 300, n_seq = 2, HD = sh.head_dim, KD = sh.n_head_kv * HD, QD = sh.n_head * HD, half = HD / 2;
-    // A batch continuing two sequences: seq 0 from position 0 (6 tokens), seq 1 from 250 (3 tokens).
-    std::vector<int32_t> seq, pos;
-    for (int i = 0; i < 6; ++i) { seq.push_back(0); pos.push_back(i); }
-    for (int i = 0; i < 3; ++i) { seq.push_back(1); pos.push_back(250 + i); }
+struct AttentionShape { int n_head, n_head_kv, head_dim; };
+
+// Q/K norm + RoPE and attention of a batch (token t of sequence seq[t] at position pos[t]) against
+// a double-precision reference; split: the split-K path (attention.cuh).
+void CheckQkNormRopeAttention(AttentionShape sh, int max_ctx, const std::vector<int32_t>& seq,
+                              const std::vector<int32_t>& pos, bool split) {
+  {
+    const int n_seq = 2, HD = sh.head_dim, KD = sh.n_head_kv * HD, QD = sh.n_head * HD, half = HD / 2;
     const int n = seq.size();
     std::vector<float> kc = Random(int64_t(n_seq) * max_ctx * KD), vc = Random(int64_t(n_seq) * max_ctx * KD);
     const std::vector<float> q = Random(n * QD), k = Random(n * KD), v = Random(n * KD);
@@ -447,15 +447,38 @@ TEST(CudaKernels, QkNormRopeAndAttentionMatchCpu) {
     cuda::QkNormRopeArgs r{dq, dk, dv, dqn, dkn, drc, drs, dseq, dpos, dkc, dvc, sh.n_head, sh.n_head_kv, HD, max_ctx, 1e-6f};
     cuda::LaunchQkNormRope(r, n, nullptr);
     cuda::AttentionArgs a{dq, dkc, dvc, dseq, dpos, scores, out, cuda::DevAct{}, sh.n_head, sh.n_head_kv, HD, max_ctx};
+    a.split = split;
+    if (split) {
+      ASSERT_TRUE(cuda::AttentionSplitSupported(HD, max_ctx)) << "head_dim " << HD;
+    }
     cuda::LaunchAttention(a, n, nullptr);
-    EXPECT_LE(RelL2(ToHost(dq, n * QD), q_ref), 1e-6) << "q, head_dim " << HD;
-    EXPECT_LE(RelL2(ToHost(dkc, kc.size()), kc_ref), 1e-6) << "k cache, head_dim " << HD;
-    EXPECT_EQ(ToHost(dvc, vc.size()), vc_ref) << "v cache, head_dim " << HD;
-    EXPECT_LE(RelL2(ToHost(out, n * QD), out_ref), 1e-5) << "attention, head_dim " << HD;
+    const std::string what = std::string(split ? "split-K" : "exact") + ", head_dim " + std::to_string(HD) +
+                             ", max_ctx " + std::to_string(max_ctx);
+    EXPECT_LE(RelL2(ToHost(dq, n * QD), q_ref), 1e-6) << "q, " << what;
+    EXPECT_LE(RelL2(ToHost(dkc, kc.size()), kc_ref), 1e-6) << "k cache, " << what;
+    EXPECT_EQ(ToHost(dvc, vc.size()), vc_ref) << "v cache, " << what;
+    EXPECT_LE(RelL2(ToHost(out, n * QD), out_ref), 1e-5) << "attention, " << what;
     for (void* p : {(void*)dq, (void*)dk, (void*)dv, (void*)dqn, (void*)dkn, (void*)drc, (void*)drs, (void*)dkc,
                     (void*)dvc, (void*)dseq, (void*)dpos, (void*)scores, (void*)out})
       CUDA_CHECK(cudaFree(p));
   }
+}
+
+TEST(CudaKernels, QkNormRopeAndAttentionMatchCpu) {
+  // A batch continuing two sequences: seq 0 from position 0 (6 tokens), seq 1 from 250 (3 tokens).
+  std::vector<int32_t> seq, pos;
+  for (int i = 0; i < 6; ++i) { seq.push_back(0); pos.push_back(i); }
+  for (int i = 0; i < 3; ++i) { seq.push_back(1); pos.push_back(250 + i); }
+  for (AttentionShape sh : {AttentionShape{4, 2, 16}, AttentionShape{12, 4, 64}, AttentionShape{32, 4, 128}})
+    CheckQkNormRopeAttention(sh, 300, seq, pos, false);
+}
+
+// Long contexts: the exact kernel and split-K, with splits of every fill (a last split of 1 cell,
+// a full one, one token within the first split).
+TEST(CudaKernels, LongContextAttentionSplitK) {
+  const std::vector<int32_t> seq = {0, 0, 1, 1}, pos = {4096, 4351, 100, 2999};
+  for (AttentionShape sh : {AttentionShape{12, 4, 64}, AttentionShape{32, 4, 128}})
+    for (bool split : {false, true}) CheckQkNormRopeAttention(sh, 4400, seq, pos, split);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -623,7 +646,7 @@ TEST(CudaKernels, ExpertsMatchCpu) {
                   Mix{GgmlType::kQ4_K, GgmlType::kQ8_0, 768, 512}, Mix{GgmlType::kQ6_K, GgmlType::kQ6_K, 768, 512},
                   Mix{GgmlType::kQ8_0, GgmlType::kQ8_0, 2048, 768}, Mix{GgmlType::kQ8_0, GgmlType::kQ8_0, 768, 512}}) {
     const int64_t E = mix.E, F = mix.F;
-    for (int n : {1, 5}) {
+    for (int n : {1, 5, 40}) {  // 40: ~13 pairs per expert, several passes of the staged kernels
       const int64_t gate_bytes = F * RowBytes(mix.gate, E), down_bytes = E * RowBytes(mix.down, F);
       const int64_t up_offset = align(gate_bytes), down_offset = up_offset + align(gate_bytes);
       const int64_t slot_bytes = align(down_offset + down_bytes);

@@ -25,6 +25,68 @@ __device__ inline float HalfWarpReduceAdd16(float v) {
   return __fadd_rn(v, __shfl_down_sync(kAll, v, 1, 16));
 }
 
+// Scores of cells [begin, end) of one (token, head) into x[j - begin], a warp per cell (lane l
+// holding the CPU's lanes l and l + 32, ReduceAcc64 by shuffles); returns the largest, valid in
+// lane 0 of each warp. q_lo/q_hi: the head's q in the CPU's lane order.
+__device__ __forceinline__ float ScoreCells(const AttentionArgs& a, int64_t base, const float* q, const float (&q_lo)[kMaxChunks],
+                                   const float (&q_hi)[kMaxChunks], int n_chunks, int begin, int end, float scale,
+                                   float* x) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int HD = a.head_dim, KD = a.n_head_kv * HD;
+  // kCellsInFlight cells per warp per pass (j, j + kWarps, ...): their K loads are issued
+  // together, so a pass costs one L2/DRAM round trip instead of one per cell.
+  float local_max = -FLT_MAX;
+  for (int j0 = begin + warp; j0 < end; j0 += kWarps * kCellsInFlight) {
+    float lo[kCellsInFlight], hi[kCellsInFlight];  // the CPU's lanes `lane` and `lane + 32`
+#pragma unroll
+    for (int u = 0; u < kCellsInFlight; ++u) lo[u] = hi[u] = 0.0f;
+    // Two chunks of every cell loaded before the first fma that needs one (an fma waiting on a
+    // load would hold back the loads behind it); per cell the fma chain is the CPU's, in order.
+#pragma unroll
+    for (int c0 = 0; c0 < kMaxChunks; c0 += 2) {
+      if (c0 >= n_chunks) break;
+      float k_lo[kCellsInFlight][2], k_hi[kCellsInFlight][2];
+#pragma unroll
+      for (int u = 0; u < kCellsInFlight; ++u) {
+        const int j = j0 + u * kWarps;
+        const float* kr = a.k_cache + base + int64_t(j < end ? j : 0) * KD;
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+          const int c = c0 + cc;
+          const bool ok = j < end && c < n_chunks;
+          k_lo[u][cc] = ok ? kr[c * 64 + lane] : 0.0f;
+          k_hi[u][cc] = ok ? kr[c * 64 + 32 + lane] : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kCellsInFlight; ++u)
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+          if (c0 + cc >= n_chunks) break;
+          lo[u] = fmaf(k_lo[u][cc], q_lo[c0 + cc], lo[u]);
+          hi[u] = fmaf(k_hi[u][cc], q_hi[c0 + cc], hi[u]);
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < kCellsInFlight; ++u) {
+      const int j = j0 + u * kWarps;  // uniform per warp
+      if (j >= end) break;
+      // ReduceAcc64: v[l] = (s[l] + s[32 + l]) + (s[16 + l] + s[48 + l]), then ReduceAdd16(v).
+      float v = __fadd_rn(lo[u], hi[u]);
+      v = __fadd_rn(v, __shfl_down_sync(kAll, v, 16));
+      v = HalfWarpReduceAdd16(v);
+      if (lane == 0) {
+        const float* kr = a.k_cache + base + int64_t(j) * KD;
+        for (int i = n_chunks * 64; i < HD; ++i) v = fmaf(kr[i], q[i], v);  // the tail, in order
+        const float sc = __fmul_rn(v, scale);
+        x[j - begin] = sc;
+        local_max = fmaxf(local_max, sc);
+      }
+    }
+  }
+  return local_max;
+}
+
 // The CPU engine's attention (CpuEngine::Attention) operation for operation: scores by
 // ggml_vec_dot_f32, ggml's soft_max over the KV window rounded up to 16, and softmax . V in
 // ggml_vec_dot_f32's 64 fma lanes (cell j in lane j % 64), reduced as ReduceAcc64. Scores: a warp
@@ -55,57 +117,7 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const AttentionArgs 
     q_lo[c] = q[c * 64 + lane];
     q_hi[c] = q[c * 64 + 32 + lane];
   }
-  // kCellsInFlight cells per warp per pass (j, j + kWarps, ...): their K loads are issued
-  // together, so a pass costs one L2/DRAM round trip instead of one per cell.
-  float local_max = -FLT_MAX;
-  for (int j0 = warp; j0 < n_pos; j0 += kWarps * kCellsInFlight) {
-    float lo[kCellsInFlight], hi[kCellsInFlight];  // the CPU's lanes `lane` and `lane + 32`
-#pragma unroll
-    for (int u = 0; u < kCellsInFlight; ++u) lo[u] = hi[u] = 0.0f;
-    // Two chunks of every cell loaded before the first fma that needs one (an fma waiting on a
-    // load would hold back the loads behind it); per cell the fma chain is the CPU's, in order.
-#pragma unroll
-    for (int c0 = 0; c0 < kMaxChunks; c0 += 2) {
-      if (c0 >= n_chunks) break;
-      float k_lo[kCellsInFlight][2], k_hi[kCellsInFlight][2];
-#pragma unroll
-      for (int u = 0; u < kCellsInFlight; ++u) {
-        const int j = j0 + u * kWarps;
-        const float* kr = a.k_cache + base + int64_t(j < n_pos ? j : 0) * KD;
-#pragma unroll
-        for (int cc = 0; cc < 2; ++cc) {
-          const int c = c0 + cc;
-          const bool ok = j < n_pos && c < n_chunks;
-          k_lo[u][cc] = ok ? kr[c * 64 + lane] : 0.0f;
-          k_hi[u][cc] = ok ? kr[c * 64 + 32 + lane] : 0.0f;
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kCellsInFlight; ++u)
-#pragma unroll
-        for (int cc = 0; cc < 2; ++cc) {
-          if (c0 + cc >= n_chunks) break;
-          lo[u] = fmaf(k_lo[u][cc], q_lo[c0 + cc], lo[u]);
-          hi[u] = fmaf(k_hi[u][cc], q_hi[c0 + cc], hi[u]);
-        }
-    }
-#pragma unroll
-    for (int u = 0; u < kCellsInFlight; ++u) {
-      const int j = j0 + u * kWarps;  // uniform per warp
-      if (j >= n_pos) break;
-      // ReduceAcc64: v[l] = (s[l] + s[32 + l]) + (s[16 + l] + s[48 + l]), then ReduceAdd16(v).
-      float v = __fadd_rn(lo[u], hi[u]);
-      v = __fadd_rn(v, __shfl_down_sync(kAll, v, 16));
-      v = HalfWarpReduceAdd16(v);
-      if (lane == 0) {
-        const float* kr = a.k_cache + base + int64_t(j) * KD;
-        for (int i = n_chunks * 64; i < HD; ++i) v = fmaf(kr[i], q[i], v);  // the tail, in order
-        const float sc = __fmul_rn(v, scale);
-        x[j] = sc;
-        local_max = fmaxf(local_max, sc);
-      }
-    }
-  }
+  const float local_max = ScoreCells(a, base, q, q_lo, q_hi, n_chunks, 0, n_pos, scale, x);
   if (lane == 0) red_f[warp] = local_max;
   __syncthreads();  // also orders the x[] writes above before the reads below (same block)
   float max = red_f[0];
@@ -159,14 +171,127 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const AttentionArgs 
   }
 }
 
+// Split-K (attention.cuh): partials of split s of (t, h) at scores + (t * n_head + h) *
+// AttentionScoresStride(max_ctx) + s * SplitPartialFloats: the split's max score, its sum of
+// exp(score - max), then sum_j exp(score_j - max) v_j per dimension.
+__host__ __device__ inline int64_t SplitPartialFloats(int head_dim) { return head_dim + 2; }
+inline int SplitCount(int max_ctx) { return (max_ctx + kAttentionSplitCells - 1) / kAttentionSplitCells; }
+
+__global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const AttentionArgs a) {
+  __shared__ float x[kAttentionSplitCells];
+  __shared__ float red_f[kWarps];
+  __shared__ float v_part[kThreads];
+  AllowDependents();
+  WaitForPredecessor();
+  const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int HD = a.head_dim, KD = a.n_head_kv * HD, kvh = h / (a.n_head / a.n_head_kv);
+  const int n_pos = a.pos[t] + 1;
+  const int begin = split * kAttentionSplitCells, end = min(begin + kAttentionSplitCells, n_pos);
+  if (begin >= n_pos) return;  // the combine reads only the token's own splits
+  const int n = end - begin;
+  const float* q = a.q + (int64_t(t) * a.n_head + h) * HD;
+  const int64_t base = int64_t(a.seq[t]) * a.max_ctx * KD + kvh * HD;
+  const float scale = 1.0f / sqrtf(static_cast<float>(HD));
+  const int n_chunks = HD / 64;
+  float q_lo[kMaxChunks], q_hi[kMaxChunks];
+#pragma unroll
+  for (int c = 0; c < kMaxChunks; ++c) {
+    if (c >= n_chunks) break;
+    q_lo[c] = q[c * 64 + lane];
+    q_hi[c] = q[c * 64 + 32 + lane];
+  }
+  const float local_max = ScoreCells(a, base, q, q_lo, q_hi, n_chunks, begin, end, scale, x);
+  if (lane == 0) red_f[warp] = local_max;
+  __syncthreads();
+  float max = red_f[0];
+  for (int w = 1; w < kWarps; ++w) max = fmaxf(max, red_f[w]);
+  float sum = 0.0f;
+  for (int j = threadIdx.x; j < n; j += kThreads) {
+    const float e = GgmlExpf(__fsub_rn(x[j], max));
+    x[j] = e;
+    sum += e;
+  }
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(kAll, sum, o);
+  __syncthreads();  // every warp has read red_f (the max) and written its exps
+  if (lane == 0) red_f[warp] = sum;
+  __syncthreads();
+  // V: kThreads / HD parts of the cells per dimension, 8 cells' loads in flight per thread.
+  const int parts = kThreads / HD, d = threadIdx.x % HD, part = threadIdx.x / HD;
+  float acc[8] = {};
+  for (int j0 = part; j0 < n; j0 += 8 * parts) {
+    float vv[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int j = j0 + u * parts;
+      vv[u] = j < n ? a.v_cache[base + int64_t(begin + j) * KD + d] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int j = j0 + u * parts;
+      acc[u] = fmaf(vv[u], j < n ? x[j] : 0.0f, acc[u]);
+    }
+  }
+  v_part[threadIdx.x] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  __syncthreads();
+  float* p = a.scores + (int64_t(t) * a.n_head + h) * AttentionScoresStride(a.max_ctx) + split * SplitPartialFloats(HD);
+  if (part == 0) {
+    float o = v_part[d];
+    for (int k = 1; k < parts; ++k) o += v_part[k * HD + d];
+    p[2 + d] = o;
+  }
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+    for (int w = 0; w < kWarps; ++w) total += red_f[w];
+    p[0] = max;
+    p[1] = total;
+  }
+}
+
+// One thread per dimension: the token's splits rescaled to their common max and normalised.
+__global__ void AttentionCombineKernel(const AttentionArgs a) {
+  AllowDependents();
+  WaitForPredecessor();
+  const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x, HD = a.head_dim;
+  const int n_splits = (a.pos[t] + 1 + kAttentionSplitCells - 1) / kAttentionSplitCells;
+  const float* p = a.scores + (int64_t(t) * a.n_head + h) * AttentionScoresStride(a.max_ctx);
+  const int64_t stride = SplitPartialFloats(HD);
+  float max = -FLT_MAX;
+  for (int s = 0; s < n_splits; ++s) max = fmaxf(max, p[s * stride]);
+  double sum = 0.0, o = 0.0;
+  for (int s = 0; s < n_splits; ++s) {
+    const double f = exp(static_cast<double>(p[s * stride]) - max);
+    sum += f * p[s * stride + 1];
+    o += f * p[s * stride + 2 + d];
+  }
+  const float out = static_cast<float>(o / sum);
+  if (a.out_act.data != nullptr) StoreAct(a.out_act, t, int64_t(h) * HD + d, out);  // whole warps: HD % 32 == 0
+  else a.out[(int64_t(t) * a.n_head + h) * HD + d] = out;
+}
+
 }  // namespace
 
 bool AttentionConvertsOutput(int head_dim) { return head_dim % 32 == 0 && head_dim <= kThreads; }
+
+bool AttentionSplitSupported(int head_dim, int max_ctx) {
+  return head_dim % 32 == 0 && head_dim <= kThreads && kThreads % head_dim == 0 &&
+         SplitCount(max_ctx) * SplitPartialFloats(head_dim) <= AttentionScoresStride(max_ctx);
+}
 
 void LaunchAttention(const AttentionArgs& args, int n_tokens, cudaStream_t stream) {
   if (args.out_act.data != nullptr && !AttentionConvertsOutput(args.head_dim)) {
     std::fprintf(stderr, "attention: cannot convert the output at head_dim %d\n", args.head_dim);
     std::abort();
+  }
+  if (args.split) {
+    if (!AttentionSplitSupported(args.head_dim, args.max_ctx)) {
+      std::fprintf(stderr, "attention: split-K unsupported at head_dim %d, max_ctx %d\n", args.head_dim, args.max_ctx);
+      std::abort();
+    }
+    LaunchPdl(AttentionSplitKernel, dim3(n_tokens, args.n_head, SplitCount(args.max_ctx)), dim3(kThreads), 0, stream,
+              args);
+    LaunchPdl(AttentionCombineKernel, dim3(n_tokens, args.n_head), dim3(args.head_dim), 0, stream, args);
+    return;
   }
   // The scores in shared memory where they fit (the softmax and the V pass read them back), else
   // in the global scratch.

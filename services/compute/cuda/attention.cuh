@@ -2,7 +2,8 @@
 // over positions [0, pos[t]] of sequence seq[t], times V. q: f32 [n_tokens, n_head * head_dim];
 // out: f32 [n_tokens, n_head * head_dim]; scores: f32 scratch [n_tokens * n_head,
 // AttentionScoresStride(max_ctx)]. One block per (token, head); head_dim <= 1024. Results equal
-// the CPU engine's bit for bit (the order of its ggml-style reductions is kept, attention.cu).
+// the CPU engine's bit for bit (the order of its ggml-style reductions is kept, attention.cu),
+// except with split set (below).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,7 +27,17 @@ struct AttentionArgs {
   float* out;
   DevAct out_act;  // when out_act.data is set, the output goes there as activations instead of out
   int n_head, n_head_kv, head_dim, max_ctx;
+  bool split = false;  // split-K over the cells (AttentionSplits), for long contexts
 };
+
+// Split-K (long contexts): each (token, head) is cut into ranges of kAttentionSplitCells cells,
+// one block each, whose partial softmax (max, sum, sum of exp . V) goes to the scores scratch, and
+// a second kernel combines them. Not bit-exact with the CPU (the softmax's sums are regrouped;
+// within 1e-5 relative L2 of an exact softmax), so the engine uses it only where a step's
+// longest context passes CudaEngineOptions::attention_split_min_cells, and the exact kernel below.
+inline constexpr int kAttentionSplitCells = 256;
+// Whether split-K can run at this geometry (head_dim divides the block; its partials fit the scratch).
+bool AttentionSplitSupported(int head_dim, int max_ctx);
 
 // Whether the kernel can write its output as activations (out_act): heads of whole Q8_0 blocks.
 bool AttentionConvertsOutput(int head_dim);

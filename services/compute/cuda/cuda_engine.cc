@@ -265,8 +265,11 @@ struct CudaEngine::Impl {
   // "The arena over CUDA IPC"); the LRU above is unused then.
   std::unique_ptr<cuda::ResidencyVram> residency_vram;
 
-  // CUDA graphs of a single-token, all-resident step, by number of logits rows (0 or 1).
-  cudaGraphExec_t graph[2] = {nullptr, nullptr};
+  // CUDA graphs of a single-token, all-resident step, by number of logits rows (0 or 1) and
+  // whether attention runs split-K (attention_split).
+  cudaGraphExec_t graph[2][2] = {{nullptr, nullptr}, {nullptr, nullptr}};
+  // This step's attention is split-K: its longest context passes o.attention_split_min_cells.
+  bool attention_split = false;
 
   CudaEngineStats stats;
 
@@ -363,8 +366,9 @@ CudaEngine::Impl::~Impl() {
   if (stream != nullptr) CUDA_CHECK(cudaStreamSynchronize(stream));
   residency_vram.reset();  // unpins (nothing reads the arena now), before the arena goes
   for (cudaEvent_t e : event_pool) CUDA_CHECK(cudaEventDestroy(e));
-  for (cudaGraphExec_t& g : graph)
-    if (g != nullptr) CUDA_CHECK(cudaGraphExecDestroy(g));
+  for (auto& by_split : graph)
+    for (cudaGraphExec_t& g : by_split)
+      if (g != nullptr) CUDA_CHECK(cudaGraphExecDestroy(g));
   if (copy_stream != nullptr) CUDA_CHECK(cudaStreamSynchronize(copy_stream));
   if (pinned_base != nullptr) CUDA_CHECK(cudaHostUnregister(pinned_base));
   for (void* p : {static_cast<void*>(host_input), static_cast<void*>(host_slot_table),
@@ -1189,6 +1193,7 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
   at.q = q; at.k_cache = k_cache + layer_kv; at.v_cache = v_cache + layer_kv; at.seq = d_seq; at.pos = d_pos;
   at.scores = scores; at.out = attn;
   at.n_head = c.n_head; at.n_head_kv = c.n_head_kv; at.head_dim = c.head_dim; at.max_ctx = o.max_context_tokens;
+  at.split = attention_split;
   const bool attention_converts = cuda::AttentionConvertsOutput(c.head_dim) && aa.type != cuda::kDevQ8_K;
   if (attention_converts) at.out_act = aa;
   cuda::LaunchAttention(at, n, stream);
@@ -1288,7 +1293,9 @@ absl::Status CudaEngine::Forward(absl::Span<const BatchToken> batch, float* logi
   float* rc = reinterpret_cast<float*>(m.host_input + m.in.rope_cos);
   float* rs = reinterpret_cast<float*>(m.host_input + m.in.rope_sin);
   int n_out = 0;
+  int32_t max_position = 0;
   for (int t = 0; t < n; ++t) {
+    max_position = std::max(max_position, batch[t].position);
     tokens[t] = batch[t].token;
     pos[t] = batch[t].position;
     seq[t] = batch[t].sequence;
@@ -1299,9 +1306,12 @@ absl::Status CudaEngine::Forward(absl::Span<const BatchToken> batch, float* logi
   const bool host_path = !m.AllResident() || m.observer != nullptr;
   absl::Status status;
   m.step_is_decode = n == 1;
+  m.attention_split = m.o.attention_split_min_cells > 0 && max_position + 1 > m.o.attention_split_min_cells &&
+                      cuda::AttentionSplitSupported(c.head_dim, m.o.max_context_tokens);
+  m.stats.attention_split_steps += m.attention_split;
   m.Mark("start");
   if (!host_path && n == 1 && m.o.use_graphs && !m.o.profile_kernels) {
-    cudaGraphExec_t& exec = m.graph[n_out];
+    cudaGraphExec_t& exec = m.graph[n_out][m.attention_split];
     if (exec == nullptr) {
       cudaGraph_t graph;
       CUDA_CHECK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));

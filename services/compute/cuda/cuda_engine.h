@@ -54,6 +54,11 @@ struct CudaEngineOptions {
   bool vram_prefetch = true;
   // Time every kernel of every step with CUDA events (no graphs; for KernelProfile).
   bool profile_kernels = false;
+  // Attention runs split-K in steps whose longest context passes this many cells (attention.cuh;
+  // not bit-exact with the CPU); 0: never. Off by default: the kernels match a double-precision
+  // reference within 1e-5 (cuda_kernels_test), but in the engine on the small preset with a
+  // 1,200-token prompt the logits came out 1e-2 (relative L2) from the CPU's; not found yet.
+  int attention_split_min_cells = 0;
   // Non-null: the arena is exported to mer-residency through CUDA IPC and filled by it (the
   // experts come through this, not the ExpertSource; docs/cuda.md, "The arena over CUDA IPC").
   // Not owned; outlives the engine. Null: the engine uploads from the ExpertSource itself.
@@ -70,6 +75,7 @@ struct CudaEngineStats {
   int64_t evictions = 0;
   int64_t host_syncs = 0;           // stream/event synchronisations inside Forward
   int64_t graph_launches = 0;
+  int64_t attention_split_steps = 0;  // steps whose attention ran split-K (a context past 1,024)
   int64_t vram_prefetch_issued = 0;  // experts uploaded ahead of demand by the look-ahead
   int64_t vram_prefetch_useful = 0;  // of those, used by the layer they were predicted for
   int64_t vram_prefetch_wasted = 0;  // not used by it
