@@ -48,6 +48,22 @@ inline std::vector<float> ForcedLogits(ComputeBackend& engine, const std::vector
   return logits;
 }
 
+// Greedy ids of every prompt (n_gen each), then each prompt's teacher-forced logits over
+// `forced`'s ids (or over these ids when forced is null).
+struct Outputs {
+  std::vector<std::vector<int32_t>> ids;
+  std::vector<std::vector<float>> logits;
+};
+
+inline Outputs GreedyAndScore(ComputeBackend& engine, const std::vector<std::vector<int32_t>>& prompts, int n_gen,
+                              const Outputs* forced) {
+  Outputs r;
+  for (const auto& prompt : prompts) r.ids.push_back(GreedyIds(engine, prompt, n_gen));
+  for (size_t p = 0; p < prompts.size(); ++p)
+    r.logits.push_back(ForcedLogits(engine, prompts[p], forced != nullptr ? forced->ids[p] : r.ids[p]));
+  return r;
+}
+
 inline double RelL2(const float* a, const float* b, int n) {
   double num = 0, den = 0;
   for (int i = 0; i < n; ++i) {

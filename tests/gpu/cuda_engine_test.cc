@@ -22,6 +22,7 @@
 #include "services/compute/cpu/cpu_engine.h"
 #include "services/compute/generation.h"
 #include "tests/gpu/corpus.h"
+#include "tests/gpu/test_models.h"
 
 namespace mer {
 namespace {
@@ -30,48 +31,24 @@ using gpu_test::Corpus;
 using gpu_test::ForcedLogits;
 using gpu_test::GreedyIds;
 using gpu_test::RelL2;
+using gpu_test::Threads;
 
 constexpr int kPrompts = 8;
 constexpr int kPromptTokens = 8;
 constexpr int kGenTokens = 64;
 constexpr double kLogitsBound = 1e-3;  // relative L2 per step
 
-struct Model {
-  std::shared_ptr<const GgufFile> file;
-  std::unique_ptr<ModelWeights> weights;
-  std::unique_ptr<MappedExpertSource> experts;
-};
-
-int Threads() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+using gpu_test::Model;
 
 std::unique_ptr<Model> MakeModel(const std::string& preset, SynthQuant quant) {
-  SynthOptions o;
-  o.geometry = *SynthPreset(preset);
-  o.quant = quant;
-  o.seed = 11;
-  o.router_skew = 0.5;
-  o.threads = Threads();
   const std::string path = (std::filesystem::temp_directory_path() /
                             ("mer_cuda_test_" + std::to_string(getpid()) + "_" + preset + ".gguf")).string();
   // Failures are reported on stderr at once (stdout is lost if the process dies) and give nullptr.
-  const absl::Status written = WriteSynthModel(o, path);
+  const absl::Status written = WriteSynthModel(gpu_test::TestSynthOptions(preset, quant), path);
   std::fprintf(stderr, "%s: model written: %s\n", preset.c_str(), written.ToString().c_str());
   if (!written.ok()) return nullptr;
-  auto file = GgufFile::Open(path);
+  std::unique_ptr<Model> m = gpu_test::LoadModel(path);
   std::filesystem::remove(path);  // the mapping keeps it
-  if (!file.ok()) {
-    std::fprintf(stderr, "open: %s\n", file.status().ToString().c_str());
-    return nullptr;
-  }
-  auto m = std::make_unique<Model>();
-  m->file = std::move(*file);
-  auto w = ModelWeights::Load(m->file);
-  if (!w.ok()) {
-    std::fprintf(stderr, "load: %s\n", w.status().ToString().c_str());
-    return nullptr;
-  }
-  m->weights = std::move(*w);
-  m->experts = std::make_unique<MappedExpertSource>(*m->weights);
   return m;
 }
 
@@ -85,11 +62,7 @@ Reference GreedyCorpus(ComputeBackend& engine, const std::vector<std::vector<int
   return r;
 }
 
-struct Case {
-  std::string preset;
-  SynthQuant quant;
-  std::string name;
-};
+using Case = gpu_test::ModelCase;
 
 class CudaVsCpu : public ::testing::TestWithParam<Case> {};
 

@@ -33,21 +33,26 @@
 #include "services/compute/generation.h"
 #include "services/compute/residency_expert_source.h"
 #include "tests/gpu/corpus.h"
+#include "tests/gpu/test_models.h"
 
 namespace mer {
 namespace {
 
 using gpu_test::Corpus;
 using gpu_test::ForcedLogits;
+using gpu_test::GreedyAndScore;
+using gpu_test::Outputs;
 using gpu_test::GreedyIds;
+using gpu_test::MakeStore;
 using gpu_test::RelL2;
+using gpu_test::StoreFiles;
+using gpu_test::Threads;
 
 constexpr int kPrompts = 4;
 constexpr int kPromptTokens = 12;
 constexpr int kGenTokens = 32;
 constexpr double kLogitsBound = 1e-3;
 
-int Threads() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
 
 std::string ResidencyBinary() {
   if (const char* env = std::getenv("MER_RESIDENCY_BIN"); env != nullptr && *env != '\0') return env;
@@ -56,39 +61,6 @@ std::string ResidencyBinary() {
   return (self.parent_path() / "mer-residency").string();
 }
 
-struct Files {
-  std::filesystem::path dir;
-  std::string gguf, store;
-  ~Files() {
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-  }
-};
-
-std::unique_ptr<Files> MakeStore(const std::string& preset, SynthQuant quant, const std::string& tag) {
-  auto f = std::make_unique<Files>();
-  f->dir = std::filesystem::temp_directory_path() / ("mer_cuda_ipc_test_" + std::to_string(getpid()) + "_" + tag);
-  std::filesystem::create_directories(f->dir);
-  f->gguf = (f->dir / "m.gguf").string();
-  f->store = (f->dir / "store").string();
-  SynthOptions o;
-  o.geometry = *SynthPreset(preset);
-  o.quant = quant;
-  o.seed = 11;
-  o.router_skew = 0.5;
-  o.threads = Threads();
-  if (const absl::Status s = WriteSynthModel(o, f->gguf); !s.ok()) {
-    std::fprintf(stderr, "%s: synth: %s\n", tag.c_str(), s.ToString().c_str());
-    return nullptr;
-  }
-  PackOptions po;
-  po.threads = Threads();
-  if (const auto s = PackExpertStore(f->gguf, f->store, po); !s.ok()) {
-    std::fprintf(stderr, "%s: pack: %s\n", tag.c_str(), s.status().ToString().c_str());
-    return nullptr;
-  }
-  return f;
-}
 
 // mer-residency as a child process; its stderr goes to `log`. SIGTERM (then SIGKILL) at the end.
 class ResidencyProcess {
@@ -145,19 +117,6 @@ class ResidencyProcess {
   std::string error_;
 };
 
-struct Outputs {
-  std::vector<std::vector<int32_t>> ids;
-  std::vector<std::vector<float>> logits;
-};
-
-Outputs GreedyAndScore(ComputeBackend& engine, const std::vector<std::vector<int32_t>>& prompts,
-                       const Outputs* forced) {
-  Outputs r;
-  for (const auto& prompt : prompts) r.ids.push_back(GreedyIds(engine, prompt, kGenTokens));
-  for (size_t p = 0; p < prompts.size(); ++p)
-    r.logits.push_back(ForcedLogits(engine, prompts[p], forced != nullptr ? forced->ids[p] : r.ids[p]));
-  return r;
-}
 
 // A counter from mer-residency's exit line "mer-residency: counters a=1 b=2 ...".
 int64_t Counter(const std::string& log, const std::string& name) {
@@ -166,33 +125,21 @@ int64_t Counter(const std::string& log, const std::string& name) {
   return std::strtoll(log.c_str() + at + name.size() + 2, nullptr, 10);
 }
 
-struct Case {
-  std::string preset;
-  SynthQuant quant;
-  std::string name;
-};
+using Case = gpu_test::ModelCase;
 
 class CudaIpcArena : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CudaIpcArena, GreedyIdsEqualTheCpuReference) {
   const Case& tc = GetParam();
-  const std::unique_ptr<Files> files = MakeStore(tc.preset, tc.quant, tc.name);
+  const std::unique_ptr<StoreFiles> files = MakeStore("cuda_ipc_test", tc.preset, tc.quant, tc.name);
   ASSERT_NE(files, nullptr);
 
-  auto file = GgufFile::Open(files->gguf);
-  ASSERT_TRUE(file.ok()) << file.status();
-  std::shared_ptr<const GgufFile> gguf(std::move(*file));
-  auto full = ModelWeights::Load(gguf);
-  ASSERT_TRUE(full.ok()) << full.status();
-  MappedExpertSource mapped(**full);
-  CpuEngineOptions co;
-  co.threads = Threads();
-  co.max_batch_tokens = 64;
-  co.max_context_tokens = 128;
-  auto cpu = CpuEngine::Create(**full, mapped, co);
-  ASSERT_TRUE(cpu.ok()) << cpu.status();
-  const auto prompts = Corpus(kPrompts, kPromptTokens, (*full)->config().n_vocab, 424242);
-  const Outputs ref = GreedyAndScore(**cpu, prompts, nullptr);
+  const std::unique_ptr<gpu_test::Model> full = gpu_test::LoadModel(files->gguf);
+  ASSERT_NE(full, nullptr);
+  const auto prompts = Corpus(kPrompts, kPromptTokens, full->weights->config().n_vocab, 424242);
+  const absl::StatusOr<Outputs> cpu_ref = gpu_test::CpuReference(*full, prompts, kGenTokens);
+  ASSERT_TRUE(cpu_ref.ok()) << cpu_ref.status();
+  const Outputs& ref = *cpu_ref;
   std::fprintf(stderr, "%s: CPU reference done\n", tc.name.c_str());
 
   auto store = ExpertStore::Open(files->store);
@@ -219,7 +166,7 @@ TEST_P(CudaIpcArena, GreedyIdsEqualTheCpuReference) {
     o.vram_residency = source->get();
     auto gpu = CudaEngine::Create(**dense, **source, o);
     ASSERT_TRUE(gpu.ok()) << gpu.status() << "\nmer-residency log:\n" << daemon.Log();
-    const Outputs got = GreedyAndScore(**gpu, prompts, &ref);
+    const Outputs got = GreedyAndScore(**gpu, prompts, kGenTokens, &ref);
     int mismatches = 0;
     double worst = 0;
     for (int p = 0; p < kPrompts; ++p) {

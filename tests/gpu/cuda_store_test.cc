@@ -29,6 +29,7 @@
 #include "services/compute/cuda/host_memory.h"
 #include "services/compute/generation.h"
 #include "tests/gpu/corpus.h"
+#include "tests/gpu/test_models.h"
 #include "services/compute/residency_expert_source.h"
 #include "tests/unit/residency/daemon/daemon_fixture.h"
 
@@ -37,8 +38,13 @@ namespace {
 
 using gpu_test::Corpus;
 using gpu_test::ForcedLogits;
+using gpu_test::GreedyAndScore;
+using gpu_test::Outputs;
 using gpu_test::GreedyIds;
+using gpu_test::MakeStore;
 using gpu_test::RelL2;
+using gpu_test::StoreFiles;
+using gpu_test::Threads;
 
 constexpr int kPrompts = 4;
 constexpr int kPromptTokens = 12;   // x top-k: a prompt layer routes to more experts than one acquire may pin
@@ -46,59 +52,8 @@ constexpr int kGenTokens = 32;
 constexpr double kLogitsBound = 1e-3;  // relative L2 per step, as cuda_engine_test
 constexpr double kRamFraction = 0.10;
 
-int Threads() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
 
-// The model file and its packed store, in a directory removed at the end.
-struct Files {
-  std::filesystem::path dir;
-  std::string gguf, store;
-  ~Files() {
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-  }
-};
 
-std::unique_ptr<Files> MakeStore(const std::string& preset, SynthQuant quant, const std::string& tag) {
-  auto f = std::make_unique<Files>();
-  f->dir = std::filesystem::temp_directory_path() / ("mer_cuda_store_test_" + std::to_string(getpid()) + "_" + tag);
-  std::filesystem::create_directories(f->dir);
-  f->gguf = (f->dir / "m.gguf").string();
-  f->store = (f->dir / "store").string();
-  SynthOptions o;
-  o.geometry = *SynthPreset(preset);
-  o.quant = quant;
-  o.seed = 11;
-  o.router_skew = 0.5;
-  o.threads = Threads();
-  // Failures go to stderr at once (stdout is lost if the process dies).
-  if (const absl::Status s = WriteSynthModel(o, f->gguf); !s.ok()) {
-    std::fprintf(stderr, "%s: synth: %s\n", tag.c_str(), s.ToString().c_str());
-    return nullptr;
-  }
-  PackOptions po;
-  po.threads = Threads();
-  if (const auto s = PackExpertStore(f->gguf, f->store, po); !s.ok()) {
-    std::fprintf(stderr, "%s: pack: %s\n", tag.c_str(), s.status().ToString().c_str());
-    return nullptr;
-  }
-  std::fprintf(stderr, "%s: model and store written\n", tag.c_str());
-  return f;
-}
-
-struct Outputs {
-  std::vector<std::vector<int32_t>> ids;     // [prompt][kGenTokens]
-  std::vector<std::vector<float>> logits;    // [prompt][kGenTokens * n_vocab], reference ids forced
-};
-
-// Greedy ids of every prompt, then the logits with `forced` ids (the reference's; its own if null).
-Outputs GreedyAndScore(ComputeBackend& engine, const std::vector<std::vector<int32_t>>& prompts,
-                       const Outputs* forced) {
-  Outputs r;
-  for (const auto& prompt : prompts) r.ids.push_back(GreedyIds(engine, prompt, kGenTokens));
-  for (size_t p = 0; p < prompts.size(); ++p)
-    r.logits.push_back(ForcedLogits(engine, prompts[p], forced != nullptr ? forced->ids[p] : r.ids[p]));
-  return r;
-}
 
 // Forwards to the residency source and checks the engine keeps to the ExpertSource contract: at
 // most max_experts_per_acquire() experts per acquire, a layer acquired once between releases, and
@@ -137,34 +92,22 @@ class CheckedSource final : public ExpertSource {
   int acquires_ = 0, repeats_ = 0, last_layer_ = -1;
 };
 
-struct Case {
-  std::string preset;
-  SynthQuant quant;
-  std::string name;
-};
+using Case = gpu_test::ModelCase;
 
 class CudaFromResidency : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CudaFromResidency, GreedyIdsEqualTheCpuReference) {
   const Case& tc = GetParam();
-  const std::unique_ptr<Files> files = MakeStore(tc.preset, tc.quant, tc.name);
+  const std::unique_ptr<StoreFiles> files = MakeStore("cuda_store_test", tc.preset, tc.quant, tc.name);
   ASSERT_NE(files, nullptr);
 
   // The CPU reference on the GGUF, every expert from the mapping.
-  auto file = GgufFile::Open(files->gguf);
-  ASSERT_TRUE(file.ok()) << file.status();
-  std::shared_ptr<const GgufFile> gguf(std::move(*file));
-  auto full = ModelWeights::Load(gguf);
-  ASSERT_TRUE(full.ok()) << full.status();
-  MappedExpertSource mapped(**full);
-  CpuEngineOptions co;
-  co.threads = Threads();
-  co.max_batch_tokens = 64;
-  co.max_context_tokens = 128;
-  auto cpu = CpuEngine::Create(**full, mapped, co);
-  ASSERT_TRUE(cpu.ok()) << cpu.status();
-  const auto prompts = Corpus(kPrompts, kPromptTokens, (*full)->config().n_vocab, 424242);
-  const Outputs ref = GreedyAndScore(**cpu, prompts, nullptr);
+  const std::unique_ptr<gpu_test::Model> full = gpu_test::LoadModel(files->gguf);
+  ASSERT_NE(full, nullptr);
+  const auto prompts = Corpus(kPrompts, kPromptTokens, full->weights->config().n_vocab, 424242);
+  const absl::StatusOr<Outputs> cpu_ref = gpu_test::CpuReference(*full, prompts, kGenTokens);
+  ASSERT_TRUE(cpu_ref.ok()) << cpu_ref.status();
+  const Outputs& ref = *cpu_ref;
   std::fprintf(stderr, "%s: CPU reference done\n", tc.name.c_str());
 
   // mer-residency in process, RAM tier 10% of the experts.
@@ -196,7 +139,7 @@ TEST_P(CudaFromResidency, GreedyIdsEqualTheCpuReference) {
     o.vram_expert_budget_fraction = arena;
     auto gpu = CudaEngine::Create(**dense, checked, o);
     ASSERT_TRUE(gpu.ok()) << gpu.status();
-    const Outputs got = GreedyAndScore(**gpu, prompts, &ref);
+    const Outputs got = GreedyAndScore(**gpu, prompts, kGenTokens, &ref);
     int mismatches = 0;
     double worst = 0;
     for (int p = 0; p < kPrompts; ++p) {
@@ -247,7 +190,7 @@ class UntypedSource final : public ExpertSource {
 };
 
 TEST(CudaFromStore, NeedsTheExpertTypes) {
-  const std::unique_ptr<Files> files = MakeStore("micro", SynthQuant::kQ8_0, "untyped");
+  const std::unique_ptr<StoreFiles> files = MakeStore("cuda_store_test", "micro", SynthQuant::kQ8_0, "untyped");
   ASSERT_NE(files, nullptr);
   auto store = ExpertStore::Open(files->store);
   ASSERT_TRUE(store.ok()) << store.status();

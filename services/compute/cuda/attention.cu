@@ -25,6 +25,19 @@ __device__ inline float HalfWarpReduceAdd16(float v) {
   return __fadd_rn(v, __shfl_down_sync(kAll, v, 1, 16));
 }
 
+// The head's q in the CPU's lane order: lane l holds elements c * 64 + l (q_lo) and
+// c * 64 + 32 + l (q_hi) of each whole 64-element chunk c.
+__device__ __forceinline__ void LoadHeadQ(const float* q, int n_chunks, float (&q_lo)[kMaxChunks],
+                                          float (&q_hi)[kMaxChunks]) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int c = 0; c < kMaxChunks; ++c) {
+    if (c >= n_chunks) break;
+    q_lo[c] = q[c * 64 + lane];
+    q_hi[c] = q[c * 64 + 32 + lane];
+  }
+}
+
 // Scores of cells [begin, end) of one (token, head) into x[j - begin], a warp per cell (lane l
 // holding the CPU's lanes l and l + 32, ReduceAcc64 by shuffles); returns the largest, valid in
 // lane 0 of each warp. q_lo/q_hi: the head's q in the CPU's lane order.
@@ -111,12 +124,7 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const AttentionArgs 
 
   const int n_chunks = HD / 64;
   float q_lo[kMaxChunks], q_hi[kMaxChunks];
-#pragma unroll
-  for (int c = 0; c < kMaxChunks; ++c) {
-    if (c >= n_chunks) break;
-    q_lo[c] = q[c * 64 + lane];
-    q_hi[c] = q[c * 64 + 32 + lane];
-  }
+  LoadHeadQ(q, n_chunks, q_lo, q_hi);
   const float local_max = ScoreCells(a, base, q, q_lo, q_hi, n_chunks, 0, n_pos, scale, x);
   if (lane == 0) red_f[warp] = local_max;
   __syncthreads();  // also orders the x[] writes above before the reads below (same block)
@@ -195,12 +203,7 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const Attention
   const float scale = 1.0f / sqrtf(static_cast<float>(HD));
   const int n_chunks = HD / 64;
   float q_lo[kMaxChunks], q_hi[kMaxChunks];
-#pragma unroll
-  for (int c = 0; c < kMaxChunks; ++c) {
-    if (c >= n_chunks) break;
-    q_lo[c] = q[c * 64 + lane];
-    q_hi[c] = q[c * 64 + 32 + lane];
-  }
+  LoadHeadQ(q, n_chunks, q_lo, q_hi);
   const float local_max = ScoreCells(a, base, q, q_lo, q_hi, n_chunks, begin, end, scale, x);
   if (lane == 0) red_f[warp] = local_max;
   __syncthreads();

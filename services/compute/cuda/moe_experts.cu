@@ -34,6 +34,35 @@ __device__ inline float SwiGlu(float gate, float up) {
   return __fmul_rn(__fdiv_rn(gate, __fadd_rn(1.0f, GgmlExpf(0.0f - gate))), up);
 }
 
+// Gate/up: each lane group takes row r of gate and of up of the block's expert (group u =
+// u_begin + blockIdx.y). Its row r (*active: r < n_ff), both rows and the group's pairs; false when
+// the block has no group. Inactive lane groups still join the warp's shuffles.
+// The block's expert (its slot's start) and pairs, and this lane group's index among the block's
+// lane groups of the grid's x; false when the block has no group (u = u_begin + blockIdx.y).
+template <int kType>
+__device__ inline const uint8_t* BlockExpert(const ExpertArgs& a, int64_t* lane_group, int* n_pairs,
+                                             const int32_t** pairs) {
+  const int u = a.u_begin + blockIdx.y;
+  if (blockIdx.y >= a.u_count || u >= __ldcg(a.n_used)) return nullptr;
+  constexpr int G = kGroup<kType>;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  *lane_group = (int64_t(blockIdx.x) * kWarps + warp) * (32 / G) + lane / G;
+  return SlotBase(a, u, n_pairs, pairs);
+}
+
+template <int kType>
+__device__ inline bool GateUpGroupRows(const ExpertArgs& a, int64_t* r, bool* active, RowRef (&rows)[2], int* n_pairs,
+                                       const int32_t** pairs) {
+  const uint8_t* base = BlockExpert<kType>(a, r, n_pairs, pairs);
+  if (base == nullptr) return false;
+  const DevMatrix gate{kType, a.n_ff, a.n_embd, base};
+  const DevMatrix up{kType, a.n_ff, a.n_embd, base + a.up_offset};
+  *active = *r < a.n_ff;
+  rows[0] = *active ? MatrixRow<kType>(gate, *r) : RowRef{};
+  rows[1] = *active ? MatrixRow<kType>(up, *r) : RowRef{};
+  return true;
+}
+
 // Rows r of gate and up (2 rows per lane group: gate r, up r) over the group's pairs, NT at a time.
 // At least 3 blocks per SM (<= 170 registers): a decode layer's 384 blocks on the 30B geometry
 // then fit in one wave. stage_act: the pairs' token rows in shared memory (StageActRows).
@@ -45,18 +74,14 @@ __global__ void __launch_bounds__(kWarps * 32, 3) GateUpKernel(const __grid_cons
   // weights before it waits for this kernel.
   WaitForPredecessor();
   AllowDependents();
-  const int u = a.u_begin + blockIdx.y;
-  if (u >= *a.n_used || blockIdx.y >= a.u_count) return;
   constexpr int G = kGroup<kType>;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t r = (int64_t(blockIdx.x) * kWarps + warp) * (32 / G) + lane / G;
+  const int lane = threadIdx.x % 32;
+  int64_t r;
+  bool active;
+  RowRef rows[2];
   int n_pairs;
   const int32_t* pairs;
-  const uint8_t* base = SlotBase(a, u, &n_pairs, &pairs);
-  const DevMatrix gate{kType, a.n_ff, a.n_embd, base};
-  const DevMatrix up{kType, a.n_ff, a.n_embd, base + a.up_offset};
-  const bool active = r < a.n_ff;  // inactive groups still join the warp's shuffles
-  const RowRef rows[2] = {active ? MatrixRow<kType>(gate, r) : RowRef{}, active ? MatrixRow<kType>(up, r) : RowRef{}};
+  if (!GateUpGroupRows<kType>(a, &r, &active, rows, &n_pairs, &pairs)) return;
   const int64_t rb = ActRowBytes(act.type, act.stride);
   for (int g = 0; g < n_pairs; g += NT) {
     const uint8_t* act_rows[NT];
@@ -94,12 +119,10 @@ constexpr int kDownPreloadRuns = 8;
 template <int kType>
 __device__ inline bool DownGroupRows(const ExpertArgs& a, int64_t* r0, RowRef (&rows)[kDownRows], int* n_pairs,
                                      const int32_t** pairs) {
-  const int u = a.u_begin + blockIdx.y;
-  if (blockIdx.y >= a.u_count || u >= __ldcg(a.n_used)) return false;
-  constexpr int G = kGroup<kType>;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  *r0 = ((int64_t(blockIdx.x) * kWarps + warp) * (32 / G) + lane / G) * kDownRows;
-  const uint8_t* base = SlotBase(a, u, n_pairs, pairs);
+  int64_t lane_group;
+  const uint8_t* base = BlockExpert<kType>(a, &lane_group, n_pairs, pairs);
+  if (base == nullptr) return false;
+  *r0 = lane_group * kDownRows;
   const DevMatrix down{kType, a.n_embd, a.n_ff, base + a.down_offset};
 #pragma unroll
   for (int r = 0; r < kDownRows; ++r) rows[r] = *r0 + r < a.n_embd ? MatrixRow<kType>(down, *r0 + r) : RowRef{};
@@ -223,20 +246,14 @@ constexpr int kGateUpStagedNT = 2, kDownStagedNT = 8;
 __global__ void __launch_bounds__(kWarps * 32) GateUpStagedKernel(const __grid_constant__ ExpertArgs a, DevAct act,
                                                                   float* h) {
   extern __shared__ uint4 staged[];
-  AllowDependents();
   WaitForPredecessor();
-  const int u = a.u_begin + blockIdx.y;
-  if (blockIdx.y >= a.u_count || u >= __ldcg(a.n_used)) return;
-  constexpr int G = kGroup<kDevQ8_0>;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t r = (int64_t(blockIdx.x) * kWarps + warp) * (32 / G) + lane / G;
+  AllowDependents();  // after the wait, as GateUpKernel
+  int64_t r;
+  bool active;
+  RowRef rows[2];
   int n_pairs;
   const int32_t* pairs;
-  const uint8_t* base = SlotBase(a, u, &n_pairs, &pairs);
-  const bool active = r < a.n_ff;
-  const DevMatrix gate{kDevQ8_0, a.n_ff, a.n_embd, base};
-  const DevMatrix up{kDevQ8_0, a.n_ff, a.n_embd, base + a.up_offset};
-  const RowRef rows[2] = {active ? MatrixRow<kDevQ8_0>(gate, r) : RowRef{}, active ? MatrixRow<kDevQ8_0>(up, r) : RowRef{}};
+  if (!GateUpGroupRows<kDevQ8_0>(a, &r, &active, rows, &n_pairs, &pairs)) return;
   const int64_t rb = ActRowBytes(act.type, act.stride);
   StagedDots<kGateUpStagedNT>(
       staged, rows, a.n_embd, [] {}, n_pairs, [&](int i) { return __ldcg(pairs + i); },
