@@ -250,12 +250,7 @@ absl::StatusOr<PackStats> PackExpertStore(const std::string& gguf_path, const st
   RETURN_IF_ERROR(WriteExperts(w, m, JoinPath(dir, kStoreExpertsFile), options, stats.direct_io));
   stats.experts_seconds = Since(experts_start);
   RETURN_IF_ERROR(WriteDense(*file, w, m, JoinPath(dir, kStoreDenseFile), stats.dense_tensors));
-  ASSIGN_OR_RETURN(stats.manifest_bytes, store_internal::CommitStore(m, dir));
-
-  stats.blob_bytes = m.blob_bytes;
-  stats.blob_count = m.blobs.size();
-  stats.experts_bytes = m.experts_bytes;
-  stats.dense_bytes = m.dense.size;
+  RETURN_IF_ERROR(store_internal::CommitStore(m, dir, &stats));
   stats.seconds = Since(start);
   return stats;
 }

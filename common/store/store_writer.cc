@@ -156,7 +156,7 @@ absl::Status SyncPath(const std::string& path, bool directory) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> CommitStore(StoreManifest& m, const std::string& dir) {
+absl::Status CommitStore(StoreManifest& m, const std::string& dir, PackStats* stats) {
   const std::string dense_path = JoinPath(dir, kStoreDenseFile);
   {
     // The dense file must load as the engine will load it; its identity goes into the manifest.
@@ -181,7 +181,12 @@ absl::StatusOr<uint64_t> CommitStore(StoreManifest& m, const std::string& dir) {
   RETURN_IF_ERROR(s);
   if (::rename(tmp.c_str(), manifest_path.c_str()) != 0) return ErrnoStatus(errno, "cannot rename", tmp);
   RETURN_IF_ERROR(SyncPath(dir, true));
-  return bytes.size();
+  stats->manifest_bytes = bytes.size();
+  stats->blob_bytes = m.blob_bytes;
+  stats->blob_count = m.blobs.size();
+  stats->experts_bytes = m.experts_bytes;
+  stats->dense_bytes = m.dense.size;
+  return absl::OkStatus();
 }
 
 }  // namespace mer::store_internal

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/store/manifest.h"
+#include "common/store/packer.h"
 #include "common/tensor/ggml_type.h"
 
 namespace mer::store_internal {
@@ -51,8 +52,9 @@ absl::Status WriteExpertsFile(StoreManifest& m, const std::string& path, const B
 
 // With experts.bin and dense.gguf written: checks that dense.gguf loads as the engine will load it
 // (ModelWeights::LoadDense), records its identity and CRC-32C in `m`, and writes the manifest
-// (temporary name, fsync, rename, fsync of the directory). Returns the manifest's size.
-absl::StatusOr<uint64_t> CommitStore(StoreManifest& m, const std::string& dir);
+// (temporary name, fsync, rename, fsync of the directory). Records the committed store's sizes
+// (manifest, blob, blob count, experts.bin, dense.gguf) in *stats.
+absl::Status CommitStore(StoreManifest& m, const std::string& dir, PackStats* stats);
 
 // fsync of a file, or of a directory.
 absl::Status SyncPath(const std::string& path, bool directory);

@@ -146,12 +146,7 @@ absl::StatusOr<PackStats> WriteSynthStore(const SynthOptions& synth, const std::
   stats.experts_seconds = Since(experts_start);
   RETURN_IF_ERROR(WriteDense(synth, tensors, is_expert, m, JoinPath(dir, kStoreDenseFile), threads));
   for (bool e : is_expert) stats.dense_tensors += e ? 0 : 1;
-  ASSIGN_OR_RETURN(stats.manifest_bytes, store_internal::CommitStore(m, dir));
-
-  stats.blob_bytes = m.blob_bytes;
-  stats.blob_count = m.blobs.size();
-  stats.experts_bytes = m.experts_bytes;
-  stats.dense_bytes = m.dense.size;
+  RETURN_IF_ERROR(store_internal::CommitStore(m, dir, &stats));
   stats.seconds = Since(start);
   return stats;
 }
