@@ -104,7 +104,6 @@ void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pai
   const dim3 grid((a.n_ff + kGroupsPerBlock - 1) / kGroupsPerBlock, a.u_count);
   if (max_pairs <= 1) LaunchPdl(KQuantGateUpKernel<kType, 1>, grid, dim3(kWarps * 32), 0, s, a, act, h);
   else LaunchPdl(KQuantGateUpKernel<kType, 8>, grid, dim3(kWarps * 32), 0, s, a, act, h);
-  CUDA_CHECK_LAUNCH();
 }
 
 template <int kType>
@@ -113,7 +112,6 @@ void LaunchDownT(const ExpertArgs& a, const DevAct& act, float* out, int max_pai
   const dim3 grid((a.n_embd + kRowsPerBlock - 1) / kRowsPerBlock, a.u_count);
   if (max_pairs <= 1) LaunchPdl(KQuantDownKernel<kType, 1>, grid, dim3(kWarps * 32), 0, s, a, act, out);
   else LaunchPdl(KQuantDownKernel<kType, 8>, grid, dim3(kWarps * 32), 0, s, a, act, out);
-  CUDA_CHECK_LAUNCH();
 }
 
 void CheckArgs(const char* what, int type, int64_t cols, const DevAct& act) {

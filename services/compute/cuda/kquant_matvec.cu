@@ -60,7 +60,6 @@ void Launch(const KQuantMatvecArgs& args, int64_t total_rows, cudaStream_t strea
     constexpr int NT = 8;
     LaunchPdl(KQuantMatvecKernel<kType, NT>, dim3(bx, (args.n_tokens + NT - 1) / NT), dim3(kWarps * 32), 0, stream, args);
   }
-  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
