@@ -33,7 +33,7 @@ template <int kType, int G>
 __device__ inline void PrefetchRowToL2(const RowRef& row, int64_t cols) {
   if (row.q == nullptr) return;
   const int g = threadIdx.x % G;
-  const int64_t bytes = kType == kDevF32 ? cols * 4 : (kType == kDevQ8_0 ? cols : cols * 2);
+  const int64_t bytes = ActRowBytes(kType, cols);  // the row's quants or values
   for (int64_t off = int64_t(g) * 128; off < bytes; off += G * 128)
     asm volatile("prefetch.global.L2 [%0];" ::"l"(row.q + off));
   if constexpr (kType == kDevQ8_0) {
@@ -114,6 +114,16 @@ __global__ void __launch_bounds__(kWarps * 32) MatvecQ8_0DecodeKernel(const __gr
   o.out[row] = o.residual != nullptr ? __fadd_rn(o.residual[row], acc[0]) : acc[0];
 }
 
+// The lane-group kernel over bx blocks of rows, NT tokens per block row, with the tokens'
+// activation rows staged in shared memory where they fit.
+template <int kType, int NT>
+void LaunchLaneGroups(MatvecArgs args, unsigned bx, cudaStream_t stream) {
+  const int64_t act_bytes = NT * StagedActBytes<kType>(args.o[0].w.cols);
+  args.stage_act = act_bytes <= kMaxStagedActBytes;
+  LaunchPdl(MatvecKernel<kType, NT>, dim3(bx, (args.n_tokens + NT - 1) / NT), dim3(kWarps * 32),
+            args.stage_act ? act_bytes : 0, stream, args);
+}
+
 template <int kType>
 void Launch(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
   constexpr int kRowsPerBlock = kWarps * (32 / kGroup<kType>) * kRows;
@@ -128,16 +138,9 @@ void Launch(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
     LaunchPdl(MatvecQ8_0DecodeKernel, dim3(blocks), dim3(kWarps * 32),
               kWarps * kWarpQ8_0SmemFloats(1, cols / 32) * sizeof(float), stream, args);
   } else if (args.n_tokens == 1) {
-    MatvecArgs staged = args;
-    staged.stage_act = StagedActBytes<kType>(cols) <= kMaxStagedActBytes;
-    LaunchPdl(MatvecKernel<kType, 1>, dim3(bx, 1), dim3(kWarps * 32), staged.stage_act ? StagedActBytes<kType>(cols) : 0,
-              stream, staged);
+    LaunchLaneGroups<kType, 1>(args, bx, stream);
   } else {
-    constexpr int NT = 8;
-    MatvecArgs staged = args;
-    staged.stage_act = NT * StagedActBytes<kType>(cols) <= kMaxStagedActBytes;
-    LaunchPdl(MatvecKernel<kType, NT>, dim3(bx, (args.n_tokens + NT - 1) / NT), dim3(kWarps * 32),
-              staged.stage_act ? NT * StagedActBytes<kType>(cols) : 0, stream, staged);
+    LaunchLaneGroups<kType, 8>(args, bx, stream);
   }
 }
 

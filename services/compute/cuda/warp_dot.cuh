@@ -231,8 +231,8 @@ __device__ inline void GroupDots(const RowRef (&rows)[R], int64_t cols, const ui
 
 // Bytes of shared memory StageActRows needs per activation row of cols elements (16-byte rows).
 template <int kType>
-__host__ __device__ constexpr int64_t StagedActBytes(int64_t cols) {
-  return ((kType == kDevQ8_0 ? cols + cols / 32 * 4 : cols * (kType == kDevF32 ? 4 : 2)) + 15) / 16 * 16;
+__host__ __device__ inline int64_t StagedActBytes(int64_t cols) {
+  return (ActRowBytes(kType, cols) + (kType == kDevQ8_0 ? cols / 32 * 4 : 0) + 15) / 16 * 16;
 }
 inline constexpr int64_t kMaxStagedActBytes = 48 * 1024;  // dynamic shared memory without opt-in
 
@@ -244,7 +244,7 @@ inline constexpr int64_t kMaxStagedActBytes = 48 * 1024;  // dynamic shared memo
 template <int kType, int NT>
 __device__ inline void StageActRows(uint4* smem, const uint8_t* (&act_rows)[NT], const float* (&act_scales)[NT],
                                     int64_t cols) {
-  const int64_t quant_bytes = kType == kDevQ8_0 ? cols : cols * (kType == kDevF32 ? 4 : 2);
+  const int64_t quant_bytes = ActRowBytes(kType, cols);  // quants or values, before Q8_0's scales
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     if (act_rows[t] == nullptr) continue;
