@@ -282,9 +282,11 @@ TEST(CudaKernels, RouterTopKMatchesCpu) {
 
 // The decode step's fused routing (router mat-vec + top-k + groups in one launch) gives exactly
 // what the f32 mat-vec followed by LaunchRouterTopK gives, over several launches (its block
-// counter must reset itself).
+// counter must reset itself); with the MoE norm fused in (Router1Norm), also the activations
+// and the logits that LaunchRmsNorm followed by the mat-vec gives.
 TEST(CudaKernels, FusedRouterEqualsMatvecThenTopK) {
-  for (int64_t cols : {64, 768, 2048, 4096}) {
+  for (int64_t cols : {64, 768, 2048, 4096})
+  for (bool fused_norm : {false, true}) {
     for (int ne : {8, 128}) {
       const int k = ne == 8 ? 2 : 8;
       const std::vector<float> w = Random(ne * cols, 0.05f);
@@ -301,14 +303,20 @@ TEST(CudaKernels, FusedRouterEqualsMatvecThenTopK) {
       CUDA_CHECK(cudaMemset(done, 0, 4));
       const cuda::MoeGroups g{buf, buf + 1, buf + 2, buf + 2 + ne, buf + 2 + ne + ne + 1, lookups};
       for (int rep = 0; rep < 3; ++rep) {
-        const std::vector<float> x = Random(cols);
+        const std::vector<float> x = Random(cols, fused_norm ? 3.0f : 1.0f), nw = Random(cols);
         float* dx = ToDevice(x);
+        float* dnw = ToDevice(nw);
+        float* xn = DeviceNaN<float>(cols);
+        DeviceAct want_act(GgmlType::kQ8_0, cols, 1), got_act(GgmlType::kQ8_0, cols, 1);
+        if (fused_norm)
+          cuda::LaunchRmsNorm(dx, cols, nullptr, 1, cuda::MoeCombine{}, dnw, 1e-6f, cols, xn, cols, want_act.act,
+                              nullptr);
         float* logits = DeviceNaN<float>(ne);
         int32_t* want_e = DeviceNaN<int32_t>(k);
         float* want_w = DeviceNaN<float>(k);
         const cuda::DevMatrix m{cuda::kDevF32, ne, cols, reinterpret_cast<const uint8_t*>(dw)};
         const cuda::MatvecOutput out{m, logits, ne, nullptr};
-        const cuda::DevAct act{cuda::kDevF32, cols, reinterpret_cast<uint8_t*>(dx), nullptr};
+        const cuda::DevAct act{cuda::kDevF32, cols, reinterpret_cast<uint8_t*>(fused_norm ? xn : dx), nullptr};
         cuda::LaunchMatvec(&out, 1, act, 1, nullptr);
         cuda::LaunchRouterTopK(logits, 1, ne, k, true, want_e, want_w, nullptr, nullptr, nullptr);
         ASSERT_TRUE(cuda::RouterTopK1Supported(cols, ne));
@@ -325,8 +333,13 @@ TEST(CudaKernels, FusedRouterEqualsMatvecThenTopK) {
         a.weights = DeviceNaN<float>(k);
         a.slot_table = ds;
         a.groups = g;
+        if (fused_norm) a.norm = cuda::Router1Norm{dx, dnw, 1e-6f, got_act.act};
         cuda::LaunchRouterTopK1(a, nullptr);
-        EXPECT_EQ(ToHost(a.logits, ne), ToHost(logits, ne)) << cols << "x" << ne;
+        EXPECT_EQ(ToHost(a.logits, ne), ToHost(logits, ne)) << cols << "x" << ne << (fused_norm ? " norm" : "");
+        if (fused_norm) {
+          EXPECT_EQ(ToHost(got_act.act.data, cols), ToHost(want_act.act.data, cols)) << cols << " norm's quants";
+          EXPECT_EQ(ToHost(got_act.act.scales, cols / 32), ToHost(want_act.act.scales, cols / 32)) << cols;
+        }
         const std::vector<int32_t> e = ToHost(a.chosen, k);
         EXPECT_EQ(e, ToHost(want_e, k)) << cols << "x" << ne;
         EXPECT_EQ(ToHost(a.weights, k), ToHost(want_w, k)) << cols << "x" << ne;
@@ -343,8 +356,8 @@ TEST(CudaKernels, FusedRouterEqualsMatvecThenTopK) {
         }
         EXPECT_EQ(h[1], missing);
         EXPECT_EQ(ToHost(done, 1)[0], 0u);
-        for (void* p : {(void*)dx, (void*)logits, (void*)want_e, (void*)want_w, (void*)a.logits, (void*)a.chosen,
-                        (void*)a.weights})
+        for (void* p : {(void*)dx, (void*)dnw, (void*)xn, (void*)logits, (void*)want_e, (void*)want_w,
+                        (void*)a.logits, (void*)a.chosen, (void*)a.weights})
           CUDA_CHECK(cudaFree(p));
       }
       EXPECT_EQ(ToHost(lookups, 1)[0], 3ull * k);
@@ -394,9 +407,13 @@ TEST(CudaKernels, MoeGroupPartitionsPairs) {
 struct AttentionShape { int n_head, n_head_kv, head_dim; };
 
 // Q/K norm + RoPE and attention of a batch (token t of sequence seq[t] at position pos[t]) against
-// a double-precision reference; split: the split-K path (attention.cuh).
+// a double-precision reference: the exact kernel after LaunchQkNormRope, the split-K path, or the
+// exact kernel doing the norm and RoPE itself (fused_rope: each token of its own sequence).
+enum class AttentionPath { kExact, kSplit, kFusedRope };
+
 void CheckQkNormRopeAttention(AttentionShape sh, int max_ctx, const std::vector<int32_t>& seq,
-                              const std::vector<int32_t>& pos, bool split) {
+                              const std::vector<int32_t>& pos, AttentionPath path) {
+  const bool split = path == AttentionPath::kSplit, fused = path == AttentionPath::kFusedRope;
   {
     const int n_seq = 2, HD = sh.head_dim, KD = sh.n_head_kv * HD, QD = sh.n_head * HD, half = HD / 2;
     const int n = seq.size();
@@ -445,16 +462,23 @@ void CheckQkNormRopeAttention(AttentionShape sh, int max_ctx, const std::vector<
     float* scores = DeviceNaN<float>(int64_t(n) * sh.n_head * cuda::AttentionScoresStride(max_ctx));
     float* out = DeviceNaN<float>(n * QD);
     cuda::QkNormRopeArgs r{dq, dk, dv, dqn, dkn, drc, drs, dseq, dpos, dkc, dvc, sh.n_head, sh.n_head_kv, HD, max_ctx, 1e-6f};
-    cuda::LaunchQkNormRope(r, n, nullptr);
+    if (!fused) cuda::LaunchQkNormRope(r, n, nullptr);
     cuda::AttentionArgs a{dq, dkc, dvc, dseq, dpos, scores, out, cuda::DevAct{}, sh.n_head, sh.n_head_kv, HD, max_ctx};
     a.split = split;
     if (split) {
       ASSERT_TRUE(cuda::AttentionSplitSupported(HD, max_ctx)) << "head_dim " << HD;
     }
+    if (fused) {
+      ASSERT_TRUE(cuda::AttentionFusesQkNormRope(HD)) << "head_dim " << HD;
+      a.fused_rope = true;
+      a.rope = r;
+    }
     cuda::LaunchAttention(a, n, nullptr);
-    const std::string what = std::string(split ? "split-K" : "exact") + ", head_dim " + std::to_string(HD) +
-                             ", max_ctx " + std::to_string(max_ctx);
-    EXPECT_LE(RelL2(ToHost(dq, n * QD), q_ref), 1e-6) << "q, " << what;
+    const std::string what = std::string(split ? "split-K" : fused ? "fused Q/K norm + RoPE" : "exact") +
+                             ", head_dim " + std::to_string(HD) + ", max_ctx " + std::to_string(max_ctx);
+    if (!fused) {  // fused: q stays raw
+      EXPECT_LE(RelL2(ToHost(dq, n * QD), q_ref), 1e-6) << "q, " << what;
+    }
     EXPECT_LE(RelL2(ToHost(dkc, kc.size()), kc_ref), 1e-6) << "k cache, " << what;
     EXPECT_EQ(ToHost(dvc, vc.size()), vc_ref) << "v cache, " << what;
     EXPECT_LE(RelL2(ToHost(out, n * QD), out_ref), 1e-5) << "attention, " << what;
@@ -470,7 +494,16 @@ TEST(CudaKernels, QkNormRopeAndAttentionMatchCpu) {
   for (int i = 0; i < 6; ++i) { seq.push_back(0); pos.push_back(i); }
   for (int i = 0; i < 3; ++i) { seq.push_back(1); pos.push_back(250 + i); }
   for (AttentionShape sh : {AttentionShape{4, 2, 16}, AttentionShape{12, 4, 64}, AttentionShape{32, 4, 128}})
-    CheckQkNormRopeAttention(sh, 300, seq, pos, false);
+    CheckQkNormRopeAttention(sh, 300, seq, pos, AttentionPath::kExact);
+}
+
+// Decode steps: the attention kernel doing the Q/K norm, RoPE and KV append itself, one token per
+// sequence, at the first cell, within the first 64 cells, at 64 and past it.
+TEST(CudaKernels, AttentionWithFusedQkNormRopeMatchesCpu) {
+  for (AttentionShape sh : {AttentionShape{4, 2, 16}, AttentionShape{12, 4, 64}, AttentionShape{32, 4, 128}}) {
+    CheckQkNormRopeAttention(sh, 300, {0, 1}, {0, 63}, AttentionPath::kFusedRope);
+    CheckQkNormRopeAttention(sh, 300, {1, 0}, {64, 250}, AttentionPath::kFusedRope);
+  }
 }
 
 // Long contexts: the exact kernel and split-K, with splits of every fill (a last split of 1 cell,
@@ -478,7 +511,7 @@ TEST(CudaKernels, QkNormRopeAndAttentionMatchCpu) {
 TEST(CudaKernels, LongContextAttentionSplitK) {
   const std::vector<int32_t> seq = {0, 0, 1, 1}, pos = {4096, 4351, 100, 2999};
   for (AttentionShape sh : {AttentionShape{12, 4, 64}, AttentionShape{32, 4, 128}})
-    for (bool split : {false, true}) CheckQkNormRopeAttention(sh, 4400, seq, pos, split);
+    for (AttentionPath path : {AttentionPath::kExact, AttentionPath::kSplit}) CheckQkNormRopeAttention(sh, 4400, seq, pos, path);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -41,9 +41,10 @@ __device__ __forceinline__ void LoadHeadQ(const float* q, int n_chunks, float (&
 // Scores of cells [begin, end) of one (token, head) into x[j - begin], a warp per cell (lane l
 // holding the CPU's lanes l and l + 32, ReduceAcc64 by shuffles); returns the largest, valid in
 // lane 0 of each warp. q_lo/q_hi: the head's q in the CPU's lane order.
+// k_new: the last cell's k (end - 1) from there instead of the cache (fused_rope), or nullptr.
 __device__ __forceinline__ float ScoreCells(const AttentionArgs& a, int64_t base, const float* q, const float (&q_lo)[kMaxChunks],
                                    const float (&q_hi)[kMaxChunks], int n_chunks, int begin, int end, float scale,
-                                   float* x) {
+                                   float* x, const float* k_new = nullptr) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int HD = a.head_dim, KD = a.n_head_kv * HD;
   // kCellsInFlight cells per warp per pass (j, j + kWarps, ...): their K loads are issued
@@ -62,7 +63,7 @@ __device__ __forceinline__ float ScoreCells(const AttentionArgs& a, int64_t base
 #pragma unroll
       for (int u = 0; u < kCellsInFlight; ++u) {
         const int j = j0 + u * kWarps;
-        const float* kr = a.k_cache + base + int64_t(j < end ? j : 0) * KD;
+        const float* kr = k_new != nullptr && j == end - 1 ? k_new : a.k_cache + base + int64_t(j < end ? j : 0) * KD;
 #pragma unroll
         for (int cc = 0; cc < 2; ++cc) {
           const int c = c0 + cc;
@@ -89,7 +90,7 @@ __device__ __forceinline__ float ScoreCells(const AttentionArgs& a, int64_t base
       v = __fadd_rn(v, __shfl_down_sync(kAll, v, 16));
       v = HalfWarpReduceAdd16(v);
       if (lane == 0) {
-        const float* kr = a.k_cache + base + int64_t(j) * KD;
+        const float* kr = k_new != nullptr && j == end - 1 ? k_new : a.k_cache + base + int64_t(j) * KD;
         for (int i = n_chunks * 64; i < HD; ++i) v = fmaf(kr[i], q[i], v);  // the tail, in order
         const float sc = __fmul_rn(v, scale);
         x[j - begin] = sc;
@@ -100,11 +101,60 @@ __device__ __forceinline__ float ScoreCells(const AttentionArgs& a, int64_t base
   return local_max;
 }
 
+// fused_rope's prologue (attention.cuh): QkNormRopeKernel's values for token t's q head h and its
+// KV head's new k (threads [0, HD) and [HD, 2 * HD)) into q_new and k_new, the new v into v_new
+// (shared memory); the first block of each KV head appends k and v to the cache. The squares are
+// summed in double by a tree instead of in order: a double sum of float squares is exact up to
+// its last bits in any order, which the float mean does not see.
+__device__ void NormRopeHead(const AttentionArgs& a, int t, int h, int kvh, float* q_new, float* k_new, float* v_new) {
+  const QkNormRopeArgs& r = a.rope;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int HD = a.head_dim, KD = a.n_head_kv * HD, half = HD / 2;
+  const bool in = tid < 2 * HD, is_q = tid < HD;
+  const int d = tid % HD, i = d < half ? d : d - half;
+  // Every load first (one round trip).
+  const float x = !in ? 0.0f : is_q ? r.q[(int64_t(t) * a.n_head + h) * HD + d] : r.k[int64_t(t) * KD + kvh * HD + d];
+  const float nw = !in ? 0.0f : (is_q ? r.q_norm : r.k_norm)[d];
+  const float c = in ? r.rope_cos[int64_t(t) * half + i] : 0.0f, sn = in ? r.rope_sin[int64_t(t) * half + i] : 0.0f;
+  if (tid < HD) v_new[tid] = r.v[int64_t(t) * KD + kvh * HD + tid];
+  double sq = static_cast<double>(__fmul_rn(x, x));
+  for (int o = min(HD, 32) / 2; o > 0; o >>= 1) sq += __shfl_xor_sync(kAll, sq, o);  // within the HD lanes
+  __shared__ double red[kWarps];
+  __shared__ float normed[kThreads];  // q's, then k's
+  if (lane == 0) red[warp] = sq;
+  __syncthreads();
+  double total = sq;
+  if (HD >= 32) {
+    total = 0.0;
+    for (int w = 0; w < HD / 32; ++w) total += red[(is_q ? 0 : HD / 32) + w];
+  }
+  const float mean = static_cast<float>(total / static_cast<double>(HD));
+  const float scale = 1.0f / sqrtf(mean + r.eps);
+  if (in) normed[tid] = __fmul_rn(__fmul_rn(x, scale), nw);
+  __syncthreads();
+  if (in) {
+    const float* head = normed + (is_q ? 0 : HD);
+    const float x0 = head[i], x1 = head[i + half];
+    // cpu::RopeNeox as QkNormRopeKernel.
+    const float out = d < half ? fmaf(x0, c, -__fmul_rn(x1, sn)) : fmaf(x0, sn, __fmul_rn(x1, c));
+    (is_q ? q_new : k_new)[d] = out;
+    if (h % (a.n_head / a.n_head_kv) == 0) {
+      const int64_t cell = (int64_t(r.seq[t]) * r.max_ctx + r.pos[t]) * KD + kvh * HD + d;
+      if (is_q) r.v_cache[cell] = v_new[d];
+      else r.k_cache[cell] = out;
+    }
+  }
+  __syncthreads();
+}
+
 // The CPU engine's attention (CpuEngine::Attention) operation for operation: scores by
 // ggml_vec_dot_f32, ggml's soft_max over the KV window rounded up to 16, and softmax . V in
 // ggml_vec_dot_f32's 64 fma lanes (cell j in lane j % 64), reduced as ReduceAcc64. Scores: a warp
 // per cell, lane l holding the CPU's lanes l and l + 32 (ReduceAcc64 by shuffles); softmax
 // groups: a half-warp per group of 16.
+// kFusedRope: a.fused_rope, a template parameter so that the plain kernel keeps its 128 registers
+// (2 blocks per SM for prompt steps' many blocks; the fused one is for decode's few).
+template <bool kFusedRope>
 __global__ void __launch_bounds__(kThreads) AttentionKernel(const AttentionArgs a, bool scores_in_smem) {
   extern __shared__ float smem_scores[];  // AttentionScoresStride(max_ctx) floats when scores_in_smem
   __shared__ float red_f[kWarps];
@@ -116,7 +166,11 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const AttentionArgs 
   const int HD = a.head_dim, KD = a.n_head_kv * HD, kvh = h / (a.n_head / a.n_head_kv);
   const int n_pos = a.pos[t] + 1;
   const int n_groups = (n_pos + 15) / 16;
-  const float* q = a.q + (int64_t(t) * a.n_head + h) * HD;
+  // fused_rope: the head's q and the new cell's k and v, normed and rotated here.
+  __shared__ float q_new[kFusedRope ? kThreads / 2 : 1], k_new[kFusedRope ? kThreads / 2 : 1],
+      v_new[kFusedRope ? kThreads / 2 : 1];
+  if constexpr (kFusedRope) NormRopeHead(a, t, h, kvh, q_new, k_new, v_new);
+  const float* q = kFusedRope ? q_new : a.q + (int64_t(t) * a.n_head + h) * HD;
   const int64_t base = int64_t(a.seq[t]) * a.max_ctx * KD + kvh * HD;
   float* x = scores_in_smem ? smem_scores : a.scores + (int64_t(t) * a.n_head + h) * AttentionScoresStride(a.max_ctx);
   float* group_sum = x + a.max_ctx;
@@ -125,7 +179,8 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const AttentionArgs 
   const int n_chunks = HD / 64;
   float q_lo[kMaxChunks], q_hi[kMaxChunks];
   LoadHeadQ(q, n_chunks, q_lo, q_hi);
-  const float local_max = ScoreCells(a, base, q, q_lo, q_hi, n_chunks, 0, n_pos, scale, x);
+  const float local_max =
+      ScoreCells(a, base, q, q_lo, q_hi, n_chunks, 0, n_pos, scale, x, kFusedRope ? k_new : nullptr);
   if (lane == 0) red_f[warp] = local_max;
   __syncthreads();  // also orders the x[] writes above before the reads below (same block)
   float max = red_f[0];
@@ -150,6 +205,8 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const AttentionArgs 
   for (int j = threadIdx.x; j < n_pos; j += kThreads) x[j] = __fmul_rn(x[j], inv);
   __syncthreads();
 
+  // With fused_rope the new cell (n_pos - 1, always in the last pass) has its v in v_new.
+  const int cached = kFusedRope ? n_pos - 1 : n_pos;
   for (int d = threadIdx.x; d < HD; d += kThreads) {
     const float* v = a.v_cache + base + d;
     // Cell j goes to lane j % 64 in increasing j; 64 cells per pass keep 64 loads in flight.
@@ -157,7 +214,7 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const AttentionArgs 
 #pragma unroll
     for (int l = 0; l < 64; ++l) lanes[l] = 0.0f;
     int j0 = 0;
-    for (; j0 + 64 <= n_pos; j0 += 64) {
+    for (; j0 + 64 < n_pos; j0 += 64) {  // the last pass, partial or not, below
 #pragma unroll
       for (int l = 0; l < 64; ++l) lanes[l] = fmaf(v[int64_t(j0 + l) * KD], x[j0 + l], lanes[l]);
     }
@@ -165,7 +222,8 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const AttentionArgs 
     // would wait for the fma before it), cells past n_pos leaving their lane as it is.
     float vv[64];
 #pragma unroll
-    for (int l = 0; l < 64; ++l) vv[l] = j0 + l < n_pos ? v[int64_t(j0 + l) * KD] : 0.0f;
+    for (int l = 0; l < 64; ++l)
+      vv[l] = j0 + l < cached ? v[int64_t(j0 + l) * KD] : j0 + l < n_pos ? v_new[d] : 0.0f;
 #pragma unroll
     for (int l = 0; l < 64; ++l) {
       const bool in = j0 + l < n_pos;
@@ -276,6 +334,10 @@ __global__ void AttentionCombineKernel(const AttentionArgs a) {
 
 bool AttentionConvertsOutput(int head_dim) { return head_dim % 32 == 0 && head_dim <= kThreads; }
 
+bool AttentionFusesQkNormRope(int head_dim) {
+  return head_dim >= 2 && (head_dim & (head_dim - 1)) == 0 && 2 * head_dim <= kThreads;
+}
+
 bool AttentionSplitSupported(int head_dim, int max_ctx) {
   return head_dim % 32 == 0 && head_dim <= kThreads && kThreads % head_dim == 0 &&
          SplitCount(max_ctx) * SplitPartialFloats(head_dim) <= AttentionScoresStride(max_ctx);
@@ -284,6 +346,11 @@ bool AttentionSplitSupported(int head_dim, int max_ctx) {
 void LaunchAttention(const AttentionArgs& args, int n_tokens, cudaStream_t stream) {
   if (args.out_act.data != nullptr && !AttentionConvertsOutput(args.head_dim)) {
     std::fprintf(stderr, "attention: cannot convert the output at head_dim %d\n", args.head_dim);
+    std::abort();
+  }
+  if (args.fused_rope && (args.split || !AttentionFusesQkNormRope(args.head_dim))) {
+    std::fprintf(stderr, "attention: cannot fuse the Q/K norm and RoPE at head_dim %d%s\n", args.head_dim,
+                 args.split ? " with split-K" : "");
     std::abort();
   }
   if (args.split) {
@@ -300,8 +367,8 @@ void LaunchAttention(const AttentionArgs& args, int n_tokens, cudaStream_t strea
   // in the global scratch.
   const size_t score_bytes = AttentionScoresStride(args.max_ctx) * sizeof(float);
   const bool in_smem = score_bytes <= kMaxSmemScoreBytes;
-  LaunchPdl(AttentionKernel, dim3(n_tokens, args.n_head), dim3(kThreads), in_smem ? score_bytes : 0, stream, args,
-            in_smem);
+  LaunchPdl(args.fused_rope ? AttentionKernel<true> : AttentionKernel<false>, dim3(n_tokens, args.n_head),
+            dim3(kThreads), in_smem ? score_bytes : 0, stream, args, in_smem);
 }
 
 }  // namespace mer::cuda

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "services/compute/cuda/device_layout.cuh"
+#include "services/compute/cuda/qk_norm_rope.cuh"
 
 namespace mer::cuda {
 
@@ -28,6 +29,13 @@ struct AttentionArgs {
   DevAct out_act;  // when out_act.data is set, the output goes there as activations instead of out
   int n_head, n_head_kv, head_dim, max_ctx;
   bool split = false;  // split-K over the cells (AttentionSplits), for long contexts
+  // With fused_rope, q is the raw Q/K/V output and LaunchQkNormRope's work for rope's tokens is
+  // done here (decode steps, one token: no block needs another token's new cell): each block
+  // norms and rotates its head's q and its KV head's new k itself, takes the new cell's k and v
+  // from shared memory, and the first block of each KV head appends them to the cache. Not with
+  // split; AttentionFusesQkNormRope says where it can run.
+  bool fused_rope = false;
+  QkNormRopeArgs rope{};
 };
 
 // Split-K (long contexts): each (token, head) is cut into ranges of kAttentionSplitCells cells,
@@ -41,6 +49,9 @@ bool AttentionSplitSupported(int head_dim, int max_ctx);
 
 // Whether the kernel can write its output as activations (out_act): heads of whole Q8_0 blocks.
 bool AttentionConvertsOutput(int head_dim);
+// Whether the exact kernel can do the Q/K norm, RoPE and KV append (fused_rope): head_dim a power
+// of two of at most half the block.
+bool AttentionFusesQkNormRope(int head_dim);
 void LaunchAttention(const AttentionArgs& args, int n_tokens, cudaStream_t stream);
 
 }  // namespace mer::cuda

@@ -1186,10 +1186,16 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
   r.k_cache = k_cache + layer_kv; r.v_cache = v_cache + layer_kv;
   r.n_head = c.n_head; r.n_head_kv = c.n_head_kv; r.head_dim = c.head_dim; r.max_ctx = o.max_context_tokens;
   r.eps = c.rms_norm_eps;
-  cuda::LaunchQkNormRope(r, n, stream);
-  Mark("qk_norm_rope");
   const DevAct aa = ActA(ActType(L.wo_type), QD);
   cuda::AttentionArgs at{};
+  // A decode step's attention does the Q/K norm, RoPE and KV append itself (one launch less).
+  at.fused_rope = n == 1 && !attention_split && cuda::AttentionFusesQkNormRope(c.head_dim);
+  if (at.fused_rope) {
+    at.rope = r;
+  } else {
+    cuda::LaunchQkNormRope(r, n, stream);
+    Mark("qk_norm_rope");
+  }
   at.q = q; at.k_cache = k_cache + layer_kv; at.v_cache = v_cache + layer_kv; at.seq = d_seq; at.pos = d_pos;
   at.scores = scores; at.out = attn;
   at.n_head = c.n_head; at.n_head_kv = c.n_head_kv; at.head_dim = c.head_dim; at.max_ctx = o.max_context_tokens;
@@ -1197,7 +1203,7 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
   const bool attention_converts = cuda::AttentionConvertsOutput(c.head_dim) && aa.type != cuda::kDevQ8_K;
   if (attention_converts) at.out_act = aa;
   cuda::LaunchAttention(at, n, stream);
-  Mark("attention");
+  Mark(at.fused_rope ? "qk_norm_rope + attention" : "attention");
   if (!attention_converts) cuda::LaunchQuantize(attn, QD, n, QD, aa, stream);
   Mark("quantize attn");
   const cuda::MatvecOutput wo{L.wo, x, E, x};
@@ -1207,11 +1213,17 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
   // MoE block: norm, router, top-k and grouping on the GPU; its output is added into x by the
   // next norm (PreviousMoe).
   const DevAct ea = ActA(ActType(expert_layout[layer].gate_type), E);
-  RmsNormAct(nullptr, n, cuda::MoeCombine{}, L.ffn_norm, xn, ea);
-  Mark("ffn_norm");
   const int32_t* layer_slots = slot_table + int64_t(layer) * c.n_expert;
   if (n == 1 && L.router_type == GgmlType::kF32 && cuda::RouterTopK1Supported(E, c.n_expert)) {
+    // One launch for the norm, the router, top-k and the groups (Router1Norm), where the
+    // experts' activation type allows it.
     cuda::Router1Args ra{};
+    if (cuda::RouterTopK1NormSupported(ea.type)) {
+      ra.norm = cuda::Router1Norm{x, L.ffn_norm, c.rms_norm_eps, ea};
+    } else {
+      RmsNormAct(nullptr, n, cuda::MoeCombine{}, L.ffn_norm, xn, ea);
+      Mark("ffn_norm");
+    }
     ra.router = reinterpret_cast<const float*>(L.router.data);
     ra.x = xn;
     ra.n_embd = static_cast<int32_t>(E);
@@ -1234,8 +1246,10 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
       p.groups = pred_groups;
     }
     cuda::LaunchRouterTopK1(ra, stream);
-    Mark("router + topk");
+    Mark(ra.norm.residual != nullptr ? "ffn_norm + router + topk" : "router + topk");
   } else {
+    RmsNormAct(nullptr, n, cuda::MoeCombine{}, L.ffn_norm, xn, ea);
+    Mark("ffn_norm");
     DevAct ra{cuda::kDevF32, E, reinterpret_cast<uint8_t*>(xn), nullptr};
     if (L.router_type != GgmlType::kF32) {
       ra = ActB(ActType(L.router_type), E);

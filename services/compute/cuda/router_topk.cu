@@ -2,9 +2,11 @@
 
 #include <cfloat>
 
+#include "services/compute/cuda/act_store.cuh"
 #include "services/compute/cuda/cuda_check.cuh"
 #include "services/compute/cuda/ggml_math.cuh"
 #include "services/compute/cuda/pdl.cuh"
+#include "services/compute/cuda/rms_norm_row.cuh"
 #include "services/compute/cuda/warp_dot.cuh"
 
 namespace mer::cuda {
@@ -186,12 +188,27 @@ __global__ void __launch_bounds__(32) RouterTopKKernel(const float* logits, int 
 constexpr int kRouterWarps = 4;
 constexpr int kRouterMaxCols = 4096;
 
+// Router1Norm: the residual row normalised into xs by every block (BlockRmsNormRow, its weights
+// loaded before the wait), then the grid's warps write the experts' activations, warp w of the
+// grid the 32-element blocks w, w + the grid's warps, ...
+__device__ void NormIntoShared(const Router1Args& a, float* xs) {
+  BlockRmsNormRow<kRouterWarps * 32, kRouterMaxCols / (kRouterWarps * 32 * 4)> norm;
+  norm.LoadWeights(a.norm.w, a.n_embd);
+  WaitForPredecessor();
+  norm.Normalize(a.norm.residual, a.n_embd, a.norm.eps);
+  norm.StoreF32(xs, a.n_embd);
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, grid_warps = gridDim.x * kRouterWarps;
+  for (int b = blockIdx.x * kRouterWarps + warp; b < a.n_embd / 32; b += grid_warps)
+    StoreAct(a.norm.act, 0, b * 32 + lane, xs[b * 32 + lane]);
+}
+
 // One token, f32 router of n_embd a multiple of 64 and at most kRouterMaxCols: the router mat-vec
 // (a warp per expert row, ggml_vec_dot_f32's 64 lanes as GroupDots<kDevF32>: lane l holds lanes l
 // and l + 32, added, then the same tree), then the last block to finish does the top-k, so routing
 // is one launch. With a next router, its rows are computed on the same x too and the last block's
 // second warp does their top-k (the look-ahead prediction). The weights are loaded before waiting
-// for the norm that writes x.
+// for the kernel that writes x (or, with norm.residual, the residual: NormIntoShared).
 __global__ void __launch_bounds__(kRouterWarps * 32) RouterTopK1Kernel(const __grid_constant__ Router1Args a) {
   __shared__ __align__(16) float p[2][kMaxExperts];
   __shared__ float group_sum[2][kMaxExperts / 16];
@@ -212,13 +229,17 @@ __global__ void __launch_bounds__(kRouterWarps * 32) RouterTopK1Kernel(const __g
     w0[i] = active ? __ldcs(w + i * 64 + lane) : 0.0f;
     w1[i] = active ? __ldcs(w + i * 64 + 32 + lane) : 0.0f;
   }
-  WaitForPredecessor();
   // x into shared memory first: read straight from global inside the loop below, each load would
   // wait behind the previous step's fma and its loop-exit branch (one L2 round trip per step).
   __shared__ __align__(16) float xs[kRouterMaxCols];
-  for (int i = threadIdx.x * 4; i < a.n_embd; i += blockDim.x * 4)
-    *reinterpret_cast<float4*>(xs + i) = __ldcg(reinterpret_cast<const float4*>(a.x + i));
-  __syncthreads();
+  if (a.norm.residual != nullptr) {
+    NormIntoShared(a, xs);
+  } else {
+    WaitForPredecessor();
+    for (int i = threadIdx.x * 4; i < a.n_embd; i += blockDim.x * 4)
+      *reinterpret_cast<float4*>(xs + i) = __ldcg(reinterpret_cast<const float4*>(a.x + i));
+    __syncthreads();
+  }
   float acc = 0.0f, hi = 0.0f;
 #pragma unroll
   for (int i = 0; i < kMaxSteps; ++i) {
@@ -278,6 +299,10 @@ void LaunchRouterTopK(const float* logits, int n_tokens, int n_expert, int k, bo
 
 bool RouterTopK1Supported(int64_t n_embd, int n_expert) {
   return n_embd % 64 == 0 && n_embd <= kRouterMaxCols && n_expert <= kMaxExperts;
+}
+
+bool RouterTopK1NormSupported(int act_type) {
+  return act_type == kDevF32 || act_type == kDevF16 || act_type == kDevBF16 || act_type == kDevQ8_0;
 }
 
 void LaunchRouterTopK1(const Router1Args& args, cudaStream_t stream) {

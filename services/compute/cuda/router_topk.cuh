@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "services/compute/cuda/device_layout.cuh"
 #include "services/compute/cuda/moe_group.cuh"
 
 namespace mer::cuda {
@@ -31,9 +32,18 @@ struct Router1Next {
   const int32_t* slot_table = nullptr;
   MoeGroups groups{};
 };
+// With residual set, the MoE block's RMSNorm runs in the same launch, before the mat-vec: every
+// block normalises the residual row itself (the values LaunchRmsNorm writes), uses it as x, and
+// writes its share of the experts' activations (act), so the norm costs no launch of its own.
+struct Router1Norm {
+  const float* residual = nullptr;  // f32 [n_embd], or nullptr: x is already normalised
+  const float* w = nullptr;         // f32 [n_embd], the norm's weights
+  float eps = 0.0f;
+  DevAct act{};                     // F32/F16/BF16/Q8_0 (not Q8_K: RouterTopK1NormSupported)
+};
 struct Router1Args {
   const float* router;
-  const float* x;
+  const float* x;  // f32 [n_embd], unused with norm.residual
   int32_t n_embd, n_expert, k;
   bool norm_topk;
   float* logits;               // f32 [n_expert] scratch
@@ -43,8 +53,10 @@ struct Router1Args {
   const int32_t* slot_table;   // this layer's
   MoeGroups groups;
   Router1Next next;
+  Router1Norm norm;
 };
 bool RouterTopK1Supported(int64_t n_embd, int n_expert);
+bool RouterTopK1NormSupported(int act_type);
 void LaunchRouterTopK1(const Router1Args& args, cudaStream_t stream);
 
 }  // namespace mer::cuda
