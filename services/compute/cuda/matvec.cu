@@ -139,6 +139,11 @@ void Launch(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
               kWarps * kWarpQ8_0SmemFloats(1, cols / 32) * sizeof(float), stream, args);
   } else if (args.n_tokens == 1) {
     LaunchLaneGroups<kType, 1>(args, bx, stream);
+  } else if (8 * StagedActBytes<kType>(cols) > kMaxStagedActBytes && 4 * StagedActBytes<kType>(cols) <= kMaxStagedActBytes) {
+    // 4 tokens per block where 8 rows would not fit in shared memory (a prompt's f32 router:
+    // 8 x 8 KB), since activations read from global memory inside the chains cost an L2 round
+    // trip per step (StageActRows): the 30B geometry's prompt routing 54 -> 36 us per layer.
+    LaunchLaneGroups<kType, 4>(args, bx, stream);
   } else {
     LaunchLaneGroups<kType, 8>(args, bx, stream);
   }
