@@ -29,6 +29,7 @@ struct BackendOptions {
   bool pin_host_experts = true;
   bool vram_prefetch = true;      // cuda: look-ahead prefetch into VRAM on decode misses
   bool profile_kernels = false;   // cuda: time every kernel (BackendKernelProfile)
+  int attention_split_min_cells = 0;  // cuda: CudaEngineOptions::attention_split_min_cells
   // cuda: export the arena to mer-residency over CUDA IPC (it fills it); null: upload here.
   VramResidency* vram_residency = nullptr;
 };

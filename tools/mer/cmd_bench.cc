@@ -17,7 +17,8 @@ constexpr char kHelp[] = R"(usage: mer bench (--model F.gguf | --store STORE_DIR
                  [--prompt-tokens 31 | --prompt-ids 1,2,3]
                  [--gen-tokens 128] [--runs 3] [--warmup 1]
                  [--backend cpu|cuda] [--vram-expert-budget BYTES|PERCENT%] [--pin-experts 0|1]
-                 [--vram-prefetch 0|1] [--profile-kernels 0|1] [--temperature T --seed S]
+                 [--vram-prefetch 0|1] [--profile-kernels 0|1] [--attention-split-cells N]
+                 [--temperature T --seed S]
 
 Greedy generation of --gen-tokens tokens after a fixed prompt of --prompt-tokens tokens (the
 start of a fixed English text, repeated as needed), end-of-sequence ignored; --temperature > 0
@@ -27,8 +28,9 @@ measured runs) and peak RSS; for the cuda backend also, over the measured runs, 
 of expert lookups, misses and bytes uploaded per token, host synchronisations per token,
 look-ahead prefetches per token, and the arena and peak device memory; --profile-kernels 1 also
 times every kernel with CUDA events (graphs off, so the step is slower than without) and prints
-GPU time per kernel kind. With --store and --residency the experts come from the mer-residency
-instance NAME (its RAM tier, filled from the store).
+GPU time per kernel kind; --attention-split-cells N runs attention split-K in steps whose context
+passes N cells (not bit-exact with the CPU; 0, the default: never). With --store and --residency
+the experts come from the mer-residency instance NAME (its RAM tier, filled from the store).
 )";
 
 constexpr char kPromptText[] =
@@ -46,7 +48,7 @@ absl::Status Bench(const Args& args) {
                                          {"model", "store", "residency", "threads", "ctx", "batch", "prompt-tokens",
                                           "prompt-ids", "gen-tokens", "runs", "warmup", "backend",
                                           "vram-expert-budget", "pin-experts", "vram-prefetch", "profile-kernels",
-                                          "temperature", "seed"},
+                                          "attention-split-cells", "temperature", "seed"},
                                          {}));
   ASSIGN_OR_RETURN(const int64_t n_prompt, f.Int("prompt-tokens", 31));
   ASSIGN_OR_RETURN(const int64_t n_gen, f.Int("gen-tokens", 128));
