@@ -3,7 +3,10 @@
 // the real ResidencyClient and ResidencyExpertSource.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -358,6 +361,67 @@ TEST(VramTierTest, DemandsGoFirst) {
   EXPECT_EQ(c.vram_prefetch_issued, 0u);  // the only slot was pinned: no guess evicts into it
   EXPECT_EQ(c.vram_uploads, 1u);
 }
+
+// A RAM tier smaller than one acquire's experts, with slow copies: every expert is staged
+// through RAM, and a RAM slot stays taken while its copy into VRAM is in flight, so the reads wait
+// for copies and the copies for reads. The acquire must still complete (no livelock), with every
+// slot's bytes right. 7 experts into an 8-slot arena through 3 or 6 RAM slots (below and above the
+// fake uploader's 4 copies in flight), the copies held in flight for 2 ms at a time.
+class VramTierSmallRam : public ::testing::TestWithParam<int> {};
+
+TEST_P(VramTierSmallRam, AnAcquireLargerThanTheRamTierStillFillsTheArena) {
+  auto arena = std::make_shared<FakeArena>();
+  const std::string dir = SynthStoreDir("micro", SynthQuant::kQ8_0);
+  uint64_t blob = 0;
+  {
+    auto store = ExpertStore::Open(dir);
+    ASSERT_TRUE(store.ok()) << store.status();
+    blob = SlotBytes(**store);
+  }
+  ResidencyOptions o;
+  o.ram_budget_bytes = GetParam() * blob;
+  DaemonFixture f(o, {}, true, {}, dir, FakeFactory(arena));
+  auto seg = AttachCompute(f);
+  shm::ResidencyClient client(seg.get());
+  const uint64_t slot_bytes = SlotBytes(f.store());
+  ASSERT_TRUE(client.ExportVramArena(Arena(8, slot_bytes), absl::Now() + absl::Seconds(10)).ok());
+  std::atomic<bool> done{false};
+  std::thread slow([&] {  // copies complete only in the gaps
+    while (!done) {
+      { std::lock_guard<std::mutex> l(arena->mu); arena->hold = true; }
+      absl::SleepFor(absl::Milliseconds(2));
+      { std::lock_guard<std::mutex> l(arena->mu); arena->hold = false; }
+      absl::SleepFor(absl::Microseconds(200));
+    }
+  });
+  absl::StatusOr<shm::Step> step = client.BeginStep();
+  ASSERT_TRUE(step.ok()) << step.status();
+  const int32_t experts[] = {0, 1, 2, 3, 4, 5, 6};
+  std::vector<shm::PinnedExpert> pinned;
+  const absl::Status st = client.Acquire(*step, 1, experts, absl::Now() + absl::Seconds(20), &pinned, Pool::kVram);
+  done = true;
+  slow.join();
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_EQ(pinned.size(), 7u);
+  // Each slot holds its expert's payload as the store reads it (ReadBlob checks the CRC).
+  const uint64_t blob_bytes = f.store().manifest().blob_bytes, used = f.store().manifest().layers[1].used_bytes();
+  std::unique_ptr<uint8_t, decltype(&std::free)> blob_buf(
+      static_cast<uint8_t*>(std::aligned_alloc(4096, (blob_bytes + 4095) / 4096 * 4096)), &std::free);
+  for (size_t i = 0; i < pinned.size(); ++i) {
+    ASSERT_EQ(pinned[i].pool, Pool::kVram);
+    ASSERT_TRUE(f.store().ReadBlob(1, experts[i], blob_buf.get()).ok());
+    std::lock_guard<std::mutex> l(arena->mu);
+    EXPECT_EQ(std::memcmp(arena->bytes.data() + pinned[i].slot * slot_bytes, blob_buf.get(), used), 0)
+        << "expert " << experts[i];
+  }
+  client.Release(pinned);
+  client.EndStep(*step);
+  const ResidencyCounters c = f.Stop();
+  EXPECT_EQ(c.vram_uploads, 7u);
+  EXPECT_GE(c.reads, 7u);
+}
+
+INSTANTIATE_TEST_SUITE_P(RamSlots, VramTierSmallRam, ::testing::Values(3, 6));
 
 // ResidencyExpertSource's VRAM side: fresh exactly once per fill.
 TEST(VramTierTest, SourceReportsAFillFreshOnce) {
