@@ -228,19 +228,13 @@ absl::StatusOr<PackStats> PackExpertStore(const std::string& gguf_path, const st
   const ModelWeights& w = **loaded;
   const ModelConfig& c = w.config();
 
-  StoreManifest m;
-  m.n_layer = c.n_layer;
-  m.n_expert = c.n_expert;
-  m.n_embd = c.n_embd;
-  m.n_ff_exp = c.n_ff_exp;
-  m.layers.resize(c.n_layer);
-  for (int il = 0; il < c.n_layer; ++il) {
-    const ExpertWeights e = w.Expert(il, 0);
-    StoreLayer& l = m.layers[il];
-    l = store_internal::LayoutLayer(e.gate.type, e.up.type, e.down.type, c.n_embd, c.n_ff_exp);
-    stats.expert_payload_bytes += (l.gate_bytes + l.up_bytes + l.down_bytes) * m.n_expert;
-  }
-  store_internal::LayoutBlobs(m);
+  StoreManifest m = store_internal::LayoutManifest(
+      c.n_layer, c.n_expert, c.n_embd, c.n_ff_exp,
+      [&](int il) {
+        const ExpertWeights e = w.Expert(il, 0);
+        return store_internal::LayerTypes{e.gate.type, e.up.type, e.down.type};
+      },
+      &stats.expert_payload_bytes);
   ASSIGN_OR_RETURN(m.source, FileIdentity(gguf_path, file->data_offset()));
   m.source_mtime_ns = mtime;
   m.source_name = gguf_path.substr(0, kStoreMaxSourceName);

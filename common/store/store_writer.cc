@@ -66,6 +66,25 @@ void LayoutBlobs(StoreManifest& m) {
   m.experts_bytes = m.blobs.size() * m.blob_stride;
 }
 
+StoreManifest LayoutManifest(int n_layer, int n_expert, int64_t n_embd, int64_t n_ff_exp,
+                             const std::function<LayerTypes(int layer)>& types, uint64_t* payload_bytes) {
+  StoreManifest m;
+  m.n_layer = n_layer;
+  m.n_expert = n_expert;
+  m.n_embd = n_embd;
+  m.n_ff_exp = n_ff_exp;
+  m.layers.resize(n_layer);
+  *payload_bytes = 0;
+  for (int il = 0; il < n_layer; ++il) {
+    const LayerTypes t = types(il);
+    StoreLayer& l = m.layers[il];
+    l = LayoutLayer(t.gate, t.up, t.down, n_embd, n_ff_exp);
+    *payload_bytes += (l.gate_bytes + l.up_bytes + l.down_bytes) * m.n_expert;
+  }
+  LayoutBlobs(m);
+  return m;
+}
+
 absl::Status PrepareStoreDir(const std::string& dir, bool overwrite) {
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return ErrnoStatus(errno, "cannot create", dir);
   struct stat st;

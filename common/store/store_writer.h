@@ -25,6 +25,15 @@ StoreLayer LayoutLayer(GgmlType gate, GgmlType up, GgmlType down, int64_t n_embd
 // blob_stride, experts_bytes, and m.blobs sized (offsets and CRCs are WriteExpertsFile's).
 void LayoutBlobs(StoreManifest& m);
 
+// The store's geometry and layout: the model's dimensions, each layer's LayoutLayer from its
+// (gate, up, down) types, then LayoutBlobs. *payload_bytes: the experts' matrix bytes in all
+// (PackStats::expert_payload_bytes). The identity fields (source, names) are the caller's.
+struct LayerTypes {
+  GgmlType gate, up, down;
+};
+StoreManifest LayoutManifest(int n_layer, int n_expert, int64_t n_embd, int64_t n_ff_exp,
+                             const std::function<LayerTypes(int layer)>& types, uint64_t* payload_bytes);
+
 // Creates `dir` if missing. A store already there loses its manifest first (AlreadyExists unless
 // `overwrite`), so that an interrupted write never leaves a manifest describing files that are
 // being rewritten.

@@ -95,19 +95,12 @@ absl::StatusOr<PackStats> WriteSynthStore(const SynthOptions& synth, const std::
       }
     }
   }
-  StoreManifest m;
-  m.n_layer = g.n_layer;
-  m.n_expert = g.n_expert;
-  m.n_embd = g.n_embd;
-  m.n_ff_exp = g.n_ff_exp;
-  m.layers.resize(g.n_layer);
-  for (int l = 0; l < g.n_layer; ++l) {
-    StoreLayer& sl = m.layers[l];
-    sl = store_internal::LayoutLayer(layers[l].part[0]->type, layers[l].part[1]->type, layers[l].part[2]->type,
-                                     g.n_embd, g.n_ff_exp);
-    stats.expert_payload_bytes += (sl.gate_bytes + sl.up_bytes + sl.down_bytes) * m.n_expert;
-  }
-  store_internal::LayoutBlobs(m);
+  StoreManifest m = store_internal::LayoutManifest(
+      g.n_layer, g.n_expert, g.n_embd, g.n_ff_exp,
+      [&](int l) {
+        return store_internal::LayerTypes{layers[l].part[0]->type, layers[l].part[1]->type, layers[l].part[2]->type};
+      },
+      &stats.expert_payload_bytes);
   const std::string header = whole.EncodeHeader();
   m.source.size = whole.FileBytes();
   m.source.header_bytes = header.size();
