@@ -110,6 +110,7 @@ BackendCounters ReadBackendCounters(const ComputeBackend& engine, const std::str
   b.arena_bytes = s.arena_bytes;
   b.arena_slots = s.arena_slots;
   b.arena_resident = s.arena_resident;
+  b.arena_placed_by_residency = s.arena_placed_by_residency;
   b.total_experts = s.total_experts;
   b.host_experts_pinned = s.host_experts_pinned;
 #endif

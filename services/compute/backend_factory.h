@@ -54,6 +54,7 @@ struct BackendCounters {
   int64_t arena_bytes = 0;
   int64_t arena_slots = 0;
   int64_t arena_resident = 0;
+  bool arena_placed_by_residency = false;  // CudaEngineStats::arena_placed_by_residency
   int64_t total_experts = 0;
   bool host_experts_pinned = false;
 };

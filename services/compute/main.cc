@@ -262,6 +262,7 @@ absl::Status Main(const Args& a) {
       s.prefetch_wasted = b.vram_prefetch_wasted;
       s.arena_slots = b.arena_slots;
       s.arena_resident = b.arena_resident;
+      s.arena_placed_by_residency = b.arena_placed_by_residency;
       s.vram_used_peak_bytes = b.vram_used_peak_bytes;
       s.dense_bytes = b.dense_bytes;
       s.kv_bytes = b.kv_bytes;

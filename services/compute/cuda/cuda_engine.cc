@@ -658,6 +658,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   m.arena = m.arena_pool.Take<uint8_t>(slots * m.slot_bytes);
   m.stats.arena_bytes = slots * m.slot_bytes;
   m.stats.arena_slots = slots;
+  m.stats.arena_placed_by_residency = o.vram_residency != nullptr;
   m.stats.slot_bytes = m.slot_bytes;
   m.stats.total_experts = m.total_experts;
   m.owner.assign(slots, -1);

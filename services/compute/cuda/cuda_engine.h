@@ -89,6 +89,9 @@ struct CudaEngineStats {
   int64_t arena_bytes = 0;
   int64_t arena_slots = 0;
   int64_t arena_resident = 0;       // slots holding an expert (sampled by stats())
+  // mer-residency places the arena's experts (CudaEngineOptions::vram_residency): the slots'
+  // states are its to report; arena_resident counts nothing here.
+  bool arena_placed_by_residency = false;
   int64_t slot_bytes = 0;
   int64_t total_experts = 0;
   int64_t vram_total_bytes = 0;

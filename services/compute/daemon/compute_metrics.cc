@@ -85,7 +85,8 @@ struct ComputeMetrics::Impl {
   prometheus::Counter* graph_launches = nullptr;
   prometheus::Counter* backend_tokens = nullptr;
   prometheus::Counter* prefetch[3] = {};  // issued, useful, wasted
-  prometheus::Gauge* vram_slots[2] = {};  // resident, free
+  prometheus::Family<prometheus::Gauge>* tier_slots = nullptr;
+  prometheus::Gauge* vram_slots[2] = {};  // resident, free; null once dropped (arena_placed_by_residency)
   prometheus::Gauge* vram_bytes[6] = {};  // dense, kv, workspace, arena, used, peak
   BackendStats last;
 };
@@ -163,6 +164,7 @@ ComputeMetrics::ComputeMetrics(const std::string& version, const std::string& ba
         {"mer_prefetch_wasted_total", "Prefetched experts that the predicted layer did not use."}};
     for (int i = 0; i < 3; ++i) impl_->prefetch[i] = &counter(prefetch[i][0], prefetch[i][1]).Add({{"tier", "vram"}});
     auto& slots = prometheus::BuildGauge().Name("mer_tier_slots").Help("Expert slots of the tier by state.").Register(r);
+    impl_->tier_slots = &slots;
     impl_->vram_slots[0] = &slots.Add({{"state", "resident"}, {"tier", "vram"}});
     impl_->vram_slots[1] = &slots.Add({{"state", "free"}, {"tier", "vram"}});
   }
@@ -186,8 +188,16 @@ void ComputeMetrics::OnBackendStats(const BackendStats& s) {
   advance(m.prefetch[0], s.prefetch_issued, m.last.prefetch_issued);
   advance(m.prefetch[1], s.prefetch_useful, m.last.prefetch_useful);
   advance(m.prefetch[2], s.prefetch_wasted, m.last.prefetch_wasted);
-  m.vram_slots[0]->Set(static_cast<double>(s.arena_resident));
-  m.vram_slots[1]->Set(static_cast<double>(s.arena_slots - s.arena_resident));
+  if (s.arena_placed_by_residency && m.vram_slots[0] != nullptr) {
+    for (prometheus::Gauge*& g : m.vram_slots) {
+      m.tier_slots->Remove(g);
+      g = nullptr;
+    }
+  }
+  if (m.vram_slots[0] != nullptr) {
+    m.vram_slots[0]->Set(static_cast<double>(s.arena_resident));
+    m.vram_slots[1]->Set(static_cast<double>(s.arena_slots - s.arena_resident));
+  }
   const int64_t bytes[6] = {s.dense_bytes, s.kv_bytes, s.workspace_bytes, s.arena_bytes, s.vram_used_bytes,
                             s.vram_used_peak_bytes};
   for (int i = 0; i < 6; ++i) m.vram_bytes[i]->Set(static_cast<double>(bytes[i]));

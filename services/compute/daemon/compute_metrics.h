@@ -42,6 +42,9 @@ struct BackendStats {
   int64_t tokens = 0;          // batch tokens processed
   int64_t prefetch_issued = 0, prefetch_useful = 0, prefetch_wasted = 0;  // look-ahead into VRAM
   int64_t arena_slots = 0, arena_resident = 0;
+  // The arena is filled by mer-residency (CUDA IPC): its page has the VRAM slots by state, so this
+  // page drops its mer_tier_slots{tier="vram"} (which would read 0 resident).
+  bool arena_placed_by_residency = false;
   int64_t dense_bytes = 0, kv_bytes = 0, workspace_bytes = 0, arena_bytes = 0;
   int64_t vram_used_bytes = 0;       // device-wide, when sampled
   int64_t vram_used_peak_bytes = 0;  // the highest sampled
