@@ -119,16 +119,8 @@ __device__ void StagedDots(uint4* staged, const RowRef (&rows)[2], int64_t cols,
         const uint4 aq = reinterpret_cast<const uint4*>(act_rows[t] + int64_t(i) * 128)[g];
         const float4 a4 = reinterpret_cast<const float4*>(act_scales[t])[i];
         const float as[4] = {a4.x, a4.y, a4.z, a4.w};
-        const int a_int[4] = {static_cast<int>(aq.x), static_cast<int>(aq.y), static_cast<int>(aq.z),
-                              static_cast<int>(aq.w)};
 #pragma unroll
-        for (int m = 0; m < 2; ++m) {
-          const int w_int[4] = {static_cast<int>(wq[m].x), static_cast<int>(wq[m].y), static_cast<int>(wq[m].z),
-                                static_cast<int>(wq[m].w)};
-#pragma unroll
-          for (int k = 0; k < 4; ++k)
-            acc[m][t] = fmaf(__fmul_rn(w_s[m][k], as[k]), static_cast<float>(__dp4a(w_int[k], a_int[k], 0)), acc[m][t]);
-        }
+        for (int m = 0; m < 2; ++m) acc[m][t] = Q8_0RunStep(wq[m], w_s[m], aq, as, acc[m][t]);
       }
     }
 #pragma unroll

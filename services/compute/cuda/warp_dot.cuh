@@ -48,6 +48,20 @@ __device__ inline RowRef MatrixRow(const DevMatrix& m, int64_t r) {
   return ref;
 }
 
+// One lane's step over a run of 4 Q8_0 blocks (16 bytes of weights w and of activations a, lane
+// l holding quants 4l..4l+3 of each block): the CPU's int32 lane sum of each block, scaled into
+// the lane's chain in block order, acc = fma(d_w[k] * d_a[k], isum_k, acc). The inner step of
+// every Q8_0 product here (GroupDots, GroupQ8_0Preload, StagedDots).
+__device__ __forceinline__ float Q8_0RunStep(const uint4& w, const float (&w_scale)[4], const uint4& a,
+                                             const float (&a_scale)[4], float acc) {
+  const int w_int[4] = {static_cast<int>(w.x), static_cast<int>(w.y), static_cast<int>(w.z), static_cast<int>(w.w)};
+  const int a_int[4] = {static_cast<int>(a.x), static_cast<int>(a.y), static_cast<int>(a.z), static_cast<int>(a.w)};
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    acc = fmaf(__fmul_rn(w_scale[k], a_scale[k]), static_cast<float>(__dp4a(w_int[k], a_int[k], 0)), acc);
+  return acc;
+}
+
 template <int kType>
 __device__ inline float HalfToF32(uint16_t v) {
   if constexpr (kType == kDevF16) return __half2float(__ushort_as_half(v));
@@ -119,17 +133,8 @@ __device__ inline void GroupDots(const RowRef (&rows)[R], int64_t cols, const ui
 #pragma unroll
             for (int k = 0; k < 4; ++k) as[k] = act_scales[t][b + k];
           }
-          const int a_int[4] = {static_cast<int>(aq.x), static_cast<int>(aq.y), static_cast<int>(aq.z),
-                                static_cast<int>(aq.w)};
 #pragma unroll
-          for (int r = 0; r < R; ++r) {
-            const int w_int[4] = {static_cast<int>(wq[u][r].x), static_cast<int>(wq[u][r].y),
-                                  static_cast<int>(wq[u][r].z), static_cast<int>(wq[u][r].w)};
-#pragma unroll
-            for (int k = 0; k < 4; ++k)  // blocks b..b+3 in order, as the CPU's loop over blocks
-              acc[r][t] = fmaf(__fmul_rn(ws[u][r][k], as[k]), static_cast<float>(__dp4a(w_int[k], a_int[k], 0)),
-                               acc[r][t]);
-          }
+          for (int r = 0; r < R; ++r) acc[r][t] = Q8_0RunStep(wq[u][r], ws[u][r], aq, as, acc[r][t]);
         }
       }
     }
@@ -295,17 +300,12 @@ struct GroupQ8_0Preload {
       const uint4 aq = reinterpret_cast<const uint4*>(act_q + int64_t(i) * 128)[g];
       const float4 a4 = *reinterpret_cast<const float4*>(act_s + 4 * i);
       const float as[4] = {a4.x, a4.y, a4.z, a4.w};
-      const int a_int[4] = {static_cast<int>(aq.x), static_cast<int>(aq.y), static_cast<int>(aq.z), static_cast<int>(aq.w)};
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         const __half2 s01 = *reinterpret_cast<const __half2*>(&ws[i][r].x);
         const __half2 s23 = *reinterpret_cast<const __half2*>(&ws[i][r].y);
         const float w_s[4] = {__low2float(s01), __high2float(s01), __low2float(s23), __high2float(s23)};
-        const int w_int[4] = {static_cast<int>(wq[i][r].x), static_cast<int>(wq[i][r].y), static_cast<int>(wq[i][r].z),
-                              static_cast<int>(wq[i][r].w)};
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-          acc[r] = fmaf(__fmul_rn(w_s[k], as[k]), static_cast<float>(__dp4a(w_int[k], a_int[k], 0)), acc[r]);
+        acc[r] = Q8_0RunStep(wq[i][r], w_s, aq, as, acc[r]);
       }
     }
 #pragma unroll
