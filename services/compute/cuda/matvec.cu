@@ -118,10 +118,9 @@ __global__ void __launch_bounds__(kWarps * 32) MatvecQ8_0DecodeKernel(const __gr
 // activation rows staged in shared memory where they fit.
 template <int kType, int NT>
 void LaunchLaneGroups(MatvecArgs args, unsigned bx, cudaStream_t stream) {
-  const int64_t act_bytes = NT * StagedActBytes<kType>(args.o[0].w.cols);
-  args.stage_act = act_bytes <= kMaxStagedActBytes;
-  LaunchPdl(MatvecKernel<kType, NT>, dim3(bx, (args.n_tokens + NT - 1) / NT), dim3(kWarps * 32),
-            args.stage_act ? act_bytes : 0, stream, args);
+  const int64_t smem = StagedActSmem<kType>(NT, args.o[0].w.cols);
+  args.stage_act = smem > 0;
+  LaunchPdl(MatvecKernel<kType, NT>, dim3(bx, (args.n_tokens + NT - 1) / NT), dim3(kWarps * 32), smem, stream, args);
 }
 
 template <int kType>
@@ -139,7 +138,7 @@ void Launch(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
               kWarps * kWarpQ8_0SmemFloats(1, cols / 32) * sizeof(float), stream, args);
   } else if (args.n_tokens == 1) {
     LaunchLaneGroups<kType, 1>(args, bx, stream);
-  } else if (8 * StagedActBytes<kType>(cols) > kMaxStagedActBytes && 4 * StagedActBytes<kType>(cols) <= kMaxStagedActBytes) {
+  } else if (StagedActSmem<kType>(8, cols) == 0 && StagedActSmem<kType>(4, cols) > 0) {
     // 4 tokens per block where 8 rows would not fit in shared memory (a prompt's f32 router:
     // 8 x 8 KB), since activations read from global memory inside the chains cost an L2 round
     // trip per step (StageActRows): the 30B geometry's prompt routing 54 -> 36 us per layer.

@@ -296,18 +296,16 @@ void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pai
   constexpr int kRowsPerBlock = kWarps * (32 / kGroup<kType>);
   const dim3 grid((a.n_ff + kRowsPerBlock - 1) / kRowsPerBlock, a.u_count);
   if (max_pairs <= 1) {
-    const int64_t bytes = StagedActBytes<kType>(a.n_embd);
-    const bool stage = bytes <= kMaxStagedActBytes;
-    LaunchPdl(GateUpKernel<kType, 1>, grid, dim3(kWarps * 32), stage ? bytes : 0, s, a, act, h, stage);
+    const int64_t smem = StagedActSmem<kType>(1, a.n_embd);
+    LaunchPdl(GateUpKernel<kType, 1>, grid, dim3(kWarps * 32), smem, s, a, act, h, smem > 0);
   } else if (StagedFits(kType, a.n_embd, kWarps * 32, kGateUpStagedNT)) {
     static const bool limit_set = (SetStagedSmemLimit(GateUpStagedKernel), true);
     (void)limit_set;
     LaunchPdl(GateUpStagedKernel, grid, dim3(kWarps * 32), StagedSmemBytes(a.n_embd, kWarps * 32, kGateUpStagedNT), s, a,
               act, h);
   } else {
-    const int64_t bytes = 8 * StagedActBytes<kType>(a.n_embd);
-    const bool stage = bytes <= kMaxStagedActBytes;
-    LaunchPdl(GateUpKernel<kType, 8>, grid, dim3(kWarps * 32), stage ? bytes : 0, s, a, act, h, stage);
+    const int64_t smem = StagedActSmem<kType>(8, a.n_embd);
+    LaunchPdl(GateUpKernel<kType, 8>, grid, dim3(kWarps * 32), smem, s, a, act, h, smem > 0);
   }
 }
 
@@ -322,10 +320,9 @@ void LaunchDownT(const ExpertArgs& a, const DevAct& act, float* out, int max_pai
     return;
   }
   const int nt = max_pairs <= 1 ? 1 : 8;
-  const int64_t bytes = nt * StagedActBytes<kType>(a.n_ff);
-  const bool stage = bytes <= kMaxStagedActBytes;
-  if (nt == 1) LaunchPdl(DownKernel<kType, 1>, grid, dim3(kWarps * 32), stage ? bytes : 0, s, a, act, out, stage);
-  else LaunchPdl(DownKernel<kType, 8>, grid, dim3(kWarps * 32), stage ? bytes : 0, s, a, act, out, stage);
+  const int64_t smem = StagedActSmem<kType>(nt, a.n_ff);
+  if (nt == 1) LaunchPdl(DownKernel<kType, 1>, grid, dim3(kWarps * 32), smem, s, a, act, out, smem > 0);
+  else LaunchPdl(DownKernel<kType, 8>, grid, dim3(kWarps * 32), smem, s, a, act, out, smem > 0);
 }
 
 template <int kType>

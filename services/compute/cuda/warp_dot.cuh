@@ -240,6 +240,13 @@ __host__ __device__ inline int64_t StagedActBytes(int64_t cols) {
   return (ActRowBytes(kType, cols) + (kType == kDevQ8_0 ? cols / 32 * 4 : 0) + 15) / 16 * 16;
 }
 inline constexpr int64_t kMaxStagedActBytes = 48 * 1024;  // dynamic shared memory without opt-in
+// The dynamic shared memory of a launch that stages nt activation rows of cols, or 0 where they do
+// not fit (its kernel then reads them from global memory: stage_act = StagedActSmem(...) > 0).
+template <int kType>
+inline int64_t StagedActSmem(int nt, int64_t cols) {
+  const int64_t bytes = nt * StagedActBytes<kType>(cols);
+  return bytes <= kMaxStagedActBytes ? bytes : 0;
+}
 
 // The block copies the NT activation rows (and their Q8_0 scales; null rows skipped) into smem,
 // row t at t * StagedActBytes, and points act_rows/act_scales at the copies. GroupDots reads a
