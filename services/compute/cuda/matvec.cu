@@ -152,6 +152,10 @@ void Launch(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
 
 void LaunchMatvec(const MatvecOutput* outputs, int n_outputs, const DevAct& act, int n_tokens,
                   cudaStream_t stream) {
+  if (n_outputs < 1 || n_outputs > kMaxOutputs) {
+    std::fprintf(stderr, "matvec: %d outputs (1 to %d)\n", n_outputs, kMaxOutputs);
+    std::abort();
+  }
   MatvecArgs args{};
   args.n_outputs = n_outputs;
   args.act = act;
