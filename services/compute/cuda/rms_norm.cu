@@ -3,6 +3,7 @@
 #include "services/compute/cuda/act_store.cuh"
 #include "services/compute/cuda/cuda_check.cuh"
 #include "services/compute/cuda/pdl.cuh"
+#include "services/compute/cuda/rms_norm_row.cuh"
 
 namespace mer::cuda {
 namespace {
@@ -50,11 +51,7 @@ __global__ void __launch_bounds__(kThreads) RmsNormKernel(float* x, int64_t x_st
     sum += static_cast<double>(xv[k] * xv[k]);
   }
   __shared__ double partial[kThreads / 32];
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = sum;
-  __syncthreads();
-  double total = 0.0;
-  for (int k = 0; k < kThreads / 32; ++k) total += partial[k];
+  const double total = BlockSumDouble<kThreads>(sum, partial);
   const float mean = static_cast<float>(total / static_cast<double>(n));
   const float scale = 1.0f / sqrtf(mean + eps);
 #pragma unroll

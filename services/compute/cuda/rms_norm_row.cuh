@@ -1,6 +1,6 @@
-// One block's RMSNorm of one f32 row, for kernels that normalise their own input instead of
-// reading a norm kernel's output (a launch and a hand-off less per use on the decode step): the
-// values RmsNormKernel writes (rms_norm.cu). The squares are summed in double, grouped
+// One block's RMSNorm of one f32 row (BlockRmsNormRow), for kernels that normalise their own input
+// instead of reading a norm kernel's output (a launch and a hand-off less per use on the decode
+// step): the values RmsNormKernel writes (rms_norm.cu), whose block sum (BlockSumDouble) it shares. The squares are summed in double, grouped
 // differently from there; a double sum of float squares is exact up to its last bits in any
 // order, which the float mean does not see.
 //
@@ -13,6 +13,19 @@
 #include <cstdint>
 
 namespace mer::cuda {
+
+// The block-wide sum of every thread's `sum`, in every thread: a butterfly within each warp,
+// then the warps' sums in warp order (the reduction of the RMSNorm kernels). Every thread of the
+// block calls it; `partial` holds kThreads / 32 doubles of shared memory.
+template <int kThreads>
+__device__ __forceinline__ double BlockSumDouble(double sum, double* partial) {
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = sum;
+  __syncthreads();
+  double total = 0.0;
+  for (int i = 0; i < kThreads / 32; ++i) total += partial[i];
+  return total;
+}
 
 template <int kThreads, int kPerThread>
 struct BlockRmsNormRow {
@@ -40,12 +53,8 @@ struct BlockRmsNormRow {
       sum += static_cast<double>(__fmul_rn(v[k].z, v[k].z));
       sum += static_cast<double>(__fmul_rn(v[k].w, v[k].w));
     }
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     __shared__ double partial[kThreads / 32];
-    if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = sum;
-    __syncthreads();
-    double total = 0.0;
-    for (int i = 0; i < kThreads / 32; ++i) total += partial[i];
+    const double total = BlockSumDouble<kThreads>(sum, partial);
     const float mean = static_cast<float>(total / static_cast<double>(n));
     const float scale = 1.0f / sqrtf(mean + eps);
 #pragma unroll
