@@ -50,10 +50,7 @@ __global__ void __launch_bounds__(kThreads) RmsNormKernel(float* x, int64_t x_st
     }
     sum += static_cast<double>(xv[k] * xv[k]);
   }
-  __shared__ double partial[kThreads / 32];
-  const double total = BlockSumDouble<kThreads>(sum, partial);
-  const float mean = static_cast<float>(total / static_cast<double>(n));
-  const float scale = 1.0f / sqrtf(mean + eps);
+  const float scale = BlockRmsScale<kThreads>(sum, n, eps);
 #pragma unroll
   for (int k = 0; k < kPerThread; ++k) {
     const int64_t i = threadIdx.x + int64_t(k) * kThreads;

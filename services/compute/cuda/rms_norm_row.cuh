@@ -27,6 +27,16 @@ __device__ __forceinline__ double BlockSumDouble(double sum, double* partial) {
   return total;
 }
 
+// 1 / sqrt(mean + eps) of a row of n whose squares the block's threads summed (sum: each thread's
+// part), as RmsNormKernel and ggml round it. Every thread of the block calls it.
+template <int kThreads>
+__device__ __forceinline__ float BlockRmsScale(double sum, int64_t n, float eps) {
+  __shared__ double partial[kThreads / 32];
+  const double total = BlockSumDouble<kThreads>(sum, partial);
+  const float mean = static_cast<float>(total / static_cast<double>(n));
+  return 1.0f / sqrtf(mean + eps);
+}
+
 template <int kThreads, int kPerThread>
 struct BlockRmsNormRow {
   float4 w[kPerThread];
@@ -53,10 +63,7 @@ struct BlockRmsNormRow {
       sum += static_cast<double>(__fmul_rn(v[k].z, v[k].z));
       sum += static_cast<double>(__fmul_rn(v[k].w, v[k].w));
     }
-    __shared__ double partial[kThreads / 32];
-    const double total = BlockSumDouble<kThreads>(sum, partial);
-    const float mean = static_cast<float>(total / static_cast<double>(n));
-    const float scale = 1.0f / sqrtf(mean + eps);
+    const float scale = BlockRmsScale<kThreads>(sum, n, eps);
 #pragma unroll
     for (int k = 0; k < kPerThread; ++k) {
       v[k].x = __fmul_rn(__fmul_rn(v[k].x, scale), w[k].x);
