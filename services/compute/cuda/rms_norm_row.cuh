@@ -1,7 +1,8 @@
 // One block's RMSNorm of one f32 row (BlockRmsNormRow), for kernels that normalise their own input
 // instead of reading a norm kernel's output (a launch and a hand-off less per use on the decode
-// step): the values RmsNormKernel writes (rms_norm.cu), whose block sum (BlockSumDouble) it shares. The squares are summed in double, grouped
-// differently from there; a double sum of float squares is exact up to its last bits in any
+// step): the values RmsNormKernel writes (rms_norm.cu), whose block sum and scale (BlockRmsScale)
+// it shares. Its threads hold other elements than RmsNormKernel's, so the squares are summed in
+// double in another grouping; a double sum of float squares is exact up to its last bits in any
 // order, which the float mean does not see.
 //
 // Thread t holds float4s t, t + kThreads, ... of the row (n % 4 == 0, n <= kThreads * 4 * kPerThread).
