@@ -13,7 +13,14 @@
 # Programs come from a gpu-bundle (BUNDLE, default .gpu/bundle); results go to $OUT (logs and a
 # summary table, printed last). Every step is time-bounded. STEPS selects steps: kernels, memcheck,
 # engine, tests (all three), bench, profile (ncu kernel times at 100%, launches PROFILE_SKIP ..
-# + PROFILE_KERNELS, raw CSV in $OUT/$PROFILE_NAME.csv); default "tests bench".
+# + PROFILE_KERNELS, raw CSV in $OUT/$PROFILE_NAME.csv); default "tests bench". Also:
+#   ab:       A/B of mer binaries in the bundle's bin/ (AB, default "mer mer_a"; e.g. a build of
+#             another commit copied in as mer_a), all experts in VRAM, run alternately AB_ROUNDS
+#             (2) times, so that their ratio is measured within one call;
+#   inplace:  `mer bench --profile-kernels 1` at 100%: GPU time per kernel kind in place;
+#   longctx:  decode and prompt speed at LONGCTX_PROMPTS (2000 8000) prompt tokens, exact
+#             attention against split-K past 1,024 cells (for CudaEngineOptions::
+#             attention_split_min_cells' default).
 set -uo pipefail
 BUNDLE=${BUNDLE:-.gpu/bundle}
 OUT=${OUT:-/tmp/mer-gpu-out}
@@ -67,7 +74,7 @@ if has_step tests engine; then
   grep -E '^\[(  FAILED|       OK) |arena .* slots|10000 steps|IPC arena|mer-residency exit' "$OUT/engine.log" | tee -a "$summary"
 fi
 
-if has_step bench profile && [ ! -s "$MODEL" ]; then
+if has_step bench profile ab inplace longctx && [ ! -s "$MODEL" ]; then
   t0=$(date +%s)
   timeout 400 "$BUNDLE/run" mer synth --preset qwen3-30b-a3b --quant q8_0 --router-skew "$SKEW" \
     --threads "$(nproc)" --out "$MODEL" > "$OUT/synth.log" 2>&1
@@ -82,6 +89,31 @@ if has_step profile; then
     "$BUNDLE/bin/mer" bench --model "$MODEL" --backend cuda --prompt-tokens 31 --gen-tokens 16 --warmup 0 --runs 1 \
     > "$OUT/${PROFILE_NAME:-profile}.csv" 2> "$OUT/${PROFILE_NAME:-profile}.log"
   note "profile: rc=$? ($(grep -c gpu__time_duration "$OUT/${PROFILE_NAME:-profile}.csv") kernels)"
+fi
+speeds() { grep -E '^(prompt_tps|decode_tps)' "$1" | awk '{printf "%s %s  ", $1, $2}'; }
+if has_step ab; then
+  for r in $(seq "${AB_ROUNDS:-2}"); do
+    for v in ${AB:-mer mer_a}; do
+      timeout 120 "$BUNDLE/run" "$v" bench --model "$MODEL" --backend cuda --prompt-tokens 31 --gen-tokens 128 \
+        --warmup 1 --runs "$RUNS" > "$OUT/ab_$v.log" 2>&1
+      note "ab round $r $v: rc=$? $(speeds "$OUT/ab_$v.log")"
+    done
+  done
+fi
+if has_step inplace; then
+  timeout 180 "$BUNDLE/run" mer bench --model "$MODEL" --backend cuda --prompt-tokens 31 --gen-tokens 32 \
+    --warmup 1 --runs 1 --profile-kernels 1 > "$OUT/inplace.log" 2>&1
+  note "in-place kernel profile: rc=$?"
+  sed -n '/kernel profile/,$p' "$OUT/inplace.log" | tee -a "$summary"
+fi
+if has_step longctx; then
+  for p in ${LONGCTX_PROMPTS:-2000 8000}; do
+    for cells in 0 1024; do
+      timeout 240 "$BUNDLE/run" mer bench --model "$MODEL" --backend cuda --ctx $((p + 300)) --prompt-tokens "$p" \
+        --gen-tokens 48 --warmup 0 --runs 1 --attention-split-cells "$cells" > "$OUT/longctx_${p}_$cells.log" 2>&1
+      note "longctx prompt $p split-cells $cells: rc=$? $(speeds "$OUT/longctx_${p}_$cells.log")"
+    done
+  done
 fi
 if has_step bench; then
   for spec in $RUNSPEC; do
