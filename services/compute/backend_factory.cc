@@ -48,7 +48,7 @@ absl::StatusOr<CreatedBackend> CreateBackend(const ModelWeights& weights, Expert
     co.pin_host_experts = o.pin_host_experts;
     co.vram_prefetch = o.vram_prefetch;
     co.profile_kernels = o.profile_kernels;
-    co.attention_split_min_cells = o.attention_split_min_cells;
+    if (o.attention_split_min_cells.has_value()) co.attention_split_min_cells = *o.attention_split_min_cells;
     co.vram_residency = o.vram_residency;
     RETURN_IF_ERROR(ParseVramBudget(o.vram_expert_budget, &co));
     ASSIGN_OR_RETURN(out.engine, CudaEngine::Create(weights, experts, co));

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -29,7 +30,8 @@ struct BackendOptions {
   bool pin_host_experts = true;
   bool vram_prefetch = true;      // cuda: look-ahead prefetch into VRAM on decode misses
   bool profile_kernels = false;   // cuda: time every kernel (BackendKernelProfile)
-  int attention_split_min_cells = 0;  // cuda: CudaEngineOptions::attention_split_min_cells
+  // cuda: CudaEngineOptions::attention_split_min_cells; unset: the engine's default.
+  std::optional<int> attention_split_min_cells;
   // cuda: export the arena to mer-residency over CUDA IPC (it fills it); null: upload here.
   VramResidency* vram_residency = nullptr;
 };

@@ -28,7 +28,7 @@ absl::StatusOr<LoadedModel> LoadModel(const Flags& flags, int min_context_tokens
   ASSIGN_OR_RETURN(const int64_t pin, flags.Int("pin-experts", 1));
   ASSIGN_OR_RETURN(const int64_t vram_prefetch, flags.Int("vram-prefetch", 1));
   ASSIGN_OR_RETURN(const int64_t profile_kernels, flags.Int("profile-kernels", 0));
-  ASSIGN_OR_RETURN(const int64_t split_cells, flags.Int("attention-split-cells", 0));
+  ASSIGN_OR_RETURN(const int64_t split_cells, flags.Int("attention-split-cells", -1));
   if (threads < 0 || threads > 1024) return absl::InvalidArgumentError("--threads must be in [0, 1024]");
   BackendOptions o;
   o.backend = m.backend = flags.String("backend", "cpu");
@@ -39,7 +39,7 @@ absl::StatusOr<LoadedModel> LoadModel(const Flags& flags, int min_context_tokens
   o.pin_host_experts = pin != 0;
   o.vram_prefetch = vram_prefetch != 0;
   o.profile_kernels = profile_kernels != 0;
-  o.attention_split_min_cells = static_cast<int>(std::clamp<int64_t>(split_cells, 0, 1 << 24));
+  if (split_cells >= 0) o.attention_split_min_cells = static_cast<int>(std::min<int64_t>(split_cells, 1 << 24));
 
   std::string path;
   if (flags.Has("store") || flags.Has("residency")) {

@@ -29,8 +29,9 @@ of expert lookups, misses and bytes uploaded per token, host synchronisations pe
 look-ahead prefetches per token, and the arena and peak device memory; --profile-kernels 1 also
 times every kernel with CUDA events (graphs off, so the step is slower than without) and prints
 GPU time per kernel kind; --attention-split-cells N runs attention split-K in steps whose context
-passes N cells (not bit-exact with the CPU; 0, the default: never). With --store and --residency
-the experts come from the mer-residency instance NAME (its RAM tier, filled from the store).
+passes N cells (not bit-exact with the CPU; 0: never; default: the cuda engine's 512). With --store
+and --residency the experts come from the mer-residency instance NAME (its RAM tier, filled from
+the store).
 )";
 
 constexpr char kPromptText[] =

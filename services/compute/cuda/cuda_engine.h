@@ -55,12 +55,16 @@ struct CudaEngineOptions {
   // Time every kernel of every step with CUDA events (no graphs; for KernelProfile).
   bool profile_kernels = false;
   // Attention runs split-K in steps whose longest context passes this many cells (attention.cuh);
-  // 0: never, the default, since split-K is not bit-exact with the CPU: its softmax sums are
-  // regrouped. With F32 weights the engine's logits stay within 3.2e-7 (relative L2) of the CPU's
-  // on a 1,200-token prompt; with Q8_0 they drift 1e-2 to 1e-1 apart, since an activation within
-  // an ulp of a Q8_0 rounding step flips to the next int8 and that grows through the layers
-  // (cuda_engine_test LongContextSplitKCloseToCpu, docs/cuda.md).
-  int attention_split_min_cells = 0;
+  // 0: never. Split-K is not bit-exact with the CPU (its softmax sums are regrouped): with F32
+  // weights the engine's logits stay within 3.2e-7 (relative L2) of the CPU's on a 1,200-token
+  // prompt, with Q8_0 they drift 1e-2 to 1e-1 apart, since an activation within an ulp of a Q8_0
+  // rounding step flips to the next int8 and that grows through the layers (cuda_engine_test
+  // LongContextSplitKCloseToCpu). But the exact kernel, a block per token and head, slows down
+  // with the context: on the H200 (30B geometry, Q8_0) decode at 600 / 1,000 / 8,000 positions
+  // is 184.7 / 150.0 / 35.6 tokens/s exact and 210.4 / 215.4 / 123.8 split; at 300 they are even
+  // (219.5 / 215.6). Hence 512: contexts up to 512 cells (the corpus, the benchmark's 159) stay
+  // bit-exact; 0 keeps every length so.
+  int attention_split_min_cells = 512;
   // Non-null: the arena is exported to mer-residency through CUDA IPC and filled by it (the
   // experts come through this, not the ExpertSource; docs/cuda.md, "The arena over CUDA IPC").
   // Not owned; outlives the engine. Null: the engine uploads from the ExpertSource itself.
