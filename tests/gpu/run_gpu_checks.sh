@@ -18,9 +18,9 @@
 #             another commit copied in as mer_a), all experts in VRAM, run alternately AB_ROUNDS
 #             (2) times, so that their ratio is measured within one call;
 #   inplace:  `mer bench --profile-kernels 1` at 100%: GPU time per kernel kind in place;
-#   longctx:  decode and prompt speed at LONGCTX_PROMPTS (2000 8000) prompt tokens, exact
-#             attention against split-K past 1,024 cells (for CudaEngineOptions::
-#             attention_split_min_cells' default).
+#   longctx:  decode and prompt speed at LONGCTX_PROMPTS (2000 8000) prompt tokens, the exact
+#             attention kernel (--attention-split-cells 0) against split-K past 1,024 cells
+#             (docs/benchmarks.md, "Long contexts").
 set -uo pipefail
 BUNDLE=${BUNDLE:-.gpu/bundle}
 OUT=${OUT:-/tmp/mer-gpu-out}
