@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "services/compute/backend.h"
@@ -71,6 +72,31 @@ inline double RelL2(const float* a, const float* b, int n) {
     den += double(b[i]) * b[i];
   }
   return std::sqrt(num / std::max(den, 1e-30));
+}
+
+// The cuda backend's outputs against the reference's (both from GreedyAndScore, `ref` forced): the
+// greedy ids must be equal and every step's logits within `bound` relative L2 (gtest failures,
+// labelled with `what`). Counts the id mismatches and the worst relative L2 into *c. A prompt
+// whose id count differs is a fatal failure in the caller (check HasFatalFailure()).
+struct ReferenceComparison {
+  int id_mismatches = 0;
+  double worst_rel_l2 = 0;
+};
+
+inline void CompareWithReference(const Outputs& got, const Outputs& ref, int n_vocab, double bound,
+                                 const std::string& what, ReferenceComparison* c) {
+  ASSERT_EQ(got.ids.size(), ref.ids.size()) << what;
+  for (size_t p = 0; p < ref.ids.size(); ++p) {
+    ASSERT_EQ(got.ids[p].size(), ref.ids[p].size()) << what << " prompt " << p;
+    const size_t n = ref.ids[p].size();
+    for (size_t i = 0; i < n; ++i) c->id_mismatches += got.ids[p][i] != ref.ids[p][i];
+    EXPECT_EQ(got.ids[p], ref.ids[p]) << what << " prompt " << p;
+    for (size_t i = 0; i < n; ++i) {
+      const double e = RelL2(&got.logits[p][int64_t(i) * n_vocab], &ref.logits[p][int64_t(i) * n_vocab], n_vocab);
+      c->worst_rel_l2 = std::max(c->worst_rel_l2, e);
+      EXPECT_LE(e, bound) << what << " prompt " << p << " step " << i;
+    }
+  }
 }
 
 }  // namespace mer::gpu_test

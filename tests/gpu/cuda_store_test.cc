@@ -36,15 +36,10 @@
 namespace mer {
 namespace {
 
-using gpu_test::Corpus;
-using gpu_test::ForcedLogits;
 using gpu_test::GreedyAndScore;
 using gpu_test::Outputs;
-using gpu_test::GreedyIds;
 using gpu_test::MakeStore;
-using gpu_test::RelL2;
 using gpu_test::StoreFiles;
-using gpu_test::Threads;
 
 constexpr int kPrompts = 4;
 constexpr int kPromptTokens = 12;   // x top-k: a prompt layer routes to more experts than one acquire may pin
@@ -98,17 +93,13 @@ class CudaFromResidency : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CudaFromResidency, GreedyIdsEqualTheCpuReference) {
   const Case& tc = GetParam();
-  const std::unique_ptr<StoreFiles> files = MakeStore("cuda_store_test", tc.preset, tc.quant, tc.name);
-  ASSERT_NE(files, nullptr);
-
   // The CPU reference on the GGUF, every expert from the mapping.
-  const std::unique_ptr<gpu_test::Model> full = gpu_test::LoadModel(files->gguf);
-  ASSERT_NE(full, nullptr);
-  const auto prompts = Corpus(kPrompts, kPromptTokens, full->weights->config().n_vocab, 424242);
-  const absl::StatusOr<Outputs> cpu_ref = gpu_test::CpuReference(*full, prompts, kGenTokens);
-  ASSERT_TRUE(cpu_ref.ok()) << cpu_ref.status();
-  const Outputs& ref = *cpu_ref;
-  std::fprintf(stderr, "%s: CPU reference done\n", tc.name.c_str());
+  gpu_test::StoreReference sr;
+  gpu_test::MakeStoreReference("cuda_store_test", tc, kPrompts, kPromptTokens, kGenTokens, &sr);
+  ASSERT_FALSE(HasFatalFailure());
+  const StoreFiles* files = sr.files.get();
+  const auto& prompts = sr.prompts;
+  const Outputs& ref = sr.ref;
 
   // mer-residency in process, RAM tier 10% of the experts.
   auto store = ExpertStore::Open(files->store);
@@ -140,18 +131,11 @@ TEST_P(CudaFromResidency, GreedyIdsEqualTheCpuReference) {
     auto gpu = CudaEngine::Create(**dense, checked, o);
     ASSERT_TRUE(gpu.ok()) << gpu.status();
     const Outputs got = GreedyAndScore(**gpu, prompts, kGenTokens, &ref);
-    int mismatches = 0;
-    double worst = 0;
-    for (int p = 0; p < kPrompts; ++p) {
-      ASSERT_EQ(got.ids[p].size(), ref.ids[p].size());
-      for (int i = 0; i < kGenTokens; ++i) mismatches += got.ids[p][i] != ref.ids[p][i];
-      EXPECT_EQ(got.ids[p], ref.ids[p]) << tc.name << " arena " << arena << " prompt " << p;
-      for (int i = 0; i < kGenTokens; ++i) {
-        const double e = RelL2(&got.logits[p][int64_t(i) * V], &ref.logits[p][int64_t(i) * V], V);
-        worst = std::max(worst, e);
-        EXPECT_LE(e, kLogitsBound) << tc.name << " arena " << arena << " prompt " << p << " step " << i;
-      }
-    }
+    gpu_test::ReferenceComparison cmp;
+    gpu_test::CompareWithReference(got, ref, V, kLogitsBound, tc.name + " arena " + std::to_string(arena), &cmp);
+    ASSERT_FALSE(HasFatalFailure());
+    const int mismatches = cmp.id_mismatches;
+    const double worst = cmp.worst_rel_l2;
     const CudaEngineStats s = (*gpu)->stats();
     std::printf("[%s arena %.0f%% = %lld slots, RAM tier %u slots, %d per acquire] greedy id mismatches %d of %d, "
                 "worst forced-logits rel L2 %.3g, misses %lld, acquires %d (%d repeated layers), %s; residency %s\n",

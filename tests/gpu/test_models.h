@@ -112,4 +112,27 @@ inline absl::StatusOr<Outputs> CpuReference(const Model& m, const std::vector<st
   return GreedyAndScore(**cpu, prompts, n_gen, nullptr);
 }
 
+// The start of the store and IPC tests: the case's model written as a GGUF and an expert store
+// (MakeStore), a fixed corpus of n_prompts x prompt_tokens, and the CPU reference's outputs on
+// the GGUF (CpuReference, n_gen tokens each). A failure is a fatal gtest failure in the caller
+// (check HasFatalFailure()).
+struct StoreReference {
+  std::unique_ptr<StoreFiles> files;
+  std::vector<std::vector<int32_t>> prompts;
+  Outputs ref;
+};
+
+inline void MakeStoreReference(const std::string& test, const ModelCase& tc, int n_prompts, int prompt_tokens,
+                               int n_gen, StoreReference* r) {
+  r->files = MakeStore(test, tc.preset, tc.quant, tc.name);
+  ASSERT_NE(r->files, nullptr);
+  const std::unique_ptr<Model> full = LoadModel(r->files->gguf);  // every expert from the mapping
+  ASSERT_NE(full, nullptr);
+  r->prompts = Corpus(n_prompts, prompt_tokens, full->weights->config().n_vocab, 424242);
+  absl::StatusOr<Outputs> ref = CpuReference(*full, r->prompts, n_gen);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  r->ref = std::move(*ref);
+  std::fprintf(stderr, "%s: CPU reference done\n", tc.name.c_str());
+}
+
 }  // namespace mer::gpu_test
