@@ -18,6 +18,11 @@ __device__ inline uint16_t F32ToBF16Bits(float f) {
 }
 __device__ inline float BF16BitsToF32(uint16_t h) { return __uint_as_float(uint32_t{h} << 16); }
 
+// The activation types StoreAct writes (Q8_K quantizes whole 256-element blocks: kquant_quantize.cuh).
+__host__ __device__ inline bool StoreActWrites(int type) {
+  return type == kDevF32 || type == kDevF16 || type == kDevBF16 || type == kDevQ8_0;
+}
+
 // Stores activation element i of one row. For Q8_0 the 32 lanes of a warp must call it together
 // with i = 32 * b + lane (one Q8_0 block per warp call); the quantization is ggml's x86
 // quantize_row_q8_0 (common/quant/q8_0.cc): d = amax / 127, q = round-half-even(x * 127 / amax).

@@ -334,8 +334,8 @@ void LaunchDownFromF32T(const ExpertArgs& a, const float* h, float* out, cudaStr
 }  // namespace
 
 bool ExpertDownConvertsInput(int down_type, int64_t n_ff) {
-  const bool type_ok = down_type == kDevF32 || down_type == kDevF16 || down_type == kDevBF16 || down_type == kDevQ8_0;
-  return type_ok && n_ff % 32 == 0 && DownActScaleBytes(n_ff) + n_ff * 4 <= 48 * 1024;
+  // The dot type of F32/F16/BF16/Q8_0 rows is their own, which StoreAct writes.
+  return StoreActWrites(down_type) && n_ff % 32 == 0 && DownActScaleBytes(n_ff) + n_ff * 4 <= 48 * 1024;
 }
 
 void LaunchExpertDownFromF32(const ExpertArgs& a, const float* h, float* out, cudaStream_t stream) {

@@ -301,9 +301,7 @@ bool RouterTopK1Supported(int64_t n_embd, int n_expert) {
   return n_embd % 64 == 0 && n_embd <= kRouterMaxCols && n_expert <= kMaxExperts;
 }
 
-bool RouterTopK1NormSupported(int act_type) {
-  return act_type == kDevF32 || act_type == kDevF16 || act_type == kDevBF16 || act_type == kDevQ8_0;
-}
+bool RouterTopK1NormSupported(int act_type) { return StoreActWrites(act_type); }
 
 void LaunchRouterTopK1(const Router1Args& args, cudaStream_t stream) {
   const int rows = args.n_expert * (args.next.router != nullptr ? 2 : 1);
