@@ -123,10 +123,6 @@ struct ExpertLayout {
 };
 
 // An expert matrix staged for the repack kernel, which takes one type per launch.
-struct PendingRepack {
-  GgmlType type;
-  cuda::RepackJob job;
-};
 
 // Matrices that read the same activations (Q, K, V), in one launch per run of equal types
 // (LaunchMatvec takes one type; Q4_K_M files give V another type than Q and K).
@@ -259,7 +255,7 @@ struct CudaEngine::Impl {
   // ServeLayerExperts' and Preload's lists, reserved at Create.
   std::vector<int32_t> missing;          // experts of a pass not in the arena
   std::vector<ExpertWeights> views;      // of the group acquired
-  std::vector<PendingRepack> jobs;       // repack jobs not launched yet
+  std::vector<cuda::TypedRepackJob> jobs;       // repack jobs not launched yet
 
   // With o.vram_residency: the arena is exported to mer-residency, which fills it (docs/cuda.md,
   // "The arena over CUDA IPC"); the LRU above is unused then.
@@ -314,8 +310,8 @@ struct CudaEngine::Impl {
   void EnqueueExperts(int layer, int n, const DevAct& x_act, int u_begin, int u_count);
   // Uploads through staging_base on stream s (the main stream and `staging`, or the prefetch's).
   void UploadExpert(int layer, int expert, const ExpertWeights& w, int32_t slot,
-                    std::vector<PendingRepack>* jobs, int* staged, cudaStream_t s, uint8_t* staging_base);
-  void FlushRepack(std::vector<PendingRepack>* jobs, int* staged, cudaStream_t s);
+                    std::vector<cuda::TypedRepackJob>* jobs, int* staged, cudaStream_t s, uint8_t* staging_base);
+  void FlushRepack(std::vector<cuda::TypedRepackJob>* jobs, int* staged, cudaStream_t s);
   void RmsNormAct(const int32_t* rows, int n_rows, const cuda::MoeCombine& combine, const float* w, float* y,
                   const DevAct& act);
   int32_t TakeVictim();
@@ -786,26 +782,14 @@ int32_t CudaEngine::Impl::TakeVictim() {
   return -1;
 }
 
-void CudaEngine::Impl::FlushRepack(std::vector<PendingRepack>* jobs, int* staged, cudaStream_t s) {
-  // One launch per type present, in order of first appearance (at most 3 * staging_experts <=
-  // kMaxRepackJobs jobs in all).
-  cuda::RepackJob batch[cuda::kMaxRepackJobs];
-  for (size_t i = 0; i < jobs->size(); ++i) {
-    const GgmlType type = (*jobs)[i].type;
-    bool seen_before = false;
-    for (size_t k = 0; k < i && !seen_before; ++k) seen_before = (*jobs)[k].type == type;
-    if (seen_before) continue;
-    int n = 0;
-    for (const PendingRepack& p : *jobs)
-      if (p.type == type) batch[n++] = p.job;
-    cuda::LaunchRepack(DevTypeOf(type), batch, n, s);
-  }
+void CudaEngine::Impl::FlushRepack(std::vector<cuda::TypedRepackJob>* jobs, int* staged, cudaStream_t s) {
+  cuda::LaunchRepackByType(jobs->data(), static_cast<int>(jobs->size()), s);
   jobs->clear();
   *staged = 0;
 }
 
 void CudaEngine::Impl::UploadExpert(int layer, int expert, const ExpertWeights& ew, int32_t slot,
-                                    std::vector<PendingRepack>* jobs, int* staged, cudaStream_t s,
+                                    std::vector<cuda::TypedRepackJob>* jobs, int* staged, cudaStream_t s,
                                     uint8_t* staging_base) {
   const ExpertLayout& el = expert_layout[layer];
   uint8_t* dst = arena + int64_t(slot) * slot_bytes;
@@ -821,7 +805,7 @@ void CudaEngine::Impl::UploadExpert(int layer, int expert, const ExpertWeights& 
   for (int i = 0; i < 3; ++i) {
     if (NeedsRepack(types[i])) {
       CUDA_CHECK(cudaMemcpyAsync(stage_base + offsets[i], parts[i]->data, sizes[i], cudaMemcpyHostToDevice, s));
-      jobs->push_back({types[i], {stage_base + offsets[i], dst + offsets[i], sizes[i], parts[i]->cols}});
+      jobs->push_back({DevTypeOf(types[i]), {stage_base + offsets[i], dst + offsets[i], sizes[i], parts[i]->cols}});
     } else {
       CUDA_CHECK(cudaMemcpyAsync(dst + offsets[i], parts[i]->data, sizes[i], cudaMemcpyHostToDevice, s));
     }
@@ -1132,7 +1116,7 @@ void CudaEngine::Impl::PrefetchLayer(int layer) {
     return;
   }
   prefetch_held_layer = layer;
-  std::vector<PendingRepack> jobs;
+  std::vector<cuda::TypedRepackJob> jobs;
   int staged = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
     const int32_t s = TakeVictim();

@@ -41,8 +41,32 @@ __global__ void CopyKernel(const __grid_constant__ RepackArgs args) {
 
 }  // namespace
 
+void LaunchRepackByType(const TypedRepackJob* jobs, int n_jobs, cudaStream_t stream) {
+  RepackJob batch[kMaxRepackJobs];
+  for (int i = 0; i < n_jobs; ++i) {
+    const int type = jobs[i].type;
+    bool seen_before = false;
+    for (int k = 0; k < i && !seen_before; ++k) seen_before = jobs[k].type == type;
+    if (seen_before) continue;
+    int n = 0;
+    for (int k = i; k < n_jobs; ++k) {
+      if (jobs[k].type != type) continue;
+      batch[n++] = jobs[k].job;
+      if (n == kMaxRepackJobs) {
+        LaunchRepack(type, batch, n, stream);
+        n = 0;
+      }
+    }
+    LaunchRepack(type, batch, n, stream);
+  }
+}
+
 void LaunchRepack(int type, const RepackJob* jobs, int n_jobs, cudaStream_t stream) {
   if (n_jobs == 0) return;
+  if (n_jobs > kMaxRepackJobs) {
+    std::fprintf(stderr, "repack: %d jobs in one launch (at most %d)\n", n_jobs, kMaxRepackJobs);
+    std::abort();
+  }
   if (type == kDevQ4_K || type == kDevQ6_K) return LaunchRepackKQuant(type, jobs, n_jobs, stream);
   RepackArgs args{};
   for (int i = 0; i < n_jobs; ++i) args.jobs[i] = jobs[i];

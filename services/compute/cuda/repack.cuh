@@ -21,4 +21,12 @@ struct RepackJob {
 inline constexpr int kMaxRepackJobs = 48;
 void LaunchRepack(int type, const RepackJob* jobs, int n_jobs, cudaStream_t stream);
 
+// A batch of matrices of mixed types (the parts of uploaded experts): LaunchRepack for each type
+// present, in the order the types first appear, kMaxRepackJobs jobs at a time.
+struct TypedRepackJob {
+  int type;  // DevType
+  RepackJob job;
+};
+void LaunchRepackByType(const TypedRepackJob* jobs, int n_jobs, cudaStream_t stream);
+
 }  // namespace mer::cuda

@@ -41,6 +41,7 @@ absl::StatusOr<std::unique_ptr<ResidencyVram>> ResidencyVram::Create(
       new ResidencyVram(residency, arena, slot_bytes, std::move(layouts), staging, staging_slots));
   r->placements_.reserve(slot_count);
   r->fresh_.reserve(slot_count);
+  r->repack_jobs_.reserve(3 * static_cast<size_t>(staging_slots));
   std::fprintf(stderr, "cuda: arena exported to mer-residency over CUDA IPC (%s, %d slots x %lld B)\n",
                bus, slot_count, static_cast<long long>(slot_bytes));
   return r;
@@ -79,24 +80,21 @@ absl::StatusOr<int> ResidencyVram::Acquire(int layer, absl::Span<const int32_t> 
   const int64_t cols[3] = {L.gate_cols, L.gate_cols, L.down_cols};
   for (size_t b = 0; b < fresh_.size(); b += staging_slots_) {
     const size_t n = std::min<size_t>(staging_slots_, fresh_.size() - b);
-    RepackJob gate_jobs[kMaxRepackJobs], down_jobs[kMaxRepackJobs];
-    int n_gate = 0, n_down = 0;
+    repack_jobs_.clear();
     for (size_t j = 0; j < n; ++j) {
       uint8_t* slot = arena_ + int64_t(fresh_[b + j]) * slot_bytes_;
       uint8_t* stage = staging_ + int64_t(j) * slot_bytes_;
       CUDA_CHECK(cudaMemcpyAsync(stage, slot, L.raw.bytes, cudaMemcpyDeviceToDevice, stream));
       for (int m = 0; m < 3; ++m) {
         if (repack[m]) {
-          RepackJob job{stage + src_off[m], slot + dst_off[m], sizes[m], cols[m]};
-          if (m < 2) gate_jobs[n_gate++] = job; else down_jobs[n_down++] = job;
+          repack_jobs_.push_back({types[m], {stage + src_off[m], slot + dst_off[m], sizes[m], cols[m]}});
         } else {
           CUDA_CHECK(cudaMemcpyAsync(slot + dst_off[m], stage + src_off[m], sizes[m],
                                      cudaMemcpyDeviceToDevice, stream));
         }
       }
     }
-    if (n_gate > 0) LaunchRepack(types[0], gate_jobs, n_gate, stream);
-    if (n_down > 0) LaunchRepack(types[2], down_jobs, n_down, stream);
+    LaunchRepackByType(repack_jobs_.data(), static_cast<int>(repack_jobs_.size()), stream);
     stats_.converted += static_cast<int64_t>(n);
   }
   return demanded;

@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "services/compute/cuda/repack.cuh"
 #include "services/compute/vram_residency.h"
 
 struct CUstream_st;
@@ -83,6 +84,7 @@ class ResidencyVram {
   bool held_ = false;
   std::vector<VramPlacement> placements_;  // reserved at Create
   std::vector<int32_t> fresh_;
+  std::vector<TypedRepackJob> repack_jobs_;  // one staging batch's, reserved at Create
   std::vector<int32_t> last_prediction_;
   std::vector<uint8_t> confidence_;
   int last_prediction_layer_ = -1;
