@@ -3,6 +3,7 @@
 #include "services/compute/cuda/cuda_check.cuh"
 #include "services/compute/cuda/kquant_matvec.cuh"
 #include "services/compute/cuda/pdl.cuh"
+#include "services/compute/cuda/staged_dots.cuh"
 #include "services/compute/cuda/warp_dot.cuh"
 
 namespace mer::cuda {
@@ -91,6 +92,64 @@ __global__ void __launch_bounds__(kWarps * 32) MatvecKernel(const __grid_constan
     }
 }
 
+// Several tokens of Q8_0 rows (prompts, batches) whose rows fit in shared memory: each lane
+// group stages 2 consecutive rows of one matrix with cp.async (StagedDots), the block its 32
+// rows, and computes them for its kStagedTokens tokens (block row blockIdx.y), kStagedNT staged
+// at a time (176 KB of shared memory at 4,096 columns, one block per SM). The register path re-reads a row from L2 for every 8 tokens and pays an L2 round trip
+// per run; here the rows are read once per block. The weights depend on no earlier kernel, so
+// their copies are issued before the wait.
+constexpr int kStagedTokens = 16, kStagedNT = 8;
+
+__global__ void __launch_bounds__(kWarps * 32) MatvecStagedKernel(const __grid_constant__ MatvecArgs args) {
+  extern __shared__ uint4 staged[];
+  AllowDependents();
+  constexpr int G = kGroup<kDevQ8_0>;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t grow = ((int64_t(blockIdx.x) * kWarps + warp) * (32 / G) + lane / G) * 2;
+  int m = 0;
+  while (m + 1 < args.n_outputs && grow >= args.row_begin[m + 1]) ++m;
+  const bool active = grow < args.row_begin[args.n_outputs];
+  const MatvecOutput& o = args.o[m];
+  const int64_t row0 = grow - args.row_begin[m];
+  RowRef rows[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) rows[r] = active && row0 + r < o.w.rows ? MatrixRow<kDevQ8_0>(o.w, row0 + r) : RowRef{};
+  const int t_begin = blockIdx.y * kStagedTokens;
+  const int64_t rb = ActRowBytes(args.act.type, args.act.stride);
+  StagedDots<kStagedNT>(
+      staged, rows, args.o[0].w.cols, [] { WaitForPredecessor(); }, min(kStagedTokens, args.n_tokens - t_begin),
+      [&](int i) { return t_begin + i; },
+      [&](int t, const uint8_t** q, const float** s) {
+        *q = args.act.data + int64_t(t) * rb;
+        *s = args.act.scales + int64_t(t) * (args.act.stride / 32);
+      },
+      [&](int t, const float (&sum)[2]) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          if (rows[r].q == nullptr) continue;
+          const int64_t i = int64_t(t) * o.out_stride + row0 + r;
+          o.out[i] = o.residual != nullptr ? __fadd_rn(o.residual[i], sum[r]) : sum[r];
+        }
+      });
+}
+
+// The staged kernel for these outputs; false where the rows do not fit (up to 4,096 columns) or a
+// matrix has an odd number of rows (a lane group's 2 rows must be in one matrix).
+bool LaunchStaged(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
+  const int64_t cols = args.o[0].w.cols;
+  for (int i = 0; i < args.n_outputs; ++i)
+    if (args.o[i].w.rows % 2 != 0) return false;
+  const int threads = kWarps * 32;
+  constexpr int kRowsPerBlock = kWarps * (32 / kGroup<kDevQ8_0>) * 2;
+  const dim3 grid(static_cast<unsigned>((total_rows + kRowsPerBlock - 1) / kRowsPerBlock),
+                  static_cast<unsigned>((args.n_tokens + kStagedTokens - 1) / kStagedTokens));
+  if (!StagedFits(kDevQ8_0, cols, threads, kStagedNT)) return false;
+  static const bool limit_set = (SetStagedSmemLimit(MatvecStagedKernel), true);
+  (void)limit_set;
+  LaunchPdl(MatvecStagedKernel, grid, dim3(threads), StagedSmemBytes(cols, threads, kStagedNT), stream, args);
+  return true;
+}
+
 // One token, Q8_0 rows that WarpQ8_0Fits: a warp per row (WarpQ8_0Rows). The weight loads are
 // issued before waiting for the kernel that writes the activations.
 __global__ void __launch_bounds__(kWarps * 32) MatvecQ8_0DecodeKernel(const __grid_constant__ MatvecArgs args) {
@@ -136,9 +195,11 @@ void Launch(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
     const unsigned blocks = static_cast<unsigned>((total_rows + kWarps - 1) / kWarps);
     LaunchPdl(MatvecQ8_0DecodeKernel, dim3(blocks), dim3(kWarps * 32),
               kWarps * kWarpQ8_0SmemFloats(1, cols / 32) * sizeof(float), stream, args);
-  } else if (args.n_tokens == 1) {
-    LaunchLaneGroups<kType, 1>(args, bx, stream);
-  } else if (StagedActSmem<kType>(8, cols) == 0 && StagedActSmem<kType>(4, cols) > 0) {
+    return;
+  }
+  if (args.n_tokens == 1) return LaunchLaneGroups<kType, 1>(args, bx, stream);
+  if (kType == kDevQ8_0 && LaunchStaged(args, total_rows, stream)) return;
+  if (StagedActSmem<kType>(8, cols) == 0 && StagedActSmem<kType>(4, cols) > 0) {
     // 4 tokens per block where 8 rows would not fit in shared memory (a prompt's f32 router:
     // 8 x 8 KB), since activations read from global memory inside the chains cost an L2 round
     // trip per step (StageActRows): the 30B geometry's prompt routing 54 -> 36 us per layer.

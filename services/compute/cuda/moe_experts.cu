@@ -239,9 +239,9 @@ __global__ void __launch_bounds__(kWarps * 32, 3) DownFromF32Kernel(const __grid
     if (rows[r].q != nullptr) out[int64_t(pair) * a.n_embd + r0 + r] = acc[r][0];
 }
 
-// Multi-token passes over Q8_0 experts (staged_dots.cuh): 2 pairs at a time for gate/up, whose
-// 70 KB of rows per block then leave room for 3 blocks per SM; 8 for down (31 KB of rows).
-constexpr int kGateUpStagedNT = 2, kDownStagedNT = 8;
+// Multi-token passes over Q8_0 experts (staged_dots.cuh): 8 pairs staged at a time (gate/up:
+// 68 KB of rows and 18 KB of activations per block, 2 blocks per SM; down: 28 KB and 7 KB).
+constexpr int kGateUpStagedNT = 8, kDownStagedNT = 8;
 
 __global__ void __launch_bounds__(kWarps * 32) GateUpStagedKernel(const __grid_constant__ ExpertArgs a, DevAct act,
                                                                   float* h) {
