@@ -384,9 +384,12 @@ TEST(CudaKernels, MoeGroupPartitionsPairs) {
   cuda::LaunchMoeGroup(dc, n_pairs, ne, ds, g, nullptr);
   const std::vector<int32_t> h = ToHost(buf, 2 + ne + ne + 1 + n_pairs);
   const int n_used = h[0];
+  // The used experts in order of decreasing pair count, ties by id (moe_group.cu).
   std::vector<int32_t> distinct(chosen);
   std::sort(distinct.begin(), distinct.end());
   distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  const auto pairs_of = [&](int32_t e) { return std::count(chosen.begin(), chosen.end(), e); };
+  std::stable_sort(distinct.begin(), distinct.end(), [&](int32_t a, int32_t b) { return pairs_of(a) > pairs_of(b); });
   ASSERT_EQ(n_used, static_cast<int>(distinct.size()));
   EXPECT_EQ(h[1], int(std::count(distinct.begin(), distinct.end(), 4) + std::count(distinct.begin(), distinct.end(), 6)));
   std::vector<int> seen(n_pairs, 0);
