@@ -94,11 +94,14 @@ __global__ void __launch_bounds__(kWarps * 32) MatvecKernel(const __grid_constan
 
 // Several tokens of Q8_0 rows (prompts, batches) whose rows fit in shared memory: each lane
 // group stages 2 consecutive rows of one matrix with cp.async (StagedDots), the block its 32
-// rows, and computes them for its kStagedTokens tokens (block row blockIdx.y), kStagedNT staged
-// at a time (176 KB of shared memory at 4,096 columns, one block per SM). The register path re-reads a row from L2 for every 8 tokens and pays an L2 round trip
-// per run; here the rows are read once per block. The weights depend on no earlier kernel, so
-// their copies are issued before the wait.
-constexpr int kStagedTokens = 16, kStagedNT = 8;
+// rows, and computes them for its kStagedTokens tokens (block row blockIdx.y), all staged at once.
+// The register path re-reads a row from L2 for every 8 tokens and pays an L2 round trip per run;
+// here the rows are read once per block. The weights depend on no earlier kernel, so their copies
+// are issued before the wait. 8 tokens per block rather than 16 (more, shorter blocks): on the
+// H200, 30B geometry, 31-token prompts, 1,961-1,969 against 1,929-1,930 tokens/s (call I3), and
+// 16 for the 4,096-column output projection alone was slower too (1,942-1,950 against
+// 1,976-1,980, call I6).
+constexpr int kStagedTokens = 8, kStagedNT = 8;
 
 __global__ void __launch_bounds__(kWarps * 32) MatvecStagedKernel(const __grid_constant__ MatvecArgs args) {
   extern __shared__ uint4 staged[];

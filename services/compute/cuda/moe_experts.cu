@@ -267,11 +267,13 @@ __global__ void __launch_bounds__(kWarps * 32) GateUpStagedKernel(const __grid_c
       });
 }
 
+// The routing is final once this kernel starts (as for DownFromF32Kernel: gate/up lets its
+// dependents start only after its own wait), so the block stages its rows while gate/up and the
+// conversion of h still run, and waits only before reading h.
 __global__ void __launch_bounds__(kWarps * 32) DownStagedKernel(const __grid_constant__ ExpertArgs a, DevAct act,
                                                                 float* out) {
   extern __shared__ uint4 staged[];
   AllowDependents();
-  WaitForPredecessor();
   int64_t r0;
   RowRef rows[kDownRows];
   int n_pairs;
@@ -279,7 +281,7 @@ __global__ void __launch_bounds__(kWarps * 32) DownStagedKernel(const __grid_con
   if (!DownGroupRows<kDevQ8_0>(a, &r0, rows, &n_pairs, &pairs)) return;
   const int64_t rb = ActRowBytes(act.type, act.stride);
   StagedDots<kDownStagedNT>(
-      staged, rows, a.n_ff, [] {}, n_pairs, [&](int i) { return __ldcg(pairs + i); },
+      staged, rows, a.n_ff, [] { WaitForPredecessor(); }, n_pairs, [&](int i) { return __ldcg(pairs + i); },
       [&](int pair, const uint8_t** q, const float** s) {
         *q = act.data + int64_t(pair) * rb;
         *s = act.scales + int64_t(pair) * (act.stride / 32);
