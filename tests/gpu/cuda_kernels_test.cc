@@ -134,7 +134,7 @@ TEST(CudaKernels, MatvecMatchesCpuRowDots) {
     // WarpQ8_0Rows); the others the lane-group path.
     for (Size sz : {Size{2, 32}, Size{67, 64}, Size{33, 160}, Size{256, 256}, Size{512, 768}, Size{1000, 2048},
                     Size{5, 128}, Size{300, 4096}, Size{3, 8192}}) {
-      // 31 tokens: blocks of 16 and 15 staged tokens (passes of 8, 4, 2 and 1) where Q8_0 rows fit.
+      // 31 tokens: staged blocks of 8, 8, 8 and 7 tokens (passes of 8, and 4 + 2 + 1) where Q8_0 rows fit.
       for (int n : {1, 3, 9, 17, 31}) {
         const int64_t rb = RowBytes(type, sz.cols);
         const std::vector<float> wf = Random(sz.rows * sz.cols, 0.05f);

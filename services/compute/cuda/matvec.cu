@@ -200,7 +200,10 @@ void Launch(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
               kWarps * kWarpQ8_0SmemFloats(1, cols / 32) * sizeof(float), stream, args);
     return;
   }
-  if (args.n_tokens == 1) return LaunchLaneGroups<kType, 1>(args, bx, stream);
+  if (args.n_tokens == 1) {
+    LaunchLaneGroups<kType, 1>(args, bx, stream);
+    return;
+  }
   if (kType == kDevQ8_0 && LaunchStaged(args, total_rows, stream)) return;
   if (StagedActSmem<kType>(8, cols) == 0 && StagedActSmem<kType>(4, cols) > 0) {
     // 4 tokens per block where 8 rows would not fit in shared memory (a prompt's f32 router:

@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(kWarps * 32, 3) DownFromF32Kernel(const __grid
 }
 
 // Multi-token passes over Q8_0 experts (staged_dots.cuh). Gate/up stages 2 pairs at a time: its
-// 68 KB of rows and 4.5 KB of activations per block leave room for 3 blocks per SM, which beat 8
+// 70 KB of rows and 4.6 KB of activations per block leave room for 3 blocks per SM, which beat 8
 // pairs at 2 blocks per SM on the H200 (30B geometry, 31-token prompt: 2,019-2,020 against
 // 1,942-1,950 tokens/s, call I6), more warps to hide shared-memory latency outweighing a few more
 // instructions per dp4a. Down stages 8 (28 KB of rows and 7 KB of activations per block).
