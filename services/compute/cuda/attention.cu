@@ -135,8 +135,7 @@ __device__ void NormRopeHead(const AttentionArgs& a, int t, int h, int kvh, floa
   if (in) {
     const float* head = normed + (is_q ? 0 : HD);
     const float x0 = head[i], x1 = head[i + half];
-    // cpu::RopeNeox as QkNormRopeKernel.
-    const float out = d < half ? fmaf(x0, c, -__fmul_rn(x1, sn)) : fmaf(x0, sn, __fmul_rn(x1, c));
+    const float out = RopeNeoxAt(d, half, x0, x1, c, sn);
     (is_q ? q_new : k_new)[d] = out;
     if (h % (a.n_head / a.n_head_kv) == 0) {
       const int64_t cell = (int64_t(r.seq[t]) * r.max_ctx + r.pos[t]) * KD + kvh * HD + d;

@@ -122,8 +122,6 @@ struct ExpertLayout {
   int64_t bytes() const { return gate_bytes + up_bytes + down_bytes; }
 };
 
-// An expert matrix staged for the repack kernel, which takes one type per launch.
-
 // Matrices that read the same activations (Q, K, V), in one launch per run of equal types
 // (LaunchMatvec takes one type; Q4_K_M files give V another type than Q and K).
 void LaunchMatvecRuns(const cuda::MatvecOutput* outputs, int n, const DevAct& act, int n_tokens,

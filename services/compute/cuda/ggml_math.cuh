@@ -6,6 +6,12 @@
 
 namespace mer::cuda {
 
+// Element d of a NeoX-rotated head of 2 * half (cpu_ops.h RopeNeox as GCC compiles it, -mfma
+// contracting): x0 = head[d mod half], x1 = head[d mod half + half], c / s that pair's cos / sin.
+__device__ inline float RopeNeoxAt(int d, int half, float x0, float x1, float c, float s) {
+  return d < half ? fmaf(x0, c, -__fmul_rn(x1, s)) : fmaf(x0, s, __fmul_rn(x1, c));
+}
+
 // One lane of ggml_v_expf (cpu_ops.h GgmlExpf).
 __device__ inline float GgmlExpf(float x) {
   const float r = 0x1.8p23f;

@@ -1,6 +1,7 @@
 #include "services/compute/cuda/qk_norm_rope.cuh"
 
 #include "services/compute/cuda/cuda_check.cuh"
+#include "services/compute/cuda/ggml_math.cuh"
 #include "services/compute/cuda/pdl.cuh"
 
 namespace mer::cuda {
@@ -29,9 +30,7 @@ __global__ void QkNormRopeKernel(const QkNormRopeArgs a) {
   const int i = d < half ? d : d - half;
   const float c = a.rope_cos[int64_t(t) * half + i], sn = a.rope_sin[int64_t(t) * half + i];
   const float x0 = head[i], x1 = head[i + half];
-  // cpu::RopeNeox as GCC compiles it (-mfma contracts): fma(x0, cos, -(x1 sin)) and
-  // fma(x0, sin, x1 cos).
-  const float out = d < half ? fmaf(x0, c, -__fmul_rn(x1, sn)) : fmaf(x0, sn, __fmul_rn(x1, c));
+  const float out = RopeNeoxAt(d, half, x0, x1, c, sn);
   if (is_q) {
     a.q[(int64_t(t) * a.n_head + h) * HD + d] = out;
   } else {

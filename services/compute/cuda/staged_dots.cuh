@@ -83,10 +83,7 @@ __device__ __forceinline__ void StagedPass(const uint4* staged, const uint4* act
 #pragma unroll
     for (int m = 0; m < 2; ++m) {
       wq[m] = w_row[m][i * nthreads];
-      const uint2 sv = *reinterpret_cast<const uint2*>(w_scales[m] + (i / 16) * nthreads * 16 + (i % 16) * 8);
-      const __half2 s01 = *reinterpret_cast<const __half2*>(&sv.x), s23 = *reinterpret_cast<const __half2*>(&sv.y);
-      w_s[m][0] = __low2float(s01); w_s[m][1] = __high2float(s01);
-      w_s[m][2] = __low2float(s23); w_s[m][3] = __high2float(s23);
+      Q8_0RunScales(*reinterpret_cast<const uint2*>(w_scales[m] + (i / 16) * nthreads * 16 + (i % 16) * 8), w_s[m]);
     }
 #pragma unroll
     for (int t = 0; t < T; ++t) {

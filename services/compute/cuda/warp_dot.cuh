@@ -62,6 +62,15 @@ __device__ __forceinline__ float Q8_0RunStep(const uint4& w, const float (&w_sca
   return acc;
 }
 
+// The f32 scales of a run's 4 Q8_0 blocks from their 4 f16s, loaded as one 8-byte value.
+__device__ __forceinline__ void Q8_0RunScales(const uint2& s, float (&out)[4]) {
+  const __half2 s01 = *reinterpret_cast<const __half2*>(&s.x), s23 = *reinterpret_cast<const __half2*>(&s.y);
+  out[0] = __low2float(s01);
+  out[1] = __high2float(s01);
+  out[2] = __low2float(s23);
+  out[3] = __high2float(s23);
+}
+
 template <int kType>
 __device__ inline float HalfToF32(uint16_t v) {
   if constexpr (kType == kDevF16) return __half2float(__ushort_as_half(v));
@@ -108,6 +117,7 @@ __device__ inline void GroupDots(const RowRef (&rows)[R], int64_t cols, const ui
           const bool ok = b < nb4 && rows[r].q != nullptr;
           wq[u][r] = ok ? __ldcs(reinterpret_cast<const uint4*>(rows[r].q + b * 32) + g) : make_uint4(0, 0, 0, 0);
           if (ok && aligned) {
+            // (Q8_0RunScales's conversion, written out: the call changes this loop's machine code)
             const uint2 sv = *reinterpret_cast<const uint2*>(rows[r].s + b);
             const __half2 s01 = *reinterpret_cast<const __half2*>(&sv.x), s23 = *reinterpret_cast<const __half2*>(&sv.y);
             ws[u][r][0] = __low2float(s01); ws[u][r][1] = __high2float(s01);
@@ -309,9 +319,8 @@ struct GroupQ8_0Preload {
       const float as[4] = {a4.x, a4.y, a4.z, a4.w};
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        const __half2 s01 = *reinterpret_cast<const __half2*>(&ws[i][r].x);
-        const __half2 s23 = *reinterpret_cast<const __half2*>(&ws[i][r].y);
-        const float w_s[4] = {__low2float(s01), __high2float(s01), __low2float(s23), __high2float(s23)};
+        float w_s[4];
+        Q8_0RunScales(ws[i][r], w_s);
         acc[r] = Q8_0RunStep(wq[i][r], w_s, aq, as, acc[r]);
       }
     }
@@ -377,8 +386,8 @@ struct WarpQ8_0Rows {
       const uint4 aq = reinterpret_cast<const uint4*>(act_q + int64_t(j) * 128)[l];
       const float4 a4 = *reinterpret_cast<const float4*>(act_s + 4 * j);
       const float as[4] = {a4.x, a4.y, a4.z, a4.w};
-      const __half2 s01 = *reinterpret_cast<const __half2*>(&ws[i].x), s23 = *reinterpret_cast<const __half2*>(&ws[i].y);
-      const float w_s[4] = {__low2float(s01), __high2float(s01), __low2float(s23), __high2float(s23)};
+      float w_s[4];
+      Q8_0RunScales(ws[i], w_s);
       const int a_int[4] = {static_cast<int>(aq.x), static_cast<int>(aq.y), static_cast<int>(aq.z), static_cast<int>(aq.w)};
       const int w_int[4] = {static_cast<int>(wq[i].x), static_cast<int>(wq[i].y), static_cast<int>(wq[i].z),
                             static_cast<int>(wq[i].w)};
