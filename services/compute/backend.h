@@ -47,6 +47,11 @@ class ComputeBackend {
   // sequence; errors of the expert source are passed on (the KV entries of this batch are then
   // undefined, the sequences' earlier entries are kept). One Forward at a time.
   virtual absl::Status Forward(absl::Span<const BatchToken> batch, float* logits) = 0;
+  // Forward for greedy decoding: for each token with want_logits, in batch order, writes the id of
+  // its largest logit (Sampler::Argmax: the lowest id on ties, NaNs never chosen unless at id 0) to
+  // `ids` instead of the logits, which a backend may keep where they are computed (the cuda
+  // backend copies 4 bytes per row instead of n_vocab floats). Same errors as Forward.
+  virtual absl::Status ForwardArgmax(absl::Span<const BatchToken> batch, int32_t* ids) = 0;
 
   // Forgets the sequence's KV entries (its slot can take a new sequence at position 0).
   virtual void ClearSequence(int sequence) = 0;

@@ -13,10 +13,11 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
 }
 
 // Feeds tokens[0, n) at positions [start, start + n) in chunks of the engine's batch size; the
-// rows listed by `want_logits(i)` get logits, written consecutively to `logits`.
+// rows listed by `want_logits(i)` get logits, written consecutively to `logits`, or with `ids`
+// their greedy tokens (ComputeBackend::ForwardArgmax), written consecutively to `ids`.
 template <typename WantLogits>
 absl::Status Feed(ComputeBackend& engine, int sequence, absl::Span<const int32_t> tokens, int32_t start,
-                  const WantLogits& want_logits, float* logits) {
+                  const WantLogits& want_logits, float* logits, int32_t* ids = nullptr) {
   const int chunk = engine.max_batch_tokens();
   const int64_t n_vocab = engine.config().n_vocab;
   std::vector<BatchToken> batch;
@@ -29,8 +30,13 @@ absl::Status Feed(ComputeBackend& engine, int sequence, absl::Span<const int32_t
       batch.push_back({tokens[i], static_cast<int32_t>(start + i), sequence, want});
       n_out += want;
     }
-    RETURN_IF_ERROR(engine.Forward(batch, logits));
-    logits += n_out * n_vocab;
+    if (ids != nullptr) {
+      RETURN_IF_ERROR(engine.ForwardArgmax(batch, ids));
+      ids += n_out;
+    } else {
+      RETURN_IF_ERROR(engine.Forward(batch, logits));
+      logits += n_out * n_vocab;
+    }
   }
   return absl::OkStatus();
 }
@@ -58,22 +64,25 @@ absl::StatusOr<std::vector<int32_t>> Generate(ComputeBackend& engine, int sequen
   const auto t0 = std::chrono::steady_clock::now();
   engine.ClearSequence(sequence);
   const int64_t n_vocab = engine.config().n_vocab;
-  std::vector<float> logits(n_vocab);
+  Sampler sampler(request.sampling);
+  // Greedy without a penalty needs no logits on the host: the backend returns the argmax.
+  const bool argmax = sampler.IsPlainArgmax();
+  std::vector<float> logits(argmax ? 0 : n_vocab);
+  int32_t greedy = 0;  // the argmax of the last row, with `argmax`
   const size_t n_prompt = request.prompt.size();
-  RETURN_IF_ERROR(Feed(engine, sequence, request.prompt, 0,
-                       [n_prompt](size_t i) { return i + 1 == n_prompt; }, logits.data()));
+  RETURN_IF_ERROR(Feed(engine, sequence, request.prompt, 0, [n_prompt](size_t i) { return i + 1 == n_prompt; },
+                       logits.data(), argmax ? &greedy : nullptr));
   GenerationStats s;
   s.prompt_tokens = static_cast<int32_t>(n_prompt);
   s.prompt_seconds = SecondsSince(t0);
 
-  Sampler sampler(request.sampling);
   std::vector<int32_t> history = request.prompt;
   history.reserve(n_prompt + request.max_new_tokens);
   std::vector<int32_t> out;
   out.reserve(request.max_new_tokens);
   std::chrono::steady_clock::time_point t_first;
   for (int32_t step = 0; step < request.max_new_tokens; ++step) {
-    const int32_t token = sampler.Sample(logits, history);
+    const int32_t token = argmax ? greedy : sampler.Sample(logits, history);
     out.push_back(token);
     history.push_back(token);
     if (step == 0) {
@@ -83,7 +92,11 @@ absl::StatusOr<std::vector<int32_t>> Generate(ComputeBackend& engine, int sequen
     if (on_token) on_token(token);
     if (token == request.eos_id || step + 1 == request.max_new_tokens) break;
     const BatchToken next{token, static_cast<int32_t>(history.size() - 1), sequence, true};
-    RETURN_IF_ERROR(engine.Forward(absl::MakeConstSpan(&next, 1), logits.data()));
+    if (argmax) {
+      RETURN_IF_ERROR(engine.ForwardArgmax(absl::MakeConstSpan(&next, 1), &greedy));
+    } else {
+      RETURN_IF_ERROR(engine.Forward(absl::MakeConstSpan(&next, 1), logits.data()));
+    }
   }
   s.generated_tokens = static_cast<int32_t>(out.size());
   s.decode_seconds = SecondsSince(t_first);

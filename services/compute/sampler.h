@@ -32,8 +32,11 @@ class Sampler {
   // and generated), used by the repetition penalty. Reuses internal buffers: no allocation after the first call.
   int32_t Sample(absl::Span<const float> logits, absl::Span<const int32_t> history);
 
-  // Index of the largest value, lowest index on ties.
+  // Index of the largest value, lowest index on ties (NaNs never win; a NaN at index 0 stays).
   static int32_t Argmax(absl::Span<const float> logits);
+  // Sample(logits, history) is Argmax(logits) whatever the history: greedy without a repetition
+  // penalty, so a backend may take the argmax itself (ComputeBackend::ForwardArgmax).
+  bool IsPlainArgmax() const { return params_.temperature == 0.0f && params_.repetition_penalty == 1.0f; }
 
  private:
   SamplingParams params_;

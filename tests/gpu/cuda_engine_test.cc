@@ -6,6 +6,7 @@
 // are within 1e-3 relative L2 -- with the expert arena holding all experts and 10% of them.
 // Also: mixed batches equal solo runs, and 10,000 decode steps grow neither VRAM nor RSS.
 #include "services/compute/cuda/cuda_engine.h"
+#include "services/compute/sampler.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -249,6 +250,61 @@ TEST(CudaEngine, MixedBatchEqualsSolo) {
   EXPECT_FALSE((*e)->Forward(absl::MakeConstSpan(&bad, 1), l.data()).ok());
   const BatchToken gap{1, 50, 0, true};
   EXPECT_FALSE((*e)->Forward(absl::MakeConstSpan(&gap, 1), l.data()).ok());
+}
+
+// ForwardArgmax gives each row's Sampler::Argmax of the logits Forward gives for the same batch:
+// a chunked two-sequence prompt (16 rows) and then 8 single-token steps, with every expert
+// resident (the graph path) and with 30% of them (the host path).
+TEST(CudaEngine, ForwardArgmaxEqualsHostArgmax) {
+  auto model = MakeModel("tiny", SynthQuant::kQ8_0);
+  ASSERT_NE(model, nullptr);
+  for (double fraction : {-1.0, 0.3}) {
+    CudaEngineOptions o;
+    o.max_batch_tokens = 64;
+    o.max_sequences = 2;
+    o.max_context_tokens = 128;
+    o.vram_expert_budget_fraction = fraction;
+    auto e = CudaEngine::Create(*model->weights, *model->experts, o);
+    ASSERT_TRUE(e.ok()) << e.status();
+    const int V = (*e)->config().n_vocab;
+    const std::vector<int32_t> a = {5, 17, 250, 3, 99, 42, 42, 7}, b = {1, 120, 64, 8, 9, 10, 11, 12};
+    std::vector<BatchToken> prompt;
+    for (size_t i = 0; i < a.size(); ++i) {
+      prompt.push_back({a[i], int32_t(i), 0, true});
+      prompt.push_back({b[i], int32_t(i), 1, true});
+    }
+    // Run 1 with logits (the argmaxes taken on the host), run 2 with ForwardArgmax, from the same
+    // empty cache; the decode steps feed back run 1's tokens.
+    std::vector<int32_t> want, got;
+    std::vector<float> logits(prompt.size() * V);
+    for (int run = 0; run < 2; ++run) {
+      (*e)->ClearSequence(0);
+      (*e)->ClearSequence(1);
+      std::vector<int32_t>& out = run == 0 ? want : got;
+      std::vector<int32_t> ids(prompt.size());
+      if (run == 0) {
+        ASSERT_TRUE((*e)->Forward(prompt, logits.data()).ok());
+        for (size_t r = 0; r < prompt.size(); ++r) ids[r] = Sampler::Argmax(absl::MakeConstSpan(&logits[r * V], V));
+      } else {
+        ASSERT_TRUE((*e)->ForwardArgmax(prompt, ids.data()).ok());
+      }
+      out.insert(out.end(), ids.begin(), ids.end());
+      for (int step = 0; step < 8; ++step) {
+        // Seq 0's previous greedy token (run 1's): its last prompt row's, then each step's.
+        const int32_t token = step == 0 ? want[prompt.size() - 2] : want[prompt.size() + step - 1];
+        const BatchToken t{token, int32_t(a.size()) + step, 0, true};
+        int32_t id = -1;
+        if (run == 0) {
+          ASSERT_TRUE((*e)->Forward(absl::MakeConstSpan(&t, 1), logits.data()).ok());
+          id = Sampler::Argmax(absl::MakeConstSpan(logits.data(), V));
+        } else {
+          ASSERT_TRUE((*e)->ForwardArgmax(absl::MakeConstSpan(&t, 1), &id).ok());
+        }
+        out.push_back(id);
+      }
+    }
+    EXPECT_EQ(got, want) << "arena fraction " << fraction;
+  }
 }
 
 int64_t RssBytes() {

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <string>
@@ -19,6 +20,7 @@
 #include "common/quant/q8_k.h"
 #include "common/quant/quant.h"
 #include "services/compute/cpu/cpu_ops.h"
+#include "services/compute/cuda/argmax.cuh"
 #include "services/compute/cuda/attention.cuh"
 #include "services/compute/cuda/cuda_check.cuh"
 #include "services/compute/cuda/embed.cuh"
@@ -31,6 +33,7 @@
 #include "services/compute/cuda/repack.cuh"
 #include "services/compute/cuda/rms_norm.cuh"
 #include "services/compute/cuda/router_topk.cuh"
+#include "services/compute/sampler.h"
 
 namespace mer {
 namespace {
@@ -364,6 +367,39 @@ TEST(CudaKernels, FusedRouterEqualsMatvecThenTopK) {
       EXPECT_EQ(ToHost(lookups, 1)[0], 3ull * k);
       for (void* p : {(void*)dw, (void*)ds, (void*)buf, (void*)lookups, (void*)done}) CUDA_CHECK(cudaFree(p));
     }
+  }
+}
+
+// The argmax kernel against Sampler::Argmax: distinct values, ties (the lowest index), NaNs (never
+// chosen; one at index 0 kept), rows of -inf, +inf twice, lengths around the block size up to the
+// 30B vocabulary.
+TEST(CudaKernels, ArgmaxRowsEqualsSamplerArgmax) {
+  const float nan = std::nanf(""), inf = std::numeric_limits<float>::infinity();
+  for (int64_t n : {1, 7, 1024, 1025, 4099, 151936}) {
+    std::vector<std::vector<float>> rows;
+    rows.push_back(Random(n));
+    std::vector<float> tie = Random(n);
+    tie[n - 1] = tie[n / 2] = 9.0f;
+    rows.push_back(tie);
+    rows.push_back(std::vector<float>(n, -inf));
+    std::vector<float> nan0 = Random(n);
+    nan0[0] = nan;
+    rows.push_back(nan0);
+    std::vector<float> nans = Random(n);
+    for (int64_t i = 1; i < n; i += 5) nans[i] = nan;
+    rows.push_back(nans);
+    std::vector<float> infs = Random(n);
+    infs[n - 1] = inf;
+    infs[(n - 1) / 3] = inf;
+    rows.push_back(infs);
+    std::vector<float> flat;
+    for (const auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
+    float* d = ToDevice(flat);
+    int32_t* ids = DeviceNaN<int32_t>(rows.size());
+    cuda::LaunchArgmaxRows(d, static_cast<int>(rows.size()), n, ids, nullptr);
+    const std::vector<int32_t> got = ToHost(ids, rows.size());
+    for (size_t r = 0; r < rows.size(); ++r) EXPECT_EQ(got[r], Sampler::Argmax(rows[r])) << "n " << n << " row " << r;
+    for (void* p : {(void*)d, (void*)ids}) CUDA_CHECK(cudaFree(p));
   }
 }
 

@@ -9,6 +9,7 @@
 #include "common/base/status.h"
 #include "common/quant/quant.h"
 #include "services/compute/cpu/cpu_ops.h"
+#include "services/compute/sampler.h"
 
 namespace mer {
 namespace {
@@ -418,6 +419,17 @@ absl::Status CpuEngine::MoE(int layer, int n) {
     }
     for (int64_t i = 0; i < E; ++i) x[i] = acc[i] + x[i];
   }
+  return absl::OkStatus();
+}
+
+absl::Status CpuEngine::ForwardArgmax(absl::Span<const BatchToken> batch, int32_t* ids) {
+  size_t rows = 0;
+  for (const BatchToken& t : batch) rows += t.want_logits;
+  const size_t n_vocab = static_cast<size_t>(config_.n_vocab);
+  if (argmax_logits_.size() < rows * n_vocab) argmax_logits_.resize(rows * n_vocab);
+  RETURN_IF_ERROR(Forward(batch, argmax_logits_.data()));
+  for (size_t r = 0; r < rows; ++r)
+    ids[r] = Sampler::Argmax(absl::MakeConstSpan(argmax_logits_.data() + r * n_vocab, n_vocab));
   return absl::OkStatus();
 }
 

@@ -49,6 +49,8 @@ class CpuEngine final : public ComputeBackend {
   int max_sequences() const override { return options_.max_sequences; }
   int max_context_tokens() const override { return options_.max_context_tokens; }
   absl::Status Forward(absl::Span<const BatchToken> batch, float* logits) override;
+  // Forward into argmax_logits_, then Sampler::Argmax of each row: the logits are on the host anyway.
+  absl::Status ForwardArgmax(absl::Span<const BatchToken> batch, int32_t* ids) override;
   void ClearSequence(int sequence) override;
   int32_t sequence_length(int sequence) const override { return seq_len_[sequence]; }
   void set_routing_observer(RoutingObserver* observer) override { routing_observer_ = observer; }
@@ -94,6 +96,7 @@ class CpuEngine final : public ComputeBackend {
   std::vector<float> k_;          // f32 [T, kv_dim]
   std::vector<float> v_;          // f32 [T, kv_dim]
   std::vector<float> attn_;       // f32 [T, q_dim] attention output, heads concatenated
+  std::vector<float> argmax_logits_;  // ForwardArgmax's rows, grown to the most rows asked for
   std::vector<float> scores_;     // f32 [threads, max_context] attention scores per worker
   std::vector<float> kqv_lanes_;  // f32 [threads, head_dim, 64] ggml's fma lanes of softmax . V
   std::vector<float> proj_;       // f32 [T, n_embd] output of a projection before the residual add

@@ -17,6 +17,7 @@
 #include "common/base/status.h"
 #include "common/quant/quant.h"
 #include "services/compute/cpu/cpu_ops.h"
+#include "services/compute/cuda/argmax.cuh"
 #include "services/compute/cuda/attention.cuh"
 #include "services/compute/cuda/cuda_check.cuh"
 #include "services/compute/cuda/device_layout.cuh"
@@ -193,6 +194,7 @@ struct CudaEngine::Impl {
   float* h = nullptr;            // f32 [T * K, n_ff]
   float* expert_out = nullptr;   // f32 [T * K, n_embd]
   float* logits = nullptr;       // f32 [T, n_vocab]
+  int32_t* argmax_ids = nullptr; // int32 [T], ForwardArgmax's
   uint8_t* act_a = nullptr;      // activations [T, max(n_embd, q_dim)] (+ scales)
   float* act_a_scales = nullptr;
   uint8_t* act_b = nullptr;      // activations [max(T * K * n_ff, T * n_embd)] (+ scales)
@@ -546,6 +548,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
                                T * NE, T * K, T * K * F, T * K * E, T * V};
   for (int64_t s : f32_sizes) w.Reserve(s * 4);
   w.Reserve(T * K * 4);                                  // chosen
+  w.Reserve(T * 4);                                      // argmax_ids
   w.Reserve(act_a_elems * 4);
   w.Reserve(act_a_elems / 32 * 4);
   w.Reserve(act_b_elems * 4);
@@ -576,6 +579,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   m.expert_out = w.Take<float>(T * K * E * 4);
   m.logits = w.Take<float>(T * V * 4);
   m.chosen = w.Take<int32_t>(T * K * 4);
+  m.argmax_ids = w.Take<int32_t>(T * 4);
   m.act_a = w.Take<uint8_t>(act_a_elems * 4);
   m.act_a_scales = w.Take<float>(act_a_elems / 32 * 4);
   m.act_b = w.Take<uint8_t>(act_b_elems * 4);
@@ -1275,6 +1279,14 @@ void CudaEngine::Impl::EnqueueStep(int n, int n_out, bool host_path, absl::Statu
 }
 
 absl::Status CudaEngine::Forward(absl::Span<const BatchToken> batch, float* logits) {
+  return Run(batch, logits, nullptr);
+}
+
+absl::Status CudaEngine::ForwardArgmax(absl::Span<const BatchToken> batch, int32_t* ids) {
+  return Run(batch, nullptr, ids);
+}
+
+absl::Status CudaEngine::Run(absl::Span<const BatchToken> batch, float* logits, int32_t* ids) {
   Impl& m = *impl_;
   RETURN_IF_ERROR(m.Validate(batch));
   const ModelConfig& c = config_;
@@ -1323,9 +1335,15 @@ absl::Status CudaEngine::Forward(absl::Span<const BatchToken> batch, float* logi
   } else {
     m.EnqueueStep(n, n_out, host_path, &status);
   }
-  if (status.ok() && n_out > 0)
+  if (status.ok() && n_out > 0 && ids != nullptr) {
+    cuda::LaunchArgmaxRows(m.logits, n_out, c.n_vocab, m.argmax_ids, m.stream);
+    m.Mark("argmax");
+    CUDA_CHECK(cudaMemcpyAsync(ids, m.argmax_ids, int64_t(n_out) * 4, cudaMemcpyDeviceToHost, m.stream));
+    m.Mark("ids D2H");
+  } else if (status.ok() && n_out > 0) {
     CUDA_CHECK(cudaMemcpyAsync(logits, m.logits, int64_t(n_out) * c.n_vocab * 4, cudaMemcpyDeviceToHost, m.stream));
-  m.Mark("logits D2H");
+    m.Mark("logits D2H");
+  }
   CUDA_CHECK(cudaMemcpyAsync(m.host_lookups, m.lookups_total, 8, cudaMemcpyDeviceToHost, m.stream));
   m.Sync();
   m.CollectMarks();

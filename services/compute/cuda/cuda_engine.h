@@ -129,11 +129,15 @@ class CudaEngine final : public ComputeBackend {
   int max_sequences() const override { return options_.max_sequences; }
   int max_context_tokens() const override { return options_.max_context_tokens; }
   absl::Status Forward(absl::Span<const BatchToken> batch, float* logits) override;
+  // The argmax of each row on the GPU (argmax.cuh); 4 bytes per row to the host.
+  absl::Status ForwardArgmax(absl::Span<const BatchToken> batch, int32_t* ids) override;
   void ClearSequence(int sequence) override;
   int32_t sequence_length(int sequence) const override;
   void set_routing_observer(RoutingObserver* observer) override;
 
  private:
+  // Forward with either output: logits (n_vocab floats per row) or ids (the rows' argmaxes).
+  absl::Status Run(absl::Span<const BatchToken> batch, float* logits, int32_t* ids);
   struct Impl;
   CudaEngine(const ModelConfig& config, const CudaEngineOptions& options, std::unique_ptr<Impl> impl);
 

@@ -69,6 +69,7 @@ Batcher::Batcher(ComputeBackend& backend, const BatcherOptions& options, Compute
   prefill_n_.assign(max_sequences_, 0);
   leaving_.reserve(max_sequences_);
   logits_.resize(size_t(max_batch_tokens_) * n_vocab_);
+  greedy_.resize(max_batch_tokens_);
   for (int s = 0; s < max_sequences_; ++s) backend_.ClearSequence(s);
   thread_ = std::thread([this] { StepLoop(); });
 }
@@ -235,8 +236,12 @@ bool Batcher::Step() {
   }
 
   // Rows must be in batch order: decodes (in rotation order) come first, then the prompts' last
-  // tokens in arrival order, which is how they were appended.
-  const absl::Status s = backend_.Forward(batch_, logits_.data());
+  // tokens in arrival order, which is how they were appended. When every row samples greedily
+  // without a penalty, the backend returns the argmaxes and no logits reach the host.
+  bool all_argmax = true;
+  for (int32_t i : rows_) all_argmax = all_argmax && running_[i]->sampler.IsPlainArgmax();
+  const absl::Status s =
+      all_argmax ? backend_.ForwardArgmax(batch_, greedy_.data()) : backend_.Forward(batch_, logits_.data());
   if (!s.ok()) {
     // Every sequence in the batch has undefined KV entries now: they all fail. The others keep
     // running. Expert-source failures (mer-residency gone) come as Unavailable.
@@ -257,7 +262,7 @@ bool Batcher::Step() {
     Running& r = *running_[rows_[row]];
     if (r.pending >= 0) ++r.fed;  // the decode token is in the KV cache now
     const float* lg = logits_.data() + row * size_t(n_vocab_);
-    const int32_t token = r.sampler.Sample(absl::MakeConstSpan(lg, n_vocab_), r.history);
+    const int32_t token = all_argmax ? greedy_[row] : r.sampler.Sample(absl::MakeConstSpan(lg, n_vocab_), r.history);
     r.history.push_back(token);
     ++r.generated;
     r.stream->Push(token);

@@ -148,6 +148,7 @@ class Batcher {
   std::vector<int32_t> rows_;        // running_ index of each logits row
   std::vector<int32_t> prefill_n_;   // prompt tokens of running_[i] in this batch
   std::vector<float> logits_;        // f32 [max_batch_tokens, n_vocab]
+  std::vector<int32_t> greedy_;      // [max_batch_tokens]: each row's argmax, when every row is greedy
   std::vector<size_t> leaving_;      // running_ indices that finish in this step
   size_t decode_rotation_ = 0;       // where decodes start when they do not all fit
 

@@ -9,6 +9,7 @@
 
 #include "common/model/synth_model.h"
 #include "services/compute/generation.h"
+#include "services/compute/sampler.h"
 #include "tests/unit/compute/reference_forward.h"
 
 namespace mer {
@@ -136,6 +137,28 @@ TEST(CpuEngine, BatchedPromptEqualsStepByStep) {
     for (size_t t = 0; t < kTokens.size(); ++t)
       for (int i = 0; i < V; ++i) ASSERT_EQ(logits[t * V + i], steps[t][i]) << t << " " << i;
   }
+}
+
+// ForwardArgmax gives each logits row's Sampler::Argmax, rows in batch order (every third token
+// of the prompt asks for its row).
+TEST(CpuEngine, ForwardArgmaxIsTheArgmaxOfEachRow) {
+  TestModel m = MakeModel(SmallGeometry(SynthQuant::kQ8_0), "argmax");
+  MappedExpertSource src(*m.weights);
+  auto engine = MakeEngine(*m.weights, src, 2);
+  const int V = engine->config().n_vocab;
+  std::vector<BatchToken> batch;
+  for (size_t i = 0; i < kTokens.size(); ++i) batch.push_back({kTokens[i], int32_t(i), 0, i % 3 == 0});
+  const int rows = static_cast<int>((kTokens.size() + 2) / 3);
+  std::vector<float> logits(rows * V);
+  ASSERT_TRUE(engine->Forward(batch, logits.data()).ok());
+  engine->ClearSequence(0);
+  std::vector<int32_t> ids(rows, -1);
+  ASSERT_TRUE(engine->ForwardArgmax(batch, ids.data()).ok());
+  for (int r = 0; r < rows; ++r)
+    EXPECT_EQ(ids[r], Sampler::Argmax(absl::MakeConstSpan(logits.data() + r * V, V))) << "row " << r;
+  // The same errors as Forward.
+  const BatchToken bad{V, 0, 0, true};
+  EXPECT_EQ(engine->ForwardArgmax(absl::MakeConstSpan(&bad, 1), ids.data()).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // An ExpertSource that allows only `limit` experts per acquire (a RAM tier smaller than a layer),

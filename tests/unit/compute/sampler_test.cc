@@ -21,6 +21,20 @@ TEST(Sampler, GreedyPicksArgmaxLowestIdOnTies) {
   EXPECT_EQ(Sampler::Argmax(kLogits), 1);
 }
 
+TEST(Sampler, PlainArgmaxOnlyWhenGreedyWithoutPenalty) {
+  EXPECT_TRUE(Sampler(SamplingParams{}).IsPlainArgmax());
+  SamplingParams penalised;
+  penalised.repetition_penalty = 1.3f;
+  EXPECT_FALSE(Sampler(penalised).IsPlainArgmax());
+  SamplingParams warm;
+  warm.temperature = 0.7f;
+  EXPECT_FALSE(Sampler(warm).IsPlainArgmax());
+  // NaNs never win; one at index 0 is kept (nothing compares larger than it).
+  const float nan = std::nanf("");
+  EXPECT_EQ(Sampler::Argmax(std::vector<float>{1.0f, nan, 3.0f, 3.0f}), 2);
+  EXPECT_EQ(Sampler::Argmax(std::vector<float>{nan, 5.0f, 7.0f}), 0);
+}
+
 TEST(Sampler, SameSeedSameStreamDifferentSeedDifferentStream) {
   SamplingParams p;
   p.temperature = 1.5f;
