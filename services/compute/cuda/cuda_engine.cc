@@ -261,9 +261,10 @@ struct CudaEngine::Impl {
   // "The arena over CUDA IPC"); the LRU above is unused then.
   std::unique_ptr<cuda::ResidencyVram> residency_vram;
 
-  // CUDA graphs of a single-token, all-resident step, by number of logits rows (0 or 1) and
-  // whether attention runs split-K (attention_split).
-  cudaGraphExec_t graph[2][2] = {{nullptr, nullptr}, {nullptr, nullptr}};
+  // CUDA graphs of a single-token, all-resident step, by number of logits rows (0 or 1), whether
+  // attention runs split-K (attention_split) and whether the step ends in the argmax kernel
+  // (ForwardArgmax).
+  cudaGraphExec_t graph[2][2][2] = {};
   // This step's attention is split-K: its longest context passes o.attention_split_min_cells.
   bool attention_split = false;
 
@@ -362,9 +363,10 @@ CudaEngine::Impl::~Impl() {
   if (stream != nullptr) CUDA_CHECK(cudaStreamSynchronize(stream));
   residency_vram.reset();  // unpins (nothing reads the arena now), before the arena goes
   for (cudaEvent_t e : event_pool) CUDA_CHECK(cudaEventDestroy(e));
-  for (auto& by_split : graph)
-    for (cudaGraphExec_t& g : by_split)
-      if (g != nullptr) CUDA_CHECK(cudaGraphExecDestroy(g));
+  for (auto& by_rows : graph)
+    for (auto& by_split : by_rows)
+      for (cudaGraphExec_t& g : by_split)
+        if (g != nullptr) CUDA_CHECK(cudaGraphExecDestroy(g));
   if (copy_stream != nullptr) CUDA_CHECK(cudaStreamSynchronize(copy_stream));
   if (pinned_base != nullptr) CUDA_CHECK(cudaHostUnregister(pinned_base));
   for (void* p : {static_cast<void*>(host_input), static_cast<void*>(host_slot_table),
@@ -1319,12 +1321,15 @@ absl::Status CudaEngine::Run(absl::Span<const BatchToken> batch, float* logits, 
                       cuda::AttentionSplitSupported(c.head_dim, m.o.max_context_tokens);
   m.stats.attention_split_steps += m.attention_split;
   m.Mark("start");
+  const bool argmax = ids != nullptr && n_out > 0;
+  bool argmax_enqueued = false;
   if (!host_path && n == 1 && m.o.use_graphs && !m.o.profile_kernels) {
-    cudaGraphExec_t& exec = m.graph[n_out][m.attention_split];
+    cudaGraphExec_t& exec = m.graph[n_out][m.attention_split][argmax];
     if (exec == nullptr) {
       cudaGraph_t graph;
       CUDA_CHECK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
       m.EnqueueStep(n, n_out, false, &status);
+      if (argmax) cuda::LaunchArgmaxRows(m.logits, n_out, c.n_vocab, m.argmax_ids, m.stream);
       CUDA_CHECK(cudaStreamEndCapture(m.stream, &graph));
       CHECK(status.ok());  // the device path returns no errors
       CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
@@ -1332,11 +1337,12 @@ absl::Status CudaEngine::Run(absl::Span<const BatchToken> batch, float* logits, 
     }
     CUDA_CHECK(cudaGraphLaunch(exec, m.stream));
     ++m.stats.graph_launches;
+    argmax_enqueued = argmax;
   } else {
     m.EnqueueStep(n, n_out, host_path, &status);
   }
-  if (status.ok() && n_out > 0 && ids != nullptr) {
-    cuda::LaunchArgmaxRows(m.logits, n_out, c.n_vocab, m.argmax_ids, m.stream);
+  if (status.ok() && argmax) {
+    if (!argmax_enqueued) cuda::LaunchArgmaxRows(m.logits, n_out, c.n_vocab, m.argmax_ids, m.stream);
     m.Mark("argmax");
     CUDA_CHECK(cudaMemcpyAsync(ids, m.argmax_ids, int64_t(n_out) * 4, cudaMemcpyDeviceToHost, m.stream));
     m.Mark("ids D2H");
