@@ -146,6 +146,24 @@ __device__ void NormRopeHead(const AttentionArgs& a, int t, int h, int kvh, floa
   __syncthreads();
 }
 
+// A decode step's KV cells before the new one (written by earlier steps, so readable before the
+// wait) pulled into L2 while the Q/K/V mat-vec still runs, by n_head_kv extra blocks of the
+// fused launch, one per KV head (a thread per 128-byte line): the score and V passes then wait on
+// L2 rather than DRAM, where the experts streamed through since the last step left them. Extra
+// blocks rather than a prologue of the head blocks: those are at 255 registers, and any code
+// before their wait pushed them into spills. The step inputs (pos, seq) are copied before the
+// step's first kernel.
+__device__ __forceinline__ void PrefetchKvHead(const AttentionArgs& a, int t, int kvh) {
+  const int HD = a.head_dim, KD = a.n_head_kv * HD;
+  const int lines_per_row = (HD * 4 + 127) / 128, n_cached = a.pos[t];
+  const int64_t base = int64_t(a.seq[t]) * a.max_ctx * KD + kvh * HD;
+  for (int i = threadIdx.x; i < n_cached * 2 * lines_per_row; i += blockDim.x) {
+    const int cell = i / (2 * lines_per_row), line = i % (2 * lines_per_row);
+    const float* row = (line < lines_per_row ? a.k_cache : a.v_cache) + base + int64_t(cell) * KD;
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(row + (line % lines_per_row) * 32));
+  }
+}
+
 // The CPU engine's attention (CpuEngine::Attention) operation for operation: scores by
 // ggml_vec_dot_f32, ggml's soft_max over the KV window rounded up to 16, and softmax . V in
 // ggml_vec_dot_f32's 64 fma lanes (cell j in lane j % 64), reduced as ReduceAcc64. Scores: a warp
@@ -159,6 +177,10 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const AttentionArgs 
   __shared__ float red_f[kWarps];
   __shared__ float inv_sum;
   AllowDependents();
+  if (kFusedRope && blockIdx.y >= a.n_head) {  // (block-uniform) a prefetch block
+    PrefetchKvHead(a, blockIdx.x, blockIdx.y - a.n_head);
+    return;
+  }
   WaitForPredecessor();
   const int t = blockIdx.x, h = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -366,7 +388,8 @@ void LaunchAttention(const AttentionArgs& args, int n_tokens, cudaStream_t strea
   // in the global scratch.
   const size_t score_bytes = AttentionScoresStride(args.max_ctx) * sizeof(float);
   const bool in_smem = score_bytes <= kMaxSmemScoreBytes;
-  LaunchPdl(args.fused_rope ? AttentionKernel<true> : AttentionKernel<false>, dim3(n_tokens, args.n_head),
+  LaunchPdl(args.fused_rope ? AttentionKernel<true> : AttentionKernel<false>,
+            dim3(n_tokens, args.n_head + (args.fused_rope ? args.n_head_kv : 0)),
             dim3(kThreads), in_smem ? score_bytes : 0, stream, args, in_smem);
 }
 
