@@ -110,6 +110,45 @@ __global__ void __launch_bounds__(kWarps * 32, 3) GateUpKernel(const __grid_cons
   }
 }
 
+// Decode (one pair per expert), Q8_0: a lane group per row, gate (even groups) or up (odd), the
+// up sum shuffled to the gate's lane for SwiGLU; the same sums bit for bit (a row's chain does not
+// depend on the rows beside it). GateUpKernel's 2 rows per group give the 30B geometry's 8
+// experts 1,536 warps, ~12 per SM at 166 registers, which wait on their shared-memory activations
+// with nothing else to issue. Here 3,072 warps at 62 registers (4 runs of 4 blocks in flight per
+// lane, 6 or more blocks per SM) fit in one wave: decode 296.6-297.7 against 284.1-284.7 tokens/s
+// on the H200, 30B geometry (call J5). 8 runs in flight: at 80 registers (spilling) 295.1-295.2,
+// at 114 (1.5 waves) 282.8-283.4; 16 runs at 164 registers (2 waves) 284.7-285.5.
+constexpr int kGateUpRowRuns = 4;
+__global__ void __launch_bounds__(kWarps * 32, 6) GateUpRowKernel(const __grid_constant__ ExpertArgs a,
+                                                                        DevAct act, float* h) {
+  WaitForPredecessor();
+  AllowDependents();  // after the wait, as GateUpKernel
+  constexpr int G = kGroup<kDevQ8_0>;
+  const int lane = threadIdx.x % 32;
+  int64_t lane_group;
+  int n_pairs;
+  const int32_t* pairs;
+  const uint8_t* base = BlockExpert<kDevQ8_0>(a, &lane_group, &n_pairs, &pairs);
+  if (base == nullptr) return;
+  const int64_t r = lane_group / 2;
+  const bool active = r < a.n_ff;
+  const DevMatrix m{kDevQ8_0, a.n_ff, a.n_embd, base + (lane_group % 2 == 1 ? a.up_offset : 0)};
+  const RowRef rows[1] = {active ? MatrixRow<kDevQ8_0>(m, r) : RowRef{}};
+  const int64_t rb = ActRowBytes(act.type, act.stride);
+  extern __shared__ uint4 gate_up_act[];
+  for (int g = 0; g < n_pairs; ++g) {
+    const int pair = __ldcg(pairs + g);
+    const uint8_t* act_rows[1] = {act.data + int64_t(pair / a.k) * rb};
+    const float* act_scales[1] = {act.scales + int64_t(pair / a.k) * (act.stride / 32)};
+    if (g > 0) __syncthreads();
+    StageActRows<kDevQ8_0, 1>(gate_up_act, act_rows, act_scales, a.n_embd);
+    float acc[1][1];
+    GroupDots<kDevQ8_0, 1, 1, kGateUpRowRuns>(rows, a.n_embd, act_rows, act_scales, acc);
+    const float up = __shfl_down_sync(0xffffffffu, acc[0][0], G);
+    if (lane % (2 * G) == 0 && active) h[int64_t(pair) * a.n_ff + r] = SwiGlu(acc[0][0], up);
+  }
+}
+
 // Down: each lane group takes kDownRows consecutive rows of the block's expert (group u =
 // u_begin + blockIdx.y). Its rows and the group's pairs; false when the block has no group.
 constexpr int kDownRows = 2;
@@ -300,7 +339,10 @@ template <int kType>
 void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pairs, cudaStream_t s) {
   constexpr int kRowsPerBlock = kWarps * (32 / kGroup<kType>);
   const dim3 grid((a.n_ff + kRowsPerBlock - 1) / kRowsPerBlock, a.u_count);
-  if (max_pairs <= 1) {
+  if (kType == kDevQ8_0 && max_pairs <= 1 && StagedActSmem<kType>(1, a.n_embd) > 0) {
+    const int64_t smem = StagedActSmem<kType>(1, a.n_embd);
+    LaunchPdl(GateUpRowKernel, dim3(2 * grid.x, grid.y), dim3(kWarps * 32), smem, s, a, act, h);
+  } else if (max_pairs <= 1) {
     const int64_t smem = StagedActSmem<kType>(1, a.n_embd);
     LaunchPdl(GateUpKernel<kType, 1>, grid, dim3(kWarps * 32), smem, s, a, act, h, smem > 0);
   } else if (StagedFits(kType, a.n_embd, kWarps * 32, kGateUpStagedNT)) {
