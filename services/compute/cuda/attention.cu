@@ -101,6 +101,27 @@ __device__ __forceinline__ float ScoreCells(const AttentionArgs& a, int64_t base
   return local_max;
 }
 
+// ScoreCells with a thread per cell (decode): the thread runs the CPU's 64 lanes of its cell
+// itself (DotF32GgmlVec4's arithmetic: the same chains, ReduceAcc64, then the tail) instead of a
+// warp sharing them by shuffles. A warp per cell makes a pass of kWarps * kCellsInFlight cells
+// cost an L2 round trip plus 4 cells' 5 dependent shuffles, ~2,600 cycles on the H200 (~6.5 us of
+// a 160-cell decode attention's ~12.6, by clock64 stamps); here kThreads cells take one pass.
+// q and k_new 16-byte aligned, head_dim a multiple of 4. Returns the largest score of the warp,
+// valid in every lane.
+__device__ __forceinline__ float ScoreCellsByThread(const AttentionArgs& a, int64_t base, const float* q, int begin,
+                                                    int end, float scale, float* x, const float* k_new) {
+  const int HD = a.head_dim, KD = a.n_head_kv * HD;
+  float local_max = -FLT_MAX;
+  for (int j = begin + static_cast<int>(threadIdx.x); j < end; j += kThreads) {
+    const float* kr = k_new != nullptr && j == end - 1 ? k_new : a.k_cache + base + int64_t(j) * KD;
+    const float sc = __fmul_rn(DotF32GgmlVec4(kr, q, HD), scale);
+    x[j - begin] = sc;
+    local_max = fmaxf(local_max, sc);
+  }
+  for (int o = 16; o > 0; o >>= 1) local_max = fmaxf(local_max, __shfl_xor_sync(kAll, local_max, o));
+  return local_max;
+}
+
 // fused_rope's prologue (attention.cuh): QkNormRopeKernel's values for token t's q head h and its
 // KV head's new k (threads [0, HD) and [HD, 2 * HD)) into q_new and k_new, the new v into v_new
 // (shared memory); the first block of each KV head appends k and v to the cache. The squares are
@@ -188,7 +209,7 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const AttentionArgs 
   const int n_pos = a.pos[t] + 1;
   const int n_groups = (n_pos + 15) / 16;
   // fused_rope: the head's q and the new cell's k and v, normed and rotated here.
-  __shared__ float q_new[kFusedRope ? kThreads / 2 : 1], k_new[kFusedRope ? kThreads / 2 : 1],
+  __shared__ __align__(16) float q_new[kFusedRope ? kThreads / 2 : 1], k_new[kFusedRope ? kThreads / 2 : 1],
       v_new[kFusedRope ? kThreads / 2 : 1];
   if constexpr (kFusedRope) NormRopeHead(a, t, h, kvh, q_new, k_new, v_new);
   const float* q = kFusedRope ? q_new : a.q + (int64_t(t) * a.n_head + h) * HD;
@@ -197,11 +218,15 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const AttentionArgs 
   float* group_sum = x + a.max_ctx;
   const float scale = 1.0f / sqrtf(static_cast<float>(HD));
 
-  const int n_chunks = HD / 64;
-  float q_lo[kMaxChunks], q_hi[kMaxChunks];
-  LoadHeadQ(q, n_chunks, q_lo, q_hi);
-  const float local_max =
-      ScoreCells(a, base, q, q_lo, q_hi, n_chunks, 0, n_pos, scale, x, kFusedRope ? k_new : nullptr);
+  float local_max;
+  if (kFusedRope && HD % 4 == 0) {
+    local_max = ScoreCellsByThread(a, base, q, 0, n_pos, scale, x, k_new);
+  } else {
+    const int n_chunks = HD / 64;
+    float q_lo[kMaxChunks], q_hi[kMaxChunks];
+    LoadHeadQ(q, n_chunks, q_lo, q_hi);
+    local_max = ScoreCells(a, base, q, q_lo, q_hi, n_chunks, 0, n_pos, scale, x, kFusedRope ? k_new : nullptr);
+  }
   if (lane == 0) red_f[warp] = local_max;
   __syncthreads();  // also orders the x[] writes above before the reads below (same block)
   float max = red_f[0];
