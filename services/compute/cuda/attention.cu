@@ -188,8 +188,9 @@ __device__ __forceinline__ void PrefetchKvHead(const AttentionArgs& a, int t, in
 // The CPU engine's attention (CpuEngine::Attention) operation for operation: scores by
 // ggml_vec_dot_f32, ggml's soft_max over the KV window rounded up to 16, and softmax . V in
 // ggml_vec_dot_f32's 64 fma lanes (cell j in lane j % 64), reduced as ReduceAcc64. Scores: a warp
-// per cell, lane l holding the CPU's lanes l and l + 32 (ReduceAcc64 by shuffles); softmax
-// groups: a half-warp per group of 16.
+// per cell, lane l holding the CPU's lanes l and l + 32 (ReduceAcc64 by shuffles), or with
+// kFusedRope (decode) a thread per cell (ScoreCellsByThread); softmax groups: a half-warp per
+// group of 16. With kFusedRope the launch has n_head_kv more blocks than heads (PrefetchKvHead).
 // kFusedRope: a.fused_rope, a template parameter so that the plain kernel keeps its 128 registers
 // (2 blocks per SM for prompt steps' many blocks; the fused one is for decode's few).
 template <bool kFusedRope>
@@ -209,8 +210,10 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const AttentionArgs 
   const int n_pos = a.pos[t] + 1;
   const int n_groups = (n_pos + 15) / 16;
   // fused_rope: the head's q and the new cell's k and v, normed and rotated here.
-  __shared__ __align__(16) float q_new[kFusedRope ? kThreads / 2 : 1], k_new[kFusedRope ? kThreads / 2 : 1],
-      v_new[kFusedRope ? kThreads / 2 : 1];
+  // (16-byte aligned: ScoreCellsByThread reads q_new and k_new as float4s)
+  __shared__ __align__(16) float q_new[kFusedRope ? kThreads / 2 : 1];
+  __shared__ __align__(16) float k_new[kFusedRope ? kThreads / 2 : 1];
+  __shared__ float v_new[kFusedRope ? kThreads / 2 : 1];
   if constexpr (kFusedRope) NormRopeHead(a, t, h, kvh, q_new, k_new, v_new);
   const float* q = kFusedRope ? q_new : a.q + (int64_t(t) * a.n_head + h) * HD;
   const int64_t base = int64_t(a.seq[t]) * a.max_ctx * KD + kvh * HD;

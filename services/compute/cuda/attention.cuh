@@ -1,7 +1,8 @@
 // Causal GQA attention over the f32 KV cache: for token t and head h, softmax(q . K / sqrt(head_dim))
 // over positions [0, pos[t]] of sequence seq[t], times V. q: f32 [n_tokens, n_head * head_dim];
 // out: f32 [n_tokens, n_head * head_dim]; scores: f32 scratch [n_tokens * n_head,
-// AttentionScoresStride(max_ctx)]. One block per (token, head); head_dim <= 1024. Results equal
+// AttentionScoresStride(max_ctx)]. One block per (token, head) (and with fused_rope one per KV
+// head that prefetches its cells); head_dim <= 1024. Results equal
 // the CPU engine's bit for bit (the order of its ggml-style reductions is kept, attention.cu),
 // except with split set (below).
 #pragma once

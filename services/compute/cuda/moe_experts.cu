@@ -119,8 +119,8 @@ __global__ void __launch_bounds__(kWarps * 32, 3) GateUpKernel(const __grid_cons
 // on the H200, 30B geometry (call J5). 8 runs in flight: at 80 registers (spilling) 295.1-295.2,
 // at 114 (1.5 waves) 282.8-283.4; 16 runs at 164 registers (2 waves) 284.7-285.5.
 constexpr int kGateUpRowRuns = 4;
-__global__ void __launch_bounds__(kWarps * 32, 6) GateUpRowKernel(const __grid_constant__ ExpertArgs a,
-                                                                        DevAct act, float* h) {
+__global__ void __launch_bounds__(kWarps * 32, 6) GateUpRowKernel(const __grid_constant__ ExpertArgs a, DevAct act,
+                                                                  float* h) {
   WaitForPredecessor();
   AllowDependents();  // after the wait, as GateUpKernel
   constexpr int G = kGroup<kDevQ8_0>;
