@@ -12,6 +12,11 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// engine.Forward into `logits`, or with `ids` engine.ForwardArgmax into `ids`.
+absl::Status ForwardRows(ComputeBackend& engine, absl::Span<const BatchToken> batch, float* logits, int32_t* ids) {
+  return ids != nullptr ? engine.ForwardArgmax(batch, ids) : engine.Forward(batch, logits);
+}
+
 // Feeds tokens[0, n) at positions [start, start + n) in chunks of the engine's batch size; the
 // rows listed by `want_logits(i)` get logits, written consecutively to `logits`, or with `ids`
 // their greedy tokens (ComputeBackend::ForwardArgmax), written consecutively to `ids`.
@@ -30,13 +35,9 @@ absl::Status Feed(ComputeBackend& engine, int sequence, absl::Span<const int32_t
       batch.push_back({tokens[i], static_cast<int32_t>(start + i), sequence, want});
       n_out += want;
     }
-    if (ids != nullptr) {
-      RETURN_IF_ERROR(engine.ForwardArgmax(batch, ids));
-      ids += n_out;
-    } else {
-      RETURN_IF_ERROR(engine.Forward(batch, logits));
-      logits += n_out * n_vocab;
-    }
+    RETURN_IF_ERROR(ForwardRows(engine, batch, logits, ids));
+    if (ids != nullptr) ids += n_out;
+    else logits += n_out * n_vocab;
   }
   return absl::OkStatus();
 }
@@ -92,11 +93,7 @@ absl::StatusOr<std::vector<int32_t>> Generate(ComputeBackend& engine, int sequen
     if (on_token) on_token(token);
     if (token == request.eos_id || step + 1 == request.max_new_tokens) break;
     const BatchToken next{token, static_cast<int32_t>(history.size() - 1), sequence, true};
-    if (argmax) {
-      RETURN_IF_ERROR(engine.ForwardArgmax(absl::MakeConstSpan(&next, 1), &greedy));
-    } else {
-      RETURN_IF_ERROR(engine.Forward(absl::MakeConstSpan(&next, 1), logits.data()));
-    }
+    RETURN_IF_ERROR(ForwardRows(engine, absl::MakeConstSpan(&next, 1), logits.data(), argmax ? &greedy : nullptr));
   }
   s.generated_tokens = static_cast<int32_t>(out.size());
   s.decode_seconds = SecondsSince(t_first);
