@@ -339,12 +339,12 @@ template <int kType>
 void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pairs, cudaStream_t s) {
   constexpr int kRowsPerBlock = kWarps * (32 / kGroup<kType>);
   const dim3 grid((a.n_ff + kRowsPerBlock - 1) / kRowsPerBlock, a.u_count);
-  if (kType == kDevQ8_0 && max_pairs <= 1 && StagedActSmem<kType>(1, a.n_embd) > 0) {
+  if (max_pairs <= 1) {
     const int64_t smem = StagedActSmem<kType>(1, a.n_embd);
-    LaunchPdl(GateUpRowKernel, dim3(2 * grid.x, grid.y), dim3(kWarps * 32), smem, s, a, act, h);
-  } else if (max_pairs <= 1) {
-    const int64_t smem = StagedActSmem<kType>(1, a.n_embd);
-    LaunchPdl(GateUpKernel<kType, 1>, grid, dim3(kWarps * 32), smem, s, a, act, h, smem > 0);
+    if (kType == kDevQ8_0 && smem > 0)  // a lane group per row: twice the blocks
+      LaunchPdl(GateUpRowKernel, dim3(2 * grid.x, grid.y), dim3(kWarps * 32), smem, s, a, act, h);
+    else
+      LaunchPdl(GateUpKernel<kType, 1>, grid, dim3(kWarps * 32), smem, s, a, act, h, smem > 0);
   } else if (StagedFits(kType, a.n_embd, kWarps * 32, kGateUpStagedNT)) {
     static const bool limit_set = (SetStagedSmemLimit(GateUpStagedKernel), true);
     (void)limit_set;
