@@ -31,6 +31,7 @@
 #include "services/compute/cuda/residency_vram.h"
 #include "services/compute/cuda/rms_norm.cuh"
 #include "services/compute/cuda/router_topk.cuh"
+#include "services/compute/cuda/timeline.h"
 
 namespace mer {
 namespace {
@@ -361,6 +362,7 @@ struct CudaEngine::Impl {
 
 CudaEngine::Impl::~Impl() {
   if (stream != nullptr) CUDA_CHECK(cudaStreamSynchronize(stream));
+  cuda::TimelineWrite();
   residency_vram.reset();  // unpins (nothing reads the arena now), before the arena goes
   for (cudaEvent_t e : event_pool) CUDA_CHECK(cudaEventDestroy(e));
   for (auto& by_rows : graph)
@@ -412,6 +414,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
     return absl::InvalidArgumentError("staging_experts must be in [1, 16]");
   o.max_context_tokens = std::min(o.max_context_tokens, c.n_ctx_train);
   if (!DeviceAvailable()) return absl::FailedPreconditionError("no CUDA device is available");
+  cuda::TimelineStart();
 
   // Sizes the kernels support (each kernel's header states them).
   if (c.n_embd % 32 != 0 || c.q_dim() % 32 != 0 || c.n_ff_exp % 32 != 0 || c.kv_dim() % 2 != 0)

@@ -18,10 +18,42 @@
 #include <utility>
 
 #include "services/compute/cuda/cuda_check.cuh"
+#include "services/compute/cuda/timeline.h"
 
 namespace mer::cuda {
 
+#if MER_TIMELINE
+// A timing build (-DMER_TIMELINE=ON): block (0, 0, 0) of every launch logs when it reached its
+// wait and when the wait returned (%globaltimer, ns) with the launch's %gridid. The wait returns
+// once the predecessor grid has completed, so consecutive returns give each kernel's time on the
+// step's critical path, and reach-to-return how early its first block was resident.
+static __device__ TimelineLog timeline_log;  // one per translation unit, set by every SetTimelineLog
+
+__device__ __forceinline__ unsigned long long GlobalTimerNs() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ void WaitForPredecessor() {
+  const unsigned long long reach = GlobalTimerNs();
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (threadIdx.x != 0 || blockIdx.x != 0 || blockIdx.y != 0 || blockIdx.z != 0 || timeline_log.entries == nullptr)
+    return;
+  const unsigned long long ret = GlobalTimerNs();
+  unsigned long long grid;
+  asm volatile("mov.u64 %0, %%gridid;" : "=l"(grid));
+  const unsigned i = atomicAdd(timeline_log.count, 1u);
+  if (i < timeline_log.capacity) timeline_log.entries[i] = TimelineEntry{grid, reach, ret};
+}
+
+namespace {
+void SetTimelineLog(const TimelineLog& log) { CUDA_CHECK(cudaMemcpyToSymbol(timeline_log, &log, sizeof log)); }
+const bool timeline_registered = (RegisterTimelineSetter(&SetTimelineLog), true);
+}  // namespace
+#else
 __device__ __forceinline__ void WaitForPredecessor() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+#endif
 __device__ __forceinline__ void AllowDependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
 template <typename... KernelArgs, typename... Args>
