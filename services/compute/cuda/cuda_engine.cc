@@ -301,7 +301,9 @@ struct CudaEngine::Impl {
   }
 
   absl::Status Validate(absl::Span<const BatchToken> batch);
-  void EnqueueStep(int n, int n_out, bool host_path_allowed, absl::Status* status);
+  // The step's launches, ending with the LM head for n_out rows and, with argmax, their argmaxes
+  // into argmax_ids (ForwardArgmax). A graph captures it whole.
+  void EnqueueStep(int n, int n_out, bool host_path_allowed, bool argmax, absl::Status* status);
   absl::Status EnqueueLayer(int layer, int n, bool host_path);
   absl::Status ServeLayerExperts(int layer, int n, const DevAct& x_act);
   absl::Status ServeFromResidency(int layer, int n, const DevAct& x_act, const int32_t* used, int n_used,
@@ -1263,7 +1265,7 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
 }
 
 // Everything of one step after the input upload, up to the device logits.
-void CudaEngine::Impl::EnqueueStep(int n, int n_out, bool host_path, absl::Status* status) {
+void CudaEngine::Impl::EnqueueStep(int n, int n_out, bool host_path, bool argmax, absl::Status* status) {
   const int64_t E = c.n_embd;
   CUDA_CHECK(cudaMemcpyAsync(step_input, host_input, in.bytes, cudaMemcpyHostToDevice, stream));
   cuda::LaunchEmbed(embd_type, embd, embd_row_bytes, reinterpret_cast<const int32_t*>(step_input + in.tokens), n,
@@ -1281,6 +1283,9 @@ void CudaEngine::Impl::EnqueueStep(int n, int n_out, bool host_path, absl::Statu
   Mark("final_norm");
   cuda::LaunchMatvec(&lm, 1, oa, n_out, stream);
   Mark("lm_head");
+  if (!argmax) return;
+  cuda::LaunchArgmaxRows(logits, n_out, c.n_vocab, argmax_ids, stream);
+  Mark("argmax");
 }
 
 absl::Status CudaEngine::Forward(absl::Span<const BatchToken> batch, float* logits) {
@@ -1325,14 +1330,12 @@ absl::Status CudaEngine::Run(absl::Span<const BatchToken> batch, float* logits, 
   m.stats.attention_split_steps += m.attention_split;
   m.Mark("start");
   const bool argmax = ids != nullptr && n_out > 0;
-  bool argmax_enqueued = false;
   if (!host_path && n == 1 && m.o.use_graphs && !m.o.profile_kernels) {
     cudaGraphExec_t& exec = m.graph[n_out][m.attention_split][argmax];
     if (exec == nullptr) {
       cudaGraph_t graph;
       CUDA_CHECK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
-      m.EnqueueStep(n, n_out, false, &status);
-      if (argmax) cuda::LaunchArgmaxRows(m.logits, n_out, c.n_vocab, m.argmax_ids, m.stream);
+      m.EnqueueStep(n, n_out, false, argmax, &status);
       CUDA_CHECK(cudaStreamEndCapture(m.stream, &graph));
       CHECK(status.ok());  // the device path returns no errors
       CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
@@ -1340,13 +1343,10 @@ absl::Status CudaEngine::Run(absl::Span<const BatchToken> batch, float* logits, 
     }
     CUDA_CHECK(cudaGraphLaunch(exec, m.stream));
     ++m.stats.graph_launches;
-    argmax_enqueued = argmax;
   } else {
-    m.EnqueueStep(n, n_out, host_path, &status);
+    m.EnqueueStep(n, n_out, host_path, argmax, &status);
   }
   if (status.ok() && argmax) {
-    if (!argmax_enqueued) cuda::LaunchArgmaxRows(m.logits, n_out, c.n_vocab, m.argmax_ids, m.stream);
-    m.Mark("argmax");
     CUDA_CHECK(cudaMemcpyAsync(ids, m.argmax_ids, int64_t(n_out) * 4, cudaMemcpyDeviceToHost, m.stream));
     m.Mark("ids D2H");
   } else if (status.ok() && n_out > 0) {
