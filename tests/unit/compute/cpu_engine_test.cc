@@ -59,6 +59,15 @@ std::unique_ptr<CpuEngine> MakeEngine(const ModelWeights& w, ExpertSource& src, 
 
 const std::vector<int32_t> kTokens = {5, 17, 250, 3, 99, 42, 42, 7, 1, 120, 64, 8};
 
+// kTokens as one batch of `sequence` from position 0; every `logits_every`-th token (from the
+// first) asks for its logits row.
+std::vector<BatchToken> PromptBatch(int32_t sequence, size_t logits_every = 1) {
+  std::vector<BatchToken> batch;
+  for (size_t i = 0; i < kTokens.size(); ++i)
+    batch.push_back({kTokens[i], int32_t(i), sequence, i % logits_every == 0});
+  return batch;
+}
+
 // All logits of one sequence fed one token per Forward call.
 std::vector<std::vector<float>> StepByStep(CpuEngine& e, int seq, const std::vector<int32_t>& tokens) {
   const int V = e.config().n_vocab;
@@ -130,8 +139,7 @@ TEST(CpuEngine, BatchedPromptEqualsStepByStep) {
     auto engine = MakeEngine(*m.weights, src, 2);
     const auto steps = StepByStep(*engine, 0, kTokens);
     const int V = engine->config().n_vocab;
-    std::vector<BatchToken> batch;
-    for (size_t i = 0; i < kTokens.size(); ++i) batch.push_back({kTokens[i], int32_t(i), 1, true});
+    const std::vector<BatchToken> batch = PromptBatch(1);
     std::vector<float> logits(kTokens.size() * V);
     ASSERT_TRUE(engine->Forward(batch, logits.data()).ok());
     for (size_t t = 0; t < kTokens.size(); ++t)
@@ -146,8 +154,7 @@ TEST(CpuEngine, ForwardArgmaxIsTheArgmaxOfEachRow) {
   MappedExpertSource src(*m.weights);
   auto engine = MakeEngine(*m.weights, src, 2);
   const int V = engine->config().n_vocab;
-  std::vector<BatchToken> batch;
-  for (size_t i = 0; i < kTokens.size(); ++i) batch.push_back({kTokens[i], int32_t(i), 0, i % 3 == 0});
+  const std::vector<BatchToken> batch = PromptBatch(0, 3);
   const int rows = static_cast<int>((kTokens.size() + 2) / 3);
   std::vector<float> logits(rows * V);
   ASSERT_TRUE(engine->Forward(batch, logits.data()).ok());
@@ -191,8 +198,7 @@ TEST(CpuEngine, ExpertGroupsOfAnySizeGiveTheSameLogits) {
   MappedExpertSource all(*m.weights);
   auto reference = MakeEngine(*m.weights, all, 2);
   const int V = reference->config().n_vocab;
-  std::vector<BatchToken> batch;
-  for (size_t i = 0; i < kTokens.size(); ++i) batch.push_back({kTokens[i], int32_t(i), 0, true});
+  const std::vector<BatchToken> batch = PromptBatch(0);
   std::vector<float> want(kTokens.size() * V);
   ASSERT_TRUE(reference->Forward(batch, want.data()).ok());
   for (int limit : {1, 2, 3, 7}) {
