@@ -10,27 +10,42 @@
 namespace mer::cuda {
 namespace {
 
+__device__ __forceinline__ float EmbedValue(int type, const uint8_t* row, int64_t i) {
+  switch (type) {
+    case kDevF32: return reinterpret_cast<const float*>(row)[i];
+    case kDevF16: return __half2float(reinterpret_cast<const __half*>(row)[i]);
+    case kDevBF16: return BF16BitsToF32(reinterpret_cast<const uint16_t*>(row)[i]);
+    case kDevQ4_K: return DequantQ4_K(row, i);
+    case kDevQ6_K: return DequantQ6_K(row, i);
+    default: {  // Q8_0: block b = 2 bytes of f16 scale, then 32 int8
+      const uint8_t* blk = row + (i / 32) * 34;
+      const __half d = __ushort_as_half(static_cast<unsigned short>(blk[0] | (blk[1] << 8)));
+      return __half2float(d) * static_cast<float>(static_cast<int8_t>(blk[2 + i % 32]));
+    }
+  }
+}
+
+// A block per token. Each thread loads kPerPass elements before it stores any: a store to x may
+// alias the table (as bytes), so a load after it would wait for it (a DRAM round trip per element).
 __global__ void EmbedKernel(int type, const uint8_t* table, int64_t row_bytes, const int32_t* tokens,
                             int64_t n, float* x) {
+  constexpr int kPerPass = 8;
   AllowDependents();
   WaitForPredecessor();
   const int64_t t = blockIdx.x;
   const uint8_t* row = table + int64_t(tokens[t]) * row_bytes;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    float v;
-    switch (type) {
-      case kDevF32: v = reinterpret_cast<const float*>(row)[i]; break;
-      case kDevF16: v = __half2float(reinterpret_cast<const __half*>(row)[i]); break;
-      case kDevBF16: v = BF16BitsToF32(reinterpret_cast<const uint16_t*>(row)[i]); break;
-      case kDevQ4_K: v = DequantQ4_K(row, i); break;
-      case kDevQ6_K: v = DequantQ6_K(row, i); break;
-      default: {  // Q8_0: block b = 2 bytes of f16 scale, then 32 int8
-        const uint8_t* blk = row + (i / 32) * 34;
-        const __half d = __ushort_as_half(static_cast<unsigned short>(blk[0] | (blk[1] << 8)));
-        v = __half2float(d) * static_cast<float>(static_cast<int8_t>(blk[2 + i % 32]));
-      }
+  for (int64_t i0 = threadIdx.x; i0 < n; i0 += int64_t(kPerPass) * blockDim.x) {
+    float v[kPerPass];
+#pragma unroll
+    for (int k = 0; k < kPerPass; ++k) {
+      const int64_t i = i0 + int64_t(k) * blockDim.x;
+      v[k] = i < n ? EmbedValue(type, row, i) : 0.0f;
     }
-    x[t * n + i] = v;
+#pragma unroll
+    for (int k = 0; k < kPerPass; ++k) {
+      const int64_t i = i0 + int64_t(k) * blockDim.x;
+      if (i < n) x[t * n + i] = v[k];
+    }
   }
 }
 
