@@ -152,8 +152,10 @@ __global__ void __launch_bounds__(kWarps * 32, 6) GateUpRowKernel(const __grid_c
 // Down: each lane group takes kDownRows consecutive rows of the block's expert (group u =
 // u_begin + blockIdx.y). Its rows and the group's pairs; false when the block has no group.
 constexpr int kDownRows = 2;
-// Runs of 4 blocks per row that the decode down kernel loads before its wait (n_ff <= 1,024).
-constexpr int kDownPreloadRuns = 8;
+// Runs of 4 blocks per row that the decode down kernel loads before its wait: 6 (n_ff <= 768,
+// the 30B geometry) or 8 (n_ff <= 1,024), and the blocks per SM that its registers allow.
+constexpr int kDownPreloadRunsSmall = 6, kDownPreloadRunsLarge = 8;
+constexpr int DownBlocksPerSm(int runs) { return runs <= kDownPreloadRunsSmall ? 4 : 3; }
 
 template <int kType>
 __device__ inline bool DownGroupRows(const ExpertArgs& a, int64_t* r0, RowRef (&rows)[kDownRows], int* n_pairs,
@@ -219,9 +221,9 @@ __global__ void __launch_bounds__(kWarps * 32) DownKernel(const __grid_constant_
 // down rows as DownKernel<kType, 1>. One launch and one hand-off less per layer. Q8_0 rows of at
 // most 1,024 columns are loaded into registers before the wait (GroupQ8_0Preload), so they arrive
 // while gate/up still runs (decode 224 against 214 tokens/s on the H200, 30B geometry).
-template <int kType>
-__global__ void __launch_bounds__(kWarps * 32, 3) DownFromF32Kernel(const __grid_constant__ ExpertArgs a,
-                                                                 const float* h, float* out) {
+template <int kType, int kPreloadRuns>
+__global__ void __launch_bounds__(kWarps * 32, DownBlocksPerSm(kPreloadRuns))
+    DownFromF32Kernel(const __grid_constant__ ExpertArgs a, const float* h, float* out) {
   extern __shared__ float4 act_smem[];  // Q8_0 scales (f32), then the row, 16-byte aligned
   AllowDependents();
   constexpr int R = kDownRows, G = kGroup<kType>;
@@ -234,7 +236,7 @@ __global__ void __launch_bounds__(kWarps * 32, 3) DownFromF32Kernel(const __grid
   // dependents only after its own wait), so the weights are loaded while gate/up still runs.
   if (!DownGroupRows<kType>(a, &r0, rows, &n_pairs, &pairs) || n_pairs == 0) return;
   const int pair = __ldcg(pairs);
-  using Preload = GroupQ8_0Preload<R, kDownPreloadRuns>;
+  using Preload = GroupQ8_0Preload<R, kPreloadRuns>;
   const int64_t nb = a.n_ff / 32;
   const bool preload = kType == kDevQ8_0 && Preload::Fits(nb);
   Preload w;
@@ -375,7 +377,15 @@ void LaunchDownT(const ExpertArgs& a, const DevAct& act, float* out, int max_pai
 template <int kType>
 void LaunchDownFromF32T(const ExpertArgs& a, const float* h, float* out, cudaStream_t s) {
   const size_t smem = DownActScaleBytes(a.n_ff) + ActRowBytes(kType, a.n_ff);
-  LaunchPdl(DownFromF32Kernel<kType>, DownGrid<kType>(a), dim3(kWarps * 32), smem, s, a, h, out);
+  // With 6 runs the kernel fits 4 blocks per SM, so that the 30B geometry's 512 blocks (8 experts x
+  // 64) are one wave on 132 SMs: at 3 per SM the last quarter of them started only when the first
+  // ones had finished, and could not load their rows while gate/up ran.
+  if (GroupQ8_0Preload<kDownRows, kDownPreloadRunsSmall>::Fits(a.n_ff / 32))
+    LaunchPdl(DownFromF32Kernel<kType, kDownPreloadRunsSmall>, DownGrid<kType>(a), dim3(kWarps * 32), smem, s, a, h,
+              out);
+  else
+    LaunchPdl(DownFromF32Kernel<kType, kDownPreloadRunsLarge>, DownGrid<kType>(a), dim3(kWarps * 32), smem, s, a, h,
+              out);
 }
 
 }  // namespace
