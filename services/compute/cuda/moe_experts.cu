@@ -17,18 +17,6 @@ constexpr int kWarps = 4;
 // multiple of 16, so the row's 16-byte loads stay aligned).
 __host__ __device__ inline int64_t DownActScaleBytes(int64_t n_ff) { return (n_ff / 32 * 4 + 15) / 16 * 16; }
 
-// The routing's outputs and the slot table are read through L2 (ld.cg): the down kernel reads
-// them before its WaitForPredecessor, where an L1 line of an earlier kernel could be stale.
-__device__ inline const uint8_t* SlotBase(const ExpertArgs& a, int u, int* n_pairs, const int32_t** pairs) {
-  const int e = __ldcg(a.used + u);
-  const int32_t slot = __ldcg(a.slot_table + e);
-  if (slot < 0) __trap();  // the host uploads every processed expert first
-  const int32_t begin = __ldcg(a.begin + u);
-  *pairs = a.pairs + begin;
-  *n_pairs = __ldcg(a.begin + u + 1) - begin;
-  return a.arena + int64_t(slot) * a.slot_bytes;
-}
-
 // ggml_vec_swiglu_f32 (cpu_ops.h SwiGlu; n_ff is a multiple of 16, so no scalar tail).
 __device__ inline float SwiGlu(float gate, float up) {
   return __fmul_rn(__fdiv_rn(gate, __fadd_rn(1.0f, GgmlExpf(0.0f - gate))), up);
@@ -39,15 +27,27 @@ __device__ inline float SwiGlu(float gate, float up) {
 // the block has no group. Inactive lane groups still join the warp's shuffles.
 // The block's expert (its slot's start) and pairs, and this lane group's index among the block's
 // lane groups of the grid's x; false when the block has no group (u = u_begin + blockIdx.y).
+// The routing's outputs and the slot table are read through L2 (ld.cg): the down kernel reads
+// them before its WaitForPredecessor, where an L1 line of an earlier kernel could be stale. The
+// group's count, expert and range are loaded together (one round trip, not one per dependent
+// step: used and begin have n_expert + 1 entries, so u < n_expert is in range), then its slot.
 template <int kType>
 __device__ inline const uint8_t* BlockExpert(const ExpertArgs& a, int64_t* lane_group, int* n_pairs,
                                              const int32_t** pairs) {
   const int u = a.u_begin + blockIdx.y;
-  if (blockIdx.y >= a.u_count || u >= __ldcg(a.n_used)) return nullptr;
+  if (blockIdx.y >= a.u_count) return nullptr;
+  const int n_used = __ldcg(a.n_used);
+  const int e = __ldcg(a.used + u);
+  const int32_t begin = __ldcg(a.begin + u), end = __ldcg(a.begin + u + 1);
+  if (u >= n_used) return nullptr;
+  const int32_t slot = __ldcg(a.slot_table + e);
+  if (slot < 0) __trap();  // the host uploads every processed expert first
+  *pairs = a.pairs + begin;
+  *n_pairs = end - begin;
   constexpr int G = kGroup<kType>;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   *lane_group = (int64_t(blockIdx.x) * kWarps + warp) * (32 / G) + lane / G;
-  return SlotBase(a, u, n_pairs, pairs);
+  return a.arena + int64_t(slot) * a.slot_bytes;
 }
 
 template <int kType>

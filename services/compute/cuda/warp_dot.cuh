@@ -262,22 +262,38 @@ inline int64_t StagedActSmem(int nt, int64_t cols) {
 // row t at t * StagedActBytes, and points act_rows/act_scales at the copies. GroupDots reads a
 // run's activations after the previous run's fma, so from global memory every run would cost an
 // L2 round trip. Every thread of the block must call it; a caller that stages again in a loop
-// must __syncthreads() first (the previous rows may still be read).
+// must __syncthreads() first (the previous rows may still be read). A thread loads its share of
+// every row (quants and scales) before it stores any: a load after a store waits for the store's
+// data, one L2 round trip per row and per array.
 template <int kType, int NT>
 __device__ inline void StageActRows(uint4* smem, const uint8_t* (&act_rows)[NT], const float* (&act_scales)[NT],
                                     int64_t cols) {
-  const int64_t quant_bytes = ActRowBytes(kType, cols);  // quants or values, before Q8_0's scales
+  const int64_t quant_vecs = ActRowBytes(kType, cols) / 16;  // quants or values, before Q8_0's scales
+  const int64_t n_scales = kType == kDevQ8_0 ? cols / 32 : 0;
+  const int64_t n = quant_vecs > n_scales ? quant_vecs : n_scales;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    uint4 q[NT];
+    float sc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const bool row = act_rows[t] != nullptr;
+      q[t] = row && i < quant_vecs ? reinterpret_cast<const uint4*>(act_rows[t])[i] : make_uint4(0, 0, 0, 0);
+      if constexpr (kType == kDevQ8_0) sc[t] = row && i < n_scales ? act_scales[t][i] : 0.0f;
+    }
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      if (act_rows[t] == nullptr) continue;
+      uint8_t* dst = reinterpret_cast<uint8_t*>(smem) + t * StagedActBytes<kType>(cols);
+      if (i < quant_vecs) reinterpret_cast<uint4*>(dst)[i] = q[t];
+      if constexpr (kType == kDevQ8_0)
+        if (i < n_scales) reinterpret_cast<float*>(dst + quant_vecs * 16)[i] = sc[t];
+    }
+  }
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     if (act_rows[t] == nullptr) continue;
     uint8_t* dst = reinterpret_cast<uint8_t*>(smem) + t * StagedActBytes<kType>(cols);
-    for (int64_t i = threadIdx.x; i < quant_bytes / 16; i += blockDim.x)
-      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(act_rows[t])[i];
-    if constexpr (kType == kDevQ8_0) {
-      float* sc = reinterpret_cast<float*>(dst + quant_bytes);
-      for (int64_t i = threadIdx.x; i < cols / 32; i += blockDim.x) sc[i] = act_scales[t][i];
-      act_scales[t] = sc;
-    }
+    if constexpr (kType == kDevQ8_0) act_scales[t] = reinterpret_cast<float*>(dst + quant_vecs * 16);
     act_rows[t] = dst;
   }
   __syncthreads();
