@@ -127,7 +127,29 @@ __device__ __forceinline__ float ScoreCellsByThread(const AttentionArgs& a, int6
 // (shared memory); the first block of each KV head appends k and v to the cache. The squares are
 // summed in double by a tree instead of in order: a double sum of float squares is exact up to
 // its last bits in any order, which the float mean does not see.
-__device__ void NormRopeHead(const AttentionArgs& a, int t, int h, int kvh, float* q_new, float* k_new, float* v_new) {
+// What a thread of NormRopeHead needs that no kernel of the step writes: the norm's weight and the
+// RoPE table's entries (the step's input copy, made before its first kernel), loaded before the
+// wait (in DRAM by then, since the experts streamed through L2 since the last layer read them).
+struct RopeInputs {
+  float nw, c, sn;
+  int32_t pos, seq;  // token t's
+};
+__device__ __forceinline__ RopeInputs LoadRopeInputs(const AttentionArgs& a, int t) {
+  const QkNormRopeArgs& r = a.rope;
+  const int tid = threadIdx.x, HD = a.head_dim, half = HD / 2;
+  const bool in = tid < 2 * HD, is_q = tid < HD;
+  const int d = tid % HD, i = d < half ? d : d - half;
+  RopeInputs v;
+  v.nw = !in ? 0.0f : (is_q ? r.q_norm : r.k_norm)[d];
+  v.c = in ? r.rope_cos[int64_t(t) * half + i] : 0.0f;
+  v.sn = in ? r.rope_sin[int64_t(t) * half + i] : 0.0f;
+  v.pos = r.pos[t];
+  v.seq = r.seq[t];
+  return v;
+}
+
+__device__ void NormRopeHead(const AttentionArgs& a, int t, int h, int kvh, const RopeInputs& ri, float* q_new,
+                             float* k_new, float* v_new) {
   const QkNormRopeArgs& r = a.rope;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int HD = a.head_dim, KD = a.n_head_kv * HD, half = HD / 2;
@@ -135,8 +157,7 @@ __device__ void NormRopeHead(const AttentionArgs& a, int t, int h, int kvh, floa
   const int d = tid % HD, i = d < half ? d : d - half;
   // Every load first (one round trip).
   const float x = !in ? 0.0f : is_q ? r.q[(int64_t(t) * a.n_head + h) * HD + d] : r.k[int64_t(t) * KD + kvh * HD + d];
-  const float nw = !in ? 0.0f : (is_q ? r.q_norm : r.k_norm)[d];
-  const float c = in ? r.rope_cos[int64_t(t) * half + i] : 0.0f, sn = in ? r.rope_sin[int64_t(t) * half + i] : 0.0f;
+  const float nw = ri.nw, c = ri.c, sn = ri.sn;
   if (tid < HD) v_new[tid] = r.v[int64_t(t) * KD + kvh * HD + tid];
   double sq = static_cast<double>(__fmul_rn(x, x));
   for (int o = min(HD, 32) / 2; o > 0; o >>= 1) sq += __shfl_xor_sync(kAll, sq, o);  // within the HD lanes
@@ -159,7 +180,7 @@ __device__ void NormRopeHead(const AttentionArgs& a, int t, int h, int kvh, floa
     const float out = RopeNeoxAt(d, half, x0, x1, c, sn);
     (is_q ? q_new : k_new)[d] = out;
     if (h % (a.n_head / a.n_head_kv) == 0) {
-      const int64_t cell = (int64_t(r.seq[t]) * r.max_ctx + r.pos[t]) * KD + kvh * HD + d;
+      const int64_t cell = (int64_t(ri.seq) * r.max_ctx + ri.pos) * KD + kvh * HD + d;
       if (is_q) r.v_cache[cell] = v_new[d];
       else r.k_cache[cell] = out;
     }
@@ -203,20 +224,24 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const AttentionArgs 
     PrefetchKvHead(a, blockIdx.x, blockIdx.y - a.n_head);
     return;
   }
-  WaitForPredecessor();
   const int t = blockIdx.x, h = blockIdx.y;
+  // fused_rope: the step's inputs (pos, seq, the RoPE table) and the norms' weights before the wait.
+  RopeInputs rope_in{};
+  if constexpr (kFusedRope) rope_in = LoadRopeInputs(a, t);
+  WaitForPredecessor();
+  const int pos_t = kFusedRope ? rope_in.pos : a.pos[t], seq_t = kFusedRope ? rope_in.seq : a.seq[t];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int HD = a.head_dim, KD = a.n_head_kv * HD, kvh = h / (a.n_head / a.n_head_kv);
-  const int n_pos = a.pos[t] + 1;
+  const int n_pos = pos_t + 1;
   const int n_groups = (n_pos + 15) / 16;
   // fused_rope: the head's q and the new cell's k and v, normed and rotated here.
   // (16-byte aligned: ScoreCellsByThread reads q_new and k_new as float4s)
   __shared__ __align__(16) float q_new[kFusedRope ? kThreads / 2 : 1];
   __shared__ __align__(16) float k_new[kFusedRope ? kThreads / 2 : 1];
   __shared__ float v_new[kFusedRope ? kThreads / 2 : 1];
-  if constexpr (kFusedRope) NormRopeHead(a, t, h, kvh, q_new, k_new, v_new);
+  if constexpr (kFusedRope) NormRopeHead(a, t, h, kvh, rope_in, q_new, k_new, v_new);
   const float* q = kFusedRope ? q_new : a.q + (int64_t(t) * a.n_head + h) * HD;
-  const int64_t base = int64_t(a.seq[t]) * a.max_ctx * KD + kvh * HD;
+  const int64_t base = int64_t(seq_t) * a.max_ctx * KD + kvh * HD;
   float* x = scores_in_smem ? smem_scores : a.scores + (int64_t(t) * a.n_head + h) * AttentionScoresStride(a.max_ctx);
   float* group_sum = x + a.max_ctx;
   const float scale = 1.0f / sqrtf(static_cast<float>(HD));
