@@ -167,7 +167,7 @@ __device__ void WriteChoices(float my_w, int32_t my_e, int t, int k, bool norm_t
     groups.begin[k] = k;
     *groups.n_used = k;
     *groups.n_missing = __popc(missing);
-    *groups.lookups_total += static_cast<unsigned long long>(k);
+    atomicAdd(groups.lookups_total, static_cast<unsigned long long>(k));  // no load to wait for at the end
   }
 }
 
@@ -213,8 +213,18 @@ __global__ void __launch_bounds__(kRouterWarps * 32) RouterTopK1Kernel(const __g
   __shared__ __align__(16) float p[2][kMaxExperts];
   __shared__ float group_sum[2][kMaxExperts / 16];
   __shared__ bool last;
+  // The slot tables (this layer's, and the next one's with a prediction) for the last block's
+  // groups: host uploads and stream order, not an earlier kernel, write them, so they are read
+  // before the wait; after it, each choice's lookup would be a DRAM round trip at the routing's end.
+  __shared__ int32_t slots[2][kMaxExperts];
   AllowDependents();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int i = threadIdx.x; i < a.n_expert; i += blockDim.x) {
+    if (a.slot_table != nullptr) slots[0][i] = __ldcg(a.slot_table + i);
+    if (a.next.slot_table != nullptr) slots[1][i] = __ldcg(a.next.slot_table + i);
+  }
+  const int32_t* slot_table = a.slot_table != nullptr ? slots[0] : nullptr;
+  const int32_t* next_slot_table = a.next.slot_table != nullptr ? slots[1] : nullptr;
   const int n_rows = a.n_expert * (a.next.router != nullptr ? 2 : 1);
   const int row = blockIdx.x * kRouterWarps + warp;
   const bool active = row < n_rows;
@@ -272,9 +282,9 @@ __global__ void __launch_bounds__(kRouterWarps * 32) RouterTopK1Kernel(const __g
     const bool in = lane < a.k;
     const float my_w = in ? sel_w[warp][lane] : 0.0f;
     const int32_t my_e = in ? sel_e[warp][lane] : -1;
-    if (warp == 0) WriteChoices(my_w, my_e, 0, a.k, a.norm_topk, a.chosen, a.weights, a.slot_table, a.groups);
+    if (warp == 0) WriteChoices(my_w, my_e, 0, a.k, a.norm_topk, a.chosen, a.weights, slot_table, a.groups);
     else
-      WriteChoices(my_w, my_e, 0, a.k, a.norm_topk, a.next.chosen, a.next.weights, a.next.slot_table, a.next.groups);
+      WriteChoices(my_w, my_e, 0, a.k, a.norm_topk, a.next.chosen, a.next.weights, next_slot_table, a.next.groups);
     return;
   }
   const int which = warp;
@@ -283,9 +293,9 @@ __global__ void __launch_bounds__(kRouterWarps * 32) RouterTopK1Kernel(const __g
   for (int i = lane; i < a.n_expert; i += 32) p[which][i] = __ldcg(logits + i);
   __syncwarp();
   if (which == 0)
-    TopKWarp(p[0], group_sum[0], 0, a.n_expert, a.k, a.norm_topk, a.chosen, a.weights, a.slot_table, a.groups);
+    TopKWarp(p[0], group_sum[0], 0, a.n_expert, a.k, a.norm_topk, a.chosen, a.weights, slot_table, a.groups);
   else
-    TopKWarp(p[1], group_sum[1], 0, a.n_expert, a.k, a.norm_topk, a.next.chosen, a.next.weights, a.next.slot_table,
+    TopKWarp(p[1], group_sum[1], 0, a.n_expert, a.k, a.norm_topk, a.next.chosen, a.next.weights, next_slot_table,
              a.next.groups);
 }
 
