@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
@@ -52,6 +53,21 @@ class ComputeBackend {
   // `ids` instead of the logits, which a backend may keep where they are computed (the cuda
   // backend copies 4 bytes per row instead of n_vocab floats). Same errors as Forward.
   virtual absl::Status ForwardArgmax(absl::Span<const BatchToken> batch, int32_t* ids) = 0;
+  // Greedy decoding of one sequence: feeds `token` at `position`, passes the step's argmax to
+  // on_token, and while on_token returns true feeds that id at the next position, at most
+  // max_steps steps in all. The ids and the KV entries are those of a loop of ForwardArgmax (the
+  // default below); a backend may start step i + 1 before on_token has seen step i's id (the
+  // cuda backend does), so when on_token returns false one step more may have run, and its KV
+  // entry (the position after the last one fed) is left as undefined as an unused one.
+  virtual absl::Status DecodeGreedy(int sequence, int32_t token, int32_t position, int max_steps,
+                                    const std::function<bool(int32_t)>& on_token) {
+    for (int i = 0; i < max_steps; ++i) {
+      const BatchToken b{token, position + i, sequence, true};
+      if (absl::Status s = ForwardArgmax(absl::MakeConstSpan(&b, 1), &token); !s.ok()) return s;
+      if (!on_token(token)) break;
+    }
+    return absl::OkStatus();
+  }
 
   // Forgets the sequence's KV entries (its slot can take a new sequence at position 0).
   virtual void ClearSequence(int sequence) = 0;

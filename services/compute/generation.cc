@@ -82,18 +82,27 @@ absl::StatusOr<std::vector<int32_t>> Generate(ComputeBackend& engine, int sequen
   std::vector<int32_t> out;
   out.reserve(request.max_new_tokens);
   std::chrono::steady_clock::time_point t_first;
-  for (int32_t step = 0; step < request.max_new_tokens; ++step) {
-    const int32_t token = argmax ? greedy : sampler.Sample(logits, history);
+  // Takes a generated token; whether generation goes on.
+  const auto emit = [&](int32_t token) {
     out.push_back(token);
     history.push_back(token);
-    if (step == 0) {
+    if (out.size() == 1) {
       t_first = std::chrono::steady_clock::now();
       s.ttft_seconds = SecondsSince(t0);
     }
     if (on_token) on_token(token);
-    if (token == request.eos_id || step + 1 == request.max_new_tokens) break;
-    const BatchToken next{token, static_cast<int32_t>(history.size() - 1), sequence, true};
-    RETURN_IF_ERROR(ForwardRows(engine, absl::MakeConstSpan(&next, 1), logits.data(), argmax ? &greedy : nullptr));
+    return token != request.eos_id && out.size() < static_cast<size_t>(request.max_new_tokens);
+  };
+  if (argmax) {
+    // The prompt's argmax, then each token fed back at the next position (the last one never).
+    if (emit(greedy))
+      RETURN_IF_ERROR(engine.DecodeGreedy(sequence, greedy, static_cast<int32_t>(n_prompt),
+                                          request.max_new_tokens - 1, emit));
+  } else {
+    while (emit(sampler.Sample(logits, history))) {
+      const BatchToken next{history.back(), static_cast<int32_t>(history.size() - 1), sequence, true};
+      RETURN_IF_ERROR(engine.Forward(absl::MakeConstSpan(&next, 1), logits.data()));
+    }
   }
   s.generated_tokens = static_cast<int32_t>(out.size());
   s.decode_seconds = SecondsSince(t_first);

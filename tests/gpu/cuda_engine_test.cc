@@ -307,6 +307,74 @@ TEST(CudaEngine, ForwardArgmaxEqualsHostArgmax) {
   }
 }
 
+// DecodeGreedy (pipelined with every expert resident, ForwardArgmax's loop at a 30% arena) gives
+// the loop's ids, also across the split-K threshold, when on_token stops early (the step launched
+// ahead must not disturb what follows) and at the context's end.
+TEST(CudaEngine, DecodeGreedyEqualsForwardArgmaxLoop) {
+  auto model = MakeModel("tiny", SynthQuant::kQ8_0);
+  ASSERT_NE(model, nullptr);
+  for (double fraction : {-1.0, 0.3}) {
+    CudaEngineOptions o;
+    o.max_batch_tokens = 16;
+    o.max_sequences = 1;
+    o.max_context_tokens = 256;
+    o.attention_split_min_cells = 64;
+    o.vram_expert_budget_fraction = fraction;
+    auto e = CudaEngine::Create(*model->weights, *model->experts, o);
+    ASSERT_TRUE(e.ok()) << e.status();
+    const std::vector<int32_t> prompt_ids = {5, 17, 250, 3, 99, 42, 42, 7};
+    const int32_t P = static_cast<int32_t>(prompt_ids.size());
+    // The prompt's argmax, from an empty cache.
+    const auto prefill = [&]() {
+      (*e)->ClearSequence(0);
+      std::vector<BatchToken> prompt;
+      for (int32_t i = 0; i < P; ++i) prompt.push_back({prompt_ids[i], i, 0, i + 1 == P});
+      int32_t id = -1;
+      EXPECT_TRUE((*e)->ForwardArgmax(prompt, &id).ok());
+      return id;
+    };
+    const int kSteps = 120;
+    const int32_t first = prefill();
+    std::vector<int32_t> want;
+    int32_t token = first;
+    for (int i = 0; i < kSteps; ++i) {
+      const BatchToken t{token, P + i, 0, true};
+      ASSERT_TRUE((*e)->ForwardArgmax(absl::MakeConstSpan(&t, 1), &token).ok());
+      want.push_back(token);
+    }
+    const std::string where = "arena fraction " + std::to_string(fraction);
+
+    ASSERT_EQ(prefill(), first);
+    std::vector<int32_t> got;
+    const auto collect = [&](int32_t id) {
+      got.push_back(id);
+      return true;
+    };
+    ASSERT_TRUE((*e)->DecodeGreedy(0, first, P, kSteps, collect).ok());
+    EXPECT_EQ(got, want) << where;
+    EXPECT_EQ((*e)->sequence_length(0), P + kSteps) << where;
+
+    // Stopped after 10 ids, then resumed from the last one.
+    ASSERT_EQ(prefill(), first);
+    got.clear();
+    ASSERT_TRUE((*e)->DecodeGreedy(0, first, P, kSteps, [&](int32_t id) {
+      got.push_back(id);
+      return got.size() < 10;
+    }).ok());
+    EXPECT_EQ((*e)->sequence_length(0), P + 10) << where;
+    ASSERT_TRUE((*e)->DecodeGreedy(0, got.back(), P + 10, kSteps - 10, collect).ok());
+    EXPECT_EQ(got, want) << where << ": stopped and resumed";
+
+    // Past the context: the in-context steps' ids, then InvalidArgument.
+    ASSERT_EQ(prefill(), first);
+    got.clear();
+    const absl::Status past = (*e)->DecodeGreedy(0, first, P, o.max_context_tokens, collect);
+    EXPECT_EQ(past.code(), absl::StatusCode::kInvalidArgument) << where << ": " << past;
+    ASSERT_EQ(got.size(), size_t(o.max_context_tokens - P)) << where;
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin())) << where << ": past the context";
+  }
+}
+
 int64_t RssBytes() {
   std::ifstream f("/proc/self/statm");
   int64_t size = 0, rss = 0;

@@ -266,6 +266,14 @@ struct CudaEngine::Impl {
   // attention runs split-K (attention_split) and whether the step ends in the argmax kernel
   // (ForwardArgmax).
   cudaGraphExec_t graph[2][2][2] = {};
+  // DecodeGreedy's pipeline: two sets of pinned inputs and ids, so that the host fills step
+  // i + 1's while step i runs, each step ending in an event; its graphs by set, by where the
+  // step's token comes from (the host for the first step, the previous step's argmax_ids on the
+  // device after it) and by attention_split.
+  uint8_t* pipe_input[2] = {};
+  int32_t* pipe_ids = nullptr;  // pinned [2]
+  cudaEvent_t pipe_done[2] = {};
+  cudaGraphExec_t pipe_graph[2][2][2] = {};
   // This step's attention is split-K: its longest context passes o.attention_split_min_cells.
   bool attention_split = false;
 
@@ -301,9 +309,15 @@ struct CudaEngine::Impl {
   }
 
   absl::Status Validate(absl::Span<const BatchToken> batch);
-  // The step's launches, ending with the LM head for n_out rows and, with argmax, their argmaxes
-  // into argmax_ids (ForwardArgmax). A graph captures it whole.
-  void EnqueueStep(int n, int n_out, bool host_path_allowed, bool argmax, absl::Status* status);
+  // Writes the batch's step inputs into host memory `dst` (StepInputLayout); returns the number
+  // of logits rows, and the largest position into *max_position.
+  int FillInput(absl::Span<const BatchToken> batch, uint8_t* dst, int32_t* max_position) const;
+  // The step's launches from the input copy of `input` (host, StepInputLayout), ending with the LM
+  // head for n_out rows and, with argmax, their argmaxes into argmax_ids (ForwardArgmax). With
+  // device_tokens the embedding reads the step's tokens there instead of from the input. A graph
+  // captures it whole.
+  void EnqueueStep(int n, int n_out, bool host_path_allowed, bool argmax, absl::Status* status,
+                   const uint8_t* input, const int32_t* device_tokens = nullptr);
   absl::Status EnqueueLayer(int layer, int n, bool host_path);
   absl::Status ServeLayerExperts(int layer, int n, const DevAct& x_act);
   absl::Status ServeFromResidency(int layer, int n, const DevAct& x_act, const int32_t* used, int n_used,
@@ -360,6 +374,11 @@ struct CudaEngine::Impl {
   DevAct ActA(int type, int64_t stride) const { return DevAct{type, stride, act_a, act_a_scales}; }
   DevAct ActB(int type, int64_t stride) const { return DevAct{type, stride, act_b, act_b_scales}; }
   bool AllResident() const { return resident == total_experts; }
+  // Whether a step whose largest position is max_position runs split-K attention.
+  bool AttentionSplitAt(int32_t max_position) const {
+    return o.attention_split_min_cells > 0 && max_position + 1 > o.attention_split_min_cells &&
+           cuda::AttentionSplitSupported(c.head_dim, o.max_context_tokens);
+  }
 };
 
 CudaEngine::Impl::~Impl() {
@@ -367,13 +386,17 @@ CudaEngine::Impl::~Impl() {
   cuda::TimelineWrite();
   residency_vram.reset();  // unpins (nothing reads the arena now), before the arena goes
   for (cudaEvent_t e : event_pool) CUDA_CHECK(cudaEventDestroy(e));
-  for (auto& by_rows : graph)
-    for (auto& by_split : by_rows)
-      for (cudaGraphExec_t& g : by_split)
-        if (g != nullptr) CUDA_CHECK(cudaGraphExecDestroy(g));
+  for (auto* graphs : {&graph, &pipe_graph})
+    for (auto& by_rows : *graphs)
+      for (auto& by_split : by_rows)
+        for (cudaGraphExec_t& g : by_split)
+          if (g != nullptr) CUDA_CHECK(cudaGraphExecDestroy(g));
+  for (cudaEvent_t e : pipe_done)
+    if (e != nullptr) CUDA_CHECK(cudaEventDestroy(e));
   if (copy_stream != nullptr) CUDA_CHECK(cudaStreamSynchronize(copy_stream));
   if (pinned_base != nullptr) CUDA_CHECK(cudaHostUnregister(pinned_base));
-  for (void* p : {static_cast<void*>(host_input), static_cast<void*>(host_slot_table),
+  for (void* p : {static_cast<void*>(host_input), static_cast<void*>(pipe_input[0]),
+                  static_cast<void*>(pipe_input[1]), static_cast<void*>(pipe_ids), static_cast<void*>(host_slot_table),
                   static_cast<void*>(host_groups), static_cast<void*>(host_chosen),
                   static_cast<void*>(host_lookups), static_cast<void*>(host_table_upload),
                   static_cast<void*>(host_pred)})
@@ -636,6 +659,11 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
 
   DebugLog("workspaces and KV cache allocated");
   CUDA_CHECK(cudaMallocHost(&m.host_input, m.in.bytes));
+  for (int b = 0; b < 2; ++b) {
+    CUDA_CHECK(cudaMallocHost(&m.pipe_input[b], m.in.bytes));
+    CUDA_CHECK(cudaEventCreateWithFlags(&m.pipe_done[b], cudaEventDisableTiming));
+  }
+  CUDA_CHECK(cudaMallocHost(&m.pipe_ids, 2 * 4));
   CUDA_CHECK(cudaMallocHost(&m.host_slot_table, m.total_experts * 4));
   CUDA_CHECK(cudaMallocHost(&m.host_groups, (NE + 2) * 4));
   CUDA_CHECK(cudaMallocHost(&m.host_chosen, T * K * 4));
@@ -1265,11 +1293,12 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
 }
 
 // Everything of one step after the input upload, up to the device logits.
-void CudaEngine::Impl::EnqueueStep(int n, int n_out, bool host_path, bool argmax, absl::Status* status) {
+void CudaEngine::Impl::EnqueueStep(int n, int n_out, bool host_path, bool argmax, absl::Status* status,
+                                   const uint8_t* input, const int32_t* device_tokens) {
   const int64_t E = c.n_embd;
-  CUDA_CHECK(cudaMemcpyAsync(step_input, host_input, in.bytes, cudaMemcpyHostToDevice, stream));
-  cuda::LaunchEmbed(embd_type, embd, embd_row_bytes, reinterpret_cast<const int32_t*>(step_input + in.tokens), n,
-                    E, x, stream);
+  CUDA_CHECK(cudaMemcpyAsync(step_input, input, in.bytes, cudaMemcpyHostToDevice, stream));
+  const int32_t* tokens = device_tokens != nullptr ? device_tokens : reinterpret_cast<const int32_t*>(step_input + in.tokens);
+  cuda::LaunchEmbed(embd_type, embd, embd_row_bytes, tokens, n, E, x, stream);
   Mark("input + embed");
   for (int l = 0; l < c.n_layer; ++l) {
     *status = EnqueueLayer(l, n, host_path);
@@ -1288,6 +1317,29 @@ void CudaEngine::Impl::EnqueueStep(int n, int n_out, bool host_path, bool argmax
   Mark("argmax");
 }
 
+// Step inputs: ids, positions, sequences, logits rows and the RoPE table (ggml's rope cache,
+// computed on the host exactly as the CPU engine does).
+int CudaEngine::Impl::FillInput(absl::Span<const BatchToken> batch, uint8_t* dst, int32_t* max_position) const {
+  const int half = c.head_dim / 2;
+  int32_t* tokens = reinterpret_cast<int32_t*>(dst + in.tokens);
+  int32_t* pos = reinterpret_cast<int32_t*>(dst + in.pos);
+  int32_t* seq = reinterpret_cast<int32_t*>(dst + in.seq);
+  int32_t* rows = reinterpret_cast<int32_t*>(dst + in.out_rows);
+  float* rc = reinterpret_cast<float*>(dst + in.rope_cos);
+  float* rs = reinterpret_cast<float*>(dst + in.rope_sin);
+  int n_out = 0;
+  *max_position = 0;
+  for (size_t t = 0; t < batch.size(); ++t) {
+    *max_position = std::max(*max_position, batch[t].position);
+    tokens[t] = batch[t].token;
+    pos[t] = batch[t].position;
+    seq[t] = batch[t].sequence;
+    if (batch[t].want_logits) rows[n_out++] = static_cast<int32_t>(t);
+    cpu::RopeCache(batch[t].position, c.rope_freq_base, c.head_dim, rc + int64_t(t) * half, rs + int64_t(t) * half);
+  }
+  return n_out;
+}
+
 absl::Status CudaEngine::Forward(absl::Span<const BatchToken> batch, float* logits) {
   return Run(batch, logits, nullptr);
 }
@@ -1301,32 +1353,13 @@ absl::Status CudaEngine::Run(absl::Span<const BatchToken> batch, float* logits, 
   RETURN_IF_ERROR(m.Validate(batch));
   const ModelConfig& c = config_;
   const int n = static_cast<int>(batch.size());
-  const int half = c.head_dim / 2;
-
-  // Step inputs: ids, positions, sequences, logits rows and the RoPE table (ggml's rope cache,
-  // computed on the host exactly as the CPU engine does).
-  int32_t* tokens = reinterpret_cast<int32_t*>(m.host_input + m.in.tokens);
-  int32_t* pos = reinterpret_cast<int32_t*>(m.host_input + m.in.pos);
-  int32_t* seq = reinterpret_cast<int32_t*>(m.host_input + m.in.seq);
-  int32_t* rows = reinterpret_cast<int32_t*>(m.host_input + m.in.out_rows);
-  float* rc = reinterpret_cast<float*>(m.host_input + m.in.rope_cos);
-  float* rs = reinterpret_cast<float*>(m.host_input + m.in.rope_sin);
-  int n_out = 0;
   int32_t max_position = 0;
-  for (int t = 0; t < n; ++t) {
-    max_position = std::max(max_position, batch[t].position);
-    tokens[t] = batch[t].token;
-    pos[t] = batch[t].position;
-    seq[t] = batch[t].sequence;
-    if (batch[t].want_logits) rows[n_out++] = t;
-    cpu::RopeCache(batch[t].position, c.rope_freq_base, c.head_dim, rc + int64_t(t) * half, rs + int64_t(t) * half);
-  }
+  const int n_out = m.FillInput(batch, m.host_input, &max_position);
 
   const bool host_path = !m.AllResident() || m.observer != nullptr;
   absl::Status status;
   m.step_is_decode = n == 1;
-  m.attention_split = m.o.attention_split_min_cells > 0 && max_position + 1 > m.o.attention_split_min_cells &&
-                      cuda::AttentionSplitSupported(c.head_dim, m.o.max_context_tokens);
+  m.attention_split = m.AttentionSplitAt(max_position);
   m.stats.attention_split_steps += m.attention_split;
   m.Mark("start");
   const bool argmax = ids != nullptr && n_out > 0;
@@ -1335,7 +1368,7 @@ absl::Status CudaEngine::Run(absl::Span<const BatchToken> batch, float* logits, 
     if (exec == nullptr) {
       cudaGraph_t graph;
       CUDA_CHECK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
-      m.EnqueueStep(n, n_out, false, argmax, &status);
+      m.EnqueueStep(n, n_out, false, argmax, &status, m.host_input);
       CUDA_CHECK(cudaStreamEndCapture(m.stream, &graph));
       CHECK(status.ok());  // the device path returns no errors
       CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
@@ -1344,7 +1377,7 @@ absl::Status CudaEngine::Run(absl::Span<const BatchToken> batch, float* logits, 
     CUDA_CHECK(cudaGraphLaunch(exec, m.stream));
     ++m.stats.graph_launches;
   } else {
-    m.EnqueueStep(n, n_out, host_path, argmax, &status);
+    m.EnqueueStep(n, n_out, host_path, argmax, &status, m.host_input);
   }
   if (status.ok() && argmax) {
     CUDA_CHECK(cudaMemcpyAsync(ids, m.argmax_ids, int64_t(n_out) * 4, cudaMemcpyDeviceToHost, m.stream));
@@ -1373,6 +1406,79 @@ absl::Status CudaEngine::Run(absl::Span<const BatchToken> batch, float* logits, 
     return status;
   }
   for (const BatchToken& b : batch) m.seq_len[b.sequence] = b.position + 1;
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::DecodeGreedy(int sequence, int32_t token, int32_t position, int max_steps,
+                                      const std::function<bool(int32_t)>& on_token) {
+  Impl& m = *impl_;
+  const bool one_graph_per_step = m.AllResident() && m.observer == nullptr && m.o.use_graphs && !m.o.profile_kernels;
+  if (!one_graph_per_step || max_steps < 1) return ComputeBackend::DecodeGreedy(sequence, token, position, max_steps, on_token);
+  return DecodePipelined(sequence, token, position, max_steps, on_token);
+}
+
+// Step i feeds position + i from input set i % 2. Step i + 1 is launched before the host waits for
+// step i: its inputs (position, RoPE table) are known, and its token is read on the device from
+// step i's argmax_ids, which step i's graph has also copied to pipe_ids[i % 2] by the time step
+// i + 1's graph starts (one stream). The host refills set i % 2 for step i + 2 only after step i's
+// event, so no graph reads a set while it is rewritten. When on_token stops early, the step
+// launched ahead has run for nothing: it is waited for, and its KV entry, at the position after
+// the last one fed, stays outside the sequence (seq_len) until that position is fed again.
+absl::Status CudaEngine::DecodePipelined(int sequence, int32_t token, int32_t position, int max_steps,
+                                         const std::function<bool(int32_t)>& on_token) {
+  Impl& m = *impl_;
+  const BatchToken first{token, position, sequence, true};
+  RETURN_IF_ERROR(m.Validate(absl::MakeConstSpan(&first, 1)));
+  // A step past the context fails as ForwardArgmax's loop would, once the steps before it are done.
+  const int in_context = std::min(max_steps, m.o.max_context_tokens - position);
+  const auto launch = [&](int i) {
+    const int b = i % 2;
+    const BatchToken step{token, position + i, sequence, true};
+    int32_t max_position = 0;
+    m.FillInput(absl::MakeConstSpan(&step, 1), m.pipe_input[b], &max_position);
+    m.step_is_decode = true;
+    m.attention_split = m.AttentionSplitAt(max_position);
+    m.stats.attention_split_steps += m.attention_split;
+    const bool from_device = i > 0;
+    cudaGraphExec_t& exec = m.pipe_graph[b][from_device][m.attention_split];
+    if (exec == nullptr) {
+      absl::Status status;
+      cudaGraph_t graph;
+      CUDA_CHECK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
+      m.EnqueueStep(1, 1, false, true, &status, m.pipe_input[b], from_device ? m.argmax_ids : nullptr);
+      CUDA_CHECK(cudaMemcpyAsync(m.pipe_ids + b, m.argmax_ids, 4, cudaMemcpyDeviceToHost, m.stream));
+      CUDA_CHECK(cudaStreamEndCapture(m.stream, &graph));
+      CHECK(status.ok());  // the device path returns no errors
+      CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      CUDA_CHECK(cudaGraphDestroy(graph));
+    }
+    CUDA_CHECK(cudaGraphLaunch(exec, m.stream));
+    CUDA_CHECK(cudaEventRecord(m.pipe_done[b], m.stream));
+    ++m.stats.graph_launches;
+  };
+  int launched = 0;
+  if (in_context > 0) launch(launched++);
+  int done = 0;
+  bool more = true;
+  while (done < launched) {
+    if (more && launched < in_context) launch(launched++);
+    CUDA_CHECK(cudaEventSynchronize(m.pipe_done[done % 2]));
+    ++m.stats.host_syncs;
+    const int32_t id = m.pipe_ids[done % 2];
+    if (!more) break;  // the step launched ahead, waited for and dropped
+    m.seq_len[sequence] = position + done + 1;
+    ++m.stats.forward_calls;
+    ++m.stats.tokens;
+    ++done;
+    more = on_token(id) && done < max_steps;
+  }
+  CUDA_CHECK(cudaMemcpyAsync(m.host_lookups, m.lookups_total, 8, cudaMemcpyDeviceToHost, m.stream));
+  m.Sync();
+  m.stats.expert_lookups = static_cast<int64_t>(*m.host_lookups);
+  if (more && done < max_steps) {
+    const BatchToken past{0, position + done, sequence, true};
+    return m.Validate(absl::MakeConstSpan(&past, 1));  // the context's end
+  }
   return absl::OkStatus();
 }
 

@@ -131,6 +131,11 @@ class CudaEngine final : public ComputeBackend {
   absl::Status Forward(absl::Span<const BatchToken> batch, float* logits) override;
   // The argmax of each row on the GPU (argmax.cuh); 4 bytes per row to the host.
   absl::Status ForwardArgmax(absl::Span<const BatchToken> batch, int32_t* ids) override;
+  // With every expert resident (one graph per step) the steps are pipelined: step i + 1 is
+  // launched, its token read on the device from step i's argmax, before the host waits for step i
+  // (docs/cuda.md, "The step"). Otherwise ForwardArgmax's loop.
+  absl::Status DecodeGreedy(int sequence, int32_t token, int32_t position, int max_steps,
+                            const std::function<bool(int32_t)>& on_token) override;
   void ClearSequence(int sequence) override;
   int32_t sequence_length(int sequence) const override;
   void set_routing_observer(RoutingObserver* observer) override;
@@ -138,6 +143,9 @@ class CudaEngine final : public ComputeBackend {
  private:
   // Forward with either output: logits (n_vocab floats per row) or ids (the rows' argmaxes).
   absl::Status Run(absl::Span<const BatchToken> batch, float* logits, int32_t* ids);
+  // DecodeGreedy's pipeline: step i at position + i launched (a graph), its id read once it is done.
+  absl::Status DecodePipelined(int sequence, int32_t token, int32_t position, int max_steps,
+                               const std::function<bool(int32_t)>& on_token);
   struct Impl;
   CudaEngine(const ModelConfig& config, const CudaEngineOptions& options, std::unique_ptr<Impl> impl);
 
