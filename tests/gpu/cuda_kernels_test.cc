@@ -396,10 +396,21 @@ TEST(CudaKernels, ArgmaxRowsEqualsSamplerArgmax) {
     for (const auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
     float* d = ToDevice(flat);
     int32_t* ids = DeviceNaN<int32_t>(rows.size());
-    cuda::LaunchArgmaxRows(d, static_cast<int>(rows.size()), n, ids, nullptr);
-    const std::vector<int32_t> got = ToHost(ids, rows.size());
-    for (size_t r = 0; r < rows.size(); ++r) EXPECT_EQ(got[r], Sampler::Argmax(rows[r])) << "n " << n << " row " << r;
-    for (void* p : {(void*)d, (void*)ids}) CUDA_CHECK(cudaFree(p));
+    void* scratch = nullptr;
+    const int64_t scratch_bytes = cuda::ArgmaxScratchBytes(static_cast<int>(rows.size()));
+    CUDA_CHECK(cudaMalloc(&scratch, scratch_bytes));
+    CUDA_CHECK(cudaMemset(scratch, 0, scratch_bytes));
+    // Every row, then again on the tickets that left, then the first row alone and every row again
+    // (the scratch's layout must not depend on the launch's rows).
+    const int all = static_cast<int>(rows.size());
+    for (int launch_rows : {all, all, 1, all}) {
+      CUDA_CHECK(cudaMemset(ids, 0xff, all * sizeof(int32_t)));
+      cuda::LaunchArgmaxRows(d, launch_rows, n, ids, scratch, all, nullptr);
+      const std::vector<int32_t> got = ToHost(ids, launch_rows);
+      for (int r = 0; r < launch_rows; ++r)
+        EXPECT_EQ(got[r], Sampler::Argmax(rows[r])) << "n " << n << " row " << r << " of " << launch_rows;
+    }
+    for (void* p : {(void*)d, (void*)ids, scratch}) CUDA_CHECK(cudaFree(p));
   }
 }
 

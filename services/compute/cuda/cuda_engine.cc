@@ -196,6 +196,7 @@ struct CudaEngine::Impl {
   float* expert_out = nullptr;   // f32 [T * K, n_embd]
   float* logits = nullptr;       // f32 [T, n_vocab]
   int32_t* argmax_ids = nullptr; // int32 [T], ForwardArgmax's
+  void* argmax_scratch = nullptr; // cuda::ArgmaxScratchBytes(T), zeroed at Create
   uint8_t* act_a = nullptr;      // activations [T, max(n_embd, q_dim)] (+ scales)
   float* act_a_scales = nullptr;
   uint8_t* act_b = nullptr;      // activations [max(T * K * n_ff, T * n_embd)] (+ scales)
@@ -579,6 +580,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   for (int64_t s : f32_sizes) w.Reserve(s * 4);
   w.Reserve(T * K * 4);                                  // chosen
   w.Reserve(T * 4);                                      // argmax_ids
+  w.Reserve(cuda::ArgmaxScratchBytes(T));                // argmax_scratch
   w.Reserve(act_a_elems * 4);
   w.Reserve(act_a_elems / 32 * 4);
   w.Reserve(act_b_elems * 4);
@@ -610,6 +612,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   m.logits = w.Take<float>(T * V * 4);
   m.chosen = w.Take<int32_t>(T * K * 4);
   m.argmax_ids = w.Take<int32_t>(T * 4);
+  m.argmax_scratch = w.Take<uint8_t>(cuda::ArgmaxScratchBytes(T));
   m.act_a = w.Take<uint8_t>(act_a_elems * 4);
   m.act_a_scales = w.Take<float>(act_a_elems / 32 * 4);
   m.act_b = w.Take<uint8_t>(act_b_elems * 4);
@@ -643,6 +646,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   CUDA_CHECK(cudaMemsetAsync(m.h, 0, T * K * F * 4, m.stream));
   CUDA_CHECK(cudaMemsetAsync(m.lookups_total, 0, 8, m.stream));
   CUDA_CHECK(cudaMemsetAsync(m.router_blocks_done, 0, 4, m.stream));
+  CUDA_CHECK(cudaMemsetAsync(m.argmax_scratch, 0, cuda::ArgmaxScratchBytes(T), m.stream));
   m.stats.workspace_bytes = w.size();
   {
     const cudaError_t e1 = cudaMalloc(&m.k_cache, kv_bytes);
@@ -1313,7 +1317,7 @@ void CudaEngine::Impl::EnqueueStep(int n, int n_out, bool host_path, bool argmax
   cuda::LaunchMatvec(&lm, 1, oa, n_out, stream);
   Mark("lm_head");
   if (!argmax) return;
-  cuda::LaunchArgmaxRows(logits, n_out, c.n_vocab, argmax_ids, stream);
+  cuda::LaunchArgmaxRows(logits, n_out, c.n_vocab, argmax_ids, argmax_scratch, o.max_batch_tokens, stream);
   Mark("argmax");
 }
 
