@@ -155,7 +155,7 @@ bool LaunchStaged(const MatvecArgs& args, int64_t total_rows, cudaStream_t strea
 
 // One token, Q8_0 rows that WarpQ8_0Fits: a warp per row (WarpQ8_0Rows). The weight loads are
 // issued before waiting for the kernel that writes the activations.
-__global__ void __launch_bounds__(kWarps * 32) MatvecQ8_0DecodeKernel(const __grid_constant__ MatvecArgs args) {
+__global__ void __launch_bounds__(kWarps * 32, 4) MatvecQ8_0DecodeKernel(const __grid_constant__ MatvecArgs args) {
   extern __shared__ float smem[];
   AllowDependents();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

@@ -393,14 +393,26 @@ struct WarpQ8_0Rows {
     const int64_t row_floats = kWarpQ8_0SmemFloats(1, nb), isum_floats = 8 * (nb + nb / 4);
     const auto isum_at = [&](int r, int64_t b, int lane_l) { return smem + r * row_floats + 8 * (b + b / 4) + lane_l; };
     const auto prod_at = [&](int r, int64_t b) { return smem + r * row_floats + isum_floats + b; };
+    // Every run's activations first: a load after the isum stores below would wait for them, and
+    // so for the previous run's loads (one L2 round trip per run).
+    uint4 aqs[kRuns];
+    float4 a4s[kRuns];
+#pragma unroll
+    for (int i = 0; i < kRuns; ++i) {
+      const int q = g + 4 * i;
+      if (q >= NR * nr) break;
+      const int j = q % nr;
+      aqs[i] = reinterpret_cast<const uint4*>(act_q + int64_t(j) * 128)[l];
+      a4s[i] = *reinterpret_cast<const float4*>(act_s + 4 * j);
+    }
 #pragma unroll
     for (int i = 0; i < kRuns; ++i) {
       const int q = g + 4 * i;
       if (q >= NR * nr) break;
       const int r = q / nr, j = q % nr;
       if (rows[r].q == nullptr) continue;
-      const uint4 aq = reinterpret_cast<const uint4*>(act_q + int64_t(j) * 128)[l];
-      const float4 a4 = *reinterpret_cast<const float4*>(act_s + 4 * j);
+      const uint4 aq = aqs[i];
+      const float4 a4 = a4s[i];
       const float as[4] = {a4.x, a4.y, a4.z, a4.w};
       float w_s[4];
       Q8_0RunScales(ws[i], w_s);
