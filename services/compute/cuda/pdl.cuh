@@ -23,10 +23,12 @@
 namespace mer::cuda {
 
 #if MER_TIMELINE
-// A timing build (-DMER_TIMELINE=ON): block (0, 0, 0) of every launch logs when it reached its
-// wait and when the wait returned (%globaltimer, ns) with the launch's %gridid. The wait returns
-// once the predecessor grid has completed, so consecutive returns give each kernel's time on the
-// step's critical path, and reach-to-return how early its first block was resident.
+// A timing build (-DMER_TIMELINE=ON): thread 0 of every block of every launch logs when it reached
+// its wait and when the wait returned (%globaltimer, ns) with the launch's %gridid (a graph node
+// keeps its id across replays), the block's index and its SM. The wait returns once the
+// predecessor grid has completed, so consecutive launches' earliest returns give each kernel's
+// time on the step's critical path; a block that reached its wait after that return was not
+// resident in time (a second wave, or no room beside the kernels before it).
 static __device__ TimelineLog timeline_log;  // one per translation unit, set by every SetTimelineLog
 
 __device__ __forceinline__ unsigned long long GlobalTimerNs() {
@@ -38,13 +40,15 @@ __device__ __forceinline__ unsigned long long GlobalTimerNs() {
 __device__ __forceinline__ void WaitForPredecessor() {
   const unsigned long long reach = GlobalTimerNs();
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  if (threadIdx.x != 0 || blockIdx.x != 0 || blockIdx.y != 0 || blockIdx.z != 0 || timeline_log.entries == nullptr)
-    return;
+  if (threadIdx.x != 0 || threadIdx.y != 0 || threadIdx.z != 0 || timeline_log.entries == nullptr) return;
   const unsigned long long ret = GlobalTimerNs();
   unsigned long long grid;
   asm volatile("mov.u64 %0, %%gridid;" : "=l"(grid));
+  unsigned smid;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+  const unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
   const unsigned i = atomicAdd(timeline_log.count, 1u);
-  if (i < timeline_log.capacity) timeline_log.entries[i] = TimelineEntry{grid, reach, ret};
+  if (i < timeline_log.capacity) timeline_log.entries[i] = TimelineEntry{grid, reach, ret, block, smid};
 }
 
 namespace {

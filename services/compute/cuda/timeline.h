@@ -5,6 +5,7 @@ namespace mer::cuda {
 
 struct TimelineEntry {
   unsigned long long grid, reach_ns, return_ns;
+  unsigned block, smid;
 };
 struct TimelineLog {
   TimelineEntry* entries = nullptr;
@@ -15,6 +16,6 @@ struct TimelineLog {
 void RegisterTimelineSetter(void (*set)(const TimelineLog&));
 
 void TimelineStart();  // allocates the log and hands it to every translation unit's kernels
-void TimelineWrite();  // writes it to $MER_TIMELINE_OUT (CSV: grid, reach_ns, return_ns), if set
+void TimelineWrite();  // writes it to $MER_TIMELINE_OUT (CSV: grid, block, smid, reach_ns, return_ns), if set
 
 }  // namespace mer::cuda
