@@ -252,21 +252,30 @@ TEST(CudaEngine, MixedBatchEqualsSolo) {
   EXPECT_FALSE((*e)->Forward(absl::MakeConstSpan(&gap, 1), l.data()).ok());
 }
 
+// body(engine, where) with every expert resident (the graph path) and with 30% of them in the
+// arena (the host path).
+template <typename Body>
+void ForGraphAndHostPath(const Model& model, CudaEngineOptions o, const Body& body) {
+  for (double fraction : {-1.0, 0.3}) {
+    o.vram_expert_budget_fraction = fraction;
+    auto e = CudaEngine::Create(*model.weights, *model.experts, o);
+    ASSERT_TRUE(e.ok()) << e.status();
+    body(e->get(), "arena fraction " + std::to_string(fraction));
+  }
+}
+
 // ForwardArgmax gives each row's Sampler::Argmax of the logits Forward gives for the same batch:
 // a chunked two-sequence prompt (16 rows) and then 8 single-token steps, with every expert
 // resident (the graph path) and with 30% of them (the host path).
 TEST(CudaEngine, ForwardArgmaxEqualsHostArgmax) {
   auto model = MakeModel("tiny", SynthQuant::kQ8_0);
   ASSERT_NE(model, nullptr);
-  for (double fraction : {-1.0, 0.3}) {
-    CudaEngineOptions o;
-    o.max_batch_tokens = 64;
-    o.max_sequences = 2;
-    o.max_context_tokens = 128;
-    o.vram_expert_budget_fraction = fraction;
-    auto e = CudaEngine::Create(*model->weights, *model->experts, o);
-    ASSERT_TRUE(e.ok()) << e.status();
-    const int V = (*e)->config().n_vocab;
+  CudaEngineOptions o;
+  o.max_batch_tokens = 64;
+  o.max_sequences = 2;
+  o.max_context_tokens = 128;
+  ForGraphAndHostPath(*model, o, [&](CudaEngine* e, const std::string& where) {
+    const int V = e->config().n_vocab;
     const std::vector<int32_t> a = {5, 17, 250, 3, 99, 42, 42, 7}, b = {1, 120, 64, 8, 9, 10, 11, 12};
     std::vector<BatchToken> prompt;
     for (size_t i = 0; i < a.size(); ++i) {
@@ -278,15 +287,15 @@ TEST(CudaEngine, ForwardArgmaxEqualsHostArgmax) {
     std::vector<int32_t> want, got;
     std::vector<float> logits(prompt.size() * V);
     for (int run = 0; run < 2; ++run) {
-      (*e)->ClearSequence(0);
-      (*e)->ClearSequence(1);
+      e->ClearSequence(0);
+      e->ClearSequence(1);
       std::vector<int32_t>& out = run == 0 ? want : got;
       std::vector<int32_t> ids(prompt.size());
       if (run == 0) {
-        ASSERT_TRUE((*e)->Forward(prompt, logits.data()).ok());
+        ASSERT_TRUE(e->Forward(prompt, logits.data()).ok());
         for (size_t r = 0; r < prompt.size(); ++r) ids[r] = Sampler::Argmax(absl::MakeConstSpan(&logits[r * V], V));
       } else {
-        ASSERT_TRUE((*e)->ForwardArgmax(prompt, ids.data()).ok());
+        ASSERT_TRUE(e->ForwardArgmax(prompt, ids.data()).ok());
       }
       out.insert(out.end(), ids.begin(), ids.end());
       for (int step = 0; step < 8; ++step) {
@@ -295,16 +304,16 @@ TEST(CudaEngine, ForwardArgmaxEqualsHostArgmax) {
         const BatchToken t{token, int32_t(a.size()) + step, 0, true};
         int32_t id = -1;
         if (run == 0) {
-          ASSERT_TRUE((*e)->Forward(absl::MakeConstSpan(&t, 1), logits.data()).ok());
+          ASSERT_TRUE(e->Forward(absl::MakeConstSpan(&t, 1), logits.data()).ok());
           id = Sampler::Argmax(absl::MakeConstSpan(logits.data(), V));
         } else {
-          ASSERT_TRUE((*e)->ForwardArgmax(absl::MakeConstSpan(&t, 1), &id).ok());
+          ASSERT_TRUE(e->ForwardArgmax(absl::MakeConstSpan(&t, 1), &id).ok());
         }
         out.push_back(id);
       }
     }
-    EXPECT_EQ(got, want) << "arena fraction " << fraction;
-  }
+    EXPECT_EQ(got, want) << where;
+  });
 }
 
 // DecodeGreedy (pipelined with every expert resident, ForwardArgmax's loop at a 30% arena) gives
@@ -313,24 +322,21 @@ TEST(CudaEngine, ForwardArgmaxEqualsHostArgmax) {
 TEST(CudaEngine, DecodeGreedyEqualsForwardArgmaxLoop) {
   auto model = MakeModel("tiny", SynthQuant::kQ8_0);
   ASSERT_NE(model, nullptr);
-  for (double fraction : {-1.0, 0.3}) {
-    CudaEngineOptions o;
-    o.max_batch_tokens = 16;
-    o.max_sequences = 1;
-    o.max_context_tokens = 256;
-    o.attention_split_min_cells = 64;
-    o.vram_expert_budget_fraction = fraction;
-    auto e = CudaEngine::Create(*model->weights, *model->experts, o);
-    ASSERT_TRUE(e.ok()) << e.status();
+  CudaEngineOptions o;
+  o.max_batch_tokens = 16;
+  o.max_sequences = 1;
+  o.max_context_tokens = 256;
+  o.attention_split_min_cells = 64;
+  ForGraphAndHostPath(*model, o, [&](CudaEngine* e, const std::string& where) {
     const std::vector<int32_t> prompt_ids = {5, 17, 250, 3, 99, 42, 42, 7};
     const int32_t P = static_cast<int32_t>(prompt_ids.size());
     // The prompt's argmax, from an empty cache.
     const auto prefill = [&]() {
-      (*e)->ClearSequence(0);
+      e->ClearSequence(0);
       std::vector<BatchToken> prompt;
       for (int32_t i = 0; i < P; ++i) prompt.push_back({prompt_ids[i], i, 0, i + 1 == P});
       int32_t id = -1;
-      EXPECT_TRUE((*e)->ForwardArgmax(prompt, &id).ok());
+      EXPECT_TRUE(e->ForwardArgmax(prompt, &id).ok());
       return id;
     };
     const int kSteps = 120;
@@ -339,10 +345,9 @@ TEST(CudaEngine, DecodeGreedyEqualsForwardArgmaxLoop) {
     int32_t token = first;
     for (int i = 0; i < kSteps; ++i) {
       const BatchToken t{token, P + i, 0, true};
-      ASSERT_TRUE((*e)->ForwardArgmax(absl::MakeConstSpan(&t, 1), &token).ok());
+      ASSERT_TRUE(e->ForwardArgmax(absl::MakeConstSpan(&t, 1), &token).ok());
       want.push_back(token);
     }
-    const std::string where = "arena fraction " + std::to_string(fraction);
 
     ASSERT_EQ(prefill(), first);
     std::vector<int32_t> got;
@@ -350,29 +355,29 @@ TEST(CudaEngine, DecodeGreedyEqualsForwardArgmaxLoop) {
       got.push_back(id);
       return true;
     };
-    ASSERT_TRUE((*e)->DecodeGreedy(0, first, P, kSteps, collect).ok());
+    ASSERT_TRUE(e->DecodeGreedy(0, first, P, kSteps, collect).ok());
     EXPECT_EQ(got, want) << where;
-    EXPECT_EQ((*e)->sequence_length(0), P + kSteps) << where;
+    EXPECT_EQ(e->sequence_length(0), P + kSteps) << where;
 
     // Stopped after 10 ids, then resumed from the last one.
     ASSERT_EQ(prefill(), first);
     got.clear();
-    ASSERT_TRUE((*e)->DecodeGreedy(0, first, P, kSteps, [&](int32_t id) {
+    ASSERT_TRUE(e->DecodeGreedy(0, first, P, kSteps, [&](int32_t id) {
       got.push_back(id);
       return got.size() < 10;
     }).ok());
-    EXPECT_EQ((*e)->sequence_length(0), P + 10) << where;
-    ASSERT_TRUE((*e)->DecodeGreedy(0, got.back(), P + 10, kSteps - 10, collect).ok());
+    EXPECT_EQ(e->sequence_length(0), P + 10) << where;
+    ASSERT_TRUE(e->DecodeGreedy(0, got.back(), P + 10, kSteps - 10, collect).ok());
     EXPECT_EQ(got, want) << where << ": stopped and resumed";
 
     // Past the context: the in-context steps' ids, then InvalidArgument.
     ASSERT_EQ(prefill(), first);
     got.clear();
-    const absl::Status past = (*e)->DecodeGreedy(0, first, P, o.max_context_tokens, collect);
+    const absl::Status past = e->DecodeGreedy(0, first, P, o.max_context_tokens, collect);
     EXPECT_EQ(past.code(), absl::StatusCode::kInvalidArgument) << where << ": " << past;
     ASSERT_EQ(got.size(), size_t(o.max_context_tokens - P)) << where;
     EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin())) << where << ": past the context";
-  }
+  });
 }
 
 int64_t RssBytes() {
