@@ -397,7 +397,8 @@ CudaEngine::Impl::~Impl() {
   if (copy_stream != nullptr) CUDA_CHECK(cudaStreamSynchronize(copy_stream));
   if (pinned_base != nullptr) CUDA_CHECK(cudaHostUnregister(pinned_base));
   for (void* p : {static_cast<void*>(host_input), static_cast<void*>(pipe_input[0]),
-                  static_cast<void*>(pipe_input[1]), static_cast<void*>(pipe_ids), static_cast<void*>(host_slot_table),
+                  static_cast<void*>(pipe_input[1]), static_cast<void*>(pipe_ids),
+                  static_cast<void*>(host_slot_table),
                   static_cast<void*>(host_groups), static_cast<void*>(host_chosen),
                   static_cast<void*>(host_lookups), static_cast<void*>(host_table_upload),
                   static_cast<void*>(host_pred)})
@@ -1301,7 +1302,8 @@ void CudaEngine::Impl::EnqueueStep(int n, int n_out, bool host_path, bool argmax
                                    const uint8_t* input, const int32_t* device_tokens) {
   const int64_t E = c.n_embd;
   CUDA_CHECK(cudaMemcpyAsync(step_input, input, in.bytes, cudaMemcpyHostToDevice, stream));
-  const int32_t* tokens = device_tokens != nullptr ? device_tokens : reinterpret_cast<const int32_t*>(step_input + in.tokens);
+  const int32_t* tokens =
+      device_tokens != nullptr ? device_tokens : reinterpret_cast<const int32_t*>(step_input + in.tokens);
   cuda::LaunchEmbed(embd_type, embd, embd_row_bytes, tokens, n, E, x, stream);
   Mark("input + embed");
   for (int l = 0; l < c.n_layer; ++l) {
@@ -1416,8 +1418,10 @@ absl::Status CudaEngine::Run(absl::Span<const BatchToken> batch, float* logits, 
 absl::Status CudaEngine::DecodeGreedy(int sequence, int32_t token, int32_t position, int max_steps,
                                       const std::function<bool(int32_t)>& on_token) {
   Impl& m = *impl_;
-  const bool one_graph_per_step = m.AllResident() && m.observer == nullptr && m.o.use_graphs && !m.o.profile_kernels;
-  if (!one_graph_per_step || max_steps < 1) return ComputeBackend::DecodeGreedy(sequence, token, position, max_steps, on_token);
+  const bool one_graph_per_step =
+      m.AllResident() && m.observer == nullptr && m.o.use_graphs && !m.o.profile_kernels;
+  if (!one_graph_per_step || max_steps < 1)
+    return ComputeBackend::DecodeGreedy(sequence, token, position, max_steps, on_token);
   return DecodePipelined(sequence, token, position, max_steps, on_token);
 }
 

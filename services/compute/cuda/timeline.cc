@@ -47,7 +47,8 @@ void TimelineWrite() {
   FILE* f = std::fopen(path, "w");
   if (f == nullptr) return;
   std::fprintf(f, "grid,block,smid,reach_ns,return_ns\n");
-  for (const TimelineEntry& x : e) std::fprintf(f, "%llu,%u,%u,%llu,%llu\n", x.grid, x.block, x.smid, x.reach_ns, x.return_ns);
+  for (const TimelineEntry& x : e)
+    std::fprintf(f, "%llu,%u,%u,%llu,%llu\n", x.grid, x.block, x.smid, x.reach_ns, x.return_ns);
   std::fclose(f);
   std::fprintf(stderr, "timeline: %u launches written to %s\n", n, path);
 }
