@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <chrono>
 #include <cstdio>
@@ -319,6 +320,8 @@ struct CudaEngine::Impl {
   // captures it whole.
   void EnqueueStep(int n, int n_out, bool host_path_allowed, bool argmax, absl::Status* status,
                    const uint8_t* input, const int32_t* device_tokens = nullptr);
+  // Captures what `enqueue` puts on the stream (the device path, which returns no errors) into *exec.
+  void CaptureGraph(cudaGraphExec_t* exec, const std::function<void(absl::Status*)>& enqueue);
   absl::Status EnqueueLayer(int layer, int n, bool host_path);
   absl::Status ServeLayerExperts(int layer, int n, const DevAct& x_act);
   absl::Status ServeFromResidency(int layer, int n, const DevAct& x_act, const int32_t* used, int n_used,
@@ -1323,6 +1326,17 @@ void CudaEngine::Impl::EnqueueStep(int n, int n_out, bool host_path, bool argmax
   Mark("argmax");
 }
 
+void CudaEngine::Impl::CaptureGraph(cudaGraphExec_t* exec, const std::function<void(absl::Status*)>& enqueue) {
+  absl::Status status;
+  cudaGraph_t graph;
+  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  enqueue(&status);
+  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  CHECK(status.ok());  // the device path returns no errors
+  CUDA_CHECK(cudaGraphInstantiate(exec, graph, 0));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+}
+
 // Step inputs: ids, positions, sequences, logits rows and the RoPE table (ggml's rope cache,
 // computed on the host exactly as the CPU engine does).
 int CudaEngine::Impl::FillInput(absl::Span<const BatchToken> batch, uint8_t* dst, int32_t* max_position) const {
@@ -1371,15 +1385,8 @@ absl::Status CudaEngine::Run(absl::Span<const BatchToken> batch, float* logits, 
   const bool argmax = ids != nullptr && n_out > 0;
   if (!host_path && n == 1 && m.o.use_graphs && !m.o.profile_kernels) {
     cudaGraphExec_t& exec = m.graph[n_out][m.attention_split][argmax];
-    if (exec == nullptr) {
-      cudaGraph_t graph;
-      CUDA_CHECK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
-      m.EnqueueStep(n, n_out, false, argmax, &status, m.host_input);
-      CUDA_CHECK(cudaStreamEndCapture(m.stream, &graph));
-      CHECK(status.ok());  // the device path returns no errors
-      CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-      CUDA_CHECK(cudaGraphDestroy(graph));
-    }
+    if (exec == nullptr)
+      m.CaptureGraph(&exec, [&](absl::Status* s) { m.EnqueueStep(n, n_out, false, argmax, s, m.host_input); });
     CUDA_CHECK(cudaGraphLaunch(exec, m.stream));
     ++m.stats.graph_launches;
   } else {
@@ -1449,17 +1456,11 @@ absl::Status CudaEngine::DecodePipelined(int sequence, int32_t token, int32_t po
     m.stats.attention_split_steps += m.attention_split;
     const bool from_device = i > 0;
     cudaGraphExec_t& exec = m.pipe_graph[b][from_device][m.attention_split];
-    if (exec == nullptr) {
-      absl::Status status;
-      cudaGraph_t graph;
-      CUDA_CHECK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
-      m.EnqueueStep(1, 1, false, true, &status, m.pipe_input[b], from_device ? m.argmax_ids : nullptr);
-      CUDA_CHECK(cudaMemcpyAsync(m.pipe_ids + b, m.argmax_ids, 4, cudaMemcpyDeviceToHost, m.stream));
-      CUDA_CHECK(cudaStreamEndCapture(m.stream, &graph));
-      CHECK(status.ok());  // the device path returns no errors
-      CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-      CUDA_CHECK(cudaGraphDestroy(graph));
-    }
+    if (exec == nullptr)
+      m.CaptureGraph(&exec, [&](absl::Status* s) {
+        m.EnqueueStep(1, 1, false, true, s, m.pipe_input[b], from_device ? m.argmax_ids : nullptr);
+        CUDA_CHECK(cudaMemcpyAsync(m.pipe_ids + b, m.argmax_ids, 4, cudaMemcpyDeviceToHost, m.stream));
+      });
     CUDA_CHECK(cudaGraphLaunch(exec, m.stream));
     CUDA_CHECK(cudaEventRecord(m.pipe_done[b], m.stream));
     ++m.stats.graph_launches;

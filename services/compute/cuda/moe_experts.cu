@@ -114,8 +114,8 @@ __global__ void __launch_bounds__(kWarps * 32, 3) GateUpKernel(const __grid_cons
 // up sum shuffled to the gate's lane for SwiGLU; the same sums bit for bit (a row's chain does not
 // depend on the rows beside it). GateUpKernel's 2 rows per group give the 30B geometry's 8
 // experts 1,536 warps, ~12 per SM at 166 registers, which wait on their shared-memory activations
-// with nothing else to issue. Here 3,072 warps at 62 registers (64 now; 4 runs of 4 blocks in flight per
-// lane, 6 or more blocks per SM) fit in one wave: decode 296.6-297.7 against 284.1-284.7 tokens/s
+// with nothing else to issue. Here 3,072 warps at 62 registers (64 now; 4 runs of 4 blocks in
+// flight per lane, 6 or more blocks per SM) fit in one wave: decode 296.6-297.7 against 284.1-284.7 tokens/s
 // on the H200, 30B geometry (call J5). 8 runs in flight: at 80 registers (spilling) 295.1-295.2,
 // at 114 (1.5 waves) 282.8-283.4; 16 runs at 164 registers (2 waves) 284.7-285.5.
 constexpr int kGateUpRowRuns = 4;
@@ -380,12 +380,10 @@ void LaunchDownFromF32T(const ExpertArgs& a, const float* h, float* out, cudaStr
   // With 6 runs the kernel fits 4 blocks per SM, so that the 30B geometry's 512 blocks (8 experts x
   // 64) are one wave on 132 SMs: at 3 per SM the last quarter of them started only when the first
   // ones had finished, and could not load their rows while gate/up ran.
-  if (GroupQ8_0Preload<kDownRows, kDownPreloadRunsSmall>::Fits(a.n_ff / 32))
-    LaunchPdl(DownFromF32Kernel<kType, kDownPreloadRunsSmall>, DownGrid<kType>(a), dim3(kWarps * 32), smem, s, a, h,
-              out);
-  else
-    LaunchPdl(DownFromF32Kernel<kType, kDownPreloadRunsLarge>, DownGrid<kType>(a), dim3(kWarps * 32), smem, s, a, h,
-              out);
+  auto* kernel = GroupQ8_0Preload<kDownRows, kDownPreloadRunsSmall>::Fits(a.n_ff / 32)
+                     ? DownFromF32Kernel<kType, kDownPreloadRunsSmall>
+                     : DownFromF32Kernel<kType, kDownPreloadRunsLarge>;
+  LaunchPdl(kernel, DownGrid<kType>(a), dim3(kWarps * 32), smem, s, a, h, out);
 }
 
 }  // namespace

@@ -27,7 +27,8 @@ void RegisterTimelineSetter(void (*set)(const TimelineLog&)) { Setters().push_ba
 
 void TimelineStart() {
   if (log_on_device.entries != nullptr) return;
-  log_on_device.capacity = 1u << 24;  // 512 MB: ~150 decode steps of the 30B geometry (~110,000 blocks each)
+  // 512 MB: ~150 decode steps of the 30B geometry (~110,000 blocks each).
+  log_on_device.capacity = 1u << 24;
   CUDA_CHECK(cudaMalloc(&log_on_device.entries, sizeof(TimelineEntry) * log_on_device.capacity));
   CUDA_CHECK(cudaMalloc(&log_on_device.count, sizeof(unsigned)));
   CUDA_CHECK(cudaMemset(log_on_device.count, 0, sizeof(unsigned)));
@@ -43,14 +44,15 @@ void TimelineWrite() {
   n = std::min(n, log_on_device.capacity);
   std::vector<TimelineEntry> e(n);
   CUDA_CHECK(cudaMemcpy(e.data(), log_on_device.entries, sizeof(TimelineEntry) * n, cudaMemcpyDeviceToHost));
-  std::sort(e.begin(), e.end(), [](const TimelineEntry& a, const TimelineEntry& b) { return a.return_ns < b.return_ns; });
+  std::sort(e.begin(), e.end(),
+            [](const TimelineEntry& a, const TimelineEntry& b) { return a.return_ns < b.return_ns; });
   FILE* f = std::fopen(path, "w");
   if (f == nullptr) return;
   std::fprintf(f, "grid,block,smid,reach_ns,return_ns\n");
   for (const TimelineEntry& x : e)
     std::fprintf(f, "%llu,%u,%u,%llu,%llu\n", x.grid, x.block, x.smid, x.reach_ns, x.return_ns);
   std::fclose(f);
-  std::fprintf(stderr, "timeline: %u launches written to %s\n", n, path);
+  std::fprintf(stderr, "timeline: %u blocks' waits written to %s\n", n, path);
 }
 
 }  // namespace mer::cuda
