@@ -128,6 +128,10 @@ async function main() {
   // llama.cpp against itself: the same rows teacher-forced in one batch (its numerical noise floor).
   const refBatch = readF32(path.join(refDir, "logits_batch.f32"), n, V, "llama_ref");
   const eog = new Set(meta.eog_tokens ?? []);
+  // The reference must be the pinned CPU variant on every host (tests/llama/README.md).
+  if (meta.cpu_variant == null || meta.cpu_variant !== meta.cpu_variant_pinned) {
+    throw new Error(`llama.cpp ran the CPU variant ${meta.cpu_variant}, not the pinned ${meta.cpu_variant_pinned} (run scripts/install-llama-ref)`);
+  }
 
   // Per-step llama.cpp top tokens and top1-top2 margin.
   const refTop = [], margin = [];
@@ -240,7 +244,7 @@ async function main() {
 
   // Report.
   out(`model ${a.model}  n_vocab ${V}  prompt [${P}] (${prompt.length} tokens)  n ${n}  tol ${tol}  top ${top}  margin ${marginTol}  min-pass ${minPass}`);
-  out(`llama.cpp: node-llama-cpp ${meta.node_llama_cpp}, release ${meta.llama_cpp_release}, threads ${meta.threads_used}, flash attention ${meta.flash_attention}, KV ${meta.kv_cache_key_type}/${meta.kv_cache_value_type} (${ref.secs.toFixed(1)} s)`);
+  out(`llama.cpp: node-llama-cpp ${meta.node_llama_cpp}, release ${meta.llama_cpp_release}, CPU variant ${meta.cpu_variant}, threads ${meta.threads_used}, flash attention ${meta.flash_attention}, KV ${meta.kv_cache_key_type}/${meta.kv_cache_value_type} (${ref.secs.toFixed(1)} s)`);
   out(`mer generate ${gen.secs.toFixed(1)} s, mer score ${sc.secs.toFixed(1)} s`);
   out("max|diff| is over llama.cpp's top tokens of the step; llama_self is llama.cpp batch vs single-token (its own noise)");
   out("step  llama    mer  gen       margin  mer_argmax  max|diff|  worst_tok  llama_self  ok");

@@ -79,6 +79,21 @@ export async function importNodeLlamaCpp() {
 
 let verbose = false;
 
+// The libggml-cpu-*.so variant ggml loaded into this process (from /proc/self/maps), e.g.
+// "haswell"; null when none is mapped yet. scripts/install-llama-ref pins which one is installed.
+export function loadedCpuVariant() {
+  const maps = fs.readFileSync("/proc/self/maps", "utf8");
+  const m = maps.match(/libggml-cpu-([A-Za-z0-9_]+)\.so/);
+  return m ? m[1] : null;
+}
+
+// The variant scripts/install-llama-ref pinned (tests/llama/node_modules/.mer-llama-cpu-variant).
+export function pinnedCpuVariant() {
+  const here = path.dirname(fileURLToPath(import.meta.url));
+  const f = path.join(here, "node_modules", ".mer-llama-cpu-variant");
+  return fs.existsSync(f) ? fs.readFileSync(f, "utf8").trim() : null;
+}
+
 export async function openLlama(nlc, threads) {
   return nlc.getLlama({
     gpu: false,
@@ -197,7 +212,9 @@ export async function greedyWithLogits(nlc, modelPath, prompt, n, threads = 1, b
     llama_cpp_release: llama.llamaCppRelease?.release,
     build_type: llama.buildType,
     gpu: llama.gpu,
-    cpu_variant_note: "ggml picks the best libggml-cpu-*.so for this CPU",
+    // The ggml CPU kernels that ran (scripts/install-llama-ref pins one for every host).
+    cpu_variant: loadedCpuVariant(),
+    cpu_variant_pinned: pinnedCpuVariant(),
   };
   await context.dispose();
   await model.dispose();
