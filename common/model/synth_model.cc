@@ -5,6 +5,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <numeric>
 #include <thread>
@@ -168,7 +169,42 @@ std::optional<SynthGeometry> SynthPreset(const std::string& name) {
     g.n_expert = 128; g.n_expert_used = 8; g.n_ff_exp = 1536; g.n_vocab = 151936; g.n_ctx = 40960;
     return g;
   }
+  if (name.rfind("random:", 0) == 0) {
+    const std::string digits = name.substr(7);
+    if (digits.empty() || digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos)
+      return std::nullopt;
+    return RandomSynthGeometry(std::stoull(digits));
+  }
   return std::nullopt;
+}
+
+SynthGeometry RandomSynthGeometry(uint64_t seed) {
+  uint64_t state = seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
+  const auto next = [&state] {  // splitmix64
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  const auto pick = [&next](std::initializer_list<int32_t> values) {
+    return *(values.begin() + next() % values.size());
+  };
+  SynthGeometry g;
+  g.n_layer = pick({1, 2, 3, 4});
+  // Widths that are multiples of 32 but often not of 64 or 256 (the K-quants fall back to Q8_0
+  // for rows that are not whole 256-blocks, as llama.cpp's quantizer does).
+  g.n_embd = pick({64, 96, 128, 160, 192, 224, 256, 288, 320, 512});
+  g.n_ff_exp = pick({32, 64, 96, 128, 160, 256});
+  do {
+    g.head_dim = pick({16, 32, 48, 64, 80, 96, 128, 256});
+    g.n_head_kv = pick({1, 2, 3, 4});
+    g.n_head = g.n_head_kv * pick({1, 2, 3, 4, 8});
+  } while ((int64_t{g.n_head} * g.head_dim) % 32 != 0 || g.n_head > 16);
+  g.n_expert = pick({2, 3, 5, 8, 16, 24, 31, 32, 48, 60, 64, 128});
+  g.n_expert_used = std::min<int32_t>(g.n_expert, pick({1, 1, 2, 3, 4, 6, 8}));
+  g.n_vocab = pick({300, 512, 777, 1024, 2048, 4000});
+  g.n_ctx = pick({128, 256, 512, 1024});  // below `mer up`'s default --ctx
+  return g;
 }
 
 std::optional<SynthQuant> ParseSynthQuant(const std::string& name) {

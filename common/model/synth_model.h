@@ -46,8 +46,14 @@ struct SynthGeometry {
 };
 
 // "micro" (unit tests), "tiny" (the embedded default), "small", "qwen3-30b-a3b",
-// "qwen3-235b-a22b"; nullopt for an unknown name.
+// "qwen3-235b-a22b", or "random:SEED" (RandomSynthGeometry(SEED)); nullopt for an unknown name.
 std::optional<SynthGeometry> SynthPreset(const std::string& name);
+
+// A small valid geometry drawn from `seed` (the same seed, the same geometry), for testing every
+// path on shapes nobody tuned for: 1-4 layers; widths, expert ffn and head dims that are
+// multiples of 32 (resp. 16) but often not of 64 or 256; GQA ratios 1-8; 2-128 experts, not
+// always a multiple of 16; top-1 to top-8; vocabularies of 300-4000; contexts of 128-1024.
+SynthGeometry RandomSynthGeometry(uint64_t seed);
 
 enum class SynthQuant { kF32, kF16, kBF16, kQ8_0, kQ4_K };
 std::optional<SynthQuant> ParseSynthQuant(const std::string& name);  // "f32", "q4_k", ...

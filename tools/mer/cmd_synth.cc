@@ -11,7 +11,7 @@
 namespace mer::cli {
 namespace {
 
-constexpr char kHelp[] = R"(usage: mer synth --preset {micro,tiny,small,qwen3-30b-a3b,qwen3-235b-a22b}
+constexpr char kHelp[] = R"(usage: mer synth --preset {micro,tiny,small,qwen3-30b-a3b,qwen3-235b-a22b,random:SEED}
                  [--layers N --embd N --experts N --experts-used N --ff-exp N --heads N
                   --kv-heads N --head-dim N --vocab N --ctx N]
                  --quant {f32,f16,bf16,q8_0,q4_k} [--seed S] [--router-skew X]
@@ -19,7 +19,9 @@ constexpr char kHelp[] = R"(usage: mer synth --preset {micro,tiny,small,qwen3-30
                  [--no-direct])
 
 Writes a valid qwen3moe GGUF file with deterministic pseudo-random weights. The preset gives the
-geometry, the other flags override parts of it. --router-skew X > 0 makes expert popularity
+geometry, the other flags override parts of it; random:SEED is a small geometry drawn from SEED
+(1-4 layers, widths not always multiples of 64, 2-128 experts, top-1 to top-8, GQA 1-8, contexts
+of 128-1024), for testing on shapes nobody tuned for. --router-skew X > 0 makes expert popularity
 Zipf-like: the router logit of the expert of popularity rank r gets -X * ln(r + 1) in every token.
 Greedy, 31 prompt + 128 generated tokens, an LRU cache of 25% of the experts hits 73% at 0.675 on
 the qwen3-30b-a3b geometry (real Qwen3 routing: ~72%), from ~23% at 0 to ~97% at 2

@@ -21,6 +21,7 @@
 #include "services/compute/cuda/argmax.cuh"
 #include "services/compute/cuda/attention.cuh"
 #include "services/compute/cuda/cuda_check.cuh"
+#include "services/compute/cuda/device_buffers.h"
 #include "services/compute/cuda/device_layout.cuh"
 #include "services/compute/cuda/embed.cuh"
 #include "services/compute/cuda/matvec.cuh"
@@ -40,8 +41,7 @@ namespace {
 using cuda::DevAct;
 using cuda::DevMatrix;
 
-constexpr int64_t kAlign = 256;
-int64_t AlignUp(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+int64_t AlignUp(int64_t n) { return cuda::DeviceBufferTable::AlignUp(n); }
 
 bool SupportedType(GgmlType t) {
   return t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16 || t == GgmlType::kQ8_0 ||
@@ -82,26 +82,22 @@ void DebugLog(const char* stage) {
   if (on) std::fprintf(stderr, "cuda: %s\n", stage);
 }
 
-// A bump allocator over one cudaMalloc: every buffer of a kind is carved at Create.
-class DevicePool {
+// One cudaMalloc laid out by a DeviceBufferTable: every buffer of a kind is declared once, then
+// the allocation binds them all.
+class DeviceAllocation {
  public:
-  void Reserve(int64_t bytes) { size_ += AlignUp(bytes); }
-  absl::Status Allocate(const char* what) {
+  absl::Status Allocate(const cuda::DeviceBufferTable& table, const char* what) {
+    size_ = table.bytes();
     if (size_ == 0) return absl::OkStatus();
     const cudaError_t e = cudaMalloc(&base_, size_);
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
+      base_ = nullptr;
       return absl::ResourceExhaustedError(absl::StrCat("cudaMalloc of ", size_, " bytes for ", what,
                                                        " failed: ", cudaGetErrorString(e)));
     }
+    table.Bind(static_cast<uint8_t*>(base_));
     return absl::OkStatus();
-  }
-  template <typename T>
-  T* Take(int64_t bytes) {
-    CHECK(used_ + AlignUp(bytes) <= size_);
-    T* p = reinterpret_cast<T*>(static_cast<uint8_t*>(base_) + used_);
-    used_ += AlignUp(bytes);
-    return p;
   }
   int64_t size() const { return size_; }
   void Free() {
@@ -112,7 +108,6 @@ class DevicePool {
  private:
   void* base_ = nullptr;
   int64_t size_ = 0;
-  int64_t used_ = 0;
 };
 
 // One layer's experts: types and bytes of gate, up and down (Q4_K_M files give half the layers'
@@ -135,6 +130,20 @@ void LaunchMatvecRuns(const cuda::MatvecOutput* outputs, int n, const DevAct& ac
     cuda::LaunchMatvec(outputs + i, j - i, act, n_tokens, stream);
     i = j;
   }
+}
+
+// A MoeGroups' arrays (counts, used experts, group starts, pairs) as one table entry, and its
+// lookup counter as another.
+void AddMoeGroups(cuda::DeviceBufferTable& table, int64_t n_expert, int64_t n_pairs, cuda::MoeGroups* g,
+                  const char* what) {
+  table.AddEntry(8 + (n_expert + 1) * 4 * 2 + n_pairs * 4, what, [g, n_expert](uint8_t* p) {
+    g->n_used = reinterpret_cast<int32_t*>(p);
+    g->n_missing = g->n_used + 1;
+    g->used = g->n_used + 2;
+    g->begin = g->used + n_expert + 1;
+    g->pairs = g->begin + n_expert + 1;
+  });
+  table.Add(&g->lookups_total, 8, what);
 }
 
 struct DevLayer {
@@ -164,7 +173,7 @@ struct CudaEngine::Impl {
   RoutingObserver* observer = nullptr;
   cudaStream_t stream = nullptr;
 
-  DevicePool dense_pool, work_pool, arena_pool;
+  DeviceAllocation dense_pool, work_pool, arena_pool;
 
   // Dense weights.
   int embd_type = 0;
@@ -498,66 +507,75 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   m.slot_bytes = AlignUp(slot_end);
   m.total_experts = int64_t(c.n_layer) * c.n_expert;
 
-  // Dense weights: sizes, then upload through a staging buffer and the repack kernel.
-  int64_t largest = 0;
-  auto reserve_matrix = [&](const MatrixView& mv) {
-    m.dense_pool.Reserve(MatrixBytes(mv));
-    largest = std::max(largest, MatrixBytes(mv));
+  // Dense weights: one table entry per tensor, then the upload of each (matrices whose device
+  // layout differs go through a staging buffer and the repack kernel).
+  struct DenseTensor {
+    const void* src;
+    int64_t bytes;
+    const MatrixView* matrix;  // repacked when its type needs it; null: copied as is
+    uint8_t* dst;              // set by the table's Bind
   };
-  m.dense_pool.Reserve(MatrixBytes(weights.token_embd));
-  reserve_matrix(weights.output);
-  m.dense_pool.Reserve(int64_t(c.n_embd) * 4);
-  for (const LayerWeights& L : weights.layers) {
-    for (const MatrixView* mv : {&L.wq, &L.wk, &L.wv, &L.wo, &L.router}) reserve_matrix(*mv);
-    m.dense_pool.Reserve(int64_t(c.n_embd) * 4 * 2);
-    m.dense_pool.Reserve(int64_t(c.head_dim) * 4 * 2);
+  std::vector<DenseTensor> dense_tensors;
+  dense_tensors.reserve(3 + 9 * weights.layers.size());  // addresses stay put for the binds
+  cuda::DeviceBufferTable dense;
+  int64_t largest = 0;
+  auto add_dense = [&](const void* src, int64_t bytes, const MatrixView* matrix, const char* what,
+                       auto** field) {
+    dense_tensors.push_back({src, bytes, matrix, nullptr});
+    DenseTensor* t = &dense_tensors.back();
+    dense.AddEntry(bytes, what, [t, field](uint8_t* p) {
+      t->dst = p;
+      *field = reinterpret_cast<std::remove_pointer_t<decltype(field)>>(p);
+    });
+    if (matrix != nullptr) largest = std::max(largest, bytes);
+  };
+  auto add_matrix = [&](const MatrixView& mv, const char* what, DevMatrix* dm) {
+    *dm = DevMatrix{DevTypeOf(mv.type), mv.rows, mv.cols, nullptr};
+    add_dense(mv.data, MatrixBytes(mv), &mv, what, &dm->data);
+  };
+  m.embd_type = DevTypeOf(weights.token_embd.type);
+  m.embd_row_bytes = weights.token_embd.row_bytes();
+  add_dense(weights.token_embd.data, MatrixBytes(weights.token_embd), nullptr, "token_embd", &m.embd);
+  add_matrix(weights.output, "output", &m.output);
+  m.output_type = weights.output.type;
+  add_dense(weights.output_norm, int64_t(c.n_embd) * 4, nullptr, "output_norm", &m.output_norm);
+  m.layers.resize(weights.layers.size());
+  for (size_t l = 0; l < weights.layers.size(); ++l) {
+    const LayerWeights& L = weights.layers[l];
+    DevLayer& d = m.layers[l];
+    add_dense(L.attn_norm, int64_t(c.n_embd) * 4, nullptr, "attn_norm", &d.attn_norm);
+    add_dense(L.ffn_norm, int64_t(c.n_embd) * 4, nullptr, "ffn_norm", &d.ffn_norm);
+    add_dense(L.q_norm, int64_t(c.head_dim) * 4, nullptr, "q_norm", &d.q_norm);
+    add_dense(L.k_norm, int64_t(c.head_dim) * 4, nullptr, "k_norm", &d.k_norm);
+    add_matrix(L.wq, "wq", &d.wq);
+    add_matrix(L.wk, "wk", &d.wk);
+    add_matrix(L.wv, "wv", &d.wv);
+    add_matrix(L.wo, "wo", &d.wo);
+    add_matrix(L.router, "router", &d.router);
+    d.wq_type = L.wq.type;
+    d.wk_type = L.wk.type;
+    d.wv_type = L.wv.type;
+    d.wo_type = L.wo.type;
+    d.router_type = L.router.type;
   }
-  RETURN_IF_ERROR(m.dense_pool.Allocate("dense weights"));
+  RETURN_IF_ERROR(m.dense_pool.Allocate(dense, "dense weights"));
   uint8_t* dense_staging = nullptr;
-  {
+  if (largest > 0) {
     const cudaError_t e = cudaMalloc(&dense_staging, largest);
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
       return absl::ResourceExhaustedError("cudaMalloc of the dense-weight staging buffer failed");
     }
   }
-  auto upload_raw = [&](const void* src, int64_t bytes) {
-    uint8_t* d = m.dense_pool.Take<uint8_t>(bytes);
-    CUDA_CHECK(cudaMemcpyAsync(d, src, bytes, cudaMemcpyHostToDevice, m.stream));
-    return d;
-  };
-  auto upload_matrix = [&](const MatrixView& mv) {
-    const int64_t bytes = MatrixBytes(mv);
-    uint8_t* d = m.dense_pool.Take<uint8_t>(bytes);
-    CUDA_CHECK(cudaMemcpyAsync(dense_staging, mv.data, bytes, cudaMemcpyHostToDevice, m.stream));
-    const cuda::RepackJob job{dense_staging, d, bytes, mv.cols};
-    cuda::LaunchRepack(DevTypeOf(mv.type), &job, 1, m.stream);
-    CUDA_CHECK(cudaStreamSynchronize(m.stream));
-    return DevMatrix{DevTypeOf(mv.type), mv.rows, mv.cols, d};
-  };
-  m.embd_type = DevTypeOf(weights.token_embd.type);
-  m.embd_row_bytes = weights.token_embd.row_bytes();
-  m.embd = upload_raw(weights.token_embd.data, MatrixBytes(weights.token_embd));
-  m.output = upload_matrix(weights.output);
-  m.output_type = weights.output.type;
-  m.output_norm = reinterpret_cast<const float*>(upload_raw(weights.output_norm, int64_t(c.n_embd) * 4));
-  for (const LayerWeights& L : weights.layers) {
-    DevLayer d;
-    d.attn_norm = reinterpret_cast<const float*>(upload_raw(L.attn_norm, int64_t(c.n_embd) * 4));
-    d.ffn_norm = reinterpret_cast<const float*>(upload_raw(L.ffn_norm, int64_t(c.n_embd) * 4));
-    d.q_norm = reinterpret_cast<const float*>(upload_raw(L.q_norm, int64_t(c.head_dim) * 4));
-    d.k_norm = reinterpret_cast<const float*>(upload_raw(L.k_norm, int64_t(c.head_dim) * 4));
-    d.wq = upload_matrix(L.wq);
-    d.wk = upload_matrix(L.wk);
-    d.wv = upload_matrix(L.wv);
-    d.wo = upload_matrix(L.wo);
-    d.router = upload_matrix(L.router);
-    d.wq_type = L.wq.type;
-    d.wk_type = L.wk.type;
-    d.wv_type = L.wv.type;
-    d.wo_type = L.wo.type;
-    d.router_type = L.router.type;
-    m.layers.push_back(d);
+  for (const DenseTensor& t : dense_tensors) {
+    if (t.matrix == nullptr || !NeedsRepack(t.matrix->type)) {
+      CUDA_CHECK(cudaMemcpyAsync(t.dst, t.src, t.bytes, cudaMemcpyHostToDevice, m.stream));
+      continue;
+    }
+    CUDA_CHECK(cudaMemcpyAsync(dense_staging, t.src, t.bytes, cudaMemcpyHostToDevice, m.stream));
+    const cuda::RepackJob job{dense_staging, t.dst, t.bytes, t.matrix->cols};
+    cuda::LaunchRepack(DevTypeOf(t.matrix->type), &job, 1, m.stream);
+    CUDA_CHECK(cudaStreamSynchronize(m.stream));  // the staging buffer is reused by the next one
   }
   CUDA_CHECK(cudaStreamSynchronize(m.stream));
   CUDA_CHECK(cudaFree(dense_staging));
@@ -578,80 +596,47 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   m.in.rope_cos = m.in.out_rows + AlignUp(T * 4);
   m.in.rope_sin = m.in.rope_cos + AlignUp(T * half * 4);
   m.in.bytes = m.in.rope_sin + AlignUp(T * half * 4);
-  DevicePool& w = m.work_pool;
-  const int64_t f32_sizes[] = {T * E, T * E, T * QD, T * KD, T * KD, T * QD, T * c.n_head * cuda::AttentionScoresStride(o.max_context_tokens),
-                               T * NE, T * K, T * K * F, T * K * E, T * V};
-  for (int64_t s : f32_sizes) w.Reserve(s * 4);
-  w.Reserve(T * K * 4);                                  // chosen
-  w.Reserve(T * 4);                                      // argmax_ids
-  w.Reserve(cuda::ArgmaxScratchBytes(T));                // argmax_scratch
-  w.Reserve(act_a_elems * 4);
-  w.Reserve(act_a_elems / 32 * 4);
-  w.Reserve(act_b_elems * 4);
-  w.Reserve(act_b_elems / 32 * 4);
-  w.Reserve(8 + (NE + 1) * 4 * 2 + T * K * 4);            // groups
-  w.Reserve(8);                                          // lookups_total
-  w.Reserve(4);                                          // router_blocks_done
-  w.Reserve(m.in.bytes);
-  w.Reserve(int64_t(o.staging_experts) * m.slot_bytes);
-  w.Reserve(int64_t(o.staging_experts) * m.slot_bytes);  // prefetch_staging
-  w.Reserve(NE * 4);                                      // pred_logits
-  w.Reserve(K * 4);                                       // pred_chosen
-  w.Reserve(K * 4);                                       // pred_w
-  w.Reserve(8 + (NE + 1) * 4 * 2 + K * 4);               // pred_groups
-  w.Reserve(8);                                           // pred_groups.lookups_total
-  w.Reserve(m.total_experts * 4);
-  RETURN_IF_ERROR(w.Allocate("workspaces"));
-  m.x = w.Take<float>(T * E * 4);
-  m.xn = w.Take<float>(T * E * 4);
-  m.q = w.Take<float>(T * QD * 4);
-  m.k = w.Take<float>(T * KD * 4);
-  m.v = w.Take<float>(T * KD * 4);
-  m.attn = w.Take<float>(T * QD * 4);
-  m.scores = w.Take<float>(T * c.n_head * cuda::AttentionScoresStride(o.max_context_tokens) * 4);
-  m.router_logits = w.Take<float>(T * NE * 4);
-  m.chosen_w = w.Take<float>(T * K * 4);
-  m.h = w.Take<float>(T * K * F * 4);
-  m.expert_out = w.Take<float>(T * K * E * 4);
-  m.logits = w.Take<float>(T * V * 4);
-  m.chosen = w.Take<int32_t>(T * K * 4);
-  m.argmax_ids = w.Take<int32_t>(T * 4);
-  m.argmax_scratch = w.Take<uint8_t>(cuda::ArgmaxScratchBytes(T));
-  m.act_a = w.Take<uint8_t>(act_a_elems * 4);
-  m.act_a_scales = w.Take<float>(act_a_elems / 32 * 4);
-  m.act_b = w.Take<uint8_t>(act_b_elems * 4);
-  m.act_b_scales = w.Take<float>(act_b_elems / 32 * 4);
-  uint8_t* g = w.Take<uint8_t>(8 + (NE + 1) * 4 * 2 + T * K * 4);
-  m.groups.n_used = reinterpret_cast<int32_t*>(g);
-  m.groups.n_missing = m.groups.n_used + 1;
-  m.groups.used = m.groups.n_used + 2;
-  m.groups.begin = m.groups.used + NE + 1;
-  m.groups.pairs = m.groups.begin + NE + 1;
-  m.lookups_total = w.Take<unsigned long long>(8);
-  m.groups.lookups_total = m.lookups_total;
-  m.router_blocks_done = w.Take<unsigned int>(4);
-  m.step_input = w.Take<uint8_t>(m.in.bytes);
-  m.staging = w.Take<uint8_t>(int64_t(o.staging_experts) * m.slot_bytes);
-  m.prefetch_staging = w.Take<uint8_t>(int64_t(o.staging_experts) * m.slot_bytes);
-  m.pred_logits = w.Take<float>(NE * 4);
-  m.pred_chosen = w.Take<int32_t>(K * 4);
-  m.pred_w = w.Take<float>(K * 4);
-  {
-    int32_t* pg = w.Take<int32_t>(8 + (NE + 1) * 4 * 2 + K * 4);
-    m.pred_groups.n_used = pg;
-    m.pred_groups.n_missing = pg + 1;
-    m.pred_groups.used = pg + 2;
-    m.pred_groups.begin = m.pred_groups.used + NE + 1;
-    m.pred_groups.pairs = m.pred_groups.begin + NE + 1;
-    m.pred_groups.lookups_total = w.Take<unsigned long long>(8);
-  }
-  m.slot_table = w.Take<int32_t>(m.total_experts * 4);
+  // Workspaces: one table entry per buffer (f32 unless the name says otherwise).
+  cuda::DeviceBufferTable w;
+  const int64_t scores_elems = T * c.n_head * cuda::AttentionScoresStride(o.max_context_tokens);
+  w.Add(&m.x, T * E * 4, "x");
+  w.Add(&m.xn, T * E * 4, "xn");
+  w.Add(&m.q, T * QD * 4, "q");
+  w.Add(&m.k, T * KD * 4, "k");
+  w.Add(&m.v, T * KD * 4, "v");
+  w.Add(&m.attn, T * QD * 4, "attn");
+  w.Add(&m.scores, scores_elems * 4, "scores");
+  w.Add(&m.router_logits, T * NE * 4, "router_logits");
+  w.Add(&m.chosen_w, T * K * 4, "chosen_w");
+  w.Add(&m.h, T * K * F * 4, "h");
+  w.Add(&m.expert_out, T * K * E * 4, "expert_out");
+  w.Add(&m.logits, T * V * 4, "logits");
+  w.Add(&m.chosen, T * K * 4, "chosen");
+  w.Add(&m.argmax_ids, T * 4, "argmax_ids");
+  w.Add(&m.argmax_scratch, cuda::ArgmaxScratchBytes(T), "argmax_scratch");
+  w.Add(&m.act_a, act_a_elems * 4, "act_a");
+  w.Add(&m.act_a_scales, act_a_elems / 32 * 4, "act_a_scales");
+  w.Add(&m.act_b, act_b_elems * 4, "act_b");
+  w.Add(&m.act_b_scales, act_b_elems / 32 * 4, "act_b_scales");
+  AddMoeGroups(w, NE, T * K, &m.groups, "groups");
+  w.Add(&m.router_blocks_done, 4, "router_blocks_done");
+  w.Add(&m.step_input, m.in.bytes, "step_input");
+  w.Add(&m.staging, int64_t(o.staging_experts) * m.slot_bytes, "staging");
+  w.Add(&m.prefetch_staging, int64_t(o.staging_experts) * m.slot_bytes, "prefetch_staging");
+  w.Add(&m.pred_logits, NE * 4, "pred_logits");
+  w.Add(&m.pred_chosen, K * 4, "pred_chosen");
+  w.Add(&m.pred_w, K * 4, "pred_w");
+  AddMoeGroups(w, NE, K, &m.pred_groups, "pred_groups");
+  w.Add(&m.slot_table, m.total_experts * 4, "slot_table");
+  RETURN_IF_ERROR(m.work_pool.Allocate(w, "workspaces"));
+  m.lookups_total = m.groups.lookups_total;
   // Rows of pairs a pass has not computed yet are quantized too: keep them finite.
   CUDA_CHECK(cudaMemsetAsync(m.h, 0, T * K * F * 4, m.stream));
   CUDA_CHECK(cudaMemsetAsync(m.lookups_total, 0, 8, m.stream));
+  CUDA_CHECK(cudaMemsetAsync(m.pred_groups.lookups_total, 0, 8, m.stream));
   CUDA_CHECK(cudaMemsetAsync(m.router_blocks_done, 0, 4, m.stream));
   CUDA_CHECK(cudaMemsetAsync(m.argmax_scratch, 0, cuda::ArgmaxScratchBytes(T), m.stream));
-  m.stats.workspace_bytes = w.size();
+  m.stats.workspace_bytes = w.bytes();
   {
     const cudaError_t e1 = cudaMalloc(&m.k_cache, kv_bytes);
     const cudaError_t e2 = e1 == cudaSuccess ? cudaMalloc(&m.v_cache, kv_bytes) : e1;
@@ -694,9 +679,9 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
     return absl::ResourceExhaustedError(absl::StrCat("no VRAM left for the expert arena (", free_b,
                                                      " bytes free, margin ", o.vram_margin_bytes, ")"));
   m.n_slots = static_cast<int32_t>(slots);
-  m.arena_pool.Reserve(slots * m.slot_bytes);
-  RETURN_IF_ERROR(m.arena_pool.Allocate("the expert arena"));
-  m.arena = m.arena_pool.Take<uint8_t>(slots * m.slot_bytes);
+  cuda::DeviceBufferTable arena_table;
+  arena_table.Add(&m.arena, slots * m.slot_bytes, "arena");
+  RETURN_IF_ERROR(m.arena_pool.Allocate(arena_table, "the expert arena"));
   m.stats.arena_bytes = slots * m.slot_bytes;
   m.stats.arena_slots = slots;
   m.stats.arena_placed_by_residency = o.vram_residency != nullptr;
