@@ -180,8 +180,9 @@ absl::Status Main(const Args& a) {
   if (store) {
     systemd::NotifyStatus(absl::StrCat("waiting for mer-residency instance ", a.residency));
     ResidencyExpertSourceOptions so;
-    // cuda uploading itself: register the RAM tier here too (over CUDA IPC mer-residency uploads).
-    if (a.vram_arena == "compute") so.pin_ram_tier = HostMemoryPinnerFor(bo_engine);
+    // cuda: register the RAM tier in this process too, for the uploads compute makes itself (all
+    // of them with --vram-arena compute; the fill of an arena that holds every expert otherwise).
+    so.pin_ram_tier = HostMemoryPinnerFor(bo_engine);
     ASSIGN_OR_RETURN(std::unique_ptr<ResidencyExpertSource> source,
                      ResidencyExpertSource::Connect(*store, a.residency, so));
     residency = source.get();
@@ -239,37 +240,16 @@ absl::Status Main(const Args& a) {
   compute::BatcherOptions bo;
   bo.kv_budget_tokens = a.kv_budget_tokens;
   bo.admission_wait = absl::Milliseconds(a.admission_wait_ms);
-  if (a.backend == "cuda") {
-    // The cuda backend's counters (VRAM hit rate, uploads, host syncs) as metrics: read on the
-    // step thread, at most every 100 ms while steps run and at every idle tick, so a scrape
-    // after a burst sees its end.
+  {
+    // The backend's counters (VRAM hit rate, uploads, host syncs: a device backend's) as
+    // metrics: read on the step thread, at most every 100 ms while steps run and at every idle
+    // tick, so a scrape after a burst sees its end.
     ComputeBackend* e = engine.get();
-    bo.after_step = [e, &metrics, backend = a.backend, last = absl::InfinitePast()](bool idle) mutable {
+    bo.after_step = [e, &metrics, last = absl::InfinitePast()](bool idle) mutable {
       const absl::Time now = absl::Now();
       if (!idle && now - last < absl::Milliseconds(100)) return;
       last = now;
-      const BackendCounters b = ReadBackendCounters(*e, backend);
-      compute::BackendStats s;
-      s.expert_lookups = b.expert_lookups;
-      s.expert_misses = b.expert_misses;
-      s.upload_bytes = b.upload_bytes;
-      s.evictions = b.evictions;
-      s.host_syncs = b.host_syncs;
-      s.graph_launches = b.graph_launches;
-      s.tokens = b.tokens;
-      s.prefetch_issued = b.vram_prefetch_issued;
-      s.prefetch_useful = b.vram_prefetch_useful;
-      s.prefetch_wasted = b.vram_prefetch_wasted;
-      s.arena_slots = b.arena_slots;
-      s.arena_resident = b.arena_resident;
-      s.arena_placed_by_residency = b.arena_placed_by_residency;
-      s.vram_used_peak_bytes = b.vram_used_peak_bytes;
-      s.dense_bytes = b.dense_bytes;
-      s.kv_bytes = b.kv_bytes;
-      s.workspace_bytes = b.workspace_bytes;
-      s.arena_bytes = b.arena_bytes;
-      s.vram_used_bytes = b.vram_used_bytes;
-      metrics.OnBackendStats(s);
+      metrics.OnBackendCounters(e->counters());
     };
   }
   auto batcher = std::make_unique<compute::Batcher>(*engine, bo, &metrics);

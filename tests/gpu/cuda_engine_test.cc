@@ -110,7 +110,7 @@ TEST_P(CudaVsCpu, GreedyIdsEqualAndForcedLogitsClose) {
         EXPECT_LE(e, kLogitsBound) << tc.name << " arena " << fraction << " prompt " << p << " step " << i;
       }
     }
-    const CudaEngineStats s = (*gpu)->stats();
+    const BackendCounters s = (*gpu)->counters();
     std::printf("[%s arena %.0f%% = %lld slots] greedy id mismatches %d of %d, worst forced-logits rel L2 %.3g, "
                 "lookups %lld misses %lld syncs %lld graph steps %lld prefetch %lld issued %lld useful\n",
                 tc.name.c_str(), fraction * 100, (long long)s.arena_slots, id_mismatches, kPrompts * kGenTokens,
@@ -167,7 +167,7 @@ void RunLongContext(SynthQuant quant, int split_cells, LongContextRun* r) {
   r->got = GreedyIds(**gpu, prompt, kGen);
   const std::vector<float> logits = ForcedLogits(**gpu, prompt, r->want);
   for (int i = 0; i < kGen; ++i) r->rel_l2.push_back(RelL2(&logits[int64_t(i) * V], &want_logits[int64_t(i) * V], V));
-  r->split_steps = (*gpu)->stats().attention_split_steps;
+  r->split_steps = (*gpu)->counters().attention_split_steps;
 }
 
 // The exact attention kernel: ids equal to the CPU's, teacher-forced logits within the bound
@@ -407,9 +407,9 @@ TEST(CudaEngine, NoMemoryGrowthOver10000DecodeSteps) {
     ASSERT_TRUE((*e)->Forward(absl::MakeConstSpan(&t, 1), logits.data()).ok());
   };
   for (int i = 0; i < 1000; ++i) step(i);  // warm: every path and allocation has run once
-  const int64_t vram0 = (*e)->stats().vram_used_bytes, rss0 = RssBytes();
+  const int64_t vram0 = (*e)->counters().vram_used_bytes, rss0 = RssBytes();
   for (int i = 1000; i < 11000; ++i) step(i);
-  const CudaEngineStats s = (*e)->stats();
+  const BackendCounters s = (*e)->counters();
   const int64_t rss1 = RssBytes();
   std::printf("10000 steps: VRAM used %lld -> %lld bytes, RSS %lld -> %lld bytes, misses %lld, evictions %lld\n",
               (long long)vram0, (long long)s.vram_used_bytes, (long long)rss0, (long long)rss1,

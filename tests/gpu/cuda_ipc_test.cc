@@ -162,7 +162,7 @@ TEST_P(CudaIpcArena, GreedyIdsEqualTheCpuReference) {
     ASSERT_FALSE(HasFatalFailure());
     const int mismatches = cmp.id_mismatches;
     const double worst = cmp.worst_rel_l2;
-    const CudaEngineStats s = (*gpu)->stats();
+    const BackendCounters s = (*gpu)->counters();
     total_misses += s.expert_misses;
     std::printf("[%s IPC arena %.0f%% = %lld slots of %lld experts] compared %d prompts x %d greedy ids and "
                 "teacher-forced logits with the CPU reference: id mismatches %d of %d, worst logits rel L2 %.3g "

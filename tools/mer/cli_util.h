@@ -42,11 +42,6 @@ struct LoadedModel {
   std::string backend = "cpu";  // --backend cpu|cuda
 };
 
-// Counters of the cuda backend (zero for cpu), for `mer bench`.
-inline BackendCounters ReadBackendCounters(const LoadedModel& m) {
-  return ReadBackendCounters(*m.engine, m.backend);
-}
-
 // Flags read: --model, or --store and --residency (instance name); --threads, --ctx (KV
 // positions), --batch (prompt chunk); --backend cpu|cuda, and for cuda --vram-expert-budget
 // BYTES|PERCENT% (a cap on the expert arena: bytes, or a percentage of all experts) and

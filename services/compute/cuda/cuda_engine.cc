@@ -288,7 +288,7 @@ struct CudaEngine::Impl {
   // This step's attention is split-K: its longest context passes o.attention_split_min_cells.
   bool attention_split = false;
 
-  CudaEngineStats stats;
+  BackendCounters stats;
 
   // Kernel profile (o.profile_kernels): an event after each launch of a step, and per name the
   // GPU time from the previous event, summed over steps. Graphs are off while it is on.
@@ -674,6 +674,12 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   if (o.vram_expert_budget_fraction > 0)
     slots = std::min<int64_t>(slots, static_cast<int64_t>(o.vram_expert_budget_fraction * m.total_experts + 0.5));
   slots = std::min(slots, m.total_experts);
+  // An arena that holds every expert needs no placement: compute fills it once, below, through the
+  // expert source (mer-residency's RAM tier when served) and then runs every step on the device
+  // path, with no residency round trip and nothing for mer-residency to evict. Only an arena of a
+  // part of the experts is exported to mer-residency, which then places them.
+  if (slots == m.total_experts) o.vram_residency = nullptr;
+  m.o.vram_residency = o.vram_residency;
   if (o.vram_residency != nullptr) slots = std::min<int64_t>(slots, o.vram_residency->max_vram_slots());
   if (slots < 1)
     return absl::ResourceExhaustedError(absl::StrCat("no VRAM left for the expert arena (", free_b,
@@ -776,8 +782,9 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
       " experts (", absl::StrFormat("%.1f", 100.0 * slots / m.total_experts), "%) x ",
       m.slot_bytes, " B = ", absl::StrFormat("%.2f", m.stats.arena_bytes / gib), " GiB");
   std::fprintf(stderr, "%s\n", engine->budget_report_.c_str());
-  // Over CUDA IPC mer-residency fills the arena (on demand and ahead of it), never compute.
-  if (slots == m.total_experts && m.residency_vram == nullptr) {
+  // A full arena is filled here (above: never exported); a partial one exported over CUDA IPC is
+  // filled by mer-residency, on demand and ahead of it.
+  if (slots == m.total_experts) {
     ASSIGN_OR_RETURN(const int64_t loaded, engine->Preload());
     std::fprintf(stderr, "cuda: preloaded all %lld experts\n", static_cast<long long>(loaded));
   }
@@ -1504,9 +1511,10 @@ std::string CudaEngine::KernelProfile() const {
   return out;
 }
 
-CudaEngineStats CudaEngine::stats() const {
+BackendCounters CudaEngine::counters() const {
   Impl& m = *impl_;
   m.SampleVram();
+  m.stats.device = true;
   m.stats.arena_resident = m.resident;
   return m.stats;
 }

@@ -170,9 +170,62 @@ void Batcher::StepLoop() {
         }
       }
     }
-    if (!idle) Step();
+    if (!idle && !SoloGreedyDecode()) Step();
     if (options_.after_step) options_.after_step(idle);
   }
+}
+
+bool Batcher::Finishes(Running& r, int32_t token, FinishReason* reason) {
+  r.history.push_back(token);
+  ++r.generated;
+  r.stream->Push(token);
+  if (token == r.request.eos_id) {
+    *reason = FinishReason::kEos;
+    return true;
+  }
+  if (r.generated == r.request.max_new_tokens) {
+    *reason = FinishReason::kLength;
+    return true;
+  }
+  r.pending = token;
+  return false;
+}
+
+bool Batcher::SoloGreedyDecode() {
+  if (running_.size() != 1) return false;
+  Running& r = *running_[0];
+  if (r.pending < 0 || !r.sampler.IsPlainArgmax() || r.stream->cancelled()) return false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!incoming_.empty() || stop_) return false;
+  }
+  auto t_last = std::chrono::steady_clock::now();
+  FinishReason reason = FinishReason::kNone;
+  const int32_t first_position = r.fed;
+  const absl::Status s = backend_.DecodeGreedy(
+      r.stream->slot(), r.pending, r.fed, r.request.max_new_tokens - r.generated, [&](int32_t token) {
+        ++r.fed;  // the token fed for this step is in the KV cache now
+        const bool done = Finishes(r, token, &reason);
+        const auto now = std::chrono::steady_clock::now();
+        if (metrics_ != nullptr)
+          metrics_->OnStep(std::chrono::duration<double>(now - t_last).count(), 1, 1, 0, 1);
+        t_last = now;
+        if (options_.after_step) options_.after_step(false);
+        bool join;
+        {
+          absl::MutexLock lock(&mu_);
+          heartbeat_ = absl::Now();
+          join = !incoming_.empty() || stop_;
+        }
+        return !done && !join && !r.stream->cancelled();
+      });
+  if (!s.ok()) {
+    Leave(0, absl::Status(s.code(), absl::StrCat("forward pass: ", s.message())), FinishReason::kNone);
+    return true;
+  }
+  if (r.fed == first_position) return false;  // no step ran: let the batch loop take it
+  if (reason != FinishReason::kNone) Leave(0, absl::OkStatus(), reason);
+  return true;
 }
 
 void Batcher::Leave(size_t index, absl::Status status, FinishReason reason) {
@@ -263,17 +316,10 @@ bool Batcher::Step() {
     if (r.pending >= 0) ++r.fed;  // the decode token is in the KV cache now
     const float* lg = logits_.data() + row * size_t(n_vocab_);
     const int32_t token = all_argmax ? greedy_[row] : r.sampler.Sample(absl::MakeConstSpan(lg, n_vocab_), r.history);
-    r.history.push_back(token);
-    ++r.generated;
-    r.stream->Push(token);
-    if (token == r.request.eos_id) {
+    FinishReason reason;
+    if (Finishes(r, token, &reason)) {
       leaving.push_back(rows_[row]);
-      r.pending = -2;  // kEos, see below
-    } else if (r.generated == r.request.max_new_tokens) {
-      leaving.push_back(rows_[row]);
-      r.pending = -3;
-    } else {
-      r.pending = token;
+      r.pending = reason == FinishReason::kEos ? -2 : -3;  // read back below
     }
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

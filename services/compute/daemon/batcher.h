@@ -8,6 +8,12 @@
 // alone (its own Sampler, history = prompt + output, the same positions), so on a batch-invariant
 // backend (the cpu one is, bit for bit) every sequence's tokens equal its solo output.
 //
+// A lone greedy decode (one running sequence past its prompt, plain argmax, nothing waiting to
+// join) runs through ComputeBackend::DecodeGreedy, which a backend may pipeline (the cuda one
+// launches step i + 1 before the host has read step i's token): the same tokens as one step per
+// token, at the single-process speed. It hands back to the batch loop as soon as another
+// sequence is submitted, the sequence finishes or is cancelled.
+//
 // Admission: a sequence takes one of the backend's max_sequences slots and reserves
 // prompt + max_new_tokens - 1 positions of the KV budget (kv_budget_tokens) until it leaves.
 //
@@ -124,6 +130,11 @@ class Batcher {
   void StepLoop();
   // One step over running_; false when there was nothing to run.
   bool Step();
+  // The lone greedy decode above, when running_ allows it; false when it does not.
+  bool SoloGreedyDecode();
+  // After `token` was produced for r (its history, stream and count updated): whether it ends
+  // the sequence, and how (pending is set to the token otherwise).
+  bool Finishes(Running& r, int32_t token, FinishReason* reason);
   void Leave(size_t index, absl::Status status, FinishReason reason);
 
   ComputeBackend& backend_;

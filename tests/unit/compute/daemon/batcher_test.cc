@@ -6,6 +6,7 @@
 #include <atomic>
 #include <filesystem>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "common/model/expert_source.h"
@@ -13,8 +14,6 @@
 #include "services/compute/cpu/cpu_engine.h"
 #include "services/compute/daemon/compute_metrics.h"
 #include "services/compute/generation.h"
-#include "prometheus/collectable.h"
-#include "prometheus/metric_family.h"
 
 namespace mer::compute {
 namespace {
@@ -245,6 +244,84 @@ TEST(BatcherTest, CancelFreesTheSlotAndOthersContinue) {
   EXPECT_EQ(Drain(**c), *solo);
 }
 
+// Passes everything to a backend and counts how the batcher drives it: DecodeGreedy calls and
+// the tokens they produced, and the largest batch of a Forward.
+class CountingBackend final : public ComputeBackend {
+ public:
+  explicit CountingBackend(ComputeBackend& inner) : inner_(inner) {}
+  const ModelConfig& config() const override { return inner_.config(); }
+  int max_batch_tokens() const override { return inner_.max_batch_tokens(); }
+  int max_sequences() const override { return inner_.max_sequences(); }
+  int max_context_tokens() const override { return inner_.max_context_tokens(); }
+  absl::Status Forward(absl::Span<const BatchToken> batch, float* logits) override {
+    Note(batch);
+    return inner_.Forward(batch, logits);
+  }
+  absl::Status ForwardArgmax(absl::Span<const BatchToken> batch, int32_t* ids) override {
+    Note(batch);
+    return inner_.ForwardArgmax(batch, ids);
+  }
+  absl::Status DecodeGreedy(int sequence, int32_t token, int32_t position, int max_steps,
+                            const std::function<bool(int32_t)>& on_token) override {
+    ++decode_greedy_calls;
+    return inner_.DecodeGreedy(sequence, token, position, max_steps, [&](int32_t id) {
+      ++decode_greedy_tokens;
+      return on_token(id);
+    });
+  }
+  void ClearSequence(int sequence) override { inner_.ClearSequence(sequence); }
+  int32_t sequence_length(int sequence) const override { return inner_.sequence_length(sequence); }
+  void set_routing_observer(RoutingObserver* observer) override { inner_.set_routing_observer(observer); }
+  BackendCounters counters() const override { return inner_.counters(); }
+
+  std::atomic<int> decode_greedy_calls{0}, decode_greedy_tokens{0}, largest_batch_sequences{0};
+
+ private:
+  void Note(absl::Span<const BatchToken> batch) {
+    std::set<int32_t> seqs;
+    for (const BatchToken& b : batch) seqs.insert(b.sequence);
+    largest_batch_sequences = std::max<int>(largest_batch_sequences, static_cast<int>(seqs.size()));
+  }
+  ComputeBackend& inner_;
+};
+
+// A lone greedy sequence decodes through DecodeGreedy (which the cuda backend pipelines) with
+// the same tokens as the solo run; a second sequence submitted meanwhile makes it hand back to
+// the batch loop, and both still get their solo tokens.
+TEST(BatcherTest, LoneGreedyDecodeRunsThroughDecodeGreedyAndHandsBackForANewSequence) {
+  FlakyExpertSource src(*MicroModel().weights);
+  auto solo_engine = Engine(src, 1, 16);
+  GenerationRequest lone;
+  lone.prompt = {3, 1, 4, 1, 5, 9, 2, 6};
+  lone.max_new_tokens = 60;
+  GenerationRequest late = Request(3);
+  late.sampling = {};  // greedy as well
+  auto lone_solo = Generate(*solo_engine, 0, lone, nullptr);
+  auto late_solo = Generate(*solo_engine, 0, late, nullptr);
+  ASSERT_TRUE(lone_solo.ok() && late_solo.ok());
+
+  auto inner = Engine(src, 2, 16);
+  CountingBackend engine(*inner);
+  Batcher batcher(engine, {});
+  src.delay_ms = 1;  // ~2 ms a token: the late request arrives mid-decode
+  auto a = batcher.Submit(lone);
+  ASSERT_TRUE(a.ok());
+  std::vector<int32_t> got_a;
+  while (got_a.size() < 10) (*a)->Next(absl::Seconds(1), &got_a);
+  EXPECT_GE(engine.decode_greedy_calls.load(), 1);
+  auto b = batcher.Submit(late);
+  ASSERT_TRUE(b.ok());
+  const std::vector<int32_t> got_b = Drain(**b);
+  const std::vector<int32_t> rest = Drain(**a);
+  got_a.insert(got_a.end(), rest.begin(), rest.end());
+  EXPECT_EQ(got_a, *lone_solo);
+  EXPECT_EQ(got_b, *late_solo);
+  EXPECT_TRUE((*a)->status().ok()) << (*a)->status();
+  EXPECT_EQ(engine.largest_batch_sequences.load(), 2);  // they ran batched after the hand-back
+  EXPECT_GE(engine.decode_greedy_tokens.load(), 10);
+  EXPECT_LT(engine.decode_greedy_tokens.load(), 60 + static_cast<int>(late_solo->size()));
+}
+
 TEST(BatcherTest, BackendFailureFailsTheBatchAndServesAgain) {
   FlakyExpertSource src(*MicroModel().weights);
   auto solo_engine = Engine(src, 1, 16);
@@ -294,40 +371,6 @@ TEST(BatcherTest, AfterStepRunsOnTheStepThreadAfterStepsAndWhenIdle) {
   EXPECT_GE(idle.load(), 2);
   EXPECT_FALSE(wrong_thread.load());
   EXPECT_NE(step_thread.load(), std::this_thread::get_id());
-}
-
-// The cuda backend's counters as Prometheus counters: advanced by the difference between samples.
-TEST(ComputeMetricsTest, BackendStatsBecomeCountersForCudaOnly) {
-  const auto value = [](const ComputeMetrics& m, const std::string& name,
-                        const std::string& label) -> std::optional<double> {
-    for (const auto& c : m.collectables())
-      for (const prometheus::MetricFamily& f : c->Collect()) {
-        if (f.name != name) continue;
-        for (const prometheus::ClientMetric& cm : f.metric) {
-          bool match = label.empty();
-          for (const auto& l : cm.label) match = match || l.value == label;
-          if (match) return f.type == prometheus::MetricType::Counter ? cm.counter.value : cm.gauge.value;
-        }
-      }
-    return std::nullopt;
-  };
-  ComputeMetrics cuda("test", "cuda", nullptr);
-  BackendStats s;
-  s.expert_lookups = 100;
-  s.expert_misses = 10;
-  s.host_syncs = 7;
-  s.arena_bytes = 4096;
-  cuda.OnBackendStats(s);
-  s.expert_lookups = 250;
-  s.expert_misses = 12;
-  cuda.OnBackendStats(s);
-  EXPECT_EQ(value(cuda, "mer_expert_lookups_total", "vram"), 250);
-  EXPECT_EQ(value(cuda, "mer_expert_misses_total", "vram"), 12);
-  EXPECT_EQ(value(cuda, "mer_host_syncs_total", ""), 7);
-  EXPECT_EQ(value(cuda, "mer_vram_bytes", "arena"), 4096);
-  ComputeMetrics cpu("test", "cpu", nullptr);
-  cpu.OnBackendStats(s);
-  EXPECT_FALSE(value(cpu, "mer_expert_lookups_total", "").has_value());
 }
 
 }  // namespace
