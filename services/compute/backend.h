@@ -54,6 +54,10 @@ struct BackendCounters {
   int64_t vram_prefetch_useful = 0;  // of those, used by the layer they were predicted for
   int64_t vram_prefetch_wasted = 0;  // not used by it
   int64_t upload_seconds_x1e6 = 0;   // wall time of miss servicing (host side), microseconds
+  // Misses decided on the device (cuda with the arena placed by mer-residency): routing records
+  // the device posted, and of those the layers that missed and the miss service served.
+  int64_t device_routing_records = 0;
+  int64_t device_served_layers = 0;
   // Memory, bytes.
   int64_t dense_bytes = 0;
   int64_t kv_bytes = 0;

@@ -50,6 +50,7 @@ absl::StatusOr<CreatedBackend> CreateBackend(const ModelWeights& weights, Expert
     co.profile_kernels = o.profile_kernels;
     if (o.attention_split_min_cells.has_value()) co.attention_split_min_cells = *o.attention_split_min_cells;
     co.vram_residency = o.vram_residency;
+    co.device_misses = o.device_misses;
     RETURN_IF_ERROR(ParseVramBudget(o.vram_expert_budget, &co));
     ASSIGN_OR_RETURN(out.engine, CudaEngine::Create(weights, experts, co));
     out.threads = 1;

@@ -35,6 +35,9 @@ struct BackendOptions {
   std::optional<int> attention_split_min_cells;
   // cuda: export the arena to mer-residency over CUDA IPC (it fills it); null: upload here.
   VramResidency* vram_residency = nullptr;
+  // cuda with vram_residency: the device decides each layer's hits and misses (CudaEngineOptions::
+  // device_misses); false: the host reads each layer's routing and serves its misses.
+  bool device_misses = true;
 };
 
 struct CreatedBackend {

@@ -42,7 +42,7 @@ namespace {
 constexpr char kHelp[] =
     R"(usage: mer-compute (--model F.gguf | --store STORE_DIR --residency NAME) --listen unix:PATH
                    [--backend cpu|cuda] [--vram-expert-budget BYTES|PERCENT%] [--pin-experts 0|1]
-                   [--vram-prefetch 0|1] [--vram-arena residency|compute]
+                   [--vram-prefetch 0|1] [--vram-arena residency|compute] [--miss-path device|host]
                    [--max-sequences N] [--max-batch-tokens N] [--ctx N] [--kv-budget-tokens N]
                    [--threads N] [--admission-wait-ms N] [--metrics-listen HOST:PORT|off]
 
@@ -63,7 +63,11 @@ next layer's predicted experts are uploaded ahead of demand unless --vram-prefet
 (docs/cuda.md). With --store and --backend cuda the arena is by default exported to
 mer-residency over CUDA IPC and filled by it (--vram-arena residency: mer-residency uploads
 from its RAM tier, evicts and prefetches into VRAM); --vram-arena compute keeps the arena's
-uploads in this process, from its own mapping of the RAM tier. Prometheus metrics are served on http://HOST:PORT/metrics (default
+uploads in this process, from its own mapping of the RAM tier. An arena that holds every expert
+is filled once at start and never exported. Over CUDA IPC the device decides each layer's hits
+and misses and waits for its misses on the device (--miss-path device, the default where the
+arena has room for a layer's experts: no host round trip per layer); --miss-path host has the
+host read each layer's routing and serve its misses. Prometheus metrics are served on http://HOST:PORT/metrics (default
 127.0.0.1:0: a free port, printed on stderr as "metrics: http://127.0.0.1:PORT/metrics"); off
 serves none.
 )";
@@ -77,6 +81,7 @@ struct Args {
   bool pin_experts = true;
   bool vram_prefetch = true;
   std::string vram_arena;  // "residency" or "compute"
+  std::string miss_path;   // "device" or "host"
 };
 
 absl::Status ParseArgs(int argc, char** argv, Args* a) {
@@ -85,7 +90,7 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
                                          {"model", "store", "residency", "listen", "backend",
                                           "vram-expert-budget", "metrics-listen", "max-sequences",
                                           "max-batch-tokens", "ctx", "kv-budget-tokens", "threads",
-                                          "admission-wait-ms", "pin-experts", "vram-prefetch", "vram-arena"},
+                                          "admission-wait-ms", "pin-experts", "vram-prefetch", "vram-arena", "miss-path"},
                                          {}));
   a->model = f.String("model");
   a->store = f.String("store");
@@ -111,6 +116,7 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
   ASSIGN_OR_RETURN(a->vram_arena,
                    f.OneOf("vram-arena", !a->store.empty() && a->backend == "cuda" ? "residency" : "compute",
                            {"residency", "compute"}));
+  ASSIGN_OR_RETURN(a->miss_path, f.OneOf("miss-path", "device", {"device", "host"}));
   if (a->vram_arena == "residency" && (a->store.empty() || a->backend != "cuda"))
     return absl::InvalidArgumentError("--vram-arena residency needs --backend cuda and --store/--residency");
   if (a->model.empty() == a->store.empty())
@@ -177,6 +183,7 @@ absl::Status Main(const Args& a) {
   bo_engine.vram_expert_budget = a.vram_expert_budget;
   bo_engine.pin_host_experts = a.pin_experts;
   bo_engine.vram_prefetch = a.vram_prefetch;
+  bo_engine.device_misses = a.miss_path == "device";
   if (store) {
     systemd::NotifyStatus(absl::StrCat("waiting for mer-residency instance ", a.residency));
     ResidencyExpertSourceOptions so;

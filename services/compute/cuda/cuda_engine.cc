@@ -25,6 +25,7 @@
 #include "services/compute/cuda/device_layout.cuh"
 #include "services/compute/cuda/embed.cuh"
 #include "services/compute/cuda/matvec.cuh"
+#include "services/compute/cuda/miss_post.cuh"
 #include "services/compute/cuda/moe_experts.cuh"
 #include "services/compute/cuda/moe_group.cuh"
 #include "services/compute/cuda/qk_norm_rope.cuh"
@@ -32,8 +33,10 @@
 #include "services/compute/cuda/repack.cuh"
 #include "services/compute/cuda/residency_vram.h"
 #include "services/compute/cuda/rms_norm.cuh"
+#include "services/compute/cuda/stream_memops.h"
 #include "services/compute/cuda/router_topk.cuh"
 #include "services/compute/cuda/timeline.h"
+#include "services/compute/cuda/vram_miss_service.h"
 
 namespace mer {
 namespace {
@@ -74,6 +77,48 @@ absl::StatusOr<ExpertTypes> ExpertTypesOf(const ModelWeights& weights, const Exp
                                                    " is not supported yet (F32, F16, BF16, Q8_0, Q4_K, Q6_K)"));
   if (t->up != t->gate) return absl::UnimplementedError("cuda backend: the gate and up experts must share one type");
   return *t;
+}
+
+// Whether stream memory operations (cuStreamWaitValue32/WriteValue32) run on this device: one
+// write and one wait on a scratch word, synchronised.
+bool StreamMemOpsWork(cudaStream_t stream) {
+  uint32_t* word = nullptr;
+  if (cudaMalloc(&word, 4) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  const bool ok = cuda::StreamMemOpsAvailable() && cuda::StreamWrite(stream, word, 7) &&
+                  cuda::StreamWaitEqual(stream, word, 7) && cudaStreamSynchronize(stream) == cudaSuccess;
+  if (!ok) {
+    (void)cudaGetLastError();
+    std::fprintf(stderr, "cuda: stream memory operations do not work here: misses are served by the host\n");
+  }
+  CUDA_CHECK(cudaFree(word));
+  return ok;
+}
+
+// Whether a graph captures stream memory operations (then the device path's steps, with a gate
+// wait per layer, replay as graphs): a captured write and wait on a scratch word, replayed.
+bool GraphsTakeStreamMemOps(cudaStream_t stream) {
+  uint32_t* word = nullptr;
+  CUDA_CHECK(cudaMalloc(&word, 4));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  bool ok = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+  if (ok) {
+    const bool ops = cuda::StreamWrite(stream, word, 5) && cuda::StreamWaitEqual(stream, word, 5);
+    ok = cudaStreamEndCapture(stream, &graph) == cudaSuccess && ops;
+  }
+  ok = ok && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess && cudaGraphLaunch(exec, stream) == cudaSuccess &&
+       cudaStreamSynchronize(stream) == cudaSuccess;
+  if (!ok) {
+    (void)cudaGetLastError();
+    std::fprintf(stderr, "cuda: graphs do not capture stream memory operations here: device-path steps run uncaptured\n");
+  }
+  if (exec != nullptr) CUDA_CHECK(cudaGraphExecDestroy(exec));
+  if (graph != nullptr) CUDA_CHECK(cudaGraphDestroy(graph));
+  CUDA_CHECK(cudaFree(word));
+  return ok;
 }
 
 // MER_CUDA_DEBUG=1 logs the stages of Create to stderr (start-up problems on a new machine).
@@ -157,7 +202,7 @@ struct DevLayer {
 
 // Host-pinned step inputs, copied to the device in one transfer per step.
 struct StepInputLayout {
-  int64_t tokens, pos, seq, out_rows, rope_cos, rope_sin, bytes;  // byte offsets
+  int64_t tokens, pos, seq, out_rows, rope_cos, rope_sin, step, bytes;  // byte offsets
 };
 
 }  // namespace
@@ -273,6 +318,24 @@ struct CudaEngine::Impl {
   // "The arena over CUDA IPC"); the LRU above is unused then.
   std::unique_ptr<cuda::ResidencyVram> residency_vram;
 
+  // Misses decided on the device (docs/cuda.md): with the arena over CUDA IPC, every layer's
+  // routing is posted as a record and the step waits on the device at the layer's gate, which
+  // the device opens itself when nothing misses and the miss service once it has placed what did.
+  bool device_misses = false;
+  bool device_graphs = false;                 // steps with gate waits capture into graphs
+  uint32_t* gates = nullptr;                  // device [n_layer]: 1 = the layer may go on
+  unsigned long long* record_head = nullptr;  // device: routing records posted
+  uint8_t* record_ring = nullptr;             // host-mapped [ring_capacity, record_bytes]
+  uint8_t* record_ring_device = nullptr;      // its device address
+  int32_t ring_capacity = 0, record_bytes = 0;
+  uint32_t step_number = 0;                   // the last step's (a step input), from 1
+  std::unique_ptr<cuda::VramMissService> miss_service;
+  // The stream waits until the layer's gate is open, then closes it for the next step.
+  void WaitGate(int layer) {
+    CHECK(cuda::StreamWaitEqual(stream, gates + layer, 1));
+    CHECK(cuda::StreamWrite(stream, gates + layer, 0));
+  }
+
   // CUDA graphs of a single-token, all-resident step, by number of logits rows (0 or 1), whether
   // attention runs split-K (attention_split) and whether the step ends in the argmax kernel
   // (ForwardArgmax).
@@ -322,7 +385,7 @@ struct CudaEngine::Impl {
   absl::Status Validate(absl::Span<const BatchToken> batch);
   // Writes the batch's step inputs into host memory `dst` (StepInputLayout); returns the number
   // of logits rows, and the largest position into *max_position.
-  int FillInput(absl::Span<const BatchToken> batch, uint8_t* dst, int32_t* max_position) const;
+  int FillInput(absl::Span<const BatchToken> batch, uint8_t* dst, int32_t* max_position);
   // The step's launches from the input copy of `input` (host, StepInputLayout), ending with the LM
   // head for n_out rows and, with argmax, their argmaxes into argmax_ids (ForwardArgmax). With
   // device_tokens the embedding reads the step's tokens there instead of from the input. A graph
@@ -397,6 +460,7 @@ struct CudaEngine::Impl {
 CudaEngine::Impl::~Impl() {
   if (stream != nullptr) CUDA_CHECK(cudaStreamSynchronize(stream));
   cuda::TimelineWrite();
+  miss_service.reset();    // stops its thread, unpins what it published
   residency_vram.reset();  // unpins (nothing reads the arena now), before the arena goes
   for (cudaEvent_t e : event_pool) CUDA_CHECK(cudaEventDestroy(e));
   for (auto* graphs : {&graph, &pipe_graph})
@@ -408,6 +472,7 @@ CudaEngine::Impl::~Impl() {
     if (e != nullptr) CUDA_CHECK(cudaEventDestroy(e));
   if (copy_stream != nullptr) CUDA_CHECK(cudaStreamSynchronize(copy_stream));
   if (pinned_base != nullptr) CUDA_CHECK(cudaHostUnregister(pinned_base));
+  if (record_ring != nullptr) CUDA_CHECK(cudaFreeHost(record_ring));
   for (void* p : {static_cast<void*>(host_input), static_cast<void*>(pipe_input[0]),
                   static_cast<void*>(pipe_input[1]), static_cast<void*>(pipe_ids),
                   static_cast<void*>(host_slot_table),
@@ -595,7 +660,8 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   m.in.out_rows = m.in.seq + AlignUp(T * 4);
   m.in.rope_cos = m.in.out_rows + AlignUp(T * 4);
   m.in.rope_sin = m.in.rope_cos + AlignUp(T * half * 4);
-  m.in.bytes = m.in.rope_sin + AlignUp(T * half * 4);
+  m.in.step = m.in.rope_sin + AlignUp(T * half * 4);
+  m.in.bytes = m.in.step + AlignUp(4);
   // Workspaces: one table entry per buffer (f32 unless the name says otherwise).
   cuda::DeviceBufferTable w;
   const int64_t scores_elems = T * c.n_head * cuda::AttentionScoresStride(o.max_context_tokens);
@@ -628,6 +694,8 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   w.Add(&m.pred_w, K * 4, "pred_w");
   AddMoeGroups(w, NE, K, &m.pred_groups, "pred_groups");
   w.Add(&m.slot_table, m.total_experts * 4, "slot_table");
+  w.Add(&m.gates, int64_t(c.n_layer) * 4, "gates");
+  w.Add(&m.record_head, 8, "record_head");
   RETURN_IF_ERROR(m.work_pool.Allocate(w, "workspaces"));
   m.lookups_total = m.groups.lookups_total;
   // Rows of pairs a pass has not computed yet are quantized too: keep them finite.
@@ -635,6 +703,8 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   CUDA_CHECK(cudaMemsetAsync(m.lookups_total, 0, 8, m.stream));
   CUDA_CHECK(cudaMemsetAsync(m.pred_groups.lookups_total, 0, 8, m.stream));
   CUDA_CHECK(cudaMemsetAsync(m.router_blocks_done, 0, 4, m.stream));
+  CUDA_CHECK(cudaMemsetAsync(m.gates, 0, int64_t(c.n_layer) * 4, m.stream));
+  CUDA_CHECK(cudaMemsetAsync(m.record_head, 0, 8, m.stream));
   CUDA_CHECK(cudaMemsetAsync(m.argmax_scratch, 0, cuda::ArgmaxScratchBytes(T), m.stream));
   m.stats.workspace_bytes = w.bytes();
   {
@@ -685,9 +755,19 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
     return absl::ResourceExhaustedError(absl::StrCat("no VRAM left for the expert arena (", free_b,
                                                      " bytes free, margin ", o.vram_margin_bytes, ")"));
   m.n_slots = static_cast<int32_t>(slots);
+  // The device decides hits and misses when mer-residency places the experts and a layer's every
+  // expert fits beside the reserve (else the host serves each layer's misses: ServeFromResidency).
+  const int reserve_slots = 2 * c.n_expert_used;
+  m.device_misses = o.vram_residency != nullptr && o.device_misses && slots >= c.n_expert + reserve_slots &&
+                    StreamMemOpsWork(m.stream);
+  m.device_graphs = m.device_misses && GraphsTakeStreamMemOps(m.stream);
   cuda::DeviceBufferTable arena_table;
-  arena_table.Add(&m.arena, slots * m.slot_bytes, "arena");
+  // One slot more on the device path, never exported: the poison slot (zeros) that a failed
+  // placement points its experts at (vram_miss_service.h).
+  arena_table.Add(&m.arena, (slots + (m.device_misses ? 1 : 0)) * m.slot_bytes, "arena");
   RETURN_IF_ERROR(m.arena_pool.Allocate(arena_table, "the expert arena"));
+  if (m.device_misses)
+    CUDA_CHECK(cudaMemsetAsync(m.arena + slots * m.slot_bytes, 0, m.slot_bytes, m.stream));
   m.stats.arena_bytes = slots * m.slot_bytes;
   m.stats.arena_slots = slots;
   m.stats.arena_placed_by_residency = o.vram_residency != nullptr;
@@ -724,6 +804,26 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
     ASSIGN_OR_RETURN(m.residency_vram,
                      cuda::ResidencyVram::Create(*o.vram_residency, o.device, m.arena, m.slot_bytes, m.n_slots,
                                                  std::move(layouts), m.staging, o.staging_experts));
+  }
+  if (m.device_misses) {
+    m.ring_capacity = 4 * c.n_layer;
+    m.record_bytes = cuda::RoutingRecordBytes(c.n_expert, c.n_expert_used);
+    const int64_t ring_bytes = int64_t(m.ring_capacity) * m.record_bytes;
+    CUDA_CHECK(cudaHostAlloc(&m.record_ring, ring_bytes, cudaHostAllocMapped));
+    std::memset(m.record_ring, 0, ring_bytes);
+    CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&m.record_ring_device), m.record_ring, 0));
+    cuda::VramMissServiceOptions so;
+    so.n_layer = c.n_layer;
+    so.n_expert = c.n_expert;
+    so.k = c.n_expert_used;
+    so.n_slots = m.n_slots;
+    so.poison_slot = m.n_slots;
+    so.reserve_slots = reserve_slots;
+    so.device = o.device;
+    ASSIGN_OR_RETURN(m.miss_service, cuda::VramMissService::Create(*m.residency_vram, so, m.record_ring, m.ring_capacity,
+                                                                   m.record_bytes, m.slot_table, m.gates));
+    std::fprintf(stderr, "cuda: misses decided on the device (%d slots, %d reserved for placements)\n", m.n_slots,
+                 reserve_slots);
   }
   std::fill(m.host_slot_table, m.host_slot_table + m.total_experts, -1);
   CUDA_CHECK(cudaMemcpyAsync(m.slot_table, m.host_slot_table, m.total_experts * 4, cudaMemcpyHostToDevice, m.stream));
@@ -1258,7 +1358,7 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
     ra.weights = chosen_w;
     ra.slot_table = layer_slots;
     ra.groups = groups;
-    if (Predicts(layer, n, host_path)) {
+    if (Predicts(layer, n, host_path || device_misses)) {
       cuda::Router1Next& p = ra.next;
       p.router = reinterpret_cast<const float*>(layers[layer + 1].router.data);
       p.logits = pred_logits;
@@ -1286,9 +1386,30 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
   }
   if (host_path) {
     RETURN_IF_ERROR(ServeLayerExperts(layer, n, ea));
-  } else {
-    EnqueueExperts(layer, n, ea, 0, std::min(c.n_expert, n * c.n_expert_used));
+    return absl::OkStatus();
   }
+  if (device_misses) {
+    // The device's decision: the layer's record to the miss service, then the wait at its gate
+    // (open at once when every used expert is resident).
+    cuda::MissPostArgs mp{};
+    mp.groups = groups;
+    mp.slot_table = layer_slots;
+    mp.pred_chosen = Predicts(layer, n, true) ? pred_chosen : nullptr;
+    mp.step = reinterpret_cast<const uint32_t*>(step_input + in.step);
+    mp.record_head = record_head;
+    mp.ring = record_ring_device;
+    mp.ring_capacity = ring_capacity;
+    mp.record_bytes = record_bytes;
+    mp.gate = gates + layer;
+    mp.layer = layer;
+    mp.n_expert = c.n_expert;
+    mp.k = c.n_expert_used;
+    cuda::LaunchMissPost(mp, stream);
+    Mark("miss post");
+    WaitGate(layer);
+    Mark("gate");
+  }
+  EnqueueExperts(layer, n, ea, 0, std::min(c.n_expert, n * c.n_expert_used));
   return absl::OkStatus();
 }
 
@@ -1331,7 +1452,8 @@ void CudaEngine::Impl::CaptureGraph(cudaGraphExec_t* exec, const std::function<v
 
 // Step inputs: ids, positions, sequences, logits rows and the RoPE table (ggml's rope cache,
 // computed on the host exactly as the CPU engine does).
-int CudaEngine::Impl::FillInput(absl::Span<const BatchToken> batch, uint8_t* dst, int32_t* max_position) const {
+int CudaEngine::Impl::FillInput(absl::Span<const BatchToken> batch, uint8_t* dst, int32_t* max_position) {
+  *reinterpret_cast<uint32_t*>(dst + in.step) = ++step_number;
   const int half = c.head_dim / 2;
   int32_t* tokens = reinterpret_cast<int32_t*>(dst + in.tokens);
   int32_t* pos = reinterpret_cast<int32_t*>(dst + in.pos);
@@ -1368,14 +1490,17 @@ absl::Status CudaEngine::Run(absl::Span<const BatchToken> batch, float* logits, 
   int32_t max_position = 0;
   const int n_out = m.FillInput(batch, m.host_input, &max_position);
 
-  const bool host_path = !m.AllResident() || m.observer != nullptr;
+  if (m.device_misses && m.observer != nullptr)
+    return absl::UnimplementedError("a routing observer needs the host path (--miss-path host)");
+  const bool host_path = (!m.AllResident() && !m.device_misses) || m.observer != nullptr;
   absl::Status status;
+  if (m.device_misses) m.miss_service->StepLaunched();
   m.step_is_decode = n == 1;
   m.attention_split = m.AttentionSplitAt(max_position);
   m.stats.attention_split_steps += m.attention_split;
   m.Mark("start");
   const bool argmax = ids != nullptr && n_out > 0;
-  if (!host_path && n == 1 && m.o.use_graphs && !m.o.profile_kernels) {
+  if (!host_path && n == 1 && m.o.use_graphs && !m.o.profile_kernels && (!m.device_misses || m.device_graphs)) {
     cudaGraphExec_t& exec = m.graph[n_out][m.attention_split][argmax];
     if (exec == nullptr)
       m.CaptureGraph(&exec, [&](absl::Status* s) { m.EnqueueStep(n, n_out, false, argmax, s, m.host_input); });
@@ -1395,6 +1520,10 @@ absl::Status CudaEngine::Run(absl::Span<const BatchToken> batch, float* logits, 
   m.Sync();
   m.CollectMarks();
   m.stats.expert_lookups = static_cast<int64_t>(*m.host_lookups);
+  if (m.device_misses) {
+    m.miss_service->StepDone();
+    if (status.ok()) status = m.miss_service->TakeError();  // a layer read the poison slot
+  }
   if (m.prefetch_layer >= 0) {
     // A step that failed before consuming its prefetch: the copies must land before the next
     // step reads the table that lists them, and before their source memory is released.
@@ -1417,8 +1546,8 @@ absl::Status CudaEngine::Run(absl::Span<const BatchToken> batch, float* logits, 
 absl::Status CudaEngine::DecodeGreedy(int sequence, int32_t token, int32_t position, int max_steps,
                                       const std::function<bool(int32_t)>& on_token) {
   Impl& m = *impl_;
-  const bool one_graph_per_step =
-      m.AllResident() && m.observer == nullptr && m.o.use_graphs && !m.o.profile_kernels;
+  const bool one_graph_per_step = (m.AllResident() || (m.device_misses && m.device_graphs)) &&
+                                  m.observer == nullptr && m.o.use_graphs && !m.o.profile_kernels;
   if (!one_graph_per_step || max_steps < 1)
     return ComputeBackend::DecodeGreedy(sequence, token, position, max_steps, on_token);
   return DecodePipelined(sequence, token, position, max_steps, on_token);
@@ -1453,6 +1582,7 @@ absl::Status CudaEngine::DecodePipelined(int sequence, int32_t token, int32_t po
         m.EnqueueStep(1, 1, false, true, s, m.pipe_input[b], from_device ? m.argmax_ids : nullptr);
         CUDA_CHECK(cudaMemcpyAsync(m.pipe_ids + b, m.argmax_ids, 4, cudaMemcpyDeviceToHost, m.stream));
       });
+    if (m.device_misses) m.miss_service->StepLaunched();
     CUDA_CHECK(cudaGraphLaunch(exec, m.stream));
     CUDA_CHECK(cudaEventRecord(m.pipe_done[b], m.stream));
     ++m.stats.graph_launches;
@@ -1465,6 +1595,17 @@ absl::Status CudaEngine::DecodePipelined(int sequence, int32_t token, int32_t po
     if (more && launched < in_context) launch(launched++);
     CUDA_CHECK(cudaEventSynchronize(m.pipe_done[done % 2]));
     ++m.stats.host_syncs;
+    if (m.device_misses) {
+      m.miss_service->StepDone();
+      if (m.miss_service->HasError()) {
+        // A layer of this step read the poison slot. The step launched ahead may read it too:
+        // it is waited for before the poisoned entries go back to -1, and both are dropped.
+        m.Sync();
+        for (int i = done + 1; i < launched; ++i) m.miss_service->StepDone();
+        m.seq_len[sequence] = position + done;
+        return m.miss_service->TakeError();
+      }
+    }
     const int32_t id = m.pipe_ids[done % 2];
     if (!more) break;  // the step launched ahead, waited for and dropped
     m.seq_len[sequence] = position + done + 1;
@@ -1516,7 +1657,18 @@ BackendCounters CudaEngine::counters() const {
   m.SampleVram();
   m.stats.device = true;
   m.stats.arena_resident = m.resident;
-  return m.stats;
+  BackendCounters c = m.stats;
+  if (m.miss_service != nullptr) {
+    // The device path's misses are the experts its service had placed; its evictions, the
+    // published experts it retired (mer-residency counts its uploads on its own page).
+    const cuda::VramMissServiceStats ms = m.miss_service->stats();
+    c.expert_misses += static_cast<int64_t>(ms.placed);
+    c.evictions += static_cast<int64_t>(ms.retired);
+    c.upload_seconds_x1e6 += static_cast<int64_t>(ms.serve_us);
+    c.device_routing_records = static_cast<int64_t>(ms.records);
+    c.device_served_layers = static_cast<int64_t>(ms.layers_served);
+  }
+  return c;
 }
 
 }  // namespace mer

@@ -69,6 +69,12 @@ struct CudaEngineOptions {
   // experts come through this, not the ExpertSource; docs/cuda.md, "The arena over CUDA IPC").
   // Not owned; outlives the engine. Null: the engine uploads from the ExpertSource itself.
   VramResidency* vram_residency = nullptr;
+  // With vram_residency: the device decides each layer's hits and misses and waits for the misses
+  // on the device (a miss service thread has mer-residency place them), so no host thread blocks
+  // between layers and steps run as graphs (docs/cuda.md, "Misses decided on the device"). Needs
+  // an arena of at least n_expert + 2 * top-k slots and stream memory operations; otherwise, or
+  // false, the host reads each layer's routing and serves its misses.
+  bool device_misses = true;
 };
 
 class CudaEngine final : public ComputeBackend {
