@@ -9,7 +9,8 @@
 
 namespace mer::compute {
 
-bool SequenceStream::Next(absl::Duration timeout, std::vector<int32_t>* out) {
+bool SequenceStream::Next(absl::Duration timeout, std::vector<int32_t>* out,
+                          std::vector<TokenLogprobs>* logprobs) {
   absl::MutexLock lock(&mu_);
   auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return done_ || !tokens_.empty() || cancelled_.load(std::memory_order_relaxed);
@@ -17,6 +18,10 @@ bool SequenceStream::Next(absl::Duration timeout, std::vector<int32_t>* out) {
   mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
   out->insert(out->end(), tokens_.begin(), tokens_.end());
   tokens_.clear();
+  if (logprobs != nullptr) {
+    for (TokenLogprobs& lp : logprobs_) logprobs->push_back(std::move(lp));
+  }
+  logprobs_.clear();
   return done_;
 }
 
@@ -35,9 +40,10 @@ FinishReason SequenceStream::finish_reason() const {
   return reason_;
 }
 
-void SequenceStream::Push(int32_t token) {
+void SequenceStream::Push(int32_t token, const TokenLogprobs* logprobs) {
   absl::MutexLock lock(&mu_);
   tokens_.push_back(token);
+  if (logprobs != nullptr) logprobs_.push_back(*logprobs);
 }
 
 void SequenceStream::Finish(absl::Status status, FinishReason reason) {
@@ -99,6 +105,14 @@ absl::StatusOr<std::shared_ptr<SequenceStream>> Batcher::Submit(const Generation
   if (request.max_new_tokens < 1)
     return absl::InvalidArgumentError("max_new_tokens: must be >= 1");
   if (auto s = ValidateSamplingParams(request.sampling); !s.ok()) return s;
+  for (const auto& [id, bias] : request.sampling.logit_bias) {
+    if (id >= n_vocab_)
+      return absl::InvalidArgumentError(
+          absl::StrCat("logit_bias: token ", id, " is outside the vocabulary [0, ", n_vocab_, ")"));
+  }
+  if (request.top_logprobs > kMaxTopLogprobs)
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_logprobs: at most ", kMaxTopLogprobs, ", got ", request.top_logprobs));
   // The last generated token is never fed back, so it needs no position.
   const int64_t need = int64_t(request.prompt.size()) + request.max_new_tokens - 1;
   if (need > backend_.max_context_tokens())
@@ -239,7 +253,10 @@ bool Batcher::Step() {
   // tokens in arrival order, which is how they were appended. When every row samples greedily
   // without a penalty, the backend returns the argmaxes and no logits reach the host.
   bool all_argmax = true;
-  for (int32_t i : rows_) all_argmax = all_argmax && running_[i]->sampler.IsPlainArgmax();
+  for (int32_t i : rows_) {
+    const Running& r = *running_[i];
+    all_argmax = all_argmax && r.sampler.IsPlainArgmax() && r.request.top_logprobs < 0;
+  }
   const absl::Status s =
       all_argmax ? backend_.ForwardArgmax(batch_, greedy_.data()) : backend_.Forward(batch_, logits_.data());
   if (!s.ok()) {
@@ -262,13 +279,16 @@ bool Batcher::Step() {
     Running& r = *running_[rows_[row]];
     if (r.pending >= 0) ++r.fed;  // the decode token is in the KV cache now
     const float* lg = logits_.data() + row * size_t(n_vocab_);
-    const int32_t token = all_argmax ? greedy_[row] : r.sampler.Sample(absl::MakeConstSpan(lg, n_vocab_), r.history);
+    const absl::Span<const float> row_logits = absl::MakeConstSpan(lg, n_vocab_);
+    const int32_t token = all_argmax ? greedy_[row] : r.sampler.Sample(row_logits, r.history);
     r.history.push_back(token);
     ++r.generated;
-    r.stream->Push(token);
-    if (token == r.request.eos_id) {
+    const bool logprobs = r.request.top_logprobs >= 0;
+    if (logprobs) Sampler::Logprobs(row_logits, token, r.request.top_logprobs, &logprobs_);
+    r.stream->Push(token, logprobs ? &logprobs_ : nullptr);
+    if (r.request.IsStop(token)) {
       leaving.push_back(rows_[row]);
-      r.pending = -2;  // kEos, see below
+      r.pending = -2;  // kStopToken, see below
     } else if (r.generated == r.request.max_new_tokens) {
       leaving.push_back(rows_[row]);
       r.pending = -3;
@@ -283,7 +303,7 @@ bool Batcher::Step() {
   std::sort(leaving.begin(), leaving.end());
   for (size_t k = leaving.size(); k-- > 0;) {
     const size_t i = leaving[k];
-    const FinishReason reason = running_[i]->pending == -2 ? FinishReason::kEos : FinishReason::kLength;
+    const FinishReason reason = running_[i]->pending == -2 ? FinishReason::kStopToken : FinishReason::kLength;
     Leave(i, absl::OkStatus(), reason);
   }
   return true;

@@ -36,6 +36,9 @@ namespace mer::compute {
 
 class ComputeMetrics;
 
+// The most alternatives a request may ask for with each token (OpenAI's limit).
+inline constexpr int kMaxTopLogprobs = 20;
+
 struct BatcherOptions {
   // Tokens per step; 0: the backend's max_batch_tokens (also the upper limit).
   int max_batch_tokens = 0;
@@ -52,15 +55,16 @@ struct BatcherOptions {
   std::function<void(bool idle)> after_step;
 };
 
-enum class FinishReason { kNone, kLength, kEos };
+enum class FinishReason { kNone, kLength, kStopToken };
 
 // One sequence's output, written by the step thread and read by the caller of Submit.
 class SequenceStream {
  public:
   // Waits up to `timeout` for tokens not yet taken, for the end, or for Cancel; appends the new
-  // tokens to *out. Returns true once the sequence has finished and every token was taken (then
-  // status() and finish_reason() are final).
-  bool Next(absl::Duration timeout, std::vector<int32_t>* out);
+  // tokens to *out (and, when the request asked for them, their log-probabilities to *logprobs,
+  // which may be null otherwise). Returns true once the sequence has finished and every token was
+  // taken (then status() and finish_reason() are final).
+  bool Next(absl::Duration timeout, std::vector<int32_t>* out, std::vector<TokenLogprobs>* logprobs = nullptr);
   // Asks the step thread to drop the sequence before its next step (frees its slot and KV), and
   // wakes a waiting Next.
   void Cancel();
@@ -73,13 +77,14 @@ class SequenceStream {
  private:
   friend class Batcher;
   explicit SequenceStream(int slot) : slot_(slot) {}
-  void Push(int32_t token);
+  void Push(int32_t token, const TokenLogprobs* logprobs);
   void Finish(absl::Status status, FinishReason reason);
 
   const int slot_;
   std::atomic<bool> cancelled_{false};
   mutable absl::Mutex mu_;
   std::vector<int32_t> tokens_ ABSL_GUARDED_BY(mu_);  // produced, not yet taken
+  std::vector<TokenLogprobs> logprobs_ ABSL_GUARDED_BY(mu_);  // theirs, when the request asks
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   FinishReason reason_ ABSL_GUARDED_BY(mu_) = FinishReason::kNone;
@@ -149,6 +154,7 @@ class Batcher {
   std::vector<int32_t> prefill_n_;   // prompt tokens of running_[i] in this batch
   std::vector<float> logits_;        // f32 [max_batch_tokens, n_vocab]
   std::vector<int32_t> greedy_;      // [max_batch_tokens]: each row's argmax, when every row is greedy
+  TokenLogprobs logprobs_;           // a row's, when its request asks
   std::vector<size_t> leaving_;      // running_ indices that finish in this step
   size_t decode_rotation_ = 0;       // where decodes start when they do not all fit
 
