@@ -272,7 +272,12 @@ absl::StatusOr<std::vector<SynthTensor>> PlanSynthModel(const SynthOptions& opti
   w.AddUint32("qwen3moe.expert_feed_forward_length", g.n_ff_exp);
   w.AddBool("qwen3moe.expert_weights_norm", options.norm_topk_prob);
 
-  const TokenizerVocab vocab = MakeSyntheticVocab(g.n_vocab, g.n_vocab);
+  TokenizerVocab vocab = MakeSyntheticVocab(g.n_vocab, g.n_vocab);
+  const auto eos = std::find(vocab.tokens.begin(), vocab.tokens.end(), options.eos_token);
+  if (eos == vocab.tokens.end() || vocab.token_types[eos - vocab.tokens.begin()] != static_cast<int32_t>(TokenType::kControl))
+    return absl::InvalidArgumentError(absl::StrCat("eos_token: '", options.eos_token,
+                                                   "' is not a control token of the synthetic vocabulary"));
+  vocab.eos_id = static_cast<int32_t>(eos - vocab.tokens.begin());
   w.AddString("tokenizer.ggml.model", "gpt2");
   w.AddString("tokenizer.ggml.pre", "qwen2");
   w.AddStringArray("tokenizer.ggml.tokens", vocab.tokens);
@@ -280,8 +285,9 @@ absl::StatusOr<std::vector<SynthTensor>> PlanSynthModel(const SynthOptions& opti
   w.AddStringArray("tokenizer.ggml.merges", vocab.merges);
   w.AddUint32("tokenizer.ggml.bos_token_id", vocab.bos_id);
   w.AddUint32("tokenizer.ggml.eos_token_id", vocab.eos_id);
-  w.AddUint32("tokenizer.ggml.padding_token_id", vocab.eos_id);
+  w.AddUint32("tokenizer.ggml.padding_token_id", vocab.bos_id);
   w.AddBool("tokenizer.ggml.add_bos_token", vocab.add_bos);
+  if (!options.chat_template.empty()) w.AddString("tokenizer.chat_template", options.chat_template);
 
   // The shared direction c of the skew construction: a fixed random sign pattern, unit length.
   // Shared by the fill functions, which outlive this call.

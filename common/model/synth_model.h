@@ -65,6 +65,11 @@ struct SynthOptions {
   double router_skew = 0.0;     // popularity logit offset -router_skew * ln(rank + 1); 0 = unskewed
   bool norm_topk_prob = true;   // written as qwen3moe.expert_weights_norm
   int threads = 0;              // 0 = all cores
+  // Written as tokenizer.chat_template when not empty (e.g. common/chat's Qwen3ChatTemplate()).
+  std::string chat_template;
+  // The text of the vocabulary's token written as tokenizer.ggml.eos_token_id: "<|endoftext|>"
+  // (the default, also bos) or "<|im_end|>", as Qwen3's instruct models have it.
+  std::string eos_token = "<|endoftext|>";
 };
 
 // The tensor type a weight of row length `cols` gets under `quant` (K-quants fall back to q8_0

@@ -242,6 +242,7 @@ absl::Status Main(const Args& a) {
   vp.set_eos_id(vocab->eos_id);
   vp.set_add_bos(vocab->add_bos);
   vp.set_add_eos(vocab->add_eos);
+  vp.set_chat_template(vocab->chat_template);
 
   compute::ComputeMetrics metrics(MER_VERSION, a.backend, nullptr);
   compute::BatcherOptions bo;

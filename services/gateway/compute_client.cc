@@ -75,7 +75,9 @@ absl::Status ComputeClient::PollOnce() {
   if (!tokenizer.ok())
     return absl::Status(tokenizer.status().code(),
                         absl::StrCat("mer-compute's tokenizer: ", tokenizer.status().message()));
-  Publish(std::make_shared<const ServedModel>(ServedModel{std::move(info), std::move(*tokenizer)}));
+  std::vector<int32_t> eog = tokenizer->EndOfGenerationIds();
+  Publish(std::make_shared<const ServedModel>(
+      ServedModel{std::move(info), std::move(*tokenizer), std::move(eog), vp.chat_template()}));
   return absl::OkStatus();
 }
 

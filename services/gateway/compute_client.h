@@ -36,6 +36,8 @@ struct ComputeClientOptions {
 struct ServedModel {
   mer::internal::v1::Info info;  // as of the instance's first answer (capacity fields too)
   Tokenizer tokenizer;
+  std::vector<int32_t> end_of_generation;  // tokenizer.EndOfGenerationIds(), once
+  std::string chat_template;               // the model file's; empty: none
 };
 
 class ComputeClient {

@@ -1,6 +1,8 @@
 // mer-gateway's public service (proto/mer/v1/mer.proto). Generate: validate (InvalidArgument
 // naming the field), queue for admission (Scheduler), stream the compute call's tokens as text
 // (TextStream: whole UTF-8 characters, stop sequences), then the final message with usage.
+// Run is that path for every front: gRPC's Generate and the HTTP API (http_api.h) both call it,
+// each with its own GenerateSink.
 //
 // Errors: every failure is an absl::Status inside; Generate turns it into the call's gRPC status
 // with proto/grpc_status.h's ToGrpcStatus (the one conversion). Compute failures come back as
@@ -27,6 +29,17 @@
 
 namespace mer::gateway {
 
+// Where one generation's messages go: a gRPC stream or an HTTP response.
+class GenerateSink {
+ public:
+  virtual ~GenerateSink() = default;
+  // Sends one message (chunks, then the final one); false when the client is gone.
+  virtual bool Write(const mer::v1::GenerateResponse& response) = 0;
+  // Whether the client went away. Polled by the cancel watcher, on its own thread, while the
+  // call is queued or generating.
+  virtual bool ClientGone() = 0;
+};
+
 struct GatewayOptions {
   RequestLimits limits;
   // How often the cancel watcher looks for cancelled client calls (to take them out of the
@@ -45,28 +58,36 @@ class GatewayService final : public mer::v1::Mer::Service {
                         grpc::ServerWriter<mer::v1::GenerateResponse>* writer) override;
   grpc::Status Tokenize(grpc::ServerContext* context, const mer::v1::TokenizeRequest* request,
                         mer::v1::TokenizeResponse* response) override;
+  grpc::Status Detokenize(grpc::ServerContext* context, const mer::v1::DetokenizeRequest* request,
+                          mer::v1::DetokenizeResponse* response) override;
   grpc::Status GetModelInfo(grpc::ServerContext* context, const mer::v1::GetModelInfoRequest* request,
                             mer::v1::ModelInfo* response) override;
+
+  // One generation, whichever front it came from: validates, waits for admission until
+  // `deadline`, streams chunks and then the final message to `sink`, and counts the call in the
+  // metrics. The status is the call's (OK once the final message was written).
+  absl::Status Run(const mer::v1::GenerateRequest& request, GenerateSink& sink, absl::Time deadline);
+  absl::Status TokenizeImpl(const mer::v1::TokenizeRequest& request, mer::v1::TokenizeResponse* response);
+  absl::Status DetokenizeImpl(const mer::v1::DetokenizeRequest& request, mer::v1::DetokenizeResponse* response);
+  absl::Status GetModelInfoImpl(mer::v1::ModelInfo* response);
 
   // Shutdown begins: running Generate calls end with FINISH_REASON_CANCELLED, new ones get
   // UNAVAILABLE.
   void BeginShutdown();
 
  private:
-  absl::Status GenerateImpl(grpc::ServerContext* context, const mer::v1::GenerateRequest& request,
-                            grpc::ServerWriter<mer::v1::GenerateResponse>* writer, absl::Time start);
-  absl::Status TokenizeImpl(const mer::v1::TokenizeRequest& request, mer::v1::TokenizeResponse* response);
-  absl::Status GetModelInfoImpl(mer::v1::ModelInfo* response);
+  absl::Status GenerateImpl(const mer::v1::GenerateRequest& request, GenerateSink& sink, absl::Time deadline,
+                            absl::Time start);
 
   void WatchLoop();
   // A call from its start: the client may cancel while it is queued (the scheduler sees
   // `cancelled`) or while it generates (its compute call `client` is cancelled).
   struct Watched {
-    grpc::ServerContext* server = nullptr;
+    GenerateSink* sink = nullptr;
     grpc::ClientContext* client = nullptr;  // set once the compute call starts
     std::atomic<bool> cancelled{false};
   };
-  Watched* Watch(grpc::ServerContext* server, uint64_t* id);
+  Watched* Watch(GenerateSink* sink, uint64_t* id);
   // `client` may be null: the compute call is over (before its context is destroyed).
   void SetComputeCall(Watched* w, grpc::ClientContext* client);
   void Unwatch(uint64_t id);

@@ -1,5 +1,6 @@
-// mer-gateway: the public gRPC API of mer (proto/mer/v1/mer.proto), in front of mer-compute's
-// internal API on a unix socket; plus grpc.health.v1, server reflection and /metrics for the host.
+// mer-gateway: the public gRPC API of mer (proto/mer/v1/mer.proto) and the OpenAI-compatible HTTP
+// API (http_api.h), in front of mer-compute's internal API on a unix socket; plus grpc.health.v1,
+// server reflection and /metrics for the host.
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -20,6 +21,7 @@
 #include "services/gateway/compute_client.h"
 #include "services/gateway/gateway_metrics.h"
 #include "services/gateway/gateway_service.h"
+#include "services/gateway/http_api.h"
 #include "services/gateway/scheduler.h"
 
 #ifndef MER_VERSION
@@ -29,7 +31,8 @@
 namespace {
 
 constexpr char kHelp[] =
-    R"(usage: mer-gateway --compute unix:PATH [--listen HOST:PORT] [--metrics-listen HOST:PORT|off]
+    R"(usage: mer-gateway --compute unix:PATH [--listen HOST:PORT] [--http-listen HOST:PORT|off]
+                   [--served-model-name NAME] [--metrics-listen HOST:PORT|off]
                    [--compute-metrics URL] [--residency-metrics URL] [--max-queue N]
 
 Serves mer's public gRPC API (mer.v1.Mer: Generate, Tokenize, GetModelInfo; grpc.health.v1;
@@ -37,7 +40,11 @@ server reflection) on --listen (default 127.0.0.1:50051; port 0 picks a free one
 stderr as "listening on HOST:PORT") for the mer-compute daemon at unix:PATH. The tokenizer comes
 from mer-compute. Up to --max-queue (default 256) Generate calls wait for a sequence slot; more
 get RESOURCE_EXHAUSTED. While mer-compute is down calls get UNAVAILABLE and the health status is
-NOT_SERVING; it is polled and used again as soon as it answers. Prometheus metrics are served on
+NOT_SERVING; it is polled and used again as soon as it answers. The OpenAI-compatible HTTP API
+(/v1/completions, /v1/chat/completions, /v1/models, /health, /tokenize, /detokenize) is served
+on --http-listen (default 127.0.0.1:8080; port 0 picks a free one, printed as "http: URL"; off
+serves none), under the model id --served-model-name (default: the model's general.name), from
+the same queue as the gRPC API. Prometheus metrics are served on
 http://HOST:PORT/metrics (default 127.0.0.1:0, printed as "metrics: URL"; off serves none), with
 the pages of --compute-metrics and --residency-metrics (their /metrics URLs) merged in, each
 series labelled daemon="gateway", "compute" or "residency".
@@ -46,6 +53,7 @@ series labelled daemon="gateway", "compute" or "residency".
 
 struct Args {
   std::string compute, listen = "127.0.0.1:50051", metrics_listen = "127.0.0.1:0";
+  std::string http_listen = "127.0.0.1:8080", served_model_name;
   std::string compute_metrics, residency_metrics;
   int64_t max_queue = 256;
 };
@@ -53,11 +61,14 @@ struct Args {
 absl::Status ParseArgs(int argc, char** argv, Args* a) {
   ASSIGN_OR_RETURN(const mer::Flags f,
                    mer::Flags::ParseMain(argc, argv,
-                                         {"compute", "listen", "metrics-listen", "compute-metrics",
-                                          "residency-metrics", "max-queue"},
+                                         {"compute", "listen", "http-listen", "served-model-name",
+                                          "metrics-listen", "compute-metrics", "residency-metrics",
+                                          "max-queue"},
                                          {}));
   a->compute = f.String("compute");
   a->listen = f.String("listen", a->listen);
+  a->http_listen = f.String("http-listen", a->http_listen);
+  a->served_model_name = f.String("served-model-name");
   a->metrics_listen = f.String("metrics-listen", a->metrics_listen);
   a->compute_metrics = f.String("compute-metrics");
   a->residency_metrics = f.String("residency-metrics");
@@ -82,6 +93,7 @@ absl::Status Main(const Args& a) {
   so.max_queue = static_cast<int>(a.max_queue);
   Scheduler scheduler(so);
   metrics.SetLoadCallback([&scheduler] { return std::make_pair(scheduler.running(), scheduler.waiting()); });
+  metrics.SetKvUsageCallback([&scheduler] { return scheduler.kv_usage(); });
 
   ComputeClientOptions co;
   co.target = a.compute;
@@ -93,6 +105,7 @@ absl::Status Main(const Args& a) {
     }
     const auto& i = model->info;
     scheduler.SetCapacity(i.max_sequences(), i.kv_budget_tokens());
+    metrics.SetModelName(ServedModelId(*model, a.served_model_name));
     metrics.SetComputeUp(true);
     std::fprintf(stderr,
                  "mer-gateway: mer-compute up: %s %s, vocab %d, %d sequences x %d positions, "
@@ -111,6 +124,15 @@ absl::Status Main(const Args& a) {
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) return absl::UnavailableError(absl::StrCat("cannot listen on ", a.listen));
   const std::string host = a.listen.substr(0, a.listen.rfind(':'));
+
+  std::unique_ptr<HttpApi> http;
+  if (a.http_listen != "off") {
+    HttpApiOptions ho;
+    ho.listen = a.http_listen;
+    ho.served_model_name = a.served_model_name;
+    ASSIGN_OR_RETURN(http, HttpApi::Start(service, compute, ho));
+    std::fprintf(stderr, "http: http://%s:%d\n", http->host().c_str(), http->port());
+  }
 
   std::unique_ptr<mer::MetricsEndpoint> endpoint;
   if (a.metrics_listen != "off") {
@@ -140,6 +162,7 @@ absl::Status Main(const Args& a) {
   service.BeginShutdown();
   if (health != nullptr) health->Shutdown();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  http.reset();
   endpoint.reset();
   return absl::OkStatus();
 }

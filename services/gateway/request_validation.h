@@ -26,7 +26,9 @@ struct ModelLimits {
 struct RequestLimits {
   int max_stop_sequences = 16;
   int max_stop_bytes = 256;
-  int max_priority = 100;  // priorities are in [-max_priority, max_priority]
+  int max_stop_token_ids = 16;
+  int max_logit_bias = 300;  // entries of logit_bias (OpenAI's limit)
+  int max_priority = 100;    // priorities are in [-max_priority, max_priority]
 };
 
 struct ValidatedRequest {

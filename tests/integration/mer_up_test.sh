@@ -19,7 +19,7 @@ source "$(dirname "$0")/lib.sh"
 
 # start_up LOG: runs mer up in the background, waits for its address; sets UPID and ADDR.
 start_up() {
-  "$MER" up --model "$WORK/m.gguf" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --ram-budget 50% \
+  "$MER" up --model "$WORK/m.gguf" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --ram-budget 50% \
     --threads 2 >"$1.out" 2>"$1.err" &
   UPID=$!
   ADDR=

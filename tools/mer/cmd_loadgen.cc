@@ -1,5 +1,5 @@
-// `mer loadgen`: N concurrent Generate streams against mer-gateway; throughput and latency
-// percentiles, measured at the client.
+// `mer loadgen`: N concurrent Generate streams against mer-gateway, over gRPC or the HTTP API;
+// throughput and latency percentiles, measured at the client.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -13,6 +13,8 @@
 #include "absl/strings/str_format.h"
 #include "common/base/status.h"
 #include "grpcpp/grpcpp.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
 #include "mer/v1/mer.grpc.pb.h"
 #include "proto/grpc_status.h"
 #include "tools/mer/cli_util.h"
@@ -20,8 +22,8 @@
 namespace mer::cli {
 namespace {
 
-constexpr char kLoadgenHelp[] = R"(usage: mer loadgen --addr HOST:PORT [--concurrency N] [--requests M] [--prompt-len L]
-                   [--max-tokens T] [--temperature X] [--seed S] [--timeout-ms MS]
+constexpr char kLoadgenHelp[] = R"(usage: mer loadgen --addr HOST:PORT [--http http://HOST:PORT] [--concurrency N] [--requests M]
+                   [--prompt-len L] [--max-tokens T] [--temperature X] [--seed S] [--timeout-ms MS]
 
 Runs M Generate calls (default 4 x N) on N concurrent streams (default 8), each call a fresh
 prompt of L random token ids (default 31, seeded by --seed and the call's index) and T generated
@@ -32,6 +34,9 @@ tokens (default 128; end-of-sequence ignored, so every call generates exactly T)
   itl          gap between consecutive tokens of a call (a chunk of k tokens: its gap, then k-1 zeros)
   latency      call start to end
 with p50, p90 and p99 of each. Exits 1 if any call failed (the count per status is printed).
+With --http the same calls go to the OpenAI-compatible HTTP API instead (streamed
+/v1/completions with the same token-id prompts, seeds and settings; --addr still answers
+GetModelInfo): the tokens are the usage's, ttft and itl are measured per server-sent event.
 )";
 
 using Clock = std::chrono::steady_clock;
@@ -49,17 +54,70 @@ std::string Ms(std::vector<double>& v) {
                       absl::StrFormat("%.2f", Percentile(v, 99) * 1e3), " ms");
 }
 
+// One streamed /v1/completions call of `req`'s prompt and settings: the generated tokens (from the
+// usage), the first event's delay and the gaps between later events.
+absl::Status HttpGenerate(const std::string& url, const mer::v1::GenerateRequest& req, int64_t timeout_ms,
+                          int64_t* tokens, std::vector<double>* ttft, std::vector<double>* gaps) {
+  thread_local std::unique_ptr<httplib::Client> client;
+  if (client == nullptr) {
+    client = std::make_unique<httplib::Client>(url);
+    client->set_read_timeout(std::chrono::milliseconds(timeout_ms));
+    client->set_keep_alive(true);
+    client->set_tcp_nodelay(true);
+  }
+  const std::vector<int32_t> prompt(req.token_ids().ids().begin(), req.token_ids().ids().end());
+  nlohmann::json body = {{"prompt", prompt}, {"max_tokens", req.max_new_tokens()},
+                         {"temperature", req.temperature()}, {"seed", req.seed()}, {"ignore_eos", true},
+                         {"stream", true}, {"stream_options", {{"include_usage", true}}}};
+  const auto start = Clock::now();
+  auto last = start;
+  bool first = true;
+  std::string buffer;
+  int64_t usage = -1;
+  httplib::Request r;
+  r.method = "POST";
+  r.path = "/v1/completions";
+  r.body = body.dump();
+  r.set_header("Content-Type", "application/json");
+  r.content_receiver = [&](const char* data, size_t size, uint64_t, uint64_t) {
+    buffer.append(data, size);
+    for (size_t end; (end = buffer.find("\n\n")) != std::string::npos; buffer.erase(0, end + 2)) {
+      const std::string event = buffer.substr(0, end);
+      if (event.rfind("data: ", 0) != 0 || event == "data: [DONE]") continue;
+      const nlohmann::json j = nlohmann::json::parse(event.substr(6), nullptr, false);
+      if (j.is_discarded()) continue;
+      if (j.contains("usage") && j["usage"].is_object()) usage = j["usage"].value("completion_tokens", int64_t{-1});
+      if (!j.contains("choices") || j["choices"].empty()) continue;
+      const auto now = Clock::now();
+      const double gap = std::chrono::duration<double>(now - last).count();
+      if (first) ttft->push_back(gap);
+      else gaps->push_back(gap);
+      first = false;
+      last = now;
+    }
+    return true;
+  };
+  const httplib::Result res = client->send(r);
+  if (!res) return absl::UnavailableError(absl::StrCat("HTTP: ", httplib::to_string(res.error())));
+  if (res->status != 200) return absl::UnknownError(absl::StrCat("HTTP ", res->status));
+  if (usage < 0) return absl::DataLossError("the stream had no usage");
+  *tokens = usage;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int RunLoadgen(const Args& args) {
   if (MaybeHelp(args, kLoadgenHelp)) return 0;
-  auto parsed = Flags::Parse(args, {"addr", "concurrency", "requests", "prompt-len", "max-tokens",
+  auto parsed = Flags::Parse(args, {"addr", "http", "concurrency", "requests", "prompt-len", "max-tokens",
                                     "temperature", "seed", "timeout-ms"},
                              {});
   if (!parsed.ok()) return Fail("loadgen", parsed.status());
   const Flags& f = *parsed;
   auto body = [&]() -> absl::StatusOr<int> {
     ASSIGN_OR_RETURN(const std::string addr, f.Required("addr"));
+    const std::string http = f.String("http");
+    if (!http.empty() && http.rfind("http://", 0) != 0) return absl::InvalidArgumentError("--http must be http://HOST:PORT");
     ASSIGN_OR_RETURN(const int64_t concurrency, f.Int("concurrency", 8));
     ASSIGN_OR_RETURN(const int64_t requests, f.Int("requests", 4 * concurrency));
     ASSIGN_OR_RETURN(const int64_t prompt_len, f.Int("prompt-len", 31));
@@ -101,9 +159,23 @@ int RunLoadgen(const Args& args) {
         req.set_temperature(static_cast<float>(temperature));
         req.set_seed(static_cast<uint64_t>(seed + i));
         req.set_ignore_eos(true);
+        const auto start = Clock::now();
+        if (!http.empty()) {
+          int64_t n = 0;
+          std::vector<double> gaps;
+          const absl::Status s = HttpGenerate(http, req, timeout_ms, &n, &my_ttft, &gaps);
+          if (!s.ok()) {
+            ++my_failures[std::string(absl::StatusCodeToString(s.code()))];
+            continue;
+          }
+          ++my_ok;
+          my_tokens += n;
+          my_itl.insert(my_itl.end(), gaps.begin(), gaps.end());
+          my_latency.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+          continue;
+        }
         grpc::ClientContext ctx;
         ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
-        const auto start = Clock::now();
         auto last = start;
         int64_t n = 0;
         auto reader = stub->Generate(&ctx, req);
@@ -145,8 +217,8 @@ int RunLoadgen(const Args& args) {
     for (auto& t : threads) t.join();
     const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
 
-    std::printf("loadgen: %lld streams, %lld requests (%lld ok), prompt %lld + %lld generated tokens each, %s\n",
-                static_cast<long long>(concurrency), static_cast<long long>(requests),
+    std::printf("loadgen: %s, %lld streams, %lld requests (%lld ok), prompt %lld + %lld generated tokens each, %s\n",
+                http.empty() ? "gRPC" : "HTTP", static_cast<long long>(concurrency), static_cast<long long>(requests),
                 static_cast<long long>(ok), static_cast<long long>(prompt_len),
                 static_cast<long long>(max_tokens), temperature > 0 ? "sampled" : "greedy");
     std::printf("throughput: %.1f generated tokens/s, %.2f requests/s (%lld tokens in %.3f s)\n",

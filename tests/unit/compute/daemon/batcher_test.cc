@@ -79,7 +79,7 @@ GenerationRequest Request(int i) {
   const int len = 1 + (i * 7) % 37;  // 1..37 prompt tokens: several chunks of 16
   for (int k = 0; k < len; ++k) r.prompt.push_back((i * 31 + k * 17) % 300);
   r.max_new_tokens = 3 + i % 9;
-  r.eos_id = i % 4 == 0 ? 5 : -1;  // some stop early at a (frequent enough) token
+  if (i % 4 == 0) r.stop_ids = {5};  // some stop early at a (frequent enough) token
   if (i % 5 == 1) {                // and some sample, which must be reproducible too
     r.sampling.temperature = 0.8f;
     r.sampling.top_k = 20;
@@ -146,14 +146,49 @@ TEST(BatcherTest, FinishReasons) {
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(Drain(**s), *solo);
   EXPECT_EQ((*s)->finish_reason(), FinishReason::kLength);
-  // With the third solo token as eos, generation stops right after emitting it.
-  r.eos_id = (*solo)[2];
+  // With the fifth and third solo tokens as stop tokens, generation stops right after emitting
+  // the first of them.
+  r.stop_ids = {(*solo)[4], (*solo)[2]};
   s = batcher.Submit(r);
   ASSERT_TRUE(s.ok());
   const std::vector<int32_t> out = Drain(**s);
-  const auto first = std::find(solo->begin(), solo->end(), r.eos_id);
+  const auto first = std::find_first_of(solo->begin(), solo->end(), r.stop_ids.begin(), r.stop_ids.end());
+  ASSERT_LE(first - solo->begin(), 2);
   EXPECT_EQ(out, std::vector<int32_t>(solo->begin(), first + 1));
-  EXPECT_EQ((*s)->finish_reason(), FinishReason::kEos);
+  EXPECT_EQ((*s)->finish_reason(), FinishReason::kStopToken);
+}
+
+// Logprobs come from the logits (never the backend's argmax path) and do not change the tokens:
+// greedy picks the most likely token, so it heads its own alternatives.
+TEST(BatcherTest, LogprobsOfGreedyTokens) {
+  MappedExpertSource src(*MicroModel().weights);
+  auto solo_engine = Engine(src, 1, 16);
+  GenerationRequest r = Request(2);
+  r.max_new_tokens = 5;
+  auto solo = Generate(*solo_engine, 0, r, nullptr);
+  ASSERT_TRUE(solo.ok());
+  auto engine = Engine(src, 2, 16);
+  Batcher batcher(*engine, {});
+  r.top_logprobs = 3;
+  auto s = batcher.Submit(r);
+  ASSERT_TRUE(s.ok());
+  std::vector<int32_t> out;
+  std::vector<TokenLogprobs> logprobs;
+  while (!(*s)->Next(absl::Seconds(1), &out, &logprobs)) {
+  }
+  EXPECT_EQ(out, *solo);
+  ASSERT_EQ(logprobs.size(), out.size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    const TokenLogprobs& lp = logprobs[i];
+    ASSERT_EQ(lp.top_ids.size(), 3u);
+    EXPECT_EQ(lp.top_ids[0], out[i]);
+    EXPECT_EQ(lp.top_logprobs[0], lp.logprob);
+    EXPECT_LT(lp.logprob, 0.0f);
+    EXPECT_GE(lp.top_logprobs[0], lp.top_logprobs[1]);
+    EXPECT_GE(lp.top_logprobs[1], lp.top_logprobs[2]);
+  }
+  r.top_logprobs = kMaxTopLogprobs + 1;
+  EXPECT_EQ(batcher.Submit(r).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(BatcherTest, RejectsBadRequestsNamingTheField) {
@@ -195,7 +230,6 @@ TEST(BatcherTest, FullSlotsAndKvBudgetAreResourceExhausted) {
   GenerationRequest big = Request(2);
   big.prompt.assign(10, 7);
   big.max_new_tokens = 71;  // 80 positions
-  big.eos_id = -1;
   GenerationRequest longer = big;
   longer.max_new_tokens = 120;  // more than the budget itself: never admissible
   EXPECT_EQ(batcher.Submit(longer).status().code(), absl::StatusCode::kInvalidArgument);
@@ -217,7 +251,6 @@ TEST(BatcherTest, CancelFreesTheSlotAndOthersContinue) {
   auto solo_engine = Engine(src, 1, 16);
   GenerationRequest keep = Request(7);
   keep.max_new_tokens = 40;
-  keep.eos_id = -1;
   auto solo = Generate(*solo_engine, 0, keep, nullptr);
   ASSERT_TRUE(solo.ok());
   auto engine = Engine(src, 2, 16);
@@ -361,7 +394,6 @@ TEST(BatcherTest, AfterStepRunsOnTheStepThreadAfterStepsAndWhenIdle) {
   };
   Batcher batcher(*engine, bo);
   GenerationRequest r = Request(3);
-  r.eos_id = -1;
   auto s = batcher.Submit(r);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(Drain(**s).size(), size_t(r.max_new_tokens));
