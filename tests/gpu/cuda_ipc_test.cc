@@ -166,8 +166,10 @@ TEST_P(CudaIpcArena, GreedyIdsEqualTheCpuReference) {
     const int mismatches = cmp.id_mismatches;
     const double worst = cmp.worst_rel_l2;
     const BackendCounters s = (*gpu)->counters();
-    total_misses += s.expert_misses;
     const bool device_path = s.device_routing_records > 0;
+    // The host path demands every miss of the arena; the device path's misses (experts its table
+    // did not publish) may still be in VRAM, unpinned, and cost mer-residency no upload.
+    if (!device_path) total_misses += s.expert_misses;
     std::printf("[%s IPC arena %.0f%% = %lld slots of %lld experts, %s] compared %d prompts x %d greedy ids and "
                 "teacher-forced logits with the CPU reference: id mismatches %d of %d, worst logits rel L2 %.3g "
                 "(bound %.0e); misses %lld, routing records %lld, layers served %lld, host syncs %lld per %lld "
@@ -203,7 +205,7 @@ TEST_P(CudaIpcArena, GreedyIdsEqualTheCpuReference) {
               (long long)refused, (long long)Counter(log, "checksum_failures"));
   EXPECT_EQ(rc, 0) << log;
   EXPECT_EQ(imports, 2) << log;  // one arena per engine that exports one (not the full one)
-  EXPECT_GE(uploads, total_misses) << log;
+  EXPECT_GE(uploads, total_misses) << log;  // the host-served arena's misses at least
   EXPECT_GT(evictions, 0) << log;  // the 10% arena really was smaller than the model
   EXPECT_EQ(refused, 0) << log;
   EXPECT_EQ(Counter(log, "checksum_failures"), 0) << log;

@@ -820,6 +820,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
     so.poison_slot = m.n_slots;
     so.reserve_slots = reserve_slots;
     so.device = o.device;
+    so.debug = std::getenv("MER_CUDA_DEBUG") != nullptr;
     ASSIGN_OR_RETURN(m.miss_service, cuda::VramMissService::Create(*m.residency_vram, so, m.record_ring, m.ring_capacity,
                                                                    m.record_bytes, m.slot_table, m.gates));
     std::fprintf(stderr, "cuda: misses decided on the device (%d slots, %d reserved for placements)\n", m.n_slots,

@@ -65,12 +65,27 @@ void VramMissService::Loop() {
   r.used.reserve(o_.n_expert);
   r.pred.reserve(o_.k);
   int idle_spins = 0;
+  auto last_record = std::chrono::steady_clock::now();
+  auto last_report = last_record;
   while (!stop_.load(std::memory_order_relaxed)) {
     if (reader_.Next(&r)) {
       idle_spins = 0;
+      last_record = std::chrono::steady_clock::now();
       std::lock_guard<std::mutex> lock(mu_);
       Serve(r);
       continue;
+    }
+    // A step in flight that posts nothing for seconds is stuck somewhere: say where the ring is.
+    const auto now = std::chrono::steady_clock::now();
+    if (inflight_.load(std::memory_order_relaxed) > 0 && now - last_record > std::chrono::seconds(2) &&
+        now - last_report > std::chrono::seconds(2)) {
+      last_report = now;
+      std::fprintf(stderr,
+                   "cuda: miss service: a step is in flight and no routing record came for %.1f s (records read "
+                   "%llu, next position %llu, last layer %u of step %u)\n",
+                   std::chrono::duration<double>(now - last_record).count(),
+                   static_cast<unsigned long long>(stats().records), static_cast<unsigned long long>(reader_.position()),
+                   r.header.layer, r.header.step);
     }
     // While a step runs a record comes every few microseconds and a miss must be seen at once;
     // between steps the thread sleeps.
@@ -154,6 +169,11 @@ void VramMissService::Serve(const RoutingRecord& r) {
   // Opens the gate after the conversions and the rows: the step's wait sees every one of them.
   CHECK_MSG(StreamWrite(stream_, gates_ + layer, 1), "opening a layer gate (cuStreamWriteValue32) failed");
   const auto us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  if (o_.debug || us > 1e6)
+    std::fprintf(stderr, "cuda: miss service: step %u layer %d: %zu missing of %u used, %zu retired, %lld published, "
+                 "%.0f us%s%s\n", r.header.step, layer, missing_.size(), r.header.n_used, retirees_.size(),
+                 static_cast<long long>(published_.published()), us, status.ok() ? "" : ": ",
+                 status.ok() ? "" : status.ToString().c_str());
   std::lock_guard<std::mutex> l(stats_mu_);
   ++stats_.layers_served;
   stats_.retired += retirees_.size();

@@ -44,6 +44,7 @@ struct VramMissServiceOptions {
   // Unpinned slots kept beyond a layer's misses (mer-residency's VRAM prefetches land there).
   int reserve_slots = 0;
   int device = 0;
+  bool debug = false;  // log every layer it serves (MER_CUDA_DEBUG)
 };
 
 struct VramMissServiceStats {
