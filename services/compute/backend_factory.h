@@ -37,7 +37,7 @@ struct BackendOptions {
   VramResidency* vram_residency = nullptr;
   // cuda with vram_residency: the device decides each layer's hits and misses (CudaEngineOptions::
   // device_misses); false: the host reads each layer's routing and serves its misses.
-  bool device_misses = true;
+  bool device_misses = false;
 };
 
 struct CreatedBackend {

@@ -64,10 +64,10 @@ next layer's predicted experts are uploaded ahead of demand unless --vram-prefet
 mer-residency over CUDA IPC and filled by it (--vram-arena residency: mer-residency uploads
 from its RAM tier, evicts and prefetches into VRAM); --vram-arena compute keeps the arena's
 uploads in this process, from its own mapping of the RAM tier. An arena that holds every expert
-is filled once at start and never exported. Over CUDA IPC the device decides each layer's hits
-and misses and waits for its misses on the device (--miss-path device, the default where the
-arena has room for a layer's experts: no host round trip per layer); --miss-path host has the
-host read each layer's routing and serve its misses. Prometheus metrics are served on http://HOST:PORT/metrics (default
+is filled once at start and never exported. Over CUDA IPC the host reads each layer's routing and
+serves its misses (--miss-path host, the default); --miss-path device has the device decide each
+layer's hits and misses and wait for its misses on the device (no host round trip per layer;
+where the arena has room for a layer's experts; docs/cuda.md says how far it has been checked). Prometheus metrics are served on http://HOST:PORT/metrics (default
 127.0.0.1:0: a free port, printed on stderr as "metrics: http://127.0.0.1:PORT/metrics"); off
 serves none.
 )";
@@ -116,7 +116,7 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
   ASSIGN_OR_RETURN(a->vram_arena,
                    f.OneOf("vram-arena", !a->store.empty() && a->backend == "cuda" ? "residency" : "compute",
                            {"residency", "compute"}));
-  ASSIGN_OR_RETURN(a->miss_path, f.OneOf("miss-path", "device", {"device", "host"}));
+  ASSIGN_OR_RETURN(a->miss_path, f.OneOf("miss-path", "host", {"device", "host"}));
   if (a->vram_arena == "residency" && (a->store.empty() || a->backend != "cuda"))
     return absl::InvalidArgumentError("--vram-arena residency needs --backend cuda and --store/--residency");
   if (a->model.empty() == a->store.empty())

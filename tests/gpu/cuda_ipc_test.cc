@@ -157,6 +157,7 @@ TEST_P(CudaIpcArena, GreedyIdsEqualTheCpuReference) {
     o.max_context_tokens = 128;
     o.vram_expert_budget_fraction = arena;
     o.vram_residency = source->get();
+    o.device_misses = true;  // taken where the arena has room (the 50% one)
     auto gpu = CudaEngine::Create(**dense, **source, o);
     ASSERT_TRUE(gpu.ok()) << gpu.status() << "\nmer-residency log:\n" << daemon.Log();
     const Outputs got = GreedyAndScore(**gpu, prompts, kGenTokens, &ref);

@@ -73,8 +73,9 @@ struct CudaEngineOptions {
   // on the device (a miss service thread has mer-residency place them), so no host thread blocks
   // between layers and steps run as graphs (docs/cuda.md, "Misses decided on the device"). Needs
   // an arena of at least n_expert + 2 * top-k slots and stream memory operations; otherwise, or
-  // false, the host reads each layer's routing and serves its misses.
-  bool device_misses = true;
+  // false, the host reads each layer's routing and serves its misses. Off by default until it has
+  // run the daemons on the 30B geometry (docs/cuda.md says what was checked).
+  bool device_misses = false;
 };
 
 class CudaEngine final : public ComputeBackend {
