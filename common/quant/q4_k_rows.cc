@@ -1,4 +1,6 @@
-// Q4_K x Q8_K row kernels, compiled once per SIMD variant (row_kernels.h).
+// Q4_K x Q8_K row kernels, compiled once per SIMD variant (row_kernels.h). The avx512 variant
+// takes two 32-byte chunks of a block per 512-bit step: on Zen 4, 11.0 against 12.1 us for the
+// same variant in 256-bit steps and 15.9 for the avx2 variant (vec_dot_bench 2048 256).
 //
 // Per row and block: 8 int32 lanes, lane k the sum over the block's 4 chunks of 32 bytes and both
 // nibbles of bytes 4k .. 4k + 3 times their sub-blocks' scales (exact), converted to f32 and
@@ -28,6 +30,61 @@ inline __m128i DecodeScalesMins(const uint8_t* scales) {
 
 // q4 <= 15 and |a| <= 127 keep the int16 pair sums of maddubs far from saturation, and each
 // int32 lane of the scaled block sum stays below 2^22, so its f32 conversion is exact.
+
+#if defined(MER_QUANT_AVX512)
+
+// The activations of a block in the order the 512-bit steps take them: chunks 0 and 1 (low and
+// high 256 bits) of the low nibbles, of the high nibbles, then the same for chunks 2 and 3.
+struct BlockActivations {
+  __m512i a[4];
+  explicit BlockActivations(const int8_t* aq) {
+    const auto pair = [aq](int offset) {
+      return _mm512_inserti64x4(
+          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(aq + offset))),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(aq + offset + 64)), 1);
+    };
+    a[0] = pair(0);
+    a[1] = pair(32);
+    a[2] = pair(128);
+    a[3] = pair(160);
+  }
+};
+
+// pshufb masks over the decoded scales broadcast to every 128-bit lane, one per activation vector
+// above: every int16 of the low 256 bits gets sc[j], of the high 256 bits sc[j + 2], for
+// j = 0, 1, 4, 5 (the sub-blocks of a[0], a[1], a[2], a[3]).
+struct ScaleMasks {
+  __m512i m[4];
+  ScaleMasks() {
+    constexpr int kFirst[4] = {0, 1, 4, 5};
+    for (int i = 0; i < 4; ++i) {
+      const __m256i lo = _mm256_set1_epi16(static_cast<short>(0x8000 | kFirst[i]));
+      const __m256i hi = _mm256_set1_epi16(static_cast<short>(0x8000 | (kFirst[i] + 2)));
+      m[i] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    }
+  }
+};
+
+inline __m256i ScaledSums(const BlockQ4_K& wb, __m128i sm, const BlockActivations& act,
+                          const ScaleMasks& masks) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512i scales = _mm512_broadcast_i32x4(sm);
+  __m512i sums[2];
+  for (int h = 0; h < 2; ++h) {
+    const __m512i q = _mm512_loadu_si512(wb.qs + 64 * h);
+    const __m512i lo = _mm512_and_si512(q, low4);
+    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), low4);
+    const __m512i p_lo = _mm512_maddubs_epi16(lo, act.a[2 * h]);
+    const __m512i p_hi = _mm512_maddubs_epi16(hi, act.a[2 * h + 1]);
+    sums[h] = _mm512_dpwssd_epi32(
+        _mm512_madd_epi16(p_lo, _mm512_shuffle_epi8(scales, masks.m[2 * h])), p_hi,
+        _mm512_shuffle_epi8(scales, masks.m[2 * h + 1]));
+  }
+  const __m512i s = _mm512_add_epi32(sums[0], sums[1]);
+  return _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+}
+
+#else
 
 struct BlockActivations {
   const int8_t* aq;
@@ -68,6 +125,8 @@ inline __m256i ScaledSums(const BlockQ4_K& wb, __m128i sm, const BlockActivation
   return _mm256_add_epi32(_mm256_add_epi32(chunk_sums[0], chunk_sums[1]),
                           _mm256_add_epi32(chunk_sums[2], chunk_sums[3]));
 }
+
+#endif
 
 // R weight rows against one activation row; per row one f32 accumulator for the d term and
 // one for the dmin term, updated identically for every R.
