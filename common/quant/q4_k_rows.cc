@@ -143,10 +143,8 @@ void Q4_KRowsKernel(const BlockQ4_K* w, int64_t nb, const BlockQ8_K* a, float* o
   const __m128i to_mins =
       _mm_setr_epi8(8, -128, 9, -128, 10, -128, 11, -128, 12, -128, 13, -128, 14, -128, 15, -128);
   for (int64_t b = 0; b < nb; ++b) {
-    // Each row's weights ~1 KiB ahead, every cache line of a block (see q8_0_rows.cc).
-    for (int r = 0; r < R; ++r)
-      for (size_t line = 0; line < sizeof(BlockQ4_K); line += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(&w[r * nb + b]) + 1024 + line, _MM_HINT_T0);
+    // Every cache line a block may touch.
+    PrefetchRows<R>(w, nb * sizeof(BlockQ4_K), b * sizeof(BlockQ4_K), 3);
     const BlockQ8_K& ab = a[b];
     const BlockActivations act(ab.qs);
     // Sums of the activation quants over each 32-element sub-block, for the dmin term.

@@ -36,10 +36,8 @@ void Q6_KRowsKernel(const BlockQ6_K* w, int64_t nb, const BlockQ8_K* a, float* o
   for (int k = 0; k < 4; ++k)
     shuffles[k] = _mm256_load_si256(reinterpret_cast<const __m256i*>(kScaleShuffles.bytes[k]));
   for (int64_t b = 0; b < nb; ++b) {
-    // Each row's weights ~1 KiB ahead, every cache line of a block (see q8_0_rows.cc).
-    for (int r = 0; r < R; ++r)
-      for (size_t line = 0; line < sizeof(BlockQ6_K); line += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(&w[r * nb + b]) + 1024 + line, _MM_HINT_T0);
+    // Every cache line a block may touch.
+    PrefetchRows<R>(w, nb * sizeof(BlockQ6_K), b * sizeof(BlockQ6_K), 4);
     const BlockQ8_K& ab = a[b];
     const int8_t* aq = ab.qs;
     const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab.bsums));

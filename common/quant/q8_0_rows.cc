@@ -22,10 +22,7 @@ void Q8_0RowsKernel(const BlockQ8_0* w, int64_t nb, const BlockQ8_0* a, float* o
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    // Weights stream from DRAM once per token: ask for each row's data ~1 KiB ahead, so the
-    // R row streams do not all wait on the hardware prefetcher's ramp at every row start.
-    for (int r = 0; r < R; ++r)
-      _mm_prefetch(reinterpret_cast<const char*>(&w[r * nb + b]) + 1024, _MM_HINT_T0);
+    PrefetchRows<R>(w, nb * sizeof(BlockQ8_0), b * sizeof(BlockQ8_0), 1);
     const __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs));
     const float da = F16ToF32(a[b].d);
     if constexpr (kVnni) {

@@ -60,6 +60,24 @@ inline void ForEachRow(F&& f) {
   (std::make_integer_sequence<int, R>{});
 }
 
+// Weights stream from DRAM once per token: each kernel asks for every row's data kPrefetchBytes
+// ahead, so that its R row streams do not all wait on the hardware prefetcher's ramp at every row
+// start. Rows of a group are contiguous, and so are the groups: past a row's end the address moves
+// on to the same row of the next group, which the kernel reads next, rather than into row r + 1,
+// which it is reading already. (Prefetches never fault, past the last row either.)
+// `lines` cache lines from `offset` bytes into row r of the group starting at row0, for every r.
+inline constexpr int64_t kPrefetchBytes = 1024;
+template <int R>
+inline void PrefetchRows(const void* row0, int64_t row_bytes, int64_t offset, int lines) {
+  int64_t ahead = offset + kPrefetchBytes;
+  if (ahead >= row_bytes) ahead += (R - 1) * row_bytes;
+  const char* p = static_cast<const char*>(row0) + ahead;
+  for (int r = 0; r < R; ++r) {
+    for (int line = 0; line < lines; ++line)
+      _mm_prefetch(p + r * row_bytes + 64 * line, _MM_HINT_T0);
+  }
+}
+
 inline float HorizontalSum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
