@@ -61,9 +61,9 @@ void FloatRowsKernel(const typename L::Elem* w, const typename L::Elem* a, int64
 template <typename L>
 void FloatRows(const typename L::Elem* rows, int64_t n_rows, const typename L::Elem* a, int64_t n,
                float* out) {
-  int64_t r = 0;
-  for (; r + 4 <= n_rows; r += 4) FloatRowsKernel<4, L>(rows + r * n, a, n, out + r);
-  for (; r < n_rows; ++r) FloatRowsKernel<1, L>(rows + r * n, a, n, out + r);
+  ForRowGroups<4>(n_rows, [&](auto group, int64_t r) {
+    FloatRowsKernel<group, L>(rows + r * n, a, n, out + r);
+  });
 }
 
 }  // namespace

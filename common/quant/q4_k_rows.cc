@@ -179,11 +179,9 @@ constexpr int kRowGroup = 2;
 
 void Q4_KRows(const BlockQ4_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
   const int64_t nb = n / kKBlockSize;
-  int64_t r = 0;
-  for (; r + kRowGroup <= n_rows; r += kRowGroup) {
-    Q4_KRowsKernel<kRowGroup>(rows + r * nb, nb, a, out + r);
-  }
-  for (; r < n_rows; ++r) Q4_KRowsKernel<1>(rows + r * nb, nb, a, out + r);
+  ForRowGroups<kRowGroup>(n_rows, [&](auto group, int64_t r) {
+    Q4_KRowsKernel<group>(rows + r * nb, nb, a, out + r);
+  });
 }
 
 }  // namespace mer::quant_internal::MER_QUANT_VARIANT

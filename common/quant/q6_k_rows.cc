@@ -110,9 +110,9 @@ void Q6_KRowsKernel(const BlockQ6_K* w, int64_t nb, const BlockQ8_K* a, float* o
 
 void Q6_KRows(const BlockQ6_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
   const int64_t nb = n / kKBlockSize;
-  int64_t r = 0;
-  for (; r + 4 <= n_rows; r += 4) Q6_KRowsKernel<4>(rows + r * nb, nb, a, out + r);
-  for (; r < n_rows; ++r) Q6_KRowsKernel<1>(rows + r * nb, nb, a, out + r);
+  ForRowGroups<4>(n_rows, [&](auto group, int64_t r) {
+    Q6_KRowsKernel<group>(rows + r * nb, nb, a, out + r);
+  });
 }
 
 }  // namespace mer::quant_internal::MER_QUANT_VARIANT

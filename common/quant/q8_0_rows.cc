@@ -61,9 +61,9 @@ void Q8_0RowsKernel(const BlockQ8_0* w, int64_t nb, const BlockQ8_0* a, float* o
 
 void Q8_0Rows(const BlockQ8_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out) {
   const int64_t nb = n / kQ8_0BlockSize;
-  int64_t r = 0;
-  for (; r + 4 <= n_rows; r += 4) Q8_0RowsKernel<4>(rows + r * nb, nb, a, out + r);
-  for (; r < n_rows; ++r) Q8_0RowsKernel<1>(rows + r * nb, nb, a, out + r);
+  ForRowGroups<4>(n_rows, [&](auto group, int64_t r) {
+    Q8_0RowsKernel<group>(rows + r * nb, nb, a, out + r);
+  });
 }
 
 }  // namespace mer::quant_internal::MER_QUANT_VARIANT

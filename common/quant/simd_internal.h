@@ -60,6 +60,16 @@ inline void ForEachRow(F&& f) {
   (std::make_integer_sequence<int, R>{});
 }
 
+// Calls kernel(std::integral_constant<int, G>{}, r) for the groups of G rows starting at r = 0,
+// G, 2G, ... that fit in n_rows, then kernel(std::integral_constant<int, 1>{}, r) for each row
+// left: the kernels are templates on their row count.
+template <int G, typename Kernel>
+inline void ForRowGroups(int64_t n_rows, Kernel&& kernel) {
+  int64_t r = 0;
+  for (; r + G <= n_rows; r += G) kernel(std::integral_constant<int, G>{}, r);
+  for (; r < n_rows; ++r) kernel(std::integral_constant<int, 1>{}, r);
+}
+
 // Weights stream from DRAM once per token: each kernel asks for every row's data kPrefetchBytes
 // ahead, so that its R row streams do not all wait on the hardware prefetcher's ramp at every row
 // start. Rows of a group are contiguous, and so are the groups: past a row's end the address moves
