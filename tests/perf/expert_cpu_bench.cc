@@ -8,7 +8,7 @@
 //                         [--threads 1,2,4,8,16] [--kernels avx512,avx2] [--reps 50] [--copies 64]
 // Defaults: the Qwen3-30B-A3B expert geometry; threads 1, 2, 4, ... up to the cores this process
 // may use, and that count; kernels: the variant chosen at run time (MER_CPU_KERNELS forces it),
-// then avx2 when it is another.
+// then avx2 when it is another. Exits 1 if the SIMD variants' outputs are not bit-identical.
 #include <sched.h>
 
 #include <cstdio>
@@ -128,6 +128,7 @@ absl::Status Main(int argc, char** argv) {
     }
     std::printf("%s: outputs of %s %s\n", shape.TypesName().c_str(), simd.c_str(),
                 identical ? "bit-identical" : "DIFFER");
+    if (!identical) return absl::InternalError("the SIMD kernel variants' outputs differ");
     int next = 0;  // the copy the next repetition reads
     for (int t : threads) {
       ThreadPool pool(t);
@@ -152,7 +153,7 @@ int main(int argc, char** argv) {
   const absl::Status s = mer::Main(argc, argv);
   if (!s.ok()) {
     std::fprintf(stderr, "expert_cpu_bench: %s\n", std::string(s.message()).c_str());
-    return 2;
+    return s.code() == absl::StatusCode::kInternal ? 1 : 2;
   }
   return 0;
 }
