@@ -1,5 +1,6 @@
 #include "common/quant/float_dot.h"
 
+#include "common/quant/row_kernels.h"
 #include "common/quant/simd_internal.h"
 
 namespace mer {
@@ -20,69 +21,6 @@ inline float ElemToF32<BF16Tag>(uint16_t v) {
   return BF16ToF32(v);
 }
 
-#if defined(MER_QUANT_AVX2)
-
-// Loaders of 8 consecutive elements as f32 lanes.
-struct LoadF32 {
-  using Elem = float;
-  static __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
-  static float One(const float* p) { return *p; }
-};
-struct LoadF16 {
-  using Elem = f16_bits;
-  static __m256 Load8(const f16_bits* p) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }
-  static float One(const f16_bits* p) { return F16ToF32(*p); }
-};
-struct LoadBF16 {
-  using Elem = bf16_bits;
-  static __m256 Load8(const bf16_bits* p) {
-    const __m256i wide =
-        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-  }
-  static float One(const bf16_bits* p) { return BF16ToF32(*p); }
-};
-
-// R rows at once so each activation vector is loaded (and widened) once per R rows. Every row
-// keeps two accumulators, summed in the same order whatever R is, so results don't depend on how
-// rows are grouped; R = 4 gives 8 independent FMA chains, enough to hide the FMA latency.
-template <int R, typename L>
-void FloatRowsKernel(const typename L::Elem* w, const typename L::Elem* a, int64_t n, float* out) {
-  __m256 acc0[R], acc1[R];
-  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m256 a0 = L::Load8(a + i);
-    const __m256 a1 = L::Load8(a + i + 8);
-    quant_internal::ForEachRow<R>([&](auto r) {
-      acc0[r] = _mm256_fmadd_ps(L::Load8(w + r * n + i), a0, acc0[r]);
-      acc1[r] = _mm256_fmadd_ps(L::Load8(w + r * n + i + 8), a1, acc1[r]);
-    });
-  }
-  if (i + 8 <= n) {
-    const __m256 a0 = L::Load8(a + i);
-    for (int r = 0; r < R; ++r) acc0[r] = _mm256_fmadd_ps(L::Load8(w + r * n + i), a0, acc0[r]);
-    i += 8;
-  }
-  for (int r = 0; r < R; ++r) {
-    float sum = quant_internal::HorizontalSum(_mm256_add_ps(acc0[r], acc1[r]));
-    for (int64_t j = i; j < n; ++j) sum += L::One(w + r * n + j) * L::One(a + j);
-    out[r] = sum;
-  }
-}
-
-template <typename L>
-void FloatRows(const typename L::Elem* rows, int64_t n_rows, const typename L::Elem* a, int64_t n,
-               float* out) {
-  int64_t r = 0;
-  for (; r + 4 <= n_rows; r += 4) FloatRowsKernel<4, L>(rows + r * n, a, n, out + r);
-  for (; r < n_rows; ++r) FloatRowsKernel<1, L>(rows + r * n, a, n, out + r);
-}
-
-#endif  // MER_QUANT_AVX2
-
 template <typename Tag>
 void HalfRowsScalar(const uint16_t* rows, int64_t n_rows, const uint16_t* a, int64_t n,
                     float* out) {
@@ -98,30 +36,25 @@ void HalfRowsScalar(const uint16_t* rows, int64_t n_rows, const uint16_t* a, int
 
 void ConvertF32ToF16(const float* src, f16_bits* dst, int64_t n) {
   int64_t i = 0;
-#if defined(MER_QUANT_AVX2)
   // vcvtps2ph with immediate 0 = round to nearest even, the same rounding as F32ToF16.
   for (; i + 8 <= n; i += 8) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
                      _mm256_cvtps_ph(_mm256_loadu_ps(src + i), 0));
   }
-#endif
   for (; i < n; ++i) dst[i] = F32ToF16(src[i]);
 }
 
 void ConvertF16ToF32(const f16_bits* src, float* dst, int64_t n) {
   int64_t i = 0;
-#if defined(MER_QUANT_AVX2)
   for (; i + 8 <= n; i += 8) {
     _mm256_storeu_ps(dst + i,
                      _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
   }
-#endif
   for (; i < n; ++i) dst[i] = F16ToF32(src[i]);
 }
 
 void ConvertF32ToBF16(const float* src, bf16_bits* dst, int64_t n) {
   int64_t i = 0;
-#if defined(MER_QUANT_AVX2)
   // The same integer rounding as F32ToBF16, 8 lanes at a time.
   const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
   const __m256i inf_bits = _mm256_set1_epi32(0x7f800000);
@@ -140,7 +73,6 @@ void ConvertF32ToBF16(const float* src, bf16_bits* dst, int64_t n) {
     const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0x08);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_castsi256_si128(packed));
   }
-#endif
   for (; i < n; ++i) dst[i] = F32ToBF16(src[i]);
 }
 
@@ -149,28 +81,16 @@ void ConvertBF16ToF32(const bf16_bits* src, float* dst, int64_t n) {
 }
 
 void VecDotRowsF32(const float* rows, int64_t n_rows, const float* a, int64_t n, float* out) {
-#if defined(MER_QUANT_AVX2)
-  FloatRows<LoadF32>(rows, n_rows, a, n, out);
-#else
-  VecDotRowsF32Scalar(rows, n_rows, a, n, out);
-#endif
+  quant_internal::ActiveRowKernels().f32(rows, n_rows, a, n, out);
 }
 
 void VecDotRowsF16(const f16_bits* rows, int64_t n_rows, const f16_bits* a, int64_t n, float* out) {
-#if defined(MER_QUANT_AVX2)
-  FloatRows<LoadF16>(rows, n_rows, a, n, out);
-#else
-  VecDotRowsF16Scalar(rows, n_rows, a, n, out);
-#endif
+  quant_internal::ActiveRowKernels().f16(rows, n_rows, a, n, out);
 }
 
 void VecDotRowsBF16(const bf16_bits* rows, int64_t n_rows, const bf16_bits* a, int64_t n,
                     float* out) {
-#if defined(MER_QUANT_AVX2)
-  FloatRows<LoadBF16>(rows, n_rows, a, n, out);
-#else
-  VecDotRowsBF16Scalar(rows, n_rows, a, n, out);
-#endif
+  quant_internal::ActiveRowKernels().bf16(rows, n_rows, a, n, out);
 }
 
 void VecDotRowsF32Scalar(const float* rows, int64_t n_rows, const float* a, int64_t n, float* out) {

@@ -15,7 +15,8 @@ void ConvertF32ToBF16(const float* src, bf16_bits* dst, int64_t n);
 void ConvertBF16ToF32(const bf16_bits* src, float* dst, int64_t n);
 
 // out[r] = sum_i w[r * n + i] * a[i] for r in [0, n_rows): f32 products (F16/BF16 widened to f32
-// first, as ggml does) summed in f32 SIMD lanes. out[r] does not depend on n_rows.
+// first, as ggml does) summed in f32 SIMD lanes, by the active kernel variant (kernel_variant.h).
+// out[r] does not depend on n_rows.
 void VecDotRowsF32(const float* rows, int64_t n_rows, const float* a, int64_t n, float* out);
 void VecDotRowsF16(const f16_bits* rows, int64_t n_rows, const f16_bits* a, int64_t n, float* out);
 void VecDotRowsBF16(const bf16_bits* rows, int64_t n_rows, const bf16_bits* a, int64_t n,

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "common/base/check.h"
-#include "common/quant/simd_internal.h"
+#include "common/quant/row_kernels.h"
 
 namespace mer {
 namespace {
@@ -135,115 +135,6 @@ void QuantizeBlock(const float* x, BlockQ4_K* y) {
   }
 }
 
-#if defined(MER_QUANT_AVX2)
-
-// The 8 six-bit scales and mins of a Q4_K block as bytes sc[0..7], m[0..7]: the packing of
-// blocks.h undone four bytes at a time, in dword lanes u0, u1, u2 of the scales array:
-//   sc[0..3] = u0 & 0x3f..   sc[4..7] = (u2 & 0x0f..) | ((u0 >> 2) & 0x30..)
-//   m[0..3]  = u1 & 0x3f..   m[4..7]  = ((u2 >> 4) & 0x0f..) | ((u1 >> 2) & 0x30..)
-// The 16-byte load reads 4 bytes of qs after the 12 scale bytes, inside the block.
-inline __m128i DecodeScalesMins(const uint8_t* scales) {
-  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales));
-  const __m128i low_bits = _mm_and_si128(
-      _mm_srlv_epi32(_mm_shuffle_epi32(x, _MM_SHUFFLE(2, 1, 2, 0)), _mm_setr_epi32(0, 0, 0, 4)),
-      _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
-  const __m128i high_bits =
-      _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(x, _MM_SHUFFLE(1, 1, 0, 0)), 2),
-                    _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
-  return _mm_or_si128(low_bits, high_bits);
-}
-
-// R weight rows against one activation row; per row one f32 accumulator for the d term and
-// one for the dmin term, updated identically for every R.
-template <bool kVnni, int R>
-void Q4_KRowsKernel(const BlockQ4_K* w, int64_t nb, const BlockQ8_K* a, float* out) {
-  __m256 acc[R];
-  __m128 acc_m[R];
-  for (int r = 0; r < R; ++r) {
-    acc[r] = _mm256_setzero_ps();
-    acc_m[r] = _mm_setzero_ps();
-  }
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  // pshufb masks: byte j of the decoded scales -> dword j holding sc[j] in both int16 halves
-  // (sc[0..3] from the low 128 bits, sc[4..7] from the high); m[0..7] -> int16 lanes.
-  const __m256i to_scale_pairs =
-      _mm256_setr_epi8(0, -128, 0, -128, 1, -128, 1, -128, 2, -128, 2, -128, 3, -128, 3, -128, 4,
-                       -128, 4, -128, 5, -128, 5, -128, 6, -128, 6, -128, 7, -128, 7, -128);
-  const __m128i to_mins =
-      _mm_setr_epi8(8, -128, 9, -128, 10, -128, 11, -128, 12, -128, 13, -128, 14, -128, 15, -128);
-  // The scales go through memory so that each sub-block's broadcast is a load (the load ports
-  // have slack here) rather than a shuffle competing with the arithmetic.
-  alignas(32) int32_t scale_pairs[8];
-  for (int64_t b = 0; b < nb; ++b) {
-    // Each row's weights ~1 KiB ahead, every cache line of a block (see Q8_0RowsKernel).
-    for (int r = 0; r < R; ++r)
-      for (size_t line = 0; line < sizeof(BlockQ4_K); line += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(&w[r * nb + b]) + 1024 + line, _MM_HINT_T0);
-    const BlockQ8_K& ab = a[b];
-    const int8_t* aq = ab.qs;
-    // Sums of the activation quants over each 32-element sub-block, for the dmin term.
-    const __m128i bsum_pairs =
-        _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ab.bsums)),
-                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(ab.bsums + 8)));
-    const __m128 da = _mm_set1_ps(ab.d);
-    quant_internal::ForEachRow<R>([&](auto r) {
-      const BlockQ4_K& wb = w[r * nb + b];
-      const __m128i sm = DecodeScalesMins(wb.scales);
-      int32_t* const pairs = quant_internal::Opaque(scale_pairs);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(scale_pairs),
-                         _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(sm), to_scale_pairs));
-      // d and dmin (adjacent f16) times the activation scale: lanes 0 and 1.
-      const __m128 dd = _mm_mul_ps(
-          _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(quant_internal::LoadU32(&wb.d)))), da);
-      const __m128i prod_m = _mm_madd_epi16(_mm_shuffle_epi8(sm, to_mins), bsum_pairs);
-      acc_m[r] = _mm_fmadd_ps(_mm_shuffle_ps(dd, dd, 0x55), _mm_cvtepi32_ps(prod_m), acc_m[r]);
-      // q4 <= 15 and |a| <= 127 keep the int16 pair sums of maddubs far from saturation, and
-      // each int32 lane of the scaled block sum stays below 2^22, so its f32 conversion is exact.
-      // One short dependency chain per 64-element chunk, summed at the end: a single chain
-      // through 8 multiply-accumulates would be latency-bound.
-      __m256i chunk_sums[4];
-      for (int c = 0; c < 4; ++c) {
-        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb.qs + 32 * c));
-        const __m256i lo = _mm256_and_si256(q, low4);
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
-        const __m256i p_lo = _mm256_maddubs_epi16(
-            lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(aq + 64 * c)));
-        const __m256i p_hi = _mm256_maddubs_epi16(
-            hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(aq + 64 * c + 32)));
-        chunk_sums[c] =
-            quant_internal::DotI16<kVnni>(_mm256_madd_epi16(p_lo, _mm256_set1_epi32(pairs[2 * c])),
-                                          p_hi, _mm256_set1_epi32(pairs[2 * c + 1]));
-      }
-      const __m256i sumi = _mm256_add_epi32(_mm256_add_epi32(chunk_sums[0], chunk_sums[1]),
-                                            _mm256_add_epi32(chunk_sums[2], chunk_sums[3]));
-      acc[r] = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(sumi), acc[r]);
-    });
-  }
-  for (int r = 0; r < R; ++r) {
-    out[r] = quant_internal::HorizontalSum(acc[r]) - quant_internal::HorizontalSum(acc_m[r]);
-  }
-}
-
-// Rows per kernel call: 4 where AVX-512VL's 32 vector registers hold their accumulators and
-// constants; with AVX2's 16, 4 rows spill and 2 are faster.
-#if defined(__AVX512VL__)
-constexpr int kRowGroup = 4;
-#else
-constexpr int kRowGroup = 2;
-#endif
-
-template <bool kVnni>
-void Q4_KRows(const BlockQ4_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
-  const int64_t nb = n / kQK;
-  int64_t r = 0;
-  for (; r + kRowGroup <= n_rows; r += kRowGroup) {
-    Q4_KRowsKernel<kVnni, kRowGroup>(rows + r * nb, nb, a, out + r);
-  }
-  for (; r < n_rows; ++r) Q4_KRowsKernel<kVnni, 1>(rows + r * nb, nb, a, out + r);
-}
-
-#endif  // MER_QUANT_AVX2
-
 }  // namespace
 
 void QuantizeRowQ4_K(const float* src, BlockQ4_K* dst, int64_t n) {
@@ -274,21 +165,13 @@ void DequantizeRowQ4_K(const BlockQ4_K* src, float* dst, int64_t n) {
 void VecDotRowsQ4_K(const BlockQ4_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
                     float* out) {
   CHECK(n % kQK == 0);
-#if defined(MER_QUANT_AVX2)
-  Q4_KRows<quant_internal::kHaveVnni>(rows, n_rows, a, n, out);
-#else
-  VecDotRowsQ4_KScalar(rows, n_rows, a, n, out);
-#endif
+  quant_internal::ActiveRowKernels().q4_k(rows, n_rows, a, n, out);
 }
 
 void VecDotRowsQ4_KAvx2(const BlockQ4_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
                         float* out) {
   CHECK(n % kQK == 0);
-#if defined(MER_QUANT_AVX2)
-  Q4_KRows<false>(rows, n_rows, a, n, out);
-#else
-  VecDotRowsQ4_KScalar(rows, n_rows, a, n, out);
-#endif
+  quant_internal::avx2::Q4_KRows(rows, n_rows, a, n, out);
 }
 
 void VecDotRowsQ4_KScalar(const BlockQ4_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,

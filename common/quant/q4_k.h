@@ -18,8 +18,7 @@ void DequantizeRowQ4_K(const BlockQ4_K* src, float* dst, int64_t n);
 // out[r] does not depend on n_rows.
 void VecDotRowsQ4_K(const BlockQ4_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
                     float* out);
-// The plain AVX2 variant (no VNNI), which VecDotRowsQ4_K uses on CPUs without VNNI; the scalar
-// code in builds without AVX2.
+// The avx2 variant's kernel, whichever variant VecDotRowsQ4_K runs (kernel_variant.h).
 void VecDotRowsQ4_KAvx2(const BlockQ4_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
                         float* out);
 // ggml's generic C code.

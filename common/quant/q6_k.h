@@ -17,8 +17,7 @@ void DequantizeRowQ6_K(const BlockQ6_K* src, float* dst, int64_t n);
 // over sub-block j), in f32. out[r] does not depend on n_rows.
 void VecDotRowsQ6_K(const BlockQ6_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
                     float* out);
-// The plain AVX2 variant (no VNNI), which VecDotRowsQ6_K uses on CPUs without VNNI; the scalar
-// code in builds without AVX2.
+// The avx2 variant's kernel, whichever variant VecDotRowsQ6_K runs (kernel_variant.h).
 void VecDotRowsQ6_KAvx2(const BlockQ6_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
                         float* out);
 // ggml's generic C code.

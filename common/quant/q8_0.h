@@ -19,14 +19,10 @@ void DequantizeRowQ8_0(const BlockQ8_0* src, float* dst, int64_t n);
 
 // out[r] = dot(weight row r, a): per block, the exact int32 sum of products times
 // f16(d_w) * f16(d_a), summed in f32. out[r] does not depend on n_rows. Weight quants may be any
-// int8; activation quants must lie in [-127, 127], as QuantizeRowQ8_0 makes them (the plain AVX2
-// kernel, like ggml's, negates them).
+// int8; activation quants must lie in [-127, 127], as QuantizeRowQ8_0 makes them (the avx2
+// variant's kernel, like ggml's, negates them).
 void VecDotRowsQ8_0(const BlockQ8_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n,
                     float* out);
-// The plain AVX2 variant (no VNNI), which VecDotRowsQ8_0 uses on CPUs without VNNI; the scalar
-// code in builds without AVX2.
-void VecDotRowsQ8_0Avx2(const BlockQ8_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n,
-                        float* out);
 // ggml's generic C code.
 void VecDotRowsQ8_0Scalar(const BlockQ8_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n,
                           float* out);

@@ -5,11 +5,12 @@
 
 #include "common/base/check.h"
 #include "common/quant/float_dot.h"
+#include "common/quant/kernel_variant.h"
 #include "common/quant/q4_k.h"
 #include "common/quant/q6_k.h"
 #include "common/quant/q8_0.h"
 #include "common/quant/q8_k.h"
-#include "common/quant/simd_internal.h"
+#include "common/quant/row_kernels.h"
 
 namespace mer {
 
@@ -79,35 +80,52 @@ float VecDot(GgmlType weight_type, const void* weight_row, const void* activatio
   return out;
 }
 
-void VecDotRows(GgmlType weight_type, const void* weight_rows, int64_t n_rows,
-                const void* activation_row, int64_t n, float* out) {
+namespace {
+
+void DotRows(const quant_internal::RowKernels& k, GgmlType weight_type, const void* weight_rows,
+             int64_t n_rows, const void* activation_row, int64_t n, float* out) {
   CHECK(IsRowSizeValid(weight_type, n));
   CHECK(n_rows >= 0);
   switch (weight_type) {
     case GgmlType::kF32:
-      return VecDotRowsF32(static_cast<const float*>(weight_rows), n_rows,
-                           static_cast<const float*>(activation_row), n, out);
+      return k.f32(static_cast<const float*>(weight_rows), n_rows,
+                   static_cast<const float*>(activation_row), n, out);
     case GgmlType::kF16:
-      return VecDotRowsF16(static_cast<const f16_bits*>(weight_rows), n_rows,
-                           static_cast<const f16_bits*>(activation_row), n, out);
+      return k.f16(static_cast<const f16_bits*>(weight_rows), n_rows,
+                   static_cast<const f16_bits*>(activation_row), n, out);
     case GgmlType::kBF16:
-      return VecDotRowsBF16(static_cast<const bf16_bits*>(weight_rows), n_rows,
-                            static_cast<const bf16_bits*>(activation_row), n, out);
+      return k.bf16(static_cast<const bf16_bits*>(weight_rows), n_rows,
+                    static_cast<const bf16_bits*>(activation_row), n, out);
     case GgmlType::kQ8_0:
-      return VecDotRowsQ8_0(static_cast<const BlockQ8_0*>(weight_rows), n_rows,
-                            static_cast<const BlockQ8_0*>(activation_row), n, out);
+      return k.q8_0(static_cast<const BlockQ8_0*>(weight_rows), n_rows,
+                    static_cast<const BlockQ8_0*>(activation_row), n, out);
     case GgmlType::kQ4_K:
-      return VecDotRowsQ4_K(static_cast<const BlockQ4_K*>(weight_rows), n_rows,
-                            static_cast<const BlockQ8_K*>(activation_row), n, out);
+      return k.q4_k(static_cast<const BlockQ4_K*>(weight_rows), n_rows,
+                    static_cast<const BlockQ8_K*>(activation_row), n, out);
     case GgmlType::kQ6_K:
-      return VecDotRowsQ6_K(static_cast<const BlockQ6_K*>(weight_rows), n_rows,
-                            static_cast<const BlockQ8_K*>(activation_row), n, out);
+      return k.q6_k(static_cast<const BlockQ6_K*>(weight_rows), n_rows,
+                    static_cast<const BlockQ8_K*>(activation_row), n, out);
     case GgmlType::kQ8_K:
       break;
   }
   CHECK_MSG(false, "not a weight type");
 }
 
-const char* QuantKernelIsa() { return MER_QUANT_ISA; }
+}  // namespace
+
+void VecDotRows(GgmlType weight_type, const void* weight_rows, int64_t n_rows,
+                const void* activation_row, int64_t n, float* out) {
+  DotRows(quant_internal::ActiveRowKernels(), weight_type, weight_rows, n_rows, activation_row, n,
+          out);
+}
+
+void VecDotRowsWith(KernelVariant v, GgmlType weight_type, const void* weight_rows, int64_t n_rows,
+                    const void* activation_row, int64_t n, float* out) {
+  CHECK_MSG(CpuSupports(v), "VecDotRowsWith: this CPU lacks the variant's features");
+  DotRows(quant_internal::RowKernelsOf(v), weight_type, weight_rows, n_rows, activation_row, n,
+          out);
+}
+
+const char* QuantKernelIsa() { return KernelVariantName(ActiveKernelVariant()); }
 
 }  // namespace mer

@@ -6,7 +6,8 @@
 // None of these functions allocates.
 //
 // Per-format entry points (scalar references included, for tests) live in float_dot.h, q8_0.h,
-// q8_k.h, q4_k.h and q6_k.h; the block structs in blocks.h.
+// q8_k.h, q4_k.h and q6_k.h; the block structs in blocks.h. The dot products run the kernel
+// variant (AVX-512, AVX2 or scalar) chosen at run time: kernel_variant.h.
 #pragma once
 
 #include <cstdint>
@@ -36,7 +37,7 @@ void DequantizeRow(GgmlType type, const void* src, float* dst, int64_t n);
 // ActivationTypeFor(weight_type). Float rows multiply in f32 (F16/BF16 converted to f32 first);
 // Q8_0 takes per-block integer sums times d_w * d_a; Q4_K/Q6_K take Q8_K integer sums per
 // sub-block and the bsums for the dmin term, then scale in f32. Only the order of the f32
-// summation differs from ggml.
+// summation differs from ggml. The AVX-512 and AVX2 variants give the same bits.
 float VecDot(GgmlType weight_type, const void* weight_row, const void* activation_row, int64_t n);
 
 // VecDot of n_rows consecutive weight rows (row stride RowBytes(weight_type, n)) against one
@@ -44,7 +45,8 @@ float VecDot(GgmlType weight_type, const void* weight_row, const void* activatio
 void VecDotRows(GgmlType weight_type, const void* weight_rows, int64_t n_rows,
                 const void* activation_row, int64_t n, float* out);
 
-// Which instruction set the kernels were compiled for: "avx512vnni", "avx2" or "scalar".
+// The name of the kernel variant VecDotRows runs in this process, chosen at run time
+// (kernel_variant.h): "avx512", "avx2" or "scalar".
 const char* QuantKernelIsa();
 
 }  // namespace mer

@@ -1,32 +1,40 @@
 // x86 SIMD helpers shared by the kernels of common/quant (internal, not part of the API).
-// MER_QUANT_AVX2 is set when the AVX2 + FMA + F16C paths are compiled; MER_QUANT_VNNI when the
-// 256-bit VNNI dot instructions exist (AVX512-VNNI with VL, or AVX-VNNI), which fuse the
-// multiply-adds that plain AVX2 does in two steps. The kernels are templates on kVnni so that a
-// VNNI build still has the plain AVX2 variant (for tests); results are identical either way, since
-// every integer sum these helpers form is exact.
+//
+// Every mer binary is built for AVX2 + FMA + F16C (the top-level CMakeLists.txt). The row kernels
+// (*_rows.cc) are compiled once more per wider kernel variant, with that variant's target flags
+// and MER_QUANT_VARIANT naming the namespace they define everything in
+// (common/quant/CMakeLists.txt, row_kernels.h). The helpers below are inline functions in that
+// namespace too: were they in one namespace for all variants, the linker would keep one copy of
+// each out-of-line instance, which could be the AVX-512 one called from the AVX2 kernels.
+// (quant_variant_symbols, a test, checks that the AVX-512 objects define no symbol outside their
+// namespace.)
 #pragma once
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define MER_QUANT_AVX2 1
+#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
+#error "common/quant is compiled for AVX2 + FMA + F16C at least"
+#endif
+
 #include <immintrin.h>
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-#define MER_QUANT_VNNI 1
-#define MER_QUANT_ISA "avx512vnni"
-#elif defined(__AVXVNNI__)
-#define MER_QUANT_VNNI 1
-#define MER_QUANT_ISA "avxvnni"
-#else
-#define MER_QUANT_ISA "avx2"
-#endif
-#else
-#define MER_QUANT_ISA "scalar"
-#endif
 
 #include <cstdint>
 #include <cstring>
 #include <utility>
 
-namespace mer::quant_internal {
+#include "common/tensor/half.h"
+
+// The baseline: the format files' own SIMD code (quantizers, conversions) and the avx2 kernels.
+#if !defined(MER_QUANT_VARIANT)
+#define MER_QUANT_VARIANT avx2
+#endif
+
+// The avx512 variant's target: the kernels use VNNI (vpdpbusd, vpdpwssd on 256-bit vectors),
+// vpternlog, and 512-bit steps where they measured faster (q4_k_rows.cc).
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512DQ__) && defined(__AVX512VNNI__)
+#define MER_QUANT_AVX512 1
+#endif
+
+namespace mer::quant_internal::MER_QUANT_VARIANT {
 
 inline uint32_t LoadU32(const void* p) {
   uint32_t v;
@@ -52,7 +60,33 @@ inline void ForEachRow(F&& f) {
   (std::make_integer_sequence<int, R>{});
 }
 
-#if defined(MER_QUANT_AVX2)
+// Calls kernel(std::integral_constant<int, G>{}, r) for the groups of G rows starting at r = 0,
+// G, 2G, ... that fit in n_rows, then kernel(std::integral_constant<int, 1>{}, r) for each row
+// left: the kernels are templates on their row count.
+template <int G, typename Kernel>
+inline void ForRowGroups(int64_t n_rows, Kernel&& kernel) {
+  int64_t r = 0;
+  for (; r + G <= n_rows; r += G) kernel(std::integral_constant<int, G>{}, r);
+  for (; r < n_rows; ++r) kernel(std::integral_constant<int, 1>{}, r);
+}
+
+// Weights stream from DRAM once per token: each kernel asks for every row's data kPrefetchBytes
+// ahead, so that its R row streams do not all wait on the hardware prefetcher's ramp at every row
+// start. Rows of a group are contiguous, and so are the groups: past a row's end the address moves
+// on to the same row of the next group, which the kernel reads next, rather than into row r + 1,
+// which it is reading already. (Prefetches never fault, past the last row either.)
+// `lines` cache lines from `offset` bytes into row r of the group starting at row0, for every r.
+inline constexpr int64_t kPrefetchBytes = 1024;
+template <int R>
+inline void PrefetchRows(const void* row0, int64_t row_bytes, int64_t offset, int lines) {
+  int64_t ahead = offset + kPrefetchBytes;
+  if (ahead >= row_bytes) ahead += (R - 1) * row_bytes;
+  const char* p = static_cast<const char*>(row0) + ahead;
+  for (int r = 0; r < R; ++r) {
+    for (int line = 0; line < lines; ++line)
+      _mm_prefetch(p + r * row_bytes + 64 * line, _MM_HINT_T0);
+  }
+}
 
 inline float HorizontalSum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -67,36 +101,26 @@ inline float HorizontalSum(__m128 s) {
   return _mm_cvtss_f32(s);
 }
 
-#if defined(MER_QUANT_VNNI)
-inline constexpr bool kHaveVnni = true;
-#else
-inline constexpr bool kHaveVnni = false;
-#endif
-
-// acc + sum over groups of 4 bytes of u[i] * s[i] (u unsigned, s signed), per int32 lane.
-// The plain AVX2 form (kVnni false) goes through int16 pair sums, which saturate: callers
-// guarantee |u[2i] * s[2i] + u[2i+1] * s[2i+1]| <= 32767.
-template <bool kVnni>
+// acc + sum over groups of 4 bytes of u[i] * s[i] (u unsigned, s signed), per int32 lane: one
+// vpdpbusd in the avx512 variant. In the avx2 variant this goes through int16 pair sums, which
+// saturate: callers guarantee |u[2i] * s[2i] + u[2i+1] * s[2i+1]| <= 32767. Both forms give the
+// same exact int32 lanes.
 inline __m256i DotU8S8(__m256i acc, __m256i u, __m256i s) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  if constexpr (kVnni) return _mm256_dpbusd_epi32(acc, u, s);
-#elif defined(__AVXVNNI__)
-  if constexpr (kVnni) return _mm256_dpbusd_avx_epi32(acc, u, s);
-#endif
+#if defined(MER_QUANT_AVX512)
+  return _mm256_dpbusd_epi32(acc, u, s);
+#else
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
-}
-
-// acc + a[2i] * b[2i] + a[2i+1] * b[2i+1] per int32 lane (int16 inputs).
-template <bool kVnni>
-inline __m256i DotI16(__m256i acc, __m256i a, __m256i b) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  if constexpr (kVnni) return _mm256_dpwssd_epi32(acc, a, b);
-#elif defined(__AVXVNNI__)
-  if constexpr (kVnni) return _mm256_dpwssd_avx_epi32(acc, a, b);
 #endif
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
 }
 
-#endif  // MER_QUANT_AVX2
+// acc + a[2i] * b[2i] + a[2i+1] * b[2i+1] per int32 lane (int16 inputs): one vpdpwssd in the
+// avx512 variant.
+inline __m256i DotI16(__m256i acc, __m256i a, __m256i b) {
+#if defined(MER_QUANT_AVX512)
+  return _mm256_dpwssd_epi32(acc, a, b);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
 
-}  // namespace mer::quant_internal
+}  // namespace mer::quant_internal::MER_QUANT_VARIANT

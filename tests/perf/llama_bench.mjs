@@ -11,7 +11,7 @@
 // tokens/s (tokens after the first over the time after the first), TTFT p50 and mean total time,
 // medians over the measured runs, in the format of `mer bench`.
 import process from "node:process";
-import { importNodeLlamaCpp, openLlama, parseArgs, parseTokenList } from "../llama/llama_ref.mjs";
+import { importNodeLlamaCpp, loadedCpuVariant, openLlama, parseArgs, parseTokenList } from "../llama/llama_ref.mjs";
 
 const args = parseArgs(process.argv.slice(2), {
   model: "string", "prompt-tokens": "string", "gen-tokens": "string", runs: "string",
@@ -58,6 +58,7 @@ for (let r = 0; r < warmup + runs; r++) {
   total.push((tEnd - t0) / 1e3);
 }
 process.stdout.write(`engine           llama.cpp ${llama.llamaCppRelease?.release ?? "?"} (node-llama-cpp, CPU, ${context.currentThreads} threads)\n`);
+process.stdout.write(`cpu_variant      ${loadedCpuVariant()}\n`);
 process.stdout.write(`method           greedy, ${prompt.length} prompt + ${nGen} generated tokens, ${warmup} warm-up + ${runs} runs\n`);
 process.stdout.write(`prompt_tps       ${median(promptTps).toFixed(1)}\n`);
 process.stdout.write(`decode_tps       ${median(decodeTps).toFixed(1)}\n`);

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
+#include "common/quant/kernel_variant.h"
 #include "services/compute/generation.h"
 #include "tools/mer/cli_util.h"
 
@@ -24,7 +25,8 @@ Greedy generation of --gen-tokens tokens after a fixed prompt of --prompt-tokens
 start of a fixed English text, repeated as needed), end-of-sequence ignored; --temperature > 0
 samples instead (seeded, the same tokens every run). Prints prompt tokens/s, decode tokens/s
 (tokens after the first over the time after the first), TTFT, mean total time (medians over the
-measured runs) and peak RSS; for the cuda backend also, over the measured runs, the VRAM hit rate
+measured runs), peak RSS and the CPU kernel variant (MER_CPU_KERNELS=avx512|avx2|scalar forces
+one); for the cuda backend also, over the measured runs, the VRAM hit rate
 of expert lookups, misses and bytes uploaded per token, host synchronisations per token,
 look-ahead prefetches per token, and the arena and peak device memory; --profile-kernels 1 also
 times every kernel with CUDA events (graphs off, so the step is slower than without) and prints
@@ -57,6 +59,8 @@ absl::Status Bench(const Args& args) {
   ASSIGN_OR_RETURN(const int64_t warmup, f.Int("warmup", 1));
   if (n_prompt < 1 || n_gen < 2 || runs < 1 || warmup < 0)
     return absl::InvalidArgumentError("need --prompt-tokens >= 1, --gen-tokens >= 2, --runs >= 1");
+  // Refused here, before the model loads, when MER_CPU_KERNELS names a variant this CPU lacks.
+  ASSIGN_OR_RETURN(const std::string cpu_kernels, DescribeKernelVariant());
   ASSIGN_OR_RETURN(LoadedModel m, LoadModel(f, static_cast<int>(n_prompt + n_gen)));
 
   std::vector<int32_t> prompt;
@@ -110,6 +114,7 @@ absl::Status Bench(const Args& args) {
   std::printf("total_mean_s     %.3f\n", mean_total);
   std::printf("peak_rss_mib     %.1f\n", ru.ru_maxrss / 1024.0);
   std::printf("backend          %s\n", m.backend.c_str());
+  std::printf("cpu_kernels      %s\n", cpu_kernels.c_str());
   if (m.residency != nullptr) std::printf("residency        %s\n", m.residency->FormatStats().c_str());
   const BackendCounters after = m.engine->counters();
   if (after.device) {

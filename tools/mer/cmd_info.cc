@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "common/base/status.h"
 #include "common/model/model_weights.h"
+#include "common/quant/kernel_variant.h"
 #include "tools/mer/cli_util.h"
 
 namespace mer::cli {
@@ -14,7 +15,8 @@ namespace {
 
 constexpr char kHelp[] = R"(usage: mer info [--tensors] FILE.gguf
 
-Prints the model's architecture, geometry, tensor types and sizes; --tensors lists every tensor.
+Prints the model's architecture, geometry, tensor types and sizes, and the CPU kernel variant this
+process runs (MER_CPU_KERNELS=avx512|avx2|scalar forces one); --tensors lists every tensor.
 )";
 
 std::string Bytes(uint64_t b) {
@@ -26,6 +28,7 @@ std::string Bytes(uint64_t b) {
 absl::Status Info(const Args& args) {
   ASSIGN_OR_RETURN(Flags f, Flags::Parse(args, {}, {"tensors"}));
   if (f.positional().size() != 1) return absl::InvalidArgumentError("expected one model file");
+  ASSIGN_OR_RETURN(const std::string kernels, DescribeKernelVariant());
   ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> owned, GgufFile::Open(f.positional()[0]));
   std::shared_ptr<const GgufFile> file = std::move(owned);
   ASSIGN_OR_RETURN(std::unique_ptr<ModelWeights> w, ModelWeights::Load(file));
@@ -58,6 +61,7 @@ absl::Status Info(const Args& args) {
               std::string(TypeName(w->layers[0].up_exps.type)).c_str(),
               std::string(TypeName(w->layers[0].down_exps.type)).c_str(), Bytes(expert_total).c_str());
   std::printf("dense bytes   %s\n", Bytes(file->file_size() - expert_total).c_str());
+  std::printf("cpu kernels   %s\n", kernels.c_str());
   if (f.Has("tensors")) {
     for (const GgufTensorInfo& t : file->tensors())
       std::printf("  %-32s %-5s [%s] %s\n", std::string(t.name).c_str(),

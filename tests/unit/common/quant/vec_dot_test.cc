@@ -1,12 +1,15 @@
-// VecDot / VecDotRows against a double-precision reference on the dequantized operands, and the
-// SIMD kernels against the scalar ones, for every weight type.
+// VecDot / VecDotRows against a double-precision reference on the dequantized operands, and every
+// kernel variant the CPU runs against the scalar one and the SIMD variants against each other,
+// for every weight type; the run-time choice of the variant.
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "common/quant/float_dot.h"
+#include "common/quant/kernel_variant.h"
 #include "common/quant/q4_k.h"
 #include "common/quant/q6_k.h"
 #include "common/quant/q8_0.h"
@@ -125,55 +128,132 @@ TEST(VecDot, RowGroupingDoesNotChangeResults) {
   EXPECT_EQ(unused, 1.0f);
 }
 
-using RowsFn = void (*)(const void*, int64_t, const void*, int64_t, float*);
-
-template <typename W, typename A, void (*F)(const W*, int64_t, const A*, int64_t, float*)>
-void Call(const void* w, int64_t rows, const void* a, int64_t n, float* out) {
-  F(static_cast<const W*>(w), rows, static_cast<const A*>(a), n, out);
+// The variants this CPU runs, the widest first (scalar last).
+std::vector<KernelVariant> VariantsHere() {
+  std::vector<KernelVariant> v;
+  for (KernelVariant k : kKernelVariants) {
+    if (CpuSupports(k)) v.push_back(k);
+  }
+  return v;
+}
+// The same without scalar.
+std::vector<KernelVariant> SimdVariantsHere() {
+  std::vector<KernelVariant> v = VariantsHere();
+  v.pop_back();
+  return v;
 }
 
-struct Kernels {
-  GgmlType type;
-  RowsFn best, avx2, scalar;
-};
-
-const Kernels kKernels[] = {
-    {GgmlType::kF32, Call<float, float, VecDotRowsF32>, Call<float, float, VecDotRowsF32>,
-     Call<float, float, VecDotRowsF32Scalar>},
-    {GgmlType::kF16, Call<f16_bits, f16_bits, VecDotRowsF16>,
-     Call<f16_bits, f16_bits, VecDotRowsF16>, Call<f16_bits, f16_bits, VecDotRowsF16Scalar>},
-    {GgmlType::kBF16, Call<bf16_bits, bf16_bits, VecDotRowsBF16>,
-     Call<bf16_bits, bf16_bits, VecDotRowsBF16>, Call<bf16_bits, bf16_bits, VecDotRowsBF16Scalar>},
-    {GgmlType::kQ8_0, Call<BlockQ8_0, BlockQ8_0, VecDotRowsQ8_0>,
-     Call<BlockQ8_0, BlockQ8_0, VecDotRowsQ8_0Avx2>,
-     Call<BlockQ8_0, BlockQ8_0, VecDotRowsQ8_0Scalar>},
-    {GgmlType::kQ4_K, Call<BlockQ4_K, BlockQ8_K, VecDotRowsQ4_K>,
-     Call<BlockQ4_K, BlockQ8_K, VecDotRowsQ4_KAvx2>,
-     Call<BlockQ4_K, BlockQ8_K, VecDotRowsQ4_KScalar>},
-    {GgmlType::kQ6_K, Call<BlockQ6_K, BlockQ8_K, VecDotRowsQ6_K>,
-     Call<BlockQ6_K, BlockQ8_K, VecDotRowsQ6_KAvx2>,
-     Call<BlockQ6_K, BlockQ8_K, VecDotRowsQ6_KScalar>},
-};
-
-TEST(VecDot, SimdMatchesScalarWithinFloatRounding) {
-  if (std::string(QuantKernelIsa()) == "scalar") GTEST_SKIP() << "built without AVX2";
-  for (const Kernels& k : kKernels) {
+TEST(VecDot, EverySimdVariantMatchesScalarAndTheOthersBitForBit) {
+  const std::vector<KernelVariant> variants = SimdVariantsHere();
+  ASSERT_FALSE(variants.empty()) << "every mer binary needs AVX2";
+  for (KernelVariant v : variants) std::printf("comparing %s\n", KernelVariantName(v));
+  for (GgmlType type : kWeightTypes) {
     for (int64_t n : kSizes) {
-      if (!Applies(k.type, n)) continue;
-      const DotCase c = MakeCase(k.type, n, 1234 + static_cast<uint32_t>(n));
-      float best[kRows], avx2[kRows], scalar[kRows];
-      k.best(c.weights.data(), kRows, c.activation.data(), n, best);
-      k.avx2(c.weights.data(), kRows, c.activation.data(), n, avx2);
-      k.scalar(c.weights.data(), kRows, c.activation.data(), n, scalar);
-      for (int64_t r = 0; r < kRows; ++r) {
-        const double scale = Ref(c, r).abs_sum + 1e-30;
-        EXPECT_LE(std::fabs(best[r] - scalar[r]) / scale, Tolerance(k.type))
-            << TypeName(k.type) << " n=" << n << " row " << r;
-        // VNNI and plain AVX2 form the same exact integer sums and the same f32 operations.
-        EXPECT_EQ(best[r], avx2[r]) << TypeName(k.type) << " n=" << n << " row " << r;
+      if (!Applies(type, n)) continue;
+      const DotCase c = MakeCase(type, n, 1234 + static_cast<uint32_t>(n));
+      float scalar[kRows], avx2[kRows];
+      VecDotRowsWith(KernelVariant::kScalar, type, c.weights.data(), kRows, c.activation.data(), n,
+                     scalar);
+      VecDotRowsWith(KernelVariant::kAvx2, type, c.weights.data(), kRows, c.activation.data(), n,
+                     avx2);
+      for (KernelVariant v : variants) {
+        float out[kRows];
+        VecDotRowsWith(v, type, c.weights.data(), kRows, c.activation.data(), n, out);
+        for (int64_t r = 0; r < kRows; ++r) {
+          const double scale = Ref(c, r).abs_sum + 1e-30;
+          EXPECT_LE(std::fabs(out[r] - scalar[r]) / scale, Tolerance(type))
+              << KernelVariantName(v) << " " << TypeName(type) << " n=" << n << " row " << r;
+          // The SIMD variants form the same exact integer lanes and the same f32 operations.
+          EXPECT_EQ(out[r], avx2[r])
+              << KernelVariantName(v) << " " << TypeName(type) << " n=" << n << " row " << r;
+        }
       }
     }
   }
+}
+
+TEST(VecDot, TheActiveVariantIsTheOneTheEnvironmentAsksFor) {
+  const absl::StatusOr<KernelVariant> asked = KernelVariantFromEnvironment();
+  ASSERT_TRUE(asked.ok()) << asked.status();
+  EXPECT_EQ(ActiveKernelVariant(), *asked);
+  EXPECT_EQ(std::string(QuantKernelIsa()), KernelVariantName(*asked));
+  std::printf("active kernels: %s\n", QuantKernelIsa());
+  // And VecDotRows runs it.
+  const DotCase c = MakeCase(GgmlType::kQ4_K, 512, 5);
+  float active[kRows], want[kRows];
+  VecDotRows(GgmlType::kQ4_K, c.weights.data(), kRows, c.activation.data(), 512, active);
+  VecDotRowsWith(*asked, GgmlType::kQ4_K, c.weights.data(), kRows, c.activation.data(), 512, want);
+  for (int64_t r = 0; r < kRows; ++r) EXPECT_EQ(active[r], want[r]);
+}
+
+// Sets MER_CPU_KERNELS for the scope of one test, then restores it.
+class ScopedKernelsEnv {
+ public:
+  explicit ScopedKernelsEnv(const char* value) {
+    const char* old = std::getenv("MER_CPU_KERNELS");
+    if (old != nullptr) old_ = old;
+    had_ = old != nullptr;
+    setenv("MER_CPU_KERNELS", value, 1);
+  }
+  ~ScopedKernelsEnv() {
+    if (had_) {
+      setenv("MER_CPU_KERNELS", old_.c_str(), 1);
+    } else {
+      unsetenv("MER_CPU_KERNELS");
+    }
+  }
+
+ private:
+  bool had_ = false;
+  std::string old_;
+};
+
+TEST(KernelVariantFromEnvironment, NamesAndRefusals) {
+  const KernelVariant widest = SimdVariantsHere().front();
+  for (const char* automatic : {"", "auto"}) {
+    ScopedKernelsEnv env(automatic);
+    EXPECT_EQ(*KernelVariantFromEnvironment(), widest) << "'" << automatic << "'";
+  }
+  for (KernelVariant v : kKernelVariants) {
+    ScopedKernelsEnv env(KernelVariantName(v));
+    const absl::StatusOr<KernelVariant> got = KernelVariantFromEnvironment();
+    if (CpuSupports(v)) {
+      EXPECT_EQ(*got, v);
+      EXPECT_EQ(MissingCpuFeatures(v), "");
+    } else {
+      EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition);
+      EXPECT_NE(got.status().message().find(MissingCpuFeatures(v)), std::string::npos)
+          << got.status();
+      EXPECT_NE(MissingCpuFeatures(v), "");
+    }
+  }
+  {
+    ScopedKernelsEnv env("avx1024");
+    EXPECT_EQ(KernelVariantFromEnvironment().status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_TRUE(CpuSupports(KernelVariant::kScalar));
+}
+
+// A fresh process (the death test's) reads MER_CPU_KERNELS at its first dot product.
+void FirstDotProduct() {
+  const DotCase c = MakeCase(GgmlType::kQ8_0, 32, 1);
+  float out[kRows];
+  VecDotRows(GgmlType::kQ8_0, c.weights.data(), kRows, c.activation.data(), 32, out);
+}
+
+TEST(KernelVariantDeathTest, AnUnknownNameIsRefused) {
+  ScopedKernelsEnv env("avx1024");
+  EXPECT_DEATH(FirstDotProduct(), "MER_CPU_KERNELS=avx1024: not a kernel variant");
+}
+
+TEST(KernelVariantDeathTest, AVariantTheCpuLacksIsRefused) {
+  for (KernelVariant v : kKernelVariants) {
+    if (CpuSupports(v)) continue;
+    ScopedKernelsEnv env(KernelVariantName(v));
+    EXPECT_DEATH(FirstDotProduct(), "this CPU lacks");
+    return;
+  }
+  GTEST_SKIP() << "this CPU runs every variant";
 }
 
 // Extreme quants, where int16 intermediates would overflow or saturate if a kernel got its
@@ -191,10 +271,10 @@ TEST(VecDot, ExtremeQuantsAreExact) {
         expect += int64_t{w[b].qs[i]} * a[b].qs[i];
       }
     }
-    for (const RowsFn fn : {kKernels[3].best, kKernels[3].avx2, kKernels[3].scalar}) {
+    for (KernelVariant v : VariantsHere()) {
       float out;
-      fn(w.data(), 1, a.data(), 256, &out);
-      EXPECT_EQ(out, static_cast<float>(expect));
+      VecDotRowsWith(v, GgmlType::kQ8_0, w.data(), 1, a.data(), 256, &out);
+      EXPECT_EQ(out, static_cast<float>(expect)) << KernelVariantName(v);
     }
   }
   {
@@ -212,10 +292,10 @@ TEST(VecDot, ExtremeQuantsAreExact) {
       for (int i = 0; i < 16; ++i) s += a.qs[16 * g + i];
       a.bsums[g] = static_cast<int16_t>(s);
     }
-    for (const RowsFn fn : {kKernels[4].best, kKernels[4].avx2, kKernels[4].scalar}) {
+    for (KernelVariant v : VariantsHere()) {
       float out;
-      fn(&w, 1, &a, 256, &out);
-      EXPECT_EQ(out, static_cast<float>(expect));
+      VecDotRowsWith(v, GgmlType::kQ4_K, &w, 1, &a, 256, &out);
+      EXPECT_EQ(out, static_cast<float>(expect)) << KernelVariantName(v);
     }
   }
   {
@@ -240,10 +320,10 @@ TEST(VecDot, ExtremeQuantsAreExact) {
       expect += double(dequant[i]) * a.qs[i];
       abs_sum += std::fabs(double(dequant[i]) * a.qs[i]);
     }
-    for (const RowsFn fn : {kKernels[5].best, kKernels[5].avx2, kKernels[5].scalar}) {
+    for (KernelVariant v : VariantsHere()) {
       float out;
-      fn(&w, 1, &a, 256, &out);
-      EXPECT_NEAR(out, expect, 1e-7 * abs_sum);
+      VecDotRowsWith(v, GgmlType::kQ6_K, &w, 1, &a, 256, &out);
+      EXPECT_NEAR(out, expect, 1e-7 * abs_sum) << KernelVariantName(v);
     }
   }
 }

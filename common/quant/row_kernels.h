@@ -1,0 +1,52 @@
+// The row kernels of one variant as a table of function pointers (internal to common/quant).
+//
+// float_rows.cc, q8_0_rows.cc, q4_k_rows.cc and q6_k_rows.cc define them in namespace
+// quant_internal::<variant> and are compiled once per SIMD variant (simd_internal.h);
+// kernel_variant.cc builds the tables and picks the active one. Every kernel computes
+// out[r] = dot(row r, a) for r in [0, n_rows) with rows of n elements, n valid for the type
+// (checked by the public entry points, not here).
+#pragma once
+
+#include <cstdint>
+
+#include "common/quant/blocks.h"
+#include "common/quant/kernel_variant.h"
+
+namespace mer::quant_internal {
+
+template <typename W, typename A>
+using RowsFn = void (*)(const W* rows, int64_t n_rows, const A* a, int64_t n, float* out);
+
+struct RowKernels {
+  RowsFn<float, float> f32;
+  RowsFn<f16_bits, f16_bits> f16;
+  RowsFn<bf16_bits, bf16_bits> bf16;
+  RowsFn<BlockQ8_0, BlockQ8_0> q8_0;
+  RowsFn<BlockQ4_K, BlockQ8_K> q4_k;
+  RowsFn<BlockQ6_K, BlockQ8_K> q6_k;
+};
+
+// The kernels of variant v (whether the CPU supports v is the caller's concern).
+const RowKernels& RowKernelsOf(KernelVariant v);
+// RowKernelsOf(ActiveKernelVariant()).
+const RowKernels& ActiveRowKernels();
+
+// The SIMD kernels each variant's compilation defines.
+#define MER_QUANT_DECLARE_ROW_KERNELS                                                              \
+  void F32Rows(const float* rows, int64_t n_rows, const float* a, int64_t n, float* out);         \
+  void F16Rows(const f16_bits* rows, int64_t n_rows, const f16_bits* a, int64_t n, float* out);   \
+  void BF16Rows(const bf16_bits* rows, int64_t n_rows, const bf16_bits* a, int64_t n, float* out); \
+  void Q8_0Rows(const BlockQ8_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out); \
+  void Q4_KRows(const BlockQ4_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out); \
+  void Q6_KRows(const BlockQ6_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);
+
+namespace avx2 {
+MER_QUANT_DECLARE_ROW_KERNELS
+}  // namespace avx2
+namespace avx512 {
+MER_QUANT_DECLARE_ROW_KERNELS
+}  // namespace avx512
+
+#undef MER_QUANT_DECLARE_ROW_KERNELS
+
+}  // namespace mer::quant_internal
