@@ -98,9 +98,9 @@ __global__ void __launch_bounds__(kWarps * 32) MatvecKernel(const __grid_constan
 // The register path re-reads a row from L2 for every 8 tokens and pays an L2 round trip per run;
 // here the rows are read once per block. The weights depend on no earlier kernel, so their copies
 // are issued before the wait. 8 tokens per block rather than 16 (more, shorter blocks): on the
-// H200, 30B geometry, 31-token prompts, 1,961-1,969 against 1,929-1,930 tokens/s (call I3), and
+// H200, 30B geometry, 31-token prompts, 1,961-1,969 against 1,929-1,930 tokens/s and
 // 16 for the 4,096-column output projection alone was slower too (1,942-1,950 against
-// 1,976-1,980, call I6).
+// 1,976-1,980).
 constexpr int kStagedTokens = 8, kStagedNT = 8;
 
 __global__ void __launch_bounds__(kWarps * 32) MatvecStagedKernel(const __grid_constant__ MatvecArgs args) {

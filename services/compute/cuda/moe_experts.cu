@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(kWarps * 32, 3) GateUpKernel(const __grid_cons
 // experts 1,536 warps, ~12 per SM at 166 registers, which wait on their shared-memory activations
 // with nothing else to issue. Here 3,072 warps at 62 registers (64 now; 4 runs of 4 blocks in
 // flight per lane, 6 or more blocks per SM) fit in one wave: decode 296.6-297.7 against 284.1-284.7 tokens/s
-// on the H200, 30B geometry (call J5). 8 runs in flight: at 80 registers (spilling) 295.1-295.2,
+// on the H200, 30B geometry. 8 runs in flight: at 80 registers (spilling) 295.1-295.2,
 // at 114 (1.5 waves) 282.8-283.4; 16 runs at 164 registers (2 waves) 284.7-285.5.
 constexpr int kGateUpRowRuns = 4;
 __global__ void __launch_bounds__(kWarps * 32, 6) GateUpRowKernel(const __grid_constant__ ExpertArgs a, DevAct act,
@@ -283,7 +283,7 @@ __global__ void __launch_bounds__(kWarps * 32, DownBlocksPerSm(kPreloadRuns))
 // Multi-token passes over Q8_0 experts (staged_dots.cuh). Gate/up stages 2 pairs at a time: its
 // 70 KB of rows and 4.6 KB of activations per block leave room for 3 blocks per SM, which beat 8
 // pairs at 2 blocks per SM on the H200 (30B geometry, 31-token prompt: 2,019-2,020 against
-// 1,942-1,950 tokens/s, call I6), more warps to hide shared-memory latency outweighing a few more
+// 1,942-1,950 tokens/s), more warps to hide shared-memory latency outweighing a few more
 // instructions per dp4a. Down stages 8 (28 KB of rows and 7 KB of activations per block).
 constexpr int kGateUpStagedNT = 2, kDownStagedNT = 8;
 
