@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -110,9 +111,23 @@ absl::StatusOr<int64_t> CudaEngine::Preload() {
   const int group_max = std::max(1, m.source.max_experts_per_acquire());
   int64_t loaded = 0;
   absl::Status status;
+  // A large model takes minutes through a cold RAM tier: progress every few seconds on stderr
+  // (mer-compute's log; `mer up` shows it while it waits).
+  const auto t0 = std::chrono::steady_clock::now();
+  auto last_report = t0;
+  const int64_t target = std::min<int64_t>(m.n_slots, m.total_experts);
   // Layer by layer, in groups the source can hand out at once; each group's copies are complete
   // (synchronised) before it is released.
   for (int l = 0; l < c.n_layer && m.resident < m.n_slots && status.ok(); ++l) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_report >= std::chrono::seconds(3) && loaded > 0) {
+      last_report = now;
+      const double secs = std::chrono::duration<double>(now - t0).count();
+      const double rate = loaded / secs;
+      std::fprintf(stderr, "cuda: filling the arena: %lld of %lld experts (%.0f%%), %.1f experts/s, ETA %.0f s\n",
+                   static_cast<long long>(loaded), static_cast<long long>(target), 100.0 * loaded / target, rate,
+                   (target - loaded) / rate);
+    }
     m.missing.clear();
     for (int e = 0; e < c.n_expert && m.resident + int64_t(m.missing.size()) < m.n_slots; ++e)
       if (m.host_slot_table[l * c.n_expert + e] < 0) m.missing.push_back(e);
