@@ -60,9 +60,11 @@ TEST(HeaderTest, BuildHeaderLaysOutAlignedRegions) {
   EXPECT_EQ(std::memcmp(&*v, &*h, sizeof(SegmentHeader)), 0);
 }
 
-TEST(HeaderTest, LayoutHashIsStableWithinABuild) {
-  EXPECT_NE(LayoutHash(), 0u);
-  EXPECT_EQ(LayoutHash(), LayoutHash());
+// The layout hash is the value docs/shm_protocol.md documents for this protocol version: a
+// change of any size or offset without a version bump (and a new documented value) fails here.
+TEST(HeaderTest, LayoutHashIsTheDocumentedOne) {
+  static_assert(kProtocolVersion == 2, "a new protocol version documents (and pins here) its own hash");
+  EXPECT_EQ(LayoutHash(), 0x1dcd83f5a288bb27u);
 }
 
 TEST(HeaderTest, BuildHeaderRejectsBadGeometry) {

@@ -1,5 +1,6 @@
 #include "common/systemd/sd_notify.h"
 
+#include <filesystem>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -68,12 +69,25 @@ TEST(SdNotify, AbstractNamespaceSocket) {
   EXPECT_EQ(sock.Receive(), "STATUS=loading");
 }
 
+// Without a socket, or with a socket path systemd would never give (relative), a notification
+// does nothing: it returns at once and creates nothing where the path points.
 TEST(SdNotify, NoSocketIsANoOp) {
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) /
+                                    ("sd_notify_noop_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path cwd = std::filesystem::current_path();
+  std::filesystem::current_path(dir);
+  const absl::Time t0 = absl::Now();
   unsetenv("NOTIFY_SOCKET");
-  NotifyReady("x");  // must neither crash nor block
+  NotifyReady("x");
   setenv("NOTIFY_SOCKET", "relative/path", 1);
   NotifyReady("x");
+  NotifyStatus("y");
   unsetenv("NOTIFY_SOCKET");
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(1));
+  EXPECT_TRUE(std::filesystem::is_empty(dir)) << "a notification wrote into the working directory";
+  std::filesystem::current_path(cwd);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(SdNotify, WatchdogIntervalIsHalfOfWatchdogUsec) {

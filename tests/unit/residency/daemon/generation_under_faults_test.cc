@@ -177,6 +177,7 @@ TEST_P(GenerationUnderFaults, BitFlipsAreCaughtAndRefetched) {
 }
 
 TEST_P(GenerationUnderFaults, EverythingAtOnce) {
+  FaultStats fired;
   for (uint64_t seed : {21, 22, 23}) {
     FaultInjectionOptions f;
     f.seed = seed;
@@ -185,8 +186,18 @@ TEST_P(GenerationUnderFaults, EverythingAtOnce) {
     f.delay_probability = 0.1;
     f.delay = absl::Milliseconds(1);
     f.bit_flip_probability = 0.05;
-    ExpectCorrectOrClearError(GenerateUnderFaults(store(), f));
+    const Outcome o = GenerateUnderFaults(store(), f);
+    ExpectCorrectOrClearError(o);
+    fired.errors += o.faults.errors;
+    fired.short_reads += o.faults.short_reads;
+    fired.delays += o.faults.delays;
+    fired.bit_flips += o.faults.bit_flips;
   }
+  // Every kind of fault fired at least once: the runs above met them all.
+  EXPECT_GT(fired.errors, 0u);
+  EXPECT_GT(fired.short_reads, 0u);
+  EXPECT_GT(fired.delays, 0u);
+  EXPECT_GT(fired.bit_flips, 0u);
 }
 
 TEST_P(GenerationUnderFaults, APersistentlyBadBlobFailsWithDataLossNamingIt) {

@@ -4,6 +4,7 @@
 // error is an error naming the offset; the queue depth is respected; nothing hangs.
 #include "services/residency/io/io_engine.h"
 
+#include <algorithm>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -326,16 +327,27 @@ TEST_P(IoEngineTest, BadRequestsAndRegistrationsAreRejected) {
   EXPECT_TRUE(engine->RegisterFiles({&fd_, 1}).ok());
 }
 
+// Destroying an engine with reads in flight waits for them: once it is gone nothing writes into
+// the destination any more, and what was written is the file's bytes.
 TEST_P(IoEngineTest, DestroyedWithReadsInFlight) {
   IoEngineOptions options;
   options.chunk_bytes = 64 << 10;
-  AlignedBuffer dest(4 << 20);
+  constexpr uint64_t kBytes = 4 << 20;
+  AlignedBuffer dest(kBytes);
+  std::memset(dest.data(), 0xA5, kBytes);
   {
     MAKE_ENGINE_OR_SKIP(engine, options);
-    ReadRequest q{fd_, 0, 4 << 20, dest.data(), 1};
+    ReadRequest q{fd_, 0, kBytes, dest.data(), 1};
     ASSERT_TRUE(engine->Submit({&q, 1}).ok());
   }  // waits for the reads in flight, drops the rest
-  SUCCEED();
+  const std::vector<uint8_t> after(dest.data(), dest.data() + kBytes);
+  absl::SleepFor(absl::Milliseconds(50));  // a read the destructor did not wait for lands now
+  EXPECT_EQ(std::memcmp(after.data(), dest.data(), kBytes), 0) << "written after the engine was destroyed";
+  for (uint64_t off = 0; off < kBytes; off += options.chunk_bytes) {
+    const uint8_t* chunk = dest.data() + off;
+    const bool untouched = std::all_of(chunk, chunk + options.chunk_bytes, [](uint8_t b) { return b == 0xA5; });
+    if (!untouched) EXPECT_EQ(std::memcmp(chunk, contents_.data() + off, options.chunk_bytes), 0) << "chunk at " << off;
+  }
 }
 
 std::vector<Param> AllParams() {
