@@ -53,6 +53,31 @@ TEST(SynthModel, SameOptionsSameBytesWhateverTheThreads) {
   EXPECT_NE(bytes[0], bytes[2]);
 }
 
+// A synthetic model written to a temporary file and loaded (weights over the mapping, experts
+// from it): null, with the failure recorded, when any step fails.
+struct LoadedSynth {
+  std::unique_ptr<ModelWeights> weights;
+  std::unique_ptr<MappedExpertSource> experts;
+};
+std::unique_ptr<LoadedSynth> WriteAndLoad(const SynthOptions& o, const std::string& tag) {
+  const std::string path = TempPath(tag);
+  const absl::Status written = WriteSynthModel(o, path);
+  EXPECT_TRUE(written.ok()) << tag << ": " << written;
+  if (!written.ok()) return nullptr;
+  auto file = GgufFile::Open(path);
+  std::remove(path.c_str());
+  EXPECT_TRUE(file.ok()) << file.status();
+  if (!file.ok()) return nullptr;
+  std::shared_ptr<const GgufFile> shared = std::move(*file);
+  auto weights = ModelWeights::Load(shared);
+  EXPECT_TRUE(weights.ok()) << weights.status();
+  if (!weights.ok()) return nullptr;
+  auto m = std::make_unique<LoadedSynth>();
+  m->weights = std::move(*weights);
+  m->experts = std::make_unique<MappedExpertSource>(*m->weights);
+  return m;
+}
+
 uint64_t Fnv1a64(const std::string& bytes) {
   uint64_t h = 0xcbf29ce484222325ull;
   for (unsigned char b : bytes) h = (h ^ b) * 0x100000001b3ull;
@@ -115,19 +140,12 @@ TEST(SynthModel, RandomGeometriesAreValidVariedAndRun) {
     o.quant = seed % 2 ? SynthQuant::kQ8_0 : SynthQuant::kQ4_K;
     o.seed = seed;
     o.threads = 2;
-    const std::string path = TempPath("random" + std::to_string(seed));
-    ASSERT_TRUE(WriteSynthModel(o, path).ok()) << seed;
-    auto file = GgufFile::Open(path);
-    std::remove(path.c_str());
-    ASSERT_TRUE(file.ok()) << file.status();
-    std::shared_ptr<const GgufFile> shared = std::move(*file);
-    auto weights = ModelWeights::Load(shared);
-    ASSERT_TRUE(weights.ok()) << weights.status();
-    MappedExpertSource experts(**weights);
+    const std::unique_ptr<LoadedSynth> m = WriteAndLoad(o, "random" + std::to_string(seed));
+    ASSERT_NE(m, nullptr) << seed;
     CpuEngineOptions co;
     co.threads = 1;
     co.max_context_tokens = 64;
-    auto engine = CpuEngine::Create(**weights, experts, co);
+    auto engine = CpuEngine::Create(*m->weights, *m->experts, co);
     ASSERT_TRUE(engine.ok()) << engine.status();
     GenerationRequest req;
     req.prompt = {1, 2, 3, 4, 5};
@@ -154,26 +172,18 @@ RoutingResult Route(double skew) {
   g.n_expert = 32; g.n_expert_used = 4; g.n_ff_exp = 64; g.n_vocab = 4096; g.n_ctx = 256;
   o.router_skew = skew;
   o.threads = 2;
-  const std::string path = TempPath("route");
   RoutingResult r;
-  EXPECT_TRUE(WriteSynthModel(o, path).ok());
-  auto file = GgufFile::Open(path);
-  std::remove(path.c_str());
-  EXPECT_TRUE(file.ok()) << file.status();
-  if (!file.ok()) return r;
-  std::shared_ptr<const GgufFile> shared = std::move(*file);
-  auto weights = ModelWeights::Load(shared);
-  EXPECT_TRUE(weights.ok()) << weights.status();
-  if (!weights.ok()) return r;
-  MappedExpertSource experts(**weights);
+  const std::unique_ptr<LoadedSynth> m = WriteAndLoad(o, "route");
+  if (m == nullptr) return r;
+  const std::unique_ptr<ModelWeights>& weights = m->weights;
   CpuEngineOptions eo;
   eo.threads = 2;
   eo.max_context_tokens = 128;
-  auto engine = CpuEngine::Create(**weights, experts, eo);
+  auto engine = CpuEngine::Create(*weights, *m->experts, eo);
   EXPECT_TRUE(engine.ok()) << engine.status();
   if (!engine.ok()) return r;
 
-  const residency::TraceGeometry tg{g.n_layer, g.n_expert, g.n_expert_used, ExpertBytes(**weights, 0)};
+  const residency::TraceGeometry tg{g.n_layer, g.n_expert, g.n_expert_used, ExpertBytes(*weights, 0)};
   auto writer = residency::TraceWriter::CreateInMemory(tg);
   EXPECT_TRUE(writer.ok());
   (*engine)->set_routing_observer(writer->get());
