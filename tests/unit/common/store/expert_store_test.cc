@@ -433,6 +433,11 @@ TEST(ExpertStore, MismatchedDenseGguf) {
   auto v = store->VerifyAll();
   EXPECT_EQ(v.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(v.status().message(), HasSubstr("dense.gguf: checksum"));
+  // Loading it checks every byte too: the daemons never serve a damaged dense.gguf.
+  auto w = store->LoadDenseWeights();
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(w.status().message(), HasSubstr("dense.gguf: checksum"));
+  EXPECT_THAT(w.status().message(), HasSubstr("mer pack --force"));
 }
 
 TEST(ExpertStore, PackRefusesToOverwriteUnlessAsked) {
