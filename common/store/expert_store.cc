@@ -19,6 +19,7 @@
 #include "common/base/status.h"
 #include "common/store/crc32c.h"
 #include "common/store/store_internal.h"
+#include "common/store/store_writer.h"
 
 namespace mer {
 
@@ -114,6 +115,7 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Open(const std::string
   std::unique_ptr<ExpertStore> store(new ExpertStore());
   store->dir_ = dir;
   const std::string manifest_path = JoinPath(dir, kStoreManifestFile);
+  if (::access(manifest_path.c_str(), F_OK) != 0 && errno == ENOENT) return store_internal::NoStoreStatus(dir);
   ASSIGN_OR_RETURN(const std::string bytes, ReadSmallFile(manifest_path, kMaxManifestBytes));
   auto parsed = ParseManifest(
       absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));

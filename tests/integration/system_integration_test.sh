@@ -39,15 +39,6 @@ trap cleanup EXIT
 source "$(dirname "$0")/lib.sh"
 phase() { awk -v t0="$T0" -v now="$(date +%s.%N)" -v m="$*" 'BEGIN { printf "[%6.1fs] %s\n", now - t0, m }'; }
 
-# wait_log LOG PATTERN PID: until LOG has PATTERN (10 s), or the process died.
-wait_log() {
-  for _ in $(seq 1 200); do
-    grep -q "$2" "$1" 2>/dev/null && return 0
-    kill -0 "$3" 2>/dev/null || break
-    sleep 0.05
-  done
-  echo "no '$2' in $1:"; cat "$1"; return 1
-}
 # exec: $! is the daemon itself, so SIGKILL reaches it.
 start_residency() {
   ( exec "$RES" --store "$WORK/store" --instance "$TAG" --ram-budget 50% >"$1" 2>&1 ) &
