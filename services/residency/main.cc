@@ -30,10 +30,11 @@ constexpr char kHelp[] =
                      [--take-over] [--metrics-listen HOST:PORT|off] [--pin auto|off]
 
 Serves the experts of STORE_DIR (written by `mer pack`) to `mer generate --residency NAME`
-through the shared-memory segment /dev/shm/NAME. --ram-budget is bytes (suffixes K, M, G, T:
-powers of 1024) or a percentage of all experts' bytes ("10%"); the RAM tier holds budget /
-blob size slots (at least one; compute acquires a layer's experts in groups of half the slots).
-With --pin auto (the default) the RAM tier is page-locked with cudaHostRegister when a GPU and
+through the shared-memory segment /dev/shm/NAME, made by this user, mode 0660 (if another user
+holds that name, /dev/shm/NAME.<16 hex digits> instead, which mer-compute finds by its owner).
+--ram-budget is bytes (suffixes K, M, G, T: powers of 1024) or a percentage of all experts'
+bytes ("10%"); the RAM tier holds budget / blob size slots (at least one; compute acquires a
+layer's experts in groups of half the slots). With --pin auto (the default) the RAM tier is page-locked with cudaHostRegister when a GPU and
 the CUDA runtime are present (uploads to VRAM then run at the pinned rate); the log says whether
 it was. When mer-compute exports its VRAM expert arena over CUDA IPC (--vram-arena residency,
 its default with --backend cuda), this daemon fills it: uploads from the RAM tier on demand and
@@ -125,6 +126,11 @@ absl::Status Main(const Args& a) {
   co.take_over_live = a.take_over;
   ASSIGN_OR_RETURN(std::unique_ptr<shm::ShmSegment> segment,
                    shm::ShmSegment::Create(a.instance, co));
+  if (segment->name() != a.instance)
+    std::fprintf(stderr,
+                 "mer-residency: /dev/shm/%s belongs to another user and is left alone; serving as "
+                 "/dev/shm/%s (mer-compute finds it by its owner)\n",
+                 a.instance.c_str(), segment->name().c_str());
   ASSIGN_OR_RETURN(std::unique_ptr<ResidencyDaemon> daemon,
                    ResidencyDaemon::Create(*store, segment.get(), std::move(engine.engine),
                                            store->experts_fd(), o));

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# usage: hardening_test.sh MER MER_RESIDENCY MER_COMPUTE MER_GATEWAY
+# The three daemons against a hostile or failing host:
+#  1. another local user's segment under the instance's name (a valid segment of the right model,
+#     made by a mer-residency run as `nobody`, mode 0666): mer-compute refuses to map it, naming
+#     its owner; a mer-residency of this user then serves under a fallback name instead of
+#     stopping with "File exists", and mer-compute finds it and generates the right ids (needs
+#     root and setpriv to act as `nobody`; skipped with a note otherwise).
+set -u
+MER=$1
+RES=$2
+COMP=$3
+GW=$4
+source "$(dirname "$0")/lib.sh"
+setup_work hard
+
+start_residency() {  # LOG [INSTANCE]
+  ( exec "$RES" --store "$WORK/store" --instance "${2:-$TAG}" --ram-budget 50% --metrics-listen off >"$1" 2>&1 ) &
+  RPID=$!; PIDS+=("$RPID")
+  wait_log "$1" "ready" "$RPID"
+}
+
+timeout 120 "$MER" synth --preset micro --quant q8_0 --threads 2 --out "$WORK/m.gguf" >/dev/null || { fail synth; exit 1; }
+timeout 120 "$MER" pack --model "$WORK/m.gguf" --out "$WORK/store" --threads 2 >/dev/null || { fail pack; exit 1; }
+chmod -R a+rX "$WORK"
+WANT=$(timeout 60 "$MER" generate --model "$WORK/m.gguf" --prompt-tokens 5,6,7 --max-tokens 6 --ignore-eos \
+         --print-token-ids --threads 1 2>/dev/null)
+
+# --- 1. Another user's segment under the name ---------------------------------------------------
+if [ "$(id -u)" == 0 ] && command -v setpriv >/dev/null 2>&1; then
+  ( exec setpriv --reuid 65534 --regid 65534 --clear-groups "$RES" --store "$WORK/store" --instance "$TAG" \
+      --ram-budget 50% --metrics-listen off >"$WORK/nobody.log" 2>&1 ) &
+  NPID=$!; PIDS+=("$NPID")
+  if wait_log "$WORK/nobody.log" "ready" "$NPID"; then
+    chmod 0666 "/dev/shm/$TAG"
+    echo "segment of another user: $(stat -c '%U %a' "/dev/shm/$TAG") /dev/shm/$TAG, its residency alive"
+    # mer-compute must not use it (it waits for a segment of its own user, then gives up).
+    start=$(date +%s)
+    timeout 60 "$COMP" --store "$WORK/store" --residency "$TAG" --listen "unix:$WORK/c0.sock" --threads 1 \
+      --metrics-listen off >"$WORK/c0.log" 2>&1; rc=$?
+    [ $rc -ne 0 ] || fail "mer-compute served from another user's segment"
+    grep -q "belongs to uid 65534" "$WORK/c0.log" || fail "mer-compute's refusal does not name the owner: $(tail -2 "$WORK/c0.log")"
+    echo "  mer-compute refused it after $(( $(date +%s) - start )) s: $(grep -o 'shm segment.*map it' "$WORK/c0.log" | head -1)"
+    # This user's residency serves anyway, under a fallback name; compute finds it by its owner.
+    if start_residency "$WORK/r0.log"; then
+      grep -q "belongs to another user and is left alone; serving as /dev/shm/$TAG\." "$WORK/r0.log" ||
+        fail "mer-residency did not say where it serves: $(cat "$WORK/r0.log")"
+      [ "$(stat -c %u "/dev/shm/$TAG")" == 65534 ] || fail "the other user's segment was touched"
+      got=$(timeout 60 "$MER" generate --store "$WORK/store" --residency "$TAG" --prompt-tokens 5,6,7 \
+              --max-tokens 6 --ignore-eos --print-token-ids --threads 1 2>"$WORK/g0.err")
+      [ -n "$WANT" ] && [ "$got" == "$WANT" ] || fail "generation beside a squatter: '$got' want '$WANT' $(cat "$WORK/g0.err")"
+      echo "  squatted name: mer-residency serves as $(grep -o "serving as /dev/shm/[^ ]*" "$WORK/r0.log" | cut -d/ -f4), ids match=$([ "$got" == "$WANT" ] && echo yes || echo no)"
+      kill -TERM "$RPID"; wait "$RPID"
+    else
+      fail "mer-residency did not start beside another user's segment (it used to stop with 'File exists')"
+    fi
+  else
+    fail "mer-residency as nobody did not start"
+  fi
+  kill -TERM "$NPID" 2>/dev/null; wait "$NPID" 2>/dev/null
+  rm -f "/dev/shm/$TAG"
+else
+  echo "  note: not root or no setpriv: the other-user segment checks are skipped (see shm_test)"
+fi
+
+finish
