@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/grpc_status.h"
+#include "services/gateway/request_validation.h"
 
 namespace mer::gateway {
 
@@ -75,7 +76,9 @@ absl::Status ComputeClient::PollOnce() {
   if (!tokenizer.ok())
     return absl::Status(tokenizer.status().code(),
                         absl::StrCat("mer-compute's tokenizer: ", tokenizer.status().message()));
-  Publish(std::make_shared<const ServedModel>(ServedModel{std::move(info), std::move(*tokenizer)}));
+  const int32_t max_token_bytes = MaxTokenBytes(*tokenizer);
+  Publish(std::make_shared<const ServedModel>(
+      ServedModel{std::move(info), std::move(*tokenizer), max_token_bytes}));
   return absl::OkStatus();
 }
 

@@ -36,6 +36,7 @@ struct ComputeClientOptions {
 struct ServedModel {
   mer::internal::v1::Info info;  // as of the instance's first answer (capacity fields too)
   Tokenizer tokenizer;
+  int32_t max_token_bytes = 1;  // MaxTokenBytes(tokenizer), for request validation
 };
 
 class ComputeClient {
@@ -46,6 +47,7 @@ class ComputeClient {
 
   // The instance up now, or null while compute is down.
   std::shared_ptr<const ServedModel> model() const;
+
   mer::internal::v1::Compute::Stub& stub() { return *stub_; }
   // A call saw compute fail (UNAVAILABLE): poll now instead of at the next interval.
   void PollNow();

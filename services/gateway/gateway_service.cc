@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/support/method_handler.h"
 #include "proto/grpc_status.h"
 #include "services/gateway/text_stream.h"
 
@@ -23,11 +24,45 @@ double Since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
+int MethodIndex(absl::string_view name) {
+  const auto* service = mer::v1::GenerateRequest::descriptor()->file()->FindServiceByName("Mer");
+  return service->FindMethodByName(std::string(name))->index();
+}
+
+// The request message of a split-streamed call, as the bytes the client sent. `slices` keeps
+// them; one slice (the common case) is used in place, more are joined into `joined`.
+template <typename Stream>
+absl::StatusOr<absl::string_view> ReadRequest(grpc::ServerContext* context, Stream* stream,
+                                              std::vector<grpc::Slice>* slices, std::string* joined) {
+  grpc::ByteBuffer bytes;
+  if (!stream->Read(&bytes)) {
+    if (context->IsCancelled()) return absl::CancelledError("cancelled by the client");
+    return absl::InvalidArgumentError("request: no request message");
+  }
+  if (!bytes.Dump(slices).ok()) return absl::InternalError("request: cannot read its bytes");
+  if (slices->size() == 1)
+    return absl::string_view(reinterpret_cast<const char*>((*slices)[0].begin()), (*slices)[0].size());
+  joined->reserve(bytes.Length());
+  for (const grpc::Slice& s : *slices) joined->append(reinterpret_cast<const char*>(s.begin()), s.size());
+  slices->clear();
+  return absl::string_view(*joined);
+}
+
 }  // namespace
 
 GatewayService::GatewayService(ComputeClient& compute, Scheduler& scheduler, GatewayMetrics* metrics,
                                const GatewayOptions& options)
     : compute_(compute), scheduler_(scheduler), metrics_(metrics), options_(options) {
+  MarkMethodStreamed(MethodIndex("Generate"),
+                     new grpc::internal::SplitServerStreamingHandler<grpc::ByteBuffer, mer::v1::GenerateResponse>(
+                         [this](grpc::ServerContext* context, GenerateStream* stream) {
+                           return GenerateStreamed(context, stream);
+                         }));
+  MarkMethodStreamed(MethodIndex("Tokenize"),
+                     new grpc::internal::StreamedUnaryHandler<grpc::ByteBuffer, mer::v1::TokenizeResponse>(
+                         [this](grpc::ServerContext* context, TokenizeStream* stream) {
+                           return TokenizeStreamed(context, stream);
+                         }));
   watcher_ = std::thread([this] { WatchLoop(); });
 }
 
@@ -65,6 +100,24 @@ void GatewayService::Unwatch(uint64_t id) {
   watched_.erase(id);
 }
 
+absl::Status GatewayService::BeginIntake(const Watched* w, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto turn = [this, w]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return intake_ < options_.intake_max || w->cancelled.load() || shutting_down_.load();
+  };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&turn), deadline))
+    return absl::DeadlineExceededError("deadline exceeded waiting to read the request");
+  if (w->cancelled.load()) return absl::CancelledError("cancelled by the client");
+  if (shutting_down_.load()) return absl::UnavailableError("mer-gateway is shutting down");
+  ++intake_;
+  return absl::OkStatus();
+}
+
+void GatewayService::EndIntake() {
+  absl::MutexLock lock(&mu_);
+  --intake_;
+}
+
 void GatewayService::WatchLoop() {
   absl::MutexLock lock(&mu_);
   auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
@@ -83,10 +136,9 @@ void GatewayService::WatchLoop() {
   }
 }
 
-grpc::Status GatewayService::Generate(grpc::ServerContext* context, const mer::v1::GenerateRequest* request,
-                                      grpc::ServerWriter<mer::v1::GenerateResponse>* writer) {
+grpc::Status GatewayService::GenerateStreamed(grpc::ServerContext* context, GenerateStream* stream) {
   const absl::Time start = absl::Now();
-  absl::Status result = GenerateImpl(context, *request, writer, start);
+  absl::Status result = GenerateImpl(context, stream, start);
   // A client's deadline reaches the server as a cancellation, a little before the server's own
   // copy of the deadline (taken on arrival) runs out; the client reports DEADLINE_EXCEEDED, and
   // so must the metrics. A cancel that close to the deadline is counted as the deadline.
@@ -101,23 +153,31 @@ grpc::Status GatewayService::Generate(grpc::ServerContext* context, const mer::v
   return status;
 }
 
-absl::Status GatewayService::GenerateImpl(grpc::ServerContext* context,
-                                          const mer::v1::GenerateRequest& request,
-                                          grpc::ServerWriter<mer::v1::GenerateResponse>* writer,
+absl::Status GatewayService::GenerateImpl(grpc::ServerContext* context, GenerateStream* stream,
                                           absl::Time start) {
   const auto t0 = std::chrono::steady_clock::now();
   if (shutting_down_.load()) return absl::UnavailableError("mer-gateway is shutting down");
   const std::shared_ptr<const ServedModel> model = compute_.model();
   if (model == nullptr) return absl::UnavailableError("mer-compute is not available");
   const pb::Info& info = model->info;
-  const ModelLimits limits{info.vocab_size(), info.max_context_tokens(), info.kv_budget_tokens()};
-  ASSIGN_OR_RETURN(ValidatedRequest v,
-                   ValidateGenerateRequest(request, model->tokenizer, limits, options_.limits));
+  const ModelLimits limits{info.vocab_size(), info.max_context_tokens(), info.kv_budget_tokens(),
+                           model->max_token_bytes};
 
   const absl::Time deadline = absl::FromChrono(context->deadline());
   uint64_t watch;
   Watched* watched = Watch(context, &watch);
   absl::Cleanup unwatch = [this, watch] { Unwatch(watch); };
+  ValidatedRequest v;
+  {
+    // The intake: the request's bytes, its message and its tokenization live only in here.
+    RETURN_IF_ERROR(BeginIntake(watched, deadline));
+    absl::Cleanup end_intake = [this] { EndIntake(); };
+    std::vector<grpc::Slice> slices;
+    std::string joined;
+    ASSIGN_OR_RETURN(const absl::string_view wire, ReadRequest(context, stream, &slices, &joined));
+    ASSIGN_OR_RETURN(const mer::v1::GenerateRequest request, ParseGenerateRequest(wire));
+    ASSIGN_OR_RETURN(v, ValidateGenerateRequest(request, model->tokenizer, limits, options_.limits));
+  }
   RETURN_IF_ERROR(scheduler_.Admit(v.priority, v.kv_tokens, deadline, &watched->cancelled));
   absl::Cleanup release = [this, &v] { scheduler_.Release(v.kv_tokens); };
   const double queue_seconds = Since(t0);
@@ -163,7 +223,7 @@ absl::Status GatewayService::GenerateImpl(grpc::ServerContext* context,
         break;
       }
     }
-    if (chunk->token_ids_size() > 0 && !writer->Write(out)) {
+    if (chunk->token_ids_size() > 0 && !stream->Write(out)) {
       client_gone = true;
       call.TryCancel();
       break;
@@ -198,7 +258,7 @@ absl::Status GatewayService::GenerateImpl(grpc::ServerContext* context,
   if (const std::string tail = text.Finish(); !tail.empty()) {
     out.mutable_chunk()->Clear();
     out.mutable_chunk()->set_text(tail);
-    if (!writer->Write(out)) return absl::CancelledError("cancelled by the client");
+    if (!stream->Write(out)) return absl::CancelledError("cancelled by the client");
   }
   mer::v1::Final* f = out.mutable_final();
   f->set_finish_reason(finish);
@@ -208,21 +268,35 @@ absl::Status GatewayService::GenerateImpl(grpc::ServerContext* context,
   u->set_queue_seconds(queue_seconds);
   u->set_ttft_seconds(ttft);
   u->set_total_seconds(absl::ToDoubleSeconds(absl::Now() - start));
-  if (!writer->Write(out)) return absl::CancelledError("cancelled by the client");
+  if (!stream->Write(out)) return absl::CancelledError("cancelled by the client");
   return absl::OkStatus();
 }
 
-grpc::Status GatewayService::Tokenize(grpc::ServerContext*, const mer::v1::TokenizeRequest* request,
-                                      mer::v1::TokenizeResponse* response) {
-  return ToGrpcStatus(TokenizeImpl(*request, response));
+grpc::Status GatewayService::TokenizeStreamed(grpc::ServerContext* context, TokenizeStream* stream) {
+  return ToGrpcStatus(TokenizeImpl(context, stream));
 }
 
-absl::Status GatewayService::TokenizeImpl(const mer::v1::TokenizeRequest& request,
-                                          mer::v1::TokenizeResponse* response) {
+absl::Status GatewayService::TokenizeImpl(grpc::ServerContext* context, TokenizeStream* stream) {
   const std::shared_ptr<const ServedModel> model = compute_.model();
   if (model == nullptr) return absl::UnavailableError("mer-compute is not available");
-  const std::vector<int32_t> ids = model->tokenizer.Encode(request.text(), true, request.add_special());
-  response->mutable_token_ids()->Add(ids.begin(), ids.end());
+  uint64_t watch;
+  Watched* watched = Watch(context, &watch);
+  absl::Cleanup unwatch = [this, watch] { Unwatch(watch); };
+  mer::v1::TokenizeResponse response;
+  {
+    RETURN_IF_ERROR(BeginIntake(watched, absl::FromChrono(context->deadline())));
+    absl::Cleanup end_intake = [this] { EndIntake(); };
+    std::vector<grpc::Slice> slices;
+    std::string joined;
+    ASSIGN_OR_RETURN(const absl::string_view wire, ReadRequest(context, stream, &slices, &joined));
+    ASSIGN_OR_RETURN(const mer::v1::TokenizeRequest request, ParseTokenizeRequest(wire));
+    if (static_cast<int64_t>(request.text().size()) > options_.limits.max_prompt_bytes)
+      return absl::InvalidArgumentError(absl::StrCat("text: ", request.text().size(), " bytes; at most ",
+                                                     options_.limits.max_prompt_bytes));
+    const std::vector<int32_t> ids = model->tokenizer.Encode(request.text(), true, request.add_special());
+    response.mutable_token_ids()->Add(ids.begin(), ids.end());
+  }
+  if (!stream->Write(response)) return absl::CancelledError("cancelled by the client");
   return absl::OkStatus();
 }
 

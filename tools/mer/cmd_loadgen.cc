@@ -21,12 +21,14 @@ namespace mer::cli {
 namespace {
 
 constexpr char kLoadgenHelp[] = R"(usage: mer loadgen --addr HOST:PORT [--concurrency N] [--requests M] [--prompt-len L]
-                   [--max-tokens T] [--temperature X] [--seed S] [--timeout-ms MS]
+                   [--prompt-bytes B] [--max-tokens T] [--temperature X] [--seed S] [--timeout-ms MS]
 
 Runs M Generate calls (default 4 x N) on N concurrent streams (default 8), each call a fresh
 prompt of L random token ids (default 31, seeded by --seed and the call's index) and T generated
 tokens (default 128; end-of-sequence ignored, so every call generates exactly T). Greedy unless
---temperature. Prints, measured at this client:
+--temperature. --prompt-bytes sends instead a text prompt of B bytes (random lowercase words,
+seeded the same way), e.g. to load the gateway's admission of large prompts. Prints, measured at
+this client:
   throughput   generated tokens / wall time, requests / wall time
   ttft         call start to the first token
   itl          gap between consecutive tokens of a call (a chunk of k tokens: its gap, then k-1 zeros)
@@ -53,8 +55,8 @@ std::string Ms(std::vector<double>& v) {
 
 int RunLoadgen(const Args& args) {
   if (MaybeHelp(args, kLoadgenHelp)) return 0;
-  auto parsed = Flags::Parse(args, {"addr", "concurrency", "requests", "prompt-len", "max-tokens",
-                                    "temperature", "seed", "timeout-ms"},
+  auto parsed = Flags::Parse(args, {"addr", "concurrency", "requests", "prompt-len", "prompt-bytes",
+                                    "max-tokens", "temperature", "seed", "timeout-ms"},
                              {});
   if (!parsed.ok()) return Fail("loadgen", parsed.status());
   const Flags& f = *parsed;
@@ -63,6 +65,7 @@ int RunLoadgen(const Args& args) {
     ASSIGN_OR_RETURN(const int64_t concurrency, f.Int("concurrency", 8));
     ASSIGN_OR_RETURN(const int64_t requests, f.Int("requests", 4 * concurrency));
     ASSIGN_OR_RETURN(const int64_t prompt_len, f.Int("prompt-len", 31));
+    ASSIGN_OR_RETURN(const int64_t prompt_bytes, f.Int("prompt-bytes", 0));
     ASSIGN_OR_RETURN(const int64_t max_tokens, f.Int("max-tokens", 128));
     ASSIGN_OR_RETURN(const double temperature, f.Double("temperature", 0));
     ASSIGN_OR_RETURN(const int64_t seed, f.Int("seed", 1));
@@ -70,6 +73,8 @@ int RunLoadgen(const Args& args) {
     if (concurrency < 1 || concurrency > 4096) return absl::InvalidArgumentError("--concurrency must be in [1, 4096]");
     if (requests < 1) return absl::InvalidArgumentError("--requests must be >= 1");
     if (prompt_len < 1 || max_tokens < 1) return absl::InvalidArgumentError("--prompt-len and --max-tokens must be >= 1");
+    if (prompt_bytes < 0 || prompt_bytes > (int64_t{1} << 30))
+      return absl::InvalidArgumentError("--prompt-bytes must be in [0, 1 GiB]");
 
     auto channel = grpc::CreateChannel(addr, grpc::InsecureChannelCredentials());
     auto stub = mer::v1::Mer::NewStub(channel);
@@ -95,8 +100,19 @@ int RunLoadgen(const Args& args) {
       for (int64_t i; (i = next.fetch_add(1)) < requests;) {
         std::mt19937_64 rng(static_cast<uint64_t>(seed) * 1000003u + static_cast<uint64_t>(i));
         mer::v1::GenerateRequest req;
-        for (int64_t k = 0; k < prompt_len; ++k)
-          req.mutable_token_ids()->add_ids(static_cast<int32_t>(rng() % static_cast<uint64_t>(info.vocab_size())));
+        if (prompt_bytes > 0) {
+          std::string* text = req.mutable_text();
+          text->reserve(static_cast<size_t>(prompt_bytes));
+          while (static_cast<int64_t>(text->size()) < prompt_bytes) {
+            const int64_t word =
+                std::min<int64_t>(1 + static_cast<int64_t>(rng() % 9), prompt_bytes - text->size());
+            for (int64_t k = 0; k + 1 < word; ++k) text->push_back(static_cast<char>('a' + rng() % 26));
+            text->push_back(' ');
+          }
+        } else {
+          for (int64_t k = 0; k < prompt_len; ++k)
+            req.mutable_token_ids()->add_ids(static_cast<int32_t>(rng() % static_cast<uint64_t>(info.vocab_size())));
+        }
         req.set_max_new_tokens(static_cast<int32_t>(max_tokens));
         req.set_temperature(static_cast<float>(temperature));
         req.set_seed(static_cast<uint64_t>(seed + i));
