@@ -195,7 +195,7 @@ ShmSegment::ShmSegment(std::string name, Role role)
 
 ShmSegment::~ShmSegment() {
   StopHeartbeat();
-  if (base_ != nullptr) {
+  if (base_ != nullptr && incarnation_ != 0) {
     ProcessInfo& me = control().process[static_cast<int>(role_)];
     // Only if nobody has taken the role over since.
     if (me.incarnation.load(std::memory_order_acquire) == incarnation_) {
@@ -306,6 +306,19 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(const std::string
   return seg;
 }
 
+absl::Status ShmSegment::Probe(const std::string& name, const ExpectedIdentity& expected,
+                               absl::Duration liveness_timeout) {
+  RETURN_IF_ERROR(ValidateName(name));
+  AttachOptions o;
+  o.liveness_timeout = liveness_timeout;
+  const absl::Status first = AttachOne(name, name, expected, o, Mode::kProbe).status();
+  if (first.ok()) return first;
+  for (const std::string& n : FallbackNames(name)) {
+    if (AttachOne(name, n, expected, o, Mode::kProbe).ok()) return absl::OkStatus();
+  }
+  return first;
+}
+
 absl::StatusOr<bool> ShmSegment::ReclaimStale(const std::string& name, const CreateOptions& options) {
   const int fd = ::shm_open(ObjectName(name).c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
   if (fd < 0) {
@@ -413,12 +426,13 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::AttachOne(const std::str
     return absl::UnavailableError(
         absl::StrCat("shm: segment '", name, "' was superseded; retry to attach the new one"));
   }
-  if (mode == Mode::kAttachLive) {
+  if (mode != Mode::kAttach) {
     // Peer() of a compute-role segment is the residency.
     const absl::Status live = seg->CheckPeer(seg->Peer().incarnation, options.liveness_timeout);
-    if (!live.ok()) {
+    if (!live.ok() || mode == Mode::kProbe) {
       seg->base_ = nullptr;
-      return live;
+      if (!live.ok()) return live;
+      return seg;
     }
   }
   const Role role = options.role;

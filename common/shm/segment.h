@@ -91,6 +91,11 @@ class ShmSegment {
   static absl::StatusOr<std::unique_ptr<ShmSegment>> Attach(const std::string& name,
                                                             const ExpectedIdentity& expected,
                                                             const AttachOptions& options = {});
+  // OK when a segment of `expected` for instance `name` (or a fallback of it) is trusted (see
+  // Ownership) and its residency is alive (CheckPeer's conditions, heartbeat within
+  // `liveness_timeout`); otherwise the reason (NotFound, Unavailable, ...). Registers nothing.
+  static absl::Status Probe(const std::string& name, const ExpectedIdentity& expected,
+                            absl::Duration liveness_timeout);
   // Unlinks `name` if it exists (for tests and `mer` tooling). OK when absent.
   static absl::Status Remove(const std::string& name);
 
@@ -137,8 +142,9 @@ class ShmSegment {
   // An object of this user under `name` left by an earlier residency: superseded and unlinked
   // (true), or FailedPrecondition while its residency lives. false: not this user's, untouched.
   static absl::StatusOr<bool> ReclaimStale(const std::string& name, const CreateOptions& options);
-  // kAttach: as Attach; kAttachLive: Unavailable unless its residency is alive.
-  enum class Mode { kAttach, kAttachLive };
+  // kAttach: as Attach; kAttachLive: Unavailable unless its residency is alive; kProbe: only
+  // that check, nothing registered (the result is unmapped, for its status only).
+  enum class Mode { kAttach, kAttachLive, kProbe };
   // The object `name` for instance `instance` (a fallback name, or the same).
   static absl::StatusOr<std::unique_ptr<ShmSegment>> AttachOne(const std::string& instance,
                                                                const std::string& name,

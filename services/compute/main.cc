@@ -32,7 +32,9 @@
 #include "services/compute/daemon/batcher.h"
 #include "services/compute/daemon/compute_metrics.h"
 #include "services/compute/daemon/compute_service.h"
+#include "services/compute/daemon/residency_monitor.h"
 #include "services/compute/residency_expert_source.h"
+#include "services/residency/daemon/segment_identity.h"
 
 #ifndef MER_VERSION
 #define MER_VERSION "unknown"
@@ -57,7 +59,8 @@ tokens in all. --ctx (default 4096, at most the model's) is the KV positions per
 2000) for a slot, then fails RESOURCE_EXHAUSTED. With --store and --residency the dense weights
 and the tokenizer come from STORE_DIR/dense.gguf, every byte of which is checked against the
 store's manifest at load, and the experts from the mer-residency instance NAME (each checked as
-it is read). With --model, --verify-model checks the file's SHA-256 (64 hex digits, as a model hub publishes
+it is read); while that instance is unreachable, Generate calls fail at once with UNAVAILABLE.
+With --model, --verify-model checks the file's SHA-256 (64 hex digits, as a model hub publishes
 it) before loading it. --backend cuda (builds with the cuda backend, one NVIDIA GPU) runs the
 forward pass on the GPU with an expert arena in VRAM, capped by --vram-expert-budget (bytes, or a percentage of
 all experts; default: the free VRAM less a margin); misses are uploaded from the host memory the
@@ -290,7 +293,15 @@ absl::Status Main(const Args& a) {
     return compute::Capacity{b->max_sequences(), b->free_sequences(), b->kv_budget_tokens(),
                              b->kv_free_tokens()};
   });
-  compute::ComputeService service(*batcher, info, std::move(vp));
+  // With a store: whether mer-residency is reachable, for GetInfo, Generate and the log.
+  std::unique_ptr<compute::ResidencyMonitor> monitor;
+  compute::ComputeServiceOptions service_options;
+  if (store) {
+    monitor = std::make_unique<compute::ResidencyMonitor>(a.residency,
+                                                          residency::ExpectedSegmentIdentity(store->manifest()));
+    service_options.serving = [m = monitor.get()] { return m->status(); };
+  }
+  compute::ComputeService service(*batcher, info, std::move(vp), service_options);
 
   const std::string socket_path = a.listen.substr(5);
   std::error_code ec;

@@ -35,6 +35,14 @@ std::shared_ptr<const ServedModel> ComputeClient::model() const {
   return model_;
 }
 
+absl::Status ComputeClient::serving() const {
+  absl::MutexLock lock(&mu_);
+  if (model_ == nullptr) return absl::UnavailableError("mer-compute is not available");
+  if (!unavailable_.empty())
+    return absl::UnavailableError(absl::StrCat("mer-compute cannot generate now: ", unavailable_));
+  return absl::OkStatus();
+}
+
 void ComputeClient::PollNow() {
   absl::MutexLock lock(&mu_);
   poll_now_ = true;
@@ -55,6 +63,17 @@ absl::Status ComputeClient::PollOnce() {
   pb::Info info;
   grpc::Status s = stub_->GetInfo(&ctx, pb::GetInfoRequest(), &info);
   if (!s.ok()) return FromGrpcStatus(s);
+  {
+    absl::MutexLock lock(&mu_);
+    if (info.unavailable() != unavailable_) {
+      if (info.unavailable().empty()) {
+        std::fprintf(stderr, "mer-gateway: mer-compute can generate again\n");
+      } else {
+        std::fprintf(stderr, "mer-gateway: mer-compute cannot generate: %s\n", info.unavailable().c_str());
+      }
+      unavailable_ = info.unavailable();
+    }
+  }
   const std::shared_ptr<const ServedModel> current = model();
   if (current != nullptr && current->info.instance_id() == info.instance_id()) return absl::OkStatus();
 

@@ -159,6 +159,7 @@ absl::Status GatewayService::GenerateImpl(grpc::ServerContext* context, Generate
   if (shutting_down_.load()) return absl::UnavailableError("mer-gateway is shutting down");
   const std::shared_ptr<const ServedModel> model = compute_.model();
   if (model == nullptr) return absl::UnavailableError("mer-compute is not available");
+  RETURN_IF_ERROR(compute_.serving());
   const pb::Info& info = model->info;
   const ModelLimits limits{info.vocab_size(), info.max_context_tokens(), info.kv_budget_tokens(),
                            model->max_token_bytes};

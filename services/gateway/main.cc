@@ -39,9 +39,9 @@ stderr as "listening on HOST:PORT") for the mer-compute daemon at unix:PATH. The
 from mer-compute. Up to --max-queue (default 256) Generate calls wait for a sequence slot; more
 get RESOURCE_EXHAUSTED. A request message may hold at most --max-request-bytes (default 4 MiB;
 a text prompt at most as much); at most 4 calls are read, checked and tokenized at once, so the
-gateway's memory stays bounded whatever clients send. While mer-compute is down calls get
-UNAVAILABLE and the health status is NOT_SERVING; it is polled and used again as soon as it
-answers. Prometheus metrics are served on
+gateway's memory stays bounded whatever clients send. While mer-compute is down, or reports that it cannot generate (its
+mer-residency is unreachable), calls get UNAVAILABLE naming the cause and the health status is
+NOT_SERVING; compute is polled and used again as soon as it answers. Prometheus metrics are served on
 http://HOST:PORT/metrics (default 127.0.0.1:0, printed as "metrics: URL"; off serves none), with
 the pages of --compute-metrics and --residency-metrics (their /metrics URLs) merged in, each
 series labelled daemon="gateway", "compute" or "residency".
@@ -140,11 +140,13 @@ absl::Status Main(const Args& a) {
   mer::systemd::WatchdogPacer watchdog;
   int serving = -1;
   while (!mer::StopRequested().load()) {
-    const int up = compute.model() != nullptr ? 1 : 0;
+    // Serving: mer-compute answers and can generate (its mer-residency is reachable).
+    const absl::Status can = compute.serving();
+    const int up = can.ok() ? 1 : 0;
     if (up != serving && health != nullptr) {
       health->SetServingStatus(up == 1);
       health->SetServingStatus("mer.v1.Mer", up == 1);
-      mer::systemd::NotifyStatus(up == 1 ? "serving" : "mer-compute unavailable");
+      mer::systemd::NotifyStatus(up == 1 ? "serving" : std::string(can.message()));
       serving = up;
     }
     watchdog.MaybePing([] { return true; });  // this loop turning is the liveness

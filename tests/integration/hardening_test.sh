@@ -5,7 +5,10 @@
 #     made by a mer-residency run as `nobody`, mode 0666): mer-compute refuses to map it, naming
 #     its owner; a mer-residency of this user then serves under a fallback name instead of
 #     stopping with "File exists", and mer-compute finds it and generates the right ids (needs
-#     root and setpriv to act as `nobody`; skipped with a note otherwise).
+#     root and setpriv to act as `nobody`; skipped with a note otherwise);
+#  2. mer-residency SIGKILLed and left down: mer-compute logs that it is unreachable, the gateway's
+#     health turns NOT_SERVING and a call fails at once with UNAVAILABLE naming mer-residency;
+#     after a restart it serves again.
 set -u
 MER=$1
 RES=$2
@@ -18,6 +21,18 @@ start_residency() {  # LOG [INSTANCE]
   ( exec "$RES" --store "$WORK/store" --instance "${2:-$TAG}" --ram-budget 50% --metrics-listen off >"$1" 2>&1 ) &
   RPID=$!; PIDS+=("$RPID")
   wait_log "$1" "ready" "$RPID"
+}
+start_compute() {  # LOG
+  ( exec "$COMP" --store "$WORK/store" --residency "$TAG" --listen "unix:$WORK/compute.sock" \
+      --max-sequences 4 --ctx 4096 --threads 2 --metrics-listen off >"$1" 2>&1 ) &
+  CPID=$!; PIDS+=("$CPID")
+  wait_log "$1" "ready" "$CPID"
+}
+client() { timeout 60 "$MER" client --addr "$ADDR" "$@"; }
+health() { timeout 10 "$MER" client --addr "$ADDR" --health 2>/dev/null; }
+wait_health() {  # STATUS: until the gateway's health says it (10 s)
+  for _ in $(seq 1 200); do [ "$(health)" == "$1" ] && return 0; sleep 0.05; done
+  fail "health never became $1 (is $(health))"; return 1
 }
 
 timeout 120 "$MER" synth --preset micro --quant q8_0 --threads 2 --out "$WORK/m.gguf" >/dev/null || { fail synth; exit 1; }
@@ -62,5 +77,36 @@ if [ "$(id -u)" == 0 ] && command -v setpriv >/dev/null 2>&1; then
 else
   echo "  note: not root or no setpriv: the other-user segment checks are skipped (see shm_test)"
 fi
+
+# --- The three daemons ----------------------------------------------------------------------------
+start_residency "$WORK/r1.log" || { fail "mer-residency did not start"; exit 1; }
+start_compute "$WORK/c1.log" || { fail "mer-compute did not start"; exit 1; }
+( exec "$GW" --compute "unix:$WORK/compute.sock" --listen 127.0.0.1:0 --metrics-listen off >"$WORK/g.log" 2>&1 ) &
+GPID=$!; PIDS+=("$GPID")
+wait_log "$WORK/g.log" "ready" "$GPID" || { fail "mer-gateway did not start"; exit 1; }
+ADDR=$(grep -o 'listening on [0-9.:]*' "$WORK/g.log" | awk '{print $3}')
+wait_health SERVING
+out=$(client --prompt-tokens 5,6,7 --max-tokens 6 --ignore-eos --print-token-ids 2>&1)
+[ "$out" == "$WANT" ] || fail "first call: '$out'"
+
+# --- 2. A residency outage is visible and fails fast ------------------------------------------------
+kill -KILL "$RPID"; wait "$RPID" 2>/dev/null
+t0=$(date +%s.%N)
+wait_health NOT_SERVING
+seen=$(awk -v t0="$t0" -v now="$(date +%s.%N)" 'BEGIN { printf "%.1f", now - t0 }')
+grep -q "mer-residency instance '$TAG' is unreachable" "$WORK/c1.log" || fail "mer-compute logged nothing: $(tail -3 "$WORK/c1.log")"
+t1=$(date +%s.%N)
+client --prompt-tokens 1,2,3 --max-tokens 4 --ignore-eos >/dev/null 2>"$WORK/down.err"
+took=$(awk -v t0="$t1" -v now="$(date +%s.%N)" 'BEGIN { printf "%.2f", now - t0 }')
+grep -q "UNAVAILABLE: .*mer-residency instance '$TAG' is unreachable" "$WORK/down.err" ||
+  fail "residency down: $(cat "$WORK/down.err")"
+awk -v t="$took" 'BEGIN { exit !(t < 2) }' || fail "residency down: the call took $took s"
+echo "residency down: health NOT_SERVING after $seen s; a call failed in $took s: $(grep -o 'UNAVAILABLE.*' "$WORK/down.err" | cut -c1-110)"
+grep "unreachable" "$WORK/c1.log" | head -1 | sed 's/^/  compute: /'
+start_residency "$WORK/r2.log" || fail "residency restart"
+wait_health SERVING
+grep -q "mer-residency instance '$TAG' is reachable again" "$WORK/c1.log" || fail "mer-compute did not log the residency's return"
+out=$(client --prompt-tokens 5,6,7 --max-tokens 6 --ignore-eos --print-token-ids 2>&1)
+[ "$out" == "$WANT" ] || fail "after the residency restart: '$out'"
 
 finish
