@@ -164,7 +164,15 @@ absl::Status GatewayService::GenerateImpl(grpc::ServerContext* context, Generate
   const ModelLimits limits{info.vocab_size(), info.max_context_tokens(), info.kv_budget_tokens(),
                            model->max_token_bytes};
 
-  const absl::Time deadline = absl::FromChrono(context->deadline());
+  // The client's deadline, or the server's own bound on a call, whichever comes first.
+  const absl::Time client_deadline = absl::FromChrono(context->deadline());
+  const absl::Time deadline = std::min(client_deadline, start + options_.max_call_duration);
+  const auto past_deadline = [&] {
+    if (client_deadline <= deadline) return absl::DeadlineExceededError("deadline exceeded while generating");
+    return absl::DeadlineExceededError(absl::StrCat(
+        "the call reached the server's maximum call duration (",
+        absl::FormatDuration(options_.max_call_duration), ", mer-gateway --max-call-seconds)"));
+  };
   uint64_t watch;
   Watched* watched = Watch(context, &watch);
   absl::Cleanup unwatch = [this, watch] { Unwatch(watch); };
@@ -189,7 +197,7 @@ absl::Status GatewayService::GenerateImpl(grpc::ServerContext* context, Generate
   }
 
   grpc::ClientContext call;
-  if (deadline != absl::InfiniteFuture()) call.set_deadline(context->deadline());
+  call.set_deadline(absl::ToChronoTime(deadline));
   SetComputeCall(watched, &call);
   absl::Cleanup detach = [this, watched] { SetComputeCall(watched, nullptr); };  // before `call` goes
   std::unique_ptr<grpc::ClientReader<pb::GenerateResponse>> reader = compute_.stub().Generate(&call, v.compute);
@@ -242,7 +250,7 @@ absl::Status GatewayService::GenerateImpl(grpc::ServerContext* context, Generate
   if (metrics_ != nullptr) metrics_->AddGeneratedTokens(completion);
   if (stopped) finish = mer::v1::FINISH_REASON_STOP;
   if (finish == mer::v1::FINISH_REASON_UNSPECIFIED) {
-    if (absl::Now() >= deadline) return absl::DeadlineExceededError("deadline exceeded while generating");
+    if (absl::Now() >= deadline) return past_deadline();
     if (client_gone || context->IsCancelled()) return absl::CancelledError("cancelled by the client");
     if (shutting_down_.load()) {
       finish = mer::v1::FINISH_REASON_CANCELLED;

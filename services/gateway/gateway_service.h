@@ -41,6 +41,9 @@ struct GatewayOptions {
   absl::Duration cancel_poll = absl::Milliseconds(5);
   // Calls in their intake (request read, checked, tokenized) at once; more wait for a turn.
   int intake_max = 4;
+  // Longest a Generate call may take, queue included, whatever deadline the client set (or none):
+  // then it ends with DEADLINE_EXCEEDED, so a wedged mer-compute cannot hold calls forever.
+  absl::Duration max_call_duration = absl::Minutes(10);
 };
 
 class GatewayService final : public mer::v1::Mer::Service {

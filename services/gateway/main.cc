@@ -31,7 +31,7 @@ namespace {
 constexpr char kHelp[] =
     R"(usage: mer-gateway --compute unix:PATH [--listen HOST:PORT] [--metrics-listen HOST:PORT|off]
                    [--compute-metrics URL] [--residency-metrics URL] [--max-queue N]
-                   [--max-request-bytes N]
+                   [--max-request-bytes N] [--max-call-seconds N]
 
 Serves mer's public gRPC API (mer.v1.Mer: Generate, Tokenize, GetModelInfo; grpc.health.v1;
 server reflection) on --listen (default 127.0.0.1:50051; port 0 picks a free one, printed on
@@ -39,7 +39,9 @@ stderr as "listening on HOST:PORT") for the mer-compute daemon at unix:PATH. The
 from mer-compute. Up to --max-queue (default 256) Generate calls wait for a sequence slot; more
 get RESOURCE_EXHAUSTED. A request message may hold at most --max-request-bytes (default 4 MiB;
 a text prompt at most as much); at most 4 calls are read, checked and tokenized at once, so the
-gateway's memory stays bounded whatever clients send. While mer-compute is down, or reports that it cannot generate (its
+gateway's memory stays bounded whatever clients send. A Generate call lasts at most
+--max-call-seconds (default 600), whatever deadline its client set, or none: then it ends with
+DEADLINE_EXCEEDED. While mer-compute is down, or reports that it cannot generate (its
 mer-residency is unreachable), calls get UNAVAILABLE naming the cause and the health status is
 NOT_SERVING; compute is polled and used again as soon as it answers. Prometheus metrics are served on
 http://HOST:PORT/metrics (default 127.0.0.1:0, printed as "metrics: URL"; off serves none), with
@@ -53,13 +55,15 @@ struct Args {
   std::string compute_metrics, residency_metrics;
   int64_t max_queue = 256;
   int64_t max_request_bytes = 4 << 20;
+  int64_t max_call_seconds = 600;
 };
 
 absl::Status ParseArgs(int argc, char** argv, Args* a) {
   ASSIGN_OR_RETURN(const mer::Flags f,
                    mer::Flags::ParseMain(argc, argv,
                                          {"compute", "listen", "metrics-listen", "compute-metrics",
-                                          "residency-metrics", "max-queue", "max-request-bytes"},
+                                          "residency-metrics", "max-queue", "max-request-bytes",
+                                          "max-call-seconds"},
                                          {}));
   a->compute = f.String("compute");
   a->listen = f.String("listen", a->listen);
@@ -69,6 +73,8 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
   ASSIGN_OR_RETURN(a->max_queue, f.IntInRange("max-queue", a->max_queue, 0, 1000000));
   ASSIGN_OR_RETURN(a->max_request_bytes,
                    f.IntInRange("max-request-bytes", a->max_request_bytes, 1024, int64_t{1} << 30));
+  ASSIGN_OR_RETURN(a->max_call_seconds,
+                   f.IntInRange("max-call-seconds", a->max_call_seconds, 1, int64_t{30} * 24 * 3600));
   if (a->compute.rfind("unix:", 0) != 0 || a->compute.size() <= 5)
     return absl::InvalidArgumentError("--compute unix:PATH is required");
   for (const std::string* url : {&a->compute_metrics, &a->residency_metrics}) {
@@ -109,6 +115,7 @@ absl::Status Main(const Args& a) {
   });
   GatewayOptions go;
   go.limits.max_prompt_bytes = a.max_request_bytes;
+  go.max_call_duration = absl::Seconds(a.max_call_seconds);
   GatewayService service(compute, scheduler, &metrics, go);
 
   grpc::EnableDefaultHealthCheckService(true);

@@ -8,7 +8,9 @@
 #     root and setpriv to act as `nobody`; skipped with a note otherwise);
 #  2. mer-residency SIGKILLed and left down: mer-compute logs that it is unreachable, the gateway's
 #     health turns NOT_SERVING and a call fails at once with UNAVAILABLE naming mer-residency;
-#     after a restart it serves again.
+#     after a restart it serves again;
+#  3. a call without a deadline on a SIGSTOPped mer-compute ends at the gateway's maximum call
+#     duration with DEADLINE_EXCEEDED saying so.
 set -u
 MER=$1
 RES=$2
@@ -81,7 +83,8 @@ fi
 # --- The three daemons ----------------------------------------------------------------------------
 start_residency "$WORK/r1.log" || { fail "mer-residency did not start"; exit 1; }
 start_compute "$WORK/c1.log" || { fail "mer-compute did not start"; exit 1; }
-( exec "$GW" --compute "unix:$WORK/compute.sock" --listen 127.0.0.1:0 --metrics-listen off >"$WORK/g.log" 2>&1 ) &
+( exec "$GW" --compute "unix:$WORK/compute.sock" --listen 127.0.0.1:0 --metrics-listen off \
+    --max-call-seconds 3 >"$WORK/g.log" 2>&1 ) &
 GPID=$!; PIDS+=("$GPID")
 wait_log "$WORK/g.log" "ready" "$GPID" || { fail "mer-gateway did not start"; exit 1; }
 ADDR=$(grep -o 'listening on [0-9.:]*' "$WORK/g.log" | awk '{print $3}')
@@ -108,5 +111,23 @@ wait_health SERVING
 grep -q "mer-residency instance '$TAG' is reachable again" "$WORK/c1.log" || fail "mer-compute did not log the residency's return"
 out=$(client --prompt-tokens 5,6,7 --max-tokens 6 --ignore-eos --print-token-ids 2>&1)
 [ "$out" == "$WANT" ] || fail "after the residency restart: '$out'"
+
+# --- 3. The server's maximum call duration ------------------------------------------------------------
+# The call goes to mer-compute before the gateway's poll (GetInfo, 2 s timeout) can notice it stopped.
+kill -STOP "$CPID"
+t1=$(date +%s.%N)
+( exec "$MER" client --addr "$ADDR" --prompt-tokens 1,2,3 --max-tokens 200 --ignore-eos >"$WORK/long.out" 2>"$WORK/long.err" ) &
+LP=$!
+for _ in $(seq 1 150); do kill -0 "$LP" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$LP" 2>/dev/null; then fail "a call on a stopped mer-compute still runs 15 s later"; kill -KILL "$LP"; fi
+wait "$LP"
+took=$(awk -v t0="$t1" -v now="$(date +%s.%N)" 'BEGIN { printf "%.1f", now - t0 }')
+grep -q "DEADLINE_EXCEEDED: the call reached the server's maximum call duration" "$WORK/long.err" ||
+  fail "stopped compute: $(cat "$WORK/long.err")"
+echo "compute SIGSTOPped: a call without a deadline ended $took s later: $(grep -o 'DEADLINE_EXCEEDED.*' "$WORK/long.err")"
+kill -CONT "$CPID"
+wait_health SERVING
+out=$(client --prompt-tokens 5,6,7 --max-tokens 6 --ignore-eos --print-token-ids 2>&1)
+[ "$out" == "$WANT" ] || fail "after SIGCONT: '$out'"
 
 finish
