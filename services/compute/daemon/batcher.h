@@ -11,6 +11,11 @@
 // Admission: a sequence takes one of the backend's max_sequences slots and reserves
 // prompt + max_new_tokens - 1 positions of the KV budget (kv_budget_tokens) until it leaves.
 //
+// Failures: a step that fails leaves the KV entries of its sequences undefined. A damaged expert
+// (DataLoss) fails only the sequences routed to it: the step's sequences run again one at a time
+// (RunEachAlone), so the others go on with the tokens they would have had. Any other error fails
+// every sequence of the step.
+//
 // Thread-safety: Submit, the counters and every SequenceStream method may be called from any
 // thread. The backend is used by the step thread only, from the constructor to the destructor.
 #pragma once
@@ -125,6 +130,11 @@ class Batcher {
   // One step over running_; false when there was nothing to run.
   bool Step();
   void Leave(size_t index, absl::Status status, FinishReason reason);
+  // After a batch failed with DataLoss: runs each of its sequences alone (their own tokens, the
+  // same positions: the KV entries the failed step wrote are written again, and a batch-invariant
+  // backend gives each the logits the batch would have), into the batch's output rows; sets
+  // errors_[i] for the sequences that fail alone, i.e. that were routed to the damaged expert.
+  void RunEachAlone(bool all_argmax);
 
   ComputeBackend& backend_;
   const BatcherOptions options_;
@@ -150,6 +160,8 @@ class Batcher {
   std::vector<float> logits_;        // f32 [max_batch_tokens, n_vocab]
   std::vector<int32_t> greedy_;      // [max_batch_tokens]: each row's argmax, when every row is greedy
   std::vector<size_t> leaving_;      // running_ indices that finish in this step
+  std::vector<absl::Status> errors_;  // per running_ index: why it failed in this step
+  std::vector<BatchToken> alone_;    // [max_batch_tokens]: one sequence's tokens (RunEachAlone)
   size_t decode_rotation_ = 0;       // where decodes start when they do not all fit
 
   std::thread thread_;
