@@ -1,4 +1,4 @@
-// The main() of each mer daemon: --help, argument errors (exit 2), SIGTERM/SIGINT as a stop
+// The main() of each mer daemon: --help, --version, argument errors (exit 2), SIGTERM/SIGINT as a stop
 // request, SIGPIPE ignored (a peer that hangs up must not kill the daemon), the daemon's own run,
 // and its error (exit 1), each printed as "NAME: message".
 #pragma once
@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "mer/version.h"
 
 namespace mer {
 
@@ -26,6 +27,10 @@ int DaemonMain(const char* name, const char* help, int argc, char** argv,
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--help") == 0) {
       std::fputs(help, stdout);
+      return 0;
+    }
+    if (std::strcmp(argv[i], "--version") == 0) {
+      std::printf("%s %s\n", name, MER_VERSION_STRING);
       return 0;
     }
   }

@@ -39,6 +39,7 @@ absl::StatusOr<TokenizerVocab> LoadTokenizerVocab(const GgufFile& file) {
   ASSIGN_OR_RETURN(vocab.bos_id, id("tokenizer.ggml.bos_token_id"));
   ASSIGN_OR_RETURN(vocab.eos_id, id("tokenizer.ggml.eos_token_id"));
   if (auto add_bos = file.GetBool("tokenizer.ggml.add_bos_token"); add_bos.ok()) vocab.add_bos = *add_bos;
+  if (auto chat = file.GetString("tokenizer.chat_template"); chat.ok()) vocab.chat_template = std::string(*chat);
   return vocab;
 }
 

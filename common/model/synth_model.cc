@@ -5,6 +5,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <numeric>
 #include <thread>
@@ -168,7 +169,42 @@ std::optional<SynthGeometry> SynthPreset(const std::string& name) {
     g.n_expert = 128; g.n_expert_used = 8; g.n_ff_exp = 1536; g.n_vocab = 151936; g.n_ctx = 40960;
     return g;
   }
+  if (name.rfind("random:", 0) == 0) {
+    const std::string digits = name.substr(7);
+    if (digits.empty() || digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos)
+      return std::nullopt;
+    return RandomSynthGeometry(std::stoull(digits));
+  }
   return std::nullopt;
+}
+
+SynthGeometry RandomSynthGeometry(uint64_t seed) {
+  uint64_t state = seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
+  const auto next = [&state] {  // splitmix64
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  const auto pick = [&next](std::initializer_list<int32_t> values) {
+    return *(values.begin() + next() % values.size());
+  };
+  SynthGeometry g;
+  g.n_layer = pick({1, 2, 3, 4});
+  // Widths that are multiples of 32 but often not of 64 or 256 (the K-quants fall back to Q8_0
+  // for rows that are not whole 256-blocks, as llama.cpp's quantizer does).
+  g.n_embd = pick({64, 96, 128, 160, 192, 224, 256, 288, 320, 512});
+  g.n_ff_exp = pick({32, 64, 96, 128, 160, 256});
+  do {
+    g.head_dim = pick({16, 32, 48, 64, 80, 96, 128, 256});
+    g.n_head_kv = pick({1, 2, 3, 4});
+    g.n_head = g.n_head_kv * pick({1, 2, 3, 4, 8});
+  } while ((int64_t{g.n_head} * g.head_dim) % 32 != 0 || g.n_head > 16);
+  g.n_expert = pick({2, 3, 5, 8, 16, 24, 31, 32, 48, 60, 64, 128});
+  g.n_expert_used = std::min<int32_t>(g.n_expert, pick({1, 1, 2, 3, 4, 6, 8}));
+  g.n_vocab = pick({300, 512, 777, 1024, 2048, 4000});
+  g.n_ctx = pick({128, 256, 512, 1024});  // below `mer up`'s default --ctx
+  return g;
 }
 
 std::optional<SynthQuant> ParseSynthQuant(const std::string& name) {
@@ -236,7 +272,12 @@ absl::StatusOr<std::vector<SynthTensor>> PlanSynthModel(const SynthOptions& opti
   w.AddUint32("qwen3moe.expert_feed_forward_length", g.n_ff_exp);
   w.AddBool("qwen3moe.expert_weights_norm", options.norm_topk_prob);
 
-  const TokenizerVocab vocab = MakeSyntheticVocab(g.n_vocab, g.n_vocab);
+  TokenizerVocab vocab = MakeSyntheticVocab(g.n_vocab, g.n_vocab);
+  const auto eos = std::find(vocab.tokens.begin(), vocab.tokens.end(), options.eos_token);
+  if (eos == vocab.tokens.end() || vocab.token_types[eos - vocab.tokens.begin()] != static_cast<int32_t>(TokenType::kControl))
+    return absl::InvalidArgumentError(absl::StrCat("eos_token: '", options.eos_token,
+                                                   "' is not a control token of the synthetic vocabulary"));
+  vocab.eos_id = static_cast<int32_t>(eos - vocab.tokens.begin());
   w.AddString("tokenizer.ggml.model", "gpt2");
   w.AddString("tokenizer.ggml.pre", "qwen2");
   w.AddStringArray("tokenizer.ggml.tokens", vocab.tokens);
@@ -244,8 +285,9 @@ absl::StatusOr<std::vector<SynthTensor>> PlanSynthModel(const SynthOptions& opti
   w.AddStringArray("tokenizer.ggml.merges", vocab.merges);
   w.AddUint32("tokenizer.ggml.bos_token_id", vocab.bos_id);
   w.AddUint32("tokenizer.ggml.eos_token_id", vocab.eos_id);
-  w.AddUint32("tokenizer.ggml.padding_token_id", vocab.eos_id);
+  w.AddUint32("tokenizer.ggml.padding_token_id", vocab.bos_id);
   w.AddBool("tokenizer.ggml.add_bos_token", vocab.add_bos);
+  if (!options.chat_template.empty()) w.AddString("tokenizer.chat_template", options.chat_template);
 
   // The shared direction c of the skew construction: a fixed random sign pattern, unit length.
   // Shared by the fill functions, which outlive this call.

@@ -46,8 +46,14 @@ struct SynthGeometry {
 };
 
 // "micro" (unit tests), "tiny" (the embedded default), "small", "qwen3-30b-a3b",
-// "qwen3-235b-a22b"; nullopt for an unknown name.
+// "qwen3-235b-a22b", or "random:SEED" (RandomSynthGeometry(SEED)); nullopt for an unknown name.
 std::optional<SynthGeometry> SynthPreset(const std::string& name);
+
+// A small valid geometry drawn from `seed` (the same seed, the same geometry), for testing every
+// path on shapes nobody tuned for: 1-4 layers; widths, expert ffn and head dims that are
+// multiples of 32 (resp. 16) but often not of 64 or 256; GQA ratios 1-8; 2-128 experts, not
+// always a multiple of 16; top-1 to top-8; vocabularies of 300-4000; contexts of 128-1024.
+SynthGeometry RandomSynthGeometry(uint64_t seed);
 
 enum class SynthQuant { kF32, kF16, kBF16, kQ8_0, kQ4_K };
 std::optional<SynthQuant> ParseSynthQuant(const std::string& name);  // "f32", "q4_k", ...
@@ -59,6 +65,11 @@ struct SynthOptions {
   double router_skew = 0.0;     // popularity logit offset -router_skew * ln(rank + 1); 0 = unskewed
   bool norm_topk_prob = true;   // written as qwen3moe.expert_weights_norm
   int threads = 0;              // 0 = all cores
+  // Written as tokenizer.chat_template when not empty (e.g. common/chat's Qwen3ChatTemplate()).
+  std::string chat_template;
+  // The text of the vocabulary's token written as tokenizer.ggml.eos_token_id: "<|endoftext|>"
+  // (the default, also bos) or "<|im_end|>", as Qwen3's instruct models have it.
+  std::string eos_token = "<|endoftext|>";
 };
 
 // The tensor type a weight of row length `cols` gets under `quant` (K-quants fall back to q8_0

@@ -457,6 +457,12 @@ int32_t Tokenizer::TokenId(std::string_view text) const {
 
 bool Tokenizer::IsEndOfGeneration(int32_t id) const { return data_->end_of_generation.contains(id); }
 
+std::vector<int32_t> Tokenizer::EndOfGenerationIds() const {
+  std::vector<int32_t> ids(data_->end_of_generation.begin(), data_->end_of_generation.end());
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
 int32_t Tokenizer::num_merges() const { return static_cast<int32_t>(data_->merges.size()); }
 int32_t Tokenizer::num_skipped_merges() const { return data_->num_skipped_merges; }
 

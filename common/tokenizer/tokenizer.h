@@ -55,6 +55,7 @@ struct TokenizerVocab {
   int32_t eos_id = -1;               // tokenizer.ggml.eos_token_id; -1: none
   bool add_bos = false;              // tokenizer.ggml.add_bos_token (qwen2: false)
   bool add_eos = false;              // tokenizer.ggml.add_eos_token (qwen2: false)
+  std::string chat_template;         // tokenizer.chat_template (Jinja); empty when the file has none
 };
 
 class Tokenizer {
@@ -110,6 +111,8 @@ class Tokenizer {
   // Whether generation should stop at `id`, as llama.cpp's llama_vocab_is_eog: eos, and tokens whose
   // text is an end-of-turn marker ("<|im_end|>", "<|endoftext|>", ...) or a FIM pad/repo/file-sep marker.
   bool IsEndOfGeneration(int32_t id) const;
+  // Every id for which IsEndOfGeneration is true, ascending: where generation stops by default.
+  std::vector<int32_t> EndOfGenerationIds() const;
 
   int32_t num_merges() const;          // merges in use
   int32_t num_skipped_merges() const;  // merges dropped by Create (see there)

@@ -50,6 +50,7 @@ absl::StatusOr<CreatedBackend> CreateBackend(const ModelWeights& weights, Expert
     co.profile_kernels = o.profile_kernels;
     if (o.attention_split_min_cells.has_value()) co.attention_split_min_cells = *o.attention_split_min_cells;
     co.vram_residency = o.vram_residency;
+    co.device_misses = o.device_misses;
     RETURN_IF_ERROR(ParseVramBudget(o.vram_expert_budget, &co));
     ASSIGN_OR_RETURN(out.engine, CudaEngine::Create(weights, experts, co));
     out.threads = 1;
@@ -73,48 +74,11 @@ absl::StatusOr<CreatedBackend> CreateBackend(const ModelWeights& weights, Expert
   return out;
 }
 
-std::string BackendKernelProfile(const ComputeBackend& engine, const std::string& backend_name) {
-#if MER_HAVE_CUDA
-  if (backend_name == "cuda") return static_cast<const CudaEngine&>(engine).KernelProfile();
-#endif
-  return {};
-}
-
 HostMemoryPinner HostMemoryPinnerFor(const BackendOptions& options) {
 #if MER_HAVE_CUDA
   if (options.backend == "cuda" && options.pin_host_experts) return CudaRegisterHostMemory;
 #endif
   return {};
-}
-
-BackendCounters ReadBackendCounters(const ComputeBackend& engine, const std::string& backend_name) {
-  BackendCounters b;
-#if MER_HAVE_CUDA
-  if (backend_name != "cuda") return b;
-  const CudaEngineStats s = static_cast<const CudaEngine&>(engine).stats();
-  b.tokens = s.tokens;
-  b.expert_lookups = s.expert_lookups;
-  b.expert_misses = s.expert_misses;
-  b.upload_bytes = s.expert_upload_bytes;
-  b.evictions = s.evictions;
-  b.vram_prefetch_issued = s.vram_prefetch_issued;
-  b.vram_prefetch_useful = s.vram_prefetch_useful;
-  b.vram_prefetch_wasted = s.vram_prefetch_wasted;
-  b.host_syncs = s.host_syncs;
-  b.graph_launches = s.graph_launches;
-  b.vram_used_bytes = s.vram_used_bytes;
-  b.vram_used_peak_bytes = s.vram_used_peak_bytes;
-  b.dense_bytes = s.dense_bytes;
-  b.kv_bytes = s.kv_bytes;
-  b.workspace_bytes = s.workspace_bytes;
-  b.arena_bytes = s.arena_bytes;
-  b.arena_slots = s.arena_slots;
-  b.arena_resident = s.arena_resident;
-  b.arena_placed_by_residency = s.arena_placed_by_residency;
-  b.total_experts = s.total_experts;
-  b.host_experts_pinned = s.host_experts_pinned;
-#endif
-  return b;
 }
 
 }  // namespace mer

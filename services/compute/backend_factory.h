@@ -1,6 +1,7 @@
 // Creating a compute backend by name: the one place that knows which backends this build has
 // (`cpu` always, `cuda` when built with MER_CUDA) and turns the shared engine settings into each
-// backend's options. Used by mer-compute and by the `mer` command line.
+// backend's options. Used by mer-compute and by the `mer` command line; everything else sees
+// only ComputeBackend (its counters and kernel profile included).
 #pragma once
 
 #include <cstdint>
@@ -29,36 +30,14 @@ struct BackendOptions {
   // RAM tier through HostMemoryPinnerFor).
   bool pin_host_experts = true;
   bool vram_prefetch = true;      // cuda: look-ahead prefetch into VRAM on decode misses
-  bool profile_kernels = false;   // cuda: time every kernel (BackendKernelProfile)
+  bool profile_kernels = false;   // cuda: time every kernel (ComputeBackend::KernelProfile)
   // cuda: CudaEngineOptions::attention_split_min_cells; unset: the engine's default.
   std::optional<int> attention_split_min_cells;
   // cuda: export the arena to mer-residency over CUDA IPC (it fills it); null: upload here.
   VramResidency* vram_residency = nullptr;
-};
-
-// What a backend reports beyond ComputeBackend (zero for the cpu backend).
-struct BackendCounters {
-  int64_t tokens = 0;
-  int64_t expert_lookups = 0;
-  int64_t expert_misses = 0;
-  int64_t upload_bytes = 0;
-  int64_t evictions = 0;
-  int64_t vram_prefetch_issued = 0;
-  int64_t vram_prefetch_useful = 0;
-  int64_t vram_prefetch_wasted = 0;
-  int64_t host_syncs = 0;
-  int64_t graph_launches = 0;
-  int64_t vram_used_bytes = 0;
-  int64_t vram_used_peak_bytes = 0;
-  int64_t dense_bytes = 0;
-  int64_t kv_bytes = 0;
-  int64_t workspace_bytes = 0;
-  int64_t arena_bytes = 0;
-  int64_t arena_slots = 0;
-  int64_t arena_resident = 0;
-  bool arena_placed_by_residency = false;  // CudaEngineStats::arena_placed_by_residency
-  int64_t total_experts = 0;
-  bool host_experts_pinned = false;
+  // cuda with vram_residency: the device decides each layer's hits and misses (CudaEngineOptions::
+  // device_misses); false: the host reads each layer's routing and serves its misses.
+  bool device_misses = true;
 };
 
 struct CreatedBackend {
@@ -76,11 +55,5 @@ absl::StatusOr<CreatedBackend> CreateBackend(const ModelWeights& weights, Expert
 // tier: ResidencyExpertSourceOptions::pin_ram_tier). cuda with pin_host_experts:
 // cudaHostRegister; empty otherwise (the cpu backend reads experts in place; no cuda in the build).
 HostMemoryPinner HostMemoryPinnerFor(const BackendOptions& options);
-
-// The counters of a backend made by CreateBackend with `backend_name`.
-BackendCounters ReadBackendCounters(const ComputeBackend& engine, const std::string& backend_name);
-
-// cuda with profile_kernels: the per-kernel GPU time table; empty otherwise.
-std::string BackendKernelProfile(const ComputeBackend& engine, const std::string& backend_name);
 
 }  // namespace mer

@@ -91,7 +91,7 @@ absl::StatusOr<std::vector<int32_t>> Generate(ComputeBackend& engine, int sequen
       s.ttft_seconds = SecondsSince(t0);
     }
     if (on_token) on_token(token);
-    return token != request.eos_id && out.size() < static_cast<size_t>(request.max_new_tokens);
+    return !request.IsStop(token) && out.size() < static_cast<size_t>(request.max_new_tokens);
   };
   if (argmax) {
     // The prompt's argmax, then each token fed back at the next position (the last one never).

@@ -3,6 +3,7 @@
 // the engine is compared with llama.cpp step by step.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -18,7 +19,12 @@ struct GenerationRequest {
   std::vector<int32_t> prompt;  // non-empty
   int32_t max_new_tokens = 16;
   SamplingParams sampling;
-  int32_t eos_id = -1;          // generation stops after emitting it; -1: never
+  std::vector<int32_t> stop_ids;  // generation stops after emitting one of these (its end-of-generation tokens)
+  int32_t top_logprobs = -1;      // >= 0: each token's log-probability and that many alternatives (Batcher)
+
+  bool IsStop(int32_t token) const {
+    return std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end();
+  }
 };
 
 struct GenerationStats {

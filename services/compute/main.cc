@@ -45,7 +45,7 @@ namespace {
 constexpr char kHelp[] =
     R"(usage: mer-compute (--model F.gguf | --store STORE_DIR --residency NAME) --listen unix:PATH
                    [--backend cpu|cuda] [--vram-expert-budget BYTES|PERCENT%] [--pin-experts 0|1]
-                   [--vram-prefetch 0|1] [--vram-arena residency|compute]
+                   [--vram-prefetch 0|1] [--vram-arena residency|compute] [--miss-path device|host]
                    [--max-sequences N] [--max-batch-tokens N] [--ctx N] [--kv-budget-tokens N]
                    [--threads N] [--admission-wait-ms N] [--metrics-listen HOST:PORT|off]
                    [--verify-model SHA256]
@@ -70,7 +70,11 @@ next layer's predicted experts are uploaded ahead of demand unless --vram-prefet
 (docs/cuda.md). With --store and --backend cuda the arena is by default exported to
 mer-residency over CUDA IPC and filled by it (--vram-arena residency: mer-residency uploads
 from its RAM tier, evicts and prefetches into VRAM); --vram-arena compute keeps the arena's
-uploads in this process, from its own mapping of the RAM tier. Prometheus metrics are served on http://HOST:PORT/metrics (default
+uploads in this process, from its own mapping of the RAM tier. An arena that holds every expert
+is filled once at start and never exported. Over CUDA IPC the device decides each layer's hits
+and misses and waits for its misses on the device (--miss-path device, the default where the
+arena has room for a layer's experts: no host round trip per layer); --miss-path host has the
+host read each layer's routing and serve its misses. Prometheus metrics are served on http://HOST:PORT/metrics (default
 127.0.0.1:0: a free port, printed on stderr as "metrics: http://127.0.0.1:PORT/metrics"); off
 serves none.
 )";
@@ -85,6 +89,7 @@ struct Args {
   bool vram_prefetch = true;
   std::string vram_arena;  // "residency" or "compute"
   std::string verify_model;  // expected SHA-256 of --model, hex
+  std::string miss_path;     // "device" or "host"
 };
 
 absl::Status ParseArgs(int argc, char** argv, Args* a) {
@@ -94,7 +99,7 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
                                           "vram-expert-budget", "metrics-listen", "max-sequences",
                                           "max-batch-tokens", "ctx", "kv-budget-tokens", "threads",
                                           "admission-wait-ms", "pin-experts", "vram-prefetch", "vram-arena",
-                                          "verify-model"},
+                                          "miss-path", "verify-model"},
                                          {}));
   a->model = f.String("model");
   a->store = f.String("store");
@@ -121,6 +126,7 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
   ASSIGN_OR_RETURN(a->vram_arena,
                    f.OneOf("vram-arena", !a->store.empty() && a->backend == "cuda" ? "residency" : "compute",
                            {"residency", "compute"}));
+  ASSIGN_OR_RETURN(a->miss_path, f.OneOf("miss-path", "device", {"device", "host"}));
   if (a->vram_arena == "residency" && (a->store.empty() || a->backend != "cuda"))
     return absl::InvalidArgumentError("--vram-arena residency needs --backend cuda and --store/--residency");
   if (a->model.empty() == a->store.empty())
@@ -192,11 +198,13 @@ absl::Status Main(const Args& a) {
   bo_engine.vram_expert_budget = a.vram_expert_budget;
   bo_engine.pin_host_experts = a.pin_experts;
   bo_engine.vram_prefetch = a.vram_prefetch;
+  bo_engine.device_misses = a.miss_path == "device";
   if (store) {
     systemd::NotifyStatus(absl::StrCat("waiting for mer-residency instance ", a.residency));
     ResidencyExpertSourceOptions so;
-    // cuda uploading itself: register the RAM tier here too (over CUDA IPC mer-residency uploads).
-    if (a.vram_arena == "compute") so.pin_ram_tier = HostMemoryPinnerFor(bo_engine);
+    // cuda: register the RAM tier in this process too, for the uploads compute makes itself (all
+    // of them with --vram-arena compute; the fill of an arena that holds every expert otherwise).
+    so.pin_ram_tier = HostMemoryPinnerFor(bo_engine);
     ASSIGN_OR_RETURN(std::unique_ptr<ResidencyExpertSource> source,
                      ResidencyExpertSource::Connect(*store, a.residency, so));
     residency = source.get();
@@ -249,42 +257,22 @@ absl::Status Main(const Args& a) {
   vp.set_eos_id(vocab->eos_id);
   vp.set_add_bos(vocab->add_bos);
   vp.set_add_eos(vocab->add_eos);
+  vp.set_chat_template(vocab->chat_template);
 
   compute::ComputeMetrics metrics(MER_VERSION, a.backend, nullptr);
   compute::BatcherOptions bo;
   bo.kv_budget_tokens = a.kv_budget_tokens;
   bo.admission_wait = absl::Milliseconds(a.admission_wait_ms);
-  if (a.backend == "cuda") {
-    // The cuda backend's counters (VRAM hit rate, uploads, host syncs) as metrics: read on the
-    // step thread, at most every 100 ms while steps run and at every idle tick, so a scrape
-    // after a burst sees its end.
+  {
+    // The backend's counters (VRAM hit rate, uploads, host syncs: a device backend's) as
+    // metrics: read on the step thread, at most every 100 ms while steps run and at every idle
+    // tick, so a scrape after a burst sees its end.
     ComputeBackend* e = engine.get();
-    bo.after_step = [e, &metrics, backend = a.backend, last = absl::InfinitePast()](bool idle) mutable {
+    bo.after_step = [e, &metrics, last = absl::InfinitePast()](bool idle) mutable {
       const absl::Time now = absl::Now();
       if (!idle && now - last < absl::Milliseconds(100)) return;
       last = now;
-      const BackendCounters b = ReadBackendCounters(*e, backend);
-      compute::BackendStats s;
-      s.expert_lookups = b.expert_lookups;
-      s.expert_misses = b.expert_misses;
-      s.upload_bytes = b.upload_bytes;
-      s.evictions = b.evictions;
-      s.host_syncs = b.host_syncs;
-      s.graph_launches = b.graph_launches;
-      s.tokens = b.tokens;
-      s.prefetch_issued = b.vram_prefetch_issued;
-      s.prefetch_useful = b.vram_prefetch_useful;
-      s.prefetch_wasted = b.vram_prefetch_wasted;
-      s.arena_slots = b.arena_slots;
-      s.arena_resident = b.arena_resident;
-      s.arena_placed_by_residency = b.arena_placed_by_residency;
-      s.vram_used_peak_bytes = b.vram_used_peak_bytes;
-      s.dense_bytes = b.dense_bytes;
-      s.kv_bytes = b.kv_bytes;
-      s.workspace_bytes = b.workspace_bytes;
-      s.arena_bytes = b.arena_bytes;
-      s.vram_used_bytes = b.vram_used_bytes;
-      metrics.OnBackendStats(s);
+      metrics.OnBackendCounters(e->counters());
     };
   }
   auto batcher = std::make_unique<compute::Batcher>(*engine, bo, &metrics);

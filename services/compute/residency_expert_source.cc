@@ -103,6 +103,11 @@ absl::Status ResidencyExpertSource::Attach() {
   ram_pin_ = PinRamTier(*segment);
   segment_ = std::move(segment);
   client_ = std::move(client);
+  ++attachments_;
+  // Pins taken in the old segment mean nothing to the new mer-residency (attachment() tells the
+  // engine to forget what it published under them).
+  for (auto& [key, pin] : long_pins_) pin.client->Release(absl::MakeConstSpan(&pin.pinned, 1));
+  long_pins_.clear();
   if (arena_.has_value()) {
     // A new segment (a restarted mer-residency) knows nothing of the arena: export it again.
     // Its fill numbers start over, so what was converted is forgotten too.
@@ -155,28 +160,27 @@ absl::Status ResidencyExpertSource::TryAcquireVram(int layer, absl::Span<const i
   return s;
 }
 
-absl::StatusOr<int> ResidencyExpertSource::AcquireVram(int layer, absl::Span<const int32_t> experts,
-                                                       absl::Span<VramPlacement> out) {
+absl::StatusOr<int> ResidencyExpertSource::AcquireVramInto(int layer, absl::Span<const int32_t> experts,
+                                                           absl::Span<VramPlacement> out, Held* held) {
   if (!arena_.has_value())
     return absl::FailedPreconditionError("AcquireVram before ExportArena");
-  Held held;
   uint64_t demands_before = client_->stats().demands;
-  absl::Status s = TryAcquireVram(layer, experts, &held);
+  absl::Status s = TryAcquireVram(layer, experts, held);
   if (absl::IsUnavailable(s)) {
     ++reconnects_;
     const absl::Status a = Attach();  // re-exports the arena into the new segment
     if (!a.ok())
       return absl::UnavailableError(absl::StrCat(s.message(), "; reconnecting: ", a.message()));
     demands_before = client_->stats().demands;
-    s = TryAcquireVram(layer, experts, &held);
+    s = TryAcquireVram(layer, experts, held);
   }
   if (!s.ok()) return s;
-  const int demanded = static_cast<int>(held.client->stats().demands - demands_before);
+  const int demanded = static_cast<int>(held->client->stats().demands - demands_before);
   for (size_t i = 0; i < experts.size(); ++i) {
-    const shm::PinnedExpert& p = held.pinned[i];
+    const shm::PinnedExpert& p = held->pinned[i];
     if (p.slot >= converted_fill_.size()) {
-      held.client->Release(held.pinned);
-      held.client->EndStep(held.step);
+      held->client->Release(held->pinned);
+      held->client->EndStep(held->step);
       return absl::InternalError(absl::StrCat("layer ", layer, " expert ", experts[i],
                                               ": VRAM slot ", p.slot, " outside the arena of ",
                                               converted_fill_.size()));
@@ -187,8 +191,35 @@ absl::StatusOr<int> ResidencyExpertSource::AcquireVram(int layer, absl::Span<con
   }
   ++layers_;
   experts_ += experts.size();
+  return demanded;
+}
+
+absl::StatusOr<int> ResidencyExpertSource::AcquireVram(int layer, absl::Span<const int32_t> experts,
+                                                       absl::Span<VramPlacement> out) {
+  Held held;
+  ASSIGN_OR_RETURN(const int demanded, AcquireVramInto(layer, experts, out, &held));
   vram_held_.push_back(std::move(held));
   return demanded;
+}
+
+absl::StatusOr<int> ResidencyExpertSource::PinVram(int layer, absl::Span<const int32_t> experts,
+                                                   absl::Span<VramPlacement> out) {
+  Held held;
+  ASSIGN_OR_RETURN(const int demanded, AcquireVramInto(layer, experts, out, &held));
+  // The pins outlast the step: its epoch slot is freed now (a slot's safety is its pin alone).
+  held.client->EndStep(held.step);
+  for (size_t i = 0; i < experts.size(); ++i) {
+    const auto [it, inserted] = long_pins_.try_emplace({layer, experts[i]}, LongPin{held.client, held.pinned[i]});
+    if (!inserted) held.client->Release(absl::MakeConstSpan(&held.pinned[i], 1));  // pinned already
+  }
+  return demanded;
+}
+
+void ResidencyExpertSource::UnpinVram(int layer, int32_t expert) {
+  const auto it = long_pins_.find({layer, expert});
+  if (it == long_pins_.end()) return;
+  it->second.client->Release(absl::MakeConstSpan(&it->second.pinned, 1));
+  long_pins_.erase(it);
 }
 
 void ResidencyExpertSource::ReleaseVram() {

@@ -97,6 +97,10 @@ class ResidencyExpertSource final : public ExpertSource, public VramResidency {
   void ReleaseVram() override;
   void HintVram(int layer, absl::Span<const int32_t> experts, absl::Span<const uint8_t> confidence,
                 bool predicted) override;
+  absl::StatusOr<int> PinVram(int layer, absl::Span<const int32_t> experts,
+                              absl::Span<VramPlacement> out) override;
+  void UnpinVram(int layer, int32_t expert) override;
+  uint64_t attachment() const override { return attachments_; }
 
   ResidencySourceStats stats() const;
   // Bytes of mer-residency's RAM tier (slots x slot size) in the segment attached now.
@@ -123,6 +127,10 @@ class ResidencyExpertSource final : public ExpertSource, public VramResidency {
   // Registers `segment`'s RAM tier with options_.pin_ram_tier (sets pinning_); null when not pinned.
   std::shared_ptr<void> PinRamTier(const shm::ShmSegment& segment);
   absl::Status TryAcquireVram(int layer, absl::Span<const int32_t> experts, Held* held);
+  // AcquireVram and PinVram: pins experts of `layer` (re-attaching and retrying once after
+  // Unavailable) into *held and writes out; returns how many were demanded.
+  absl::StatusOr<int> AcquireVramInto(int layer, absl::Span<const int32_t> experts,
+                                      absl::Span<VramPlacement> out, Held* held);
   // Drops the clients replaced by a reconnection once nothing they pinned is held.
   void DropOldClients();
 
@@ -140,6 +148,13 @@ class ResidencyExpertSource final : public ExpertSource, public VramResidency {
   std::vector<std::shared_ptr<void>> old_pins_;
   std::map<int, Held> held_;
   std::vector<Held> vram_held_;            // acquired since the last ReleaseVram
+  // PinVram's pins, by (layer, expert), each until UnpinVram; voided by a re-attachment.
+  struct LongPin {
+    shm::ResidencyClient* client = nullptr;
+    shm::PinnedExpert pinned;
+  };
+  std::map<std::pair<int, int32_t>, LongPin> long_pins_;
+  uint64_t attachments_ = 0;
   std::optional<VramArenaDescriptor> arena_;  // exported, to re-export after a re-attachment
   std::vector<uint64_t> converted_fill_;   // per VRAM slot: the fill compute converted, 0 = none
   shm::ClientStats retired_stats_;  // of clients replaced

@@ -95,9 +95,10 @@ absl::Status ComputeClient::PollOnce() {
   if (!tokenizer.ok())
     return absl::Status(tokenizer.status().code(),
                         absl::StrCat("mer-compute's tokenizer: ", tokenizer.status().message()));
+  std::vector<int32_t> eog = tokenizer->EndOfGenerationIds();
   const int32_t max_token_bytes = MaxTokenBytes(*tokenizer);
-  Publish(std::make_shared<const ServedModel>(
-      ServedModel{std::move(info), std::move(*tokenizer), max_token_bytes}));
+  Publish(std::make_shared<const ServedModel>(ServedModel{std::move(info), std::move(*tokenizer), std::move(eog),
+                                                          vp.chat_template(), max_token_bytes}));
   return absl::OkStatus();
 }
 

@@ -37,7 +37,9 @@ struct ComputeClientOptions {
 struct ServedModel {
   mer::internal::v1::Info info;  // as of the instance's first answer (capacity fields too)
   Tokenizer tokenizer;
-  int32_t max_token_bytes = 1;  // MaxTokenBytes(tokenizer), for request validation
+  std::vector<int32_t> end_of_generation;  // tokenizer.EndOfGenerationIds(), once
+  std::string chat_template;               // the model file's; empty: none
+  int32_t max_token_bytes = 1;             // MaxTokenBytes(tokenizer), for request validation
 };
 
 class ComputeClient {

@@ -1,5 +1,6 @@
 #include "services/gateway/gateway_metrics.h"
 
+#include <atomic>
 #include <map>
 #include <mutex>
 
@@ -23,34 +24,72 @@ prometheus::Histogram::BucketBoundaries Exponential(double start, double factor,
 
 }  // namespace
 
-struct GatewayMetrics::Impl : prometheus::Collectable {
-  GatewayMetricsOptions options;
-  std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
-  prometheus::Family<prometheus::Counter>* requests;
-  mutable std::mutex mu;
-  std::map<grpc::StatusCode, prometheus::Counter*> by_code;  // guarded by mu
-  std::function<std::pair<int, int>()> load;                 // guarded by mu
-  prometheus::Gauge* running;
-  prometheus::Gauge* waiting;
-  prometheus::Gauge* compute_up;
+// The per-request series of one model_name.
+struct ModelSeries {
+  std::string model_name;
   prometheus::Histogram* queue;
   prometheus::Histogram* ttft;
   prometheus::Histogram* itl;
   prometheus::Histogram* duration;
   prometheus::Counter* prompt_tokens;
   prometheus::Counter* generated_tokens;
+  std::map<std::string, prometheus::Counter*> finished;  // by finish_reason; guarded by Impl::mu
+};
+
+struct GatewayMetrics::Impl : prometheus::Collectable {
+  GatewayMetricsOptions options;
+  std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
+  prometheus::Family<prometheus::Counter>* requests;
+  prometheus::Family<prometheus::Histogram>* queue_family;
+  prometheus::Family<prometheus::Histogram>* ttft_family;
+  prometheus::Family<prometheus::Histogram>* itl_family;
+  prometheus::Family<prometheus::Histogram>* duration_family;
+  prometheus::Family<prometheus::Counter>* prompt_family;
+  prometheus::Family<prometheus::Counter>* generated_family;
+  prometheus::Family<prometheus::Counter>* finished_family;
+  mutable std::mutex mu;
+  std::map<grpc::StatusCode, prometheus::Counter*> by_code;  // guarded by mu
+  std::function<std::pair<int, int>()> load;                 // guarded by mu
+  std::function<double()> kv_usage;                          // guarded by mu
+  std::map<std::string, std::unique_ptr<ModelSeries>> models;  // guarded by mu; never removed
+  std::atomic<ModelSeries*> series{nullptr};  // the current model's (set before any request)
+  prometheus::Gauge* running;
+  prometheus::Gauge* waiting;
+  prometheus::Gauge* kv_usage_ratio;
+  prometheus::Gauge* compute_up;
+
+  // The series of `name`, made on first use. Requires mu.
+  ModelSeries* SeriesFor(const std::string& name) {
+    std::unique_ptr<ModelSeries>& s = models[name];
+    if (s == nullptr) {
+      const prometheus::Labels labels{{"model_name", name}};
+      const auto latency = Exponential(0.001, 2, 16);  // 1 ms .. 33 s
+      s = std::make_unique<ModelSeries>();
+      s->model_name = name;
+      s->queue = &queue_family->Add(labels, latency);
+      s->ttft = &ttft_family->Add(labels, latency);
+      s->itl = &itl_family->Add(labels, Exponential(0.0001, 2, 16));
+      s->duration = &duration_family->Add(labels, latency);
+      s->prompt_tokens = &prompt_family->Add(labels);
+      s->generated_tokens = &generated_family->Add(labels);
+    }
+    return s.get();
+  }
 
   std::vector<prometheus::MetricFamily> Collect() const override {
     std::function<std::pair<int, int>()> f;
+    std::function<double()> kv;
     {
       std::lock_guard<std::mutex> lock(mu);
       f = load;
+      kv = kv_usage;
     }
     if (f) {
       const auto [r, w] = f();
       running->Set(r);
       waiting->Set(w);
     }
+    if (kv) kv_usage_ratio->Set(kv());
     std::vector<prometheus::MetricFamily> out = registry->Collect();
     LabelDaemon(&out, "gateway");
     prometheus::MetricFamily up;
@@ -98,14 +137,19 @@ GatewayMetrics::GatewayMetrics(const GatewayMetricsOptions& options) : impl_(std
     i.by_code[c] = &i.requests->Add({{"status", GrpcCodeName(c)}});
   i.running = &prometheus::BuildGauge().Name("mer_requests_running").Help("Generate calls admitted and generating.").Register(r).Add({});
   i.waiting = &prometheus::BuildGauge().Name("mer_requests_waiting").Help("Generate calls waiting in the queue.").Register(r).Add({});
+  i.kv_usage_ratio = &prometheus::BuildGauge().Name("mer_kv_cache_usage_ratio").Help("Fraction of the KV budget reserved by running requests (0..1).").Register(r).Add({});
   i.compute_up = &prometheus::BuildGauge().Name("mer_compute_up").Help("Whether mer-compute answers (1) or not (0).").Register(r).Add({});
-  const auto latency = Exponential(0.001, 2, 16);  // 1 ms .. 33 s
-  i.queue = &prometheus::BuildHistogram().Name("mer_request_queue_seconds").Help("Time a Generate call waited for admission.").Register(r).Add({}, latency);
-  i.ttft = &prometheus::BuildHistogram().Name("mer_time_to_first_token_seconds").Help("Generate call start to its first generated token.").Register(r).Add({}, latency);
-  i.itl = &prometheus::BuildHistogram().Name("mer_inter_token_latency_seconds").Help("Time between consecutive generated tokens of a call.").Register(r).Add({}, Exponential(0.0001, 2, 16));
-  i.duration = &prometheus::BuildHistogram().Name("mer_request_duration_seconds").Help("Generate call start to its end.").Register(r).Add({}, latency);
-  i.prompt_tokens = &prometheus::BuildCounter().Name("mer_prompt_tokens_total").Help("Prompt tokens of admitted Generate calls.").Register(r).Add({});
-  i.generated_tokens = &prometheus::BuildCounter().Name("mer_generated_tokens_total").Help("Tokens streamed to clients.").Register(r).Add({});
+  i.queue_family = &prometheus::BuildHistogram().Name("mer_request_queue_seconds").Help("Time a Generate call waited for admission.").Register(r);
+  i.ttft_family = &prometheus::BuildHistogram().Name("mer_time_to_first_token_seconds").Help("Generate call start to its first generated token.").Register(r);
+  i.itl_family = &prometheus::BuildHistogram().Name("mer_inter_token_latency_seconds").Help("Time between consecutive generated tokens of a call.").Register(r);
+  i.duration_family = &prometheus::BuildHistogram().Name("mer_request_duration_seconds").Help("Generate call start to its end.").Register(r);
+  i.prompt_family = &prometheus::BuildCounter().Name("mer_prompt_tokens_total").Help("Prompt tokens of admitted Generate calls.").Register(r);
+  i.generated_family = &prometheus::BuildCounter().Name("mer_generated_tokens_total").Help("Tokens streamed to clients.").Register(r);
+  i.finished_family = &prometheus::BuildCounter().Name("mer_request_success_total").Help("Generate calls that ended with a final message, by finish reason.").Register(r);
+  {
+    std::lock_guard<std::mutex> lock(i.mu);
+    i.series.store(i.SeriesFor(options.model_name));
+  }
   prometheus::BuildGauge()
       .Name("mer_build_info")
       .Help("Build of the daemon; always 1.")
@@ -127,13 +171,28 @@ void GatewayMetrics::SetLoadCallback(std::function<std::pair<int, int>()> load) 
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->load = std::move(load);
 }
+void GatewayMetrics::SetKvUsageCallback(std::function<double()> usage) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->kv_usage = std::move(usage);
+}
+void GatewayMetrics::SetModelName(const std::string& name) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->series.store(impl_->SeriesFor(name));
+}
+void GatewayMetrics::OnFinish(const std::string& finish_reason) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  ModelSeries* s = impl_->series.load();
+  prometheus::Counter*& c = s->finished[finish_reason];
+  if (c == nullptr) c = &impl_->finished_family->Add({{"model_name", s->model_name}, {"finish_reason", finish_reason}});
+  c->Increment();
+}
 void GatewayMetrics::SetComputeUp(bool up) { impl_->compute_up->Set(up ? 1 : 0); }
-void GatewayMetrics::ObserveQueue(double s) { impl_->queue->Observe(s); }
-void GatewayMetrics::ObserveTtft(double s) { impl_->ttft->Observe(s); }
-void GatewayMetrics::ObserveInterToken(double s) { impl_->itl->Observe(s); }
-void GatewayMetrics::ObserveDuration(double s) { impl_->duration->Observe(s); }
-void GatewayMetrics::AddPromptTokens(int n) { impl_->prompt_tokens->Increment(n); }
-void GatewayMetrics::AddGeneratedTokens(int n) { impl_->generated_tokens->Increment(n); }
+void GatewayMetrics::ObserveQueue(double s) { impl_->series.load()->queue->Observe(s); }
+void GatewayMetrics::ObserveTtft(double s) { impl_->series.load()->ttft->Observe(s); }
+void GatewayMetrics::ObserveInterToken(double s) { impl_->series.load()->itl->Observe(s); }
+void GatewayMetrics::ObserveDuration(double s) { impl_->series.load()->duration->Observe(s); }
+void GatewayMetrics::AddPromptTokens(int n) { impl_->series.load()->prompt_tokens->Increment(n); }
+void GatewayMetrics::AddGeneratedTokens(int n) { impl_->series.load()->generated_tokens->Increment(n); }
 
 std::vector<std::shared_ptr<prometheus::Collectable>> GatewayMetrics::collectables() const {
   return {impl_};

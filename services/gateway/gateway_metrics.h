@@ -1,6 +1,8 @@
 // mer-gateway's Prometheus metrics (docs/metrics.md): requests by final status, running and
-// waiting requests, queue time, time to first token, inter-token latency, request duration,
-// prompt and generated tokens. collectables() also scrapes mer-compute's and mer-residency's
+// waiting requests, KV-cache usage, queue time, time to first token, inter-token latency, request
+// duration, prompt and generated tokens, finished requests by finish reason -- the series a vLLM
+// dashboard reads, under mer's names, the per-request ones labelled with model_name.
+// collectables() also scrapes mer-compute's and mer-residency's
 // /metrics (when their URLs are set) and merges everything into one page (metrics_merge.h), with
 // mer_scrape_up{daemon} telling whether each scrape worked.
 //
@@ -24,6 +26,7 @@ namespace mer::gateway {
 
 struct GatewayMetricsOptions {
   std::string version;
+  std::string model_name;             // the model_name label until SetModelName
   std::string compute_metrics_url;    // empty: not scraped
   std::string residency_metrics_url;  // empty: not scraped
   absl::Duration scrape_timeout = absl::Seconds(2);
@@ -38,6 +41,13 @@ class GatewayMetrics {
   void OnRequestEnd(grpc::StatusCode code);
   // Read at every scrape: (running, waiting) requests.
   void SetLoadCallback(std::function<std::pair<int, int>()> load);
+  // Read at every scrape: the fraction of the KV budget that running requests reserve.
+  void SetKvUsageCallback(std::function<double()> usage);
+  // The model_name label of the per-request series from now on (the served model's id).
+  void SetModelName(const std::string& name);
+  // A request ended with a final message: "stop" (a stop token or sequence), "length" or
+  // "abort" (the server cancelled it).
+  void OnFinish(const std::string& finish_reason);
   void SetComputeUp(bool up);
   void ObserveQueue(double seconds);
   void ObserveTtft(double seconds);

@@ -1,5 +1,6 @@
 #include "services/gateway/gateway_service.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/cleanup/cleanup.h"
@@ -48,6 +49,19 @@ absl::StatusOr<absl::string_view> ReadRequest(grpc::ServerContext* context, Stre
   return absl::string_view(*joined);
 }
 
+// gRPC's Generate stream as a GenerateSink.
+class GrpcSink final : public GenerateSink {
+ public:
+  GrpcSink(grpc::ServerContext* context, GatewayService::GenerateStream* stream)
+      : context_(context), stream_(stream) {}
+  bool Write(const mer::v1::GenerateResponse& response) override { return stream_->Write(response); }
+  bool ClientGone() override { return context_->IsCancelled(); }
+
+ private:
+  grpc::ServerContext* const context_;
+  GatewayService::GenerateStream* const stream_;
+};
+
 }  // namespace
 
 GatewayService::GatewayService(ComputeClient& compute, Scheduler& scheduler, GatewayMetrics* metrics,
@@ -81,11 +95,11 @@ void GatewayService::BeginShutdown() {
     if (w.client != nullptr) w.client->TryCancel();
 }
 
-GatewayService::Watched* GatewayService::Watch(grpc::ServerContext* server, uint64_t* id) {
+GatewayService::Watched* GatewayService::Watch(std::function<bool()> client_gone, uint64_t* id) {
   absl::MutexLock lock(&mu_);
   *id = next_watch_++;
   Watched& w = watched_[*id];
-  w.server = server;
+  w.client_gone = std::move(client_gone);
   return &w;
 }
 
@@ -100,14 +114,15 @@ void GatewayService::Unwatch(uint64_t id) {
   watched_.erase(id);
 }
 
-absl::Status GatewayService::BeginIntake(const Watched* w, absl::Time deadline) {
+absl::Status GatewayService::BeginIntake(const std::atomic<bool>* cancelled, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
-  auto turn = [this, w]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return intake_ < options_.intake_max || w->cancelled.load() || shutting_down_.load();
+  const auto gone = [cancelled] { return cancelled != nullptr && cancelled->load(); };
+  auto turn = [this, &gone]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return intake_ < options_.intake_max || gone() || shutting_down_.load();
   };
   if (!mu_.AwaitWithDeadline(absl::Condition(&turn), deadline))
     return absl::DeadlineExceededError("deadline exceeded waiting to read the request");
-  if (w->cancelled.load()) return absl::CancelledError("cancelled by the client");
+  if (gone()) return absl::CancelledError("cancelled by the client");
   if (shutting_down_.load()) return absl::UnavailableError("mer-gateway is shutting down");
   ++intake_;
   return absl::OkStatus();
@@ -126,7 +141,7 @@ void GatewayService::WatchLoop() {
     // leave; this does.
     bool poke = false;
     for (auto& [id, w] : watched_) {
-      if (!w.cancelled.load() && w.server->IsCancelled()) {
+      if (!w.cancelled.load() && w.client_gone()) {
         w.cancelled.store(true);
         if (w.client != nullptr) w.client->TryCancel();
         poke = true;
@@ -137,23 +152,43 @@ void GatewayService::WatchLoop() {
 }
 
 grpc::Status GatewayService::GenerateStreamed(grpc::ServerContext* context, GenerateStream* stream) {
+  GrpcSink sink(context, stream);
+  // The request's bytes, read in the call's intake turn.
+  const auto read = [context, stream](mer::v1::GenerateRequest* storage)
+      -> absl::StatusOr<const mer::v1::GenerateRequest*> {
+    std::vector<grpc::Slice> slices;
+    std::string joined;
+    ASSIGN_OR_RETURN(const absl::string_view wire, ReadRequest(context, stream, &slices, &joined));
+    ASSIGN_OR_RETURN(*storage, ParseGenerateRequest(wire));
+    return storage;
+  };
+  return ToGrpcStatus(RunWith(read, sink, absl::FromChrono(context->deadline())));
+}
+
+absl::Status GatewayService::Run(const mer::v1::GenerateRequest& request, GenerateSink& sink,
+                                 absl::Time deadline) {
+  const auto given = [&request](mer::v1::GenerateRequest*) -> absl::StatusOr<const mer::v1::GenerateRequest*> {
+    return &request;
+  };
+  return RunWith(given, sink, deadline);
+}
+
+absl::Status GatewayService::RunWith(RequestReader read, GenerateSink& sink, absl::Time client_deadline) {
   const absl::Time start = absl::Now();
-  absl::Status result = GenerateImpl(context, stream, start);
+  absl::Status result = GenerateImpl(read, sink, client_deadline, start);
   // A client's deadline reaches the server as a cancellation, a little before the server's own
   // copy of the deadline (taken on arrival) runs out; the client reports DEADLINE_EXCEEDED, and
   // so must the metrics. A cancel that close to the deadline is counted as the deadline.
-  if (absl::IsCancelled(result) &&
-      absl::FromChrono(context->deadline()) - absl::Now() < kDeadlineSlack)
+  if (absl::IsCancelled(result) && client_deadline - absl::Now() < kDeadlineSlack)
     result = absl::DeadlineExceededError("deadline exceeded");
-  const grpc::Status status = ToGrpcStatus(result);
   if (metrics_ != nullptr) {
-    metrics_->OnRequestEnd(status.error_code());
+    metrics_->OnRequestEnd(static_cast<grpc::StatusCode>(result.code()));
     metrics_->ObserveDuration(absl::ToDoubleSeconds(absl::Now() - start));
   }
-  return status;
+  return result;
 }
 
-absl::Status GatewayService::GenerateImpl(grpc::ServerContext* context, GenerateStream* stream,
+absl::Status GatewayService::GenerateImpl(RequestReader read, GenerateSink& sink, absl::Time client_deadline,
                                           absl::Time start) {
   const auto t0 = std::chrono::steady_clock::now();
   if (shutting_down_.load()) return absl::UnavailableError("mer-gateway is shutting down");
@@ -165,7 +200,6 @@ absl::Status GatewayService::GenerateImpl(grpc::ServerContext* context, Generate
                            model->max_token_bytes};
 
   // The client's deadline, or the server's own bound on a call, whichever comes first.
-  const absl::Time client_deadline = absl::FromChrono(context->deadline());
   const absl::Time deadline = std::min(client_deadline, start + options_.max_call_duration);
   const auto past_deadline = [&] {
     if (client_deadline <= deadline) return absl::DeadlineExceededError("deadline exceeded while generating");
@@ -174,18 +208,16 @@ absl::Status GatewayService::GenerateImpl(grpc::ServerContext* context, Generate
         absl::FormatDuration(options_.max_call_duration), ", mer-gateway --max-call-seconds)"));
   };
   uint64_t watch;
-  Watched* watched = Watch(context, &watch);
+  Watched* watched = Watch([&sink] { return sink.ClientGone(); }, &watch);
   absl::Cleanup unwatch = [this, watch] { Unwatch(watch); };
   ValidatedRequest v;
   {
     // The intake: the request's bytes, its message and its tokenization live only in here.
-    RETURN_IF_ERROR(BeginIntake(watched, deadline));
+    RETURN_IF_ERROR(BeginIntake(&watched->cancelled, deadline));
     absl::Cleanup end_intake = [this] { EndIntake(); };
-    std::vector<grpc::Slice> slices;
-    std::string joined;
-    ASSIGN_OR_RETURN(const absl::string_view wire, ReadRequest(context, stream, &slices, &joined));
-    ASSIGN_OR_RETURN(const mer::v1::GenerateRequest request, ParseGenerateRequest(wire));
-    ASSIGN_OR_RETURN(v, ValidateGenerateRequest(request, model->tokenizer, limits, options_.limits));
+    mer::v1::GenerateRequest storage;
+    ASSIGN_OR_RETURN(const mer::v1::GenerateRequest* request, read(&storage));
+    ASSIGN_OR_RETURN(v, ValidateGenerateRequest(*request, model->tokenizer, limits, options_.limits));
   }
   RETURN_IF_ERROR(scheduler_.Admit(v.priority, v.kv_tokens, deadline, &watched->cancelled));
   absl::Cleanup release = [this, &v] { scheduler_.Release(v.kv_tokens); };
@@ -210,13 +242,23 @@ absl::Status GatewayService::GenerateImpl(grpc::ServerContext* context, Generate
   double ttft = 0;
   auto last_token = t0;
   bool stopped = false, client_gone = false;
+  int32_t last_id = -1;
   mer::v1::FinishReason finish = mer::v1::FINISH_REASON_UNSPECIFIED;
   while (reader->Read(&in)) {
     mer::v1::Chunk* chunk = out.mutable_chunk();
     chunk->Clear();
     const auto now = std::chrono::steady_clock::now();
-    for (int32_t id : in.token_ids()) {
+    for (int i = 0; i < in.token_ids_size(); ++i) {
+      const int32_t id = in.token_ids(i);
+      last_id = id;
       chunk->add_token_ids(id);
+      if (i < in.logprobs_size()) {
+        const pb::TokenLogprob& lp = in.logprobs(i);
+        mer::v1::TokenLogprob* o = chunk->add_logprobs();
+        o->set_logprob(lp.logprob());
+        *o->mutable_top_ids() = lp.top_ids();
+        *o->mutable_top_logprobs() = lp.top_logprobs();
+      }
       if (completion++ == 0) {
         ttft = Since(t0);
         if (metrics_ != nullptr) metrics_->ObserveTtft(ttft);
@@ -232,7 +274,7 @@ absl::Status GatewayService::GenerateImpl(grpc::ServerContext* context, Generate
         break;
       }
     }
-    if (chunk->token_ids_size() > 0 && !stream->Write(out)) {
+    if (chunk->token_ids_size() > 0 && !sink.Write(out)) {
       client_gone = true;
       call.TryCancel();
       break;
@@ -242,8 +284,8 @@ absl::Status GatewayService::GenerateImpl(grpc::ServerContext* context, Generate
       break;
     }
     if (in.done()) {
-      finish = in.finish_reason() == pb::FINISH_REASON_EOS ? mer::v1::FINISH_REASON_EOS
-                                                            : mer::v1::FINISH_REASON_LENGTH;
+      finish = in.finish_reason() == pb::FINISH_REASON_STOP_TOKEN ? mer::v1::FINISH_REASON_EOS
+                                                                   : mer::v1::FINISH_REASON_LENGTH;
     }
   }
   const grpc::Status compute_status = reader->Finish();
@@ -251,7 +293,8 @@ absl::Status GatewayService::GenerateImpl(grpc::ServerContext* context, Generate
   if (stopped) finish = mer::v1::FINISH_REASON_STOP;
   if (finish == mer::v1::FINISH_REASON_UNSPECIFIED) {
     if (absl::Now() >= deadline) return past_deadline();
-    if (client_gone || context->IsCancelled()) return absl::CancelledError("cancelled by the client");
+    if (client_gone || watched->cancelled.load() || sink.ClientGone())
+      return absl::CancelledError("cancelled by the client");
     if (shutting_down_.load()) {
       finish = mer::v1::FINISH_REASON_CANCELLED;
     } else {
@@ -267,45 +310,82 @@ absl::Status GatewayService::GenerateImpl(grpc::ServerContext* context, Generate
   if (const std::string tail = text.Finish(); !tail.empty()) {
     out.mutable_chunk()->Clear();
     out.mutable_chunk()->set_text(tail);
-    if (!stream->Write(out)) return absl::CancelledError("cancelled by the client");
+    if (!sink.Write(out)) return absl::CancelledError("cancelled by the client");
   }
   mer::v1::Final* f = out.mutable_final();
   f->set_finish_reason(finish);
+  f->set_stop_token_id(finish == mer::v1::FINISH_REASON_EOS ? last_id : -1);
+  if (stopped) f->set_stop_sequence(text.stop_sequence());
   mer::v1::Usage* u = f->mutable_usage();
   u->set_prompt_tokens(prompt_tokens);
   u->set_completion_tokens(completion);
   u->set_queue_seconds(queue_seconds);
   u->set_ttft_seconds(ttft);
   u->set_total_seconds(absl::ToDoubleSeconds(absl::Now() - start));
-  if (!stream->Write(out)) return absl::CancelledError("cancelled by the client");
+  if (!sink.Write(out)) return absl::CancelledError("cancelled by the client");
+  if (metrics_ != nullptr) {
+    metrics_->OnFinish(finish == mer::v1::FINISH_REASON_LENGTH      ? "length"
+                       : finish == mer::v1::FINISH_REASON_CANCELLED ? "abort"
+                                                                    : "stop");
+  }
   return absl::OkStatus();
 }
 
 grpc::Status GatewayService::TokenizeStreamed(grpc::ServerContext* context, TokenizeStream* stream) {
-  return ToGrpcStatus(TokenizeImpl(context, stream));
+  return ToGrpcStatus(TokenizeStreamedImpl(context, stream));
 }
 
-absl::Status GatewayService::TokenizeImpl(grpc::ServerContext* context, TokenizeStream* stream) {
-  const std::shared_ptr<const ServedModel> model = compute_.model();
-  if (model == nullptr) return absl::UnavailableError("mer-compute is not available");
+absl::Status GatewayService::TokenizeStreamedImpl(grpc::ServerContext* context, TokenizeStream* stream) {
+  if (compute_.model() == nullptr) return absl::UnavailableError("mer-compute is not available");
   uint64_t watch;
-  Watched* watched = Watch(context, &watch);
+  Watched* watched = Watch([context] { return context->IsCancelled(); }, &watch);
   absl::Cleanup unwatch = [this, watch] { Unwatch(watch); };
   mer::v1::TokenizeResponse response;
   {
-    RETURN_IF_ERROR(BeginIntake(watched, absl::FromChrono(context->deadline())));
+    RETURN_IF_ERROR(BeginIntake(&watched->cancelled, absl::FromChrono(context->deadline())));
     absl::Cleanup end_intake = [this] { EndIntake(); };
     std::vector<grpc::Slice> slices;
     std::string joined;
     ASSIGN_OR_RETURN(const absl::string_view wire, ReadRequest(context, stream, &slices, &joined));
     ASSIGN_OR_RETURN(const mer::v1::TokenizeRequest request, ParseTokenizeRequest(wire));
-    if (static_cast<int64_t>(request.text().size()) > options_.limits.max_prompt_bytes)
-      return absl::InvalidArgumentError(absl::StrCat("text: ", request.text().size(), " bytes; at most ",
-                                                     options_.limits.max_prompt_bytes));
-    const std::vector<int32_t> ids = model->tokenizer.Encode(request.text(), true, request.add_special());
-    response.mutable_token_ids()->Add(ids.begin(), ids.end());
+    RETURN_IF_ERROR(TokenizeImpl(request, &response));
   }
   if (!stream->Write(response)) return absl::CancelledError("cancelled by the client");
+  return absl::OkStatus();
+}
+
+absl::Status GatewayService::TokenizeImpl(const mer::v1::TokenizeRequest& request,
+                                          mer::v1::TokenizeResponse* response) {
+  const std::shared_ptr<const ServedModel> model = compute_.model();
+  if (model == nullptr) return absl::UnavailableError("mer-compute is not available");
+  if (static_cast<int64_t>(request.text().size()) > options_.limits.max_prompt_bytes)
+    return absl::InvalidArgumentError(absl::StrCat("text: ", request.text().size(), " bytes; at most ",
+                                                   options_.limits.max_prompt_bytes));
+  const std::vector<int32_t> ids = model->tokenizer.Encode(request.text(), true, request.add_special());
+  response->mutable_token_ids()->Add(ids.begin(), ids.end());
+  return absl::OkStatus();
+}
+
+grpc::Status GatewayService::Detokenize(grpc::ServerContext*, const mer::v1::DetokenizeRequest* request,
+                                        mer::v1::DetokenizeResponse* response) {
+  return ToGrpcStatus(DetokenizeImpl(*request, response));
+}
+
+absl::Status GatewayService::DetokenizeImpl(const mer::v1::DetokenizeRequest& request,
+                                            mer::v1::DetokenizeResponse* response) {
+  const std::shared_ptr<const ServedModel> model = compute_.model();
+  if (model == nullptr) return absl::UnavailableError("mer-compute is not available");
+  const int32_t vocab = model->tokenizer.vocab_size();
+  for (int i = 0; i < request.token_ids_size(); ++i) {
+    const int32_t id = request.token_ids(i);
+    if (id < 0 || id >= vocab)
+      return absl::InvalidArgumentError(
+          absl::StrCat("token_ids[", i, "]: token ", id, " is not in the vocabulary [0, ", vocab, ")"));
+  }
+  TextStream text;  // whole characters; bytes that cannot form one become U+FFFD
+  std::string out = text.Append(model->tokenizer.Decode(request.token_ids(), request.render_special()));
+  out += text.Finish();
+  response->set_text(std::move(out));
   return absl::OkStatus();
 }
 
@@ -336,6 +416,8 @@ absl::Status GatewayService::GetModelInfoImpl(mer::v1::ModelInfo* r) {
   r->set_backend(i.backend());
   r->set_bos_id(model->tokenizer.bos_id());
   r->set_eos_id(model->tokenizer.eos_id());
+  r->mutable_end_of_generation_ids()->Add(model->end_of_generation.begin(), model->end_of_generation.end());
+  r->set_chat_template(model->chat_template);
   auto tier = [r](const char* name, uint64_t bytes) {
     if (bytes == 0) return;
     mer::v1::TierBudget* t = r->add_tiers();

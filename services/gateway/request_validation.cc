@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
@@ -97,6 +98,20 @@ absl::StatusOr<mer::v1::TokenizeRequest> ParseTokenizeRequest(absl::string_view 
   return ParseMessage<R>(wire);
 }
 
+absl::Status CheckPromptText(absl::string_view text, bool bos, const ModelLimits& model,
+                             const RequestLimits& limits) {
+  if (text.empty()) return Bad("prompt.text", "empty");
+  if (static_cast<int64_t>(text.size()) > limits.max_prompt_bytes)
+    return Bad("prompt.text", absl::StrCat(text.size(), " bytes; at most ", limits.max_prompt_bytes));
+  RETURN_IF_ERROR(CheckUtf8("prompt.text", text));
+  const int64_t per_token = std::max<int32_t>(1, model.max_token_bytes);
+  const int64_t at_least = (static_cast<int64_t>(text.size()) + per_token - 1) / per_token + (bos ? 1 : 0);
+  if (at_least > model.max_context_tokens)
+    return Bad("prompt", absl::StrCat("the text (", text.size(), " bytes) is at least ", at_least,
+                                      " tokens; the context holds ", model.max_context_tokens));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ValidatedRequest> ValidateGenerateRequest(const mer::v1::GenerateRequest& request,
                                                          const Tokenizer& tokenizer,
                                                          const ModelLimits& model,
@@ -106,19 +121,9 @@ absl::StatusOr<ValidatedRequest> ValidateGenerateRequest(const mer::v1::Generate
   // The prompt's size, bounded before anything is allocated for it.
   const bool bos = tokenizer.add_bos() && tokenizer.bos_id() >= 0;
   switch (request.prompt_case()) {
-    case mer::v1::GenerateRequest::kText: {
-      const std::string& text = request.text();
-      if (text.empty()) return Bad("prompt.text", "empty");
-      if (static_cast<int64_t>(text.size()) > limits.max_prompt_bytes)
-        return Bad("prompt.text", absl::StrCat(text.size(), " bytes; at most ", limits.max_prompt_bytes));
-      if (!IsValidUtf8(text)) return CheckUtf8("prompt.text", text);
-      const int64_t per_token = std::max<int32_t>(1, model.max_token_bytes);
-      const int64_t at_least = (static_cast<int64_t>(text.size()) + per_token - 1) / per_token + (bos ? 1 : 0);
-      if (at_least > model.max_context_tokens)
-        return Bad("prompt", absl::StrCat("the text (", text.size(), " bytes) is at least ", at_least,
-                                          " tokens; the context holds ", model.max_context_tokens));
+    case mer::v1::GenerateRequest::kText:
+      RETURN_IF_ERROR(CheckPromptText(request.text(), bos, model, limits));
       break;
-    }
     case mer::v1::GenerateRequest::kTokenIds: {
       const auto& ids = request.token_ids().ids();
       if (ids.empty()) return Bad("prompt.token_ids", "empty");
@@ -145,6 +150,33 @@ absl::StatusOr<ValidatedRequest> ValidateGenerateRequest(const mer::v1::Generate
   const float penalty = request.has_repetition_penalty() ? request.repetition_penalty() : 1.0f;
   if (!(penalty > 0 && penalty <= 10))
     return Bad("repetition_penalty", absl::StrCat("must be in (0, 10], got ", penalty));
+  const float min_p = request.has_min_p() ? request.min_p() : 0.0f;
+  if (!(min_p >= 0 && min_p <= 1)) return Bad("min_p", absl::StrCat("must be in [0, 1], got ", min_p));
+  for (const auto& [field, value] : {std::pair{"presence_penalty", request.presence_penalty()},
+                                     std::pair{"frequency_penalty", request.frequency_penalty()}}) {
+    if (!(value >= -2 && value <= 2)) return Bad(field, absl::StrCat("must be in [-2, 2], got ", value));
+  }
+  if (request.logit_bias_size() > limits.max_logit_bias)
+    return Bad("logit_bias", absl::StrCat(request.logit_bias_size(), " entries; at most ", limits.max_logit_bias));
+  for (const auto& [id, bias] : request.logit_bias()) {
+    const std::string field = absl::StrCat("logit_bias[", id, "]");
+    if (id < 0 || id >= model.vocab_size)
+      return Bad(field, absl::StrCat("token ", id, " is not in the vocabulary [0, ", model.vocab_size, ")"));
+    if (!(bias >= -100 && bias <= 100)) return Bad(field, absl::StrCat("must be in [-100, 100], got ", bias));
+  }
+  if (request.stop_token_ids_size() > limits.max_stop_token_ids)
+    return Bad("stop_token_ids",
+               absl::StrCat(request.stop_token_ids_size(), " ids; at most ", limits.max_stop_token_ids));
+  for (int i = 0; i < request.stop_token_ids_size(); ++i) {
+    const int32_t id = request.stop_token_ids(i);
+    if (id < 0 || id >= model.vocab_size)
+      return Bad(absl::StrCat("stop_token_ids[", i, "]"),
+                 absl::StrCat("token ", id, " is not in the vocabulary [0, ", model.vocab_size, ")"));
+  }
+  if (request.top_logprobs() < 0 || request.top_logprobs() > 20)
+    return Bad("top_logprobs", absl::StrCat("must be in [0, 20], got ", request.top_logprobs()));
+  if (request.top_logprobs() > 0 && !request.logprobs())
+    return Bad("top_logprobs", "needs logprobs");
   if (request.priority() < -limits.max_priority || request.priority() > limits.max_priority)
     return Bad("priority", absl::StrCat("must be in [", -limits.max_priority, ", ", limits.max_priority,
                                         "], got ", request.priority()));
@@ -182,13 +214,26 @@ absl::StatusOr<ValidatedRequest> ValidateGenerateRequest(const mer::v1::Generate
     return Bad("max_new_tokens", absl::StrCat("the request needs ", need,
                                               " KV positions; the whole KV budget is ", model.kv_budget_tokens));
   v.compute.set_max_new_tokens(request.max_new_tokens());
-  v.compute.set_eos_id(request.ignore_eos() ? -1 : tokenizer.eos_id());
+  std::vector<int32_t> stop_ids(request.stop_token_ids().begin(), request.stop_token_ids().end());
+  if (!request.ignore_eos()) {
+    const std::vector<int32_t> eog = tokenizer.EndOfGenerationIds();
+    stop_ids.insert(stop_ids.end(), eog.begin(), eog.end());
+  }
+  std::sort(stop_ids.begin(), stop_ids.end());
+  stop_ids.erase(std::unique(stop_ids.begin(), stop_ids.end()), stop_ids.end());
+  v.compute.mutable_stop_token_ids()->Add(stop_ids.begin(), stop_ids.end());
+  v.compute.set_logprobs(request.logprobs());
+  v.compute.set_top_logprobs(request.top_logprobs());
   auto* s = v.compute.mutable_sampling();
   s->set_temperature(request.temperature());
   s->set_top_k(request.top_k());
   s->set_top_p(top_p);
   s->set_seed(request.seed());
   s->set_repetition_penalty(penalty);
+  s->set_min_p(min_p);
+  s->set_presence_penalty(request.presence_penalty());
+  s->set_frequency_penalty(request.frequency_penalty());
+  s->mutable_logit_bias()->insert(request.logit_bias().begin(), request.logit_bias().end());
   v.priority = request.priority();
   v.kv_tokens = need;
   return v;

@@ -37,7 +37,9 @@ struct ModelLimits {
 struct RequestLimits {
   int max_stop_sequences = 16;
   int max_stop_bytes = 256;
-  int max_priority = 100;  // priorities are in [-max_priority, max_priority]
+  int max_stop_token_ids = 16;
+  int max_logit_bias = 300;            // entries of logit_bias (OpenAI's limit)
+  int max_priority = 100;              // priorities are in [-max_priority, max_priority]
   int64_t max_prompt_bytes = 4 << 20;  // a text prompt's length
 };
 
@@ -51,6 +53,12 @@ int32_t MaxTokenBytes(const Tokenizer& tokenizer);
 absl::StatusOr<mer::v1::GenerateRequest> ParseGenerateRequest(absl::string_view wire);
 // The same for a serialized mer.v1.TokenizeRequest (its field `text`).
 absl::StatusOr<mer::v1::TokenizeRequest> ParseTokenizeRequest(absl::string_view wire);
+
+// The checks of a text prompt that need no tokens: not empty, at most limits.max_prompt_bytes,
+// valid UTF-8, and short enough to fit the context at all (at least ceil(bytes /
+// max_token_bytes) tokens, plus BOS when `bos`). Done before the text is tokenized.
+absl::Status CheckPromptText(absl::string_view text, bool bos, const ModelLimits& model,
+                             const RequestLimits& limits);
 
 struct ValidatedRequest {
   mer::internal::v1::GenerateRequest compute;  // prompt ids, sampling, eos

@@ -71,4 +71,9 @@ int Scheduler::waiting() const {
   return static_cast<int>(queue_.size());
 }
 
+double Scheduler::kv_usage() const {
+  absl::MutexLock lock(&mu_);
+  return kv_budget_ > 0 ? static_cast<double>(kv_reserved_) / kv_budget_ : 0.0;
+}
+
 }  // namespace mer::gateway

@@ -46,6 +46,8 @@ class Scheduler {
 
   int running() const;
   int waiting() const;
+  // KV positions reserved by admitted calls, as a fraction of the budget (0 while compute is down).
+  double kv_usage() const;
 
  private:
   struct Waiter {

@@ -85,12 +85,19 @@ void TextStream::Decode(bool final) {
 std::string TextStream::Release(bool final) {
   // The earliest stop occurrence wins; text before it is final.
   size_t cut = std::string::npos;
-  for (const std::string& s : stops_) cut = std::min(cut, decoded_.find(s));
-  if (cut != std::string::npos) {
+  const std::string* stop = nullptr;
+  for (const std::string& s : stops_) {
+    if (const size_t at = decoded_.find(s); at < cut) {
+      cut = at;
+      stop = &s;
+    }
+  }
+  if (stop != nullptr) {
     std::string out = decoded_.substr(0, cut);
     decoded_.clear();
     raw_.clear();
     stopped_ = true;
+    stop_sequence_ = *stop;
     return out;
   }
   size_t keep = 0;

@@ -31,6 +31,8 @@ class TextStream {
   std::string Finish();
 
   bool stopped() const { return stopped_; }
+  // The stop sequence that stopped the stream (the earliest in the text), once stopped().
+  const std::string& stop_sequence() const { return stop_sequence_; }
 
  private:
   // Moves complete characters (and U+FFFD for invalid bytes) from raw_ to decoded_; with
@@ -43,6 +45,7 @@ class TextStream {
   std::string raw_;      // bytes not yet decoded (an incomplete character)
   std::string decoded_;  // valid UTF-8 not yet released
   bool stopped_ = false;
+  std::string stop_sequence_;
 };
 
 // Whether `s` is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).

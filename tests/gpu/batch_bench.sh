@@ -119,6 +119,9 @@ compute_flags=(--store "$STORE" --residency "$TAG" --listen "unix:$WORK/compute.
                --max-sequences "$STREAMS" --max-batch-tokens "$MAX_BATCH_TOKENS" --ctx "$CTX"
                --threads "$THREADS" --metrics-listen 127.0.0.1:0)
 [ "$BACKEND" = cuda ] && compute_flags+=(--vram-expert-budget "$VRAM_BUDGET")
+# EXTRA_COMPUTE_FLAGS: more mer-compute flags (e.g. --miss-path host).
+# shellcheck disable=SC2206
+compute_flags+=(${EXTRA_COMPUTE_FLAGS:-})
 # The cuda backend logs its VRAM breakdown at start; MER_CUDA_DEBUG its stages.
 MER_CUDA_DEBUG=1 run mer-compute "${compute_flags[@]}" > "$WORK/compute.log" 2>&1 &
 PIDS+=($!)

@@ -136,7 +136,7 @@ TEST_P(CudaFromResidency, GreedyIdsEqualTheCpuReference) {
     ASSERT_FALSE(HasFatalFailure());
     const int mismatches = cmp.id_mismatches;
     const double worst = cmp.worst_rel_l2;
-    const CudaEngineStats s = (*gpu)->stats();
+    const BackendCounters s = (*gpu)->counters();
     std::printf("[%s arena %.0f%% = %lld slots, RAM tier %u slots, %d per acquire] greedy id mismatches %d of %d, "
                 "worst forced-logits rel L2 %.3g, misses %lld, acquires %d (%d repeated layers), %s; residency %s\n",
                 tc.name.c_str(), arena * 100, (long long)s.arena_slots, daemon.daemon().ram_slots(),

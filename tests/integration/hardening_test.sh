@@ -7,10 +7,11 @@
 #     stopping with "File exists", and mer-compute finds it and generates the right ids (needs
 #     root and setpriv to act as `nobody`; skipped with a note otherwise);
 #  2. mer-residency SIGKILLed and left down: mer-compute logs that it is unreachable, the gateway's
-#     health turns NOT_SERVING and a call fails at once with UNAVAILABLE naming mer-residency;
-#     after a restart it serves again;
+#     health turns NOT_SERVING (and its HTTP /health 503) and a call fails at once with
+#     UNAVAILABLE (an HTTP completion with 503) naming mer-residency; after a restart it serves
+#     again;
 #  3. a call without a deadline on a SIGSTOPped mer-compute ends at the gateway's maximum call
-#     duration with DEADLINE_EXCEEDED saying so.
+#     duration with DEADLINE_EXCEEDED saying so, over gRPC and over HTTP (504).
 set -u
 MER=$1
 RES=$2
@@ -83,12 +84,22 @@ fi
 # --- The three daemons ----------------------------------------------------------------------------
 start_residency "$WORK/r1.log" || { fail "mer-residency did not start"; exit 1; }
 start_compute "$WORK/c1.log" || { fail "mer-compute did not start"; exit 1; }
-( exec "$GW" --compute "unix:$WORK/compute.sock" --listen 127.0.0.1:0 --metrics-listen off \
-    --max-call-seconds 3 >"$WORK/g.log" 2>&1 ) &
+( exec "$GW" --compute "unix:$WORK/compute.sock" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 \
+    --metrics-listen off --max-call-seconds 3 >"$WORK/g.log" 2>&1 ) &
 GPID=$!; PIDS+=("$GPID")
 wait_log "$WORK/g.log" "ready" "$GPID" || { fail "mer-gateway did not start"; exit 1; }
 ADDR=$(grep -o 'listening on [0-9.:]*' "$WORK/g.log" | awk '{print $3}')
+HTTP=$(grep -o 'http: http://[0-9.:]*' "$WORK/g.log" | awk '{print $2}')
+# http_status PATH [BODY]: the HTTP status of a GET (or of a POST of BODY); the body in $WORK/h.out.
+http_status() {
+  if [ $# -gt 1 ]; then
+    timeout 30 curl -s -o "$WORK/h.out" -w '%{http_code}' -H 'Content-Type: application/json' -d "$2" "$HTTP$1"
+  else
+    timeout 30 curl -s -o "$WORK/h.out" -w '%{http_code}' "$HTTP$1"
+  fi
+}
 wait_health SERVING
+[ "$(http_status /health)" == 200 ] || fail "HTTP /health while serving: $(cat "$WORK/h.out")"
 out=$(client --prompt-tokens 5,6,7 --max-tokens 6 --ignore-eos --print-token-ids 2>&1)
 [ "$out" == "$WANT" ] || fail "first call: '$out'"
 
@@ -105,10 +116,18 @@ grep -q "UNAVAILABLE: .*mer-residency instance '$TAG' is unreachable" "$WORK/dow
   fail "residency down: $(cat "$WORK/down.err")"
 awk -v t="$took" 'BEGIN { exit !(t < 2) }' || fail "residency down: the call took $took s"
 echo "residency down: health NOT_SERVING after $seen s; a call failed in $took s: $(grep -o 'UNAVAILABLE.*' "$WORK/down.err" | cut -c1-110)"
+code=$(http_status /health)
+[ "$code" == 503 ] && grep -q "mer-residency instance '$TAG' is unreachable" "$WORK/h.out" ||
+  fail "HTTP /health with the residency down: $code $(cat "$WORK/h.out")"
+code=$(http_status /v1/completions '{"prompt": [1, 2, 3], "max_tokens": 4}')
+[ "$code" == 503 ] && grep -q "mer-residency instance '$TAG' is unreachable" "$WORK/h.out" ||
+  fail "HTTP completion with the residency down: $code $(cat "$WORK/h.out")"
+echo "  HTTP: /health $(http_status /health), a completion $code: $(cut -c1-110 "$WORK/h.out")"
 grep "unreachable" "$WORK/c1.log" | head -1 | sed 's/^/  compute: /'
 start_residency "$WORK/r2.log" || fail "residency restart"
 wait_health SERVING
 grep -q "mer-residency instance '$TAG' is reachable again" "$WORK/c1.log" || fail "mer-compute did not log the residency's return"
+[ "$(http_status /health)" == 200 ] || fail "HTTP /health after the residency restart: $(cat "$WORK/h.out")"
 out=$(client --prompt-tokens 5,6,7 --max-tokens 6 --ignore-eos --print-token-ids 2>&1)
 [ "$out" == "$WANT" ] || fail "after the residency restart: '$out'"
 
@@ -118,6 +137,9 @@ kill -STOP "$CPID"
 t1=$(date +%s.%N)
 ( exec "$MER" client --addr "$ADDR" --prompt-tokens 1,2,3 --max-tokens 200 --ignore-eos >"$WORK/long.out" 2>"$WORK/long.err" ) &
 LP=$!
+( exec timeout 15 curl -s -o "$WORK/hlong.out" -w '%{http_code}' -H 'Content-Type: application/json' \
+    -d '{"prompt": [1, 2, 3], "max_tokens": 200, "ignore_eos": true}' "$HTTP/v1/completions" >"$WORK/hlong.code" ) &
+HP=$!
 for _ in $(seq 1 150); do kill -0 "$LP" 2>/dev/null || break; sleep 0.1; done
 if kill -0 "$LP" 2>/dev/null; then fail "a call on a stopped mer-compute still runs 15 s later"; kill -KILL "$LP"; fi
 wait "$LP"
@@ -125,6 +147,10 @@ took=$(awk -v t0="$t1" -v now="$(date +%s.%N)" 'BEGIN { printf "%.1f", now - t0 
 grep -q "DEADLINE_EXCEEDED: the call reached the server's maximum call duration" "$WORK/long.err" ||
   fail "stopped compute: $(cat "$WORK/long.err")"
 echo "compute SIGSTOPped: a call without a deadline ended $took s later: $(grep -o 'DEADLINE_EXCEEDED.*' "$WORK/long.err")"
+wait "$HP"
+[ "$(cat "$WORK/hlong.code")" == 504 ] && grep -q "maximum call duration" "$WORK/hlong.out" ||
+  fail "stopped compute over HTTP: $(cat "$WORK/hlong.code") $(cat "$WORK/hlong.out")"
+echo "  HTTP: $(cat "$WORK/hlong.code") $(cut -c1-120 "$WORK/hlong.out")"
 kill -CONT "$CPID"
 wait_health SERVING
 out=$(client --prompt-tokens 5,6,7 --max-tokens 6 --ignore-eos --print-token-ids 2>&1)

@@ -20,11 +20,11 @@ cleanup() {
 trap cleanup EXIT
 source "$(dirname "$0")/lib.sh"
 
-# start_up LOG: runs mer up in the background, waits for its address; sets UPID and ADDR.
-start_up() {  # LOG [mer up flags]
+# start_up LOG [mer up flags]: runs mer up in the background, waits for its address; sets UPID and ADDR.
+start_up() {
   local log=$1; shift
-  "$MER" up --model "$WORK/m.gguf" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --ram-budget 50% \
-    --threads 2 "$@" >"$log.out" 2>"$log.err" &
+  "$MER" up --model "$WORK/m.gguf" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
+    --ram-budget 50% --threads 2 "$@" >"$log.out" 2>"$log.err" &
   UPID=$!
   ADDR=
   for _ in $(seq 1 600); do

@@ -33,8 +33,8 @@ start_compute() {
 }
 start_gateway() {  # ADDRESS
   N=$((N + 1))
-  ( exec "$GW" --compute "unix:$WORK/compute.sock" --listen "$1" --metrics-listen off --max-call-seconds 30 \
-      >"$WORK/g$N.log" 2>&1 ) &
+  ( exec "$GW" --compute "unix:$WORK/compute.sock" --listen "$1" --http-listen 127.0.0.1:0 --metrics-listen off \
+      --max-call-seconds 30 >"$WORK/g$N.log" 2>&1 ) &
   GPID=$!; PIDS+=("$GPID")
   wait_log "$WORK/g$N.log" "ready" "$GPID" || fail "mer-gateway did not start"
   GLOG=$WORK/g$N.log

@@ -70,7 +70,7 @@ timeout 300 "$MER" synth --preset tiny --quant q8_0 --threads 2 --out "$WORK/m.g
 timeout 300 "$MER" pack --model "$WORK/m.gguf" --out "$WORK/store" --threads 2 >/dev/null || { fail pack; exit 1; }
 start_residency "$WORK/r1.log" || { fail "mer-residency did not start"; exit 1; }
 start_compute "$WORK/c1.log" || { fail "mer-compute did not start"; exit 1; }
-( exec "$GW" --compute "unix:$WORK/compute.sock" --listen 127.0.0.1:0 --max-queue 64 \
+( exec "$GW" --compute "unix:$WORK/compute.sock" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --served-model-name tiny --max-queue 64 \
     --compute-metrics "$(metrics_url "$WORK/c1.log")" --residency-metrics "$(metrics_url "$WORK/r1.log")" \
     >"$WORK/g.log" 2>&1 ) &
 GPID=$!; PIDS+=("$GPID")
@@ -293,7 +293,7 @@ grep -q '^mer_build_info{daemon="gateway"' "$WORK/g.metrics" || fail "merged pag
 
 # Let the gateway scrape the live daemons: restart it (stateless) with the new URLs.
 kill -TERM "$GPID"; wait "$GPID" 2>/dev/null
-( exec "$GW" --compute "unix:$WORK/compute.sock" --listen 127.0.0.1:0 \
+( exec "$GW" --compute "unix:$WORK/compute.sock" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --served-model-name tiny \
     --compute-metrics "$(metrics_url "$WORK/c2.log")" --residency-metrics "$(metrics_url "$WORK/r3.log")" \
     >"$WORK/g2.log" 2>&1 ) &
 GPID=$!; PIDS+=("$GPID")
@@ -307,7 +307,7 @@ for d in compute residency; do
   grep -q "^mer_build_info{daemon=\"$d\"" "$WORK/g2.metrics" || grep -q "^mer_build_info{.*daemon=\"$d\"" "$WORK/g2.metrics" ||
     fail "merged page: no $d build info"
 done
-[ "$(metric 'mer_generated_tokens_total{daemon="gateway"}' "$WORK/g2.metrics")" == 5 ] || fail "merged: gateway tokens != 5"
+[ "$(metric 'mer_generated_tokens_total{daemon="gateway",model_name="tiny"}' "$WORK/g2.metrics")" == 5 ] || fail "merged: gateway tokens != 5"
 [ "$(metric 'mer_generated_tokens_total{daemon="compute"}' "$WORK/g2.metrics")" == 8 ] || fail "merged: compute tokens != 8"
 grep -q '^mer_expert_lookups_total{daemon="residency",tier="ram"}' "$WORK/g2.metrics" || fail "merged: no residency lookups"
 alive "at the end"
@@ -350,7 +350,7 @@ while time.time() < end:
     done
     echo "  $name notified: $(grep -c '^WATCHDOG=1' "$WORK/$name.msgs") watchdog pings, $(grep -o '^READY=1' "$WORK/$name.msgs" | head -1), $(grep -o '^STOPPING=1' "$WORK/$name.msgs")"
   }
-  notify_check gateway "$WORK/gn.log" "$GW" --compute "unix:$WORK/compute.sock" --listen 127.0.0.1:0 --metrics-listen off
+  notify_check gateway "$WORK/gn.log" "$GW" --compute "unix:$WORK/compute.sock" --listen 127.0.0.1:0 --http-listen off --metrics-listen off
   notify_check compute "$WORK/cn.log" "$COMP" --model "$WORK/m.gguf" --listen "unix:$WORK/compute2.sock" \
     --max-sequences 1 --threads 1 --metrics-listen off
 else

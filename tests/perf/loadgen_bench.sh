@@ -29,7 +29,7 @@ PIDS+=($!); wait_ready "$WORK/r.log"
 "$B/mer-compute" --store "$WORK/store" --residency "$TAG" --listen "unix:$WORK/c.sock" --max-sequences 64 \
   --max-batch-tokens 256 --ctx 512 --threads ${THREADS:-2} --metrics-listen off >"$WORK/c.log" 2>&1 &
 PIDS+=($!); wait_ready "$WORK/c.log"
-"$B/mer-gateway" --compute "unix:$WORK/c.sock" --listen 127.0.0.1:0 --metrics-listen off >"$WORK/g.log" 2>&1 &
+"$B/mer-gateway" --compute "unix:$WORK/c.sock" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --metrics-listen off >"$WORK/g.log" 2>&1 &
 PIDS+=($!); wait_ready "$WORK/g.log"
 ADDR=$(grep -o 'listening on [0-9.:]*' "$WORK/g.log" | awk '{print $3}')
 for _ in $(seq 1 100); do [ "$("$B/mer" client --addr "$ADDR" --health 2>/dev/null)" == SERVING ] && break; sleep 0.05; done

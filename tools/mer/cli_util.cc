@@ -1,8 +1,19 @@
 #include "tools/mer/cli_util.h"
 
-#include <algorithm>
-#include <cstdlib>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
 #include "common/model/model_tokenizer.h"
@@ -111,8 +122,85 @@ absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(const Flags& f, con
   ASSIGN_OR_RETURN(const double penalty, f.Double("repetition-penalty", 1.0));
   req.sampling = {static_cast<float>(temperature), static_cast<int32_t>(top_k),
                   static_cast<float>(top_p), static_cast<uint64_t>(seed), static_cast<float>(penalty)};
-  req.eos_id = f.Has("ignore-eos") ? -1 : tokenizer.eos_id();
+  // Every end-of-generation token of the vocabulary stops: EOS, <|im_end|>, <|endoftext|>, ...
+  if (!f.Has("ignore-eos")) req.stop_ids = tokenizer.EndOfGenerationIds();
   return req;
+}
+
+namespace {
+
+std::string Gigabytes(uint64_t bytes) { return absl::StrFormat("%.2f GB", bytes / 1e9); }
+
+}  // namespace
+
+ProgressLine::ProgressLine(std::string label, uint64_t total_bytes)
+    : label_(std::move(label)), total_(total_bytes), tty_(isatty(STDERR_FILENO) == 1), start_(absl::Now()),
+      last_(absl::InfinitePast()) {}
+
+void ProgressLine::Update(uint64_t done) {
+  if (!tty_) return;
+  const absl::Time now = absl::Now();
+  if (now - last_ < absl::Milliseconds(100) && done < total_) return;
+  last_ = now;
+  const double seconds = absl::ToDoubleSeconds(now - start_);
+  const double rate = seconds > 0 ? done / seconds : 0;
+  std::string eta = "?";
+  if (rate > 0 && total_ >= done) eta = absl::StrFormat("%.0f s", (total_ - done) / rate);
+  std::fprintf(stderr, "\r%s %s of %s  %.0f MB/s  ETA %s   ", label_.c_str(), Gigabytes(done).c_str(),
+               Gigabytes(total_).c_str(), rate / 1e6, eta.c_str());
+  drawn_ = true;
+}
+
+void ProgressLine::Finish() {
+  if (drawn_) std::fprintf(stderr, "\n");
+  drawn_ = false;
+}
+
+absl::StatusOr<uint64_t> FreeDiskBytes(const std::string& path) {
+  std::filesystem::path p = std::filesystem::absolute(path);
+  std::error_code ec;
+  while (!std::filesystem::exists(p, ec) && p.has_parent_path() && p != p.parent_path()) p = p.parent_path();
+  struct statvfs st;
+  if (statvfs(p.c_str(), &st) != 0)
+    return absl::UnavailableError(absl::StrCat("statvfs ", p.string(), ": ", strerror(errno)));
+  return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+}
+
+absl::Status CheckPortFree(const std::string& host_port, const std::string& flag) {
+  const size_t colon = host_port.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(host_port.substr(colon + 1), &port) || port < 0 || port > 65535)
+    return absl::InvalidArgumentError(absl::StrCat(flag, " '", host_port, "' is not HOST:PORT"));
+  if (port == 0) return absl::OkStatus();
+  std::string host = host_port.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  if (host == "localhost") host = "127.0.0.1";
+  sockaddr_storage addr{};
+  socklen_t len;
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&addr);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&addr);
+  if (inet_pton(AF_INET, host.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(static_cast<uint16_t>(port));
+    len = sizeof *v4;
+  } else if (inet_pton(AF_INET6, host.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(static_cast<uint16_t>(port));
+    len = sizeof *v6;
+  } else {
+    return absl::OkStatus();  // a host name: the daemon resolves it and reports its own error
+  }
+  const int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", strerror(errno)));
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // as the daemons bind
+  const int rc = bind(fd, reinterpret_cast<sockaddr*>(&addr), len);
+  const int err = errno;
+  close(fd);
+  if (rc != 0 && err == EADDRINUSE)
+    return absl::FailedPreconditionError(absl::StrCat(host_port, " is already in use: stop what listens there or give another ", flag));
+  if (rc != 0) return absl::FailedPreconditionError(absl::StrCat("cannot bind ", host_port, " (", flag, "): ", strerror(err)));
+  return absl::OkStatus();
 }
 
 }  // namespace mer::cli

@@ -3,10 +3,13 @@
 
 #include <cstdio>
 #include <memory>
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/gguf/gguf_file.h"
 #include "common/model/expert_source.h"
 #include "common/model/model_weights.h"
@@ -42,11 +45,6 @@ struct LoadedModel {
   std::string backend = "cpu";  // --backend cpu|cuda
 };
 
-// Counters of the cuda backend (zero for cpu), for `mer bench`.
-inline BackendCounters ReadBackendCounters(const LoadedModel& m) {
-  return ReadBackendCounters(*m.engine, m.backend);
-}
-
 // Flags read: --model, or --store and --residency (instance name); --threads, --ctx (KV
 // positions), --batch (prompt chunk); --backend cpu|cuda, and for cuda --vram-expert-budget
 // BYTES|PERCENT% (a cap on the expert arena: bytes, or a percentage of all experts) and
@@ -67,5 +65,30 @@ absl::StatusOr<std::vector<int32_t>> PromptTokens(const Flags& f, const Tokenize
 // A generation request from the flags --prompt/--prompt-tokens (PromptTokens), --max-tokens
 // (default 64), --temperature, --top-k, --top-p, --seed, --repetition-penalty and --ignore-eos.
 absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(const Flags& f, const Tokenizer& tokenizer);
+
+// One line of progress on stderr for a long step (pack, synth, load): bytes done of the total, the
+// rate and the time left, redrawn in place at most 10 times a second when stderr is a terminal;
+// nothing otherwise (logs keep their one line per step).
+class ProgressLine {
+ public:
+  ProgressLine(std::string label, uint64_t total_bytes);
+  void Update(uint64_t done_bytes);
+  void Finish();  // ends the line (a terminal only)
+
+ private:
+  const std::string label_;
+  const uint64_t total_;
+  const bool tty_;
+  const absl::Time start_;
+  absl::Time last_;
+  bool drawn_ = false;
+};
+
+// The free bytes of the filesystem that holds `path` (or its nearest existing parent).
+absl::StatusOr<uint64_t> FreeDiskBytes(const std::string& path);
+
+// Whether a TCP listener could bind HOST:PORT now (port 0 always can). FailedPrecondition naming
+// the address and `flag` when something else listens there.
+absl::Status CheckPortFree(const std::string& host_port, const std::string& flag);
 
 }  // namespace mer::cli

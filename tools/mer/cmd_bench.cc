@@ -80,7 +80,7 @@ absl::Status Bench(const Args& args) {
   std::vector<double> prompt_tps, decode_tps, ttft, total;
   BackendCounters before;
   for (int64_t r = 0; r < warmup + runs; ++r) {
-    if (r == warmup) before = ReadBackendCounters(m);
+    if (r == warmup) before = m.engine->counters();
     GenerationStats s;
     ASSIGN_OR_RETURN(std::vector<int32_t> out, mer::Generate(*m.engine, 0, req, {}, &s));
     if (r < warmup) continue;
@@ -111,8 +111,8 @@ absl::Status Bench(const Args& args) {
   std::printf("peak_rss_mib     %.1f\n", ru.ru_maxrss / 1024.0);
   std::printf("backend          %s\n", m.backend.c_str());
   if (m.residency != nullptr) std::printf("residency        %s\n", m.residency->FormatStats().c_str());
-  if (m.backend == "cuda") {
-    const BackendCounters after = ReadBackendCounters(m);
+  const BackendCounters after = m.engine->counters();
+  if (after.device) {
     const double tokens = static_cast<double>(after.tokens - before.tokens);
     const double lookups = static_cast<double>(after.expert_lookups - before.expert_lookups);
     const double misses = static_cast<double>(after.expert_misses - before.expert_misses);
@@ -123,7 +123,7 @@ absl::Status Bench(const Args& args) {
                                        : after.host_experts_pinned ? "pinned" : "pageable");
     std::printf("vram_hit_rate    %.4f\n", lookups > 0 ? 1.0 - misses / lookups : 1.0);
     std::printf("misses_per_token %.2f\n", misses / tokens);
-    std::printf("upload_mib_per_token %.2f\n", (after.upload_bytes - before.upload_bytes) / tokens / 1048576.0);
+    std::printf("upload_mib_per_token %.2f\n", (after.expert_upload_bytes - before.expert_upload_bytes) / tokens / 1048576.0);
     std::printf("host_syncs_per_token %.2f\n", (after.host_syncs - before.host_syncs) / tokens);
     const double issued = static_cast<double>(after.vram_prefetch_issued - before.vram_prefetch_issued);
     std::printf("prefetch_per_token %.2f issued, %.2f useful, %.2f wasted\n", issued / tokens,
@@ -131,7 +131,7 @@ absl::Status Bench(const Args& args) {
                 (after.vram_prefetch_wasted - before.vram_prefetch_wasted) / tokens);
     std::printf("graph_steps      %lld\n", (long long)(after.graph_launches - before.graph_launches));
     std::printf("peak_vram_gib    %.2f\n", after.vram_used_peak_bytes / 1073741824.0);
-    const std::string profile = BackendKernelProfile(*m.engine, m.backend);
+    const std::string profile = m.engine->KernelProfile();
     if (!profile.empty()) std::printf("kernel profile (all runs, events between launches, no graphs)\n%s", profile.c_str());
   }
   return absl::OkStatus();

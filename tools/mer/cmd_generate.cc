@@ -20,7 +20,8 @@ constexpr char kGenerateHelp[] = R"(usage: mer generate (--model F.gguf | --stor
 
 Generates up to N tokens. Greedy unless --temperature > 0. Prints the text as it is generated,
 or with --print-token-ids the generated ids (not the prompt's) on one line. Speed goes to stderr.
-Generation stops at the model's end-of-sequence token unless --ignore-eos.
+Generation stops at the vocabulary's end-of-generation tokens (EOS, <|im_end|>, <|endoftext|>,
+...) unless --ignore-eos; why it stopped goes to stderr ("finish: stop token ..." or "finish: length").
 With --store and --residency the dense weights and the tokenizer come from STORE_DIR/dense.gguf
 and the experts from the mer-residency instance NAME serving STORE_DIR; the residency counters
 this process saw go to stderr at the end.
@@ -77,6 +78,11 @@ absl::Status Generate(const Args& args) {
   if (ids_only) std::printf("%s", absl::StrJoin(out, " ").c_str());
   std::printf("\n");
   std::fflush(stdout);  // the text before the statistics on stderr
+  if (!out.empty() && req.IsStop(out.back())) {
+    std::fprintf(stderr, "finish: stop token %s (id %d)\n", std::string(tok.TokenText(out.back())).c_str(), out.back());
+  } else {
+    std::fprintf(stderr, "finish: length\n");
+  }
   std::fprintf(stderr, "prompt %d tokens in %.3f s (%.1f tokens/s); generated %d tokens, %.1f tokens/s\n",
                stats.prompt_tokens, stats.prompt_seconds, stats.prompt_tokens / stats.prompt_seconds,
                stats.generated_tokens,

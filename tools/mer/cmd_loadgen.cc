@@ -1,5 +1,5 @@
-// `mer loadgen`: N concurrent Generate streams against mer-gateway; throughput and latency
-// percentiles, measured at the client.
+// `mer loadgen`: N concurrent Generate streams against mer-gateway, over gRPC or the HTTP API;
+// throughput and latency percentiles, measured at the client.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -16,6 +16,8 @@
 #include "absl/strings/str_join.h"
 #include "common/base/status.h"
 #include "grpcpp/grpcpp.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
 #include "mer/v1/mer.grpc.pb.h"
 #include "proto/grpc_status.h"
 #include "tools/mer/cli_util.h"
@@ -23,9 +25,9 @@
 namespace mer::cli {
 namespace {
 
-constexpr char kLoadgenHelp[] = R"(usage: mer loadgen --addr HOST:PORT [--concurrency N] [--requests M] [--prompt-len L]
-                   [--prompt-bytes B] [--max-tokens T] [--temperature X] [--seed S] [--timeout-ms MS]
-                   [--duration-seconds D] [--prompts K] [--record FILE | --expect FILE]
+constexpr char kLoadgenHelp[] = R"(usage: mer loadgen --addr HOST:PORT [--http http://HOST:PORT] [--concurrency N] [--requests M]
+                   [--prompt-len L] [--prompt-bytes B] [--max-tokens T] [--temperature X] [--seed S]
+                   [--timeout-ms MS] [--duration-seconds D] [--prompts K] [--record FILE | --expect FILE]
 
 Runs M Generate calls (default 4 x N) on N concurrent streams (default 8), each call a fresh
 prompt of L random token ids (default 31, seeded by --seed and the call's index) and T generated
@@ -44,6 +46,10 @@ seconds. --prompts K makes call i use the prompt of call i mod K (default: every
 file and counts every successful call whose ids differ from its prompt's. Exits 1 if any call
 failed, any failure had no message, any call ended more than 2 s past its deadline
 (--timeout-ms), or any ids differed.
+With --http the same calls go to the OpenAI-compatible HTTP API instead (streamed
+/v1/completions with the same prompts, seeds and settings; --addr still answers GetModelInfo):
+the tokens are the usage's, ttft and itl are measured per server-sent event, and there are no
+ids to --record or --expect.
 )";
 
 using Clock = std::chrono::steady_clock;
@@ -92,11 +98,83 @@ absl::Status WriteIds(const std::string& path, const std::map<int64_t, std::vect
   return absl::OkStatus();
 }
 
+// One streamed /v1/completions call of `req`'s prompt (text or token ids) and settings: the
+// generated tokens (from the usage), the first event's delay and the gaps between later events.
+absl::Status HttpGenerate(const std::string& url, const mer::v1::GenerateRequest& req, int64_t timeout_ms,
+                          int64_t* tokens, std::vector<double>* ttft, std::vector<double>* gaps) {
+  thread_local std::unique_ptr<httplib::Client> client;
+  if (client == nullptr) {
+    client = std::make_unique<httplib::Client>(url);
+    client->set_read_timeout(std::chrono::milliseconds(timeout_ms));
+    client->set_keep_alive(true);
+    client->set_tcp_nodelay(true);
+  }
+  nlohmann::json prompt;
+  if (req.has_text()) {
+    prompt = req.text();
+  } else {
+    prompt = std::vector<int32_t>(req.token_ids().ids().begin(), req.token_ids().ids().end());
+  }
+  nlohmann::json body = {{"prompt", std::move(prompt)}, {"max_tokens", req.max_new_tokens()},
+                         {"temperature", req.temperature()}, {"seed", req.seed()}, {"ignore_eos", true},
+                         {"stream", true}, {"stream_options", {{"include_usage", true}}}};
+  const auto start = Clock::now();
+  auto last = start;
+  bool first = true;
+  std::string buffer;
+  int64_t usage = -1;
+  httplib::Request r;
+  r.method = "POST";
+  r.path = "/v1/completions";
+  r.body = body.dump();
+  r.set_header("Content-Type", "application/json");
+  r.content_receiver = [&](const char* data, size_t size, uint64_t, uint64_t) {
+    buffer.append(data, size);
+    for (size_t end; (end = buffer.find("\n\n")) != std::string::npos; buffer.erase(0, end + 2)) {
+      const std::string event = buffer.substr(0, end);
+      if (event.rfind("data: ", 0) != 0 || event == "data: [DONE]") continue;
+      const nlohmann::json j = nlohmann::json::parse(event.substr(6), nullptr, false);
+      if (j.is_discarded()) continue;
+      if (j.contains("usage") && j["usage"].is_object()) usage = j["usage"].value("completion_tokens", int64_t{-1});
+      if (!j.contains("choices") || j["choices"].empty()) continue;
+      const auto now = Clock::now();
+      const double gap = std::chrono::duration<double>(now - last).count();
+      if (first) ttft->push_back(gap);
+      else gaps->push_back(gap);
+      first = false;
+      last = now;
+    }
+    return true;
+  };
+  const httplib::Result res = client->send(r);
+  if (!res) return absl::UnavailableError(absl::StrCat("HTTP: ", httplib::to_string(res.error())));
+  if (res->status != 200) {
+    // An error before the stream started: OpenAI's {"error": {"message": ...}}.
+    // (The body went to content_receiver, into `buffer`.)
+    const nlohmann::json j = nlohmann::json::parse(res->body.empty() ? buffer : res->body, nullptr, false);
+    std::string message;
+    if (j.is_object() && j.contains("error") && j["error"].is_object()) message = j["error"].value("message", "");
+    absl::StatusCode code = absl::StatusCode::kUnknown;  // the gateway's mapping, read back
+    switch (res->status) {
+      case 400: code = absl::StatusCode::kInvalidArgument; break;
+      case 404: code = absl::StatusCode::kNotFound; break;
+      case 429: code = absl::StatusCode::kResourceExhausted; break;
+      case 499: code = absl::StatusCode::kCancelled; break;
+      case 503: code = absl::StatusCode::kUnavailable; break;
+      case 504: code = absl::StatusCode::kDeadlineExceeded; break;
+    }
+    return absl::Status(code, absl::StrCat("HTTP ", res->status, ": ", message));
+  }
+  if (usage < 0) return absl::DataLossError("the stream had no usage");
+  *tokens = usage;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int RunLoadgen(const Args& args) {
   if (MaybeHelp(args, kLoadgenHelp)) return 0;
-  auto parsed = Flags::Parse(args, {"addr", "concurrency", "requests", "prompt-len", "prompt-bytes",
+  auto parsed = Flags::Parse(args, {"addr", "http", "concurrency", "requests", "prompt-len", "prompt-bytes",
                                     "max-tokens", "temperature", "seed", "timeout-ms",
                                     "duration-seconds", "prompts", "record", "expect"},
                              {});
@@ -104,6 +182,8 @@ int RunLoadgen(const Args& args) {
   const Flags& f = *parsed;
   auto body = [&]() -> absl::StatusOr<int> {
     ASSIGN_OR_RETURN(const std::string addr, f.Required("addr"));
+    const std::string http = f.String("http");
+    if (!http.empty() && http.rfind("http://", 0) != 0) return absl::InvalidArgumentError("--http must be http://HOST:PORT");
     ASSIGN_OR_RETURN(const int64_t concurrency, f.Int("concurrency", 8));
     ASSIGN_OR_RETURN(const int64_t requests, f.Int("requests", 4 * concurrency));
     ASSIGN_OR_RETURN(const int64_t prompt_len, f.Int("prompt-len", 31));
@@ -122,6 +202,8 @@ int RunLoadgen(const Args& args) {
     if (prompts < 1) return absl::InvalidArgumentError("--prompts must be >= 1");
     if (f.Has("record") && f.Has("expect"))
       return absl::InvalidArgumentError("give --record or --expect, not both");
+    if (!http.empty() && (f.Has("record") || f.Has("expect")))
+      return absl::InvalidArgumentError("--record and --expect compare token ids, which only the gRPC API returns");
     std::map<int64_t, std::vector<int32_t>> expected;
     if (f.Has("expect")) {
       ASSIGN_OR_RETURN(expected, ReadIds(f.String("expect")));
@@ -172,9 +254,26 @@ int RunLoadgen(const Args& args) {
         req.set_temperature(static_cast<float>(temperature));
         req.set_seed(static_cast<uint64_t>(seed + p));
         req.set_ignore_eos(true);
+        const auto start = Clock::now();
+        if (!http.empty()) {
+          int64_t n = 0;
+          std::vector<double> gaps;
+          const absl::Status s = HttpGenerate(http, req, timeout_ms, &n, &my_ttft, &gaps);
+          const double took = std::chrono::duration<double>(Clock::now() - start).count();
+          if (took > timeout_ms / 1e3 + 2) ++my_overdue;
+          if (!s.ok()) {
+            ++my_failures[absl::StrCat(absl::StatusCodeToString(s.code()), ": ", Cause(std::string(s.message())))];
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            continue;
+          }
+          ++my_ok;
+          my_tokens += n;
+          my_itl.insert(my_itl.end(), gaps.begin(), gaps.end());
+          my_latency.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+          continue;
+        }
         grpc::ClientContext ctx;
         ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
-        const auto start = Clock::now();
         auto last = start;
         int64_t n = 0;
         auto reader = stub->Generate(&ctx, req);
@@ -230,8 +329,8 @@ int RunLoadgen(const Args& args) {
     for (auto& t : threads) t.join();
     const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
 
-    std::printf("loadgen: %lld streams, %lld requests (%lld ok), prompt %lld + %lld generated tokens each, %s\n",
-                static_cast<long long>(concurrency), static_cast<long long>(requests),
+    std::printf("loadgen: %s, %lld streams, %lld requests (%lld ok), prompt %lld + %lld generated tokens each, %s\n",
+                http.empty() ? "gRPC" : "HTTP", static_cast<long long>(concurrency), static_cast<long long>(requests),
                 static_cast<long long>(ok), static_cast<long long>(prompt_len),
                 static_cast<long long>(max_tokens), temperature > 0 ? "sampled" : "greedy");
     std::printf("throughput: %.1f generated tokens/s, %.2f requests/s (%lld tokens in %.3f s)\n",

@@ -1,5 +1,6 @@
 // `mer pack`: write an expert store (docs/expert_store.md) from a qwen3moe GGUF, or verify one.
 #include <cstdio>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -55,7 +56,13 @@ absl::Status Pack(const Args& args) {
   o.threads = static_cast<int>(threads);
   o.overwrite = f.Has("force");
   o.direct_io = !f.Has("no-direct");
-  ASSIGN_OR_RETURN(const PackStats s, PackExpertStore(model, out, o));
+  std::error_code ec;
+  const uint64_t model_bytes = std::filesystem::file_size(model, ec);  // the store is about as large
+  ProgressLine progress("mer pack:", ec ? 0 : model_bytes);
+  o.progress = [&](int done, int n_layer) { progress.Update(model_bytes * done / std::max(1, n_layer)); };
+  absl::StatusOr<PackStats> packed = PackExpertStore(model, out, o);
+  progress.Finish();
+  ASSIGN_OR_RETURN(const PackStats s, std::move(packed));
   std::printf("packed       %s -> %s\n", model.c_str(), out.c_str());
   std::printf("experts.bin  %llu blobs x %s (%s of weights each) = %s%s\n",
               static_cast<unsigned long long>(s.blob_count), Bytes(s.blob_bytes).c_str(),

@@ -1,9 +1,12 @@
 // `mer synth`: write a synthetic qwen3moe model.
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
+#include "common/chat/chat_template.h"
 #include "common/model/synth_model.h"
 #include "common/store/synth_store.h"
 #include "tools/mer/cli_util.h"
@@ -11,19 +14,24 @@
 namespace mer::cli {
 namespace {
 
-constexpr char kHelp[] = R"(usage: mer synth --preset {micro,tiny,small,qwen3-30b-a3b,qwen3-235b-a22b}
+constexpr char kHelp[] = R"(usage: mer synth --preset {micro,tiny,small,qwen3-30b-a3b,qwen3-235b-a22b,random:SEED}
                  [--layers N --embd N --experts N --experts-used N --ff-exp N --heads N
                   --kv-heads N --head-dim N --vocab N --ctx N]
                  --quant {f32,f16,bf16,q8_0,q4_k} [--seed S] [--router-skew X]
-                 [--no-norm-topk] [--threads N] (--out FILE.gguf | --store-out STORE_DIR [--force]
-                 [--no-direct])
+                 [--no-norm-topk] [--threads N] [--chat-template qwen3 | --chat-template-file F]
+                 [--eos-token TEXT] (--out FILE.gguf | --store-out STORE_DIR [--force] [--no-direct])
 
 Writes a valid qwen3moe GGUF file with deterministic pseudo-random weights. The preset gives the
-geometry, the other flags override parts of it. --router-skew X > 0 makes expert popularity
+geometry, the other flags override parts of it; random:SEED is a small geometry drawn from SEED
+(1-4 layers, widths not always multiples of 64, 2-128 experts, top-1 to top-8, GQA 1-8, contexts
+of 128-1024), for testing on shapes nobody tuned for. --router-skew X > 0 makes expert popularity
 Zipf-like: the router logit of the expert of popularity rank r gets -X * ln(r + 1) in every token.
 Greedy, 31 prompt + 128 generated tokens, an LRU cache of 25% of the experts hits 73% at 0.675 on
 the qwen3-30b-a3b geometry (real Qwen3 routing: ~72%), from ~23% at 0 to ~97% at 2
 (docs/benchmarks.md). --no-norm-topk writes expert_weights_norm = false.
+--chat-template qwen3 writes Qwen3's chat template as tokenizer.chat_template (--chat-template-file
+the Jinja text of F). --eos-token names the token written as the end-of-sequence token:
+<|endoftext|> (the default) or <|im_end|>; generation stops at both either way.
 --store-out writes the model's expert store instead (what `mer pack` makes of the GGUF, byte for
 byte in experts.bin and dense.gguf) without writing the GGUF, for models whose file and store do
 not fit on the disk together; --force replaces a store in STORE_DIR, --no-direct writes
@@ -34,7 +42,8 @@ absl::Status Synth(const Args& args) {
   ASSIGN_OR_RETURN(Flags f, Flags::Parse(args,
                                          {"preset", "layers", "embd", "experts", "experts-used",
                                           "ff-exp", "heads", "kv-heads", "head-dim", "vocab", "ctx",
-                                          "quant", "seed", "router-skew", "threads", "out", "store-out"},
+                                          "quant", "seed", "router-skew", "threads", "out", "store-out",
+                                          "chat-template", "chat-template-file", "eos-token"},
                                          {"no-norm-topk", "force", "no-direct"}));
   const std::string preset = f.String("preset", "tiny");
   std::optional<SynthGeometry> g = SynthPreset(preset);
@@ -67,6 +76,20 @@ absl::Status Synth(const Args& args) {
   ASSIGN_OR_RETURN(int64_t threads, f.Int("threads", 0));
   o.threads = static_cast<int>(threads);
   o.norm_topk_prob = !f.Has("no-norm-topk");
+  if (f.Has("chat-template") && f.Has("chat-template-file"))
+    return absl::InvalidArgumentError("give at most one of --chat-template and --chat-template-file");
+  if (f.Has("chat-template")) {
+    if (f.String("chat-template") != "qwen3")
+      return absl::InvalidArgumentError("--chat-template: the built-in template is 'qwen3'");
+    o.chat_template = std::string(Qwen3ChatTemplate());
+  }
+  if (f.Has("chat-template-file")) {
+    std::ifstream in(f.String("chat-template-file"), std::ios::binary);
+    if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", f.String("chat-template-file")));
+    o.chat_template.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    RETURN_IF_ERROR(ChatTemplate::Parse(o.chat_template).status());
+  }
+  o.eos_token = f.String("eos-token", o.eos_token);
   if (f.Has("out") == f.Has("store-out")) return absl::InvalidArgumentError("give exactly one of --out and --store-out");
   if (f.Has("out")) return WriteSynthModel(o, f.String("out"));
   const std::string dir = f.String("store-out");

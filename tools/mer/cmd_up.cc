@@ -34,6 +34,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/base/status.h"
@@ -46,6 +47,7 @@ namespace mer::cli {
 namespace {
 
 constexpr char kHelp[] = R"(usage: mer up (--model F.gguf [--store-dir DIR] | --store DIR) [--listen HOST:PORT]
+              [--http-listen HOST:PORT|off] [--served-model-name NAME]
               [--metrics-listen HOST:PORT] [--ram-budget BYTES|PERCENT%] [--policy lru|lfu|arc]
               [--prefetch] [--backend cpu|cuda] [--vram-expert-budget BYTES|PERCENT%]
               [--max-sequences N] [--max-batch-tokens N] [--ctx N] [--threads N] [--max-queue N]
@@ -53,12 +55,16 @@ constexpr char kHelp[] = R"(usage: mer up (--model F.gguf [--store-dir DIR] | --
 
 Starts mer-residency, mer-compute and mer-gateway (found beside this `mer`), each once the one
 before is ready, and prints where they serve: the public gRPC API on --listen (default
-127.0.0.1:50051) and the host's /metrics on the gateway's --metrics-listen (default
-127.0.0.1:9480; the page carries all three daemons' metrics). With --model the expert store is
+127.0.0.1:50051), the OpenAI-compatible HTTP API on --http-listen (default 127.0.0.1:8080) and
+the host's /metrics on the gateway's --metrics-listen (default 127.0.0.1:9480; the page carries
+all three daemons' metrics). These ports are checked before anything is packed or loaded, and a
+pack first checks that the disk has room for the store. With --model the expert store is
 --store-dir (default F.gguf.store beside the model), packed on first use and packed again when it
-no longer matches the model. The RAM tier holds --ram-budget of the experts (default 25%);
---backend, --vram-expert-budget, --max-sequences, --max-batch-tokens, --ctx and --threads are
-mer-compute's (see mer-compute --help). A
+no longer matches the model (with progress: bytes, rate and time left, on a terminal). The RAM
+tier holds --ram-budget of the experts (default 25%) under --policy (default lfu);
+--backend, --vram-expert-budget, --max-sequences (default 8), --max-batch-tokens, --ctx (default
+4096 positions per sequence, at most the model's context) and --threads are mer-compute's (see
+mer-compute --help); these defaults are deploy/mer.conf's. A
 daemon that exits, or that sends no watchdog ping for --watchdog-seconds (default 30, as the
 systemd units' WatchdogSec=; 0: no watchdog) and is killed for it, is restarted (at most 5
 times a minute); SIGINT or SIGTERM stops all three; if mer up is killed, they stop too.
@@ -79,6 +85,7 @@ struct Daemon {
   bool ready = false;
   std::string metrics_url;  // from its "metrics: URL" line
   std::string listening;    // from its "listening on ADDRESS" line
+  std::string http_url;     // from its "http: URL" line
   std::string status;       // its last STATUS= (sd_notify)
   absl::Time last_ping;     // its last WATCHDOG=1, or READY=1
   absl::Time kill_at = absl::InfiniteFuture();  // SIGKILL then, after a missed watchdog's SIGABRT
@@ -175,7 +182,7 @@ void ReadNotify() {
 }
 
 // Reads what the daemon wrote, forwards whole lines to stderr with its name, and notes
-// "metrics: URL" and "listening on ADDRESS". Returns false at end of file.
+// "metrics: URL", "http: URL" and "listening on ADDRESS". Returns false at end of file.
 bool Drain(Daemon& d) {
   char buf[4096];
   const ssize_t n = read(d.out_fd, buf, sizeof buf);
@@ -186,6 +193,7 @@ bool Drain(Daemon& d) {
     const std::string line = d.partial.substr(start, nl - start);
     std::fprintf(stderr, "[%s] %s\n", d.name.c_str(), line.c_str());
     if (absl::StartsWith(line, "metrics: ")) d.metrics_url = line.substr(9);
+    if (absl::StartsWith(line, "http: ")) d.http_url = line.substr(6);
     if (const size_t at = line.find("listening on "); at != std::string::npos)
       d.listening = line.substr(at + 13);
   }
@@ -380,16 +388,30 @@ absl::StatusOr<std::string> EnsureStore(const Flags& f) {
     if (store.ok() && (*store)->CheckSource(model).ok()) return dir;
     std::fprintf(stderr, "mer up: %s does not match %s: packing it again\n", dir.c_str(), model.c_str());
   }
-  std::fprintf(stderr, "mer up: packing %s into %s\n", model.c_str(), dir.c_str());
+  // The store is about as large as the model file: check for room before writing any of it.
+  std::error_code ec;
+  const uint64_t model_bytes = std::filesystem::file_size(model, ec);
+  if (ec) return absl::NotFoundError(absl::StrCat("cannot read ", model, ": ", ec.message()));
+  ASSIGN_OR_RETURN(const uint64_t free_bytes, FreeDiskBytes(dir));
+  if (free_bytes < model_bytes + model_bytes / 50)
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "packing %s needs about %.2f GB in %s; the disk has %.2f GB free (give --store-dir on another disk)",
+        model, model_bytes / 1e9, dir, free_bytes / 1e9));
+  std::fprintf(stderr, "mer up: packing %s into %s (%.2f GB)\n", model.c_str(), dir.c_str(), model_bytes / 1e9);
   PackOptions o;
   o.overwrite = true;
-  RETURN_IF_ERROR(PackExpertStore(model, dir, o).status());
+  ProgressLine progress("mer up: packing", model_bytes);
+  o.progress = [&](int done, int n_layer) { progress.Update(model_bytes * done / std::max(1, n_layer)); };
+  const absl::Status s = PackExpertStore(model, dir, o).status();
+  progress.Finish();
+  RETURN_IF_ERROR(s);
   return dir;
 }
 
 absl::Status Up(const Args& args) {
   ASSIGN_OR_RETURN(Flags f, Flags::Parse(args,
-                                         {"model", "store", "store-dir", "listen", "metrics-listen",
+                                         {"model", "store", "store-dir", "listen", "http-listen",
+                                          "served-model-name", "metrics-listen",
                                           "ram-budget", "policy", "backend", "vram-expert-budget",
                                           "max-sequences", "max-batch-tokens", "ctx", "threads",
                                           "max-queue", "watchdog-seconds"},
@@ -403,6 +425,14 @@ absl::Status Up(const Args& args) {
   signal(SIGPIPE, SIG_IGN);
 
   ASSIGN_OR_RETURN(const int64_t watchdog_seconds, f.IntInRange("watchdog-seconds", 30, 0, 3600));
+  // The ports first: a taken one would otherwise fail only after a long pack and load.
+  const std::string listen = f.String("listen", "127.0.0.1:50051");
+  const std::string http_listen = f.String("http-listen", "127.0.0.1:8080");
+  const std::string metrics_listen = f.String("metrics-listen", "127.0.0.1:9480");
+  RETURN_IF_ERROR(CheckPortFree(listen, "--listen"));
+  if (http_listen != "off") RETURN_IF_ERROR(CheckPortFree(http_listen, "--http-listen"));
+  RETURN_IF_ERROR(CheckPortFree(metrics_listen, "--metrics-listen"));
+
   ASSIGN_OR_RETURN(const std::string store, EnsureStore(f));
   const std::string bin = SelfDir();
   const std::string tmp = std::filesystem::temp_directory_path().string();
@@ -423,7 +453,7 @@ absl::Status Up(const Args& args) {
 
   Daemon residency{"residency",
                    {bin + "/mer-residency", "--store", store, "--instance", instance, "--ram-budget",
-                    f.String("ram-budget", "25%"), "--policy", f.String("policy", "lru"),
+                    f.String("ram-budget", "25%"), "--policy", f.String("policy", "lfu"),
                     "--metrics-listen", "127.0.0.1:0"}};
   if (f.Has("prefetch")) residency.argv.push_back("--prefetch");
   Daemon compute{"compute",
@@ -435,10 +465,10 @@ absl::Status Up(const Args& args) {
   if (f.Has("vram-expert-budget"))
     compute.argv.insert(compute.argv.end(), {"--vram-expert-budget", f.String("vram-expert-budget")});
   Daemon gateway{"gateway",
-                 {bin + "/mer-gateway", "--compute", socket, "--listen",
-                  f.String("listen", "127.0.0.1:50051"), "--metrics-listen",
-                  f.String("metrics-listen", "127.0.0.1:9480"), "--max-queue",
-                  f.String("max-queue", "256")}};
+                 {bin + "/mer-gateway", "--compute", socket, "--listen", listen, "--http-listen", http_listen,
+                  "--metrics-listen", metrics_listen, "--max-queue", f.String("max-queue", "256")}};
+  if (f.Has("served-model-name"))
+    gateway.argv.insert(gateway.argv.end(), {"--served-model-name", f.String("served-model-name")});
   std::vector<Daemon*> all = {&residency, &compute, &gateway};
   g_daemons = all;
 
@@ -464,6 +494,9 @@ absl::Status Up(const Args& args) {
     std::printf("mer up: serving %s\n", store.c_str());
     std::printf("  gRPC API   %s   (mer client --addr %s --prompt ...)\n", gateway.listening.c_str(),
                 gateway.listening.c_str());
+    if (!gateway.http_url.empty())
+      std::printf("  HTTP API   %s   (OpenAI-compatible: %s/v1/chat/completions)\n", gateway.http_url.c_str(),
+                  gateway.http_url.c_str());
     std::printf("  metrics    %s   (all three daemons)\n", gateway.metrics_url.c_str());
     std::printf("             compute %s, residency %s\n", compute.metrics_url.c_str(),
                 residency.metrics_url.c_str());

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "mer/version.h"
 #include "tools/mer/commands.h"
 
 namespace {
@@ -22,7 +23,7 @@ commands:
   client     call a running mer-gateway: generate, health, model info
   loadgen    drive N concurrent Generate streams; throughput, TTFT and inter-token latency
 
-Run `mer <command> --help` for the flags of a command.
+Run `mer <command> --help` for the flags of a command; `mer --version` prints the version.
 )";
 
 }  // namespace
@@ -31,6 +32,10 @@ int main(int argc, char** argv) {
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "help") == 0) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
+  }
+  if (std::strcmp(argv[1], "--version") == 0 || std::strcmp(argv[1], "version") == 0) {
+    std::printf("mer %s\n", MER_VERSION_STRING);
+    return 0;
   }
   const std::string command = argv[1];
   const mer::cli::Args args(argv + 2, argv + argc);

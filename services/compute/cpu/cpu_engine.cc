@@ -435,6 +435,8 @@ absl::Status CpuEngine::ForwardArgmax(absl::Span<const BatchToken> batch, int32_
 
 absl::Status CpuEngine::Forward(absl::Span<const BatchToken> batch, float* logits) {
   RETURN_IF_ERROR(Validate(batch));
+  ++counters_.forward_calls;
+  counters_.tokens += static_cast<int64_t>(batch.size());
   const ModelConfig& c = config_;
   const int n = static_cast<int>(batch.size());
   const int64_t E = c.n_embd;

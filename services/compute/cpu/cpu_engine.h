@@ -54,6 +54,8 @@ class CpuEngine final : public ComputeBackend {
   void ClearSequence(int sequence) override;
   int32_t sequence_length(int sequence) const override { return seq_len_[sequence]; }
   void set_routing_observer(RoutingObserver* observer) override { routing_observer_ = observer; }
+  // Forward calls and tokens only (no device).
+  BackendCounters counters() const override { return counters_; }
 
  private:
   CpuEngine(const ModelWeights& weights, ExpertSource& experts, const CpuEngineOptions& options);
@@ -80,6 +82,7 @@ class CpuEngine final : public ComputeBackend {
   CpuEngineOptions options_;
   ThreadPool pool_;
   RoutingObserver* routing_observer_ = nullptr;
+  BackendCounters counters_;
 
   // KV cache, f32: [layer][sequence][position][kv_dim].
   std::vector<float> k_cache_;

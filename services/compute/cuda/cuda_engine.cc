@@ -21,9 +21,11 @@
 #include "services/compute/cuda/argmax.cuh"
 #include "services/compute/cuda/attention.cuh"
 #include "services/compute/cuda/cuda_check.cuh"
+#include "services/compute/cuda/device_buffers.h"
 #include "services/compute/cuda/device_layout.cuh"
 #include "services/compute/cuda/embed.cuh"
 #include "services/compute/cuda/matvec.cuh"
+#include "services/compute/cuda/miss_post.cuh"
 #include "services/compute/cuda/moe_experts.cuh"
 #include "services/compute/cuda/moe_group.cuh"
 #include "services/compute/cuda/qk_norm_rope.cuh"
@@ -31,8 +33,10 @@
 #include "services/compute/cuda/repack.cuh"
 #include "services/compute/cuda/residency_vram.h"
 #include "services/compute/cuda/rms_norm.cuh"
+#include "services/compute/cuda/stream_memops.h"
 #include "services/compute/cuda/router_topk.cuh"
 #include "services/compute/cuda/timeline.h"
+#include "services/compute/cuda/vram_miss_service.h"
 
 namespace mer {
 namespace {
@@ -40,8 +44,7 @@ namespace {
 using cuda::DevAct;
 using cuda::DevMatrix;
 
-constexpr int64_t kAlign = 256;
-int64_t AlignUp(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+int64_t AlignUp(int64_t n) { return cuda::DeviceBufferTable::AlignUp(n); }
 
 bool SupportedType(GgmlType t) {
   return t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16 || t == GgmlType::kQ8_0 ||
@@ -76,32 +79,70 @@ absl::StatusOr<ExpertTypes> ExpertTypesOf(const ModelWeights& weights, const Exp
   return *t;
 }
 
+// Whether stream memory operations (cuStreamWaitValue32/WriteValue32) run on this device: one
+// write and one wait on a scratch word, synchronised.
+bool StreamMemOpsWork(cudaStream_t stream) {
+  uint32_t* word = nullptr;
+  if (cudaMalloc(&word, 4) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  const bool ok = cuda::StreamMemOpsAvailable() && cuda::StreamWrite(stream, word, 7) &&
+                  cuda::StreamWaitEqual(stream, word, 7) && cudaStreamSynchronize(stream) == cudaSuccess;
+  if (!ok) {
+    (void)cudaGetLastError();
+    std::fprintf(stderr, "cuda: stream memory operations do not work here: misses are served by the host\n");
+  }
+  CUDA_CHECK(cudaFree(word));
+  return ok;
+}
+
+// Whether a graph captures stream memory operations (then the device path's steps, with a gate
+// wait per layer, replay as graphs): a captured write and wait on a scratch word, replayed.
+bool GraphsTakeStreamMemOps(cudaStream_t stream) {
+  uint32_t* word = nullptr;
+  CUDA_CHECK(cudaMalloc(&word, 4));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  bool ok = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+  if (ok) {
+    const bool ops = cuda::StreamWrite(stream, word, 5) && cuda::StreamWaitEqual(stream, word, 5);
+    ok = cudaStreamEndCapture(stream, &graph) == cudaSuccess && ops;
+  }
+  ok = ok && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess && cudaGraphLaunch(exec, stream) == cudaSuccess &&
+       cudaStreamSynchronize(stream) == cudaSuccess;
+  if (!ok) {
+    (void)cudaGetLastError();
+    std::fprintf(stderr, "cuda: graphs do not capture stream memory operations here: device-path steps run uncaptured\n");
+  }
+  if (exec != nullptr) CUDA_CHECK(cudaGraphExecDestroy(exec));
+  if (graph != nullptr) CUDA_CHECK(cudaGraphDestroy(graph));
+  CUDA_CHECK(cudaFree(word));
+  return ok;
+}
+
 // MER_CUDA_DEBUG=1 logs the stages of Create to stderr (start-up problems on a new machine).
 void DebugLog(const char* stage) {
   static const bool on = std::getenv("MER_CUDA_DEBUG") != nullptr;
   if (on) std::fprintf(stderr, "cuda: %s\n", stage);
 }
 
-// A bump allocator over one cudaMalloc: every buffer of a kind is carved at Create.
-class DevicePool {
+// One cudaMalloc laid out by a DeviceBufferTable: every buffer of a kind is declared once, then
+// the allocation binds them all.
+class DeviceAllocation {
  public:
-  void Reserve(int64_t bytes) { size_ += AlignUp(bytes); }
-  absl::Status Allocate(const char* what) {
+  absl::Status Allocate(const cuda::DeviceBufferTable& table, const char* what) {
+    size_ = table.bytes();
     if (size_ == 0) return absl::OkStatus();
     const cudaError_t e = cudaMalloc(&base_, size_);
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
+      base_ = nullptr;
       return absl::ResourceExhaustedError(absl::StrCat("cudaMalloc of ", size_, " bytes for ", what,
                                                        " failed: ", cudaGetErrorString(e)));
     }
+    table.Bind(static_cast<uint8_t*>(base_));
     return absl::OkStatus();
-  }
-  template <typename T>
-  T* Take(int64_t bytes) {
-    CHECK(used_ + AlignUp(bytes) <= size_);
-    T* p = reinterpret_cast<T*>(static_cast<uint8_t*>(base_) + used_);
-    used_ += AlignUp(bytes);
-    return p;
   }
   int64_t size() const { return size_; }
   void Free() {
@@ -112,7 +153,6 @@ class DevicePool {
  private:
   void* base_ = nullptr;
   int64_t size_ = 0;
-  int64_t used_ = 0;
 };
 
 // One layer's experts: types and bytes of gate, up and down (Q4_K_M files give half the layers'
@@ -137,6 +177,20 @@ void LaunchMatvecRuns(const cuda::MatvecOutput* outputs, int n, const DevAct& ac
   }
 }
 
+// A MoeGroups' arrays (counts, used experts, group starts, pairs) as one table entry, and its
+// lookup counter as another.
+void AddMoeGroups(cuda::DeviceBufferTable& table, int64_t n_expert, int64_t n_pairs, cuda::MoeGroups* g,
+                  const char* what) {
+  table.AddEntry(8 + (n_expert + 1) * 4 * 2 + n_pairs * 4, what, [g, n_expert](uint8_t* p) {
+    g->n_used = reinterpret_cast<int32_t*>(p);
+    g->n_missing = g->n_used + 1;
+    g->used = g->n_used + 2;
+    g->begin = g->used + n_expert + 1;
+    g->pairs = g->begin + n_expert + 1;
+  });
+  table.Add(&g->lookups_total, 8, what);
+}
+
 struct DevLayer {
   const float* attn_norm;  // f32 [n_embd]
   const float* q_norm;     // f32 [head_dim]
@@ -148,7 +202,7 @@ struct DevLayer {
 
 // Host-pinned step inputs, copied to the device in one transfer per step.
 struct StepInputLayout {
-  int64_t tokens, pos, seq, out_rows, rope_cos, rope_sin, bytes;  // byte offsets
+  int64_t tokens, pos, seq, out_rows, rope_cos, rope_sin, step, bytes;  // byte offsets
 };
 
 }  // namespace
@@ -164,7 +218,7 @@ struct CudaEngine::Impl {
   RoutingObserver* observer = nullptr;
   cudaStream_t stream = nullptr;
 
-  DevicePool dense_pool, work_pool, arena_pool;
+  DeviceAllocation dense_pool, work_pool, arena_pool;
 
   // Dense weights.
   int embd_type = 0;
@@ -264,6 +318,24 @@ struct CudaEngine::Impl {
   // "The arena over CUDA IPC"); the LRU above is unused then.
   std::unique_ptr<cuda::ResidencyVram> residency_vram;
 
+  // Misses decided on the device (docs/cuda.md): with the arena over CUDA IPC, every layer's
+  // routing is posted as a record and the step waits on the device at the layer's gate, which
+  // the device opens itself when nothing misses and the miss service once it has placed what did.
+  bool device_misses = false;
+  bool device_graphs = false;                 // steps with gate waits capture into graphs
+  uint32_t* gates = nullptr;                  // device [n_layer]: 1 = the layer may go on
+  unsigned long long* record_head = nullptr;  // device: routing records posted
+  uint8_t* record_ring = nullptr;             // host-mapped [ring_capacity, record_bytes]
+  uint8_t* record_ring_device = nullptr;      // its device address
+  int32_t ring_capacity = 0, record_bytes = 0;
+  uint32_t step_number = 0;                   // the last step's (a step input), from 1
+  std::unique_ptr<cuda::VramMissService> miss_service;
+  // The stream waits until the layer's gate is open, then closes it for the next step.
+  void WaitGate(int layer) {
+    CHECK(cuda::StreamWaitEqual(stream, gates + layer, 1));
+    CHECK(cuda::StreamWrite(stream, gates + layer, 0));
+  }
+
   // CUDA graphs of a single-token, all-resident step, by number of logits rows (0 or 1), whether
   // attention runs split-K (attention_split) and whether the step ends in the argmax kernel
   // (ForwardArgmax).
@@ -279,7 +351,7 @@ struct CudaEngine::Impl {
   // This step's attention is split-K: its longest context passes o.attention_split_min_cells.
   bool attention_split = false;
 
-  CudaEngineStats stats;
+  BackendCounters stats;
 
   // Kernel profile (o.profile_kernels): an event after each launch of a step, and per name the
   // GPU time from the previous event, summed over steps. Graphs are off while it is on.
@@ -313,7 +385,7 @@ struct CudaEngine::Impl {
   absl::Status Validate(absl::Span<const BatchToken> batch);
   // Writes the batch's step inputs into host memory `dst` (StepInputLayout); returns the number
   // of logits rows, and the largest position into *max_position.
-  int FillInput(absl::Span<const BatchToken> batch, uint8_t* dst, int32_t* max_position) const;
+  int FillInput(absl::Span<const BatchToken> batch, uint8_t* dst, int32_t* max_position);
   // The step's launches from the input copy of `input` (host, StepInputLayout), ending with the LM
   // head for n_out rows and, with argmax, their argmaxes into argmax_ids (ForwardArgmax). With
   // device_tokens the embedding reads the step's tokens there instead of from the input. A graph
@@ -388,6 +460,7 @@ struct CudaEngine::Impl {
 CudaEngine::Impl::~Impl() {
   if (stream != nullptr) CUDA_CHECK(cudaStreamSynchronize(stream));
   cuda::TimelineWrite();
+  miss_service.reset();    // stops its thread, unpins what it published
   residency_vram.reset();  // unpins (nothing reads the arena now), before the arena goes
   for (cudaEvent_t e : event_pool) CUDA_CHECK(cudaEventDestroy(e));
   for (auto* graphs : {&graph, &pipe_graph})
@@ -399,6 +472,7 @@ CudaEngine::Impl::~Impl() {
     if (e != nullptr) CUDA_CHECK(cudaEventDestroy(e));
   if (copy_stream != nullptr) CUDA_CHECK(cudaStreamSynchronize(copy_stream));
   if (pinned_base != nullptr) CUDA_CHECK(cudaHostUnregister(pinned_base));
+  if (record_ring != nullptr) CUDA_CHECK(cudaFreeHost(record_ring));
   for (void* p : {static_cast<void*>(host_input), static_cast<void*>(pipe_input[0]),
                   static_cast<void*>(pipe_input[1]), static_cast<void*>(pipe_ids),
                   static_cast<void*>(host_slot_table),
@@ -498,66 +572,75 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   m.slot_bytes = AlignUp(slot_end);
   m.total_experts = int64_t(c.n_layer) * c.n_expert;
 
-  // Dense weights: sizes, then upload through a staging buffer and the repack kernel.
-  int64_t largest = 0;
-  auto reserve_matrix = [&](const MatrixView& mv) {
-    m.dense_pool.Reserve(MatrixBytes(mv));
-    largest = std::max(largest, MatrixBytes(mv));
+  // Dense weights: one table entry per tensor, then the upload of each (matrices whose device
+  // layout differs go through a staging buffer and the repack kernel).
+  struct DenseTensor {
+    const void* src;
+    int64_t bytes;
+    const MatrixView* matrix;  // repacked when its type needs it; null: copied as is
+    uint8_t* dst;              // set by the table's Bind
   };
-  m.dense_pool.Reserve(MatrixBytes(weights.token_embd));
-  reserve_matrix(weights.output);
-  m.dense_pool.Reserve(int64_t(c.n_embd) * 4);
-  for (const LayerWeights& L : weights.layers) {
-    for (const MatrixView* mv : {&L.wq, &L.wk, &L.wv, &L.wo, &L.router}) reserve_matrix(*mv);
-    m.dense_pool.Reserve(int64_t(c.n_embd) * 4 * 2);
-    m.dense_pool.Reserve(int64_t(c.head_dim) * 4 * 2);
+  std::vector<DenseTensor> dense_tensors;
+  dense_tensors.reserve(3 + 9 * weights.layers.size());  // addresses stay put for the binds
+  cuda::DeviceBufferTable dense;
+  int64_t largest = 0;
+  auto add_dense = [&](const void* src, int64_t bytes, const MatrixView* matrix, const char* what,
+                       auto** field) {
+    dense_tensors.push_back({src, bytes, matrix, nullptr});
+    DenseTensor* t = &dense_tensors.back();
+    dense.AddEntry(bytes, what, [t, field](uint8_t* p) {
+      t->dst = p;
+      *field = reinterpret_cast<std::remove_pointer_t<decltype(field)>>(p);
+    });
+    if (matrix != nullptr) largest = std::max(largest, bytes);
+  };
+  auto add_matrix = [&](const MatrixView& mv, const char* what, DevMatrix* dm) {
+    *dm = DevMatrix{DevTypeOf(mv.type), mv.rows, mv.cols, nullptr};
+    add_dense(mv.data, MatrixBytes(mv), &mv, what, &dm->data);
+  };
+  m.embd_type = DevTypeOf(weights.token_embd.type);
+  m.embd_row_bytes = weights.token_embd.row_bytes();
+  add_dense(weights.token_embd.data, MatrixBytes(weights.token_embd), nullptr, "token_embd", &m.embd);
+  add_matrix(weights.output, "output", &m.output);
+  m.output_type = weights.output.type;
+  add_dense(weights.output_norm, int64_t(c.n_embd) * 4, nullptr, "output_norm", &m.output_norm);
+  m.layers.resize(weights.layers.size());
+  for (size_t l = 0; l < weights.layers.size(); ++l) {
+    const LayerWeights& L = weights.layers[l];
+    DevLayer& d = m.layers[l];
+    add_dense(L.attn_norm, int64_t(c.n_embd) * 4, nullptr, "attn_norm", &d.attn_norm);
+    add_dense(L.ffn_norm, int64_t(c.n_embd) * 4, nullptr, "ffn_norm", &d.ffn_norm);
+    add_dense(L.q_norm, int64_t(c.head_dim) * 4, nullptr, "q_norm", &d.q_norm);
+    add_dense(L.k_norm, int64_t(c.head_dim) * 4, nullptr, "k_norm", &d.k_norm);
+    add_matrix(L.wq, "wq", &d.wq);
+    add_matrix(L.wk, "wk", &d.wk);
+    add_matrix(L.wv, "wv", &d.wv);
+    add_matrix(L.wo, "wo", &d.wo);
+    add_matrix(L.router, "router", &d.router);
+    d.wq_type = L.wq.type;
+    d.wk_type = L.wk.type;
+    d.wv_type = L.wv.type;
+    d.wo_type = L.wo.type;
+    d.router_type = L.router.type;
   }
-  RETURN_IF_ERROR(m.dense_pool.Allocate("dense weights"));
+  RETURN_IF_ERROR(m.dense_pool.Allocate(dense, "dense weights"));
   uint8_t* dense_staging = nullptr;
-  {
+  if (largest > 0) {
     const cudaError_t e = cudaMalloc(&dense_staging, largest);
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
       return absl::ResourceExhaustedError("cudaMalloc of the dense-weight staging buffer failed");
     }
   }
-  auto upload_raw = [&](const void* src, int64_t bytes) {
-    uint8_t* d = m.dense_pool.Take<uint8_t>(bytes);
-    CUDA_CHECK(cudaMemcpyAsync(d, src, bytes, cudaMemcpyHostToDevice, m.stream));
-    return d;
-  };
-  auto upload_matrix = [&](const MatrixView& mv) {
-    const int64_t bytes = MatrixBytes(mv);
-    uint8_t* d = m.dense_pool.Take<uint8_t>(bytes);
-    CUDA_CHECK(cudaMemcpyAsync(dense_staging, mv.data, bytes, cudaMemcpyHostToDevice, m.stream));
-    const cuda::RepackJob job{dense_staging, d, bytes, mv.cols};
-    cuda::LaunchRepack(DevTypeOf(mv.type), &job, 1, m.stream);
-    CUDA_CHECK(cudaStreamSynchronize(m.stream));
-    return DevMatrix{DevTypeOf(mv.type), mv.rows, mv.cols, d};
-  };
-  m.embd_type = DevTypeOf(weights.token_embd.type);
-  m.embd_row_bytes = weights.token_embd.row_bytes();
-  m.embd = upload_raw(weights.token_embd.data, MatrixBytes(weights.token_embd));
-  m.output = upload_matrix(weights.output);
-  m.output_type = weights.output.type;
-  m.output_norm = reinterpret_cast<const float*>(upload_raw(weights.output_norm, int64_t(c.n_embd) * 4));
-  for (const LayerWeights& L : weights.layers) {
-    DevLayer d;
-    d.attn_norm = reinterpret_cast<const float*>(upload_raw(L.attn_norm, int64_t(c.n_embd) * 4));
-    d.ffn_norm = reinterpret_cast<const float*>(upload_raw(L.ffn_norm, int64_t(c.n_embd) * 4));
-    d.q_norm = reinterpret_cast<const float*>(upload_raw(L.q_norm, int64_t(c.head_dim) * 4));
-    d.k_norm = reinterpret_cast<const float*>(upload_raw(L.k_norm, int64_t(c.head_dim) * 4));
-    d.wq = upload_matrix(L.wq);
-    d.wk = upload_matrix(L.wk);
-    d.wv = upload_matrix(L.wv);
-    d.wo = upload_matrix(L.wo);
-    d.router = upload_matrix(L.router);
-    d.wq_type = L.wq.type;
-    d.wk_type = L.wk.type;
-    d.wv_type = L.wv.type;
-    d.wo_type = L.wo.type;
-    d.router_type = L.router.type;
-    m.layers.push_back(d);
+  for (const DenseTensor& t : dense_tensors) {
+    if (t.matrix == nullptr || !NeedsRepack(t.matrix->type)) {
+      CUDA_CHECK(cudaMemcpyAsync(t.dst, t.src, t.bytes, cudaMemcpyHostToDevice, m.stream));
+      continue;
+    }
+    CUDA_CHECK(cudaMemcpyAsync(dense_staging, t.src, t.bytes, cudaMemcpyHostToDevice, m.stream));
+    const cuda::RepackJob job{dense_staging, t.dst, t.bytes, t.matrix->cols};
+    cuda::LaunchRepack(DevTypeOf(t.matrix->type), &job, 1, m.stream);
+    CUDA_CHECK(cudaStreamSynchronize(m.stream));  // the staging buffer is reused by the next one
   }
   CUDA_CHECK(cudaStreamSynchronize(m.stream));
   CUDA_CHECK(cudaFree(dense_staging));
@@ -577,81 +660,53 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   m.in.out_rows = m.in.seq + AlignUp(T * 4);
   m.in.rope_cos = m.in.out_rows + AlignUp(T * 4);
   m.in.rope_sin = m.in.rope_cos + AlignUp(T * half * 4);
-  m.in.bytes = m.in.rope_sin + AlignUp(T * half * 4);
-  DevicePool& w = m.work_pool;
-  const int64_t f32_sizes[] = {T * E, T * E, T * QD, T * KD, T * KD, T * QD, T * c.n_head * cuda::AttentionScoresStride(o.max_context_tokens),
-                               T * NE, T * K, T * K * F, T * K * E, T * V};
-  for (int64_t s : f32_sizes) w.Reserve(s * 4);
-  w.Reserve(T * K * 4);                                  // chosen
-  w.Reserve(T * 4);                                      // argmax_ids
-  w.Reserve(cuda::ArgmaxScratchBytes(T));                // argmax_scratch
-  w.Reserve(act_a_elems * 4);
-  w.Reserve(act_a_elems / 32 * 4);
-  w.Reserve(act_b_elems * 4);
-  w.Reserve(act_b_elems / 32 * 4);
-  w.Reserve(8 + (NE + 1) * 4 * 2 + T * K * 4);            // groups
-  w.Reserve(8);                                          // lookups_total
-  w.Reserve(4);                                          // router_blocks_done
-  w.Reserve(m.in.bytes);
-  w.Reserve(int64_t(o.staging_experts) * m.slot_bytes);
-  w.Reserve(int64_t(o.staging_experts) * m.slot_bytes);  // prefetch_staging
-  w.Reserve(NE * 4);                                      // pred_logits
-  w.Reserve(K * 4);                                       // pred_chosen
-  w.Reserve(K * 4);                                       // pred_w
-  w.Reserve(8 + (NE + 1) * 4 * 2 + K * 4);               // pred_groups
-  w.Reserve(8);                                           // pred_groups.lookups_total
-  w.Reserve(m.total_experts * 4);
-  RETURN_IF_ERROR(w.Allocate("workspaces"));
-  m.x = w.Take<float>(T * E * 4);
-  m.xn = w.Take<float>(T * E * 4);
-  m.q = w.Take<float>(T * QD * 4);
-  m.k = w.Take<float>(T * KD * 4);
-  m.v = w.Take<float>(T * KD * 4);
-  m.attn = w.Take<float>(T * QD * 4);
-  m.scores = w.Take<float>(T * c.n_head * cuda::AttentionScoresStride(o.max_context_tokens) * 4);
-  m.router_logits = w.Take<float>(T * NE * 4);
-  m.chosen_w = w.Take<float>(T * K * 4);
-  m.h = w.Take<float>(T * K * F * 4);
-  m.expert_out = w.Take<float>(T * K * E * 4);
-  m.logits = w.Take<float>(T * V * 4);
-  m.chosen = w.Take<int32_t>(T * K * 4);
-  m.argmax_ids = w.Take<int32_t>(T * 4);
-  m.argmax_scratch = w.Take<uint8_t>(cuda::ArgmaxScratchBytes(T));
-  m.act_a = w.Take<uint8_t>(act_a_elems * 4);
-  m.act_a_scales = w.Take<float>(act_a_elems / 32 * 4);
-  m.act_b = w.Take<uint8_t>(act_b_elems * 4);
-  m.act_b_scales = w.Take<float>(act_b_elems / 32 * 4);
-  uint8_t* g = w.Take<uint8_t>(8 + (NE + 1) * 4 * 2 + T * K * 4);
-  m.groups.n_used = reinterpret_cast<int32_t*>(g);
-  m.groups.n_missing = m.groups.n_used + 1;
-  m.groups.used = m.groups.n_used + 2;
-  m.groups.begin = m.groups.used + NE + 1;
-  m.groups.pairs = m.groups.begin + NE + 1;
-  m.lookups_total = w.Take<unsigned long long>(8);
-  m.groups.lookups_total = m.lookups_total;
-  m.router_blocks_done = w.Take<unsigned int>(4);
-  m.step_input = w.Take<uint8_t>(m.in.bytes);
-  m.staging = w.Take<uint8_t>(int64_t(o.staging_experts) * m.slot_bytes);
-  m.prefetch_staging = w.Take<uint8_t>(int64_t(o.staging_experts) * m.slot_bytes);
-  m.pred_logits = w.Take<float>(NE * 4);
-  m.pred_chosen = w.Take<int32_t>(K * 4);
-  m.pred_w = w.Take<float>(K * 4);
-  {
-    int32_t* pg = w.Take<int32_t>(8 + (NE + 1) * 4 * 2 + K * 4);
-    m.pred_groups.n_used = pg;
-    m.pred_groups.n_missing = pg + 1;
-    m.pred_groups.used = pg + 2;
-    m.pred_groups.begin = m.pred_groups.used + NE + 1;
-    m.pred_groups.pairs = m.pred_groups.begin + NE + 1;
-    m.pred_groups.lookups_total = w.Take<unsigned long long>(8);
-  }
-  m.slot_table = w.Take<int32_t>(m.total_experts * 4);
+  m.in.step = m.in.rope_sin + AlignUp(T * half * 4);
+  m.in.bytes = m.in.step + AlignUp(4);
+  // Workspaces: one table entry per buffer (f32 unless the name says otherwise).
+  cuda::DeviceBufferTable w;
+  const int64_t scores_elems = T * c.n_head * cuda::AttentionScoresStride(o.max_context_tokens);
+  w.Add(&m.x, T * E * 4, "x");
+  w.Add(&m.xn, T * E * 4, "xn");
+  w.Add(&m.q, T * QD * 4, "q");
+  w.Add(&m.k, T * KD * 4, "k");
+  w.Add(&m.v, T * KD * 4, "v");
+  w.Add(&m.attn, T * QD * 4, "attn");
+  w.Add(&m.scores, scores_elems * 4, "scores");
+  w.Add(&m.router_logits, T * NE * 4, "router_logits");
+  w.Add(&m.chosen_w, T * K * 4, "chosen_w");
+  w.Add(&m.h, T * K * F * 4, "h");
+  w.Add(&m.expert_out, T * K * E * 4, "expert_out");
+  w.Add(&m.logits, T * V * 4, "logits");
+  w.Add(&m.chosen, T * K * 4, "chosen");
+  w.Add(&m.argmax_ids, T * 4, "argmax_ids");
+  w.Add(&m.argmax_scratch, cuda::ArgmaxScratchBytes(T), "argmax_scratch");
+  w.Add(&m.act_a, act_a_elems * 4, "act_a");
+  w.Add(&m.act_a_scales, act_a_elems / 32 * 4, "act_a_scales");
+  w.Add(&m.act_b, act_b_elems * 4, "act_b");
+  w.Add(&m.act_b_scales, act_b_elems / 32 * 4, "act_b_scales");
+  AddMoeGroups(w, NE, T * K, &m.groups, "groups");
+  w.Add(&m.router_blocks_done, 4, "router_blocks_done");
+  w.Add(&m.step_input, m.in.bytes, "step_input");
+  w.Add(&m.staging, int64_t(o.staging_experts) * m.slot_bytes, "staging");
+  w.Add(&m.prefetch_staging, int64_t(o.staging_experts) * m.slot_bytes, "prefetch_staging");
+  w.Add(&m.pred_logits, NE * 4, "pred_logits");
+  w.Add(&m.pred_chosen, K * 4, "pred_chosen");
+  w.Add(&m.pred_w, K * 4, "pred_w");
+  AddMoeGroups(w, NE, K, &m.pred_groups, "pred_groups");
+  w.Add(&m.slot_table, m.total_experts * 4, "slot_table");
+  w.Add(&m.gates, int64_t(c.n_layer) * 4, "gates");
+  w.Add(&m.record_head, 8, "record_head");
+  RETURN_IF_ERROR(m.work_pool.Allocate(w, "workspaces"));
+  m.lookups_total = m.groups.lookups_total;
   // Rows of pairs a pass has not computed yet are quantized too: keep them finite.
   CUDA_CHECK(cudaMemsetAsync(m.h, 0, T * K * F * 4, m.stream));
   CUDA_CHECK(cudaMemsetAsync(m.lookups_total, 0, 8, m.stream));
+  CUDA_CHECK(cudaMemsetAsync(m.pred_groups.lookups_total, 0, 8, m.stream));
   CUDA_CHECK(cudaMemsetAsync(m.router_blocks_done, 0, 4, m.stream));
+  CUDA_CHECK(cudaMemsetAsync(m.gates, 0, int64_t(c.n_layer) * 4, m.stream));
+  CUDA_CHECK(cudaMemsetAsync(m.record_head, 0, 8, m.stream));
   CUDA_CHECK(cudaMemsetAsync(m.argmax_scratch, 0, cuda::ArgmaxScratchBytes(T), m.stream));
-  m.stats.workspace_bytes = w.size();
+  m.stats.workspace_bytes = w.bytes();
   {
     const cudaError_t e1 = cudaMalloc(&m.k_cache, kv_bytes);
     const cudaError_t e2 = e1 == cudaSuccess ? cudaMalloc(&m.v_cache, kv_bytes) : e1;
@@ -689,14 +744,30 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   if (o.vram_expert_budget_fraction > 0)
     slots = std::min<int64_t>(slots, static_cast<int64_t>(o.vram_expert_budget_fraction * m.total_experts + 0.5));
   slots = std::min(slots, m.total_experts);
+  // An arena that holds every expert needs no placement: compute fills it once, below, through the
+  // expert source (mer-residency's RAM tier when served) and then runs every step on the device
+  // path, with no residency round trip and nothing for mer-residency to evict. Only an arena of a
+  // part of the experts is exported to mer-residency, which then places them.
+  if (slots == m.total_experts) o.vram_residency = nullptr;
+  m.o.vram_residency = o.vram_residency;
   if (o.vram_residency != nullptr) slots = std::min<int64_t>(slots, o.vram_residency->max_vram_slots());
   if (slots < 1)
     return absl::ResourceExhaustedError(absl::StrCat("no VRAM left for the expert arena (", free_b,
                                                      " bytes free, margin ", o.vram_margin_bytes, ")"));
   m.n_slots = static_cast<int32_t>(slots);
-  m.arena_pool.Reserve(slots * m.slot_bytes);
-  RETURN_IF_ERROR(m.arena_pool.Allocate("the expert arena"));
-  m.arena = m.arena_pool.Take<uint8_t>(slots * m.slot_bytes);
+  // The device decides hits and misses when mer-residency places the experts and a layer's every
+  // expert fits beside the reserve (else the host serves each layer's misses: ServeFromResidency).
+  const int reserve_slots = 2 * c.n_expert_used;
+  m.device_misses = o.vram_residency != nullptr && o.device_misses && slots >= c.n_expert + reserve_slots &&
+                    StreamMemOpsWork(m.stream);
+  m.device_graphs = m.device_misses && GraphsTakeStreamMemOps(m.stream);
+  cuda::DeviceBufferTable arena_table;
+  // One slot more on the device path, never exported: the poison slot (zeros) that a failed
+  // placement points its experts at (vram_miss_service.h).
+  arena_table.Add(&m.arena, (slots + (m.device_misses ? 1 : 0)) * m.slot_bytes, "arena");
+  RETURN_IF_ERROR(m.arena_pool.Allocate(arena_table, "the expert arena"));
+  if (m.device_misses)
+    CUDA_CHECK(cudaMemsetAsync(m.arena + slots * m.slot_bytes, 0, m.slot_bytes, m.stream));
   m.stats.arena_bytes = slots * m.slot_bytes;
   m.stats.arena_slots = slots;
   m.stats.arena_placed_by_residency = o.vram_residency != nullptr;
@@ -733,6 +804,27 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
     ASSIGN_OR_RETURN(m.residency_vram,
                      cuda::ResidencyVram::Create(*o.vram_residency, o.device, m.arena, m.slot_bytes, m.n_slots,
                                                  std::move(layouts), m.staging, o.staging_experts));
+  }
+  if (m.device_misses) {
+    m.ring_capacity = 4 * c.n_layer;
+    m.record_bytes = cuda::RoutingRecordBytes(c.n_expert, c.n_expert_used);
+    const int64_t ring_bytes = int64_t(m.ring_capacity) * m.record_bytes;
+    CUDA_CHECK(cudaHostAlloc(&m.record_ring, ring_bytes, cudaHostAllocMapped));
+    std::memset(m.record_ring, 0, ring_bytes);
+    CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&m.record_ring_device), m.record_ring, 0));
+    cuda::VramMissServiceOptions so;
+    so.n_layer = c.n_layer;
+    so.n_expert = c.n_expert;
+    so.k = c.n_expert_used;
+    so.n_slots = m.n_slots;
+    so.poison_slot = m.n_slots;
+    so.reserve_slots = reserve_slots;
+    so.device = o.device;
+    so.debug = std::getenv("MER_CUDA_DEBUG") != nullptr;
+    ASSIGN_OR_RETURN(m.miss_service, cuda::VramMissService::Create(*m.residency_vram, so, m.record_ring, m.ring_capacity,
+                                                                   m.record_bytes, m.slot_table, m.gates));
+    std::fprintf(stderr, "cuda: misses decided on the device (%d slots, %d reserved for placements)\n", m.n_slots,
+                 reserve_slots);
   }
   std::fill(m.host_slot_table, m.host_slot_table + m.total_experts, -1);
   CUDA_CHECK(cudaMemcpyAsync(m.slot_table, m.host_slot_table, m.total_experts * 4, cudaMemcpyHostToDevice, m.stream));
@@ -791,8 +883,9 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
       " experts (", absl::StrFormat("%.1f", 100.0 * slots / m.total_experts), "%) x ",
       m.slot_bytes, " B = ", absl::StrFormat("%.2f", m.stats.arena_bytes / gib), " GiB");
   std::fprintf(stderr, "%s\n", engine->budget_report_.c_str());
-  // Over CUDA IPC mer-residency fills the arena (on demand and ahead of it), never compute.
-  if (slots == m.total_experts && m.residency_vram == nullptr) {
+  // A full arena is filled here (above: never exported); a partial one exported over CUDA IPC is
+  // filled by mer-residency, on demand and ahead of it.
+  if (slots == m.total_experts) {
     ASSIGN_OR_RETURN(const int64_t loaded, engine->Preload());
     std::fprintf(stderr, "cuda: preloaded all %lld experts\n", static_cast<long long>(loaded));
   }
@@ -1266,7 +1359,7 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
     ra.weights = chosen_w;
     ra.slot_table = layer_slots;
     ra.groups = groups;
-    if (Predicts(layer, n, host_path)) {
+    if (Predicts(layer, n, host_path || device_misses)) {
       cuda::Router1Next& p = ra.next;
       p.router = reinterpret_cast<const float*>(layers[layer + 1].router.data);
       p.logits = pred_logits;
@@ -1294,9 +1387,30 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
   }
   if (host_path) {
     RETURN_IF_ERROR(ServeLayerExperts(layer, n, ea));
-  } else {
-    EnqueueExperts(layer, n, ea, 0, std::min(c.n_expert, n * c.n_expert_used));
+    return absl::OkStatus();
   }
+  if (device_misses) {
+    // The device's decision: the layer's record to the miss service, then the wait at its gate
+    // (open at once when every used expert is resident).
+    cuda::MissPostArgs mp{};
+    mp.groups = groups;
+    mp.slot_table = layer_slots;
+    mp.pred_chosen = Predicts(layer, n, true) ? pred_chosen : nullptr;
+    mp.step = reinterpret_cast<const uint32_t*>(step_input + in.step);
+    mp.record_head = record_head;
+    mp.ring = record_ring_device;
+    mp.ring_capacity = ring_capacity;
+    mp.record_bytes = record_bytes;
+    mp.gate = gates + layer;
+    mp.layer = layer;
+    mp.n_expert = c.n_expert;
+    mp.k = c.n_expert_used;
+    cuda::LaunchMissPost(mp, stream);
+    Mark("miss post");
+    WaitGate(layer);
+    Mark("gate");
+  }
+  EnqueueExperts(layer, n, ea, 0, std::min(c.n_expert, n * c.n_expert_used));
   return absl::OkStatus();
 }
 
@@ -1339,7 +1453,8 @@ void CudaEngine::Impl::CaptureGraph(cudaGraphExec_t* exec, const std::function<v
 
 // Step inputs: ids, positions, sequences, logits rows and the RoPE table (ggml's rope cache,
 // computed on the host exactly as the CPU engine does).
-int CudaEngine::Impl::FillInput(absl::Span<const BatchToken> batch, uint8_t* dst, int32_t* max_position) const {
+int CudaEngine::Impl::FillInput(absl::Span<const BatchToken> batch, uint8_t* dst, int32_t* max_position) {
+  *reinterpret_cast<uint32_t*>(dst + in.step) = ++step_number;
   const int half = c.head_dim / 2;
   int32_t* tokens = reinterpret_cast<int32_t*>(dst + in.tokens);
   int32_t* pos = reinterpret_cast<int32_t*>(dst + in.pos);
@@ -1376,14 +1491,17 @@ absl::Status CudaEngine::Run(absl::Span<const BatchToken> batch, float* logits, 
   int32_t max_position = 0;
   const int n_out = m.FillInput(batch, m.host_input, &max_position);
 
-  const bool host_path = !m.AllResident() || m.observer != nullptr;
+  if (m.device_misses && m.observer != nullptr)
+    return absl::UnimplementedError("a routing observer needs the host path (--miss-path host)");
+  const bool host_path = (!m.AllResident() && !m.device_misses) || m.observer != nullptr;
   absl::Status status;
+  if (m.device_misses) m.miss_service->StepLaunched();
   m.step_is_decode = n == 1;
   m.attention_split = m.AttentionSplitAt(max_position);
   m.stats.attention_split_steps += m.attention_split;
   m.Mark("start");
   const bool argmax = ids != nullptr && n_out > 0;
-  if (!host_path && n == 1 && m.o.use_graphs && !m.o.profile_kernels) {
+  if (!host_path && n == 1 && m.o.use_graphs && !m.o.profile_kernels && (!m.device_misses || m.device_graphs)) {
     cudaGraphExec_t& exec = m.graph[n_out][m.attention_split][argmax];
     if (exec == nullptr)
       m.CaptureGraph(&exec, [&](absl::Status* s) { m.EnqueueStep(n, n_out, false, argmax, s, m.host_input); });
@@ -1403,6 +1521,10 @@ absl::Status CudaEngine::Run(absl::Span<const BatchToken> batch, float* logits, 
   m.Sync();
   m.CollectMarks();
   m.stats.expert_lookups = static_cast<int64_t>(*m.host_lookups);
+  if (m.device_misses) {
+    m.miss_service->StepDone();
+    if (status.ok()) status = m.miss_service->TakeError();  // a layer read the poison slot
+  }
   if (m.prefetch_layer >= 0) {
     // A step that failed before consuming its prefetch: the copies must land before the next
     // step reads the table that lists them, and before their source memory is released.
@@ -1425,8 +1547,8 @@ absl::Status CudaEngine::Run(absl::Span<const BatchToken> batch, float* logits, 
 absl::Status CudaEngine::DecodeGreedy(int sequence, int32_t token, int32_t position, int max_steps,
                                       const std::function<bool(int32_t)>& on_token) {
   Impl& m = *impl_;
-  const bool one_graph_per_step =
-      m.AllResident() && m.observer == nullptr && m.o.use_graphs && !m.o.profile_kernels;
+  const bool one_graph_per_step = (m.AllResident() || (m.device_misses && m.device_graphs)) &&
+                                  m.observer == nullptr && m.o.use_graphs && !m.o.profile_kernels;
   if (!one_graph_per_step || max_steps < 1)
     return ComputeBackend::DecodeGreedy(sequence, token, position, max_steps, on_token);
   return DecodePipelined(sequence, token, position, max_steps, on_token);
@@ -1461,6 +1583,7 @@ absl::Status CudaEngine::DecodePipelined(int sequence, int32_t token, int32_t po
         m.EnqueueStep(1, 1, false, true, s, m.pipe_input[b], from_device ? m.argmax_ids : nullptr);
         CUDA_CHECK(cudaMemcpyAsync(m.pipe_ids + b, m.argmax_ids, 4, cudaMemcpyDeviceToHost, m.stream));
       });
+    if (m.device_misses) m.miss_service->StepLaunched();
     CUDA_CHECK(cudaGraphLaunch(exec, m.stream));
     CUDA_CHECK(cudaEventRecord(m.pipe_done[b], m.stream));
     ++m.stats.graph_launches;
@@ -1473,6 +1596,17 @@ absl::Status CudaEngine::DecodePipelined(int sequence, int32_t token, int32_t po
     if (more && launched < in_context) launch(launched++);
     CUDA_CHECK(cudaEventSynchronize(m.pipe_done[done % 2]));
     ++m.stats.host_syncs;
+    if (m.device_misses) {
+      m.miss_service->StepDone();
+      if (m.miss_service->HasError()) {
+        // A layer of this step read the poison slot. The step launched ahead may read it too:
+        // it is waited for before the poisoned entries go back to -1, and both are dropped.
+        m.Sync();
+        for (int i = done + 1; i < launched; ++i) m.miss_service->StepDone();
+        m.seq_len[sequence] = position + done;
+        return m.miss_service->TakeError();
+      }
+    }
     const int32_t id = m.pipe_ids[done % 2];
     if (!more) break;  // the step launched ahead, waited for and dropped
     m.seq_len[sequence] = position + done + 1;
@@ -1519,11 +1653,23 @@ std::string CudaEngine::KernelProfile() const {
   return out;
 }
 
-CudaEngineStats CudaEngine::stats() const {
+BackendCounters CudaEngine::counters() const {
   Impl& m = *impl_;
   m.SampleVram();
+  m.stats.device = true;
   m.stats.arena_resident = m.resident;
-  return m.stats;
+  BackendCounters c = m.stats;
+  if (m.miss_service != nullptr) {
+    // The device path's misses are the experts its service had placed; its evictions, the
+    // published experts it retired (mer-residency counts its uploads on its own page).
+    const cuda::VramMissServiceStats ms = m.miss_service->stats();
+    c.expert_misses += static_cast<int64_t>(ms.placed);
+    c.evictions += static_cast<int64_t>(ms.retired);
+    c.upload_seconds_x1e6 += static_cast<int64_t>(ms.serve_us);
+    c.device_routing_records = static_cast<int64_t>(ms.records);
+    c.device_served_layers = static_cast<int64_t>(ms.layers_served);
+  }
+  return c;
 }
 
 }  // namespace mer

@@ -69,39 +69,12 @@ struct CudaEngineOptions {
   // experts come through this, not the ExpertSource; docs/cuda.md, "The arena over CUDA IPC").
   // Not owned; outlives the engine. Null: the engine uploads from the ExpertSource itself.
   VramResidency* vram_residency = nullptr;
-};
-
-// Counters since Create (cumulative).
-struct CudaEngineStats {
-  int64_t forward_calls = 0;
-  int64_t tokens = 0;               // batch tokens processed
-  int64_t expert_lookups = 0;       // distinct (layer, expert) a batch needs, summed over layers
-  int64_t expert_misses = 0;        // of those, not in the arena
-  int64_t expert_upload_bytes = 0;  // host -> VRAM
-  int64_t evictions = 0;
-  int64_t host_syncs = 0;           // stream/event synchronisations inside Forward
-  int64_t graph_launches = 0;
-  int64_t attention_split_steps = 0;  // steps whose attention ran split-K (a context past 1,024)
-  int64_t vram_prefetch_issued = 0;  // experts uploaded ahead of demand by the look-ahead
-  int64_t vram_prefetch_useful = 0;  // of those, used by the layer they were predicted for
-  int64_t vram_prefetch_wasted = 0;  // not used by it
-  int64_t upload_seconds_x1e6 = 0;  // wall time of miss servicing (host side), microseconds
-  // Memory, bytes.
-  int64_t dense_bytes = 0;
-  int64_t kv_bytes = 0;
-  int64_t workspace_bytes = 0;
-  int64_t arena_bytes = 0;
-  int64_t arena_slots = 0;
-  int64_t arena_resident = 0;       // slots holding an expert (sampled by stats())
-  // mer-residency places the arena's experts (CudaEngineOptions::vram_residency): the slots'
-  // states are its to report; arena_resident counts nothing here.
-  bool arena_placed_by_residency = false;
-  int64_t slot_bytes = 0;
-  int64_t total_experts = 0;
-  int64_t vram_total_bytes = 0;
-  int64_t vram_used_bytes = 0;      // device-wide (total - free), sampled at Create and by stats()
-  int64_t vram_used_peak_bytes = 0;
-  bool host_experts_pinned = false;
+  // With vram_residency: the device decides each layer's hits and misses and waits for the misses
+  // on the device (a miss service thread has mer-residency place them), so no host thread blocks
+  // between layers and steps run as graphs (docs/cuda.md, "Misses decided on the device"). Needs
+  // an arena of at least n_expert + 2 * top-k slots and stream memory operations; otherwise, or
+  // false, the host reads each layer's routing and serves its misses.
+  bool device_misses = true;
 };
 
 class CudaEngine final : public ComputeBackend {
@@ -115,9 +88,6 @@ class CudaEngine final : public ComputeBackend {
   ~CudaEngine();
 
   const CudaEngineOptions& options() const { return options_; }
-  CudaEngineStats stats() const;
-  // With options.profile_kernels: GPU time per kernel kind, decode and multi-token steps apart.
-  std::string KernelProfile() const;
   // The VRAM breakdown logged at Create: device, dense, KV, workspace, margin, arena.
   const std::string& budget_report() const { return budget_report_; }
   // Loads every expert the arena can hold (layer-major), so benchmarks start warm; returns how many.
@@ -139,6 +109,10 @@ class CudaEngine final : public ComputeBackend {
   void ClearSequence(int sequence) override;
   int32_t sequence_length(int sequence) const override;
   void set_routing_observer(RoutingObserver* observer) override;
+  // Every field; arena_resident and the VRAM use sampled now.
+  BackendCounters counters() const override;
+  // With options.profile_kernels: GPU time per kernel kind, decode and multi-token steps apart.
+  std::string KernelProfile() const override;
 
  private:
   // Forward with either output: logits (n_vocab floats per row) or ids (the rows' argmaxes).

@@ -26,6 +26,13 @@ __device__ inline float GgmlExpf(float x) {
   return ldexpf(j, static_cast<int>(n));
 }
 
+// glibc's expf, which the CPU engine (as ggml) uses past the last whole group of 16 of a softmax:
+// glibc's is within 0.502 ulp, i.e. the correctly rounded float except for arguments whose exact
+// value lies within 0.002 ulp of a rounding midpoint, and the double exp rounded to float is
+// correctly rounded except within ~1e-9 ulp of one. The two agree outside that band, where
+// CUDA's expf (2 ulp) often does not.
+__device__ inline float GlibcExpf(float x) { return static_cast<float>(exp(static_cast<double>(x))); }
+
 // _mm512_reduce_add_ps's order (cpu_ops.h ReduceAdd16).
 __device__ inline float ReduceAdd16(const float* v) {
   float a[8], b[4];

@@ -62,6 +62,22 @@ absl::StatusOr<int> ResidencyVram::Acquire(int layer, absl::Span<const int32_t> 
   held_ = true;
   ++stats_.acquires;
   stats_.demanded += demanded;
+  Convert(layer, experts, table_row, stream);
+  return demanded;
+}
+
+absl::StatusOr<int> ResidencyVram::Place(int layer, absl::Span<const int32_t> experts, int32_t* table_row,
+                                         CUstream_st* stream) {
+  placements_.resize(experts.size());
+  ASSIGN_OR_RETURN(const int demanded, residency_.PinVram(layer, experts, absl::MakeSpan(placements_)));
+  ++stats_.acquires;
+  stats_.demanded += demanded;
+  Convert(layer, experts, table_row, stream);
+  return demanded;
+}
+
+void ResidencyVram::Convert(int layer, absl::Span<const int32_t> experts, int32_t* table_row,
+                            CUstream_st* stream) {
   fresh_.clear();
   for (size_t i = 0; i < experts.size(); ++i) {
     table_row[experts[i]] = placements_[i].slot;
@@ -97,7 +113,6 @@ absl::StatusOr<int> ResidencyVram::Acquire(int layer, absl::Span<const int32_t> 
     LaunchRepackByType(repack_jobs_.data(), static_cast<int>(repack_jobs_.size()), stream);
     stats_.converted += static_cast<int64_t>(n);
   }
-  return demanded;
 }
 
 void ResidencyVram::Release() {

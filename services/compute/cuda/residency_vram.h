@@ -60,6 +60,12 @@ class ResidencyVram {
   // kernels launched after it on the stream see. Returns the experts that were demanded.
   absl::StatusOr<int> Acquire(int layer, absl::Span<const int32_t> experts, int32_t* table_row,
                               CUstream_st* stream);
+  // Acquire with long-lived pins (VramResidency::PinVram), for the miss service of the device
+  // path: each expert stays pinned until Unpin. The conversions go on `stream` likewise.
+  absl::StatusOr<int> Place(int layer, absl::Span<const int32_t> experts, int32_t* table_row,
+                            CUstream_st* stream);
+  void Unpin(int layer, int32_t expert) { residency_.UnpinVram(layer, expert); }
+  uint64_t attachment() const { return residency_.attachment(); }
   // After a synchronisation that saw every kernel reading the slots acquired.
   void Release();
   // The experts `layer` routed to; scores the last prediction made for it.
@@ -74,6 +80,9 @@ class ResidencyVram {
                 std::vector<VramLayerLayout> layouts, uint8_t* staging, int staging_slots)
       : residency_(residency), arena_(arena), slot_bytes_(slot_bytes), layouts_(std::move(layouts)),
         staging_(staging), staging_slots_(staging_slots) {}
+
+  // Writes table_row from placements_ and enqueues the conversion of the fresh fills on stream.
+  void Convert(int layer, absl::Span<const int32_t> experts, int32_t* table_row, CUstream_st* stream);
 
   VramResidency& residency_;
   uint8_t* const arena_;

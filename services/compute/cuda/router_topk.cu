@@ -82,7 +82,7 @@ __device__ void TopKWarp(float* p, float* group_sum, int t, int n_expert, int k,
   const int lane = threadIdx.x % 32;
   // cpu::Softmax(p, n_expert, 1.0f) exactly: exps of whole groups of 16 by GgmlExpf, each group
   // summed by ReduceAdd16 and the group sums added in order in double; a tail past the last
-  // group (n_expert % 16 != 0) by expf, which may differ from glibc's expf in the last ulp.
+  // group (n_expert % 16 != 0) by GlibcExpf.
   float m = -FLT_MAX;
   for (int e = lane; e < n_expert; e += 32) m = fmaxf(m, p[e]);
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
@@ -99,7 +99,7 @@ __device__ void TopKWarp(float* p, float* group_sum, int t, int n_expert, int k,
     double sum = 0.0;
     for (int gi = 0; gi < n_groups; ++gi) sum += static_cast<double>(group_sum[gi]);
     for (int e = n_groups * 16; e < n_expert; ++e) {
-      p[e] = expf(__fsub_rn(p[e], m));
+      p[e] = GlibcExpf(__fsub_rn(p[e], m));
       sum += static_cast<double>(p[e]);
     }
     inv = static_cast<float>(1.0 / sum);

@@ -9,7 +9,8 @@
 
 namespace mer::compute {
 
-bool SequenceStream::Next(absl::Duration timeout, std::vector<int32_t>* out) {
+bool SequenceStream::Next(absl::Duration timeout, std::vector<int32_t>* out,
+                          std::vector<TokenLogprobs>* logprobs) {
   absl::MutexLock lock(&mu_);
   auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return done_ || !tokens_.empty() || cancelled_.load(std::memory_order_relaxed);
@@ -17,6 +18,10 @@ bool SequenceStream::Next(absl::Duration timeout, std::vector<int32_t>* out) {
   mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
   out->insert(out->end(), tokens_.begin(), tokens_.end());
   tokens_.clear();
+  if (logprobs != nullptr) {
+    for (TokenLogprobs& lp : logprobs_) logprobs->push_back(std::move(lp));
+  }
+  logprobs_.clear();
   return done_;
 }
 
@@ -35,9 +40,10 @@ FinishReason SequenceStream::finish_reason() const {
   return reason_;
 }
 
-void SequenceStream::Push(int32_t token) {
+void SequenceStream::Push(int32_t token, const TokenLogprobs* logprobs) {
   absl::MutexLock lock(&mu_);
   tokens_.push_back(token);
+  if (logprobs != nullptr) logprobs_.push_back(*logprobs);
 }
 
 void SequenceStream::Finish(absl::Status status, FinishReason reason) {
@@ -101,6 +107,14 @@ absl::StatusOr<std::shared_ptr<SequenceStream>> Batcher::Submit(const Generation
   if (request.max_new_tokens < 1)
     return absl::InvalidArgumentError("max_new_tokens: must be >= 1");
   if (auto s = ValidateSamplingParams(request.sampling); !s.ok()) return s;
+  for (const auto& [id, bias] : request.sampling.logit_bias) {
+    if (id >= n_vocab_)
+      return absl::InvalidArgumentError(
+          absl::StrCat("logit_bias: token ", id, " is outside the vocabulary [0, ", n_vocab_, ")"));
+  }
+  if (request.top_logprobs > kMaxTopLogprobs)
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_logprobs: at most ", kMaxTopLogprobs, ", got ", request.top_logprobs));
   // The last generated token is never fed back, so it needs no position.
   const int64_t need = int64_t(request.prompt.size()) + request.max_new_tokens - 1;
   if (need > backend_.max_context_tokens())
@@ -172,9 +186,65 @@ void Batcher::StepLoop() {
         }
       }
     }
-    if (!idle) Step();
+    if (!idle && !SoloGreedyDecode()) Step();
     if (options_.after_step) options_.after_step(idle);
   }
+}
+
+bool Batcher::Finishes(Running& r, int32_t token, absl::Span<const float> logits, FinishReason* reason) {
+  r.history.push_back(token);
+  ++r.generated;
+  const bool logprobs = r.request.top_logprobs >= 0 && !logits.empty();
+  if (logprobs) Sampler::Logprobs(logits, token, r.request.top_logprobs, &logprobs_);
+  r.stream->Push(token, logprobs ? &logprobs_ : nullptr);
+  if (r.request.IsStop(token)) {
+    *reason = FinishReason::kStopToken;
+    return true;
+  }
+  if (r.generated == r.request.max_new_tokens) {
+    *reason = FinishReason::kLength;
+    return true;
+  }
+  r.pending = token;
+  return false;
+}
+
+bool Batcher::SoloGreedyDecode() {
+  if (running_.size() != 1) return false;
+  Running& r = *running_[0];
+  if (r.pending < 0 || !r.sampler.IsPlainArgmax() || r.request.top_logprobs >= 0 || r.stream->cancelled())
+    return false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!incoming_.empty() || stop_) return false;
+  }
+  auto t_last = std::chrono::steady_clock::now();
+  FinishReason reason = FinishReason::kNone;
+  const int32_t first_position = r.fed;
+  const absl::Status s = backend_.DecodeGreedy(
+      r.stream->slot(), r.pending, r.fed, r.request.max_new_tokens - r.generated, [&](int32_t token) {
+        ++r.fed;  // the token fed for this step is in the KV cache now
+        const bool done = Finishes(r, token, {}, &reason);
+        const auto now = std::chrono::steady_clock::now();
+        if (metrics_ != nullptr)
+          metrics_->OnStep(std::chrono::duration<double>(now - t_last).count(), 1, 1, 0, 1);
+        t_last = now;
+        if (options_.after_step) options_.after_step(false);
+        bool join;
+        {
+          absl::MutexLock lock(&mu_);
+          heartbeat_ = absl::Now();
+          join = !incoming_.empty() || stop_;
+        }
+        return !done && !join && !r.stream->cancelled();
+      });
+  if (!s.ok()) {
+    Leave(0, absl::Status(s.code(), absl::StrCat("forward pass: ", s.message())), FinishReason::kNone);
+    return true;
+  }
+  if (r.fed == first_position) return false;  // no step ran: let the batch loop take it
+  if (reason != FinishReason::kNone) Leave(0, absl::OkStatus(), reason);
+  return true;
 }
 
 void Batcher::Leave(size_t index, absl::Status status, FinishReason reason) {
@@ -241,7 +311,10 @@ bool Batcher::Step() {
   // tokens in arrival order, which is how they were appended. When every row samples greedily
   // without a penalty, the backend returns the argmaxes and no logits reach the host.
   bool all_argmax = true;
-  for (int32_t i : rows_) all_argmax = all_argmax && running_[i]->sampler.IsPlainArgmax();
+  for (int32_t i : rows_) {
+    const Running& r = *running_[i];
+    all_argmax = all_argmax && r.sampler.IsPlainArgmax() && r.request.top_logprobs < 0;
+  }
   const absl::Status s =
       all_argmax ? backend_.ForwardArgmax(batch_, greedy_.data()) : backend_.Forward(batch_, logits_.data());
   errors_.assign(n, absl::OkStatus());
@@ -273,18 +346,12 @@ bool Batcher::Step() {
     Running& r = *running_[rows_[row]];
     if (r.pending >= 0) ++r.fed;  // the decode token is in the KV cache now
     const float* lg = logits_.data() + row * size_t(n_vocab_);
-    const int32_t token = all_argmax ? greedy_[row] : r.sampler.Sample(absl::MakeConstSpan(lg, n_vocab_), r.history);
-    r.history.push_back(token);
-    ++r.generated;
-    r.stream->Push(token);
-    if (token == r.request.eos_id) {
+    const absl::Span<const float> row_logits = absl::MakeConstSpan(lg, n_vocab_);
+    const int32_t token = all_argmax ? greedy_[row] : r.sampler.Sample(row_logits, r.history);
+    FinishReason reason;
+    if (Finishes(r, token, all_argmax ? absl::Span<const float>() : row_logits, &reason)) {
       leaving.push_back(rows_[row]);
-      r.pending = -2;  // kEos, see below
-    } else if (r.generated == r.request.max_new_tokens) {
-      leaving.push_back(rows_[row]);
-      r.pending = -3;
-    } else {
-      r.pending = token;
+      r.pending = reason == FinishReason::kStopToken ? -2 : -3;  // read back below
     }
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -298,7 +365,7 @@ bool Batcher::Step() {
       Leave(i, absl::Status(e.code(), absl::StrCat("forward pass: ", e.message())), FinishReason::kNone);
       continue;
     }
-    const FinishReason reason = running_[i]->pending == -2 ? FinishReason::kEos : FinishReason::kLength;
+    const FinishReason reason = running_[i]->pending == -2 ? FinishReason::kStopToken : FinishReason::kLength;
     Leave(i, absl::OkStatus(), reason);
   }
   return true;

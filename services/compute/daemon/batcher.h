@@ -8,13 +8,19 @@
 // alone (its own Sampler, history = prompt + output, the same positions), so on a batch-invariant
 // backend (the cpu one is, bit for bit) every sequence's tokens equal its solo output.
 //
+// A lone greedy decode (one running sequence past its prompt, plain argmax without logprobs,
+// nothing waiting to join) runs through ComputeBackend::DecodeGreedy, which a backend may pipeline (the cuda one
+// launches step i + 1 before the host has read step i's token): the same tokens as one step per
+// token, at the single-process speed. It hands back to the batch loop as soon as another
+// sequence is submitted, the sequence finishes or is cancelled.
+//
 // Admission: a sequence takes one of the backend's max_sequences slots and reserves
 // prompt + max_new_tokens - 1 positions of the KV budget (kv_budget_tokens) until it leaves.
 //
 // Failures: a step that fails leaves the KV entries of its sequences undefined. A damaged expert
 // (DataLoss) fails only the sequences routed to it: the step's sequences run again one at a time
 // (RunEachAlone), so the others go on with the tokens they would have had. Any other error fails
-// every sequence of the step.
+// every sequence of the step. A lone greedy decode that fails has one sequence to fail: that one.
 //
 // Thread-safety: Submit, the counters and every SequenceStream method may be called from any
 // thread. The backend is used by the step thread only, from the constructor to the destructor.
@@ -41,6 +47,9 @@ namespace mer::compute {
 
 class ComputeMetrics;
 
+// The most alternatives a request may ask for with each token (OpenAI's limit).
+inline constexpr int kMaxTopLogprobs = 20;
+
 struct BatcherOptions {
   // Tokens per step; 0: the backend's max_batch_tokens (also the upper limit).
   int max_batch_tokens = 0;
@@ -57,15 +66,16 @@ struct BatcherOptions {
   std::function<void(bool idle)> after_step;
 };
 
-enum class FinishReason { kNone, kLength, kEos };
+enum class FinishReason { kNone, kLength, kStopToken };
 
 // One sequence's output, written by the step thread and read by the caller of Submit.
 class SequenceStream {
  public:
   // Waits up to `timeout` for tokens not yet taken, for the end, or for Cancel; appends the new
-  // tokens to *out. Returns true once the sequence has finished and every token was taken (then
-  // status() and finish_reason() are final).
-  bool Next(absl::Duration timeout, std::vector<int32_t>* out);
+  // tokens to *out (and, when the request asked for them, their log-probabilities to *logprobs,
+  // which may be null otherwise). Returns true once the sequence has finished and every token was
+  // taken (then status() and finish_reason() are final).
+  bool Next(absl::Duration timeout, std::vector<int32_t>* out, std::vector<TokenLogprobs>* logprobs = nullptr);
   // Asks the step thread to drop the sequence before its next step (frees its slot and KV), and
   // wakes a waiting Next.
   void Cancel();
@@ -78,13 +88,14 @@ class SequenceStream {
  private:
   friend class Batcher;
   explicit SequenceStream(int slot) : slot_(slot) {}
-  void Push(int32_t token);
+  void Push(int32_t token, const TokenLogprobs* logprobs);
   void Finish(absl::Status status, FinishReason reason);
 
   const int slot_;
   std::atomic<bool> cancelled_{false};
   mutable absl::Mutex mu_;
   std::vector<int32_t> tokens_ ABSL_GUARDED_BY(mu_);  // produced, not yet taken
+  std::vector<TokenLogprobs> logprobs_ ABSL_GUARDED_BY(mu_);  // theirs, when the request asks
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   FinishReason reason_ ABSL_GUARDED_BY(mu_) = FinishReason::kNone;
@@ -129,6 +140,12 @@ class Batcher {
   void StepLoop();
   // One step over running_; false when there was nothing to run.
   bool Step();
+  // The lone greedy decode above, when running_ allows it; false when it does not.
+  bool SoloGreedyDecode();
+  // After `token` was produced for r (its history, stream and count updated, with its logprobs
+  // from `logits` when the request asks for them and the row's logits are there): whether it
+  // ends the sequence, and how (pending is set to the token otherwise).
+  bool Finishes(Running& r, int32_t token, absl::Span<const float> logits, FinishReason* reason);
   void Leave(size_t index, absl::Status status, FinishReason reason);
   // After a batch failed with DataLoss: runs each of its sequences alone (their own tokens, the
   // same positions: the KV entries the failed step wrote are written again, and a batch-invariant
@@ -159,6 +176,7 @@ class Batcher {
   std::vector<int32_t> prefill_n_;   // prompt tokens of running_[i] in this batch
   std::vector<float> logits_;        // f32 [max_batch_tokens, n_vocab]
   std::vector<int32_t> greedy_;      // [max_batch_tokens]: each row's argmax, when every row is greedy
+  TokenLogprobs logprobs_;           // a row's, when its request asks
   std::vector<size_t> leaving_;      // running_ indices that finish in this step
   std::vector<absl::Status> errors_;  // per running_ index: why it failed in this step
   std::vector<BatchToken> alone_;    // [max_batch_tokens]: one sequence's tokens (RunEachAlone)

@@ -88,7 +88,8 @@ struct ComputeMetrics::Impl {
   prometheus::Family<prometheus::Gauge>* tier_slots = nullptr;
   prometheus::Gauge* vram_slots[2] = {};  // resident, free; null once dropped (arena_placed_by_residency)
   prometheus::Gauge* vram_bytes[6] = {};  // dense, kv, workspace, arena, used, peak
-  BackendStats last;
+  BackendCounters last;
+  void AddDeviceFamilies();
 };
 
 ComputeMetrics::ComputeMetrics(const std::string& version, const std::string& backend,
@@ -134,60 +135,66 @@ ComputeMetrics::ComputeMetrics(const std::string& version, const std::string& ba
       .Add({{"daemon", "compute"}, {"version", version}, {"backend", backend}})
       .Set(1);
   impl_->capacity->set(std::move(capacity));
-  if (backend == "cuda") {
-    auto counter = [&r](const char* name, const char* help) -> prometheus::Family<prometheus::Counter>& {
-      return prometheus::BuildCounter().Name(name).Help(help).Register(r);
-    };
-    impl_->vram_lookups =
-        &counter("mer_expert_lookups_total", "Distinct (layer, expert) a batch needed, summed over layers.")
-             .Add({{"tier", "vram"}});
-    impl_->vram_misses =
-        &counter("mer_expert_misses_total", "Expert lookups not in the VRAM arena (uploaded from the host).")
-             .Add({{"tier", "vram"}});
-    impl_->upload_bytes = &counter("mer_expert_upload_bytes_total", "Bytes of expert uploads host -> VRAM.").Add({});
-    impl_->vram_evictions =
-        &counter("mer_evictions_total", "VRAM arena slots reused for another expert.").Add({{"tier", "vram"}});
-    impl_->host_syncs =
-        &counter("mer_host_syncs_total", "Host synchronisations with the GPU inside forward passes.").Add({});
-    auto& vram = prometheus::BuildGauge()
-                     .Name("mer_vram_bytes")
-                     .Help("Device memory by use: dense weights, KV cache, workspaces, expert arena; "
-                           "used: device-wide at the last sample.")
-                     .Register(r);
-    const char* uses[6] = {"dense", "kv", "workspace", "arena", "used", "peak"};
-    for (int i = 0; i < 6; ++i) impl_->vram_bytes[i] = &vram.Add({{"use", uses[i]}});
-    impl_->graph_launches = &counter("mer_graph_launches_total", "Forward steps replayed as a CUDA graph.").Add({});
-    impl_->backend_tokens = &counter("mer_backend_tokens_total", "Batch tokens the backend processed.").Add({});
-    const char* prefetch[3][2] = {
-        {"mer_prefetch_issued_total", "Experts uploaded into the tier ahead of demand (look-ahead)."},
-        {"mer_prefetch_useful_total", "Prefetched experts that the predicted layer used."},
-        {"mer_prefetch_wasted_total", "Prefetched experts that the predicted layer did not use."}};
-    for (int i = 0; i < 3; ++i) impl_->prefetch[i] = &counter(prefetch[i][0], prefetch[i][1]).Add({{"tier", "vram"}});
-    auto& slots = prometheus::BuildGauge().Name("mer_tier_slots").Help("Expert slots of the tier by state.").Register(r);
-    impl_->tier_slots = &slots;
-    impl_->vram_slots[0] = &slots.Add({{"state", "resident"}, {"tier", "vram"}});
-    impl_->vram_slots[1] = &slots.Add({{"state", "free"}, {"tier", "vram"}});
-  }
+}
+
+// The device backend's families (expert lookups in VRAM, uploads, host syncs, VRAM by use),
+// registered when its first counters arrive.
+void ComputeMetrics::Impl::AddDeviceFamilies() {
+  auto& r = *registry;
+  auto counter = [&r](const char* name, const char* help) -> prometheus::Family<prometheus::Counter>& {
+    return prometheus::BuildCounter().Name(name).Help(help).Register(r);
+  };
+  vram_lookups =
+      &counter("mer_expert_lookups_total", "Distinct (layer, expert) a batch needed, summed over layers.")
+           .Add({{"tier", "vram"}});
+  vram_misses =
+      &counter("mer_expert_misses_total", "Expert lookups not in the VRAM arena (uploaded from the host).")
+           .Add({{"tier", "vram"}});
+  upload_bytes = &counter("mer_expert_upload_bytes_total", "Bytes of expert uploads host -> VRAM.").Add({});
+  vram_evictions =
+      &counter("mer_evictions_total", "VRAM arena slots reused for another expert.").Add({{"tier", "vram"}});
+  host_syncs =
+      &counter("mer_host_syncs_total", "Host synchronisations with the GPU inside forward passes.").Add({});
+  auto& vram = prometheus::BuildGauge()
+                   .Name("mer_vram_bytes")
+                   .Help("Device memory by use: dense weights, KV cache, workspaces, expert arena; "
+                         "used: device-wide at the last sample.")
+                   .Register(r);
+  const char* uses[6] = {"dense", "kv", "workspace", "arena", "used", "peak"};
+  for (int i = 0; i < 6; ++i) vram_bytes[i] = &vram.Add({{"use", uses[i]}});
+  graph_launches = &counter("mer_graph_launches_total", "Forward steps replayed as a CUDA graph.").Add({});
+  backend_tokens = &counter("mer_backend_tokens_total", "Batch tokens the backend processed.").Add({});
+  const char* prefetch_families[3][2] = {
+      {"mer_prefetch_issued_total", "Experts uploaded into the tier ahead of demand (look-ahead)."},
+      {"mer_prefetch_useful_total", "Prefetched experts that the predicted layer used."},
+      {"mer_prefetch_wasted_total", "Prefetched experts that the predicted layer did not use."}};
+  for (int i = 0; i < 3; ++i)
+    prefetch[i] = &counter(prefetch_families[i][0], prefetch_families[i][1]).Add({{"tier", "vram"}});
+  auto& slots = prometheus::BuildGauge().Name("mer_tier_slots").Help("Expert slots of the tier by state.").Register(r);
+  tier_slots = &slots;
+  vram_slots[0] = &slots.Add({{"state", "resident"}, {"tier", "vram"}});
+  vram_slots[1] = &slots.Add({{"state", "free"}, {"tier", "vram"}});
 }
 
 ComputeMetrics::~ComputeMetrics() = default;
 
-void ComputeMetrics::OnBackendStats(const BackendStats& s) {
+void ComputeMetrics::OnBackendCounters(const BackendCounters& s) {
   Impl& m = *impl_;
-  if (m.vram_lookups == nullptr) return;
+  if (!s.device) return;
+  if (m.vram_lookups == nullptr) m.AddDeviceFamilies();
   const auto advance = [](prometheus::Counter* c, int64_t now, int64_t before) {
     if (now > before) c->Increment(static_cast<double>(now - before));
   };
   advance(m.vram_lookups, s.expert_lookups, m.last.expert_lookups);
   advance(m.vram_misses, s.expert_misses, m.last.expert_misses);
-  advance(m.upload_bytes, s.upload_bytes, m.last.upload_bytes);
+  advance(m.upload_bytes, s.expert_upload_bytes, m.last.expert_upload_bytes);
   advance(m.vram_evictions, s.evictions, m.last.evictions);
   advance(m.host_syncs, s.host_syncs, m.last.host_syncs);
   advance(m.graph_launches, s.graph_launches, m.last.graph_launches);
   advance(m.backend_tokens, s.tokens, m.last.tokens);
-  advance(m.prefetch[0], s.prefetch_issued, m.last.prefetch_issued);
-  advance(m.prefetch[1], s.prefetch_useful, m.last.prefetch_useful);
-  advance(m.prefetch[2], s.prefetch_wasted, m.last.prefetch_wasted);
+  advance(m.prefetch[0], s.vram_prefetch_issued, m.last.vram_prefetch_issued);
+  advance(m.prefetch[1], s.vram_prefetch_useful, m.last.vram_prefetch_useful);
+  advance(m.prefetch[2], s.vram_prefetch_wasted, m.last.vram_prefetch_wasted);
   if (s.arena_placed_by_residency && m.vram_slots[0] != nullptr) {
     for (prometheus::Gauge*& g : m.vram_slots) {
       m.tier_slots->Remove(g);

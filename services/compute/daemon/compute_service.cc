@@ -1,5 +1,6 @@
 #include "services/compute/daemon/compute_service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <vector>
 
@@ -46,13 +47,19 @@ grpc::Status ComputeService::Generate(grpc::ServerContext* context, const pb::Ge
   GenerationRequest req;
   req.prompt.assign(request->prompt().begin(), request->prompt().end());
   req.max_new_tokens = request->max_new_tokens();
-  req.eos_id = request->eos_id();
+  req.stop_ids.assign(request->stop_token_ids().begin(), request->stop_token_ids().end());
+  req.top_logprobs = request->logprobs() ? request->top_logprobs() : -1;
   const pb::Sampling& s = request->sampling();
   req.sampling.temperature = s.temperature();
   req.sampling.top_k = s.top_k();
   req.sampling.top_p = s.top_p();
   req.sampling.seed = s.seed();
   req.sampling.repetition_penalty = s.repetition_penalty();
+  req.sampling.min_p = s.min_p();
+  req.sampling.presence_penalty = s.presence_penalty();
+  req.sampling.frequency_penalty = s.frequency_penalty();
+  req.sampling.logit_bias.assign(s.logit_bias().begin(), s.logit_bias().end());
+  std::sort(req.sampling.logit_bias.begin(), req.sampling.logit_bias.end());  // a map's order is not fixed
   const absl::Time deadline = absl::FromChrono(context->deadline());
 
   absl::StatusOr<std::shared_ptr<SequenceStream>> submitted = batcher_.Submit(req, deadline);
@@ -73,14 +80,23 @@ grpc::Status ComputeService::Generate(grpc::ServerContext* context, const pb::Ge
     }
   } unwatch{this, watch};
   std::vector<int32_t> tokens;
+  std::vector<TokenLogprobs> logprobs;
   pb::GenerateResponse response;
   for (;;) {
     tokens.clear();
-    const bool done =
-        stream->Next(std::min(options_.deadline_poll, std::max(absl::ZeroDuration(), deadline - absl::Now())), &tokens);
+    logprobs.clear();
+    const bool done = stream->Next(
+        std::min(options_.deadline_poll, std::max(absl::ZeroDuration(), deadline - absl::Now())), &tokens,
+        &logprobs);
     if (!tokens.empty()) {
       response.Clear();
       response.mutable_token_ids()->Add(tokens.begin(), tokens.end());
+      for (const TokenLogprobs& lp : logprobs) {
+        pb::TokenLogprob* out = response.add_logprobs();
+        out->set_logprob(lp.logprob);
+        out->mutable_top_ids()->Add(lp.top_ids.begin(), lp.top_ids.end());
+        out->mutable_top_logprobs()->Add(lp.top_logprobs.begin(), lp.top_logprobs.end());
+      }
       if (!writer->Write(response)) {
         stream->Cancel();
         return grpc::Status(grpc::StatusCode::CANCELLED, "the caller is gone");
@@ -91,8 +107,8 @@ grpc::Status ComputeService::Generate(grpc::ServerContext* context, const pb::Ge
       if (!status.ok()) return ToGrpcStatus(status);
       response.Clear();
       response.set_done(true);
-      response.set_finish_reason(stream->finish_reason() == FinishReason::kEos
-                                     ? pb::FINISH_REASON_EOS
+      response.set_finish_reason(stream->finish_reason() == FinishReason::kStopToken
+                                     ? pb::FINISH_REASON_STOP_TOKEN
                                      : pb::FINISH_REASON_LENGTH);
       writer->Write(response);
       return grpc::Status::OK;

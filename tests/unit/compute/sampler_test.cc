@@ -175,5 +175,88 @@ TEST(Sampler, LargeVocabularyTruncationMatchesAFullSort) {
   EXPECT_NEAR(hits / double(draws), want, 5 * std::sqrt(want / draws) + 1e-3);
 }
 
+
+// kLogits with a temperature of 1: p(1) = p(3) = e^2 / Z, p(2) = e / Z, so min_p = 0.5 keeps 1
+// and 3 only (e / e^2 = 0.37), with or without top-k (both sampling paths).
+TEST(Sampler, MinPDropsTokensBelowAFractionOfTheTopOne) {
+  for (int top_k : {0, 5}) {
+    SamplingParams p;
+    p.temperature = 1.0f;
+    p.min_p = 0.5f;
+    p.top_k = top_k;
+    Sampler s(p);
+    std::set<int32_t> seen;
+    for (int i = 0; i < 400; ++i) seen.insert(s.Sample(kLogits, {}));
+    EXPECT_EQ(seen, (std::set<int32_t>{1, 3})) << "top_k " << top_k;
+  }
+}
+
+TEST(Sampler, LogitBiasForcesAndBansTokens) {
+  SamplingParams p;
+  p.logit_bias = {{4, 100.0f}};
+  Sampler forced(p);
+  EXPECT_FALSE(forced.IsPlainArgmax());
+  EXPECT_EQ(forced.Sample(kLogits, {}), 4);
+  p.logit_bias = {{1, -100.0f}};
+  Sampler banned(p);
+  EXPECT_EQ(banned.Sample(kLogits, {}), 3);  // the other 2.0
+}
+
+// Presence subtracts once per distinct generated token, frequency once per occurrence; the prompt
+// (history) does not count.
+TEST(Sampler, PresenceAndFrequencyPenaltiesCountGeneratedTokens) {
+  SamplingParams p;
+  p.presence_penalty = 0.6f;  // 2.0 - 0.6 = 1.4 > 1.0: the second 2.0 comes next, then 2 (1.0)
+  Sampler presence(p);
+  const std::vector<int32_t> prompt = {1, 1, 3};
+  EXPECT_EQ(presence.Sample(kLogits, prompt), 1);
+  EXPECT_EQ(presence.Sample(kLogits, prompt), 3);
+  EXPECT_EQ(presence.Sample(kLogits, prompt), 1);  // 1.4 each: lowest id
+  p.presence_penalty = 0.0f;
+  p.frequency_penalty = 0.6f;
+  Sampler frequency(p);
+  EXPECT_EQ(frequency.Sample(kLogits, prompt), 1);  // 2.0 - 0 x 0.6
+  EXPECT_EQ(frequency.Sample(kLogits, prompt), 3);
+  EXPECT_EQ(frequency.Sample(kLogits, prompt), 1);  // 1.4 vs 1.4
+  EXPECT_EQ(frequency.Sample(kLogits, prompt), 3);
+  EXPECT_EQ(frequency.Sample(kLogits, prompt), 2);  // 1.0 > 0.8
+}
+
+TEST(Sampler, LogprobsAreTheLogSoftmaxOfTheRawLogits) {
+  double z = 0;
+  for (float v : kLogits) z += std::exp(static_cast<double>(v));
+  TokenLogprobs lp;
+  Sampler::Logprobs(kLogits, 2, 3, &lp);
+  EXPECT_NEAR(lp.logprob, 1.0 - std::log(z), 1e-6);
+  EXPECT_EQ(lp.top_ids, (std::vector<int32_t>{1, 3, 2}));  // ties: lower id first
+  ASSERT_EQ(lp.top_logprobs.size(), 3u);
+  EXPECT_NEAR(lp.top_logprobs[0], 2.0 - std::log(z), 1e-6);
+  EXPECT_NEAR(lp.top_logprobs[2], 1.0 - std::log(z), 1e-6);
+  Sampler::Logprobs(kLogits, 4, 0, &lp);
+  EXPECT_TRUE(lp.top_ids.empty());
+  EXPECT_NEAR(lp.logprob, -1.0 - std::log(z), 1e-6);
+  Sampler::Logprobs(kLogits, 0, 20, &lp);  // more than the vocabulary: all of it, in order
+  EXPECT_EQ(lp.top_ids, (std::vector<int32_t>{1, 3, 2, 0, 5, 4}));
+}
+
+TEST(Sampler, ValidatesTheNewKnobs) {
+  SamplingParams p;
+  p.min_p = 1.5f;
+  EXPECT_EQ(ValidateSamplingParams(p).code(), absl::StatusCode::kInvalidArgument);
+  p = {};
+  p.presence_penalty = -2.5f;
+  EXPECT_EQ(ValidateSamplingParams(p).code(), absl::StatusCode::kInvalidArgument);
+  p = {};
+  p.frequency_penalty = 3.0f;
+  EXPECT_EQ(ValidateSamplingParams(p).code(), absl::StatusCode::kInvalidArgument);
+  p = {};
+  p.logit_bias = {{3, 101.0f}};
+  EXPECT_EQ(ValidateSamplingParams(p).code(), absl::StatusCode::kInvalidArgument);
+  p.logit_bias = {{-1, 1.0f}};
+  EXPECT_EQ(ValidateSamplingParams(p).code(), absl::StatusCode::kInvalidArgument);
+  p.logit_bias = {{3, -100.0f}};
+  EXPECT_TRUE(ValidateSamplingParams(p).ok());
+}
+
 }  // namespace
 }  // namespace mer

@@ -32,7 +32,10 @@ TEST_F(RequestValidationTest, GoodRequests) {
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_EQ(v->compute.prompt_size(), 2);
   EXPECT_EQ(v->kv_tokens, 2 + 8 - 1);
-  EXPECT_EQ(v->compute.eos_id(), tokenizer_.eos_id());
+  // Every end-of-generation token of the vocabulary stops: <|endoftext|> (eos) and <|im_end|>.
+  const int32_t im_end = tokenizer_.TokenId("<|im_end|>");
+  EXPECT_EQ(std::vector<int32_t>(v->compute.stop_token_ids().begin(), v->compute.stop_token_ids().end()),
+            (std::vector<int32_t>{tokenizer_.eos_id(), im_end}));
   EXPECT_FLOAT_EQ(v->compute.sampling().top_p(), 1.0f);
   EXPECT_FLOAT_EQ(v->compute.sampling().repetition_penalty(), 1.0f);
   mer::v1::GenerateRequest r = Good();
@@ -41,11 +44,26 @@ TEST_F(RequestValidationTest, GoodRequests) {
   r.add_stop("\n");
   r.set_top_p(0.5f);
   r.set_temperature(0.7f);
+  r.add_stop_token_ids(7);
+  r.set_min_p(0.1f);
+  r.set_presence_penalty(-2);
+  r.set_frequency_penalty(2);
+  (*r.mutable_logit_bias())[9] = -100;
+  r.set_logprobs(true);
+  r.set_top_logprobs(20);
   v = ValidateGenerateRequest(r, tokenizer_, limits_);
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_EQ(std::vector<int32_t>(v->compute.prompt().begin(), v->compute.prompt().end()),
             tokenizer_.Encode("hello world"));
-  EXPECT_EQ(v->compute.eos_id(), -1);
+  // ignore_eos: only the request's own stop ids.
+  EXPECT_EQ(std::vector<int32_t>(v->compute.stop_token_ids().begin(), v->compute.stop_token_ids().end()),
+            std::vector<int32_t>{7});
+  EXPECT_FLOAT_EQ(v->compute.sampling().min_p(), 0.1f);
+  EXPECT_FLOAT_EQ(v->compute.sampling().presence_penalty(), -2);
+  EXPECT_FLOAT_EQ(v->compute.sampling().frequency_penalty(), 2);
+  EXPECT_FLOAT_EQ(v->compute.sampling().logit_bias().at(9), -100);
+  EXPECT_TRUE(v->compute.logprobs());
+  EXPECT_EQ(v->compute.top_logprobs(), 20);
   EXPECT_EQ(v->stops, std::vector<std::string>{"\n"});
   // Exactly filling the context is allowed: the last token needs no position.
   r = Good();
@@ -105,6 +123,32 @@ TEST_F(RequestValidationTest, EachBadFieldIsNamed) {
   r = Good();
   for (int i = 0; i < 17; ++i) r.add_stop("s");
   ExpectBad(r, "stop");
+  r = Good();
+  r.set_min_p(1.5f);
+  ExpectBad(r, "min_p");
+  r = Good();
+  r.set_presence_penalty(2.5f);
+  ExpectBad(r, "presence_penalty");
+  r = Good();
+  r.set_frequency_penalty(-3);
+  ExpectBad(r, "frequency_penalty");
+  r = Good();
+  (*r.mutable_logit_bias())[300] = 1;
+  ExpectBad(r, "logit_bias[300]");
+  r = Good();
+  (*r.mutable_logit_bias())[3] = 101;
+  ExpectBad(r, "logit_bias[3]");
+  r = Good();
+  r.add_stop_token_ids(1);
+  r.add_stop_token_ids(-1);
+  ExpectBad(r, "stop_token_ids[1]");
+  r = Good();
+  r.set_logprobs(true);
+  r.set_top_logprobs(21);
+  ExpectBad(r, "top_logprobs");
+  r.set_logprobs(false);
+  r.set_top_logprobs(2);
+  ExpectBad(r, "top_logprobs");
   limits_.kv_budget_tokens = 5;
   ExpectBad(Good(), "max_new_tokens");
 }

@@ -77,6 +77,7 @@ TEST(TextStreamTest, EarliestOfSeveralStopsWinsAndHeldPrefixIsFlushedAtTheEnd) {
   TextStream t({"bc", "abcd"});
   EXPECT_EQ(Join(Feed(t, {"xa", "bcd"})), "x");  // "abcd" starts before "bc"
   EXPECT_TRUE(t.stopped());
+  EXPECT_EQ(t.stop_sequence(), "abcd");
   TextStream u({"\n\n"});
   EXPECT_EQ(Join(Feed(u, {"line\n"})), "line\n");  // held "\n" comes out at Finish
   EXPECT_FALSE(u.stopped());

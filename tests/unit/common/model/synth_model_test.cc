@@ -84,6 +84,60 @@ TEST(SynthModel, TinyPresetBytesArePinned) {
   }
 }
 
+// random:SEED geometries are valid (the synthesizer accepts them), reproducible, varied, and
+// the CPU engine runs them.
+TEST(SynthModel, RandomGeometriesAreValidVariedAndRun) {
+  std::set<int32_t> embds, experts, head_dims, tops;
+  for (uint64_t seed = 0; seed < 300; ++seed) {
+    const SynthGeometry g = RandomSynthGeometry(seed);
+    const SynthGeometry again = *SynthPreset("random:" + std::to_string(seed));
+    EXPECT_EQ(g.n_embd, again.n_embd);
+    EXPECT_EQ(g.n_expert, again.n_expert);
+    EXPECT_EQ(g.head_dim, again.head_dim);
+    EXPECT_EQ((int64_t{g.n_head} * g.head_dim) % 32, 0);
+    EXPECT_EQ(g.n_head % g.n_head_kv, 0);
+    EXPECT_LE(g.n_expert_used, g.n_expert);
+    embds.insert(g.n_embd);
+    experts.insert(g.n_expert);
+    head_dims.insert(g.head_dim);
+    tops.insert(g.n_expert_used);
+  }
+  EXPECT_GE(embds.size(), 8u);
+  EXPECT_GE(experts.size(), 10u);
+  EXPECT_GE(head_dims.size(), 6u);
+  EXPECT_GE(tops.size(), 5u);
+  EXPECT_FALSE(SynthPreset("random:").has_value());
+  EXPECT_FALSE(SynthPreset("random:12x").has_value());
+
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    SynthOptions o;
+    o.geometry = RandomSynthGeometry(seed);
+    o.quant = seed % 2 ? SynthQuant::kQ8_0 : SynthQuant::kQ4_K;
+    o.seed = seed;
+    o.threads = 2;
+    const std::string path = TempPath("random" + std::to_string(seed));
+    ASSERT_TRUE(WriteSynthModel(o, path).ok()) << seed;
+    auto file = GgufFile::Open(path);
+    std::remove(path.c_str());
+    ASSERT_TRUE(file.ok()) << file.status();
+    std::shared_ptr<const GgufFile> shared = std::move(*file);
+    auto weights = ModelWeights::Load(shared);
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    MappedExpertSource experts(**weights);
+    CpuEngineOptions co;
+    co.threads = 1;
+    co.max_context_tokens = 64;
+    auto engine = CpuEngine::Create(**weights, experts, co);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    GenerationRequest req;
+    req.prompt = {1, 2, 3, 4, 5};
+    req.max_new_tokens = 8;
+    auto ids = Generate(**engine, 0, req, {});
+    ASSERT_TRUE(ids.ok()) << ids.status();
+    EXPECT_EQ(ids->size(), 8u);
+  }
+}
+
 struct RoutingResult {
   double lru_hit_rate_25 = 0;    // LRU over 25% of all experts, prompt and decode counted
   int distinct_generated = 0;

@@ -215,6 +215,7 @@ TEST(SpecialTokenTest, EndOfTurnTextsAreControlWhateverTheirStoredType) {
   EXPECT_TRUE(tokenizer.IsEndOfGeneration(other));  // eos
   EXPECT_FALSE(tokenizer.IsEndOfGeneration(fim));
   EXPECT_FALSE(tokenizer.IsEndOfGeneration('a'));
+  EXPECT_THAT(tokenizer.EndOfGenerationIds(), ElementsAre(im_end, other));
   EXPECT_THAT(tokenizer.Encode("a<|im_end|>"), ElementsAre('a', im_end));
 }
 

@@ -16,8 +16,6 @@
 #include "services/compute/cpu/cpu_engine.h"
 #include "services/compute/daemon/compute_metrics.h"
 #include "services/compute/generation.h"
-#include "prometheus/collectable.h"
-#include "prometheus/metric_family.h"
 
 namespace mer::compute {
 namespace {
@@ -83,7 +81,7 @@ GenerationRequest Request(int i) {
   const int len = 1 + (i * 7) % 37;  // 1..37 prompt tokens: several chunks of 16
   for (int k = 0; k < len; ++k) r.prompt.push_back((i * 31 + k * 17) % 300);
   r.max_new_tokens = 3 + i % 9;
-  r.eos_id = i % 4 == 0 ? 5 : -1;  // some stop early at a (frequent enough) token
+  if (i % 4 == 0) r.stop_ids = {5};  // some stop early at a (frequent enough) token
   if (i % 5 == 1) {                // and some sample, which must be reproducible too
     r.sampling.temperature = 0.8f;
     r.sampling.top_k = 20;
@@ -150,14 +148,49 @@ TEST(BatcherTest, FinishReasons) {
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(Drain(**s), *solo);
   EXPECT_EQ((*s)->finish_reason(), FinishReason::kLength);
-  // With the third solo token as eos, generation stops right after emitting it.
-  r.eos_id = (*solo)[2];
+  // With the fifth and third solo tokens as stop tokens, generation stops right after emitting
+  // the first of them.
+  r.stop_ids = {(*solo)[4], (*solo)[2]};
   s = batcher.Submit(r);
   ASSERT_TRUE(s.ok());
   const std::vector<int32_t> out = Drain(**s);
-  const auto first = std::find(solo->begin(), solo->end(), r.eos_id);
+  const auto first = std::find_first_of(solo->begin(), solo->end(), r.stop_ids.begin(), r.stop_ids.end());
+  ASSERT_LE(first - solo->begin(), 2);
   EXPECT_EQ(out, std::vector<int32_t>(solo->begin(), first + 1));
-  EXPECT_EQ((*s)->finish_reason(), FinishReason::kEos);
+  EXPECT_EQ((*s)->finish_reason(), FinishReason::kStopToken);
+}
+
+// Logprobs come from the logits (never the backend's argmax path) and do not change the tokens:
+// greedy picks the most likely token, so it heads its own alternatives.
+TEST(BatcherTest, LogprobsOfGreedyTokens) {
+  MappedExpertSource src(*MicroModel().weights);
+  auto solo_engine = Engine(src, 1, 16);
+  GenerationRequest r = Request(2);
+  r.max_new_tokens = 5;
+  auto solo = Generate(*solo_engine, 0, r, nullptr);
+  ASSERT_TRUE(solo.ok());
+  auto engine = Engine(src, 2, 16);
+  Batcher batcher(*engine, {});
+  r.top_logprobs = 3;
+  auto s = batcher.Submit(r);
+  ASSERT_TRUE(s.ok());
+  std::vector<int32_t> out;
+  std::vector<TokenLogprobs> logprobs;
+  while (!(*s)->Next(absl::Seconds(1), &out, &logprobs)) {
+  }
+  EXPECT_EQ(out, *solo);
+  ASSERT_EQ(logprobs.size(), out.size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    const TokenLogprobs& lp = logprobs[i];
+    ASSERT_EQ(lp.top_ids.size(), 3u);
+    EXPECT_EQ(lp.top_ids[0], out[i]);
+    EXPECT_EQ(lp.top_logprobs[0], lp.logprob);
+    EXPECT_LT(lp.logprob, 0.0f);
+    EXPECT_GE(lp.top_logprobs[0], lp.top_logprobs[1]);
+    EXPECT_GE(lp.top_logprobs[1], lp.top_logprobs[2]);
+  }
+  r.top_logprobs = kMaxTopLogprobs + 1;
+  EXPECT_EQ(batcher.Submit(r).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(BatcherTest, RejectsBadRequestsNamingTheField) {
@@ -199,7 +232,6 @@ TEST(BatcherTest, FullSlotsAndKvBudgetAreResourceExhausted) {
   GenerationRequest big = Request(2);
   big.prompt.assign(10, 7);
   big.max_new_tokens = 71;  // 80 positions
-  big.eos_id = -1;
   GenerationRequest longer = big;
   longer.max_new_tokens = 120;  // more than the budget itself: never admissible
   EXPECT_EQ(batcher.Submit(longer).status().code(), absl::StatusCode::kInvalidArgument);
@@ -221,7 +253,6 @@ TEST(BatcherTest, CancelFreesTheSlotAndOthersContinue) {
   auto solo_engine = Engine(src, 1, 16);
   GenerationRequest keep = Request(7);
   keep.max_new_tokens = 40;
-  keep.eos_id = -1;
   auto solo = Generate(*solo_engine, 0, keep, nullptr);
   ASSERT_TRUE(solo.ok());
   auto engine = Engine(src, 2, 16);
@@ -246,6 +277,84 @@ TEST(BatcherTest, CancelFreesTheSlotAndOthersContinue) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(Drain(**b), *solo);
   EXPECT_EQ(Drain(**c), *solo);
+}
+
+// Passes everything to a backend and counts how the batcher drives it: DecodeGreedy calls and
+// the tokens they produced, and the largest batch of a Forward.
+class CountingBackend final : public ComputeBackend {
+ public:
+  explicit CountingBackend(ComputeBackend& inner) : inner_(inner) {}
+  const ModelConfig& config() const override { return inner_.config(); }
+  int max_batch_tokens() const override { return inner_.max_batch_tokens(); }
+  int max_sequences() const override { return inner_.max_sequences(); }
+  int max_context_tokens() const override { return inner_.max_context_tokens(); }
+  absl::Status Forward(absl::Span<const BatchToken> batch, float* logits) override {
+    Note(batch);
+    return inner_.Forward(batch, logits);
+  }
+  absl::Status ForwardArgmax(absl::Span<const BatchToken> batch, int32_t* ids) override {
+    Note(batch);
+    return inner_.ForwardArgmax(batch, ids);
+  }
+  absl::Status DecodeGreedy(int sequence, int32_t token, int32_t position, int max_steps,
+                            const std::function<bool(int32_t)>& on_token) override {
+    ++decode_greedy_calls;
+    return inner_.DecodeGreedy(sequence, token, position, max_steps, [&](int32_t id) {
+      ++decode_greedy_tokens;
+      return on_token(id);
+    });
+  }
+  void ClearSequence(int sequence) override { inner_.ClearSequence(sequence); }
+  int32_t sequence_length(int sequence) const override { return inner_.sequence_length(sequence); }
+  void set_routing_observer(RoutingObserver* observer) override { inner_.set_routing_observer(observer); }
+  BackendCounters counters() const override { return inner_.counters(); }
+
+  std::atomic<int> decode_greedy_calls{0}, decode_greedy_tokens{0}, largest_batch_sequences{0};
+
+ private:
+  void Note(absl::Span<const BatchToken> batch) {
+    std::set<int32_t> seqs;
+    for (const BatchToken& b : batch) seqs.insert(b.sequence);
+    largest_batch_sequences = std::max<int>(largest_batch_sequences, static_cast<int>(seqs.size()));
+  }
+  ComputeBackend& inner_;
+};
+
+// A lone greedy sequence decodes through DecodeGreedy (which the cuda backend pipelines) with
+// the same tokens as the solo run; a second sequence submitted meanwhile makes it hand back to
+// the batch loop, and both still get their solo tokens.
+TEST(BatcherTest, LoneGreedyDecodeRunsThroughDecodeGreedyAndHandsBackForANewSequence) {
+  FlakyExpertSource src(*MicroModel().weights);
+  auto solo_engine = Engine(src, 1, 16);
+  GenerationRequest lone;
+  lone.prompt = {3, 1, 4, 1, 5, 9, 2, 6};
+  lone.max_new_tokens = 60;
+  GenerationRequest late = Request(3);
+  late.sampling = {};  // greedy as well
+  auto lone_solo = Generate(*solo_engine, 0, lone, nullptr);
+  auto late_solo = Generate(*solo_engine, 0, late, nullptr);
+  ASSERT_TRUE(lone_solo.ok() && late_solo.ok());
+
+  auto inner = Engine(src, 2, 16);
+  CountingBackend engine(*inner);
+  Batcher batcher(engine, {});
+  src.delay_ms = 1;  // ~2 ms a token: the late request arrives mid-decode
+  auto a = batcher.Submit(lone);
+  ASSERT_TRUE(a.ok());
+  std::vector<int32_t> got_a;
+  while (got_a.size() < 10) (*a)->Next(absl::Seconds(1), &got_a);
+  EXPECT_GE(engine.decode_greedy_calls.load(), 1);
+  auto b = batcher.Submit(late);
+  ASSERT_TRUE(b.ok());
+  const std::vector<int32_t> got_b = Drain(**b);
+  const std::vector<int32_t> rest = Drain(**a);
+  got_a.insert(got_a.end(), rest.begin(), rest.end());
+  EXPECT_EQ(got_a, *lone_solo);
+  EXPECT_EQ(got_b, *late_solo);
+  EXPECT_TRUE((*a)->status().ok()) << (*a)->status();
+  EXPECT_EQ(engine.largest_batch_sequences.load(), 2);  // they ran batched after the hand-back
+  EXPECT_GE(engine.decode_greedy_tokens.load(), 10);
+  EXPECT_LT(engine.decode_greedy_tokens.load(), 60 + static_cast<int>(late_solo->size()));
 }
 
 TEST(BatcherTest, BackendFailureFailsTheBatchAndServesAgain) {
@@ -366,7 +475,6 @@ TEST(BatcherTest, AfterStepRunsOnTheStepThreadAfterStepsAndWhenIdle) {
   };
   Batcher batcher(*engine, bo);
   GenerationRequest r = Request(3);
-  r.eos_id = -1;
   auto s = batcher.Submit(r);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(Drain(**s).size(), size_t(r.max_new_tokens));
@@ -376,40 +484,6 @@ TEST(BatcherTest, AfterStepRunsOnTheStepThreadAfterStepsAndWhenIdle) {
   EXPECT_GE(idle.load(), 2);
   EXPECT_FALSE(wrong_thread.load());
   EXPECT_NE(step_thread.load(), std::this_thread::get_id());
-}
-
-// The cuda backend's counters as Prometheus counters: advanced by the difference between samples.
-TEST(ComputeMetricsTest, BackendStatsBecomeCountersForCudaOnly) {
-  const auto value = [](const ComputeMetrics& m, const std::string& name,
-                        const std::string& label) -> std::optional<double> {
-    for (const auto& c : m.collectables())
-      for (const prometheus::MetricFamily& f : c->Collect()) {
-        if (f.name != name) continue;
-        for (const prometheus::ClientMetric& cm : f.metric) {
-          bool match = label.empty();
-          for (const auto& l : cm.label) match = match || l.value == label;
-          if (match) return f.type == prometheus::MetricType::Counter ? cm.counter.value : cm.gauge.value;
-        }
-      }
-    return std::nullopt;
-  };
-  ComputeMetrics cuda("test", "cuda", nullptr);
-  BackendStats s;
-  s.expert_lookups = 100;
-  s.expert_misses = 10;
-  s.host_syncs = 7;
-  s.arena_bytes = 4096;
-  cuda.OnBackendStats(s);
-  s.expert_lookups = 250;
-  s.expert_misses = 12;
-  cuda.OnBackendStats(s);
-  EXPECT_EQ(value(cuda, "mer_expert_lookups_total", "vram"), 250);
-  EXPECT_EQ(value(cuda, "mer_expert_misses_total", "vram"), 12);
-  EXPECT_EQ(value(cuda, "mer_host_syncs_total", ""), 7);
-  EXPECT_EQ(value(cuda, "mer_vram_bytes", "arena"), 4096);
-  ComputeMetrics cpu("test", "cpu", nullptr);
-  cpu.OnBackendStats(s);
-  EXPECT_FALSE(value(cpu, "mer_expert_lookups_total", "").has_value());
 }
 
 }  // namespace

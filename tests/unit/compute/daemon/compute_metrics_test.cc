@@ -5,10 +5,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <sstream>
 #include <string>
 
 #include "prometheus/collectable.h"
+#include "prometheus/metric_family.h"
 #include "prometheus/text_serializer.h"
 
 namespace mer::compute {
@@ -25,11 +27,12 @@ std::string Page(const ComputeMetrics& m) {
 
 TEST(ComputeMetricsTest, VramTierSlotsUnlessResidencyPlacesTheArena) {
   ComputeMetrics m("test", "cuda", {});
-  BackendStats s;
+  BackendCounters s;
+  s.device = true;
   s.arena_slots = 10;
   s.arena_resident = 4;
   s.expert_lookups = 7;
-  m.OnBackendStats(s);
+  m.OnBackendCounters(s);
   std::string page = Page(m);
   EXPECT_THAT(page, HasSubstr("mer_tier_slots{state=\"resident\",tier=\"vram\"} 4\n"));
   EXPECT_THAT(page, HasSubstr("mer_tier_slots{state=\"free\",tier=\"vram\"} 6\n"));
@@ -37,8 +40,8 @@ TEST(ComputeMetricsTest, VramTierSlotsUnlessResidencyPlacesTheArena) {
   s.arena_placed_by_residency = true;
   s.arena_resident = 0;  // what the engine knows then
   s.expert_lookups = 9;
-  m.OnBackendStats(s);
-  m.OnBackendStats(s);  // and again: dropped once
+  m.OnBackendCounters(s);
+  m.OnBackendCounters(s);  // and again: dropped once
   page = Page(m);
   EXPECT_THAT(page, Not(HasSubstr("mer_tier_slots{")));
   EXPECT_THAT(page, HasSubstr("mer_expert_lookups_total{tier=\"vram\"} 9\n"));  // the rest stays
@@ -50,4 +53,40 @@ TEST(ComputeMetricsTest, TheCpuBackendHasNoVramFamilies) {
 }
 
 }  // namespace
+// A device backend's counters as Prometheus counters: advanced by the difference between samples.
+TEST(ComputeMetricsTest, DeviceCountersBecomeCountersForADeviceBackendOnly) {
+  const auto value = [](const ComputeMetrics& m, const std::string& name,
+                        const std::string& label) -> std::optional<double> {
+    for (const auto& c : m.collectables())
+      for (const prometheus::MetricFamily& f : c->Collect()) {
+        if (f.name != name) continue;
+        for (const prometheus::ClientMetric& cm : f.metric) {
+          bool match = label.empty();
+          for (const auto& l : cm.label) match = match || l.value == label;
+          if (match) return f.type == prometheus::MetricType::Counter ? cm.counter.value : cm.gauge.value;
+        }
+      }
+    return std::nullopt;
+  };
+  ComputeMetrics cuda("test", "cuda", nullptr);
+  BackendCounters s;
+  s.device = true;
+  s.expert_lookups = 100;
+  s.expert_misses = 10;
+  s.host_syncs = 7;
+  s.arena_bytes = 4096;
+  cuda.OnBackendCounters(s);
+  s.expert_lookups = 250;
+  s.expert_misses = 12;
+  cuda.OnBackendCounters(s);
+  EXPECT_EQ(value(cuda, "mer_expert_lookups_total", "vram"), 250);
+  EXPECT_EQ(value(cuda, "mer_expert_misses_total", "vram"), 12);
+  EXPECT_EQ(value(cuda, "mer_host_syncs_total", ""), 7);
+  EXPECT_EQ(value(cuda, "mer_vram_bytes", "arena"), 4096);
+  ComputeMetrics cpu("test", "cpu", nullptr);
+  s.device = false;  // what the cpu backend's counters say
+  cpu.OnBackendCounters(s);
+  EXPECT_FALSE(value(cpu, "mer_expert_lookups_total", "").has_value());
+}
+
 }  // namespace mer::compute

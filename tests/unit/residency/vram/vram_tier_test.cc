@@ -453,5 +453,42 @@ TEST(VramTierTest, SourceReportsAFillFreshOnce) {
   EXPECT_EQ(raw.bytes, f.store().manifest().layers[1].used_bytes());
 }
 
+// PinVram's pins outlast ReleaseVram and its step: mer-residency cannot place another expert in
+// a slot an engine has published until UnpinVram; then it can.
+TEST(VramTierTest, LongLivedPinsHoldTheirSlotsUntilUnpinned) {
+  auto arena = std::make_shared<FakeArena>();
+  DaemonFixture f({}, {}, true, {}, SynthStoreDir("micro", SynthQuant::kQ8_0), FakeFactory(arena));
+  ResidencyExpertSourceOptions so;
+  so.acquire_timeout = absl::Milliseconds(300);
+  auto source = ResidencyExpertSource::Connect(f.store(), f.name(), so);
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_EQ((*source)->attachment(), 1u);
+  VramArenaDescriptor d;
+  d.pci_bus_id = "0000:01:00.0";
+  d.slot_bytes = SlotBytes(f.store());
+  d.slot_count = 2;
+  ASSERT_TRUE((*source)->ExportArena(d).ok());
+  const int32_t both[] = {0, 1};
+  VramPlacement out[2];
+  auto demanded = (*source)->PinVram(0, both, absl::MakeSpan(out));
+  ASSERT_TRUE(demanded.ok()) << demanded.status();
+  EXPECT_EQ(*demanded, 2);
+  (*source)->ReleaseVram();  // touches nothing of PinVram's
+  // Both slots are pinned: a third expert has nowhere to go.
+  const int32_t third[] = {2};
+  VramPlacement out3[1];
+  auto blocked = (*source)->AcquireVram(0, third, absl::MakeSpan(out3));
+  EXPECT_EQ(blocked.status().code(), absl::StatusCode::kDeadlineExceeded) << blocked.status();
+  (*source)->ReleaseVram();
+  // Unpinning one frees its slot for the third.
+  (*source)->UnpinVram(0, 1);
+  auto placed = (*source)->AcquireVram(0, third, absl::MakeSpan(out3));
+  ASSERT_TRUE(placed.ok()) << placed.status();
+  EXPECT_EQ(out3[0].slot, out[1].slot);
+  EXPECT_TRUE(out3[0].fresh);
+  (*source)->ReleaseVram();
+  (*source)->UnpinVram(0, 0);
+}
+
 }  // namespace
 }  // namespace mer::residency

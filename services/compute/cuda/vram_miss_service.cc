@@ -1,0 +1,215 @@
+#include "services/compute/cuda/vram_miss_service.h"
+
+#include <cuda_runtime.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/check.h"
+#include "services/compute/cuda/cuda_check.cuh"
+#include "services/compute/cuda/stream_memops.h"
+
+namespace mer::cuda {
+
+absl::StatusOr<std::unique_ptr<VramMissService>> VramMissService::Create(
+    ResidencyVram& residency, const VramMissServiceOptions& options, const uint8_t* ring, int32_t capacity,
+    int32_t record_bytes, int32_t* slot_table, uint32_t* gates) {
+  if (options.n_slots < options.n_expert + options.reserve_slots)
+    return absl::FailedPreconditionError(absl::StrCat(
+        "an arena of ", options.n_slots, " slots cannot take every expert of a layer (", options.n_expert,
+        ") beside ", options.reserve_slots, " reserved slots"));
+  std::unique_ptr<VramMissService> s(
+      new VramMissService(residency, options, ring, capacity, record_bytes, slot_table, gates));
+  s->thread_ = std::thread([p = s.get()] { p->Loop(); });
+  return s;
+}
+
+VramMissService::VramMissService(ResidencyVram& residency, const VramMissServiceOptions& options,
+                                 const uint8_t* ring, int32_t capacity, int32_t record_bytes,
+                                 int32_t* slot_table, uint32_t* gates)
+    : residency_(residency),
+      o_(options),
+      reader_(ring, capacity, record_bytes, options.n_layer, options.n_expert, options.k),
+      slot_table_(slot_table),
+      gates_(gates),
+      published_(options.n_layer, options.n_expert),
+      attachment_(residency.attachment()) {
+  CUDA_CHECK(cudaSetDevice(o_.device));
+  CUDA_CHECK(cudaStreamCreateWithFlags(reinterpret_cast<cudaStream_t*>(&stream_), cudaStreamNonBlocking));
+  CUDA_CHECK(cudaMallocHost(&host_table_, int64_t(o_.n_layer) * o_.n_expert * 4));
+  std::fill(host_table_, host_table_ + int64_t(o_.n_layer) * o_.n_expert, -1);
+  missing_.reserve(o_.n_expert);
+  place_row_.assign(o_.n_expert, -1);
+  retirees_.reserve(o_.n_expert + o_.reserve_slots);
+}
+
+VramMissService::~VramMissService() {
+  stop_.store(true);
+  if (thread_.joinable()) thread_.join();
+  CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream_)));
+  // Every expert the table published is unpinned: the engine frees the arena after this.
+  for (int l = 0; l < o_.n_layer; ++l)
+    for (int e = 0; e < o_.n_expert; ++e)
+      if (published_.slot(l, e) >= 0) residency_.Unpin(l, e);
+  CUDA_CHECK(cudaStreamDestroy(reinterpret_cast<cudaStream_t>(stream_)));
+  CUDA_CHECK(cudaFreeHost(host_table_));
+}
+
+void VramMissService::Loop() {
+  CUDA_CHECK(cudaSetDevice(o_.device));
+  RoutingRecord r;
+  r.used.reserve(o_.n_expert);
+  r.pred.reserve(o_.k);
+  int idle_spins = 0;
+  auto last_record = std::chrono::steady_clock::now();
+  auto last_report = last_record;
+  while (!stop_.load(std::memory_order_relaxed)) {
+    if (reader_.Next(&r)) {
+      idle_spins = 0;
+      last_record = std::chrono::steady_clock::now();
+      std::lock_guard<std::mutex> lock(mu_);
+      Serve(r);
+      continue;
+    }
+    // A step in flight that posts nothing for seconds is stuck somewhere: say where the ring is.
+    const auto now = std::chrono::steady_clock::now();
+    if (inflight_.load(std::memory_order_relaxed) > 0 && now - last_record > std::chrono::seconds(2) &&
+        now - last_report > std::chrono::seconds(2)) {
+      last_report = now;
+      std::fprintf(stderr,
+                   "cuda: miss service: a step is in flight and no routing record came for %.1f s (records read "
+                   "%llu, next position %llu, last layer %u of step %u)\n",
+                   std::chrono::duration<double>(now - last_record).count(),
+                   static_cast<unsigned long long>(stats().records), static_cast<unsigned long long>(reader_.position()),
+                   r.header.layer, r.header.step);
+    }
+    // While a step runs a record comes every few microseconds and a miss must be seen at once;
+    // between steps the thread sleeps.
+    if (inflight_.load(std::memory_order_relaxed) > 0 || ++idle_spins < 20000) {
+      _mm_pause();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+}
+
+void VramMissService::UploadRow(int layer) {
+  int32_t* host_row = host_table_ + int64_t(layer) * o_.n_expert;
+  std::memcpy(host_row, published_.row(layer), int64_t(o_.n_expert) * 4);
+  CUDA_CHECK(cudaMemcpyAsync(slot_table_ + int64_t(layer) * o_.n_expert, host_row, int64_t(o_.n_expert) * 4,
+                             cudaMemcpyHostToDevice, reinterpret_cast<cudaStream_t>(stream_)));
+}
+
+void VramMissService::Serve(const RoutingRecord& r) {
+  const int layer = static_cast<int>(r.header.layer);
+  published_.Used(layer, r.used.data(), static_cast<int>(r.used.size()), r.header.step);
+  residency_.Routed(layer, r.used);
+  if (!r.pred.empty() && layer + 1 < o_.n_layer) residency_.Predicted(layer + 1, r.pred);
+  {
+    std::lock_guard<std::mutex> l(stats_mu_);
+    ++stats_.records;
+    stats_.skipped = reader_.skipped();
+    stats_.malformed = reader_.malformed();
+  }
+  if (r.header.n_missing == 0) return;  // the device opened the gate itself
+  const auto t0 = std::chrono::steady_clock::now();
+  missing_.clear();
+  for (int32_t e : r.used)
+    if (e >= 0 && e < o_.n_expert && published_.slot(layer, e) < 0) missing_.push_back(e);
+
+  // Room: unpinned slots for the misses and the reserve. The device waits at this layer's gate,
+  // so retiring anything outside this layer's used experts is safe now (published_experts.h).
+  placed_rows_.clear();
+  const int64_t over = published_.published() + int64_t(missing_.size()) + o_.reserve_slots - o_.n_slots;
+  retirees_.clear();
+  if (over > 0)
+    published_.ChooseRetirees(static_cast<int>(over), layer, r.used.data(), static_cast<int>(r.used.size()),
+                              &retirees_);
+  for (int64_t key : retirees_) {
+    const int l = static_cast<int>(key / o_.n_expert), e = static_cast<int>(key % o_.n_expert);
+    published_.Unpublish(l, e);
+    residency_.Unpin(l, e);
+    if (std::find(placed_rows_.begin(), placed_rows_.end(), l) == placed_rows_.end()) placed_rows_.push_back(l);
+  }
+
+  absl::Status status;
+  if (!missing_.empty()) {
+    // Place writes the slots it got into a scratch row; they are published from there.
+    std::fill(place_row_.begin(), place_row_.end(), -1);
+    absl::StatusOr<int> demanded = residency_.Place(layer, missing_, place_row_.data(), stream_);
+    if (residency_.attachment() != attachment_) {
+      // A new mer-residency: what was pinned in the old one is void. Forget it all (every other
+      // expert misses again), then publish what was just placed in the new one.
+      attachment_ = residency_.attachment();
+      published_.Clear();
+      placed_rows_.clear();
+      for (int l = 0; l < o_.n_layer; ++l) placed_rows_.push_back(l);
+    }
+    if (demanded.ok()) {
+      for (int32_t e : missing_) published_.Publish(layer, e, place_row_[e]);
+      std::lock_guard<std::mutex> l(stats_mu_);
+      stats_.placed += missing_.size();
+      stats_.demanded += static_cast<uint64_t>(*demanded);
+    } else {
+      status = demanded.status();
+      // The gate opens anyway: the missing experts read the poison slot (zeros), the step ends,
+      // and the engine returns the error for it.
+      for (int32_t e : missing_) {
+        published_.Publish(layer, e, o_.poison_slot);
+        poisoned_.push_back(int64_t(layer) * o_.n_expert + e);
+      }
+    }
+  }
+  if (std::find(placed_rows_.begin(), placed_rows_.end(), layer) == placed_rows_.end()) placed_rows_.push_back(layer);
+  for (int l : placed_rows_) UploadRow(l);
+  // Opens the gate after the conversions and the rows: the step's wait sees every one of them.
+  CHECK_MSG(StreamWrite(stream_, gates_ + layer, 1), "opening a layer gate (cuStreamWriteValue32) failed");
+  const auto us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  if (o_.debug || us > 1e6)
+    std::fprintf(stderr, "cuda: miss service: step %u layer %d: %zu missing of %u used, %zu retired, %lld published, "
+                 "%.0f us%s%s\n", r.header.step, layer, missing_.size(), r.header.n_used, retirees_.size(),
+                 static_cast<long long>(published_.published()), us, status.ok() ? "" : ": ",
+                 status.ok() ? "" : status.ToString().c_str());
+  std::lock_guard<std::mutex> l(stats_mu_);
+  ++stats_.layers_served;
+  stats_.retired += retirees_.size();
+  stats_.serve_us += static_cast<uint64_t>(us);
+  if (!status.ok()) {
+    ++stats_.failures;
+    if (!has_error_.load()) {
+      error_ = absl::Status(status.code(), absl::StrCat("layer ", layer, ": ", status.message()));
+      has_error_.store(true);
+    }
+  }
+}
+
+absl::Status VramMissService::TakeError() {
+  if (!has_error_.load()) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(mu_);
+  // The step that read the poison slot has completed (the caller synchronised): the entries go
+  // back to -1 before the next step can read them.
+  std::vector<int> rows;
+  for (int64_t key : poisoned_) {
+    const int l = static_cast<int>(key / o_.n_expert);
+    published_.Unpublish(l, static_cast<int>(key % o_.n_expert));
+    if (std::find(rows.begin(), rows.end(), l) == rows.end()) rows.push_back(l);
+  }
+  poisoned_.clear();
+  for (int l : rows) UploadRow(l);
+  CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream_)));
+  absl::Status s = std::move(error_);
+  error_ = absl::OkStatus();
+  has_error_.store(false);
+  return s;
+}
+
+VramMissServiceStats VramMissService::stats() const {
+  std::lock_guard<std::mutex> l(stats_mu_);
+  return stats_;
+}
+
+}  // namespace mer::cuda

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# The served GPU path on the GPU machine, in steps (STEPS, default "engine geometries bench"):
+#   ipc:        cuda_ipc_test (the arena over CUDA IPC filled by a mer-residency process: preloaded,
+#               device-decided misses, host-served misses) on tiny and small Q8_0;
+#   engine:     cuda_engine_test on random geometries (RandomGeometry: 24 of them, arena 100% and
+#               25%) and two corpus cases;
+#   geometries: tests/integration/served_geometries_test.sh with --backend cuda on GEOM_SEEDS
+#               (engine alone, mer bench, and mer up + mer client, against the CPU reference);
+#   bench:      the Qwen3-30B-A3B geometry Q8_0 (--router-skew SKEW) as an expert store
+#               (mer synth --store-out, reused if STORE has one), then for each VRAM budget of
+#               BUDGETS: `mer bench --backend cuda --store` beside a mer-residency (one process,
+#               DecodeGreedy), and the three daemons with one stream (tests/gpu/batch_bench.sh
+#               STREAMS=1): decode tokens/s, host syncs per token, side by side in this call;
+#   batch:      tests/gpu/batch_bench.sh with 64 streams, every expert in VRAM.
+# Programs come from a gpu-bundle (BUNDLE); results under OUT (summary.txt last). Every step is
+# time-bounded by DEADLINE (seconds since the start) so that the call ends inside the device
+# tool's 10 minutes.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+BUNDLE=${BUNDLE:-.gpu/bundle}
+OUT=${OUT:-/tmp/mer-served-out}
+STEPS=${STEPS:-"engine geometries bench"}
+GEOM_SEEDS=${GEOM_SEEDS:-"$(seq -s ' ' 1 20)"}
+SKEW=${SKEW:-0.675}
+STORE=${STORE:-/tmp/mer-30b-q8_0-skew$SKEW.store}
+BUDGETS=${BUDGETS:-"100%"}
+DEADLINE=${DEADLINE:-560}
+START=$(date +%s)
+mkdir -p "$OUT"
+summary="$OUT/summary.txt"
+: >> "$summary"
+note() { echo "$*" | tee -a "$summary"; }
+left() { local l=$(( DEADLINE - ($(date +%s) - START) )); [ "$l" -lt "$1" ] || l=$1; [ "$l" -gt 1 ] || l=1; echo "$l"; }
+has_step() { [[ " $STEPS " == *" $1 "* ]]; }
+export BUNDLE
+
+note "== served_checks $(date -u +%FT%TZ) steps: $STEPS"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | sed 's/^/gpu: /' | tee -a "$summary"
+note "cpus: $(nproc); disk free: $(df -h --output=avail /tmp | tail -1 | tr -d ' ')"
+
+if has_step engine; then
+  t0=$SECONDS
+  timeout "$(left 240)" "$BUNDLE/run" cuda_engine_test \
+    --gtest_filter='Seeds/RandomGeometry.*:Corpus/CudaVsCpu.*/tiny_q8_0:Corpus/CudaVsCpu.*/small_q4_k' \
+    > "$OUT/engine.log" 2>&1
+  note "cuda_engine_test random geometries + corpus: rc=$? in $((SECONDS - t0)) s," \
+       "$(grep -c '^\[       OK' "$OUT/engine.log") ok, $(grep -c '^\[  FAILED' "$OUT/engine.log") failed"
+  grep -E '^\[  FAILED|^\[random|^\[tiny|^\[small' "$OUT/engine.log" | head -60 >> "$summary"
+  grep -E 'Failure|Expected|Which is|CHECK' "$OUT/engine.log" | head -10 | tee -a "$summary"
+fi
+
+if has_step ipc; then
+  # The arena over CUDA IPC with a real mer-residency: preloaded (100%), device-decided misses
+  # (50%), host-served misses (10%), against the CPU reference.
+  t0=$SECONDS
+  for c in tiny_q8_0 small_q8_0; do
+    MER_CUDA_DEBUG=1 MER_RESIDENCY_BIN="$BUNDLE/bin/mer-residency" timeout "$(left 150)" "$BUNDLE/run" cuda_ipc_test \
+      --gtest_filter="Ipc/CudaIpcArena.*/$c" >> "$OUT/ipc.log" 2>&1
+    note "cuda_ipc_test $c: rc=$?"
+  done
+  grep -E '^\[(  FAILED|       OK) |IPC arena|mer-residency exit|Failure|Expected|Which is' "$OUT/ipc.log" | head -40 | tee -a "$summary"
+  note "ipc: $((SECONDS - t0)) s"
+fi
+
+if has_step geometries; then
+  t0=$SECONDS
+  mkdir -p "$OUT/geom"
+  # mer up finds the daemons beside `mer` (the bundle's bin/).
+  timeout "$(left 300)" "$BUNDLE/run" bash "$here/../integration/served_geometries_test.sh" "$BUNDLE/bin/mer" \
+    "$GEOM_SEEDS" cuda > "$OUT/geometries.log" 2>&1
+  note "served geometries (cuda): rc=$? in $((SECONDS - t0)) s"
+  grep -E '^FAIL|refused|served geometries' "$OUT/geometries.log" | head -30 | tee -a "$summary"
+fi
+
+if has_step bench || has_step batch; then
+  if [ ! -s "$STORE/manifest" ]; then
+    t0=$SECONDS
+    timeout "$(left 300)" "$BUNDLE/run" mer synth --preset qwen3-30b-a3b --quant q8_0 --router-skew "$SKEW" \
+      --threads "$(nproc)" --store-out "$STORE" > "$OUT/synth.log" 2>&1
+    note "synth qwen3-30b-a3b q8_0 --store-out: rc=$? in $((SECONDS - t0)) s, $(du -sh "$STORE" | cut -f1)"
+  fi
+fi
+
+if has_step bench; then
+  for b in $BUDGETS; do
+    # One process: mer bench over the store beside a mer-residency (RAM tier 100%).
+    tag="mer-bench-$$"
+    "$BUNDLE/run" mer-residency --store "$STORE" --instance "$tag" --ram-budget 100% --policy lfu \
+      --metrics-listen off > "$OUT/bench_residency.log" 2>&1 &
+    rpid=$!
+    for _ in $(seq 1 600); do grep -q ': ready' "$OUT/bench_residency.log" && break; sleep 0.2; done
+    timeout "$(left 200)" "$BUNDLE/run" mer bench --store "$STORE" --residency "$tag" --backend cuda \
+      --vram-expert-budget "$b" --prompt-tokens 31 --gen-tokens 128 --warmup 1 --runs 3 > "$OUT/bench_$b.log" 2>&1
+    note "mer bench (one process, store, VRAM $b): rc=$? $(grep -E '^(decode_tps|prompt_tps|host_syncs_per_token|vram_hit_rate)' "$OUT/bench_$b.log" | awk '{printf "%s %s  ", $1, $2}')"
+    kill -TERM $rpid; wait $rpid 2>/dev/null
+    rm -f "/dev/shm/$tag"*
+    # The three daemons, one stream.
+    OUT="$OUT/served_$b" STORE="$STORE" STREAMS=1 REQUESTS=3 VRAM_BUDGET="$b" RAM_BUDGET=100% \
+      DEADLINE=$(left 250) timeout "$(left 260)" bash "$here/batch_bench.sh" > /dev/null 2>&1
+    note "served, 1 stream, VRAM $b: $(grep -E '^(throughput|itl)' "$OUT/served_$b/summary.txt" | tr '\n' ' ')"
+    grep -E 'host syncs|VRAM hit|FAILED' "$OUT/served_$b/summary.txt" | tee -a "$summary"
+  done
+fi
+
+if has_step batch; then
+  OUT="$OUT/batch64" STORE="$STORE" STREAMS=64 VRAM_BUDGET=100% RAM_BUDGET=100% \
+    DEADLINE=$(left 300) timeout "$(left 310)" bash "$here/batch_bench.sh" > /dev/null 2>&1
+  note "64 streams: $(grep -E '^(throughput|ttft)' "$OUT/batch64/summary.txt" | tr '\n' ' ')"
+  grep -E 'host syncs|tokens per step|FAILED' "$OUT/batch64/summary.txt" | tee -a "$summary"
+fi
+note "== served_checks done in $(( $(date +%s) - START )) s"

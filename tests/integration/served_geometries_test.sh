@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# usage: served_geometries_test.sh MER [SEEDS] [BACKEND]
+# Every path a user runs, on geometries nobody tuned for: for each seed a `mer synth --preset
+# random:SEED` model (the type cycling through f32, f16, q8_0 and q4_k), then
+#   1. the reference: `mer generate --backend cpu` greedy ids;
+#   2. the engine alone: `mer generate --backend BACKEND` (cuda: with every expert in VRAM and
+#      with 30% of them), and `mer bench --backend BACKEND` (it must not fail);
+#   3. the three daemons: `mer up --backend BACKEND` (cuda: a 40% VRAM arena placed by
+#      mer-residency over CUDA IPC) and `mer client`.
+# Every id list must equal the reference. A geometry the backend cannot run must be refused at
+# start-up with a message (no abort, no signal): such a case is counted as refused, and fails the
+# test only if the message is missing. SEEDS defaults to "1 2 3 4 5"; BACKEND to cpu (CI); the GPU
+# machine runs it with cuda and 20+ seeds (tests/gpu/run_gpu_checks.sh). MER_BIN_DIR: where
+# mer-residency, mer-compute and mer-gateway are (mer up finds them beside `mer` otherwise).
+set -u
+MER=$1
+SEEDS=${2:-"1 2 3 4 5"}
+BACKEND=${3:-cpu}
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/mer_geom.XXXXXX")
+FAILURES=0
+UPID=
+cleanup() {
+  [ -n "$UPID" ] && kill -TERM "$UPID" 2>/dev/null && timeout 20 tail --pid="$UPID" -f /dev/null 2>/dev/null
+  [ -n "$UPID" ] && kill -KILL "$UPID" 2>/dev/null
+  pkill -KILL -f "$WORK/" 2>/dev/null
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+source "$(dirname "$0")/lib.sh"
+
+PROMPT=1,17,42,99,7,3,250,11
+N=16
+quants=(f32 f16 q8_0 q4_k)
+passed=0 refused=0 i=0
+# ids CMD...: the greedy ids the command prints (its last line), or its exit status as "rc=N".
+ids() {
+  local out rc
+  out=$("$@" 2>"$WORK/last.err"); rc=$?
+  [ $rc -eq 0 ] && echo "$out" | tail -1 || echo "rc=$rc"
+}
+# refused_cleanly FILE: the backend refused the geometry with a message, not a crash.
+refused_cleanly() { grep -qiE 'unimplemented|not supported|must be|at most' "$1" && ! grep -qiE 'CHECK failed|Aborted|core dumped|signal' "$1"; }
+
+for seed in $SEEDS; do
+  q=${quants[$((i % 4))]}
+  i=$((i + 1))
+  m="$WORK/g$seed.gguf"
+  timeout 120 "$MER" synth --preset "random:$seed" --quant "$q" --seed "$seed" --threads 4 --out "$m" >/dev/null 2>&1 ||
+    { fail "random:$seed $q: synth"; continue; }
+  geom=$("$MER" info "$m" 2>/dev/null | awk '/^(layers|d_model|heads|experts|vocab|context) / {$1=""; printf "%s;", $0}' | tr -s ' ')
+  want=$(ids timeout 120 "$MER" generate --model "$m" --prompt-tokens $PROMPT --max-tokens $N --ignore-eos \
+           --print-token-ids --threads 2)
+  case "$want" in rc=*) fail "random:$seed $q: cpu reference $want: $(tail -2 "$WORK/last.err")"; continue ;; esac
+  ok=1
+  engine_runs=("")
+  [ "$BACKEND" = cuda ] && engine_runs=("" "--vram-expert-budget 30%")
+  for extra in "${engine_runs[@]}"; do
+    # shellcheck disable=SC2086
+    got=$(ids timeout 120 "$MER" generate --model "$m" --backend "$BACKEND" $extra --prompt-tokens $PROMPT \
+            --max-tokens $N --ignore-eos --print-token-ids --threads 2)
+    if [[ "$got" == rc=* ]] && refused_cleanly "$WORK/last.err"; then
+      refused=$((refused + 1)); ok=2
+      echo "random:$seed $q ($geom): refused: $(grep -iE 'unimplemented|not supported' "$WORK/last.err" | tail -1)"
+      break
+    fi
+    [ "$got" == "$want" ] || { fail "random:$seed $q ($geom): engine $BACKEND $extra: '$got' vs '$want' $(tail -2 "$WORK/last.err")"; ok=0; }
+  done
+  [ $ok -eq 2 ] && continue
+  timeout 120 "$MER" bench --model "$m" --backend "$BACKEND" --prompt-tokens 8 --gen-tokens 8 --warmup 0 --runs 1 \
+    --threads 2 >"$WORK/bench.out" 2>"$WORK/bench.err" ||
+    { fail "random:$seed $q: mer bench --backend $BACKEND rc=$?: $(tail -2 "$WORK/bench.err")"; ok=0; }
+
+  up_flags=(--model "$m" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --ram-budget 50% --threads 2
+            --backend "$BACKEND")
+  [ "$BACKEND" = cuda ] && up_flags+=(--vram-expert-budget 40%)
+  "$MER" up "${up_flags[@]}" >"$WORK/up.out" 2>"$WORK/up.err" &
+  UPID=$!
+  ADDR=
+  for _ in $(seq 1 600); do
+    ADDR=$(grep -o 'gRPC API *[0-9.]*:[0-9]*' "$WORK/up.out" 2>/dev/null | awk '{print $3}')
+    [ -n "$ADDR" ] && break
+    kill -0 "$UPID" 2>/dev/null || break
+    sleep 0.1
+  done
+  if [ -z "$ADDR" ]; then
+    fail "random:$seed $q ($geom): mer up did not come up: $(tail -5 "$WORK/up.err")"
+    ok=0
+  else
+    got=
+    for _ in $(seq 1 50); do
+      got=$(ids timeout 60 "$MER" client --addr "$ADDR" --prompt-tokens $PROMPT --max-tokens $N --ignore-eos \
+              --print-token-ids)
+      [[ "$got" == rc=* ]] || break
+      sleep 0.2
+    done
+    [ "$got" == "$want" ] || { fail "random:$seed $q ($geom): served: '$got' vs '$want' $(tail -2 "$WORK/last.err")"; ok=0; }
+  fi
+  kill -TERM "$UPID" 2>/dev/null
+  timeout 30 tail --pid="$UPID" -f /dev/null 2>/dev/null || kill -KILL "$UPID" 2>/dev/null
+  UPID=
+  grep -qE 'CHECK failed|Aborted|core dumped' "$WORK/up.err" && { fail "random:$seed $q: a daemon aborted: $(grep -m1 -E 'CHECK failed|Aborted' "$WORK/up.err")"; ok=0; }
+  [ $ok -eq 1 ] && passed=$((passed + 1)) && echo "random:$seed $q ($geom): ids equal (engine, bench, served)"
+done
+echo "served geometries ($BACKEND): $passed passed, $refused refused at start-up, $FAILURES failures"
+exit $((FAILURES > 0))
