@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <limits>
@@ -348,6 +349,22 @@ absl::Status GgufParser::Parse(GgufFile& file) {
           "GGUF tensor '", t.name, "' data (offset ", t.offset, ", ", t.size_bytes,
           " bytes) lies outside the data section of ", data_size, " bytes (truncated file?)"));
     t.data = bytes_.data() + data_offset + t.offset;
+  }
+  // No two tensors share bytes: a tensor whose type or shape was changed without moving the
+  // others (its size then runs into its neighbour) is refused, as llama.cpp refuses it.
+  std::vector<const GgufTensorInfo*> by_offset;
+  by_offset.reserve(file.tensors_.size());
+  for (const GgufTensorInfo& t : file.tensors_) by_offset.push_back(&t);
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const GgufTensorInfo* a, const GgufTensorInfo* b) { return a->offset < b->offset; });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const GgufTensorInfo& a = *by_offset[i - 1];
+    const GgufTensorInfo& b = *by_offset[i];
+    if (a.offset + a.size_bytes > b.offset)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "GGUF tensor '", a.name, "' (", TypeName(a.type), ", offset ", a.offset, ", ", a.size_bytes,
+          " bytes) overlaps tensor '", b.name, "' at offset ", b.offset,
+          " (a wrong type or shape in its tensor info?)"));
   }
   return absl::OkStatus();
 }

@@ -88,6 +88,8 @@ class GgufFile {
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
   uint64_t file_size() const { return bytes_.size(); }
+  // Every byte of the file, as mapped (checksums over the whole file).
+  absl::Span<const uint8_t> bytes() const { return bytes_; }
   uint64_t data_offset() const { return data_offset_; }  // where the tensor data section starts
   const std::string& path() const { return path_; }
   const std::vector<GgufMetadataEntry>& metadata() const { return metadata_; }

@@ -87,6 +87,28 @@ absl::StatusOr<ModelConfig> ReadModelConfig(const GgufFile& file) {
         embd->shape[0], ", expected [", c.n_embd, ", n_vocab]"));
   if (embd->shape[1] > (1 << 24)) return absl::InvalidArgumentError("vocabulary too large");
   c.n_vocab = static_cast<int32_t>(embd->shape[1]);
+
+  // Keys that describe what the tensors must be: metadata that disagrees with them (or with the
+  // graph mer runs) is a file that would load and compute garbage.
+  if (file.FindValue(p + "rope.dimension_count") != nullptr) {
+    ASSIGN_OR_RETURN(const int32_t rope_dims, ReadDim(file, p + "rope.dimension_count", 1024));
+    if (rope_dims != c.head_dim)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "GGUF key '", p, "rope.dimension_count' = ", rope_dims, " differs from the head dimension ",
+          c.head_dim, " (qwen3moe rotates every dimension of a head)"));
+  }
+  if (file.FindValue(p + "expert_shared_count") != nullptr) {
+    auto shared = file.GetUint64(p + "expert_shared_count");
+    if (!shared.ok() || *shared != 0)
+      return absl::InvalidArgumentError(absl::StrCat("GGUF key '", p,
+                                                     "expert_shared_count': shared experts are not "
+                                                     "part of qwen3moe (mer runs none)"));
+  }
+  if (const GgufValue* tokens = file.FindValue("tokenizer.ggml.tokens");
+      tokens != nullptr && tokens->size() != static_cast<uint64_t>(c.n_vocab))
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tokenizer.ggml.tokens holds ", tokens->size(), " tokens but 'token_embd.weight' has ", c.n_vocab,
+        " rows: the vocabulary and the embeddings disagree"));
   return c;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -19,6 +20,7 @@ class TensorLoader {
                                              std::initializer_list<int64_t> shape) {
     const GgufTensorInfo* t = file_.FindTensor(name);
     if (t == nullptr) return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' is missing"));
+    used_.insert(name);
     const std::vector<int64_t> want(shape);
     if (t->shape != want) {
       return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' has shape [",
@@ -57,9 +59,23 @@ class TensorLoader {
     return MatrixView{t->type, cols, rows * std::max<int64_t>(experts, 1), t->data};
   }
 
+ // The names Find was asked for.
+  const std::set<std::string>& used() const { return used_; }
+
  private:
   const GgufFile& file_;
+  std::set<std::string> used_;
 };
+
+// blk.L.ffn_{gate,up,down}_exps.weight for L < n_layer.
+bool IsExpertTensor(const std::string& name, int n_layer) {
+  for (int il = 0; il < n_layer; ++il) {
+    const std::string b = absl::StrCat("blk.", il, ".ffn_");
+    if (name == b + "gate_exps.weight" || name == b + "up_exps.weight" || name == b + "down_exps.weight")
+      return true;
+  }
+  return false;
+}
 
 }  // namespace
 
@@ -107,6 +123,17 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::LoadImpl(
                      load.Matrix(b + "ffn_up_exps.weight", c.n_embd, c.n_ff_exp, c.n_expert));
     ASSIGN_OR_RETURN(l.down_exps,
                      load.Matrix(b + "ffn_down_exps.weight", c.n_ff_exp, c.n_embd, c.n_expert));
+  }
+  // Every tensor of the file is one the graph reads (as llama.cpp requires): a tensor of a layer
+  // past block_count, or of a kind qwen3moe has not, means the metadata does not describe the file.
+  const std::set<std::string> used = load.used();
+  for (const GgufTensorInfo& t : file->tensors()) {
+    const std::string name(t.name);
+    if (used.count(name) != 0) continue;
+    if (!with_experts && IsExpertTensor(name, c.n_layer)) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", name, "' is not part of a ", c.n_layer, "-layer ", c.architecture,
+        " model (the metadata does not describe this file)"));
   }
   return w;
 }

@@ -1,5 +1,6 @@
 #include "common/shm/segment.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -7,22 +8,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <random>
 #include <thread>
-
-#include <boost/interprocess/exceptions.hpp>
-#include <boost/interprocess/mapped_region.hpp>
-#include <boost/interprocess/permissions.hpp>
-#include <boost/interprocess/shared_memory_object.hpp>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/base/status.h"
 
 namespace mer::shm {
-namespace bip = boost::interprocess;
 
 namespace {
 
@@ -54,9 +53,15 @@ absl::Status ValidateName(const std::string& name) {
   return absl::OkStatus();
 }
 
-absl::Status FromBoost(const bip::interprocess_exception& e, const std::string& what) {
-  const int err = e.get_native_error();
-  const std::string msg = absl::StrCat(what, ": ", e.what());
+// Where glibc's shm_open keeps the objects (a tmpfs).
+constexpr char kShmDir[] = "/dev/shm";
+// Attempts at creating a fresh object before giving up on a name that keeps being recreated.
+constexpr int kCreateAttempts = 4;
+
+std::string ObjectName(const std::string& name) { return "/" + name; }
+
+absl::Status ErrnoError(int err, const std::string& what) {
+  const std::string msg = absl::StrCat(what, ": ", std::strerror(err));
   switch (err) {
     case ENOENT: return absl::NotFoundError(msg);
     case EEXIST: return absl::AlreadyExistsError(msg);
@@ -66,6 +71,48 @@ absl::Status FromBoost(const bip::interprocess_exception& e, const std::string& 
     case ENOMEM: return absl::ResourceExhaustedError(msg);
     default: return absl::UnavailableError(msg);
   }
+}
+
+// The owner and mode a segment must have to be trusted: owned by this user (or root, whom no
+// other user can impersonate), a regular file, and closed to other users. A segment that fails
+// this was not made by a mer-residency of this user: mapping it would let its owner feed
+// compute arbitrary weights, so it is never mapped.
+absl::Status CheckOwnership(const std::string& name, const struct stat& st) {
+  const uid_t me = geteuid();
+  if (!S_ISREG(st.st_mode))
+    return absl::PermissionDeniedError(absl::StrCat("shm segment '", name, "' is not a regular file"));
+  if (st.st_uid != me && st.st_uid != 0)
+    return absl::PermissionDeniedError(absl::StrCat(
+        "shm segment '", name, "' belongs to uid ", st.st_uid, ", not to this user (uid ", me,
+        ") or root: it is not this user's mer-residency's, refusing to map it"));
+  if ((st.st_mode & 0007) != 0)
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "shm segment '%s' is open to other users (mode 0%o): refusing to map it", name, st.st_mode & 0777));
+  return absl::OkStatus();
+}
+
+// Names of the segments a residency of `name` may have created because `name` itself belonged to
+// another user: "NAME.<16 hex digits>", oldest first is not implied (directory order).
+std::vector<std::string> FallbackNames(const std::string& name) {
+  std::vector<std::string> out;
+  DIR* d = ::opendir(kShmDir);
+  if (d == nullptr) return out;
+  const std::string prefix = name + ".";
+  while (const dirent* e = ::readdir(d)) {
+    const std::string n = e->d_name;
+    if (n.size() == prefix.size() + 16 && n.rfind(prefix, 0) == 0 &&
+        n.find_first_not_of("0123456789abcdef", prefix.size()) == std::string::npos)
+      out.push_back(n);
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string FallbackName(const std::string& name) {
+  std::random_device rd;
+  const uint64_t r = (uint64_t{rd()} << 32) ^ rd();
+  return absl::StrFormat("%s.%016x", name, r);
 }
 
 std::atomic_ref<uint64_t> MagicRef(uint8_t* base) {
@@ -116,8 +163,26 @@ bool SameObject(const std::string& name, int fd) {
 }  // namespace
 
 struct ShmSegment::Impl {
-  bip::shared_memory_object shm;
-  bip::mapped_region region;
+  int fd = -1;
+  void* mapping = nullptr;
+  size_t mapped = 0;
+
+  ~Impl() {
+    if (mapping != nullptr) ::munmap(mapping, mapped);
+    if (fd >= 0) ::close(fd);
+  }
+  // Maps the whole object (its size from fstat). `size` gets the size.
+  absl::Status Map(const std::string& name, uint64_t* size) {
+    struct stat st;
+    if (::fstat(fd, &st) != 0) return ErrnoError(errno, absl::StrCat("shm: stat of '", name, "'"));
+    *size = static_cast<uint64_t>(st.st_size);
+    if (st.st_size == 0) return absl::OkStatus();
+    void* p = ::mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) return ErrnoError(errno, absl::StrCat("shm: mapping '", name, "'"));
+    mapping = p;
+    mapped = static_cast<size_t>(st.st_size);
+    return absl::OkStatus();
+  }
 
   std::mutex mu;
   std::condition_variable cv;
@@ -130,22 +195,20 @@ ShmSegment::ShmSegment(std::string name, Role role)
 
 ShmSegment::~ShmSegment() {
   StopHeartbeat();
-  if (base_ != nullptr) {
+  if (base_ != nullptr && incarnation_ != 0) {
     ProcessInfo& me = control().process[static_cast<int>(role_)];
     // Only if nobody has taken the role over since.
     if (me.incarnation.load(std::memory_order_acquire) == incarnation_) {
       me.state.store(static_cast<uint32_t>(ProcessState::kDetached), std::memory_order_release);
     }
     if (creator_) WakeEverything(base_, header_);
-    if (creator_ && unlink_on_close_ && SameObject(name_, impl_->shm.get_mapping_handle().handle)) {
-      bip::shared_memory_object::remove(name_.c_str());
-    }
+    if (creator_ && unlink_on_close_ && SameObject(name_, impl_->fd)) ::shm_unlink(ObjectName(name_).c_str());
   }
 }
 
 absl::Status ShmSegment::Remove(const std::string& name) {
   RETURN_IF_ERROR(ValidateName(name));
-  bip::shared_memory_object::remove(name.c_str());
+  ::shm_unlink(ObjectName(name).c_str());
   return absl::OkStatus();
 }
 
@@ -170,71 +233,50 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(const std::string
   ASSIGN_OR_RETURN(SegmentHeader header, BuildHeader(options.geometry));
   header.created_unix_ns = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
 
-  // A segment left under this name: supersede it (if it is of this layout) and unlink it.
-  try {
-    bip::shared_memory_object old(bip::open_only, name.c_str(), bip::read_write);
-    bip::offset_t old_size = 0;
-    if (old.get_size(old_size) && old_size >= static_cast<bip::offset_t>(sizeof(SegmentHeader))) {
-      bip::mapped_region region(old, bip::read_write);
-      uint8_t* base = static_cast<uint8_t*>(region.get_address());
-      if (MagicRef(base).load(std::memory_order_acquire) == kMagic) {
-        absl::StatusOr<SegmentHeader> h =
-            ValidateHeader(absl::MakeConstSpan(base, region.get_size()), region.get_size(), nullptr);
-        if (h.ok()) {
-          auto* ctl = std::launder(reinterpret_cast<SegmentControl*>(base + h->control_offset));
-          const PeerInfo holder = ReadProcess(ctl->process[static_cast<int>(Role::kResidency)],
-                                              Role::kResidency);
-          if (holder.AliveWithin(options.liveness_timeout) && !options.take_over_live &&
-              holder.pid != static_cast<uint32_t>(getpid())) {
-            return absl::FailedPreconditionError(absl::StrCat(
-                "shm segment '", name, "' is held by a live mer-residency (pid ", holder.pid,
-                ", incarnation ", holder.incarnation, ")"));
-          }
-          ctl->superseded.store(1, std::memory_order_release);
-          WakeEverything(base, *h);
-        }
-      }
+  // Segments left under this name, or under a fallback of it, by an earlier residency of this
+  // user: supersede and unlink them (refused while their residency lives). One of another user
+  // is never touched: this residency serves under a fallback name instead (FallbackNames).
+  std::string chosen = name;
+  for (const std::string& n : FallbackNames(name)) RETURN_IF_ERROR(ReclaimStale(n, options).status());
+  std::unique_ptr<ShmSegment> seg;
+  for (int attempt = 0;; ++attempt) {
+    const int fd =
+        ::shm_open(ObjectName(chosen).c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      seg.reset(new ShmSegment(chosen, Role::kResidency));
+      seg->impl_->fd = fd;
+      break;
     }
-  } catch (const bip::interprocess_exception& e) {
-    if (e.get_native_error() != ENOENT) return FromBoost(e, absl::StrCat("shm: opening old '", name, "'"));
+    if (errno != EEXIST || attempt + 1 == kCreateAttempts)
+      return ErrnoError(errno, absl::StrCat("shm: creating '", chosen, "' in ", kShmDir));
+    ASSIGN_OR_RETURN(const bool reclaimed, ReclaimStale(chosen, options));
+    if (!reclaimed) chosen = FallbackName(name);  // another user's: leave it be
   }
-  bip::shared_memory_object::remove(name.c_str());
-
-  std::unique_ptr<ShmSegment> seg(new ShmSegment(name, Role::kResidency));
   seg->creator_ = true;
   seg->unlink_on_close_ = options.unlink_on_close;
-  try {
-    seg->impl_->shm = bip::shared_memory_object(bip::create_only, name.c_str(), bip::read_write,
-                                                bip::permissions(options.permissions));
-  } catch (const bip::interprocess_exception& e) {
-    return FromBoost(e, absl::StrCat("shm: creating '", name, "'"));
-  }
   // From here on, failures remove the half-made object again.
   auto fail = [&](absl::Status s) {
     seg->creator_ = false;
-    bip::shared_memory_object::remove(name.c_str());
+    ::shm_unlink(ObjectName(chosen).c_str());
     return s;
   };
-  try {
-    seg->impl_->shm.truncate(static_cast<bip::offset_t>(header.segment_bytes));
-  } catch (const bip::interprocess_exception& e) {
-    return fail(FromBoost(e, absl::StrCat("shm: sizing '", name, "' to ", header.segment_bytes)));
-  }
+  const int fd = seg->impl_->fd;
+  // The mode asked for, whatever the umask; owner-only unless the options say otherwise.
+  if (::fchmod(fd, options.permissions & 0770) != 0)
+    return fail(ErrnoError(errno, absl::StrCat("shm: setting the mode of '", chosen, "'")));
+  if (::ftruncate(fd, static_cast<off_t>(header.segment_bytes)) != 0)
+    return fail(ErrnoError(errno, absl::StrCat("shm: sizing '", chosen, "' to ", header.segment_bytes)));
   if (options.reserve_memory) {
-    const int err = posix_fallocate(seg->impl_->shm.get_mapping_handle().handle, 0,
-                                    static_cast<off_t>(header.segment_bytes));
+    const int err = posix_fallocate(fd, 0, static_cast<off_t>(header.segment_bytes));
     if (err != 0) {
       return fail(absl::ResourceExhaustedError(
-          absl::StrCat("shm: reserving ", header.segment_bytes, " bytes for '", name,
+          absl::StrCat("shm: reserving ", header.segment_bytes, " bytes for '", chosen,
                        "' in /dev/shm: ", std::strerror(err))));
     }
   }
-  try {
-    seg->impl_->region = bip::mapped_region(seg->impl_->shm, bip::read_write);
-  } catch (const bip::interprocess_exception& e) {
-    return fail(FromBoost(e, absl::StrCat("shm: mapping '", name, "'")));
-  }
-  uint8_t* base = static_cast<uint8_t*>(seg->impl_->region.get_address());
+  uint64_t size = 0;
+  if (absl::Status s = seg->impl_->Map(chosen, &size); !s.ok()) return fail(s);
+  uint8_t* base = static_cast<uint8_t*>(seg->impl_->mapping);
   seg->base_ = base;
   seg->header_ = header;
 
@@ -264,36 +306,114 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(const std::string
   return seg;
 }
 
+absl::Status ShmSegment::Probe(const std::string& name, const ExpectedIdentity& expected,
+                               absl::Duration liveness_timeout) {
+  RETURN_IF_ERROR(ValidateName(name));
+  AttachOptions o;
+  o.liveness_timeout = liveness_timeout;
+  const absl::Status first = AttachOne(name, name, expected, o, Mode::kProbe).status();
+  if (first.ok()) return first;
+  for (const std::string& n : FallbackNames(name)) {
+    if (AttachOne(name, n, expected, o, Mode::kProbe).ok()) return absl::OkStatus();
+  }
+  return first;
+}
+
+absl::StatusOr<bool> ShmSegment::ReclaimStale(const std::string& name, const CreateOptions& options) {
+  const int fd = ::shm_open(ObjectName(name).c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
+  if (fd < 0) {
+    if (errno == ENOENT) return true;  // gone meanwhile: free
+    if (errno == EACCES) return false;  // another user's, closed to us
+    return ErrnoError(errno, absl::StrCat("shm: opening old '", name, "'"));
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || st.st_uid != geteuid()) {
+    ::close(fd);
+    return false;
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size >= sizeof(SegmentHeader)) {
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p != MAP_FAILED) {
+      uint8_t* base = static_cast<uint8_t*>(p);
+      absl::Status refuse;
+      if (MagicRef(base).load(std::memory_order_acquire) == kMagic) {
+        absl::StatusOr<SegmentHeader> h = ValidateHeader(absl::MakeConstSpan(base, size), size, nullptr);
+        if (h.ok()) {
+          auto* ctl = std::launder(reinterpret_cast<SegmentControl*>(base + h->control_offset));
+          const PeerInfo holder =
+              ReadProcess(ctl->process[static_cast<int>(Role::kResidency)], Role::kResidency);
+          if (holder.AliveWithin(options.liveness_timeout) && !options.take_over_live &&
+              holder.pid != static_cast<uint32_t>(getpid())) {
+            refuse = absl::FailedPreconditionError(absl::StrCat(
+                "shm segment '", name, "' is held by a live mer-residency (pid ", holder.pid,
+                ", incarnation ", holder.incarnation, ")"));
+          } else {
+            ctl->superseded.store(1, std::memory_order_release);
+            WakeEverything(base, *h);
+          }
+        }
+      }
+      ::munmap(p, size);
+      if (!refuse.ok()) {
+        ::close(fd);
+        return refuse;
+      }
+    }
+  }
+  // Unlink only if the name still refers to the object inspected.
+  if (SameObject(name, fd)) ::shm_unlink(ObjectName(name).c_str());
+  ::close(fd);
+  return true;
+}
+
 absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Attach(const std::string& name,
                                                                const ExpectedIdentity& expected,
                                                                const AttachOptions& options) {
   RETURN_IF_ERROR(ValidateName(name));
-  std::unique_ptr<ShmSegment> seg(new ShmSegment(name, options.role));
-  bip::offset_t size = 0;
-  try {
-    seg->impl_->shm = bip::shared_memory_object(bip::open_only, name.c_str(), bip::read_write);
-    if (!seg->impl_->shm.get_size(size)) {
-      return absl::UnavailableError(absl::StrCat("shm: cannot read the size of '", name, "'"));
-    }
-  } catch (const bip::interprocess_exception& e) {
-    absl::Status s = FromBoost(e, absl::StrCat("shm: opening '", name, "'"));
-    if (absl::IsNotFound(s)) {
-      return absl::NotFoundError(
-          absl::StrCat("shm: no segment named '", name, "' (is mer-residency running?)"));
-    }
-    return s;
+  absl::StatusOr<std::unique_ptr<ShmSegment>> seg = AttachOne(name, name, expected, options, Mode::kAttach);
+  if (seg.ok() || (!absl::IsPermissionDenied(seg.status()) && !absl::IsNotFound(seg.status()))) return seg;
+  // The name is another user's (or absent): a residency of this user may serve under a fallback
+  // of it. Only one whose residency lives will do; otherwise the first error stands.
+  const absl::Status first = seg.status();
+  for (const std::string& n : FallbackNames(name)) {
+    absl::StatusOr<std::unique_ptr<ShmSegment>> other = AttachOne(name, n, expected, options, Mode::kAttachLive);
+    if (other.ok()) return other;
   }
-  if (size < static_cast<bip::offset_t>(sizeof(SegmentHeader))) {
-    return absl::UnavailableError(absl::StrCat("shm: segment '", name, "' is ", size,
+  if (absl::IsPermissionDenied(first))  // retried: this user's residency may not be up yet
+    return absl::UnavailableError(absl::StrCat(first.message(), "; no segment of this user under '",
+                                               name, ".*' either"));
+  return first;
+}
+
+absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::AttachOne(const std::string& instance,
+                                                                  const std::string& name,
+                                                                  const ExpectedIdentity& expected,
+                                                                  const AttachOptions& options,
+                                                                  Mode mode) {
+  std::unique_ptr<ShmSegment> seg(new ShmSegment(name, options.role));
+  seg->impl_->fd = ::shm_open(ObjectName(name).c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
+  if (seg->impl_->fd < 0) {
+    const int err = errno;
+    if (err == ENOENT)
+      return absl::NotFoundError(
+          absl::StrCat("shm: no segment named '", instance, "' (is mer-residency running?)"));
+    if (err == EACCES)
+      return absl::PermissionDeniedError(absl::StrCat(
+          "shm segment '", name, "' is not readable by this user: it is not this user's mer-residency's"));
+    return ErrnoError(err, absl::StrCat("shm: opening '", name, "'"));
+  }
+  struct stat st;
+  if (::fstat(seg->impl_->fd, &st) != 0) return ErrnoError(errno, absl::StrCat("shm: stat of '", name, "'"));
+  RETURN_IF_ERROR(CheckOwnership(name, st));
+  if (static_cast<uint64_t>(st.st_size) < sizeof(SegmentHeader)) {
+    return absl::UnavailableError(absl::StrCat("shm: segment '", name, "' is ", st.st_size,
                                                " bytes, still being created"));
   }
-  try {
-    seg->impl_->region = bip::mapped_region(seg->impl_->shm, bip::read_write);
-  } catch (const bip::interprocess_exception& e) {
-    return FromBoost(e, absl::StrCat("shm: mapping '", name, "'"));
-  }
-  uint8_t* base = static_cast<uint8_t*>(seg->impl_->region.get_address());
-  const uint64_t mapped = seg->impl_->region.get_size();
+  uint64_t size = 0;
+  RETURN_IF_ERROR(seg->impl_->Map(name, &size));
+  uint8_t* base = static_cast<uint8_t*>(seg->impl_->mapping);
+  const uint64_t mapped = seg->impl_->mapped;
   // Acquire: pairs with the creator's release store of the magic, so the copy below sees the
   // header it wrote. ValidateHeader then treats the copy as untrusted bytes.
   if (MagicRef(base).load(std::memory_order_acquire) == 0) {
@@ -305,6 +425,15 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Attach(const std::string
     seg->base_ = nullptr;
     return absl::UnavailableError(
         absl::StrCat("shm: segment '", name, "' was superseded; retry to attach the new one"));
+  }
+  if (mode != Mode::kAttach) {
+    // Peer() of a compute-role segment is the residency.
+    const absl::Status live = seg->CheckPeer(seg->Peer().incarnation, options.liveness_timeout);
+    if (!live.ok() || mode == Mode::kProbe) {
+      seg->base_ = nullptr;
+      if (!live.ok()) return live;
+      return seg;
+    }
   }
   const Role role = options.role;
   const PeerInfo holder = ReadProcess(seg->control().process[static_cast<int>(role)], role);

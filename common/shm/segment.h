@@ -19,6 +19,18 @@
 //   judged from the peer's ProcessInfo: state, heartbeat age, and (when both share a pid
 //   namespace) whether its pid still exists.
 //
+// Ownership (/dev/shm is writable by every local user)
+// ----------------------------------------------------
+// - Create makes the object with O_CREAT | O_EXCL | O_NOFOLLOW, mode 0600 and then exactly
+//   `permissions` & 0770 (never anything for other users, whatever the umask). Only an object of
+//   this user is ever reclaimed (superseded and unlinked). An object of the name that belongs to
+//   another user (a squatter, or another user's instance) is left alone and this residency serves
+//   under "NAME.<16 hex digits>" instead, a fresh name made with O_EXCL, and says so.
+// - Attach maps only an object owned by this user or root, a regular file, with no permission
+//   for other users (fstat of the descriptor it maps, so no race): anything else is refused,
+//   naming the owner or mode. When NAME itself is absent or refused, the live segment of a
+//   residency of this user under "NAME.<hex>" is attached instead.
+//
 // Thread safety: the accessors are const and thread-safe; Beat() may be called from any thread.
 #pragma once
 
@@ -47,6 +59,7 @@ struct CreateOptions {
   bool take_over_live = false;
   // A holder whose heartbeat is older than this counts as not alive.
   absl::Duration liveness_timeout = absl::Seconds(2);
+  // Mode of the object; bits for other users are always dropped.
   uint32_t permissions = 0660;
 };
 
@@ -78,6 +91,11 @@ class ShmSegment {
   static absl::StatusOr<std::unique_ptr<ShmSegment>> Attach(const std::string& name,
                                                             const ExpectedIdentity& expected,
                                                             const AttachOptions& options = {});
+  // OK when a segment of `expected` for instance `name` (or a fallback of it) is trusted (see
+  // Ownership) and its residency is alive (CheckPeer's conditions, heartbeat within
+  // `liveness_timeout`); otherwise the reason (NotFound, Unavailable, ...). Registers nothing.
+  static absl::Status Probe(const std::string& name, const ExpectedIdentity& expected,
+                            absl::Duration liveness_timeout);
   // Unlinks `name` if it exists (for tests and `mer` tooling). OK when absent.
   static absl::Status Remove(const std::string& name);
 
@@ -87,6 +105,7 @@ class ShmSegment {
   // unlink_on_close also unlinks the name if it still refers to this segment.
   ~ShmSegment();
 
+  // The object's name: the instance's, or the fallback it was created or found under.
   const std::string& name() const { return name_; }
   Role role() const { return role_; }
   uint64_t incarnation() const { return incarnation_; }
@@ -120,6 +139,17 @@ class ShmSegment {
  private:
   struct Impl;
   ShmSegment(std::string name, Role role);
+  // An object of this user under `name` left by an earlier residency: superseded and unlinked
+  // (true), or FailedPrecondition while its residency lives. false: not this user's, untouched.
+  static absl::StatusOr<bool> ReclaimStale(const std::string& name, const CreateOptions& options);
+  // kAttach: as Attach; kAttachLive: Unavailable unless its residency is alive; kProbe: only
+  // that check, nothing registered (the result is unmapped, for its status only).
+  enum class Mode { kAttach, kAttachLive, kProbe };
+  // The object `name` for instance `instance` (a fallback name, or the same).
+  static absl::StatusOr<std::unique_ptr<ShmSegment>> AttachOne(const std::string& instance,
+                                                               const std::string& name,
+                                                               const ExpectedIdentity& expected,
+                                                               const AttachOptions& options, Mode mode);
   void Register(Role role);
 
   std::string name_;

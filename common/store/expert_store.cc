@@ -19,6 +19,7 @@
 #include "common/base/status.h"
 #include "common/store/crc32c.h"
 #include "common/store/store_internal.h"
+#include "common/store/store_writer.h"
 
 namespace mer {
 
@@ -114,6 +115,7 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Open(const std::string
   std::unique_ptr<ExpertStore> store(new ExpertStore());
   store->dir_ = dir;
   const std::string manifest_path = JoinPath(dir, kStoreManifestFile);
+  if (::access(manifest_path.c_str(), F_OK) != 0 && errno == ENOENT) return store_internal::NoStoreStatus(dir);
   ASSIGN_OR_RETURN(const std::string bytes, ReadSmallFile(manifest_path, kMaxManifestBytes));
   auto parsed = ParseManifest(
       absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
@@ -262,11 +264,20 @@ absl::StatusOr<StoreVerifyStats> ExpertStore::VerifyAll(const StoreVerifyOptions
   return stats;
 }
 
-absl::StatusOr<std::unique_ptr<ModelWeights>> ExpertStore::LoadDenseWeights() const {
+absl::StatusOr<std::shared_ptr<const GgufFile>> ExpertStore::OpenDense() const {
   const std::string dense = dense_path();
   auto file = GgufFile::Open(dense);
   if (!file.ok()) return Annotate(file.status(), dense);
   std::shared_ptr<const GgufFile> shared(std::move(*file));
+  const absl::Span<const uint8_t> bytes = shared->bytes();
+  if (bytes.size() != manifest_.dense.size)
+    return absl::DataLossError(absl::StrCat(dense, " is ", bytes.size(), " bytes, the manifest describes ",
+                                            manifest_.dense.size, ": not this store's dense.gguf"));
+  const uint32_t crc = Crc32c(bytes.data(), bytes.size());
+  if (crc != manifest_.dense_crc)
+    return absl::DataLossError(absl::StrCat(
+        dense, ": checksum 0x", absl::Hex(crc), " over its ", bytes.size(), " bytes, the manifest has 0x",
+        absl::Hex(manifest_.dense_crc), ": dense.gguf is damaged (`mer pack --force` writes the store again)"));
   const GgufValue* fingerprint = shared->FindValue(kDenseBlobTableCrcKey);
   const auto value = fingerprint == nullptr ? absl::StatusOr<uint64_t>(absl::NotFoundError("absent"))
                                             : fingerprint->AsUint64();
@@ -276,6 +287,12 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ExpertStore::LoadDenseWeights() co
                                             ", the manifest's blob table has 0x",
                                             absl::Hex(BlobTableCrc(manifest_)),
                                             ": not this store's dense.gguf"));
+  return shared;
+}
+
+absl::StatusOr<std::unique_ptr<ModelWeights>> ExpertStore::LoadDenseWeights() const {
+  const std::string dense = dense_path();
+  ASSIGN_OR_RETURN(std::shared_ptr<const GgufFile> shared, OpenDense());
   auto weights = ModelWeights::LoadDense(shared);
   if (!weights.ok()) return Annotate(weights.status(), dense);
   const ModelConfig& c = (*weights)->config();

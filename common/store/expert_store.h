@@ -89,8 +89,12 @@ class ExpertStore {
   // blobs (the first few by layer and expert, and how many).
   absl::StatusOr<StoreVerifyStats> VerifyAll(const StoreVerifyOptions& options = {}) const;
 
-  // Maps dense.gguf and loads it with ModelWeights::LoadDense; InvalidArgument when its geometry
-  // is not the manifest's.
+  // Maps dense.gguf and checks every byte of the mapping against the manifest's dense_crc, and
+  // its mer.store.blob_table_crc against the blob table: DataLoss naming the file otherwise. The
+  // weights and the tokenizer are read from this mapping, so what is served is what was checked.
+  absl::StatusOr<std::shared_ptr<const GgufFile>> OpenDense() const;
+  // OpenDense, then ModelWeights::LoadDense; InvalidArgument when its geometry is not the
+  // manifest's.
   absl::StatusOr<std::unique_ptr<ModelWeights>> LoadDenseWeights() const;
 
   // OK when `gguf_path` is the file this store was packed from (size, mtime, header checksum);

@@ -239,12 +239,15 @@ absl::StatusOr<PackStats> PackExpertStore(const std::string& gguf_path, const st
   m.source_mtime_ns = mtime;
   m.source_name = gguf_path.substr(0, kStoreMaxSourceName);
 
-  RETURN_IF_ERROR(store_internal::PrepareStoreDir(dir, options.overwrite));
+  ASSIGN_OR_RETURN(store_internal::StagedStore staged,
+                   store_internal::StagedStore::Begin(dir, options.overwrite));
+  const std::string& out = staged.path();
   const auto experts_start = std::chrono::steady_clock::now();
-  RETURN_IF_ERROR(WriteExperts(w, m, JoinPath(dir, kStoreExpertsFile), options, stats.direct_io));
+  RETURN_IF_ERROR(WriteExperts(w, m, JoinPath(out, kStoreExpertsFile), options, stats.direct_io));
   stats.experts_seconds = Since(experts_start);
-  RETURN_IF_ERROR(WriteDense(*file, w, m, JoinPath(dir, kStoreDenseFile), stats.dense_tensors));
-  RETURN_IF_ERROR(store_internal::CommitStore(m, dir, &stats));
+  RETURN_IF_ERROR(WriteDense(*file, w, m, JoinPath(out, kStoreDenseFile), stats.dense_tensors));
+  RETURN_IF_ERROR(store_internal::CommitStore(m, out, &stats));
+  RETURN_IF_ERROR(staged.Publish());
   stats.seconds = Since(start);
   return stats;
 }

@@ -1,17 +1,23 @@
 #include "common/store/store_writer.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <future>
 #include <memory>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/base/status.h"
 #include "common/gguf/gguf_file.h"
 #include "common/model/model_weights.h"
@@ -85,18 +91,143 @@ StoreManifest LayoutManifest(int n_layer, int n_expert, int64_t n_embd, int64_t 
   return m;
 }
 
-absl::Status PrepareStoreDir(const std::string& dir, bool overwrite) {
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return ErrnoStatus(errno, "cannot create", dir);
-  struct stat st;
-  if (::stat(dir.c_str(), &st) != 0) return ErrnoStatus(errno, "cannot stat", dir);
-  if (!S_ISDIR(st.st_mode)) return absl::InvalidArgumentError(absl::StrCat(dir, " is not a directory"));
-  const std::string manifest_path = JoinPath(dir, kStoreManifestFile);
-  if (::access(manifest_path.c_str(), F_OK) == 0) {
-    if (!overwrite)
-      return absl::AlreadyExistsError(absl::StrCat(dir, " already holds an expert store (",
-                                                   manifest_path, " exists)"));
-    if (::unlink(manifest_path.c_str()) != 0) return ErrnoStatus(errno, "cannot remove", manifest_path);
+namespace {
+
+constexpr const char* kStoreFiles[] = {kStoreManifestFile, kStoreExpertsFile, kStoreDenseFile, "manifest.tmp"};
+
+bool IsStoreFile(const std::string& name) {
+  for (const char* f : kStoreFiles)
+    if (name == f) return true;
+  return false;
+}
+
+// "/a/b/store" -> {"/a/b", "store"}; "store" -> {".", "store"}. Trailing slashes are dropped.
+std::pair<std::string, std::string> SplitDir(std::string dir) {
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const size_t slash = dir.rfind('/');
+  if (slash == std::string::npos) return {".", dir};
+  return {slash == 0 ? "/" : dir.substr(0, slash), dir.substr(slash + 1)};
+}
+
+std::string StagingPrefix(const std::string& base) { return absl::StrCat(".", base, ".pack-"); }
+
+// Staging directories of earlier packs of `base` in `parent` whose writer is gone.
+void RemoveStaleStaging(const std::string& parent, const std::string& base) {
+  const std::string prefix = StagingPrefix(base);
+  DIR* d = ::opendir(parent.c_str());
+  if (d == nullptr) return;
+  std::vector<std::string> stale;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.rfind(prefix, 0) != 0) continue;
+    const long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
+    if (pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH)) continue;  // alive
+    stale.push_back(JoinPath(parent, name.c_str()));
   }
+  ::closedir(d);
+  for (const std::string& s : stale) RemoveStoreFiles(s);
+}
+
+}  // namespace
+
+absl::Status NoStoreStatus(const std::string& dir) {
+  std::vector<std::string> present;
+  for (const char* f : {kStoreExpertsFile, kStoreDenseFile}) {
+    if (::access(JoinPath(dir, f).c_str(), F_OK) == 0) present.push_back(f);
+  }
+  if (!present.empty())
+    return absl::FailedPreconditionError(absl::StrCat(
+        dir, ": incomplete store (interrupted pack): ", absl::StrJoin(present, " and "),
+        " but no manifest; pack it again with `mer pack --force`"));
+  const auto [parent, base] = SplitDir(dir);
+  const std::string prefix = StagingPrefix(base);
+  std::string staging;
+  if (DIR* d = ::opendir(parent.c_str())) {
+    while (const dirent* e = ::readdir(d)) {
+      if (std::string(e->d_name).rfind(prefix, 0) == 0) staging = JoinPath(parent, e->d_name);
+    }
+    ::closedir(d);
+  }
+  if (!staging.empty())
+    return absl::FailedPreconditionError(absl::StrCat(dir, ": no expert store: an interrupted pack left ",
+                                                      staging, " (incomplete store); run `mer pack` again"));
+  return absl::NotFoundError(absl::StrCat(dir, ": no expert store (", JoinPath(dir, kStoreManifestFile),
+                                          " does not exist)"));
+}
+
+void RemoveStoreFiles(const std::string& dir) {
+  for (const char* f : kStoreFiles) (void)::unlink(JoinPath(dir, f).c_str());
+  (void)::rmdir(dir.c_str());
+}
+
+absl::StatusOr<StagedStore> StagedStore::Begin(const std::string& dir, bool overwrite) {
+  struct stat st;
+  if (::stat(dir.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) return absl::InvalidArgumentError(absl::StrCat(dir, " is not a directory"));
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) return ErrnoStatus(errno, "cannot read", dir);
+    std::vector<std::string> foreign;
+    bool manifest = false;
+    while (const dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name == "." || name == "..") continue;
+      if (name == kStoreManifestFile) manifest = true;
+      if (!IsStoreFile(name)) foreign.push_back(name);
+    }
+    ::closedir(d);
+    if (manifest && !overwrite)
+      return absl::AlreadyExistsError(absl::StrCat(dir, " already holds an expert store (",
+                                                   JoinPath(dir, kStoreManifestFile), " exists)"));
+    if (!foreign.empty())
+      return absl::InvalidArgumentError(absl::StrCat(dir, " holds files that are not an expert store's ('",
+                                                     foreign.front(), "'): give a new or empty directory"));
+  } else if (errno != ENOENT) {
+    return ErrnoStatus(errno, "cannot stat", dir);
+  }
+  const auto [parent, base] = SplitDir(dir);
+  RemoveStaleStaging(parent, base);
+  std::string staging = JoinPath(parent, absl::StrCat(StagingPrefix(base), ::getpid(), "-XXXXXX").c_str());
+  if (::mkdtemp(staging.data()) == nullptr) return ErrnoStatus(errno, "cannot create a directory beside", dir);
+  ::chmod(staging.c_str(), 0755);  // mkdtemp makes it 0700; a store is read by the daemons' user
+  return StagedStore(dir, std::move(staging));
+}
+
+StagedStore::StagedStore(StagedStore&& other) noexcept
+    : dir_(std::move(other.dir_)), staging_(std::move(other.staging_)) {
+  other.staging_.clear();
+}
+
+StagedStore::~StagedStore() {
+  if (!staging_.empty()) RemoveStoreFiles(staging_);
+}
+
+absl::Status StagedStore::Publish() {
+  RETURN_IF_ERROR(SyncPath(staging_, true));
+  const std::string parent = SplitDir(dir_).first;
+  bool exchanged = false;
+  if (::renameat2(AT_FDCWD, staging_.c_str(), AT_FDCWD, dir_.c_str(), RENAME_EXCHANGE) == 0) {
+    exchanged = true;  // the old store is at staging_ now
+  } else if (errno == ENOENT) {
+    if (::rename(staging_.c_str(), dir_.c_str()) != 0) return ErrnoStatus(errno, "cannot rename into", dir_);
+  } else if (errno == EINVAL || errno == ENOSYS) {
+    // No RENAME_EXCHANGE on this file system: move the old store aside, then the new one in.
+    const std::string aside = absl::StrCat(staging_, ".old");
+    if (::rename(dir_.c_str(), aside.c_str()) != 0) return ErrnoStatus(errno, "cannot rename", dir_);
+    if (::rename(staging_.c_str(), dir_.c_str()) != 0) {
+      const absl::Status s = ErrnoStatus(errno, "cannot rename into", dir_);
+      (void)::rename(aside.c_str(), dir_.c_str());
+      return s;
+    }
+    RETURN_IF_ERROR(SyncPath(parent, true));
+    RemoveStoreFiles(aside);
+    staging_.clear();
+    return absl::OkStatus();
+  } else {
+    return ErrnoStatus(errno, "cannot exchange into", dir_);
+  }
+  RETURN_IF_ERROR(SyncPath(parent, true));
+  if (exchanged) RemoveStoreFiles(staging_);
+  staging_.clear();
   return absl::OkStatus();
 }
 

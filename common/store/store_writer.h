@@ -34,10 +34,44 @@ struct LayerTypes {
 StoreManifest LayoutManifest(int n_layer, int n_expert, int64_t n_embd, int64_t n_ff_exp,
                              const std::function<LayerTypes(int layer)>& types, uint64_t* payload_bytes);
 
-// Creates `dir` if missing. A store already there loses its manifest first (AlreadyExists unless
-// `overwrite`), so that an interrupted write never leaves a manifest describing files that are
-// being rewritten.
-absl::Status PrepareStoreDir(const std::string& dir, bool overwrite);
+// A store being written beside its final place: a fresh directory next to `dir` (same file
+// system, named ".NAME.pack-PID-XXXXXX"), into which the writer puts experts.bin, dense.gguf and
+// finally the manifest (CommitStore), and which Publish() then puts in place of `dir` in one
+// rename: renameat2(RENAME_EXCHANGE) when a store is already there, so that `dir` is at every
+// moment either the old store or the new one, never a mix. Processes that opened the old store's
+// files (a live mer-residency reading experts.bin) keep reading them: the old files are unlinked,
+// not overwritten. A writer killed before Publish leaves `dir` as it was and its staging directory
+// beside it, which the next Begin for the same `dir` removes once its writer's pid is gone.
+class StagedStore {
+ public:
+  // AlreadyExists when `dir` holds a store and !overwrite; InvalidArgument when `dir` exists and
+  // holds anything but an (incomplete) store's files.
+  static absl::StatusOr<StagedStore> Begin(const std::string& dir, bool overwrite);
+  StagedStore(StagedStore&& other) noexcept;
+  StagedStore& operator=(StagedStore&&) = delete;
+  ~StagedStore();  // removes the staging directory if Publish did not happen
+
+  // Where the store's files are written.
+  const std::string& path() const { return staging_; }
+  // fsync of the staging directory, the exchange (or rename) into `dir`, fsync of the parent,
+  // then removal of the old store's files.
+  absl::Status Publish();
+
+ private:
+  StagedStore(std::string dir, std::string staging) : dir_(std::move(dir)), staging_(std::move(staging)) {}
+  std::string dir_;
+  std::string staging_;  // empty once published or moved from
+};
+
+// Why `dir` holds no store, for a reader that found no manifest there: FailedPrecondition
+// "incomplete store (interrupted pack)" naming the files found when some of a store's files are
+// there (a pack was killed, or a store of an older mer lost its manifest to one), or naming the
+// staging directory an interrupted pack left beside it; NotFound otherwise.
+absl::Status NoStoreStatus(const std::string& dir);
+
+// Removes the files a store consists of (manifest, experts.bin, dense.gguf, manifest.tmp) from
+// `dir`, then `dir` itself (left in place if it holds anything else).
+void RemoveStoreFiles(const std::string& dir);
 
 // Writes the three matrices of blob (layer, expert) at the layer's offsets in `blob`; the gaps and
 // the tail are zeroed after it. Called on several threads at once.

@@ -109,7 +109,9 @@ absl::StatusOr<PackStats> WriteSynthStore(const SynthOptions& synth, const std::
   m.source_name = absl::StrCat("mer synth (", g.n_layer, " layers x ", g.n_expert, " experts, seed ", synth.seed,
                                ", router skew ", synth.router_skew, "), never written");
 
-  RETURN_IF_ERROR(store_internal::PrepareStoreDir(dir, pack.overwrite));
+  ASSIGN_OR_RETURN(store_internal::StagedStore staged,
+                   store_internal::StagedStore::Begin(dir, pack.overwrite));
+  const std::string& out = staged.path();
   const int threads = store_internal::ResolveThreads(pack.threads);
   store_internal::ExpertsFileOptions o;
   o.threads = threads;
@@ -135,11 +137,12 @@ absl::StatusOr<PackStats> WriteSynthStore(const SynthOptions& synth, const std::
   };
   const auto experts_start = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(
-      store_internal::WriteExpertsFile(m, JoinPath(dir, kStoreExpertsFile), fill, o, &stats.direct_io));
+      store_internal::WriteExpertsFile(m, JoinPath(out, kStoreExpertsFile), fill, o, &stats.direct_io));
   stats.experts_seconds = Since(experts_start);
-  RETURN_IF_ERROR(WriteDense(synth, tensors, is_expert, m, JoinPath(dir, kStoreDenseFile), threads));
+  RETURN_IF_ERROR(WriteDense(synth, tensors, is_expert, m, JoinPath(out, kStoreDenseFile), threads));
   for (bool e : is_expert) stats.dense_tensors += e ? 0 : 1;
-  RETURN_IF_ERROR(store_internal::CommitStore(m, dir, &stats));
+  RETURN_IF_ERROR(store_internal::CommitStore(m, out, &stats));
+  RETURN_IF_ERROR(staged.Publish());
   stats.seconds = Since(start);
   return stats;
 }

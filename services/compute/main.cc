@@ -19,6 +19,7 @@
 #include "common/base/daemon_main.h"
 #include "common/base/flags.h"
 #include "common/base/status.h"
+#include "common/gguf/gguf_digest.h"
 #include "common/gguf/gguf_file.h"
 #include "common/metrics/metrics_endpoint.h"
 #include "common/model/expert_source.h"
@@ -31,7 +32,9 @@
 #include "services/compute/daemon/batcher.h"
 #include "services/compute/daemon/compute_metrics.h"
 #include "services/compute/daemon/compute_service.h"
+#include "services/compute/daemon/residency_monitor.h"
 #include "services/compute/residency_expert_source.h"
+#include "services/residency/daemon/segment_identity.h"
 
 #ifndef MER_VERSION
 #define MER_VERSION "unknown"
@@ -45,6 +48,7 @@ constexpr char kHelp[] =
                    [--vram-prefetch 0|1] [--vram-arena residency|compute] [--miss-path device|host]
                    [--max-sequences N] [--max-batch-tokens N] [--ctx N] [--kv-budget-tokens N]
                    [--threads N] [--admission-wait-ms N] [--metrics-listen HOST:PORT|off]
+                   [--verify-model SHA256]
 
 Serves the model to mer-gateway over the internal gRPC API on the unix socket PATH, generating
 up to --max-sequences (default 8) sequences at once with continuous batching: each step carries
@@ -53,9 +57,12 @@ tokens in all. --ctx (default 4096, at most the model's) is the KV positions per
 --kv-budget-tokens (default max-sequences x ctx) caps what running sequences reserve together
 (prompt + max_new_tokens - 1 each). A Generate call waits up to --admission-wait-ms (default
 2000) for a slot, then fails RESOURCE_EXHAUSTED. With --store and --residency the dense weights
-and the tokenizer come from STORE_DIR/dense.gguf and the experts from the mer-residency instance
-NAME. --backend cuda (builds with the cuda backend, one NVIDIA GPU) runs the forward pass on
-the GPU with an expert arena in VRAM, capped by --vram-expert-budget (bytes, or a percentage of
+and the tokenizer come from STORE_DIR/dense.gguf, every byte of which is checked against the
+store's manifest at load, and the experts from the mer-residency instance NAME (each checked as
+it is read); while that instance is unreachable, Generate calls fail at once with UNAVAILABLE.
+With --model, --verify-model checks the file's SHA-256 (64 hex digits, as a model hub publishes
+it) before loading it. --backend cuda (builds with the cuda backend, one NVIDIA GPU) runs the
+forward pass on the GPU with an expert arena in VRAM, capped by --vram-expert-budget (bytes, or a percentage of
 all experts; default: the free VRAM less a margin); misses are uploaded from the host memory the
 experts are read from, page-locked for DMA unless --pin-experts 0 (the mapped file, or with
 --store the mapping of mer-residency's RAM tier in this process); on decode steps that miss, the
@@ -81,7 +88,8 @@ struct Args {
   bool pin_experts = true;
   bool vram_prefetch = true;
   std::string vram_arena;  // "residency" or "compute"
-  std::string miss_path;   // "device" or "host"
+  std::string verify_model;  // expected SHA-256 of --model, hex
+  std::string miss_path;     // "device" or "host"
 };
 
 absl::Status ParseArgs(int argc, char** argv, Args* a) {
@@ -90,7 +98,8 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
                                          {"model", "store", "residency", "listen", "backend",
                                           "vram-expert-budget", "metrics-listen", "max-sequences",
                                           "max-batch-tokens", "ctx", "kv-budget-tokens", "threads",
-                                          "admission-wait-ms", "pin-experts", "vram-prefetch", "vram-arena", "miss-path"},
+                                          "admission-wait-ms", "pin-experts", "vram-prefetch", "vram-arena",
+                                          "miss-path", "verify-model"},
                                          {}));
   a->model = f.String("model");
   a->store = f.String("store");
@@ -98,6 +107,7 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
   a->listen = f.String("listen");
   ASSIGN_OR_RETURN(a->backend, f.OneOf("backend", "cpu", {"cpu", "cuda"}));
   a->vram_expert_budget = f.String("vram-expert-budget");
+  a->verify_model = f.String("verify-model");
   a->metrics_listen = f.String("metrics-listen", a->metrics_listen);
   ASSIGN_OR_RETURN(a->max_sequences, f.IntInRange("max-sequences", a->max_sequences, 1, 4096));
   ASSIGN_OR_RETURN(a->max_batch_tokens, f.IntInRange("max-batch-tokens", a->max_batch_tokens, 1, 65536));
@@ -125,6 +135,8 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
     return absl::InvalidArgumentError("--store needs --residency NAME");
   if (!a->model.empty() && !a->residency.empty())
     return absl::InvalidArgumentError("--residency goes with --store, not --model");
+  if (!a->verify_model.empty() && a->model.empty())
+    return absl::InvalidArgumentError("--verify-model goes with --model (a store's files carry checksums)");
   if (!absl::StartsWith(a->listen, "unix:") || a->listen.size() <= 5)
     return absl::InvalidArgumentError("--listen unix:PATH is required");
   return absl::OkStatus();
@@ -152,7 +164,7 @@ absl::Status Main(const Args& a) {
   systemd::NotifyExtendTimeout(absl::Seconds(120));
 
   std::unique_ptr<ExpertStore> store;
-  std::shared_ptr<GgufFile> file;
+  std::shared_ptr<const GgufFile> file;
   std::unique_ptr<ModelWeights> weights;
   std::unique_ptr<ExpertSource> experts;
   ResidencyExpertSource* residency = nullptr;
@@ -160,15 +172,18 @@ absl::Status Main(const Args& a) {
   if (!a.store.empty()) {
     ASSIGN_OR_RETURN(store, ExpertStore::Open(a.store));
     path = store->dense_path();
-  }
-  {
+    // Every byte of dense.gguf against the manifest's checksum, in the mapping that is served.
+    ASSIGN_OR_RETURN(weights, store->LoadDenseWeights());
+    file = weights->shared_file();
+  } else {
     ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> f, GgufFile::Open(path));
     file = std::move(f);
+    if (!a.verify_model.empty()) RETURN_IF_ERROR(VerifySha256(*file, a.verify_model));
+    auto loaded = ModelWeights::Load(file);
+    if (!loaded.ok())
+      return absl::Status(loaded.status().code(), absl::StrCat(path, ": ", loaded.status().message()));
+    weights = std::move(*loaded);
   }
-  auto loaded = store ? ModelWeights::LoadDense(file) : ModelWeights::Load(file);
-  if (!loaded.ok())
-    return absl::Status(loaded.status().code(), absl::StrCat(path, ": ", loaded.status().message()));
-  weights = std::move(*loaded);
   auto vocab = LoadTokenizerVocab(*file);
   if (!vocab.ok()) return absl::Status(vocab.status().code(), absl::StrCat(path, ": ", vocab.status().message()));
   if (auto t = Tokenizer::Create(*vocab); !t.ok())  // the gateway will build the same one
@@ -266,7 +281,15 @@ absl::Status Main(const Args& a) {
     return compute::Capacity{b->max_sequences(), b->free_sequences(), b->kv_budget_tokens(),
                              b->kv_free_tokens()};
   });
-  compute::ComputeService service(*batcher, info, std::move(vp));
+  // With a store: whether mer-residency is reachable, for GetInfo, Generate and the log.
+  std::unique_ptr<compute::ResidencyMonitor> monitor;
+  compute::ComputeServiceOptions service_options;
+  if (store) {
+    monitor = std::make_unique<compute::ResidencyMonitor>(a.residency,
+                                                          residency::ExpectedSegmentIdentity(store->manifest()));
+    service_options.serving = [m = monitor.get()] { return m->status(); };
+  }
+  compute::ComputeService service(*batcher, info, std::move(vp), service_options);
 
   const std::string socket_path = a.listen.substr(5);
   std::error_code ec;

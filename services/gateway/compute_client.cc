@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/grpc_status.h"
+#include "services/gateway/request_validation.h"
 
 namespace mer::gateway {
 
@@ -34,6 +35,14 @@ std::shared_ptr<const ServedModel> ComputeClient::model() const {
   return model_;
 }
 
+absl::Status ComputeClient::serving() const {
+  absl::MutexLock lock(&mu_);
+  if (model_ == nullptr) return absl::UnavailableError("mer-compute is not available");
+  if (!unavailable_.empty())
+    return absl::UnavailableError(absl::StrCat("mer-compute cannot generate now: ", unavailable_));
+  return absl::OkStatus();
+}
+
 void ComputeClient::PollNow() {
   absl::MutexLock lock(&mu_);
   poll_now_ = true;
@@ -54,6 +63,17 @@ absl::Status ComputeClient::PollOnce() {
   pb::Info info;
   grpc::Status s = stub_->GetInfo(&ctx, pb::GetInfoRequest(), &info);
   if (!s.ok()) return FromGrpcStatus(s);
+  {
+    absl::MutexLock lock(&mu_);
+    if (info.unavailable() != unavailable_) {
+      if (info.unavailable().empty()) {
+        std::fprintf(stderr, "mer-gateway: mer-compute can generate again\n");
+      } else {
+        std::fprintf(stderr, "mer-gateway: mer-compute cannot generate: %s\n", info.unavailable().c_str());
+      }
+      unavailable_ = info.unavailable();
+    }
+  }
   const std::shared_ptr<const ServedModel> current = model();
   if (current != nullptr && current->info.instance_id() == info.instance_id()) return absl::OkStatus();
 
@@ -76,8 +96,9 @@ absl::Status ComputeClient::PollOnce() {
     return absl::Status(tokenizer.status().code(),
                         absl::StrCat("mer-compute's tokenizer: ", tokenizer.status().message()));
   std::vector<int32_t> eog = tokenizer->EndOfGenerationIds();
-  Publish(std::make_shared<const ServedModel>(
-      ServedModel{std::move(info), std::move(*tokenizer), std::move(eog), vp.chat_template()}));
+  const int32_t max_token_bytes = MaxTokenBytes(*tokenizer);
+  Publish(std::make_shared<const ServedModel>(ServedModel{std::move(info), std::move(*tokenizer), std::move(eog),
+                                                          vp.chat_template(), max_token_bytes}));
   return absl::OkStatus();
 }
 

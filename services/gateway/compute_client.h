@@ -1,7 +1,8 @@
 // The gateway's connection to mer-compute: one gRPC channel to its unix socket, and a thread that
 // polls GetInfo. When an instance answers whose instance_id is new (a first start or a restart),
 // it fetches the tokenizer and publishes a ServedModel; when GetInfo fails, it publishes none
-// (compute is down). `on_change` sees each transition, so the gateway can set the scheduler's
+// (compute is down). Each answer also says whether compute can generate now (serving()).
+// `on_change` sees each transition, so the gateway can set the scheduler's
 // capacity and the health status. The channel reconnects by itself; nothing needs a restart.
 //
 // Why the tokenizer comes from compute: the gateway then needs no model file and cannot disagree
@@ -38,6 +39,7 @@ struct ServedModel {
   Tokenizer tokenizer;
   std::vector<int32_t> end_of_generation;  // tokenizer.EndOfGenerationIds(), once
   std::string chat_template;               // the model file's; empty: none
+  int32_t max_token_bytes = 1;             // MaxTokenBytes(tokenizer), for request validation
 };
 
 class ComputeClient {
@@ -48,6 +50,9 @@ class ComputeClient {
 
   // The instance up now, or null while compute is down.
   std::shared_ptr<const ServedModel> model() const;
+  // OK while the instance up now can generate; Unavailable naming why not, as it last reported
+  // (GetInfo's `unavailable`: e.g. mer-residency unreachable) or because it is down.
+  absl::Status serving() const;
   mer::internal::v1::Compute::Stub& stub() { return *stub_; }
   // A call saw compute fail (UNAVAILABLE): poll now instead of at the next interval.
   void PollNow();
@@ -64,6 +69,7 @@ class ComputeClient {
 
   mutable absl::Mutex mu_;
   std::shared_ptr<const ServedModel> model_ ABSL_GUARDED_BY(mu_);
+  std::string unavailable_ ABSL_GUARDED_BY(mu_);  // the last GetInfo's `unavailable`
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool poll_now_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;

@@ -1,11 +1,13 @@
 #include "services/gateway/gateway_service.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/support/method_handler.h"
 #include "proto/grpc_status.h"
 #include "services/gateway/text_stream.h"
 
@@ -23,17 +25,41 @@ double Since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
+int MethodIndex(absl::string_view name) {
+  const auto* service = mer::v1::GenerateRequest::descriptor()->file()->FindServiceByName("Mer");
+  return service->FindMethodByName(std::string(name))->index();
+}
+
+// The request message of a split-streamed call, as the bytes the client sent. `slices` keeps
+// them; one slice (the common case) is used in place, more are joined into `joined`.
+template <typename Stream>
+absl::StatusOr<absl::string_view> ReadRequest(grpc::ServerContext* context, Stream* stream,
+                                              std::vector<grpc::Slice>* slices, std::string* joined) {
+  grpc::ByteBuffer bytes;
+  if (!stream->Read(&bytes)) {
+    if (context->IsCancelled()) return absl::CancelledError("cancelled by the client");
+    return absl::InvalidArgumentError("request: no request message");
+  }
+  if (!bytes.Dump(slices).ok()) return absl::InternalError("request: cannot read its bytes");
+  if (slices->size() == 1)
+    return absl::string_view(reinterpret_cast<const char*>((*slices)[0].begin()), (*slices)[0].size());
+  joined->reserve(bytes.Length());
+  for (const grpc::Slice& s : *slices) joined->append(reinterpret_cast<const char*>(s.begin()), s.size());
+  slices->clear();
+  return absl::string_view(*joined);
+}
+
 // gRPC's Generate stream as a GenerateSink.
 class GrpcSink final : public GenerateSink {
  public:
-  GrpcSink(grpc::ServerContext* context, grpc::ServerWriter<mer::v1::GenerateResponse>* writer)
-      : context_(context), writer_(writer) {}
-  bool Write(const mer::v1::GenerateResponse& response) override { return writer_->Write(response); }
+  GrpcSink(grpc::ServerContext* context, GatewayService::GenerateStream* stream)
+      : context_(context), stream_(stream) {}
+  bool Write(const mer::v1::GenerateResponse& response) override { return stream_->Write(response); }
   bool ClientGone() override { return context_->IsCancelled(); }
 
  private:
   grpc::ServerContext* const context_;
-  grpc::ServerWriter<mer::v1::GenerateResponse>* const writer_;
+  GatewayService::GenerateStream* const stream_;
 };
 
 }  // namespace
@@ -41,6 +67,16 @@ class GrpcSink final : public GenerateSink {
 GatewayService::GatewayService(ComputeClient& compute, Scheduler& scheduler, GatewayMetrics* metrics,
                                const GatewayOptions& options)
     : compute_(compute), scheduler_(scheduler), metrics_(metrics), options_(options) {
+  MarkMethodStreamed(MethodIndex("Generate"),
+                     new grpc::internal::SplitServerStreamingHandler<grpc::ByteBuffer, mer::v1::GenerateResponse>(
+                         [this](grpc::ServerContext* context, GenerateStream* stream) {
+                           return GenerateStreamed(context, stream);
+                         }));
+  MarkMethodStreamed(MethodIndex("Tokenize"),
+                     new grpc::internal::StreamedUnaryHandler<grpc::ByteBuffer, mer::v1::TokenizeResponse>(
+                         [this](grpc::ServerContext* context, TokenizeStream* stream) {
+                           return TokenizeStreamed(context, stream);
+                         }));
   watcher_ = std::thread([this] { WatchLoop(); });
 }
 
@@ -59,11 +95,11 @@ void GatewayService::BeginShutdown() {
     if (w.client != nullptr) w.client->TryCancel();
 }
 
-GatewayService::Watched* GatewayService::Watch(GenerateSink* sink, uint64_t* id) {
+GatewayService::Watched* GatewayService::Watch(std::function<bool()> client_gone, uint64_t* id) {
   absl::MutexLock lock(&mu_);
   *id = next_watch_++;
   Watched& w = watched_[*id];
-  w.sink = sink;
+  w.client_gone = std::move(client_gone);
   return &w;
 }
 
@@ -78,6 +114,25 @@ void GatewayService::Unwatch(uint64_t id) {
   watched_.erase(id);
 }
 
+absl::Status GatewayService::BeginIntake(const std::atomic<bool>* cancelled, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  const auto gone = [cancelled] { return cancelled != nullptr && cancelled->load(); };
+  auto turn = [this, &gone]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return intake_ < options_.intake_max || gone() || shutting_down_.load();
+  };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&turn), deadline))
+    return absl::DeadlineExceededError("deadline exceeded waiting to read the request");
+  if (gone()) return absl::CancelledError("cancelled by the client");
+  if (shutting_down_.load()) return absl::UnavailableError("mer-gateway is shutting down");
+  ++intake_;
+  return absl::OkStatus();
+}
+
+void GatewayService::EndIntake() {
+  absl::MutexLock lock(&mu_);
+  --intake_;
+}
+
 void GatewayService::WatchLoop() {
   absl::MutexLock lock(&mu_);
   auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
@@ -86,7 +141,7 @@ void GatewayService::WatchLoop() {
     // leave; this does.
     bool poke = false;
     for (auto& [id, w] : watched_) {
-      if (!w.cancelled.load() && w.sink->ClientGone()) {
+      if (!w.cancelled.load() && w.client_gone()) {
         w.cancelled.store(true);
         if (w.client != nullptr) w.client->TryCancel();
         poke = true;
@@ -96,20 +151,35 @@ void GatewayService::WatchLoop() {
   }
 }
 
-grpc::Status GatewayService::Generate(grpc::ServerContext* context, const mer::v1::GenerateRequest* request,
-                                      grpc::ServerWriter<mer::v1::GenerateResponse>* writer) {
-  GrpcSink sink(context, writer);
-  return ToGrpcStatus(Run(*request, sink, absl::FromChrono(context->deadline())));
+grpc::Status GatewayService::GenerateStreamed(grpc::ServerContext* context, GenerateStream* stream) {
+  GrpcSink sink(context, stream);
+  // The request's bytes, read in the call's intake turn.
+  const auto read = [context, stream](mer::v1::GenerateRequest* storage)
+      -> absl::StatusOr<const mer::v1::GenerateRequest*> {
+    std::vector<grpc::Slice> slices;
+    std::string joined;
+    ASSIGN_OR_RETURN(const absl::string_view wire, ReadRequest(context, stream, &slices, &joined));
+    ASSIGN_OR_RETURN(*storage, ParseGenerateRequest(wire));
+    return storage;
+  };
+  return ToGrpcStatus(RunWith(read, sink, absl::FromChrono(context->deadline())));
 }
 
 absl::Status GatewayService::Run(const mer::v1::GenerateRequest& request, GenerateSink& sink,
                                  absl::Time deadline) {
+  const auto given = [&request](mer::v1::GenerateRequest*) -> absl::StatusOr<const mer::v1::GenerateRequest*> {
+    return &request;
+  };
+  return RunWith(given, sink, deadline);
+}
+
+absl::Status GatewayService::RunWith(RequestReader read, GenerateSink& sink, absl::Time client_deadline) {
   const absl::Time start = absl::Now();
-  absl::Status result = GenerateImpl(request, sink, deadline, start);
+  absl::Status result = GenerateImpl(read, sink, client_deadline, start);
   // A client's deadline reaches the server as a cancellation, a little before the server's own
   // copy of the deadline (taken on arrival) runs out; the client reports DEADLINE_EXCEEDED, and
   // so must the metrics. A cancel that close to the deadline is counted as the deadline.
-  if (absl::IsCancelled(result) && deadline - absl::Now() < kDeadlineSlack)
+  if (absl::IsCancelled(result) && client_deadline - absl::Now() < kDeadlineSlack)
     result = absl::DeadlineExceededError("deadline exceeded");
   if (metrics_ != nullptr) {
     metrics_->OnRequestEnd(static_cast<grpc::StatusCode>(result.code()));
@@ -118,20 +188,37 @@ absl::Status GatewayService::Run(const mer::v1::GenerateRequest& request, Genera
   return result;
 }
 
-absl::Status GatewayService::GenerateImpl(const mer::v1::GenerateRequest& request, GenerateSink& sink,
-                                          absl::Time deadline, absl::Time start) {
+absl::Status GatewayService::GenerateImpl(RequestReader read, GenerateSink& sink, absl::Time client_deadline,
+                                          absl::Time start) {
   const auto t0 = std::chrono::steady_clock::now();
   if (shutting_down_.load()) return absl::UnavailableError("mer-gateway is shutting down");
   const std::shared_ptr<const ServedModel> model = compute_.model();
   if (model == nullptr) return absl::UnavailableError("mer-compute is not available");
+  RETURN_IF_ERROR(compute_.serving());
   const pb::Info& info = model->info;
-  const ModelLimits limits{info.vocab_size(), info.max_context_tokens(), info.kv_budget_tokens()};
-  ASSIGN_OR_RETURN(ValidatedRequest v,
-                   ValidateGenerateRequest(request, model->tokenizer, limits, options_.limits));
+  const ModelLimits limits{info.vocab_size(), info.max_context_tokens(), info.kv_budget_tokens(),
+                           model->max_token_bytes};
 
+  // The client's deadline, or the server's own bound on a call, whichever comes first.
+  const absl::Time deadline = std::min(client_deadline, start + options_.max_call_duration);
+  const auto past_deadline = [&] {
+    if (client_deadline <= deadline) return absl::DeadlineExceededError("deadline exceeded while generating");
+    return absl::DeadlineExceededError(absl::StrCat(
+        "the call reached the server's maximum call duration (",
+        absl::FormatDuration(options_.max_call_duration), ", mer-gateway --max-call-seconds)"));
+  };
   uint64_t watch;
-  Watched* watched = Watch(&sink, &watch);
+  Watched* watched = Watch([&sink] { return sink.ClientGone(); }, &watch);
   absl::Cleanup unwatch = [this, watch] { Unwatch(watch); };
+  ValidatedRequest v;
+  {
+    // The intake: the request's bytes, its message and its tokenization live only in here.
+    RETURN_IF_ERROR(BeginIntake(&watched->cancelled, deadline));
+    absl::Cleanup end_intake = [this] { EndIntake(); };
+    mer::v1::GenerateRequest storage;
+    ASSIGN_OR_RETURN(const mer::v1::GenerateRequest* request, read(&storage));
+    ASSIGN_OR_RETURN(v, ValidateGenerateRequest(*request, model->tokenizer, limits, options_.limits));
+  }
   RETURN_IF_ERROR(scheduler_.Admit(v.priority, v.kv_tokens, deadline, &watched->cancelled));
   absl::Cleanup release = [this, &v] { scheduler_.Release(v.kv_tokens); };
   const double queue_seconds = Since(t0);
@@ -142,7 +229,7 @@ absl::Status GatewayService::GenerateImpl(const mer::v1::GenerateRequest& reques
   }
 
   grpc::ClientContext call;
-  if (deadline != absl::InfiniteFuture()) call.set_deadline(absl::ToChronoTime(deadline));
+  call.set_deadline(absl::ToChronoTime(deadline));
   SetComputeCall(watched, &call);
   absl::Cleanup detach = [this, watched] { SetComputeCall(watched, nullptr); };  // before `call` goes
   std::unique_ptr<grpc::ClientReader<pb::GenerateResponse>> reader = compute_.stub().Generate(&call, v.compute);
@@ -205,7 +292,7 @@ absl::Status GatewayService::GenerateImpl(const mer::v1::GenerateRequest& reques
   if (metrics_ != nullptr) metrics_->AddGeneratedTokens(completion);
   if (stopped) finish = mer::v1::FINISH_REASON_STOP;
   if (finish == mer::v1::FINISH_REASON_UNSPECIFIED) {
-    if (absl::Now() >= deadline) return absl::DeadlineExceededError("deadline exceeded while generating");
+    if (absl::Now() >= deadline) return past_deadline();
     if (client_gone || watched->cancelled.load() || sink.ClientGone())
       return absl::CancelledError("cancelled by the client");
     if (shutting_down_.load()) {
@@ -244,15 +331,36 @@ absl::Status GatewayService::GenerateImpl(const mer::v1::GenerateRequest& reques
   return absl::OkStatus();
 }
 
-grpc::Status GatewayService::Tokenize(grpc::ServerContext*, const mer::v1::TokenizeRequest* request,
-                                      mer::v1::TokenizeResponse* response) {
-  return ToGrpcStatus(TokenizeImpl(*request, response));
+grpc::Status GatewayService::TokenizeStreamed(grpc::ServerContext* context, TokenizeStream* stream) {
+  return ToGrpcStatus(TokenizeStreamedImpl(context, stream));
+}
+
+absl::Status GatewayService::TokenizeStreamedImpl(grpc::ServerContext* context, TokenizeStream* stream) {
+  if (compute_.model() == nullptr) return absl::UnavailableError("mer-compute is not available");
+  uint64_t watch;
+  Watched* watched = Watch([context] { return context->IsCancelled(); }, &watch);
+  absl::Cleanup unwatch = [this, watch] { Unwatch(watch); };
+  mer::v1::TokenizeResponse response;
+  {
+    RETURN_IF_ERROR(BeginIntake(&watched->cancelled, absl::FromChrono(context->deadline())));
+    absl::Cleanup end_intake = [this] { EndIntake(); };
+    std::vector<grpc::Slice> slices;
+    std::string joined;
+    ASSIGN_OR_RETURN(const absl::string_view wire, ReadRequest(context, stream, &slices, &joined));
+    ASSIGN_OR_RETURN(const mer::v1::TokenizeRequest request, ParseTokenizeRequest(wire));
+    RETURN_IF_ERROR(TokenizeImpl(request, &response));
+  }
+  if (!stream->Write(response)) return absl::CancelledError("cancelled by the client");
+  return absl::OkStatus();
 }
 
 absl::Status GatewayService::TokenizeImpl(const mer::v1::TokenizeRequest& request,
                                           mer::v1::TokenizeResponse* response) {
   const std::shared_ptr<const ServedModel> model = compute_.model();
   if (model == nullptr) return absl::UnavailableError("mer-compute is not available");
+  if (static_cast<int64_t>(request.text().size()) > options_.limits.max_prompt_bytes)
+    return absl::InvalidArgumentError(absl::StrCat("text: ", request.text().size(), " bytes; at most ",
+                                                   options_.limits.max_prompt_bytes));
   const std::vector<int32_t> ids = model->tokenizer.Encode(request.text(), true, request.add_special());
   response->mutable_token_ids()->Add(ids.begin(), ids.end());
   return absl::OkStatus();

@@ -1,5 +1,6 @@
 #include "services/gateway/http_api.h"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <ctime>
@@ -298,6 +299,49 @@ class StreamSink final : public GenerateSink {
   bool first_ = true;
 };
 
+// A turn in the gateway's intake (GatewayService::BeginIntake), given back when this goes.
+class IntakeTurn {
+ public:
+  explicit IntakeTurn(GatewayService& service) : service_(service) {}
+  ~IntakeTurn() { End(); }
+  IntakeTurn(const IntakeTurn&) = delete;
+  IntakeTurn& operator=(const IntakeTurn&) = delete;
+  absl::Status Begin() {
+    RETURN_IF_ERROR(service_.BeginIntake(nullptr, absl::Now() + service_.options().max_call_duration));
+    held_ = true;
+    return absl::OkStatus();
+  }
+  void End() {
+    if (held_) service_.EndIntake();
+    held_ = false;
+  }
+
+ private:
+  GatewayService& service_;
+  bool held_ = false;
+};
+
+// Reads the request body with `content` (into a buffer of its Content-Length): false, with the
+// error response set, when it cannot be read or is longer than max_body_bytes (httplib's payload
+// limit; it answers 413 then).
+bool ReadBody(const httplib::Request& req, const httplib::ContentReader& content, size_t max_body_bytes,
+              httplib::Response& res, std::string* body) {
+  if (size_t length = 0; absl::SimpleAtoi(req.get_header_value("Content-Length"), &length))
+    body->reserve(std::min(length, max_body_bytes));
+  if (content([body](const char* data, size_t n) {
+        body->append(data, n);
+        return true;
+      }))
+    return true;
+  if (res.status == 413) {
+    res.set_content(openai::ErrorBody("the request body is too large", "invalid_request_error", ""), kJson);
+  } else {
+    res.status = 400;
+    res.set_content(openai::ErrorBody("the request body cannot be read", "invalid_request_error", ""), kJson);
+  }
+  return false;
+}
+
 absl::Status ParseListen(const std::string& listen, std::string* host, int* port) {
   const size_t colon = listen.rfind(':');
   if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), port) || *port < 0 || *port > 65535)
@@ -387,8 +431,10 @@ void HttpApi::Routes() {
     res.set_content(openai::ErrorBody("internal error", "server_error", ""), kJson);
   });
 
+  // The gRPC health status's signal: mer-compute is up and can generate (its mer-residency is
+  // reachable).
   s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    if (compute_.model() == nullptr) return SendError(res, absl::UnavailableError("mer-compute is not available"));
+    if (absl::Status st = compute_.serving(); !st.ok()) return SendError(res, st);
     res.set_content(R"({"status":"ok"})", kJson);
   });
 
@@ -400,10 +446,14 @@ void HttpApi::Routes() {
     res.set_content(Json{{"object", "list"}, {"data", Json::array({m})}}.dump(), kJson);
   });
 
-  s.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+  s.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& content) {
     const std::shared_ptr<const ServedModel> model = compute_.model();
     if (model == nullptr) return SendError(res, absl::UnavailableError("mer-compute is not available"));
-    const Json body = Json::parse(req.body, nullptr, false);
+    IntakeTurn turn(service_);
+    if (absl::Status st = turn.Begin(); !st.ok()) return SendError(res, st);
+    std::string raw;
+    if (!ReadBody(req, content, options_.max_body_bytes, res, &raw)) return;
+    const Json body = Json::parse(raw, nullptr, false);
     if (body.is_discarded() || !body.is_object()) return SendError(res, absl::InvalidArgumentError("body: not a JSON object"));
     // vLLM's "prompt" or llama-server's "content"; "add_special_tokens" (vLLM) or "add_special".
     const auto text = body.contains("prompt") ? body.find("prompt") : body.find("content");
@@ -424,8 +474,12 @@ void HttpApi::Routes() {
     res.set_content(Json{{"tokens", ids}, {"count", ids.size()}, {"max_model_len", model->info.max_context_tokens()}}.dump(), kJson);
   });
 
-  s.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
-    const Json body = Json::parse(req.body, nullptr, false);
+  s.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& content) {
+    IntakeTurn turn(service_);
+    if (absl::Status st = turn.Begin(); !st.ok()) return SendError(res, st);
+    std::string raw;
+    if (!ReadBody(req, content, options_.max_body_bytes, res, &raw)) return;
+    const Json body = Json::parse(raw, nullptr, false);
     if (body.is_discarded() || !body.is_object()) return SendError(res, absl::InvalidArgumentError("body: not a JSON object"));
     const auto tokens = body.find("tokens");
     if (tokens == body.end() || !tokens->is_array()) return SendError(res, absl::InvalidArgumentError("tokens: must be an array of token ids"));
@@ -443,13 +497,22 @@ void HttpApi::Routes() {
   });
 
   auto generate = [this](openai::Endpoint endpoint) {
-    return [this, endpoint](const httplib::Request& req, httplib::Response& res) {
-      absl::StatusOr<openai::ParsedRequest> parsed = openai::ParseRequest(endpoint, req.body, options_.limits);
-      if (!parsed.ok()) return SendError(res, parsed.status());
+    return [this, endpoint](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& content) {
+      // The body is read, parsed, rendered and tokenized in an intake turn, as gRPC's requests
+      // are; what outlives the turn is the choices' token ids.
+      IntakeTurn turn(service_);
+      if (absl::Status st = turn.Begin(); !st.ok()) return SendError(res, st);
       auto job = std::make_shared<Job>();
-      job->parsed = std::move(*parsed);
+      {
+        std::string body;
+        if (!ReadBody(req, content, options_.max_body_bytes, res, &body)) return;
+        absl::StatusOr<openai::ParsedRequest> parsed = openai::ParseRequest(endpoint, body, options_.limits);
+        if (!parsed.ok()) return SendError(res, parsed.status());
+        job->parsed = std::move(*parsed);
+      }
       job->model = compute_.model();
       if (job->model == nullptr) return SendError(res, absl::UnavailableError("mer-compute is not available"));
+      if (absl::Status st = compute_.serving(); !st.ok()) return SendError(res, st);
       job->model_id = ModelId(*job->model);
       if (!job->parsed.model.empty() && job->parsed.model != job->model_id)
         return SendError(res, absl::NotFoundError(absl::StrCat("The model `", job->parsed.model,
@@ -460,14 +523,14 @@ void HttpApi::Routes() {
       const int32_t ctx = job->model->info.max_context_tokens();
 
       // The prompts, as token ids.
-      std::vector<mer::v1::GenerateRequest> prompts = job->parsed.prompts;
+      std::vector<mer::v1::GenerateRequest> prompts = std::move(job->parsed.prompts);
       bool reasoning = false, opens_reasoning = false;
       if (job->chat()) {
         absl::StatusOr<std::shared_ptr<const ChatTemplate>> t = TemplateFor(*job->model);
         if (!t.ok()) return SendError(res, t.status());
         ChatTemplateInputs in;
-        in.messages = job->parsed.messages;
-        in.tools = job->parsed.tools;
+        in.messages = std::move(job->parsed.messages);
+        in.tools = std::move(job->parsed.tools);
         in.add_generation_prompt = job->parsed.add_generation_prompt;
         in.enable_thinking = job->parsed.enable_thinking;
         in.extra = job->parsed.chat_template_kwargs;
@@ -480,14 +543,29 @@ void HttpApi::Routes() {
         prompts.emplace_back().set_text(*prompt);
       }
       std::mt19937_64 seeds(std::random_device{}());
-      const ModelLimits limits{job->model->info.vocab_size(), ctx, job->model->info.kv_budget_tokens()};
+      const ModelLimits limits{job->model->info.vocab_size(), ctx, job->model->info.kv_budget_tokens(),
+                               job->model->max_token_bytes};
+      const RequestLimits& request_limits = service_.options().limits;
+      // A message as the gRPC path words it, with the API's names for the fields.
+      auto bad_request = [&](size_t p, const absl::Status& st) {
+        const std::string prefix = job->chat() ? "" : (prompts.size() > 1 ? absl::StrCat("prompt[", p, "]: ") : "");
+        std::string message(st.message());
+        if (message.rfind("max_new_tokens:", 0) == 0) message.replace(0, 14, "max_tokens");
+        return SendError(res, absl::Status(st.code(), prefix + message));
+      };
       for (size_t p = 0; p < prompts.size(); ++p) {
         mer::v1::GenerateRequest g = job->parsed.options;
         std::vector<int32_t> ids;
         if (prompts[p].has_text()) {
+          // Bounded before the tokenizer's working set is allocated (request_validation.h).
+          // (A chat prompt that starts with BOS keeps no other: no BOS counted for chat.)
+          const bool bos = tok.add_bos() && tok.bos_id() >= 0;
+          if (absl::Status st = CheckPromptText(prompts[p].text(), bos && !job->chat(), limits, request_limits);
+              !st.ok())
+            return bad_request(p, st);
           // A chat prompt carries its own special tokens (the template wrote them); BOS only
           // where the vocabulary asks for it and the text does not start with it.
-          if (tok.add_bos() && tok.bos_id() >= 0) ids.push_back(tok.bos_id());
+          if (bos) ids.push_back(tok.bos_id());
           const std::vector<int32_t> text = tok.Encode(prompts[p].text(), /*parse_special=*/true);
           if (job->chat() && !text.empty() && !ids.empty() && text[0] == ids[0]) ids.clear();
           ids.insert(ids.end(), text.begin(), text.end());
@@ -507,17 +585,14 @@ void HttpApi::Routes() {
           c->count_prompt = i == 0;
           if (reasoning) c->reasoning = std::make_unique<ReasoningStream>(opens_reasoning);
           // Checked now, so that a bad request gets its 400 before a stream starts.
-          absl::StatusOr<ValidatedRequest> v = ValidateGenerateRequest(c->request, tok, limits);
-          if (!v.ok()) {
-            const std::string prefix = job->chat() ? "" : (prompts.size() > 1 ? absl::StrCat("prompt[", p, "]: ") : "");
-            std::string message(v.status().message());
-            // The API's names for the gRPC fields.
-            if (message.rfind("max_new_tokens:", 0) == 0) message.replace(0, 14, "max_tokens");
-            return SendError(res, absl::InvalidArgumentError(prefix + message));
-          }
+          absl::StatusOr<ValidatedRequest> v = ValidateGenerateRequest(c->request, tok, limits, request_limits);
+          if (!v.ok()) return bad_request(p, v.status());
           job->choices.push_back(std::move(c));
         }
       }
+      // Only the choices' requests (token ids) are needed from here on.
+      prompts.clear();
+      turn.End();
 
       if (!job->parsed.stream) {
         std::vector<std::thread> threads;

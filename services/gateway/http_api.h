@@ -11,7 +11,14 @@
 // Errors are OpenAI's JSON {"error": {"message", "type", "param", "code"}}: 400 for a bad request
 // (invalid JSON, wrong types, values out of range, naming the parameter), 404 for an unknown model
 // or route, 413 for a body over max_body_bytes, 429 when the queue is full, 503 while mer-compute
-// is down. A stream that fails after its first event ends with an error event and "[DONE]".
+// is down or cannot generate (its mer-residency is unreachable: /health says 503 then too, as the
+// gRPC health status says NOT_SERVING), 504 past the gateway's maximum call duration. A stream
+// that fails after its first event ends with an error event and "[DONE]".
+//
+// Memory: a request's body is read (with a content reader, not before the handler runs), parsed,
+// rendered and tokenized in an intake turn of the GatewayService (BeginIntake), so the HTTP API
+// holds as few request bodies and tokenizations at once as the gRPC API; a text prompt is checked
+// against the context before it is tokenized (CheckPromptText).
 //
 // Threads: httplib's pool (http_threads) serves connections, one request at a time each; a
 // streaming request runs each of its choices on a thread of its own, so that the handler can
@@ -42,7 +49,7 @@ namespace mer::gateway {
 struct HttpApiOptions {
   std::string listen = "127.0.0.1:8080";  // HOST:PORT; port 0 picks a free one
   std::string served_model_name;          // the model's id in the API; empty: its general.name
-  size_t max_body_bytes = 8 << 20;        // larger request bodies get 413
+  size_t max_body_bytes = 8 << 20;        // larger request bodies get 413 (mer-gateway: 2 x --max-request-bytes)
   int http_threads = 64;                  // connections served at once
   openai::Limits limits;
 };

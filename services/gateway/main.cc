@@ -1,6 +1,8 @@
 // mer-gateway: the public gRPC API of mer (proto/mer/v1/mer.proto) and the OpenAI-compatible HTTP
 // API (http_api.h), in front of mer-compute's internal API on a unix socket; plus grpc.health.v1,
 // server reflection and /metrics for the host.
+#include <malloc.h>
+
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -34,17 +36,24 @@ constexpr char kHelp[] =
     R"(usage: mer-gateway --compute unix:PATH [--listen HOST:PORT] [--http-listen HOST:PORT|off]
                    [--served-model-name NAME] [--metrics-listen HOST:PORT|off]
                    [--compute-metrics URL] [--residency-metrics URL] [--max-queue N]
+                   [--max-request-bytes N] [--max-call-seconds N]
 
-Serves mer's public gRPC API (mer.v1.Mer: Generate, Tokenize, GetModelInfo; grpc.health.v1;
-server reflection) on --listen (default 127.0.0.1:50051; port 0 picks a free one, printed on
-stderr as "listening on HOST:PORT") for the mer-compute daemon at unix:PATH. The tokenizer comes
-from mer-compute. Up to --max-queue (default 256) Generate calls wait for a sequence slot; more
-get RESOURCE_EXHAUSTED. While mer-compute is down calls get UNAVAILABLE and the health status is
-NOT_SERVING; it is polled and used again as soon as it answers. The OpenAI-compatible HTTP API
-(/v1/completions, /v1/chat/completions, /v1/models, /health, /tokenize, /detokenize) is served
-on --http-listen (default 127.0.0.1:8080; port 0 picks a free one, printed as "http: URL"; off
-serves none), under the model id --served-model-name (default: the model's general.name), from
-the same queue as the gRPC API. Prometheus metrics are served on
+Serves mer's public gRPC API (mer.v1.Mer: Generate, Tokenize, Detokenize, GetModelInfo;
+grpc.health.v1; server reflection) on --listen (default 127.0.0.1:50051; port 0 picks a free one,
+printed on stderr as "listening on HOST:PORT") for the mer-compute daemon at unix:PATH. The
+tokenizer comes from mer-compute. Up to --max-queue (default 256) Generate calls wait for a
+sequence slot; more get RESOURCE_EXHAUSTED. A request message may hold at most
+--max-request-bytes (default 4 MiB; a text prompt at most as much; an HTTP request body twice as
+much, for JSON's escapes); at most 4 requests are read, checked and tokenized at once, over both
+APIs, so the gateway's memory stays bounded whatever clients send. A generation lasts at most
+--max-call-seconds (default 600), whatever deadline its client set, or none: then it ends with
+DEADLINE_EXCEEDED (HTTP 504). While mer-compute is down, or reports that it cannot generate (its
+mer-residency is unreachable), calls get UNAVAILABLE (HTTP 503) naming the cause and the health
+status is NOT_SERVING (HTTP /health 503); compute is polled and used again as soon as it answers.
+The OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models, /health,
+/tokenize, /detokenize) is served on --http-listen (default 127.0.0.1:8080; port 0 picks a free
+one, printed as "http: URL"; off serves none), under the model id --served-model-name (default:
+the model's general.name), from the same queue as the gRPC API. Prometheus metrics are served on
 http://HOST:PORT/metrics (default 127.0.0.1:0, printed as "metrics: URL"; off serves none), with
 the pages of --compute-metrics and --residency-metrics (their /metrics URLs) merged in, each
 series labelled daemon="gateway", "compute" or "residency".
@@ -56,6 +65,8 @@ struct Args {
   std::string http_listen = "127.0.0.1:8080", served_model_name;
   std::string compute_metrics, residency_metrics;
   int64_t max_queue = 256;
+  int64_t max_request_bytes = 4 << 20;
+  int64_t max_call_seconds = 600;
 };
 
 absl::Status ParseArgs(int argc, char** argv, Args* a) {
@@ -63,7 +74,7 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
                    mer::Flags::ParseMain(argc, argv,
                                          {"compute", "listen", "http-listen", "served-model-name",
                                           "metrics-listen", "compute-metrics", "residency-metrics",
-                                          "max-queue"},
+                                          "max-queue", "max-request-bytes", "max-call-seconds"},
                                          {}));
   a->compute = f.String("compute");
   a->listen = f.String("listen", a->listen);
@@ -73,6 +84,10 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
   a->compute_metrics = f.String("compute-metrics");
   a->residency_metrics = f.String("residency-metrics");
   ASSIGN_OR_RETURN(a->max_queue, f.IntInRange("max-queue", a->max_queue, 0, 1000000));
+  ASSIGN_OR_RETURN(a->max_request_bytes,
+                   f.IntInRange("max-request-bytes", a->max_request_bytes, 1024, int64_t{1} << 30));
+  ASSIGN_OR_RETURN(a->max_call_seconds,
+                   f.IntInRange("max-call-seconds", a->max_call_seconds, 1, int64_t{30} * 24 * 3600));
   if (a->compute.rfind("unix:", 0) != 0 || a->compute.size() <= 5)
     return absl::InvalidArgumentError("--compute unix:PATH is required");
   for (const std::string* url : {&a->compute_metrics, &a->residency_metrics}) {
@@ -84,6 +99,12 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
 
 absl::Status Main(const Args& a) {
   using namespace mer::gateway;
+  // Request buffers (bodies, messages, prompts: up to a few MB each) are mapped for themselves
+  // and unmapped when freed. glibc's default threshold grows to the largest freed block, after
+  // which such buffers come from per-thread arenas that keep them: after 64 concurrent 4 MB
+  // prompts over HTTP (64 server threads) the gateway then stayed at 240-330 MB; with a fixed
+  // threshold its peak is 80-115 MB and it returns to 25-55 MB (gateway_memory_test.sh).
+  mallopt(M_MMAP_THRESHOLD, 256 << 10);
   GatewayMetricsOptions mo;
   mo.version = MER_VERSION;
   mo.compute_metrics_url = a.compute_metrics;
@@ -113,13 +134,22 @@ absl::Status Main(const Args& a) {
                  i.architecture().c_str(), i.name().c_str(), i.vocab_size(), i.max_sequences(),
                  i.max_context_tokens(), static_cast<long long>(i.kv_budget_tokens()));
   });
-  GatewayService service(compute, scheduler, &metrics);
+  GatewayOptions go;
+  go.limits.max_prompt_bytes = a.max_request_bytes;
+  go.max_call_duration = absl::Seconds(a.max_call_seconds);
+  GatewayService service(compute, scheduler, &metrics, go);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(a.listen, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(a.max_request_bytes));
+  // A call's request stays with its client until the call's intake reads it: without BDP
+  // probing, HTTP/2 flow control holds each stream to its default window (64 KiB) until then,
+  // instead of growing the windows until 64 concurrent 4 MB requests lie here unread
+  // (gateway_memory_test.sh: peak RSS 85-90 MB without, 220-250 MB with).
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) return absl::UnavailableError(absl::StrCat("cannot listen on ", a.listen));
@@ -130,6 +160,7 @@ absl::Status Main(const Args& a) {
     HttpApiOptions ho;
     ho.listen = a.http_listen;
     ho.served_model_name = a.served_model_name;
+    ho.max_body_bytes = 2 * static_cast<size_t>(a.max_request_bytes);
     ASSIGN_OR_RETURN(http, HttpApi::Start(service, compute, ho));
     std::fprintf(stderr, "http: http://%s:%d\n", http->host().c_str(), http->port());
   }
@@ -147,11 +178,13 @@ absl::Status Main(const Args& a) {
   mer::systemd::WatchdogPacer watchdog;
   int serving = -1;
   while (!mer::StopRequested().load()) {
-    const int up = compute.model() != nullptr ? 1 : 0;
+    // Serving: mer-compute answers and can generate (its mer-residency is reachable).
+    const absl::Status can = compute.serving();
+    const int up = can.ok() ? 1 : 0;
     if (up != serving && health != nullptr) {
       health->SetServingStatus(up == 1);
       health->SetServingStatus("mer.v1.Mer", up == 1);
-      mer::systemd::NotifyStatus(up == 1 ? "serving" : "mer-compute unavailable");
+      mer::systemd::NotifyStatus(up == 1 ? "serving" : std::string(can.message()));
       serving = up;
     }
     watchdog.MaybePing([] { return true; });  // this loop turning is the liveness

@@ -1,6 +1,8 @@
 #include "services/gateway/text_stream.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 
 namespace mer::gateway {
 namespace {
@@ -37,14 +39,25 @@ int CharLength(absl::string_view s) {
 
 }  // namespace
 
-bool IsValidUtf8(absl::string_view s) {
-  for (size_t i = 0; i < s.size();) {
+size_t Utf8ErrorOffset(absl::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    // ASCII runs, the common case, a word at a time.
+    while (i + 8 <= s.size()) {
+      uint64_t word;
+      std::memcpy(&word, s.data() + i, 8);
+      if ((word & 0x8080808080808080ull) != 0) break;
+      i += 8;
+    }
+    if (i == s.size()) break;
     const int n = CharLength(s.substr(i));
-    if (n <= 0) return false;
+    if (n <= 0) return i;
     i += n;
   }
-  return true;
+  return s.size();
 }
+
+bool IsValidUtf8(absl::string_view s) { return Utf8ErrorOffset(s) == s.size(); }
 
 TextStream::TextStream(std::vector<std::string> stops) : stops_(std::move(stops)) {
   stops_.erase(std::remove(stops_.begin(), stops_.end(), std::string()), stops_.end());

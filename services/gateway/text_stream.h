@@ -50,5 +50,8 @@ class TextStream {
 
 // Whether `s` is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
 bool IsValidUtf8(absl::string_view s);
+// The offset of the first byte of `s` that is not part of a well-formed character (a truncated
+// character at the end counts), or s.size() when `s` is valid UTF-8.
+size_t Utf8ErrorOffset(absl::string_view s);
 
 }  // namespace mer::gateway

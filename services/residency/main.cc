@@ -19,6 +19,7 @@
 #include "common/systemd/sd_notify.h"
 #include "services/residency/daemon/host_pinning.h"
 #include "services/residency/daemon/residency_daemon.h"
+#include "services/residency/io/fault_injecting_io_engine.h"
 #include "services/residency/metrics/residency_metrics.h"
 
 namespace {
@@ -28,12 +29,14 @@ constexpr char kHelp[] =
                      [--io auto|uring|pread] [--policy lru|lfu|arc] [--prefetch]
                      [--io-inflight N] [--prefetch-inflight N] [--stats-interval SECONDS]
                      [--take-over] [--metrics-listen HOST:PORT|off] [--pin auto|off]
+                     [--io-faults SPEC]
 
 Serves the experts of STORE_DIR (written by `mer pack`) to `mer generate --residency NAME`
-through the shared-memory segment /dev/shm/NAME. --ram-budget is bytes (suffixes K, M, G, T:
-powers of 1024) or a percentage of all experts' bytes ("10%"); the RAM tier holds budget /
-blob size slots (at least one; compute acquires a layer's experts in groups of half the slots).
-With --pin auto (the default) the RAM tier is page-locked with cudaHostRegister when a GPU and
+through the shared-memory segment /dev/shm/NAME, made by this user, mode 0660 (if another user
+holds that name, /dev/shm/NAME.<16 hex digits> instead, which mer-compute finds by its owner).
+--ram-budget is bytes (suffixes K, M, G, T: powers of 1024) or a percentage of all experts'
+bytes ("10%"); the RAM tier holds budget / blob size slots (at least one; compute acquires a
+layer's experts in groups of half the slots). With --pin auto (the default) the RAM tier is page-locked with cudaHostRegister when a GPU and
 the CUDA runtime are present (uploads to VRAM then run at the pinned rate); the log says whether
 it was. When mer-compute exports its VRAM expert arena over CUDA IPC (--vram-arena residency,
 its default with --backend cuda), this daemon fills it: uploads from the RAM tier on demand and
@@ -42,7 +45,10 @@ saying so). Under systemd (Type=notify) it reports READY once serving and pings 
 its loop turns. Counters go to stderr at exit and,
 with --stats-interval, periodically. Prometheus metrics (docs/metrics.md) are served on
 http://HOST:PORT/metrics (default 127.0.0.1:0: a free port, printed on stderr as
-"metrics: http://127.0.0.1:PORT/metrics"); --metrics-listen off serves none.
+"metrics: http://127.0.0.1:PORT/metrics"); --metrics-listen off serves none. --io-faults (for
+soak tests) injects faults into the store's reads, e.g. "seed=7,eio=0.01,short=0.05,flip=0.002":
+per chunk read, the probability of an EIO, a short read, a flipped bit (and delay, delay_ms);
+what fired is printed at exit.
 )";
 
 
@@ -50,6 +56,7 @@ struct Args {
   std::string store, instance, budget, io = "auto", policy = "lru";
   std::string metrics_listen = "127.0.0.1:0";
   std::string pin = "auto";
+  std::string io_faults;
   bool prefetch = false, take_over = false;
   int64_t io_inflight = 16, prefetch_inflight = 2;
   double stats_interval = 0;
@@ -60,7 +67,7 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
                    mer::Flags::ParseMain(argc, argv,
                                          {"store", "instance", "ram-budget", "io", "policy",
                                           "metrics-listen", "pin", "io-inflight",
-                                          "prefetch-inflight", "stats-interval"},
+                                          "prefetch-inflight", "stats-interval", "io-faults"},
                                          {"prefetch", "take-over"}));
   a->store = f.String("store");
   a->instance = f.String("instance");
@@ -71,6 +78,7 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
   ASSIGN_OR_RETURN(a->pin, f.OneOf("pin", a->pin, {"auto", "off"}));
   a->prefetch = f.Has("prefetch");
   a->take_over = f.Has("take-over");
+  a->io_faults = f.String("io-faults");
   ASSIGN_OR_RETURN(a->io_inflight, f.IntInRange("io-inflight", a->io_inflight, 1, 4096));
   ASSIGN_OR_RETURN(a->prefetch_inflight, f.IntInRange("prefetch-inflight", a->prefetch_inflight, 0, 4096));
   ASSIGN_OR_RETURN(a->stats_interval, f.Double("stats-interval", a->stats_interval));
@@ -119,12 +127,25 @@ absl::Status Main(const Args& a) {
   IoEngineOptions io;
   io.io_inflight_max = o.io_inflight_max;
   ASSIGN_OR_RETURN(CreatedIoEngine engine, CreateIoEngine(kind, io));
+  FaultInjectingIoEngine* faults = nullptr;
+  if (!a.io_faults.empty()) {
+    ASSIGN_OR_RETURN(const FaultInjectionOptions fo, ParseFaultInjectionSpec(a.io_faults));
+    ASSIGN_OR_RETURN(std::unique_ptr<FaultInjectingIoEngine> injector,
+                     FaultInjectingIoEngine::Create(std::move(engine.engine), fo));
+    faults = injector.get();
+    engine.engine = std::move(injector);
+  }
 
   shm::CreateOptions co;
   co.geometry = DaemonGeometry(*store, o);
   co.take_over_live = a.take_over;
   ASSIGN_OR_RETURN(std::unique_ptr<shm::ShmSegment> segment,
                    shm::ShmSegment::Create(a.instance, co));
+  if (segment->name() != a.instance)
+    std::fprintf(stderr,
+                 "mer-residency: /dev/shm/%s belongs to another user and is left alone; serving as "
+                 "/dev/shm/%s (mer-compute finds it by its owner)\n",
+                 a.instance.c_str(), segment->name().c_str());
   ASSIGN_OR_RETURN(std::unique_ptr<ResidencyDaemon> daemon,
                    ResidencyDaemon::Create(*store, segment.get(), std::move(engine.engine),
                                            store->experts_fd(), o));
@@ -180,6 +201,15 @@ absl::Status Main(const Args& a) {
   watchdog_stop = true;
   if (watchdog.joinable()) watchdog.join();
   std::fprintf(stderr, "mer-residency: counters %s\n", FormatCounters(daemon->Snapshot()).c_str());
+  if (faults != nullptr) {
+    const FaultStats& f = faults->fault_stats();
+    std::fprintf(stderr,
+                 "mer-residency: injected faults: reads=%llu errors=%llu short_reads=%llu bit_flips=%llu "
+                 "delays=%llu\n",
+                 static_cast<unsigned long long>(f.reads), static_cast<unsigned long long>(f.errors),
+                 static_cast<unsigned long long>(f.short_reads), static_cast<unsigned long long>(f.bit_flips),
+                 static_cast<unsigned long long>(f.delays));
+  }
   metrics.reset();  // before the daemon its snapshots come from
   daemon.reset();
   pinning.reset();  // unregisters the pool before the segment is unmapped

@@ -1,8 +1,41 @@
-# Helpers shared by the integration test scripts (sourced). A script sets FAILURES=0 first and
-# exits non-zero when it is not 0 at the end.
+# Helpers shared by the integration test scripts (sourced). A script sets FAILURES=0 first (or
+# calls setup_work) and exits non-zero when it is not 0 at the end (finish).
 
 # fail MESSAGE: records a failure and goes on.
 fail() { echo "FAIL: $*"; FAILURES=$((FAILURES + 1)); }
+
+# setup_work NAME: a scratch directory WORK, a prefix TAG for the test's /dev/shm segments, the
+# list PIDS of processes to kill at exit, FAILURES=0, and an EXIT trap that cleans all of it up
+# (SIGCONT before SIGKILL: a stopped process must go too).
+setup_work() {
+  WORK=$(mktemp -d "${TMPDIR:-/tmp}/mer_$1.XXXXXX")
+  TAG="mer-$1-$$"
+  PIDS=()
+  FAILURES=0
+  trap cleanup_work EXIT
+}
+cleanup_work() {
+  for p in "${PIDS[@]}"; do kill -CONT "$p" 2>/dev/null; kill -KILL "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+  rm -f /dev/shm/"${TAG}"* 2>/dev/null
+  rm -rf "$WORK"
+}
+
+# finish: the script's exit, by FAILURES.
+finish() {
+  if [ "$FAILURES" -ne 0 ]; then echo "$FAILURES failure(s)"; exit 1; fi
+  echo "all passed"
+  exit 0
+}
+
+# wait_log LOG PATTERN PID: until LOG has PATTERN (10 s), or the process died.
+wait_log() {
+  for _ in $(seq 1 200); do
+    grep -q "$2" "$1" 2>/dev/null && return 0
+    kill -0 "$3" 2>/dev/null || break
+    sleep 0.05
+  done
+  echo "no '$2' in $1:"; cat "$1"; return 1
+}
 
 # metrics_url LOG: the /metrics URL a daemon printed ("metrics: http://H:P/metrics").
 metrics_url() { grep -o 'metrics: http://[^ ]*' "$1" | head -1 | cut -d' ' -f2; }

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # usage: mer_up_test.sh MER
 # `mer up` as a developer uses it: on a fresh model it packs the store, starts the three daemons
-# and prints the gRPC address; `mer client` gets the same greedy ids as `mer generate --model`; a
-# SIGKILLed mer-compute is restarted and serving resumes; SIGTERM stops all three and mer up exits
-# 0; a second `mer up` reuses the packed store. Every wait is bounded; processes are cleaned up.
+# and prints the gRPC address once the gateway serves (health SERVING at once); `mer client` gets
+# the same greedy ids as `mer generate --model`; a SIGKILLed mer-compute is restarted and serving
+# resumes; SIGTERM stops all three and mer up exits 0; a second `mer up` reuses the packed store;
+# a SIGSTOPped (wedged) mer-compute misses its watchdog and is killed and restarted; a SIGKILLed
+# mer up leaves no daemon, segment or run directory behind. Every wait is bounded; processes are
+# cleaned up.
 set -u
 MER=$1
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/mer_up.XXXXXX")
@@ -17,20 +20,22 @@ cleanup() {
 trap cleanup EXIT
 source "$(dirname "$0")/lib.sh"
 
-# start_up LOG: runs mer up in the background, waits for its address; sets UPID and ADDR.
+# start_up LOG [mer up flags]: runs mer up in the background, waits for its address; sets UPID and ADDR.
 start_up() {
-  "$MER" up --model "$WORK/m.gguf" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --ram-budget 50% \
-    --threads 2 >"$1.out" 2>"$1.err" &
+  local log=$1; shift
+  "$MER" up --model "$WORK/m.gguf" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
+    --ram-budget 50% --threads 2 "$@" >"$log.out" 2>"$log.err" &
   UPID=$!
   ADDR=
   for _ in $(seq 1 600); do
-    ADDR=$(grep -o 'gRPC API *[0-9.]*:[0-9]*' "$1.out" 2>/dev/null | awk '{print $3}')
+    ADDR=$(grep -o 'gRPC API *[0-9.]*:[0-9]*' "$log.out" 2>/dev/null | awk '{print $3}')
     [ -n "$ADDR" ] && return 0
     kill -0 "$UPID" 2>/dev/null || break
     sleep 0.1
   done
-  echo "mer up did not come up:"; cat "$1.out" "$1.err"; return 1
+  echo "mer up did not come up:"; cat "$log.out" "$log.err"; return 1
 }
+health() { timeout 10 "$MER" client --addr "$ADDR" --health 2>/dev/null; }
 client() { timeout 60 "$MER" client --addr "$ADDR" --prompt-tokens 1,17,42,99,7,3 --max-tokens 24 \
              --ignore-eos --print-token-ids 2>>"$WORK/client.err"; }
 
@@ -39,6 +44,8 @@ want=$(timeout 60 "$MER" generate --model "$WORK/m.gguf" --prompt-tokens 1,17,42
          --ignore-eos --print-token-ids --threads 2 2>/dev/null)
 
 if start_up "$WORK/up1"; then
+  h=$(health)
+  [ "$h" == SERVING ] || fail "health right after the ready line: $h"
   grep -q "packing" "$WORK/up1.err" || fail "first mer up did not pack the store"
   got=$(client) || fail "mer client failed: $(tail -2 "$WORK/client.err")"
   [ -n "$want" ] && [ "$got" == "$want" ] || fail "ids through mer up differ: '$got' vs '$want'"
@@ -80,6 +87,39 @@ if start_up "$WORK/up2"; then
   echo "second mer up: reused the store, ids match=$([ "$got" == "$want" ] && echo yes || echo no), SIGINT exit $rc"
 else
   fail "second mer up"
+fi
+
+# A wedged mer-compute (SIGSTOP) sends no watchdog ping: mer up kills and restarts it.
+if start_up "$WORK/up3" --watchdog-seconds 2; then
+  cpid=$(pgrep -f "mer-compute --store $WORK/m.gguf.store" | head -1)
+  kill -STOP "$cpid"
+  for _ in $(seq 1 150); do grep -q "mer-compute exited" "$WORK/up3.err" && break; sleep 0.1; done
+  grep -q "mer up: mer-compute sent no watchdog ping for" "$WORK/up3.err" || fail "no watchdog kill: $(tail -3 "$WORK/up3.err")"
+  got=
+  for _ in $(seq 1 60); do got=$(client) && break; sleep 0.5; done
+  [ "$got" == "$want" ] || fail "after the watchdog restart: '$got'"
+  echo "compute SIGSTOPped: $(grep -o 'mer-compute sent no watchdog ping.*' "$WORK/up3.err" | head -1); served again=$([ "$got" == "$want" ] && echo yes || echo no)"
+  kill -TERM "$UPID"; wait "$UPID"; UPID=
+else
+  fail "mer up with a watchdog"
+fi
+
+# mer up SIGKILLed: its daemons stop and its segment and run directory go.
+if start_up "$WORK/up4"; then
+  kill -KILL "$UPID"; wait "$UPID" 2>/dev/null
+  upid=$UPID; UPID=
+  for _ in $(seq 1 150); do
+    n=$(pgrep -f "$WORK/m.gguf.store" | wc -l)
+    [ "$n" -eq 0 ] && ! ls /dev/shm/mer-up-$upid* >/dev/null 2>&1 && ! ls -d "${TMPDIR:-/tmp}"/mer-up-$upid-* >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  n=$(pgrep -f "$WORK/m.gguf.store" | wc -l)
+  [ "$n" -eq 0 ] || fail "$n daemon(s) still running 15 s after mer up was SIGKILLed"
+  ls /dev/shm/mer-up-$upid* >/dev/null 2>&1 && fail "segment left: $(ls /dev/shm/mer-up-$upid*)"
+  ls -d "${TMPDIR:-/tmp}"/mer-up-$upid-* >/dev/null 2>&1 && fail "run directory left: $(ls -d "${TMPDIR:-/tmp}"/mer-up-$upid-*)"
+  echo "mer up SIGKILLed: daemons left $n, segment and run directory removed"
+else
+  fail "mer up for the SIGKILL"
 fi
 
 if [ $FAILURES -ne 0 ]; then echo "$FAILURES failure(s)"; exit 1; fi

@@ -36,12 +36,7 @@ start_daemon() {
   ( exec "$RES" --store "$store" --instance "$inst" --ram-budget 10% "$@" >"$log" 2>&1 ) &
   DPID=$!
   PIDS+=("$DPID")
-  for _ in $(seq 1 200); do
-    grep -q "ready" "$log" 2>/dev/null && return 0
-    kill -0 "$DPID" 2>/dev/null || break
-    sleep 0.05
-  done
-  echo "daemon did not start:"; cat "$log"; return 1
+  wait_log "$log" "ready" "$DPID"
 }
 stop_daemon() {  # PID LOG: SIGTERM, wait (bounded), require the counters line
   local pid=$1 log=$2

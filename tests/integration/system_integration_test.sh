@@ -11,7 +11,7 @@
 #     calls get UNAVAILABLE; after the test restarts compute the gateway (never restarted) serves
 #     again with the same tokens. SIGKILL of residency mid-stream, restarted by the test: the
 #     streams in flight finish with their solo tokens (compute re-attaches); residency left down:
-#     UNAVAILABLE naming it after compute's 10 s re-attach timeout, then served again after restart;
+#     health NOT_SERVING and calls UNAVAILABLE naming it at once, then served again after restart;
 #  5. /metrics of each daemon and the gateway's merged page pass `promtool check metrics`, and
 #     the counters equal what the test did (requests by status, prompt and generated tokens);
 #  6. SIGTERM: a stream on a stopping gateway ends with finish_reason cancelled; compute exits 0
@@ -39,15 +39,6 @@ trap cleanup EXIT
 source "$(dirname "$0")/lib.sh"
 phase() { awk -v t0="$T0" -v now="$(date +%s.%N)" -v m="$*" 'BEGIN { printf "[%6.1fs] %s\n", now - t0, m }'; }
 
-# wait_log LOG PATTERN PID: until LOG has PATTERN (10 s), or the process died.
-wait_log() {
-  for _ in $(seq 1 200); do
-    grep -q "$2" "$1" 2>/dev/null && return 0
-    kill -0 "$3" 2>/dev/null || break
-    sleep 0.05
-  done
-  echo "no '$2' in $1:"; cat "$1"; return 1
-}
 # exec: $! is the daemon itself, so SIGKILL reaches it.
 start_residency() {
   ( exec "$RES" --store "$WORK/store" --instance "$TAG" --ram-budget 50% >"$1" 2>&1 ) &
@@ -246,13 +237,15 @@ done
 N_OK=$((N_OK + 3))
 kill -0 "$CPID" 2>/dev/null || fail "residency killed: compute died"
 
-phase "residency down for good: UNAVAILABLE after compute's re-attach timeout (10 s)"
+phase "residency down for good: health NOT_SERVING, calls UNAVAILABLE at once"
 kill -KILL "$RPID"; { wait "$RPID"; } 2>/dev/null
+wait_health NOT_SERVING
 client --prompt-tokens 1,2,3 --max-tokens 8 --ignore-eos >/dev/null 2>"$WORK/rdown.err"
 grep -q "UNAVAILABLE: .*mer-residency" "$WORK/rdown.err" || fail "residency down: $(cat "$WORK/rdown.err")"
 N_UNAVAILABLE=$((N_UNAVAILABLE + 1))
 for p in "$CPID" "$GPID"; do kill -0 "$p" 2>/dev/null || fail "residency down: daemon $p is gone"; done
 start_residency "$WORK/r3.log" || fail "residency restart"
+wait_health SERVING
 out=$(client --prompt-tokens 5,6,7 --max-tokens 3 --ignore-eos --print-token-ids 2>&1)
 [ "$out" == "$(solo 5,6,7 3)" ] || fail "after the residency restart: '$out'"
 N_OK=$((N_OK + 1))

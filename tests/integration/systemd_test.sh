@@ -3,7 +3,8 @@
 # The deployment as systemd sees it: `cmake --install` into a scratch DESTDIR must lay out the
 # binaries, units, sysusers entry and sample config; `systemd-analyze verify` must accept the
 # units with no complaint at all (it exits 0 even on unknown keys, so any output fails); each unit
-# keeps the properties the deployment relies on; every --flag an ExecStart passes is one its
+# keeps the properties the deployment relies on and an exposure of 3.x or lower (`systemd-analyze
+# security`); every --flag an ExecStart passes is one its
 # daemon knows (its --help lists it); and mer-residency speaks the notify protocol: READY=1 once
 # serving, WATCHDOG=1 pings under WatchdogSec. Skips (77) where systemd-analyze is missing.
 set -u
@@ -64,6 +65,16 @@ has mer-compute.service "After=mer-residency.service"
 grep -q "^After=.*mer-compute.service" "$UNITS/mer-gateway.service" || fail "mer-gateway.service: not After mer-compute"
 grep -q "^Wants=.*mer-residency.service.*mer-compute.service.*mer-gateway.service" "$UNITS/mer.target" ||
   fail "mer.target does not want the three daemons"
+
+# Exposure: `systemd-analyze security` (offline, on the installed units) rates each 3.x or lower.
+for u in mer-residency mer-compute mer-gateway; do
+  score=$(cd "$WORK/units" && timeout 60 systemd-analyze security --offline=true --no-pager ./$u.service 2>&1 |
+            sed -n 's/.*Overall exposure level for .*: \([0-9.]*\).*/\1/p')
+  echo "systemd-analyze security $u.service: exposure $score"
+  [ -n "$score" ] && awk -v s="$score" 'BEGIN { exit !(s < 4.0) }' || fail "$u.service: exposure ${score:-?}, want 3.x or lower"
+  has $u.service "CapabilityBoundingSet="
+  has $u.service "SystemCallFilter=@system-service"
+done
 
 # 4. Every flag of every ExecStart is one the daemon's --help knows.
 for u in mer-residency mer-compute mer-gateway; do

@@ -60,12 +60,8 @@ absl::StatusOr<LoadedModel> LoadModel(const Flags& flags, int min_context_tokens
     ASSIGN_OR_RETURN(const std::string instance, flags.Required("residency"));
     ASSIGN_OR_RETURN(m.store, ExpertStore::Open(dir));
     path = m.store->dense_path();
-    ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(path));
-    m.file = std::move(file);
-    auto weights = ModelWeights::LoadDense(m.file);
-    if (!weights.ok())
-      return absl::Status(weights.status().code(), absl::StrCat(path, ": ", weights.status().message()));
-    m.weights = std::move(*weights);
+    ASSIGN_OR_RETURN(m.weights, m.store->LoadDenseWeights());  // checks every byte of dense.gguf
+    m.file = m.weights->shared_file();
     ResidencyExpertSourceOptions so;
     so.pin_ram_tier = HostMemoryPinnerFor(o);  // cuda: register the RAM tier in this process
     ASSIGN_OR_RETURN(std::unique_ptr<ResidencyExpertSource> source,

@@ -34,7 +34,7 @@ bool MaybeHelp(const Args& args, const char* help);
 // tokenizer and a CPU engine reading experts from the mapping -- or, with --store and --residency,
 // the expert store's dense.gguf (dense weights and tokenizer) and experts served by mer-residency.
 struct LoadedModel {
-  std::shared_ptr<GgufFile> file;  // the model, or the store's dense.gguf
+  std::shared_ptr<const GgufFile> file;  // the model, or the store's dense.gguf
   std::unique_ptr<ExpertStore> store;  // with --store
   std::unique_ptr<ModelWeights> weights;
   std::unique_ptr<Tokenizer> tokenizer;

@@ -46,12 +46,12 @@ absl::Status Info(const Args& args) {
   std::printf("rope base     %g, rms eps %g\n", c.rope_freq_base, c.rms_norm_eps);
 
   std::map<std::string, std::pair<int, uint64_t>> by_type;
-  uint64_t expert_total = 0;
+  uint64_t expert_total = 0, dense_total = 0;
   for (const GgufTensorInfo& t : file->tensors()) {
     auto& e = by_type[std::string(TypeName(t.type))];
     ++e.first;
     e.second += t.size_bytes;
-    if (t.name.find("_exps.weight") != absl::string_view::npos) expert_total += t.size_bytes;
+    (t.name.find("_exps.weight") != absl::string_view::npos ? expert_total : dense_total) += t.size_bytes;
   }
   std::printf("tensors       %zu\n", file->tensors().size());
   for (const auto& [type, e] : by_type)
@@ -60,7 +60,7 @@ absl::Status Info(const Args& args) {
               Bytes(ExpertBytes(*w, 0)).c_str(), std::string(TypeName(w->layers[0].gate_exps.type)).c_str(),
               std::string(TypeName(w->layers[0].up_exps.type)).c_str(),
               std::string(TypeName(w->layers[0].down_exps.type)).c_str(), Bytes(expert_total).c_str());
-  std::printf("dense bytes   %s\n", Bytes(file->file_size() - expert_total).c_str());
+  std::printf("dense bytes   %s (tensors other than the experts)\n", Bytes(dense_total).c_str());
   std::printf("cpu kernels   %s\n", kernels.c_str());
   if (f.Has("tensors")) {
     for (const GgufTensorInfo& t : file->tensors())

@@ -1,18 +1,33 @@
 // `mer up`: the three daemons of one host, started in order by one command for a developer or a
 // demo (production uses deploy/systemd/). It packs the model's expert store on first use, starts
 // mer-residency, mer-compute and mer-gateway as child processes (the executables beside `mer`),
-// waits for each one's "ready" line, prints the addresses, restarts a daemon that dies (as
-// systemd's Restart=on-failure would) and stops them all, in reverse order, on SIGINT/SIGTERM.
+// and plays systemd's part for them: each gets $NOTIFY_SOCKET (a datagram socket of mer up's),
+// so each says READY=1 once it serves and STATUS= as it changes, and $WATCHDOG_USEC, so each pings
+// WATCHDOG=1 while its work loop turns; a daemon that stops pinging is killed (SIGABRT, then
+// SIGKILL), like a dead one, and restarted (as Restart=on-failure would). The addresses are
+// printed once mer-gateway says it serves (it has seen mer-compute, whose residency answers).
+// SIGINT/SIGTERM stops them all, in reverse order.
+//
+// If mer up itself dies (SIGKILL), nothing is left behind: each daemon has PR_SET_PDEATHSIG
+// (SIGTERM: it stops cleanly, residency removing its segment, compute its socket), and a small
+// janitor process, which holds the read end of a pipe only mer up writes, sees the end of file,
+// stops whatever of the daemons' process group is still there and removes the run directory and
+// the instance's segment.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -23,6 +38,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/base/status.h"
+#include "common/shm/segment.h"
 #include "common/store/expert_store.h"
 #include "common/store/packer.h"
 #include "tools/mer/cli_util.h"
@@ -35,6 +51,7 @@ constexpr char kHelp[] = R"(usage: mer up (--model F.gguf [--store-dir DIR] | --
               [--metrics-listen HOST:PORT] [--ram-budget BYTES|PERCENT%] [--policy lru|lfu|arc]
               [--prefetch] [--backend cpu|cuda] [--vram-expert-budget BYTES|PERCENT%]
               [--max-sequences N] [--max-batch-tokens N] [--ctx N] [--threads N] [--max-queue N]
+              [--watchdog-seconds N]
 
 Starts mer-residency, mer-compute and mer-gateway (found beside this `mer`), each once the one
 before is ready, and prints where they serve: the public gRPC API on --listen (default
@@ -48,7 +65,9 @@ tier holds --ram-budget of the experts (default 25%) under --policy (default lfu
 --backend, --vram-expert-budget, --max-sequences (default 8), --max-batch-tokens, --ctx (default
 4096 positions per sequence, at most the model's context) and --threads are mer-compute's (see
 mer-compute --help); these defaults are deploy/mer.conf's. A
-daemon that exits is restarted (at most 5 times a minute); SIGINT or SIGTERM stops all three.
+daemon that exits, or that sends no watchdog ping for --watchdog-seconds (default 30, as the
+systemd units' WatchdogSec=; 0: no watchdog) and is killed for it, is restarted (at most 5
+times a minute); SIGINT or SIGTERM stops all three; if mer up is killed, they stop too.
 Daemon output goes to stderr, each line prefixed with the daemon's name.
 )";
 
@@ -67,18 +86,44 @@ struct Daemon {
   std::string metrics_url;  // from its "metrics: URL" line
   std::string listening;    // from its "listening on ADDRESS" line
   std::string http_url;     // from its "http: URL" line
+  std::string status;       // its last STATUS= (sd_notify)
+  absl::Time last_ping;     // its last WATCHDOG=1, or READY=1
+  absl::Time kill_at = absl::InfiniteFuture();  // SIGKILL then, after a missed watchdog's SIGABRT
   std::vector<absl::Time> restarts;
 };
+
+// What every spawned daemon shares: the notify socket, the watchdog, the process group of the
+// janitor, and mer up's pid (for PR_SET_PDEATHSIG's race).
+struct Supervision {
+  std::string notify_path;
+  int notify_fd = -1;
+  absl::Duration watchdog;  // zero: none
+  pid_t group = 0;          // the janitor's process group, which the daemons join
+  pid_t parent = 0;
+};
+Supervision g_supervision;
+std::vector<Daemon*> g_daemons;  // all of them, to attribute notify messages
 
 absl::Status Spawn(Daemon& d) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+  const Supervision& sv = g_supervision;
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
   if (pid == 0) {
+    // Dies with mer up (SIGTERM: a clean stop), even if mer up died before this line.
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != sv.parent) _exit(1);
     dup2(fds[1], STDOUT_FILENO);
     dup2(fds[1], STDERR_FILENO);
-    setpgid(0, 0);  // a terminal's Ctrl-C reaches `mer up`, which stops the daemons in order
+    // Not mer up's group (a terminal's Ctrl-C reaches mer up, which stops the daemons in order),
+    // but the janitor's, which stops what is left if mer up is gone.
+    setpgid(0, sv.group);
+    setenv("NOTIFY_SOCKET", sv.notify_path.c_str(), 1);
+    if (sv.watchdog > absl::ZeroDuration()) {
+      setenv("WATCHDOG_USEC", absl::StrCat(absl::ToInt64Microseconds(sv.watchdog)).c_str(), 1);
+      setenv("WATCHDOG_PID", absl::StrCat(getpid()).c_str(), 1);
+    }
     std::vector<char*> argv;
     for (std::string& a : d.argv) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -86,16 +131,58 @@ absl::Status Spawn(Daemon& d) {
     std::fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
     _exit(127);
   }
+  setpgid(pid, sv.group);  // as the child does: whichever runs first
   close(fds[1]);
   d.pid = pid;
   d.out_fd = fds[0];
   d.partial.clear();
   d.ready = false;
+  d.status.clear();
+  d.kill_at = absl::InfiniteFuture();
   return absl::OkStatus();
 }
 
-// Reads what the daemon wrote, forwards whole lines to stderr with its name, and notes "ready"
-// and "metrics: URL". Returns false at end of file.
+// One datagram from the notify socket: READY=1, STATUS=, WATCHDOG=1 of the daemon whose pid the
+// kernel vouches for (SCM_CREDENTIALS).
+void ReadNotify() {
+  for (;;) {
+  char buf[4096];
+  char control[CMSG_SPACE(sizeof(ucred))];
+  iovec iov{buf, sizeof buf - 1};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  const ssize_t n = recvmsg(g_supervision.notify_fd, &msg, MSG_DONTWAIT);
+  if (n <= 0) return;  // nothing more queued
+  pid_t sender = -1;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS) {
+      ucred cred;
+      std::memcpy(&cred, CMSG_DATA(c), sizeof cred);
+      sender = cred.pid;
+    }
+  }
+  Daemon* d = nullptr;
+  for (Daemon* x : g_daemons)
+    if (x->pid > 0 && x->pid == sender) d = x;
+  if (d == nullptr) continue;
+  for (absl::string_view line : absl::StrSplit(absl::string_view(buf, static_cast<size_t>(n)), '\n')) {
+    if (line == "READY=1") {
+      d->ready = true;
+      d->last_ping = absl::Now();
+    } else if (line == "WATCHDOG=1") {
+      d->last_ping = absl::Now();
+    } else if (absl::StartsWith(line, "STATUS=")) {
+      d->status = std::string(line.substr(7));
+    }
+  }
+  }
+}
+
+// Reads what the daemon wrote, forwards whole lines to stderr with its name, and notes
+// "metrics: URL", "http: URL" and "listening on ADDRESS". Returns false at end of file.
 bool Drain(Daemon& d) {
   char buf[4096];
   const ssize_t n = read(d.out_fd, buf, sizeof buf);
@@ -105,7 +192,6 @@ bool Drain(Daemon& d) {
   for (size_t nl; (nl = d.partial.find('\n', start)) != std::string::npos; start = nl + 1) {
     const std::string line = d.partial.substr(start, nl - start);
     std::fprintf(stderr, "[%s] %s\n", d.name.c_str(), line.c_str());
-    if (absl::StrContains(line, ": ready")) d.ready = true;
     if (absl::StartsWith(line, "metrics: ")) d.metrics_url = line.substr(9);
     if (absl::StartsWith(line, "http: ")) d.http_url = line.substr(6);
     if (const size_t at = line.find("listening on "); at != std::string::npos)
@@ -115,16 +201,19 @@ bool Drain(Daemon& d) {
   return true;
 }
 
-// Polls the daemons' output for up to `timeout`; returns the daemons whose output ended.
+// Polls the daemons' output and the notify socket for up to `timeout`; returns the daemons whose
+// output ended.
 std::vector<Daemon*> Pump(std::vector<Daemon*> daemons, absl::Duration timeout) {
   std::vector<pollfd> fds;
   for (Daemon* d : daemons) fds.push_back({d->out_fd, POLLIN, 0});
+  fds.push_back({g_supervision.notify_fd, POLLIN, 0});
   std::vector<Daemon*> ended;
   if (poll(fds.data(), fds.size(), static_cast<int>(absl::ToInt64Milliseconds(timeout))) <= 0)
     return ended;
-  for (size_t i = 0; i < fds.size(); ++i) {
+  for (size_t i = 0; i < daemons.size(); ++i) {
     if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) && !Drain(*daemons[i])) ended.push_back(daemons[i]);
   }
+  if (fds.back().revents & POLLIN) ReadNotify();
   return ended;
 }
 
@@ -172,6 +261,123 @@ std::string SelfDir() {
   return ec ? std::string(".") : self.parent_path().string();
 }
 
+bool PidAlive(pid_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno != ESRCH); }
+
+// The pid in "mer-up-PID" or "mer-up-PID-..." (0 if none).
+pid_t InstancePid(const std::string& name) {
+  if (name.rfind("mer-up-", 0) != 0) return 0;
+  return static_cast<pid_t>(std::strtol(name.c_str() + 7, nullptr, 10));
+}
+
+// Removes instance `instance`'s segments (its name and the fallbacks of it) that are this user's.
+void RemoveSegments(const std::string& instance) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string n = e.path().filename().string();
+    struct stat st;
+    if ((n == instance || n.rfind(instance + ".", 0) == 0) && lstat(e.path().c_str(), &st) == 0 &&
+        st.st_uid == geteuid())
+      (void)shm::ShmSegment::Remove(n);
+  }
+}
+
+// What an earlier mer up of this user left when it and its janitor were both killed: run
+// directories and segments of pids that are gone.
+void SweepStale(const std::string& tmp) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(tmp, ec)) {
+    const std::string n = e.path().filename().string();
+    struct stat st;
+    const pid_t pid = InstancePid(n);
+    if (pid > 0 && !PidAlive(pid) && lstat(e.path().c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
+        st.st_uid == geteuid())
+      std::filesystem::remove_all(e.path(), ec);
+  }
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string n = e.path().filename().string();
+    const pid_t pid = InstancePid(n);
+    if (pid > 0 && !PidAlive(pid)) RemoveSegments(n.substr(0, n.find('.')));
+  }
+}
+
+// Whether a process other than `self` is in process group `group`.
+bool GroupHasOthers(pid_t group, pid_t self) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    const pid_t pid = static_cast<pid_t>(std::strtol(e.path().filename().c_str(), nullptr, 10));
+    if (pid > 0 && pid != self && getpgid(pid) == group) return true;
+  }
+  return false;
+}
+
+// Forks the janitor: it leads the process group the daemons join, and waits for the end of file
+// on a pipe whose write end only mer up holds (returned, close-on-exec). When mer up is gone
+// without cleaning up (the run directory still exists), it stops the group (SIGTERM, SIGKILL
+// after 10 s), then removes the instance's segments and the run directory.
+absl::StatusOr<int> StartJanitor(const std::string& run_dir, const std::string& instance) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
+  if (pid == 0) {
+    close(fds[1]);
+    setpgid(0, 0);
+    signal(SIGINT, SIG_IGN);
+    signal(SIGTERM, SIG_IGN);
+    char c;
+    while (read(fds[0], &c, 1) < 0 && errno == EINTR) {
+    }
+    std::error_code ec;
+    if (!std::filesystem::exists(run_dir, ec)) _exit(0);  // mer up cleaned up itself
+    const pid_t self = getpid();
+    kill(-self, SIGTERM);
+    for (int i = 0; i < 100 && GroupHasOthers(self, self); ++i) usleep(100 * 1000);
+    if (GroupHasOthers(self, self)) {
+      kill(-self, SIGKILL);
+      for (int i = 0; i < 20 && GroupHasOthers(self, self); ++i) usleep(100 * 1000);
+    }
+    RemoveSegments(instance);
+    std::filesystem::remove_all(run_dir, ec);
+    _exit(0);
+  }
+  close(fds[0]);
+  setpgid(pid, pid);
+  g_supervision.group = pid;
+  return fds[1];
+}
+
+absl::StatusOr<int> BindNotifySocket(const std::string& path) {
+  const int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", strerror(errno)));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) return absl::InvalidArgumentError(absl::StrCat(path, ": too long"));
+  std::memcpy(addr.sun_path, path.c_str(), path.size());
+  const int on = 1;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      setsockopt(fd, SOL_SOCKET, SO_PASSCRED, &on, sizeof on) != 0)
+    return absl::InternalError(absl::StrCat("notify socket ", path, ": ", strerror(errno)));
+  return fd;
+}
+
+// A daemon that has been ready but sent no WATCHDOG=1 for the watchdog interval is wedged:
+// SIGABRT (as systemd's WatchdogSignal=), and SIGKILL a few seconds later if it is still there
+// (a stopped process does not act on SIGABRT). Its output then ends and it is restarted.
+void EnforceWatchdog(Daemon& d) {
+  const absl::Duration w = g_supervision.watchdog;
+  if (w <= absl::ZeroDuration() || d.pid <= 0 || !d.ready) return;
+  const absl::Time now = absl::Now();
+  if (d.kill_at == absl::InfiniteFuture() && now - d.last_ping > w) {
+    std::fprintf(stderr, "mer up: mer-%s sent no watchdog ping for %s: killing it\n", d.name.c_str(),
+                 absl::FormatDuration(absl::Trunc(now - d.last_ping, absl::Milliseconds(100))).c_str());
+    kill(d.pid, SIGABRT);
+    d.kill_at = now + absl::Seconds(3);
+  } else if (now >= d.kill_at) {
+    kill(d.pid, SIGKILL);
+    d.kill_at = now + absl::Hours(1);
+  }
+}
+
 // The store of --store, or --model's store packed (again) when missing or stale.
 absl::StatusOr<std::string> EnsureStore(const Flags& f) {
   if (f.Has("store")) return f.String("store");
@@ -208,7 +414,7 @@ absl::Status Up(const Args& args) {
                                           "served-model-name", "metrics-listen",
                                           "ram-budget", "policy", "backend", "vram-expert-budget",
                                           "max-sequences", "max-batch-tokens", "ctx", "threads",
-                                          "max-queue"},
+                                          "max-queue", "watchdog-seconds"},
                                          {"prefetch"}));
   if (f.Has("model") == f.Has("store")) return absl::InvalidArgumentError("give exactly one of --model and --store");
   struct sigaction sa {};
@@ -218,6 +424,7 @@ absl::Status Up(const Args& args) {
   sigaction(SIGTERM, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  ASSIGN_OR_RETURN(const int64_t watchdog_seconds, f.IntInRange("watchdog-seconds", 30, 0, 3600));
   // The ports first: a taken one would otherwise fail only after a long pack and load.
   const std::string listen = f.String("listen", "127.0.0.1:50051");
   const std::string http_listen = f.String("http-listen", "127.0.0.1:8080");
@@ -228,10 +435,20 @@ absl::Status Up(const Args& args) {
 
   ASSIGN_OR_RETURN(const std::string store, EnsureStore(f));
   const std::string bin = SelfDir();
+  const std::string tmp = std::filesystem::temp_directory_path().string();
+  SweepStale(tmp);
   const std::string instance = absl::StrCat("mer-up-", getpid());
-  const std::string run_dir = absl::StrCat(std::filesystem::temp_directory_path().string(), "/", instance);
-  std::filesystem::create_directories(run_dir);
-  chmod(run_dir.c_str(), 0700);
+  // A fresh directory only this user can enter (mkdtemp: 0700, a name nobody could have made
+  // before), for compute's socket and the notify socket.
+  std::string run_dir = absl::StrCat(tmp, "/", instance, "-XXXXXX");
+  if (mkdtemp(run_dir.data()) == nullptr)
+    return absl::InternalError(absl::StrCat("cannot create ", run_dir, ": ", strerror(errno)));
+  g_supervision.parent = getpid();
+  g_supervision.watchdog = absl::Seconds(watchdog_seconds);
+  g_supervision.notify_path = run_dir + "/notify";
+  ASSIGN_OR_RETURN(g_supervision.notify_fd, BindNotifySocket(g_supervision.notify_path));
+  ASSIGN_OR_RETURN(const int janitor_pipe, StartJanitor(run_dir, instance));
+  (void)janitor_pipe;  // held open until mer up exits, by whatever means
   const std::string socket = absl::StrCat("unix:", run_dir, "/compute.sock");
 
   Daemon residency{"residency",
@@ -253,6 +470,7 @@ absl::Status Up(const Args& args) {
   if (f.Has("served-model-name"))
     gateway.argv.insert(gateway.argv.end(), {"--served-model-name", f.String("served-model-name")});
   std::vector<Daemon*> all = {&residency, &compute, &gateway};
+  g_daemons = all;
 
   absl::Status status = StartAndWait(residency, absl::Seconds(120));
   if (status.ok()) status = StartAndWait(compute, absl::Seconds(600));
@@ -260,6 +478,17 @@ absl::Status Up(const Args& args) {
     gateway.argv.insert(gateway.argv.end(), {"--compute-metrics", compute.metrics_url,
                                              "--residency-metrics", residency.metrics_url});
     status = StartAndWait(gateway, absl::Seconds(60));
+  }
+  // Ready means a first request is served: the gateway says "serving" once it has seen
+  // mer-compute answer and able to generate.
+  const absl::Time serving_deadline = absl::Now() + absl::Seconds(60);
+  while (status.ok() && gateway.status != "serving") {
+    if (g_stop.load()) status = absl::CancelledError("stopped");
+    else if (absl::Now() > serving_deadline)
+      status = absl::DeadlineExceededError(absl::StrCat("mer-gateway did not start serving in 60 s (its status: ",
+                                                        gateway.status, ")"));
+    else if (!Pump(all, absl::Milliseconds(100)).empty())
+      status = absl::FailedPreconditionError("a daemon exited before mer-gateway served; its output is above");
   }
   if (status.ok()) {
     std::printf("mer up: serving %s\n", store.c_str());
@@ -279,6 +508,7 @@ absl::Status Up(const Args& args) {
     std::vector<Daemon*> live;
     for (Daemon* d : all)
       if (d->pid > 0) live.push_back(d);
+    for (Daemon* d : live) EnforceWatchdog(*d);
     for (Daemon* d : Pump(live, absl::Milliseconds(200))) {
       const int ws = Reap(*d);
       if (g_stop.load()) break;

@@ -74,6 +74,8 @@ Batcher::Batcher(ComputeBackend& backend, const BatcherOptions& options, Compute
   rows_.reserve(max_batch_tokens_);
   prefill_n_.assign(max_sequences_, 0);
   leaving_.reserve(max_sequences_);
+  errors_.reserve(max_sequences_);
+  alone_.reserve(max_batch_tokens_);
   logits_.resize(size_t(max_batch_tokens_) * n_vocab_);
   greedy_.resize(max_batch_tokens_);
   for (int s = 0; s < max_sequences_; ++s) backend_.ClearSequence(s);
@@ -315,23 +317,32 @@ bool Batcher::Step() {
   }
   const absl::Status s =
       all_argmax ? backend_.ForwardArgmax(batch_, greedy_.data()) : backend_.Forward(batch_, logits_.data());
+  errors_.assign(n, absl::OkStatus());
   if (!s.ok()) {
-    // Every sequence in the batch has undefined KV entries now: they all fail. The others keep
-    // running. Expert-source failures (mer-residency gone) come as Unavailable.
-    std::vector<bool> failed(n, false);
-    for (size_t i = 0; i < n; ++i) failed[i] = running_[i]->pending >= 0 || prefill_n_[i] > 0;
-    for (size_t i = n; i-- > 0;) {
-      if (failed[i]) Leave(i, absl::Status(s.code(), absl::StrCat("forward pass: ", s.message())), FinishReason::kNone);
+    // Every sequence in the batch has undefined KV entries now. A damaged expert (DataLoss) is
+    // needed by some of them only: each runs again alone, and only those that need it fail.
+    // Any other error (mer-residency gone: Unavailable) fails them all. The others keep running.
+    size_t in_batch = 0;
+    for (size_t i = 0; i < n; ++i) in_batch += running_[i]->pending >= 0 || prefill_n_[i] > 0;
+    if (absl::IsDataLoss(s) && in_batch > 1) {
+      RunEachAlone(all_argmax);
+    } else {
+      for (size_t i = 0; i < n; ++i) {
+        if (running_[i]->pending >= 0 || prefill_n_[i] > 0) errors_[i] = s;
+      }
     }
-    return true;
   }
   for (size_t i = 0; i < n; ++i) {
-    if (running_[i]->pending < 0) running_[i]->fed += prefill_n_[i];
+    if (running_[i]->pending < 0 && errors_[i].ok()) running_[i]->fed += prefill_n_[i];
   }
   // Sample; then advance, finish or keep each sequence with a logits row.
   std::vector<size_t>& leaving = leaving_;
   leaving.clear();
+  for (size_t i = 0; i < n; ++i) {
+    if (!errors_[i].ok()) leaving.push_back(i);
+  }
   for (size_t row = 0; row < rows_.size(); ++row) {
+    if (!errors_[rows_[row]].ok()) continue;
     Running& r = *running_[rows_[row]];
     if (r.pending >= 0) ++r.fed;  // the decode token is in the KV cache now
     const float* lg = logits_.data() + row * size_t(n_vocab_);
@@ -350,10 +361,34 @@ bool Batcher::Step() {
   std::sort(leaving.begin(), leaving.end());
   for (size_t k = leaving.size(); k-- > 0;) {
     const size_t i = leaving[k];
+    if (const absl::Status& e = errors_[i]; !e.ok()) {
+      Leave(i, absl::Status(e.code(), absl::StrCat("forward pass: ", e.message())), FinishReason::kNone);
+      continue;
+    }
     const FinishReason reason = running_[i]->pending == -2 ? FinishReason::kStopToken : FinishReason::kLength;
     Leave(i, absl::OkStatus(), reason);
   }
   return true;
+}
+
+void Batcher::RunEachAlone(bool all_argmax) {
+  for (size_t i = 0; i < running_.size(); ++i) {
+    const Running& r = *running_[i];
+    if (r.pending < 0 && prefill_n_[i] == 0) continue;  // not in this batch
+    // Its tokens, in batch order, and the row of its logits in the batch's output (rows are the
+    // batch's want_logits tokens in order; a sequence has at most one).
+    alone_.clear();
+    size_t rows_before = 0, row = 0;
+    for (const BatchToken& t : batch_) {
+      if (t.sequence == r.stream->slot()) {
+        if (t.want_logits) row = rows_before;
+        alone_.push_back(t);
+      }
+      if (t.want_logits) ++rows_before;
+    }
+    errors_[i] = all_argmax ? backend_.ForwardArgmax(alone_, greedy_.data() + row)
+                            : backend_.Forward(alone_, logits_.data() + row * size_t(n_vocab_));
+  }
 }
 
 }  // namespace mer::compute

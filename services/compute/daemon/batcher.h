@@ -17,6 +17,11 @@
 // Admission: a sequence takes one of the backend's max_sequences slots and reserves
 // prompt + max_new_tokens - 1 positions of the KV budget (kv_budget_tokens) until it leaves.
 //
+// Failures: a step that fails leaves the KV entries of its sequences undefined. A damaged expert
+// (DataLoss) fails only the sequences routed to it: the step's sequences run again one at a time
+// (RunEachAlone), so the others go on with the tokens they would have had. Any other error fails
+// every sequence of the step. A lone greedy decode that fails has one sequence to fail: that one.
+//
 // Thread-safety: Submit, the counters and every SequenceStream method may be called from any
 // thread. The backend is used by the step thread only, from the constructor to the destructor.
 #pragma once
@@ -142,6 +147,11 @@ class Batcher {
   // ends the sequence, and how (pending is set to the token otherwise).
   bool Finishes(Running& r, int32_t token, absl::Span<const float> logits, FinishReason* reason);
   void Leave(size_t index, absl::Status status, FinishReason reason);
+  // After a batch failed with DataLoss: runs each of its sequences alone (their own tokens, the
+  // same positions: the KV entries the failed step wrote are written again, and a batch-invariant
+  // backend gives each the logits the batch would have), into the batch's output rows; sets
+  // errors_[i] for the sequences that fail alone, i.e. that were routed to the damaged expert.
+  void RunEachAlone(bool all_argmax);
 
   ComputeBackend& backend_;
   const BatcherOptions options_;
@@ -168,6 +178,8 @@ class Batcher {
   std::vector<int32_t> greedy_;      // [max_batch_tokens]: each row's argmax, when every row is greedy
   TokenLogprobs logprobs_;           // a row's, when its request asks
   std::vector<size_t> leaving_;      // running_ indices that finish in this step
+  std::vector<absl::Status> errors_;  // per running_ index: why it failed in this step
+  std::vector<BatchToken> alone_;    // [max_batch_tokens]: one sequence's tokens (RunEachAlone)
   size_t decode_rotation_ = 0;       // where decodes start when they do not all fit
 
   std::thread thread_;

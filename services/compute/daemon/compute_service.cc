@@ -41,6 +41,9 @@ void ComputeService::WatchLoop() {
 
 grpc::Status ComputeService::Generate(grpc::ServerContext* context, const pb::GenerateRequest* request,
                                       grpc::ServerWriter<pb::GenerateResponse>* writer) {
+  if (options_.serving) {
+    if (const absl::Status s = options_.serving(); !s.ok()) return ToGrpcStatus(s);
+  }
   GenerationRequest req;
   req.prompt.assign(request->prompt().begin(), request->prompt().end());
   req.max_new_tokens = request->max_new_tokens();
@@ -125,6 +128,9 @@ grpc::Status ComputeService::GetInfo(grpc::ServerContext*, const pb::GetInfoRequ
   response->set_free_sequences(batcher_.free_sequences());
   response->set_kv_budget_tokens(batcher_.kv_budget_tokens());
   response->set_kv_free_tokens(batcher_.kv_free_tokens());
+  if (options_.serving) {
+    if (const absl::Status s = options_.serving(); !s.ok()) response->set_unavailable(std::string(s.message()));
+  }
   return grpc::Status::OK;
 }
 

@@ -14,6 +14,7 @@
 // constant after construction; the watch list is guarded by mu_; the Batcher is thread-safe.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <thread>
@@ -31,6 +32,9 @@ struct ComputeServiceOptions {
   absl::Duration cancel_poll = absl::Milliseconds(2);
   // Longest wait of a handler between looks at its deadline.
   absl::Duration deadline_poll = absl::Milliseconds(100);
+  // Whether generation can work now (OK), or why not (Unavailable: e.g. mer-residency is
+  // unreachable). GetInfo reports it; Generate fails at once with it. Empty: always OK.
+  std::function<absl::Status()> serving;
 };
 
 class ComputeService final : public mer::internal::v1::Compute::Service {

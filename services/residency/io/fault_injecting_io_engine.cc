@@ -3,11 +3,47 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/base/check.h"
 #include "common/base/status.h"
 
 namespace mer {
+
+absl::StatusOr<FaultInjectionOptions> ParseFaultInjectionSpec(absl::string_view spec) {
+  FaultInjectionOptions o;
+  for (absl::string_view item : absl::StrSplit(spec, ',', absl::SkipEmpty())) {
+    const std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
+    double v = 0;
+    if (!absl::SimpleAtod(kv.second, &v) || v < 0)
+      return absl::InvalidArgumentError(absl::StrCat("fault spec: '", item, "' is not NAME=NUMBER >= 0"));
+    const auto probability = [&](double* p) -> absl::Status {
+      if (v > 1)
+        return absl::InvalidArgumentError(absl::StrCat("fault spec: '", item, "': a probability is <= 1"));
+      *p = v;
+      return absl::OkStatus();
+    };
+    if (kv.first == "seed") {
+      o.seed = static_cast<uint64_t>(v);
+    } else if (kv.first == "eio") {
+      RETURN_IF_ERROR(probability(&o.error_probability));
+      o.error = EIO;
+    } else if (kv.first == "short") {
+      RETURN_IF_ERROR(probability(&o.short_read_probability));
+    } else if (kv.first == "flip") {
+      RETURN_IF_ERROR(probability(&o.bit_flip_probability));
+    } else if (kv.first == "delay") {
+      RETURN_IF_ERROR(probability(&o.delay_probability));
+    } else if (kv.first == "delay_ms") {
+      o.delay = absl::Milliseconds(v);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "fault spec: unknown '", kv.first, "' (seed, eio, short, flip, delay, delay_ms)"));
+    }
+  }
+  return o;
+}
 
 FaultInjectingIoEngine::FaultInjectingIoEngine(std::unique_ptr<IoEngine> inner,
                                                const FaultInjectionOptions& options)

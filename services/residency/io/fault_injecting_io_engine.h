@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "services/residency/io/chunking_io_engine.h"
 
@@ -53,6 +54,11 @@ struct FaultInjectionOptions {
   uint64_t short_read_alignment = 4096;
   std::vector<FaultRule> rules;
 };
+
+// Options from a spec such as "seed=7,eio=0.01,short=0.05,flip=0.002,delay=0.01,delay_ms=20":
+// per chunk read, the probability of an EIO, of a short read, of a bit flip, of a delay (of
+// delay_ms). For `mer-residency --io-faults` (soak tests). InvalidArgument naming a bad item.
+absl::StatusOr<FaultInjectionOptions> ParseFaultInjectionSpec(absl::string_view spec);
 
 struct FaultStats {
   uint64_t reads = 0;  // chunk reads seen

@@ -82,6 +82,44 @@ struct Compute {
   std::unique_ptr<grpc::Server> server;
 };
 
+// One call of `method` over a generic stub, whatever the bytes: `request` as its only message
+// (then half-closed), the first response message's bytes (empty if none) and the status.
+struct RawResult {
+  grpc::Status status;
+  std::string response;
+};
+RawResult RawCall(const std::shared_ptr<grpc::Channel>& channel, const std::string& method,
+                  const std::string& request) {
+  grpc::GenericStub generic(channel);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  void* tag;
+  bool ok;
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call = generic.PrepareCall(&ctx, method, &cq);
+  call->StartCall(reinterpret_cast<void*>(1));
+  cq.Next(&tag, &ok);
+  grpc::Slice slice(request);
+  grpc::ByteBuffer out(&slice, 1);
+  call->WriteLast(out, grpc::WriteOptions(), reinterpret_cast<void*>(2));
+  cq.Next(&tag, &ok);
+  grpc::ByteBuffer in;
+  call->Read(&in, reinterpret_cast<void*>(3));
+  RawResult r;
+  if (cq.Next(&tag, &ok) && ok) {
+    std::vector<grpc::Slice> slices;
+    if (in.Dump(&slices).ok()) {
+      for (const auto& s : slices) r.response.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+  }
+  call->Finish(&r.status, reinterpret_cast<void*>(4));
+  cq.Next(&tag, &ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  return r;
+}
+
 // Polls `done` every millisecond for up to `limit`; whether it came true. Generous limits: the
 // test machine may be loaded, and the conditions are preconditions the tests assert.
 template <typename Done>
@@ -235,35 +273,9 @@ TEST_F(GatewayApiTest, HealthAndReflection) {
 
   // grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo with list_services = "*"
   // (field 7), over a generic stub: the answer names the public service.
-  grpc::GenericStub generic(channel_);
-  grpc::CompletionQueue cq;
-  grpc::ClientContext rctx;
-  rctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  void* tag;
-  bool ok;
-  auto call = generic.PrepareCall(&rctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
-  call->StartCall(reinterpret_cast<void*>(1));
-  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
-  const std::string request("\x3a\x01*", 3);
-  grpc::Slice slice(request);
-  grpc::ByteBuffer out(&slice, 1);
-  call->Write(out, reinterpret_cast<void*>(2));
-  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
-  grpc::ByteBuffer in;
-  call->Read(&in, reinterpret_cast<void*>(3));
-  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
-  std::vector<grpc::Slice> slices;
-  ASSERT_TRUE(in.Dump(&slices).ok());
-  std::string answer;
-  for (const auto& s : slices) answer.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  EXPECT_NE(answer.find("mer.v1.Mer"), std::string::npos);
-  rctx.TryCancel();
-  grpc::Status status;
-  call->Finish(&status, reinterpret_cast<void*>(4));
-  cq.Next(&tag, &ok);
-  cq.Shutdown();
-  while (cq.Next(&tag, &ok)) {
-  }
+  const RawResult r = RawCall(channel_, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                              std::string("\x3a\x01*", 3));
+  EXPECT_NE(r.response.find("mer.v1.Mer"), std::string::npos) << r.status.error_message();
 }
 
 TEST_F(GatewayApiTest, GreedyStreamsEqualSoloGenerationAndTextIsWholeCharacters) {
@@ -337,6 +349,27 @@ TEST_F(GatewayApiTest, InvalidRequestsAreInvalidArgumentNamingTheField) {
   r.set_text("");
   expect(r, "prompt.text");
   expect(Ids(std::vector<int32_t>(129, 3), 1), "prompt");
+  // And the service still serves.
+  EXPECT_TRUE(Call(Ids({1, 2}, 3)).status.ok());
+}
+
+// Requests no protobuf client would send, as bytes on the wire (a generic stub): each is
+// INVALID_ARGUMENT naming the field, not an internal error of the parser.
+TEST_F(GatewayApiTest, MalformedRequestBytesAreInvalidArgument) {
+  const auto raw_generate = [&](const std::string& request) {
+    return RawCall(channel_, "/mer.v1.Mer/Generate", request).status;
+  };
+  mer::v1::GenerateRequest ids = Ids({1, 2}, 3);
+  // Text "hi" and token ids: the later would win in a parser.
+  grpc::Status s = raw_generate(std::string("\x0a\x02hi", 4) + ids.SerializeAsString());
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_EQ(s.error_message(), "prompt: both text and token_ids are set; set one of them");
+  // A text that is not UTF-8.
+  mer::v1::GenerateRequest rest;
+  rest.set_max_new_tokens(3);
+  s = raw_generate(std::string("\x0a\x03\x61\xff\x62", 5) + rest.SerializeAsString());
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_EQ(s.error_message(), "prompt.text: not valid UTF-8 at byte 1 of 3");
   // And the service still serves.
   EXPECT_TRUE(Call(Ids({1, 2}, 3)).status.ok());
 }

@@ -153,5 +153,60 @@ TEST_F(RequestValidationTest, EachBadFieldIsNamed) {
   ExpectBad(Good(), "max_new_tokens");
 }
 
+// A length-delimited field of a serialized message: tag, length (< 128 here), bytes.
+std::string Field(int number, const std::string& bytes) {
+  return std::string(1, static_cast<char>(number << 3 | 2)) + static_cast<char>(bytes.size()) + bytes;
+}
+
+TEST_F(RequestValidationTest, TheWireIsCheckedBeforeItIsParsed) {
+  mer::v1::GenerateRequest r = Good();
+  r.clear_prompt();
+  r.add_stop("ok");
+  const std::string rest = r.SerializeAsString();  // max_new_tokens and a stop sequence
+  const auto bad = [](const absl::StatusOr<mer::v1::GenerateRequest>& v, absl::string_view message) {
+    EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument) << v.status();
+    EXPECT_EQ(v.status().message(), message);
+  };
+  // Not UTF-8: the protobuf parser would refuse it as an internal error; here it is the field.
+  bad(ParseGenerateRequest(Field(1, "ok \xff") + rest), "prompt.text: not valid UTF-8 at byte 3 of 4");
+  bad(ParseGenerateRequest(Field(1, "\xe4\xbd") + rest), "prompt.text: not valid UTF-8 at byte 0 of 2");
+  bad(ParseGenerateRequest(rest + Field(8, "\xc0\xaf")), "stop[1]: not valid UTF-8 at byte 0 of 2");
+  // Both prompts: on the wire the later one would win silently.
+  mer::v1::GenerateRequest ids;
+  ids.mutable_token_ids()->add_ids(7);
+  bad(ParseGenerateRequest(Field(1, "hi") + ids.SerializeAsString() + rest),
+      "prompt: both text and token_ids are set; set one of them");
+  bad(ParseGenerateRequest(ids.SerializeAsString() + Field(1, "hi")),
+      "prompt: both text and token_ids are set; set one of them");
+  bad(ParseGenerateRequest(std::string("\x0a\x7f", 2)),
+      "request: 2 bytes that are not a mer.v1.GenerateRequest");
+  // A good one parses as itself.
+  auto ok = ParseGenerateRequest(Field(1, "h\xc3\xa9llo") + rest);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->text(), "h\xc3\xa9llo");
+  EXPECT_EQ(ok->max_new_tokens(), 8);
+  EXPECT_EQ(ok->stop(0), "ok");
+  auto t = ParseTokenizeRequest(Field(1, "\xff"));
+  EXPECT_EQ(t.status().message(), "text: not valid UTF-8 at byte 0 of 1");
+}
+
+TEST_F(RequestValidationTest, ATextThatCannotFitTheContextIsRefusedBeforeTokenizing) {
+  mer::v1::GenerateRequest r = Good();
+  limits_.max_token_bytes = 4;  // 64 positions x 4 bytes: 256 bytes at most
+  r.set_text(std::string(256, 'a'));
+  r.set_max_new_tokens(1);
+  const absl::Status fits = ValidateGenerateRequest(r, tokenizer_, limits_).status();
+  EXPECT_NE(fits.message().find("the text"), 0u) << fits;  // tokenized: a real count, if any
+  r.set_text(std::string(257, 'a'));
+  const absl::Status s = ValidateGenerateRequest(r, tokenizer_, limits_).status();
+  EXPECT_EQ(s.message(), "prompt: the text (257 bytes) is at least 65 tokens; the context holds 64") << s;
+  RequestLimits small;
+  small.max_prompt_bytes = 100;
+  r.set_text(std::string(101, 'a'));
+  EXPECT_EQ(ValidateGenerateRequest(r, tokenizer_, limits_, small).status().message(),
+            "prompt.text: 101 bytes; at most 100");
+  EXPECT_GE(MaxTokenBytes(tokenizer_), 2);
+}
+
 }  // namespace
 }  // namespace mer::gateway

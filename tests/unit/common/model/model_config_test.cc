@@ -55,6 +55,7 @@ struct ModelSpec {
   std::map<std::string, std::vector<int64_t>> shapes;  // overrides
   std::map<std::string, GgmlType> types;               // overrides (default f32)
   std::function<void(GgufWriter&)> extra;              // more metadata
+  std::vector<std::pair<std::string, std::vector<int64_t>>> extra_tensors;  // f32, after the rest
 
   int64_t Get(const std::string& key) const {
     auto it = u32.find(key);
@@ -110,6 +111,7 @@ std::string WriteModel(const ModelSpec& spec) {
     tensors.push_back({b + "ffn_up_exps.weight", {embd, ff, n_exp}});
     tensors.push_back({b + "ffn_down_exps.weight", {ff, embd, n_exp}});
   }
+  tensors.insert(tensors.end(), spec.extra_tensors.begin(), spec.extra_tensors.end());
   std::vector<GgmlType> types;
   for (auto& [name, shape] : tensors) {
     if (spec.omit_tensors.count(name)) continue;
@@ -419,6 +421,70 @@ TEST(ModelConfigTest, MisalignedTensorDataIsRejected) {
     } else {
       EXPECT_TRUE(FailsWith(w, "tensor 'token_embd.weight' data is not 4-byte aligned"));
     }
+  }
+}
+
+// Structurally incoherent files: every one of these used to load (its shapes agree with some
+// reading of its metadata) and compute garbage. Each is refused with a message naming what
+// disagrees.
+TEST(ModelConfigTest, IncoherentMetadataAndTensorsAreRefused) {
+  {
+    // block_count one short: two layers of tensors, one declared; the second would be ignored.
+    ModelSpec spec;
+    spec.omit_keys.insert("qwen3moe.block_count");
+    spec.extra = [](GgufWriter& w) { w.AddUint32("qwen3moe.block_count", 1); };
+    Loaded m = Load(spec);
+    EXPECT_TRUE(m.config.ok()) << m.config.status();
+    EXPECT_TRUE(FailsWith(m.weights, "tensor 'blk.1.attn_norm.weight' is not part of a 1-layer qwen3moe model"));
+  }
+  {
+    // A tensor of a kind qwen3moe has not (a shared expert's gate).
+    ModelSpec spec;
+    spec.extra_tensors.push_back({"blk.0.ffn_gate_shexp.weight", {8, 8}});
+    EXPECT_TRUE(FailsWith(Load(spec).weights, "tensor 'blk.0.ffn_gate_shexp.weight' is not part of"));
+  }
+  {
+    // RoPE over half of each head: mer (and qwen3moe) rotate every dimension.
+    ModelSpec spec;
+    spec.extra = [](GgufWriter& w) { w.AddUint32("qwen3moe.rope.dimension_count", 2); };
+    EXPECT_TRUE(FailsWith(Load(spec).config, "'qwen3moe.rope.dimension_count' = 2 differs from the head dimension 4"));
+    ModelSpec same;
+    same.extra = [](GgufWriter& w) { w.AddUint32("qwen3moe.rope.dimension_count", 4); };
+    EXPECT_TRUE(Load(same).weights.ok());
+  }
+  {
+    // Shared experts, which the graph would not run.
+    ModelSpec spec;
+    spec.extra = [](GgufWriter& w) { w.AddUint32("qwen3moe.expert_shared_count", 1); };
+    EXPECT_TRUE(FailsWith(Load(spec).config, "expert_shared_count"));
+  }
+  {
+    // A vocabulary of another size than the embeddings: ids past the tokenizer, or tokens past
+    // the embeddings.
+    ModelSpec spec;
+    spec.extra = [](GgufWriter& w) {
+      w.AddStringArray("tokenizer.ggml.tokens", std::vector<std::string>(15, "x"));
+    };
+    EXPECT_TRUE(FailsWith(Load(spec).config, "tokenizer.ggml.tokens holds 15 tokens but 'token_embd.weight' has 16 rows"));
+  }
+  {
+    // A tensor retyped without moving the next one: its bytes run into its neighbour's.
+    ModelSpec spec;
+    spec.types["blk.0.attn_q.weight"] = GgmlType::kF16;
+    const std::string path = WriteModel(spec);
+    std::ifstream in(path, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::remove(path.c_str());
+    // The tensor info: name, n_dims (u32), dims (u64 each), type (u32), offset (u64). f16 (1) -> f32 (0).
+    const std::string name = "blk.0.attn_q.weight";
+    const size_t at = bytes.find(name);
+    ASSERT_NE(at, std::string::npos);
+    const size_t type_at = at + name.size() + 4 + 2 * 8;
+    ASSERT_EQ(bytes[type_at], 1);
+    bytes[type_at] = 0;
+    auto file = GgufFile::Parse(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+    EXPECT_TRUE(FailsWith(file, "GGUF tensor 'blk.0.attn_q.weight' (f32"));
+    EXPECT_TRUE(FailsWith(file, "overlaps tensor 'blk.0.attn_k.weight'"));
   }
 }
 

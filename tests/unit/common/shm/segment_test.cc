@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -159,6 +160,77 @@ TEST(SegmentTest, AttachValidatesTheRealMapping) {
   auto res = ShmSegment::Create(name, SmallOptions());
   ASSERT_TRUE(res.ok()) << res.status();
   EXPECT_TRUE(ShmSegment::Attach(name, Identity()).ok());
+}
+
+// Another local user's object under the name: a live-looking segment of the right layout that a
+// compute would have used (impersonation), or any object (squatting, which used to stop a
+// residency with "File exists"). Needs root to make an object of another user.
+TEST(SegmentTest, AnotherUsersSegmentIsNeverMappedNorReclaimed) {
+  const std::string name = UniqueName("squat");
+  {
+    // A perfectly valid segment of the right model, handed to `nobody` and opened to all.
+    CreateOptions o = SmallOptions();
+    o.unlink_on_close = false;
+    auto fake = ShmSegment::Create(name, o);
+    ASSERT_TRUE(fake.ok()) << fake.status();
+    const int fd = shm_open(("/" + name).c_str(), O_RDWR, 0);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(fchmod(fd, 0666), 0);
+    if (geteuid() == 0) {
+      ASSERT_EQ(fchown(fd, 65534, 65534), 0);
+    }
+    close(fd);
+  }
+  absl::Status st = ShmSegment::Attach(name, Identity()).status();
+  EXPECT_TRUE(absl::IsUnavailable(st)) << st;  // retried: a real residency may still come
+  EXPECT_NE(st.message().find(geteuid() == 0 ? "belongs to uid 65534" : "open to other users (mode 0666)"),
+            absl::string_view::npos) << st;
+  if (geteuid() != 0) {
+    ASSERT_TRUE(ShmSegment::Remove(name).ok());
+    GTEST_SKIP() << "making an object of another user needs root";
+  }
+  // The residency serves under a fresh name of its own and says which; the squatter's object is
+  // left as it was; compute finds the residency's segment by its owner.
+  auto res = ShmSegment::Create(name, SmallOptions());
+  ASSERT_TRUE(res.ok()) << res.status();
+  EXPECT_EQ((*res)->name().rfind(name + ".", 0), 0u) << (*res)->name();
+  EXPECT_EQ((*res)->name().size(), name.size() + 17);
+  struct stat squat;
+  ASSERT_EQ(stat(("/dev/shm/" + name).c_str(), &squat), 0);
+  EXPECT_EQ(squat.st_uid, 65534u);
+  struct stat own;
+  ASSERT_EQ(stat(("/dev/shm/" + (*res)->name()).c_str(), &own), 0);
+  EXPECT_EQ(own.st_uid, geteuid());
+  EXPECT_EQ(own.st_mode & 0777, 0660u);
+  auto comp = ShmSegment::Attach(name, Identity());
+  ASSERT_TRUE(comp.ok()) << comp.status();
+  EXPECT_EQ((*comp)->name(), (*res)->name());
+  EXPECT_TRUE((*comp)->CheckPeer(1, absl::Seconds(5)).ok());
+  // A restarted residency replaces its own fallback (its predecessor is this process: allowed)
+  // and compute follows.
+  const std::string first = (*res)->name();
+  auto res2 = ShmSegment::Create(name, SmallOptions());
+  ASSERT_TRUE(res2.ok()) << res2.status();
+  EXPECT_TRUE((*comp)->superseded());
+  EXPECT_NE(stat(("/dev/shm/" + first).c_str(), &own), 0);  // the old fallback is gone
+  comp->reset();
+  res->reset();
+  res2->reset();
+  ASSERT_TRUE(ShmSegment::Remove(name).ok());
+}
+
+TEST(SegmentTest, ASegmentOpenToOtherUsersIsRefused) {
+  const std::string name = UniqueName("mode");
+  auto res = ShmSegment::Create(name, SmallOptions());
+  ASSERT_TRUE(res.ok()) << res.status();
+  struct stat st;
+  ASSERT_EQ(stat(("/dev/shm/" + name).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);  // whatever the umask
+  EXPECT_TRUE(ShmSegment::Attach(name, Identity()).ok());
+  ASSERT_EQ(chmod(("/dev/shm/" + name).c_str(), 0662), 0);
+  absl::Status s = ShmSegment::Attach(name, Identity()).status();
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("open to other users (mode 0662)"), absl::string_view::npos) << s;
 }
 
 TEST(SegmentTest, RecreatingSupersedesTheOldSegment) {

@@ -3,6 +3,7 @@
 #include "common/store/expert_store.h"
 
 #include <fcntl.h>
+#include <sys/wait.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -433,6 +434,11 @@ TEST(ExpertStore, MismatchedDenseGguf) {
   auto v = store->VerifyAll();
   EXPECT_EQ(v.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(v.status().message(), HasSubstr("dense.gguf: checksum"));
+  // Loading it checks every byte too: the daemons never serve a damaged dense.gguf.
+  auto w = store->LoadDenseWeights();
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(w.status().message(), HasSubstr("dense.gguf: checksum"));
+  EXPECT_THAT(w.status().message(), HasSubstr("mer pack --force"));
 }
 
 TEST(ExpertStore, PackRefusesToOverwriteUnlessAsked) {
@@ -457,6 +463,101 @@ TEST(ExpertStore, PackRefusesToOverwriteUnlessAsked) {
     EXPECT_TRUE(x == y) << f;
   }
   EXPECT_FALSE(fs::exists(dir + "/manifest.tmp"));
+}
+
+std::vector<std::string> Staging(const std::string& dir) {
+  std::vector<std::string> found;
+  const fs::path p(dir);
+  for (const auto& e : fs::directory_iterator(p.parent_path())) {
+    if (e.path().filename().string().rfind("." + p.filename().string() + ".pack-", 0) == 0)
+      found.push_back(e.path().string());
+  }
+  return found;
+}
+
+TEST(ExpertStore, RepackReplacesTheStoreAtOnceAndOpenFilesKeepTheOld) {
+  const Packed& a = GetPacked(SynthQuant::kQ8_0);
+  const Packed& b = GetPacked(SynthQuant::kQ8_0, 8);
+  const std::string dir = CopyStore(a, "repack");
+  std::unique_ptr<ExpertStore> old_store = OpenOk(dir);
+  ASSERT_NE(old_store, nullptr);
+  AlignedBuffer buf = AllocateAligned(old_store->blob_bytes());
+  ASSERT_TRUE(old_store->ReadBlob(1, 3, buf.get()).ok());
+
+  PackOptions o;
+  o.threads = 2;
+  o.overwrite = true;
+  ASSERT_TRUE(PackExpertStore(b.gguf, dir, o).ok());
+  // A reader of the old store (a live mer-residency) still reads the old, intact blobs.
+  EXPECT_TRUE(old_store->ReadBlob(1, 3, buf.get()).ok());
+  // The directory is the new store, whole; nothing is left beside it.
+  std::unique_ptr<ExpertStore> new_store = OpenOk(dir);
+  ASSERT_NE(new_store, nullptr);
+  EXPECT_NE(new_store->BlobCrc(1, 3), old_store->BlobCrc(1, 3));
+  EXPECT_TRUE(new_store->VerifyAll().ok());
+  EXPECT_TRUE(new_store->CheckSource(b.gguf).ok());
+  EXPECT_TRUE(Staging(dir).empty());
+}
+
+TEST(ExpertStore, PackKilledMidwayLeavesTheStoreIntact) {
+  const Packed& a = GetPacked(SynthQuant::kQ8_0);
+  const Packed& b = GetPacked(SynthQuant::kQ8_0, 8);
+  const std::string dir = CopyStore(a, "killed");
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The pack dies after its first layer of experts, as a SIGKILL would leave it: no cleanup.
+    PackOptions o;
+    o.threads = 1;
+    o.overwrite = true;
+    o.progress = [](int, int) { _exit(3); };
+    (void)PackExpertStore(b.gguf, dir, o);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 3) << status;
+  // The store is the old one, whole.
+  std::unique_ptr<ExpertStore> store = OpenOk(dir);
+  ASSERT_NE(store, nullptr);
+  EXPECT_TRUE(store->VerifyAll().ok());
+  EXPECT_TRUE(store->CheckSource(a.gguf).ok());
+  ASSERT_EQ(Staging(dir).size(), 1u);  // the dead pack's staging directory
+  // The next pack removes it (its writer is gone) and replaces the store.
+  PackOptions o;
+  o.threads = 2;
+  o.overwrite = true;
+  ASSERT_TRUE(PackExpertStore(b.gguf, dir, o).ok());
+  EXPECT_TRUE(Staging(dir).empty());
+  store = OpenOk(dir);
+  ASSERT_NE(store, nullptr);
+  EXPECT_TRUE(store->CheckSource(b.gguf).ok());
+}
+
+TEST(ExpertStore, IncompleteStoreIsNamedAsSuch) {
+  // What an older mer's interrupted pack left: the files, no manifest.
+  const std::string dir = CopyStore(GetPacked(SynthQuant::kQ8_0), "incomplete");
+  fs::remove(dir + "/manifest");
+  auto s = ExpertStore::Open(dir);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.status().message(), HasSubstr("incomplete store (interrupted pack)"));
+  EXPECT_THAT(s.status().message(), HasSubstr("mer pack --force"));
+  // A first pack killed before it published: no directory, its staging directory beside.
+  const std::string fresh = (TempRoot() / "never_published").string();
+  fs::create_directories(TempRoot() / ".never_published.pack-999999999-abcdef");
+  s = ExpertStore::Open(fresh);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.status().message(), HasSubstr("interrupted pack"));
+  fs::remove(TempRoot() / ".never_published.pack-999999999-abcdef");
+  // A directory holding something else is never packed over.
+  const std::string other = (TempRoot() / "other_files").string();
+  fs::create_directories(other);
+  std::ofstream(other + "/notes.txt") << "mine";
+  PackOptions o;
+  o.overwrite = true;
+  auto p = PackExpertStore(GetPacked(SynthQuant::kQ8_0).gguf, other, o);
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(fs::exists(other + "/notes.txt"));
 }
 
 TEST(ExpertStore, PackRefusesAModelWithoutExperts) {

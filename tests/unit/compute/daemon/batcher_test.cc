@@ -5,10 +5,12 @@
 
 #include <atomic>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <set>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "common/model/expert_source.h"
 #include "common/model/synth_model.h"
 #include "services/compute/cpu/cpu_engine.h"
@@ -373,6 +375,85 @@ TEST(BatcherTest, BackendFailureFailsTheBatchAndServesAgain) {
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(Drain(**b), *solo);
   EXPECT_TRUE((*b)->status().ok());
+}
+
+// Records which experts are acquired; fails with DataLoss any acquire that includes `bad`, as
+// mer-residency answers for a blob that fails its checksum.
+class DamagedExpertSource final : public ExpertSource {
+ public:
+  explicit DamagedExpertSource(const ModelWeights& w) : mapped_(w) {}
+  absl::Status AcquireLayer(int layer, absl::Span<const int32_t> experts,
+                            absl::Span<ExpertWeights> out) override {
+    for (int32_t e : experts) {
+      used.insert({layer, e});
+      if (bad == std::make_pair(layer, e)) {
+        ++failures;
+        return absl::DataLossError(absl::StrCat("blob (layer ", layer, ", expert ", e, ") fails its checksum"));
+      }
+    }
+    return mapped_.AcquireLayer(layer, experts, out);
+  }
+  void ReleaseLayer(int layer) override { mapped_.ReleaseLayer(layer); }
+  std::set<std::pair<int, int>> used;
+  std::pair<int, int> bad{-1, -1};
+  int failures = 0;
+
+ private:
+  MappedExpertSource mapped_;
+};
+
+TEST(BatcherTest, ADamagedExpertFailsOnlyTheSequencesRoutedToIt) {
+  DamagedExpertSource src(*MicroModel().weights);
+  auto solo_engine = Engine(src, 1, 16);
+  constexpr int kRequests = 16;
+  std::vector<std::vector<int32_t>> solo(kRequests);
+  std::vector<std::set<std::pair<int, int>>> used(kRequests);
+  std::map<std::pair<int, int>, int> users;
+  for (int i = 0; i < kRequests; ++i) {
+    src.used.clear();
+    auto out = Generate(*solo_engine, 0, Request(i), nullptr);
+    ASSERT_TRUE(out.ok()) << out.status();
+    solo[i] = *out;
+    used[i] = src.used;
+    for (const auto& e : src.used) ++users[e];
+  }
+  // The expert the fewest requests need (but some do): most requests are innocent bystanders.
+  src.bad = std::min_element(users.begin(), users.end(), [](const auto& a, const auto& b) {
+              return a.second < b.second;
+            })->first;
+  int needing = 0;
+  for (int i = 0; i < kRequests; ++i) needing += used[i].count(src.bad);
+  ASSERT_GT(needing, 0);
+  ASSERT_LT(needing, kRequests);
+
+  auto engine = Engine(src, 8, 64);  // the requests share steps
+  BatcherOptions bo;
+  bo.admission_wait = absl::Seconds(60);
+  Batcher batcher(*engine, bo);
+  std::vector<std::shared_ptr<SequenceStream>> streams(kRequests);
+  std::vector<std::vector<int32_t>> got(kRequests);
+  for (int first = 0; first < kRequests; first += 8) {  // 8 slots: two groups of 8 at once
+    for (int i = first; i < first + 8; ++i) {
+      auto s = batcher.Submit(Request(i));
+      ASSERT_TRUE(s.ok()) << s.status();
+      streams[i] = *s;
+    }
+    for (int i = first; i < first + 8; ++i) got[i] = Drain(*streams[i]);
+  }
+  int failed = 0;
+  for (int i = 0; i < kRequests; ++i) {
+    const absl::Status st = streams[i]->status();
+    if (used[i].count(src.bad) != 0) {
+      EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << i << ": " << st;
+      EXPECT_NE(st.message().find("fails its checksum"), absl::string_view::npos) << st;
+      ++failed;
+    } else {
+      EXPECT_TRUE(st.ok()) << "request " << i << " never needed the damaged expert: " << st;
+      EXPECT_EQ(got[i], solo[i]) << i;
+    }
+  }
+  EXPECT_EQ(failed, needing);
+  EXPECT_GT(src.failures, needing);  // the fault fired, in shared steps and then alone
 }
 
 // after_step runs on the step thread: after each step (idle = false) and at idle ticks (true),
