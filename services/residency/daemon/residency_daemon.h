@@ -299,8 +299,8 @@ class ResidencyDaemon {
     uint64_t touches;  // hits since the last sync, capped
   };
   static constexpr uint64_t kMaxTouchesPerSync = 64;  // bounds the work a hostile count can cause
-  std::vector<TouchedExpert> touched_;
-  std::atomic<uint64_t> loop_turns_{0};   // SyncComputeHits' scratch, reserved for every slot
+  std::vector<TouchedExpert> touched_;    // SyncComputeHits' scratch, reserved for every slot
+  std::atomic<uint64_t> loop_turns_{0};   // loop_turns(): written by the loop, read by any thread
   std::vector<uint32_t> free_slots_;     // slots without owner (maybe still pinned: R3)
   std::deque<uint32_t> queued_;          // expert indices waiting for a slot / a read
   std::vector<absl::Time> submit_time_;  // per expert index, of the read in flight
