@@ -26,7 +26,8 @@
 // fills compute has converted to its device layout is tracked per slot here (a fill number is
 // unique within one segment, so the record is cleared at re-attachment).
 //
-// Thread-safety: one thread (the engine's Forward).
+// Thread-safety: one thread at a time: the engine's Forward, or on the cuda backend's device path
+// (misses decided on the device) the miss service's thread, which then does all the VRAM calls.
 #pragma once
 
 #include <cstdint>

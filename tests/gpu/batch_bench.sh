@@ -11,10 +11,11 @@
 #   4. /metrics of the three daemons scraped before and after the measured run, and a summary:
 #      generated tokens/s, TTFT and ITL percentiles (at the client), tokens per forward step (is
 #      the batch really STREAMS wide), step time, VRAM and RAM hit rates, uploads, host syncs.
-# Programs come from a gpu-bundle ($BUNDLE/run PROGRAM ...: mer, mer-residency, mer-compute,
-# mer-gateway); results go to $OUT (summary.txt, loadgen.log, metrics.txt, daemons.log,
-# synth.log). Every step is time-bounded, and all of them together by DEADLINE seconds (the
-# device tool allows 10 minutes a command); the summary is written as the steps finish.
+# Programs come from BUNDLE (its bin/ holds mer, mer-residency, mer-compute and mer-gateway, and
+# $BUNDLE/run PROGRAM ... runs one of them with its libraries; docs/benchmarks.md, "Machines");
+# results go to $OUT (summary.txt, loadgen.log, metrics.txt, daemons.log, synth.log). Every step
+# is time-bounded, and all of them together by DEADLINE seconds; the summary is written as the
+# steps finish.
 #
 # On the GPU machine (defaults):   tests/gpu/batch_bench.sh
 # A CPU check of the script:       BACKEND=cpu PRESET=tiny BUNDLE=... tests/gpu/batch_bench.sh

@@ -3,13 +3,14 @@
 // IPC does not work within one process, so the daemon is the mer-residency binary, started here).
 // A synthetic model is packed into an expert store; mer-residency serves it with a RAM tier of
 // 10% of the experts; CudaEngine runs over the store's dense weights with
-// CudaEngineOptions::vram_residency set, with an arena of every expert and of 10% of them
-// (mer-residency uploads every expert, evicts in the 10% arena, never a pinned slot). On a corpus
+// CudaEngineOptions::vram_residency set, with an arena of every expert (filled at Create, not
+// exported), of 50% (exported, misses decided on the device) and of 10% (exported, misses served
+// by the host; mer-residency evicts there, never a pinned slot). On a corpus
 // of prompts the greedy ids must equal the CPU reference engine's on the GGUF, and the
 // teacher-forced logits be within 1e-3 relative L2 at every step, as cuda_store_test.
 //
 // The binary: $MER_RESIDENCY_BIN, else mer-residency next to this test (build/bin, or a
-// gpu-bundle's bin/). Time-bounded: acquires give up after 20 s, the daemon is SIGKILLed if it
+// bundle's bin/). Time-bounded: acquires give up after 20 s, the daemon is SIGKILLed if it
 // does not exit 5 s after SIGTERM, CTest stops the binary after 300 s.
 #include <gtest/gtest.h>
 #include <signal.h>

@@ -10,7 +10,8 @@
 #      --backend cuda` (31 prompt + 128 generated tokens, 1 warm-up + 3 runs, batch 1) with
 #      100%, 50%, 25% and 12.5% of the experts in VRAM, the rest read from the mapped file
 #      (RUNSPEC: also pageable uploads, and seeded sampling).
-# Programs come from a gpu-bundle (BUNDLE, default .gpu/bundle); results go to $OUT (logs and a
+# Programs come from BUNDLE (default .gpu/bundle: bin/ and a run wrapper; docs/benchmarks.md,
+# "Machines"); results go to $OUT (logs and a
 # summary table, printed last). Every step is time-bounded. STEPS selects steps: kernels, memcheck,
 # engine, tests (all three), bench, profile (ncu kernel times at 100%, launches PROFILE_SKIP ..
 # + PROFILE_KERNELS, raw CSV in $OUT/$PROFILE_NAME.csv); default "tests bench". Also:

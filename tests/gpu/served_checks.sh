@@ -12,9 +12,9 @@
 #               DecodeGreedy), and the three daemons with one stream (tests/gpu/batch_bench.sh
 #               STREAMS=1): decode tokens/s, host syncs per token, side by side in this call;
 #   batch:      tests/gpu/batch_bench.sh with 64 streams, every expert in VRAM.
-# Programs come from a gpu-bundle (BUNDLE); results under OUT (summary.txt last). Every step is
-# time-bounded by DEADLINE (seconds since the start) so that the call ends inside the device
-# tool's 10 minutes.
+# Programs come from BUNDLE (bin/ and a run wrapper; docs/benchmarks.md, "Machines"); results
+# under OUT (summary.txt last). Every step is time-bounded by DEADLINE (seconds since the start),
+# so that the whole run ends within it.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 BUNDLE=${BUNDLE:-.gpu/bundle}

@@ -10,7 +10,7 @@
 # Every id list must equal the reference. A geometry the backend cannot run must be refused at
 # start-up with a message (no abort, no signal): such a case is counted as refused, and fails the
 # test only if the message is missing. SEEDS defaults to "1 2 3 4 5"; BACKEND to cpu (CI); the GPU
-# machine runs it with cuda and 20+ seeds (tests/gpu/run_gpu_checks.sh). MER_BIN_DIR: where
+# machine runs it with cuda and 20 seeds (tests/gpu/served_checks.sh, STEPS=geometries). MER_BIN_DIR: where
 # mer-residency, mer-compute and mer-gateway are (mer up finds them beside `mer` otherwise).
 set -u
 MER=$1

@@ -43,7 +43,8 @@ struct AttentionArgs {
 // one block each, whose partial softmax (max, sum, sum of exp . V) goes to the scores scratch, and
 // a second kernel combines them. Not bit-exact with the CPU (the softmax's sums are regrouped;
 // within 1e-5 relative L2 of an exact softmax), so the engine uses it only where a step's
-// longest context passes CudaEngineOptions::attention_split_min_cells, and the exact kernel below.
+// longest context passes CudaEngineOptions::attention_split_min_cells, and the exact kernel (a block
+// per token and head, attention.cu) otherwise.
 inline constexpr int kAttentionSplitCells = 256;
 // Whether split-K can run at this geometry (head_dim divides the block; its partials fit the scratch).
 bool AttentionSplitSupported(int head_dim, int max_ctx);

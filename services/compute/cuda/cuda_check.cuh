@@ -1,5 +1,6 @@
 // CUDA_CHECK: CUDA calls whose failure is a programmer error or a sticky device fault abort at once
-// with file and line (STYLE.md: such faults are not recoverable in-process; systemd restarts).
+// with file and line, as CHECK does (common/base/check.h): such faults are not recoverable in the
+// process, and systemd restarts the daemon.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -7,15 +7,22 @@
 // Create), the f32 KV cache, the workspaces for max_batch_tokens tokens, and the expert arena: a
 // pool of equal VRAM slots, one expert (gate | up | down) each, sized from what is left (free
 // memory minus a margin) and capped by the options; a device-side slot table maps (layer, expert)
-// to a slot and is what the expert kernels read. Misses are uploaded from the host pointers the
-// ExpertSource returns (cudaMemcpyAsync; the experts' host memory is pinned with cudaHostRegister
-// when it can be), evicting the least recently used expert that the layer being computed does not
-// use. The weights may lack the expert tensors (an expert store's dense.gguf): the experts' types
-// then come from the source (ExpertSource::expert_types, a store's manifest), and a layer's misses
-// are acquired in groups of at most the source's max_experts_per_acquire() (mer-residency's RAM
-// tier, ResidencyExpertSource), each held until its copies are complete. While every expert is resident, a step runs with no host round trip between its layers (and
-// single-token steps replay a CUDA graph); otherwise the host reads each layer's routing once
-// (one synchronisation) to serve its misses. docs/cuda.md has the design and the numbers.
+// to a slot and is what the expert kernels read. The weights may lack the expert tensors (an
+// expert store's dense.gguf): the experts' types then come from the source
+// (ExpertSource::expert_types, a store's manifest).
+//
+// An arena that holds every expert is filled at Create (Preload, from the ExpertSource) and never
+// exported: every step runs on the device, single-token steps as CUDA graphs. A partial arena is
+// served one of three ways (docs/cuda.md, "VRAM budget and the arena"):
+//   - vram_residency null: the host reads each layer's routing (one synchronisation) and uploads
+//     the misses from the host pointers the ExpertSource returns (cudaMemcpyAsync; the host memory
+//     pinned with cudaHostRegister when it can be), evicting the least recently used expert the
+//     layer being computed does not use; a layer's misses are acquired in groups of at most the
+//     source's max_experts_per_acquire(), each held until its copies are complete;
+//   - vram_residency set: the arena is exported to mer-residency, which places the experts; the
+//     host reads each layer's routing and acquires the layer's experts from it;
+//   - vram_residency set and device_misses: the device decides each layer's hits and misses and
+//     waits for the misses at a gate that the miss service opens (vram_miss_service.h).
 //
 // This header exposes no CUDA types (the implementation's are behind Impl).
 // Thread-safety: one Forward at a time; Create, ClearSequence and stats likewise.
@@ -47,7 +54,7 @@ struct CudaEngineOptions {
   // cudaHostRegister the experts' host memory when it is the mapped model file (other sources pin
   // their own memory: ResidencyExpertSourceOptions::pin_ram_tier with CudaRegisterHostMemory).
   bool pin_host_experts = true;
-  bool use_graphs = true;              // CUDA graphs for single-token steps while all experts are resident
+  bool use_graphs = true;              // CUDA graphs for single-token steps on the device path
   int staging_experts = 16;            // device staging buffers for uploads (experts per repack launch)
   // Look-ahead prefetch into VRAM on decode steps that miss: the next layer's router applied to
   // the current hidden state picks experts to upload while this layer computes.
@@ -65,8 +72,9 @@ struct CudaEngineOptions {
   // (219.5 / 215.6). Hence 512: contexts up to 512 cells (the corpus, the benchmark's 159) stay
   // bit-exact; 0 keeps every length so.
   int attention_split_min_cells = 512;
-  // Non-null: the arena is exported to mer-residency through CUDA IPC and filled by it (the
-  // experts come through this, not the ExpertSource; docs/cuda.md, "The arena over CUDA IPC").
+  // Non-null: a partial arena is exported to mer-residency through CUDA IPC and filled by it (the
+  // experts come through this, not the ExpertSource; docs/cuda.md, "The arena over CUDA IPC"); an
+  // arena that holds every expert is filled from the ExpertSource at Create and not exported.
   // Not owned; outlives the engine. Null: the engine uploads from the ExpertSource itself.
   VramResidency* vram_residency = nullptr;
   // With vram_residency: the device decides each layer's hits and misses and waits for the misses

@@ -246,9 +246,9 @@ struct CudaEngine::Impl {
     CHECK(cuda::StreamWrite(stream, gates + layer, 0));
   }
 
-  // CUDA graphs of a single-token, all-resident step, by number of logits rows (0 or 1), whether
-  // attention runs split-K (attention_split) and whether the step ends in the argmax kernel
-  // (ForwardArgmax).
+  // CUDA graphs of a single-token step on the device path (every expert resident, or misses
+  // decided on the device with device_graphs), by number of logits rows (0 or 1), whether attention
+  // runs split-K (attention_split) and whether the step ends in the argmax kernel (ForwardArgmax).
   cudaGraphExec_t graph[2][2][2] = {};
   // DecodeGreedy's pipeline: two sets of pinned inputs and ids, so that the host fills step
   // i + 1's while step i runs, each step ending in an event; its graphs by set, by where the
@@ -325,7 +325,6 @@ struct CudaEngine::Impl {
     if (layer == 0) return {};
     return {expert_out, chosen_w, c.n_expert_used};
   }
-  // Releases the layer held from the source; call after a synchronisation saw its copies complete.
   // Releases the prefetch's hold on the source; unless the main stream has synchronised since it
   // waited for the prefetch's copies, waits for them first (a host synchronisation).
   void ReleasePrefetchHold(bool copies_done) {
@@ -337,6 +336,8 @@ struct CudaEngine::Impl {
     source.ReleaseLayer(prefetch_held_layer);
     prefetch_held_layer = -1;
   }
+  // Releases the layer held from the source and the pass's VRAM pins; call after a
+  // synchronisation saw the copies and kernels that use them complete.
   void ReleaseHeld() {
     for (int layer : pending_release) source.ReleaseLayer(layer);
     pending_release.clear();

@@ -1,7 +1,7 @@
 // The inner loop of the K-quant matrix products (dense mat-vec and grouped experts), bit-exact
-// with the CPU engine's VecDotRowsQ4_K / VecDotRowsQ6_K (common/quant/q4_k.cc, q6_k.cc, the
-// AVX2 kernels; the VNNI ones form the same integers and floats; the scalar ones, used only in
-// builds without AVX2, sum in another order):
+// with the CPU engine's VecDotRowsQ4_K / VecDotRowsQ6_K (common/quant/q4_k_rows.cc, q6_k_rows.cc:
+// the avx2 and avx512 variants form the same integers and floats; the scalar one, run only where
+// MER_CPU_KERNELS=scalar forces it, sums in another order):
 //
 //   8 lanes per row (kquant_layout.cuh). Per block, in order, lane i forms the CPU's int32 lane i
 //   exactly (Q4_KLaneSum / Q6_KLaneSum) and accumulates acc_i = fma(d_w * d_a, (float)isum, acc_i);

@@ -3,11 +3,11 @@
 // device intrinsics, so that a host test (tests/unit/compute/kquant_layout_test.cc) can run a
 // lane group's arithmetic on the CPU against the CPU kernels.
 //
-// The CPU kernels (common/quant/q4_k.cc, q6_k.cc; AVX2, and VNNI with the same integers) keep 8
-// int32 lanes per weight row; lane i covers bytes 4i..4i+3 of every 32-element run of a 256-block
-// ("group" g = element / 32, 8 groups). One GPU lane group of 8 lanes computes one row, lane i
-// holding CPU lane i, so each lane needs word i of every group; the layouts put those words
-// next to each other (LaneInterleave) so a lane reads them with one 16-byte load.
+// The CPU kernels (common/quant/q4_k_rows.cc, q6_k_rows.cc; avx2, and avx512 with the same
+// integers) keep 8 int32 lanes per weight row; lane i covers bytes 4i..4i+3 of every 32-element
+// run of a 256-block ("group" g = element / 32, 8 groups). One GPU lane group of 8 lanes computes
+// one row, lane i holding CPU lane i, so each lane needs word i of every group; the layouts put
+// those words next to each other (LaneInterleave) so a lane reads them with one 16-byte load.
 //
 // Weights, a matrix of n = rows * cols / 256 blocks, block b = row * (cols / 256) + block in row;
 // the same bytes as the file's blocks, regrouped (kquant_repack.cuh converts on upload):
@@ -89,8 +89,8 @@ __host__ __device__ inline int Dot4(uint32_t a, uint32_t b) {
 }
 
 // The 6-bit scales sc[0..7] and mins m[0..7] of a Q4_K header (words: d | dmin << 16, then the
-// 12 scale bytes), four bytes a word: the CPU kernel's DecodeScalesMins (q4_k.cc), which is the
-// packing of blocks.h undone.
+// 12 scale bytes), four bytes a word: the CPU kernel's DecodeScalesMins (q4_k_rows.cc), which is
+// the packing of blocks.h undone.
 struct Q4_KScales {
   uint32_t sc_lo, sc_hi, m_lo, m_hi;  // sc[0..3], sc[4..7], m[0..3], m[4..7]
 };

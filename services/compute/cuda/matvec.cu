@@ -190,7 +190,7 @@ void Launch(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
   constexpr int kRowsPerBlock = kWarps * (32 / kGroup<kType>) * kRows;
   const unsigned bx = static_cast<unsigned>((total_rows + kRowsPerBlock - 1) / kRowsPerBlock);
   const int64_t cols = args.o[0].w.cols;
-  // Measured on the H200 (docs/cuda.md): a warp per row pays off for long rows, whose chains the
+  // Measured on the H200 (30B geometry, in place): a warp per row pays off for long rows, whose chains the
   // lane-group path would feed in several rounds of loads (the 4,096-column output projection:
   // 11.8 vs 17.7 us); on 2,048 columns the lane groups are as fast or faster (Q/K/V 11.7 vs
   // 12.8 us, the LM head 102 vs 190 us).

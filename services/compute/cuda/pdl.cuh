@@ -1,8 +1,8 @@
 // Programmatic dependent launch (Hopper): every kernel of the step is launched with LaunchPdl, so
 // it may become resident while its predecessor on the stream is still running. Decode is a chain
-// of ~10 small kernels per layer, each of which would otherwise pay a launch ramp and a first
-// DRAM round trip after the previous one drained; with PDL a mat-vec issues its weight loads
-// (which depend on nothing) before it waits.
+// of 7 small kernels per layer (docs/cuda.md, "The step"), each of which would otherwise pay a
+// launch ramp and a first DRAM round trip after the previous one drained; with PDL a mat-vec
+// issues its weight loads (which depend on nothing) before it waits.
 //
 // The contract, for every kernel launched with LaunchPdl:
 //   - AllowDependents() may come first (it lets the next kernel be scheduled; it orders nothing);

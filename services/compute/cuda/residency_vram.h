@@ -9,7 +9,9 @@
 // them. So the two never touch a slot at the same time.
 //
 // Internal to services/compute/cuda (it shows cudaStream_t's struct, not the runtime header).
-// Thread-safety: one thread (the engine's Forward).
+// Thread-safety: one thread at a time: the engine's Forward on the host path (Acquire, Release,
+// the hints), or the miss service's thread on the device path (Place, Unpin, the hints); an engine
+// takes one path for its lifetime, and Release does nothing where nothing was acquired.
 #pragma once
 
 #include <cstdint>

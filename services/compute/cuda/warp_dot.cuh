@@ -8,7 +8,7 @@
 //
 //   Q8_0: 8 lanes per row; lane l sums elements 4l..4l+3 of every 32-block as an exact integer
 //         (dp4a), accumulated acc_l = fma(d_w * d_a, isum, acc_l) over blocks in order
-//         (common/quant/q8_0.cc), then ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)).
+//         (common/quant/q8_0_rows.cc), then ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)).
 //   F16/BF16: 16 lanes per row; lane m accumulates elements 16c + m over c, then lanes m and
 //         m + 8 added and reduced as above (common/quant/float_dot.cc, two __m256 accumulators).
 //   F32:  32 lanes per row holding ggml_vec_dot_f32's 64 lanes (l and l + 32), reduced as

@@ -1,25 +1,33 @@
 // mer-residency's service loop: serves the experts of an expert store to mer-compute through the
-// RAM tier of the shared-memory segment (docs/shm_protocol.md).
+// RAM tier of the shared-memory segment (docs/shm_protocol.md), and fills the VRAM arena that
+// mer-compute may export over CUDA IPC (docs/cuda.md, "The arena over CUDA IPC").
 //
 // One thread (Run) owns everything: the demand and hint consumers, the completion producer, the
-// residency table writes, the replacement policy, the prefetch predictor and the IoEngine. Each
-// turn of the loop, in this order:
+// residency table writes, the replacement policy, the prefetch predictor, the IoEngine and the
+// VRAM tier (the slot map and the uploader). Each turn of the loop, in this order:
+//   0. an arena exported or withdrawn since the last turn is imported or closed;
 //   1. demand first, always: pops DemandRequests; a RAM-resident expert completes at once (a hit);
 //      a miss joins the load of that expert already in flight, if any (duplicate demands are
-//      coalesced: one read, one completion per request), or queues a new load;
-//   2. starts queued loads while fewer than io_inflight_max reads are in flight: a RAM slot that
-//      no step can read (a free one, or the policy's victim among the unpinned residents, evicted
-//      with the R1-R3 protocol of common/shm/residency_table.h), then one read of blob_bytes() at
-//      BlobOffset into the slot (O_DIRECT where the store allows it; the pool is registered with
-//      the engine as fixed buffers where the engine can);
+//      coalesced: one read, one completion per request), or queues a new load. A VRAM demand
+//      completes at once if the expert is in VRAM, else waits for an upload (after a load into
+//      RAM if need be);
+//   2. starts uploads of demanded experts that RAM holds, then queued loads while fewer than
+//      io_inflight_max reads are in flight: a RAM slot that no step can read (a free one, or the
+//      policy's victim among the unpinned residents, evicted with the R1-R3 protocol of
+//      common/shm/residency_table.h), then one read of blob_bytes() at BlobOffset into the slot
+//      (O_DIRECT where the store allows it; the pool is registered with the engine as fixed
+//      buffers where the engine can);
 //   3. reaps read completions: the blob's CRC is checked (ExpertStore::VerifyBlob); a mismatch is
 //      counted and the blob read again up to max_refetches times, after which the waiters get
 //      DataLoss naming the expert and the entry is marked failed: corrupted bytes are never
-//      published. A good blob is published (PublishResident) and its Completions pushed;
+//      published. A good blob is published (PublishResident) and its Completions pushed; then
+//      finished uploads (an upload is published only once its copy has completed) and the
+//      uploads that the new RAM residents allow;
 //   4. hints: always consumed (the ring must not fill); with prefetch on, routed hints feed the
 //      predictor and its predictions (and the compute's own "predicted" hints) are read ahead, but
 //      only while no demand is waiting and fewer than prefetch_inflight_max prefetches are in
-//      flight, and only into free or unpinned slots.
+//      flight, and only into free or unpinned slots. With an arena open, predicted experts that
+//      RAM holds are moved into VRAM likewise while no demand waits (vram_prefetch_*).
 // The heartbeat is the segment's own thread (ShmSegment::StartHeartbeat), started by Run.
 //
 // Counters (ResidencyCounters) are kept by the loop thread as plain integers; Snapshot() returns a
@@ -299,8 +307,8 @@ class ResidencyDaemon {
     uint64_t touches;  // hits since the last sync, capped
   };
   static constexpr uint64_t kMaxTouchesPerSync = 64;  // bounds the work a hostile count can cause
-  std::vector<TouchedExpert> touched_;
-  std::atomic<uint64_t> loop_turns_{0};   // SyncComputeHits' scratch, reserved for every slot
+  std::vector<TouchedExpert> touched_;    // SyncComputeHits' scratch, reserved for every slot
+  std::atomic<uint64_t> loop_turns_{0};   // loop_turns(): written by the loop, read by any thread
   std::vector<uint32_t> free_slots_;     // slots without owner (maybe still pinned: R3)
   std::deque<uint32_t> queued_;          // expert indices waiting for a slot / a read
   std::vector<absl::Time> submit_time_;  // per expert index, of the read in flight

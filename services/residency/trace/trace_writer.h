@@ -1,5 +1,5 @@
-// Records a routing trace from the engine: a RoutingObserver (services/compute/cpu/cpu_engine.h)
-// that turns each Forward call (layers 0..n_layer-1, one OnRouting each) into one record, prompt
+// Records a routing trace from the engine: a RoutingObserver (services/compute/backend.h) that
+// turns each Forward call (layers 0..n_layer-1, one OnRouting each) into one record, prompt
 // chunks and decode steps alike, in the order they run.
 //
 // A record is a prompt record or a decode record by set_phase(); in kAuto (the default) a batch of
