@@ -1,6 +1,6 @@
 // `mer synth --store-out`: a synthetic model (common/model/synth_model.h) written straight into
 // an expert store, for geometries whose GGUF and store do not fit on one disk together (the
-// Qwen3-30B-A3B geometry in Q8_0 is 31 GB each; the GPU machine's disk holds 64 GiB). No GGUF is
+// Qwen3-30B-A3B geometry in Q8_0 is 31 GB each; a 64 GiB disk). No GGUF is
 // written: every blob is generated from the model's row functions, in parallel, and written as
 // `mer pack` writes blobs, and dense.gguf streams tensor by tensor.
 //

@@ -1,5 +1,5 @@
 // mer-compute: loads a model (a GGUF file, or an expert store's dense weights with the experts
-// served by mer-residency), runs continuous batching over the cpu backend and serves the
+// served by mer-residency), runs continuous batching over a compute backend (cpu or cuda) and serves the
 // internal gRPC API (proto/mer/internal/v1/compute.proto) on a unix socket until SIGTERM/SIGINT.
 #include <unistd.h>
 

@@ -6,10 +6,12 @@
 //
 // Output: each sequence is sampled exactly as services/compute/generation.h's Generate samples it
 // alone (its own Sampler, history = prompt + output, the same positions), so on a batch-invariant
-// backend (the cpu one is, bit for bit) every sequence's tokens equal its solo output.
+// backend (the cpu one is, bit for bit; the cuda one too up to 512 cells of context, past which
+// its attention runs split-K) every sequence's tokens equal its solo output.
 //
 // A lone greedy decode (one running sequence past its prompt, plain argmax without logprobs,
-// nothing waiting to join) runs through ComputeBackend::DecodeGreedy, which a backend may pipeline (the cuda one
+// nothing waiting to join) runs through ComputeBackend::DecodeGreedy, which a backend may
+// pipeline (the cuda one
 // launches step i + 1 before the host has read step i's token): the same tokens as one step per
 // token, at the single-process speed. It hands back to the batch loop as soon as another
 // sequence is submitted, the sequence finishes or is cancelled.

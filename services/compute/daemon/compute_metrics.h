@@ -1,6 +1,7 @@
 // mer-compute's Prometheus metrics (docs/metrics.md): step latency and batch size histograms,
-// token and sequence counters (updated by the Batcher's step thread), and the capacity gauges
-// (slots, KV budget) read from a callback at scrape time.
+// token and sequence counters (updated by the Batcher's step thread), the capacity gauges
+// (slots, KV budget) read from a callback at scrape time, and the backend's counters
+// (OnBackendCounters; their families exist only for a backend with a device).
 //
 // Thread-safety: every method may be called from any thread (prometheus-cpp's metrics are
 // thread-safe); the capacity callback is called on the exposer's threads.
