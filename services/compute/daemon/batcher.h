@@ -12,8 +12,8 @@
 // A lone greedy decode (one running sequence past its prompt, plain argmax without logprobs,
 // nothing waiting to join) runs through ComputeBackend::DecodeGreedy, which a backend may
 // pipeline (the cuda one launches step i + 1 before the host has read step i's token): the same
-// tokens as one step per token, at the single-process speed. It hands back to the batch loop as soon as another
-// sequence is submitted, the sequence finishes or is cancelled.
+// tokens as one step per token, at the single-process speed. It hands back to the batch loop as
+// soon as another sequence is submitted, the sequence finishes or is cancelled.
 //
 // Admission: a sequence takes one of the backend's max_sequences slots and reserves
 // prompt + max_new_tokens - 1 positions of the KV budget (kv_budget_tokens) until it leaves.
