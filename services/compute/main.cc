@@ -34,7 +34,7 @@
 #include "services/compute/daemon/compute_service.h"
 #include "services/compute/daemon/residency_monitor.h"
 #include "services/compute/residency_expert_source.h"
-#include "services/residency/daemon/segment_identity.h"
+#include "common/shm/store_identity.h"
 
 #ifndef MER_VERSION
 #define MER_VERSION "unknown"
@@ -286,7 +286,7 @@ absl::Status Main(const Args& a) {
   compute::ComputeServiceOptions service_options;
   if (store) {
     monitor = std::make_unique<compute::ResidencyMonitor>(a.residency,
-                                                          residency::ExpectedSegmentIdentity(store->manifest()));
+                                                          shm::ExpectedSegmentIdentity(store->manifest()));
     service_options.serving = [m = monitor.get()] { return m->status(); };
   }
   compute::ComputeService service(*batcher, info, std::move(vp), service_options);

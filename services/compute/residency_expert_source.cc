@@ -8,7 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/base/status.h"
-#include "services/residency/daemon/segment_identity.h"
+#include "common/shm/store_identity.h"
 
 namespace mer {
 
@@ -68,7 +68,7 @@ absl::Status ResidencyExpertSource::Attach() {
   absl::Status last;
   for (;;) {
     auto seg = shm::ResidencyClient::Reconnect(
-        name_, residency::ExpectedSegmentIdentity(store_.manifest()), deadline);
+        name_, shm::ExpectedSegmentIdentity(store_.manifest()), deadline);
     if (!seg.ok()) {
       last = seg.status();
       break;

@@ -88,7 +88,7 @@ uint32_t RamSlotCount(const ExpertStore& store, const ResidencyOptions& options)
 
 shm::SegmentGeometry DaemonGeometry(const ExpertStore& store, const ResidencyOptions& options) {
   shm::SegmentGeometry g;
-  g.model_identity = SegmentIdentity(store.manifest());
+  g.model_identity = shm::StoreSegmentIdentity(store.manifest());
   g.n_layer = static_cast<uint32_t>(store.n_layer());
   g.n_expert = static_cast<uint32_t>(store.n_expert());
   g.ram_slot_count = RamSlotCount(store, options);

@@ -54,7 +54,7 @@
 #include "common/shm/client.h"
 #include "common/shm/segment.h"
 #include "common/store/expert_store.h"
-#include "services/residency/daemon/segment_identity.h"
+#include "common/shm/store_identity.h"
 #include "services/residency/io/io_engine.h"
 #include "services/residency/policy/prefetch_predictor.h"
 #include "services/residency/policy/replacement_policy.h"
@@ -181,7 +181,7 @@ std::string FormatCounters(const ResidencyCounters& c);
 
 // RAM slots for a budget: budget / blob_bytes, at least the floor of ResidencyOptions.
 uint32_t RamSlotCount(const ExpertStore& store, const ResidencyOptions& options);
-// The segment geometry mer-residency creates for `store` (identity from SegmentIdentity).
+// The segment geometry mer-residency creates for `store` (identity from StoreSegmentIdentity).
 shm::SegmentGeometry DaemonGeometry(const ExpertStore& store, const ResidencyOptions& options);
 
 class ResidencyDaemon {

@@ -23,7 +23,7 @@
 #include "common/store/expert_store.h"
 #include "common/store/packer.h"
 #include "services/residency/daemon/residency_daemon.h"
-#include "services/residency/daemon/segment_identity.h"
+#include "common/shm/store_identity.h"
 #include "services/residency/io/fault_injecting_io_engine.h"
 
 namespace mer::residency {
@@ -131,7 +131,7 @@ class DaemonFixture {
 };
 
 inline std::unique_ptr<shm::ShmSegment> AttachCompute(const DaemonFixture& f) {
-  auto s = shm::ShmSegment::Attach(f.name(), ExpectedSegmentIdentity(f.store().manifest()));
+  auto s = shm::ShmSegment::Attach(f.name(), shm::ExpectedSegmentIdentity(f.store().manifest()));
   CHECK(s.ok());
   return std::move(*s);
 }
