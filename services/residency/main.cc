@@ -26,7 +26,7 @@ namespace {
 
 constexpr char kHelp[] =
     R"(usage: mer-residency --store STORE_DIR --instance NAME --ram-budget BYTES|PERCENT%
-                     [--io auto|uring|pread] [--policy lru|lfu|arc] [--prefetch]
+                     [--io auto|uring|pread] [--policy lru|lfu|arc] [--prefetch] [--warm]
                      [--io-inflight N] [--prefetch-inflight N] [--stats-interval SECONDS]
                      [--take-over] [--metrics-listen HOST:PORT|off] [--pin auto|off]
                      [--io-faults SPEC]
@@ -36,7 +36,9 @@ through the shared-memory segment /dev/shm/NAME, made by this user, mode 0660 (i
 holds that name, /dev/shm/NAME.<16 hex digits> instead, which mer-compute finds by its owner).
 --ram-budget is bytes (suffixes K, M, G, T: powers of 1024) or a percentage of all experts'
 bytes ("10%"); the RAM tier holds budget / blob size slots (at least one; compute acquires a
-layer's experts in groups of half the slots). With --pin auto (the default) the RAM tier is page-locked with cudaHostRegister when a GPU and
+layer's experts in groups of half the slots). --warm fills the RAM tier from the store at start,
+while no demand waits (free slots only, layer by layer, io-inflight - 2 reads at a time; the log
+says when it is done and at what rate the store read). With --pin auto (the default) the RAM tier is page-locked with cudaHostRegister when a GPU and
 the CUDA runtime are present (uploads to VRAM then run at the pinned rate); the log says whether
 it was. When mer-compute exports its VRAM expert arena over CUDA IPC (--vram-arena residency,
 its default with --backend cuda), this daemon fills it: uploads from the RAM tier on demand and
@@ -57,7 +59,7 @@ struct Args {
   std::string metrics_listen = "127.0.0.1:0";
   std::string pin = "auto";
   std::string io_faults;
-  bool prefetch = false, take_over = false;
+  bool prefetch = false, take_over = false, warm = false;
   int64_t io_inflight = 16, prefetch_inflight = 2;
   double stats_interval = 0;
 };
@@ -68,7 +70,7 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
                                          {"store", "instance", "ram-budget", "io", "policy",
                                           "metrics-listen", "pin", "io-inflight",
                                           "prefetch-inflight", "stats-interval", "io-faults"},
-                                         {"prefetch", "take-over"}));
+                                         {"prefetch", "take-over", "warm"}));
   a->store = f.String("store");
   a->instance = f.String("instance");
   a->budget = f.String("ram-budget");
@@ -78,6 +80,7 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
   ASSIGN_OR_RETURN(a->pin, f.OneOf("pin", a->pin, {"auto", "off"}));
   a->prefetch = f.Has("prefetch");
   a->take_over = f.Has("take-over");
+  a->warm = f.Has("warm");
   a->io_faults = f.String("io-faults");
   ASSIGN_OR_RETURN(a->io_inflight, f.IntInRange("io-inflight", a->io_inflight, 1, 4096));
   ASSIGN_OR_RETURN(a->prefetch_inflight, f.IntInRange("prefetch-inflight", a->prefetch_inflight, 0, 4096));
@@ -119,6 +122,7 @@ absl::Status Main(const Args& a) {
   ASSIGN_OR_RETURN(o.ram_budget_bytes, ParseBudget(a.budget, total));
   o.policy = a.policy;
   o.prefetch = a.prefetch;
+  o.warm = a.warm;
   o.io_inflight_max = static_cast<int>(a.io_inflight);
   o.prefetch_inflight_max = static_cast<int>(a.prefetch_inflight);
   o.stats_interval = absl::Seconds(a.stats_interval);

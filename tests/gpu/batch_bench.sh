@@ -113,7 +113,7 @@ fi
 
 # 2. The daemons.
 run mer-residency --store "$STORE" --instance "$TAG" --ram-budget "$RAM_BUDGET" --policy "$POLICY" \
-  --metrics-listen 127.0.0.1:0 > "$WORK/residency.log" 2>&1 &
+  --metrics-listen 127.0.0.1:0 --warm > "$WORK/residency.log" 2>&1 &
 PIDS+=($!)
 wait_ready "$WORK/residency.log" $! "$(left 120)"
 compute_flags=(--store "$STORE" --residency "$TAG" --listen "unix:$WORK/compute.sock" --backend "$BACKEND"
@@ -123,8 +123,10 @@ compute_flags=(--store "$STORE" --residency "$TAG" --listen "unix:$WORK/compute.
 # EXTRA_COMPUTE_FLAGS: more mer-compute flags (e.g. --miss-path host).
 # shellcheck disable=SC2206
 compute_flags+=(${EXTRA_COMPUTE_FLAGS:-})
-# The cuda backend logs its VRAM breakdown at start; MER_CUDA_DEBUG its stages.
-MER_CUDA_DEBUG=1 run mer-compute "${compute_flags[@]}" > "$WORK/compute.log" 2>&1 &
+# The cuda backend logs its VRAM breakdown at start; with CUDA_DEBUG=1 (MER_CUDA_DEBUG) its stages
+# and, on the device miss path, every layer it serves.
+[ "${CUDA_DEBUG:-0}" = 1 ] && export MER_CUDA_DEBUG=1
+run mer-compute "${compute_flags[@]}" > "$WORK/compute.log" 2>&1 &
 PIDS+=($!)
 wait_ready "$WORK/compute.log" $! "$(left 300)"
 grep -E '^cuda: VRAM|RAM tier|^mer-compute: .*sequences' "$WORK/compute.log" | tee -a "$summary"
@@ -140,6 +142,11 @@ for _ in $(seq 1 100); do
   [ "$(timeout 5 "$BUNDLE/run" mer client --addr "$ADDR" --health 2>/dev/null)" == SERVING ] && break
   sleep 0.1
 done
+
+# The RAM tier fills from the store at start (--warm): measure after it has.
+t0=$SECONDS
+while ! grep -q 'RAM tier warmed' "$WORK/residency.log" && [ $((SECONDS - t0)) -lt "$(left 240)" ]; do sleep 0.5; done
+note "residency: $(grep -o 'RAM tier warmed.*' "$WORK/residency.log" || echo 'RAM tier not warmed yet')"
 
 # 3. Warm-up (other prompts: another seed), then the measured run between two scrapes.
 timeout "$(left 180)" "$BUNDLE/run" mer loadgen --addr "$ADDR" --concurrency "$STREAMS" --requests "$STREAMS" \

@@ -10,7 +10,10 @@
 #               (mer synth --store-out, reused if STORE has one), then for each VRAM budget of
 #               BUDGETS: `mer bench --backend cuda --store` beside a mer-residency (one process,
 #               DecodeGreedy), and the three daemons with one stream (tests/gpu/batch_bench.sh
-#               STREAMS=1): decode tokens/s, host syncs per token, side by side in this call;
+#               STREAMS=1) for each of MISS_PATHS (mer-compute --miss-path; CUDA_DEBUG=1 logs
+#               the device path's layers): decode tokens/s, host syncs per token, side by side;
+#   cpu:        expert_cpu_bench (one missed expert on the host's cores, 1-16 threads) and
+#               miss_path_bench (the same expert over PCIe beside the CPU path);
 #   batch:      tests/gpu/batch_bench.sh with 64 streams, every expert in VRAM.
 # Programs come from BUNDLE (bin/ and a run wrapper; docs/benchmarks.md, "Machines"); results
 # under OUT (summary.txt last). Every step is time-bounded by DEADLINE (seconds since the start),
@@ -24,6 +27,7 @@ GEOM_SEEDS=${GEOM_SEEDS:-"$(seq -s ' ' 1 20)"}
 SKEW=${SKEW:-0.675}
 STORE=${STORE:-/tmp/mer-30b-q8_0-skew$SKEW.store}
 BUDGETS=${BUDGETS:-"100%"}
+MISS_PATHS=${MISS_PATHS:-"host"}
 DEADLINE=${DEADLINE:-560}
 START=$(date +%s)
 mkdir -p "$OUT"
@@ -94,12 +98,24 @@ if has_step bench; then
     note "mer bench (one process, store, VRAM $b): rc=$? $(grep -E '^(decode_tps|prompt_tps|host_syncs_per_token|vram_hit_rate)' "$OUT/bench_$b.log" | awk '{printf "%s %s  ", $1, $2}')"
     kill -TERM $rpid; wait $rpid 2>/dev/null
     rm -f "/dev/shm/$tag"*
-    # The three daemons, one stream.
-    OUT="$OUT/served_$b" STORE="$STORE" STREAMS=1 REQUESTS=3 VRAM_BUDGET="$b" RAM_BUDGET=100% \
-      DEADLINE=$(left 250) timeout "$(left 260)" bash "$here/batch_bench.sh" > /dev/null 2>&1
-    note "served, 1 stream, VRAM $b: $(grep -E '^(throughput|itl)' "$OUT/served_$b/summary.txt" | tr '\n' ' ')"
-    grep -E 'host syncs|VRAM hit|FAILED' "$OUT/served_$b/summary.txt" | tee -a "$summary"
+    # The three daemons, one stream, each miss path.
+    for mp in $MISS_PATHS; do
+      OUT="$OUT/served_${b}_$mp" STORE="$STORE" STREAMS=1 REQUESTS=3 VRAM_BUDGET="$b" RAM_BUDGET=100% \
+        EXTRA_COMPUTE_FLAGS="--miss-path $mp" DEADLINE=$(left 200) timeout "$(left 210)" \
+        bash "$here/batch_bench.sh" > /dev/null 2>&1
+      note "served, 1 stream, VRAM $b, miss path $mp: $(grep -E '^(warm-up|throughput|itl)' "$OUT/served_${b}_$mp/summary.txt" | tr '\n' ' ')"
+      grep -E 'host syncs|VRAM hit|FAILED' "$OUT/served_${b}_$mp/summary.txt" | tee -a "$summary"
+    done
   done
+fi
+
+if has_step cpu; then
+  t0=$SECONDS
+  timeout "$(left 90)" "$BUNDLE/run" expert_cpu_bench --threads 1,2,4,8,16 > "$OUT/expert_cpu_bench.log" 2>&1
+  note "expert_cpu_bench: rc=$?"; tee -a "$summary" < "$OUT/expert_cpu_bench.log" | tail -0
+  timeout "$(left 90)" "$BUNDLE/run" miss_path_bench > "$OUT/miss_path_bench.log" 2>&1
+  note "miss_path_bench: rc=$?"; tee -a "$summary" < "$OUT/miss_path_bench.log" | tail -0
+  note "cpu: $((SECONDS - t0)) s"
 fi
 
 if has_step batch; then

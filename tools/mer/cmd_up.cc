@@ -61,7 +61,8 @@ all three daemons' metrics). These ports are checked before anything is packed o
 pack first checks that the disk has room for the store. With --model the expert store is
 --store-dir (default F.gguf.store beside the model), packed on first use and packed again when it
 no longer matches the model (with progress: bytes, rate and time left, on a terminal). The RAM
-tier holds --ram-budget of the experts (default 25%) under --policy (default lfu);
+tier holds --ram-budget of the experts (default 25%) under --policy (default lfu), filled from
+the store at start (mer-residency --warm) while the first requests are served;
 --backend, --vram-expert-budget, --max-sequences (default 8), --max-batch-tokens, --ctx (default
 4096 positions per sequence, at most the model's context) and --threads are mer-compute's (see
 mer-compute --help); these defaults are deploy/mer.conf's. A
@@ -454,7 +455,7 @@ absl::Status Up(const Args& args) {
   Daemon residency{"residency",
                    {bin + "/mer-residency", "--store", store, "--instance", instance, "--ram-budget",
                     f.String("ram-budget", "25%"), "--policy", f.String("policy", "lfu"),
-                    "--metrics-listen", "127.0.0.1:0"}};
+                    "--metrics-listen", "127.0.0.1:0", "--warm"}};
   if (f.Has("prefetch")) residency.argv.push_back("--prefetch");
   Daemon compute{"compute",
                  {bin + "/mer-compute", "--store", store, "--residency", instance, "--listen", socket,

@@ -25,6 +25,7 @@ absl::StatusOr<std::unique_ptr<VramMissService>> VramMissService::Create(
   std::unique_ptr<VramMissService> s(
       new VramMissService(residency, options, ring, capacity, record_bytes, slot_table, gates));
   s->thread_ = std::thread([p = s.get()] { p->Loop(); });
+  s->watchdog_ = std::thread([p = s.get()] { p->Watchdog(); });
   return s;
 }
 
@@ -50,6 +51,7 @@ VramMissService::VramMissService(ResidencyVram& residency, const VramMissService
 VramMissService::~VramMissService() {
   stop_.store(true);
   if (thread_.joinable()) thread_.join();
+  if (watchdog_.joinable()) watchdog_.join();
   CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream_)));
   // Every expert the table published is unpinned: the engine frees the arena after this.
   for (int l = 0; l < o_.n_layer; ++l)
@@ -59,33 +61,31 @@ VramMissService::~VramMissService() {
   CUDA_CHECK(cudaFreeHost(host_table_));
 }
 
+namespace {
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
 void VramMissService::Loop() {
   CUDA_CHECK(cudaSetDevice(o_.device));
   RoutingRecord r;
   r.used.reserve(o_.n_expert);
   r.pred.reserve(o_.k);
   int idle_spins = 0;
-  auto last_record = std::chrono::steady_clock::now();
-  auto last_report = last_record;
+  last_record_ns_.store(NowNs());
   while (!stop_.load(std::memory_order_relaxed)) {
     if (reader_.Next(&r)) {
       idle_spins = 0;
-      last_record = std::chrono::steady_clock::now();
+      last_record_ns_.store(NowNs(), std::memory_order_relaxed);
+      position_.store(reader_.position(), std::memory_order_relaxed);
+      if (o_.debug && stats().records < 400)
+        std::fprintf(stderr, "cuda: miss service: record step %u layer %u: %u used, %u missing, %u predicted\n",
+                     r.header.step, r.header.layer, r.header.n_used, r.header.n_missing, r.header.n_pred);
       std::lock_guard<std::mutex> lock(mu_);
       Serve(r);
       continue;
-    }
-    // A step in flight that posts nothing for seconds is stuck somewhere: say where the ring is.
-    const auto now = std::chrono::steady_clock::now();
-    if (inflight_.load(std::memory_order_relaxed) > 0 && now - last_record > std::chrono::seconds(2) &&
-        now - last_report > std::chrono::seconds(2)) {
-      last_report = now;
-      std::fprintf(stderr,
-                   "cuda: miss service: a step is in flight and no routing record came for %.1f s (records read "
-                   "%llu, next position %llu, last layer %u of step %u)\n",
-                   std::chrono::duration<double>(now - last_record).count(),
-                   static_cast<unsigned long long>(stats().records), static_cast<unsigned long long>(reader_.position()),
-                   r.header.layer, r.header.step);
     }
     // While a step runs a record comes every few microseconds and a miss must be seen at once;
     // between steps the thread sleeps.
@@ -93,6 +93,31 @@ void VramMissService::Loop() {
       _mm_pause();
     } else {
       std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+}
+
+void VramMissService::Watchdog() {
+  int64_t last_report = 0;
+  while (!stop_.load(std::memory_order_relaxed)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    const int64_t now = NowNs();
+    if (inflight_.load(std::memory_order_relaxed) <= 0 || now - last_report < 2'000'000'000) continue;
+    const int64_t serving_since = serving_since_ns_.load();
+    if (serving_since != 0 && now - serving_since > 2'000'000'000) {
+      last_report = now;
+      std::fprintf(stderr,
+                   "cuda: miss service: placing %d experts of layer %d (step %u) has taken %.1f s: waiting for "
+                   "mer-residency\n",
+                   serving_missing_.load(), serving_layer_.load(), serving_step_.load(), (now - serving_since) * 1e-9);
+    } else if (serving_since == 0 && now - last_record_ns_.load() > 2'000'000'000) {
+      last_report = now;
+      std::fprintf(stderr,
+                   "cuda: miss service: %d step(s) in flight and no routing record for %.1f s (records read %llu, "
+                   "next position %llu)\n",
+                   inflight_.load(), (now - last_record_ns_.load()) * 1e-9,
+                   static_cast<unsigned long long>(stats().records),
+                   static_cast<unsigned long long>(position_.load()));
     }
   }
 }
@@ -137,6 +162,10 @@ void VramMissService::Serve(const RoutingRecord& r) {
   }
 
   absl::Status status;
+  serving_layer_.store(layer);
+  serving_step_.store(r.header.step);
+  serving_missing_.store(static_cast<int>(missing_.size()));
+  serving_since_ns_.store(NowNs());
   if (!missing_.empty()) {
     // Place writes the slots it got into a scratch row; they are published from there.
     std::fill(place_row_.begin(), place_row_.end(), -1);
@@ -168,6 +197,7 @@ void VramMissService::Serve(const RoutingRecord& r) {
   for (int l : placed_rows_) UploadRow(l);
   // Opens the gate after the conversions and the rows: the step's wait sees every one of them.
   CHECK_MSG(StreamWrite(stream_, gates_ + layer, 1), "opening a layer gate (cuStreamWriteValue32) failed");
+  serving_since_ns_.store(0);
   const auto us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   if (o_.debug || us > 1e6)
     std::fprintf(stderr, "cuda: miss service: step %u layer %d: %zu missing of %u used, %zu retired, %lld published, "

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -72,7 +73,14 @@ class VramMissService {
 
   // The stepping thread, before a step's launch and once its completion has been seen: while a
   // step is in flight the service polls the ring without sleeping.
-  void StepLaunched() { inflight_.fetch_add(1, std::memory_order_relaxed); }
+  void StepLaunched() {
+    // The watchdog's clock starts with the first step in flight, not at an idle spell's start.
+    if (inflight_.fetch_add(1, std::memory_order_relaxed) == 0)
+      last_record_ns_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                std::chrono::steady_clock::now().time_since_epoch())
+                                .count(),
+                            std::memory_order_relaxed);
+  }
   void StepDone() { inflight_.fetch_sub(1, std::memory_order_relaxed); }
   // After a step completed: OK, or the error of a layer whose placement failed since the last
   // call, after the poisoned table entries were reset (so the next step misses them again).
@@ -85,6 +93,9 @@ class VramMissService {
   VramMissService(ResidencyVram& residency, const VramMissServiceOptions& options, const uint8_t* ring,
                   int32_t capacity, int32_t record_bytes, int32_t* slot_table, uint32_t* gates);
   void Loop();
+  // Says on stderr when a step in flight makes no progress: no routing record for seconds, or
+  // one layer's placement taking seconds (with what it waits for).
+  void Watchdog();
   void Serve(const RoutingRecord& r);
   // Enqueues the upload of row `layer` of the host table to the device table on stream_.
   void UploadRow(int layer);
@@ -109,9 +120,15 @@ class VramMissService {
 
   std::atomic<int> inflight_{0};
   std::atomic<bool> stop_{false};
+  // For the watchdog: when the last record was read, and the layer being served since when (0:
+  // none), in steady-clock nanoseconds.
+  std::atomic<int64_t> last_record_ns_{0}, serving_since_ns_{0};
+  std::atomic<int> serving_layer_{-1}, serving_missing_{0};
+  std::atomic<uint32_t> serving_step_{0};
+  std::atomic<uint64_t> position_{0};
   mutable std::mutex stats_mu_;
   VramMissServiceStats stats_;
-  std::thread thread_;
+  std::thread thread_, watchdog_;
 };
 
 }  // namespace mer::cuda

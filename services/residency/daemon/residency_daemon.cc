@@ -34,6 +34,7 @@ void ForEachCounter(const ResidencyCounters& c,
   fn("hints", c.hints);
   fn("compute_hits", c.compute_hits);
   fn("prefetch_issued", c.prefetch_issued);
+  fn("warm_loads", c.warm_loads);
   fn("prefetch_useful", c.prefetch_useful);
   fn("prefetch_wasted", c.prefetch_wasted);
   fn("read_latency_us_total", c.read_latency_us_total);
@@ -52,6 +53,8 @@ void ForEachCounter(const ResidencyCounters& c,
   fn("vram_hits", c.vram_hits);
   fn("vram_misses", c.vram_misses);
   fn("vram_refused", c.vram_refused);
+  fn("vram_fills_from_ram", c.vram_fills_from_ram);
+  fn("vram_fills_from_store", c.vram_fills_from_store);
   fn("vram_uploads", c.vram_uploads);
   fn("vram_upload_bytes", c.vram_upload_bytes);
   fn("vram_evictions", c.vram_evictions);
@@ -418,14 +421,50 @@ void ResidencyDaemon::Prefetch(uint32_t layer, uint32_t expert) {
   if (e.slot != shm::kNoSlot || e.loading || e.load_queued) return;
   const std::optional<uint32_t> slot = AllocateSlot(PackExpertKey(layer, expert), true);
   if (!slot.has_value()) return;  // never a pinned slot for a guess
-  e.slot = *slot;
-  e.prefetch_load = true;
-  e.prefetched = true;
+  StartLoadAhead(i, *slot, /*guess=*/true);
+}
+
+void ResidencyDaemon::StartLoadAhead(uint32_t index, uint32_t slot, bool guess) {
+  Expert& e = experts_[index];
+  e.slot = slot;
+  e.prefetch_load = guess;  // a guess counts against prefetch_inflight_max
+  e.prefetched = guess;
   e.attempts = 0;
-  slot_owner_[*slot] = i;
-  ++c_.prefetch_issued;
-  const absl::Status s = Submit(i);
-  if (!s.ok()) FinishLoad(i, s);
+  slot_owner_[slot] = index;
+  ++(guess ? c_.prefetch_issued : c_.warm_loads);
+  const absl::Status s = Submit(index);
+  if (!s.ok()) FinishLoad(index, s);
+}
+
+bool ResidencyDaemon::WarmRam() {
+  const uint32_t total = static_cast<uint32_t>(experts_.size());
+  if (warm_next_ >= total) return false;
+  if (warm_next_ == 0 && warm_start_ == absl::Time()) {
+    warm_start_ = absl::Now();
+    warm_bytes_start_ = c_.bytes_read;
+  }
+  const int cap = std::max(1, options_.io_inflight_max - 2);  // room for demand reads
+  bool started = false;
+  while (warm_next_ < total && inflight_ < cap && !free_slots_.empty()) {
+    const uint32_t i = warm_next_++;
+    const uint32_t layer = i / n_expert_, expert = i % n_expert_;
+    const Expert& e = experts_[i];
+    if (!ep_.table().Contains(layer, expert) || e.slot != shm::kNoSlot || e.loading || e.load_queued) continue;
+    const std::optional<uint32_t> slot = AllocateSlot(PackExpertKey(layer, expert), true);
+    if (!slot.has_value()) break;
+    StartLoadAhead(i, *slot, /*guess=*/false);
+    started = true;
+  }
+  if (free_slots_.empty()) warm_next_ = total;  // done: the tier is full
+  return started;
+}
+
+void ResidencyDaemon::ReportWarmed() {
+  warm_reported_ = true;
+  const double secs = absl::ToDoubleSeconds(absl::Now() - warm_start_);
+  const double gb = double(c_.bytes_read - warm_bytes_start_) / 1e9;
+  std::fprintf(stderr, "mer-residency: RAM tier warmed: %llu experts read, %.2f GB in %.1f s (%.2f GB/s)\n",
+               static_cast<unsigned long long>(c_.warm_loads), gb, secs, secs > 0 ? gb / secs : 0.0);
 }
 
 void ResidencyDaemon::FinishLoad(uint32_t index, const absl::Status& status) {
@@ -478,12 +517,10 @@ void ResidencyDaemon::FinishLoad(uint32_t index, const absl::Status& status) {
   e.prefetch_load = false;
 }
 
-absl::Status ResidencyDaemon::Reap(bool block) {
+absl::Status ResidencyDaemon::Reap() {
   if (io_->outstanding() == 0) return absl::OkStatus();
   reaped_.clear();
-  ASSIGN_OR_RETURN(const int n, io_->Wait(block ? 1 : 0, block ? options_.idle_wait
-                                                              : absl::ZeroDuration(),
-                                          &reaped_));
+  ASSIGN_OR_RETURN(const int n, io_->Wait(0, absl::ZeroDuration(), &reaped_));
   const absl::Time now = absl::Now();
   for (int j = 0; j < n; ++j) {
     const ReadCompletion& rc = reaped_[j];
@@ -702,6 +739,8 @@ void ResidencyDaemon::HandleVramDemand(const shm::DemandRequest& d, int64_t now_
   if (e.vram_filling || e.vram_queued) return;
   e.vram_queued = true;
   vram_queue_.push_back(i);
+  // The fill reads the RAM tier: a hit there, or a read from the store first.
+  ++(e.slot != shm::kNoSlot && !e.loading ? c_.vram_fills_from_ram : c_.vram_fills_from_store);
 }
 
 std::optional<uint32_t> ResidencyDaemon::AllocateVramSlot(uint64_t used_before) {
@@ -892,16 +931,18 @@ absl::StatusOr<bool> ResidencyDaemon::Turn() {
   if (StartLoads()) progress = true;
   // 3. Finished reads and copies; uploads of what they brought into RAM.
   const uint64_t reads_before = c_.reads;
-  RETURN_IF_ERROR(Reap(/*block=*/false));
+  RETURN_IF_ERROR(Reap());
   if (c_.reads != reads_before) progress = true;
   PollVramUploads();
   if (StartVramUploads()) progress = true;
   if (c_.vram_uploads + c_.vram_arena_imports + c_.vram_arena_refusals != vram_before) progress = true;
   FlushCompletions();
-  // 4. Hints, and prefetch while no demand waits.
+  // 4. Hints, and prefetch while no demand waits; then warming.
   const uint64_t hints_before = c_.hints;
   HandleHints();
   if (c_.hints != hints_before) progress = true;
+  if (options_.warm && !DemandWaiting() && WarmRam()) progress = true;
+  if (options_.warm && !warm_reported_ && warm_next_ >= experts_.size() && io_->outstanding() == 0) ReportWarmed();
   // Completions of reads reaped by Run's blocking wait are pushed here: progress too.
   if (c_.completions_sent != sent_before) progress = true;
   if (progress) Publish();
@@ -922,10 +963,9 @@ absl::Status ResidencyDaemon::Run(const std::atomic<bool>& stop) {
       if (uploader_ != nullptr && uploader_->inflight() > 0) {
         absl::SleepFor(absl::Microseconds(20));  // a copy lands within ~100 us: poll it soon
       } else if (io_->outstanding() > 0) {
-        const uint64_t reads_before = c_.reads;
-        status = Reap(/*block=*/true);
-        if (!status.ok()) break;
-        if (c_.reads != reads_before) Publish();
+        // A read takes milliseconds: wait for it on the demand ring, so that a demand arriving
+        // meanwhile is served at once rather than after the read (the next turn reaps it).
+        ep_.demand().WaitForData(kReadPollInterval);
       } else if (out_.empty() && queued_.empty()) {
         ep_.demand().WaitForData(options_.idle_wait);
       } else {

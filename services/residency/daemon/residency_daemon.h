@@ -77,6 +77,10 @@ struct ResidencyOptions {
   bool prefetch = false;
   // Prefetch reads in flight at once (a part of io_inflight_max).
   int prefetch_inflight_max = 2;
+  // Warm the RAM tier: while no demand waits, read the store's experts (layer by layer) into free
+  // RAM slots until none is left, io_inflight_max - 2 reads at a time, so that the first requests
+  // do not wait for the disk. Only free slots: warming evicts nothing.
+  bool warm = false;
   // Predictions below this confidence (0..1) are not prefetched.
   double prefetch_threshold = 0.5;
   // Most experts prefetched per hint.
@@ -130,6 +134,7 @@ struct ResidencyCounters {
   uint64_t slot_waits = 0;         // times a load waited for an unpinned slot
   uint64_t hints = 0;              // hints consumed
   uint64_t prefetch_issued = 0;    // prefetch reads started
+  uint64_t warm_loads = 0;         // reads started to warm the RAM tier (ResidencyOptions::warm)
   uint64_t prefetch_useful = 0;    // prefetched experts used (demanded, or hit by compute) before eviction
   uint64_t prefetch_wasted = 0;    // prefetched experts evicted (or failed) unused
   uint64_t read_latency_us_total = 0;  // sum over reads, submit to completion
@@ -157,6 +162,10 @@ struct ResidencyCounters {
   uint64_t vram_hits = 0;            // of those, in VRAM already
   uint64_t vram_misses = 0;          // of those, an upload started or joined
   uint64_t vram_refused = 0;         // of those, answered with an error (no arena)
+  // Demanded VRAM fills by where the bytes were: in the RAM tier already, or read from the store
+  // first (the RAM tier's misses on the served GPU path; mer_expert_misses_total{tier="ram"}).
+  uint64_t vram_fills_from_ram = 0;
+  uint64_t vram_fills_from_store = 0;
   uint64_t vram_uploads = 0;         // RAM -> VRAM copies completed and published
   uint64_t vram_upload_bytes = 0;    // bytes of those copies
   uint64_t vram_evictions = 0;       // VRAM residents unpublished to free a slot
@@ -205,6 +214,8 @@ class ResidencyDaemon {
   ResidencyCounters Snapshot() const;
   // Longest time between slot censuses (and publications) while Run serves.
   static constexpr absl::Duration kCensusInterval = absl::Milliseconds(10);
+  // How often Run looks for finished reads while it waits for demand with reads in flight.
+  static constexpr absl::Duration kReadPollInterval = absl::Microseconds(50);
   const ResidencyOptions& options() const { return options_; }
   IoEngine& io() { return *io_; }
   uint32_t ram_slots() const { return n_slots_; }
@@ -248,9 +259,16 @@ class ResidencyDaemon {
   void HandleDemand(const shm::DemandRequest& d, int64_t now_ns);
   bool StartLoads();
   void Prefetch(uint32_t layer, uint32_t expert);
+  // Starts the read of expert `index` into `slot` ahead of any demand: a guess (a prefetch, whose
+  // use is counted) or warming.
+  void StartLoadAhead(uint32_t index, uint32_t slot, bool guess);
+  // Starts warming reads into free slots (ResidencyOptions::warm); returns whether it started any.
+  bool WarmRam();
+  // Logs what warming read, once it has finished.
+  void ReportWarmed();
   std::optional<uint32_t> AllocateSlot(ExpertKey incoming, bool for_prefetch);
   absl::Status Submit(uint32_t index);
-  absl::Status Reap(bool block);
+  absl::Status Reap();
   void FinishLoad(uint32_t index, const absl::Status& status);
   void Complete(const shm::DemandRequest& d, uint32_t slot, uint64_t generation,
                 absl::StatusCode code, int64_t arrival_ns = 0, shm::Pool pool = shm::Pool::kRam);
@@ -313,6 +331,11 @@ class ResidencyDaemon {
   std::deque<uint32_t> queued_;          // expert indices waiting for a slot / a read
   std::vector<absl::Time> submit_time_;  // per expert index, of the read in flight
   int inflight_ = 0, prefetch_inflight_ = 0;
+  // Warming: the next expert index to look at, and when it started (for the log line at its end).
+  uint32_t warm_next_ = 0;
+  absl::Time warm_start_;
+  uint64_t warm_bytes_start_ = 0;
+  bool warm_reported_ = false;
   std::deque<shm::Completion> out_;
   std::deque<int64_t> out_arrival_ns_;   // parallel to out_: demand pop time of a miss, or 0
   std::vector<ReadCompletion> reaped_;

@@ -80,14 +80,16 @@ std::vector<MetricFamily> ResidencyMetricFamilies(const ResidencyCounters& c,
   std::vector<MetricFamily> out;
   out.push_back(Scalar("mer_expert_lookups_total",
                        "Expert acquisitions by compute: hits it served itself from the table plus "
-                       "the demand requests it sent.",
-                       kCounter, double(c.lookups + c.compute_hits), ram));
+                       "the demand requests it sent (tier=\"ram\" also counts the demanded VRAM "
+                       "fills, which read the RAM tier).",
+                       kCounter, double(c.lookups + c.compute_hits + c.vram_fills_from_ram + c.vram_fills_from_store),
+                       ram));
   {
     MetricFamily f = Family("mer_expert_misses_total",
                             "Expert demands not resident in the tier (a load or upload started or "
                             "joined).",
                             kCounter);
-    Add(&f, double(c.misses), ram);
+    Add(&f, double(c.misses + c.vram_fills_from_store), ram);
     Add(&f, double(c.vram_misses), vram);
     out.push_back(std::move(f));
   }

@@ -81,6 +81,39 @@ TEST(ResidencyDaemonTest, ServesMissesThenHits) {
   EXPECT_EQ(c.slots_free + c.slots_resident, f.daemon().ram_slots());
 }
 
+TEST(ResidencyDaemonTest, WarmingFillsFreeSlotsOnlyAndDemandsThenHit) {
+  const auto store = ExpertStore::Open(StoreDir());
+  ASSERT_TRUE(store.ok());
+  const uint32_t all = static_cast<uint32_t>((*store)->n_layer() * (*store)->n_expert());
+  ResidencyOptions o;
+  o.warm = true;
+  // A tier of half the experts: warming fills it and evicts nothing.
+  o.ram_budget_bytes = (*store)->blob_bytes() * (all / 2);
+  DaemonFixture f(o);
+  auto seg = AttachCompute(f);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (f.daemon().Snapshot().slots_resident < all / 2 && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(1));
+  // Layer 0 came first: its experts are resident, so a step on it hits without a demand.
+  shm::ResidencyClient client(seg.get());
+  auto step = client.BeginStep();
+  ASSERT_TRUE(step.ok());
+  std::vector<shm::PinnedExpert> pinned;
+  const std::vector<int32_t> experts = {0, 1, 2};
+  ASSERT_TRUE(client.Acquire(*step, 0, experts, absl::Now() + absl::Seconds(10), &pinned).ok());
+  for (size_t i = 0; i < experts.size(); ++i) EXPECT_TRUE(SameAsStore(f.store(), 0, experts[i], pinned[i].bytes));
+  client.Release(pinned);
+  client.EndStep(*step);
+  EXPECT_EQ(client.stats().hits, 3u);
+  EXPECT_EQ(client.stats().demands, 0u);
+  const ResidencyCounters c = f.Stop();
+  EXPECT_EQ(c.warm_loads, all / 2);
+  EXPECT_EQ(c.slots_free, 0u);
+  EXPECT_EQ(c.evictions, 0u);
+  EXPECT_EQ(c.prefetch_issued, 0u);
+  EXPECT_EQ(c.misses, 0u);
+}
+
 TEST(ResidencyDaemonTest, CoalescesDuplicateDemands) {
   DaemonFixture f({}, {}, /*thread=*/false);
   auto seg = AttachCompute(f);

@@ -150,9 +150,16 @@ TEST(VramTierTest, ImportsTheArenaAndUploadsDemandedExperts) {
   EXPECT_EQ(pinned[0].vram_fill, fill);
   client.Release(pinned);
   client.EndStep(step);
+  // An expert in the RAM tier already is filled from there: a RAM hit, where (1, 2) was a RAM miss.
+  ASSERT_TRUE(AcquireOne(client, 1, 3, [](absl::Span<const uint8_t>) {}).ok());
+  ASSERT_TRUE(AcquireVram(client, 1, 3, &pinned, &step).ok());
+  client.Release(pinned);
+  client.EndStep(step);
   const ResidencyCounters c = f.Stop();
-  EXPECT_EQ(c.vram_uploads, 1u);
-  EXPECT_EQ(c.vram_upload_bytes, f.store().manifest().layers[1].used_bytes());
+  EXPECT_EQ(c.vram_fills_from_store, 1u);
+  EXPECT_EQ(c.vram_fills_from_ram, 1u);
+  EXPECT_EQ(c.vram_uploads, 2u);
+  EXPECT_EQ(c.vram_upload_bytes, 2 * f.store().manifest().layers[1].used_bytes());
   EXPECT_EQ(c.vram_arena_imports, 1u);
 }
 
