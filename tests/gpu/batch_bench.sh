@@ -65,7 +65,17 @@ cleanup() {
   note "total: $(( $(date +%s) - START )) s"
 }
 trap cleanup EXIT
-die() { note "FAILED: $*"; exit 1; }
+# The threads of each daemon still running (state, kernel wait channel): where a hang sits.
+threads() {
+  for p in $(pgrep -f "instance $TAG|residency $TAG" 2>/dev/null); do
+    [ -d "/proc/$p" ] || continue
+    echo "threads of $(tr '\0' ' ' < "/proc/$p/cmdline" | cut -c1-60):"
+    for t in /proc/"$p"/task/*; do
+      echo "  $(basename "$t") $(cat "$t/comm") $(awk '{print $3}' "$t/stat") $(cat "$t/wchan" 2>/dev/null)"
+    done
+  done
+}
+die() { note "FAILED: $*"; threads >> "$OUT/threads.txt" 2>&1; exit 1; }
 # wait_ready LOG PID SECONDS: until the daemon's "ready" line; fails if it exits or time runs out.
 wait_ready() {
   local t0=$SECONDS

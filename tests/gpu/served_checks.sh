@@ -28,6 +28,7 @@ SKEW=${SKEW:-0.675}
 STORE=${STORE:-/tmp/mer-30b-q8_0-skew$SKEW.store}
 BUDGETS=${BUDGETS:-"100%"}
 MISS_PATHS=${MISS_PATHS:-"host"}
+ONE_PROCESS=${ONE_PROCESS:-1}  # 0: skip the one-process mer bench of the bench step
 DEADLINE=${DEADLINE:-560}
 START=$(date +%s)
 mkdir -p "$OUT"
@@ -87,24 +88,26 @@ fi
 
 if has_step bench; then
   for b in $BUDGETS; do
-    # One process: mer bench over the store beside a mer-residency (RAM tier 100%).
-    tag="mer-bench-$$"
-    "$BUNDLE/run" mer-residency --store "$STORE" --instance "$tag" --ram-budget 100% --policy lfu \
-      --metrics-listen off > "$OUT/bench_residency.log" 2>&1 &
-    rpid=$!
-    for _ in $(seq 1 600); do grep -q ': ready' "$OUT/bench_residency.log" && break; sleep 0.2; done
-    timeout "$(left 200)" "$BUNDLE/run" mer bench --store "$STORE" --residency "$tag" --backend cuda \
-      --vram-expert-budget "$b" --prompt-tokens 31 --gen-tokens 128 --warmup 1 --runs 3 > "$OUT/bench_$b.log" 2>&1
-    note "mer bench (one process, store, VRAM $b): rc=$? $(grep -E '^(decode_tps|prompt_tps|host_syncs_per_token|vram_hit_rate)' "$OUT/bench_$b.log" | awk '{printf "%s %s  ", $1, $2}')"
-    kill -TERM $rpid; wait $rpid 2>/dev/null
-    rm -f "/dev/shm/$tag"*
+    if [ "$ONE_PROCESS" = 1 ]; then
+      # One process: mer bench over the store beside a mer-residency (RAM tier 100%).
+      tag="mer-bench-$$"
+      "$BUNDLE/run" mer-residency --store "$STORE" --instance "$tag" --ram-budget 100% --policy lfu \
+        --metrics-listen off > "$OUT/bench_residency.log" 2>&1 &
+      rpid=$!
+      for _ in $(seq 1 600); do grep -q ': ready' "$OUT/bench_residency.log" && break; sleep 0.2; done
+      timeout "$(left 200)" "$BUNDLE/run" mer bench --store "$STORE" --residency "$tag" --backend cuda \
+        --vram-expert-budget "$b" --prompt-tokens 31 --gen-tokens 128 --warmup 1 --runs 3 > "$OUT/bench_$b.log" 2>&1
+      note "mer bench (one process, store, VRAM $b): rc=$? $(grep -E '^(decode_tps|prompt_tps|host_syncs_per_token|vram_hit_rate)' "$OUT/bench_$b.log" | awk '{printf "%s %s  ", $1, $2}')"
+      kill -TERM $rpid; wait $rpid 2>/dev/null
+      rm -f "/dev/shm/$tag"*
+    fi
     # The three daemons, one stream, each miss path.
     for mp in $MISS_PATHS; do
       OUT="$OUT/served_${b}_$mp" STORE="$STORE" STREAMS=1 REQUESTS=3 VRAM_BUDGET="$b" RAM_BUDGET=100% \
         EXTRA_COMPUTE_FLAGS="--miss-path $mp" DEADLINE=$(left 200) timeout "$(left 210)" \
         bash "$here/batch_bench.sh" > /dev/null 2>&1
       note "served, 1 stream, VRAM $b, miss path $mp: $(grep -E '^(warm-up|throughput|itl)' "$OUT/served_${b}_$mp/summary.txt" | tr '\n' ' ')"
-      grep -E 'host syncs|VRAM hit|FAILED' "$OUT/served_${b}_$mp/summary.txt" | tee -a "$summary"
+      grep -E 'host syncs|VRAM hit|FAILED|^residency' "$OUT/served_${b}_$mp/summary.txt" | tee -a "$summary"
     done
   done
 fi

@@ -156,6 +156,7 @@ CudaEngine::Impl::~Impl() {
           if (g != nullptr) CUDA_CHECK(cudaGraphExecDestroy(g));
   for (cudaEvent_t e : pipe_done)
     if (e != nullptr) CUDA_CHECK(cudaEventDestroy(e));
+  if (step_done != nullptr) CUDA_CHECK(cudaEventDestroy(step_done));
   if (copy_stream != nullptr) CUDA_CHECK(cudaStreamSynchronize(copy_stream));
   if (pinned_base != nullptr) CUDA_CHECK(cudaHostUnregister(pinned_base));
   if (record_ring != nullptr) CUDA_CHECK(cudaFreeHost(record_ring));
@@ -221,6 +222,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   CUDA_CHECK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
   CUDA_CHECK(cudaStreamCreateWithFlags(&m.copy_stream, cudaStreamNonBlocking));
   CUDA_CHECK(cudaEventCreateWithFlags(&m.prefetch_done, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventCreateWithFlags(&m.step_done, cudaEventDisableTiming));
 
   // Types. The experts' come from the source (the file's tensors, or an expert store's manifest
   // when the weights are a store's dense.gguf), else from the weights' expert tensors; per layer
@@ -886,6 +888,9 @@ absl::Status CudaEngine::Run(absl::Span<const BatchToken> batch, float* logits, 
   } else {
     m.EnqueueStep(n, n_out, host_path, argmax, &status, m.host_input);
   }
+  // The outputs go to the caller's memory (pageable: the copy is synchronous): on the device miss
+  // path only once the step is done (WaitEvent says why).
+  if (m.device_misses) m.WaitStepDone();
   if (status.ok() && argmax) {
     CUDA_CHECK(cudaMemcpyAsync(ids, m.argmax_ids, int64_t(n_out) * 4, cudaMemcpyDeviceToHost, m.stream));
     m.Mark("ids D2H");
@@ -894,7 +899,11 @@ absl::Status CudaEngine::Run(absl::Span<const BatchToken> batch, float* logits, 
     m.Mark("logits D2H");
   }
   CUDA_CHECK(cudaMemcpyAsync(m.host_lookups, m.lookups_total, 8, cudaMemcpyDeviceToHost, m.stream));
-  m.Sync();
+  if (m.device_misses) {
+    CUDA_CHECK(cudaStreamSynchronize(m.stream));  // the copies of a finished step: part of its sync
+  } else {
+    m.Sync();
+  }
   m.CollectMarks();
   m.stats.expert_lookups = static_cast<int64_t>(*m.host_lookups);
   if (m.device_misses) {
@@ -970,7 +979,7 @@ absl::Status CudaEngine::DecodePipelined(int sequence, int32_t token, int32_t po
   bool more = true;
   while (done < launched) {
     if (more && launched < in_context) launch(launched++);
-    CUDA_CHECK(cudaEventSynchronize(m.pipe_done[done % 2]));
+    m.WaitEvent(m.pipe_done[done % 2]);
     ++m.stats.host_syncs;
     if (m.device_misses) {
       m.miss_service->StepDone();

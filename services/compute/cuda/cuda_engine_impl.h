@@ -8,11 +8,13 @@
 
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -351,6 +353,33 @@ struct CudaEngine::Impl {
     CUDA_CHECK(cudaStreamSynchronize(stream));
     ++stats.host_syncs;
   }
+  // On the device miss path the step's stream waits at gates that the miss service opens from
+  // its own thread, with CUDA calls of its own. The stepping thread then waits for the step by
+  // polling an event, outside the driver, rather than blocking in a CUDA call (a stream or event
+  // synchronisation, a copy into pageable memory) for as long as the misses take.
+  void WaitEvent(cudaEvent_t event) {
+    if (!device_misses) {
+      CUDA_CHECK(cudaEventSynchronize(event));
+      return;
+    }
+    for (int spins = 0;; ++spins) {
+      const cudaError_t e = cudaEventQuery(event);
+      if (e == cudaSuccess) return;
+      if (e != cudaErrorNotReady) CUDA_CHECK(e);
+      if (spins < 4000) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      }
+    }
+  }
+  // Everything enqueued on `stream` so far has completed (one host synchronisation).
+  void WaitStepDone() {
+    CUDA_CHECK(cudaEventRecord(step_done, stream));
+    WaitEvent(step_done);
+    ++stats.host_syncs;
+  }
+  cudaEvent_t step_done = nullptr;
   void SampleVram() {
     size_t free_b = 0, total_b = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
