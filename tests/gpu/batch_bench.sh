@@ -52,11 +52,15 @@ summary="$OUT/summary.txt"
 : > "$summary"
 note() { echo "$*" | tee -a "$summary"; }
 run() { "$BUNDLE/run" "$@"; }
+# A daemon in the background: exec, so that $! is the daemon itself (cleanup stops that PID; a
+# daemon left running from one run would share the GPU with the next and skew it).
+daemon() { exec "$BUNDLE/run" "$@"; }
 # Seconds left of DEADLINE, capped at $1: every step's timeout.
 left() { local l=$(( DEADLINE - ($(date +%s) - START) )); [ "$l" -lt "$1" ] || l=$1; [ "$l" -gt 1 ] || l=1; echo "$l"; }
 cleanup() {
   for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
   for p in "${PIDS[@]}"; do timeout 20 tail --pid="$p" -f /dev/null 2>/dev/null || kill -KILL "$p" 2>/dev/null; done
+  pkill -KILL -f "instance $TAG|residency $TAG" 2>/dev/null  # none should be left; make sure
   for d in residency compute gateway; do
     [ -f "$WORK/$d.log" ] && { echo "==== mer-$d"; cat "$WORK/$d.log"; } >> "$OUT/daemons.log"
   done
@@ -122,7 +126,7 @@ if [[ "$RAM_BUDGET" == *% ]]; then
 fi
 
 # 2. The daemons.
-run mer-residency --store "$STORE" --instance "$TAG" --ram-budget "$RAM_BUDGET" --policy "$POLICY" \
+daemon mer-residency --store "$STORE" --instance "$TAG" --ram-budget "$RAM_BUDGET" --policy "$POLICY" \
   --metrics-listen 127.0.0.1:0 --warm > "$WORK/residency.log" 2>&1 &
 PIDS+=($!)
 wait_ready "$WORK/residency.log" $! "$(left 120)"
@@ -136,13 +140,13 @@ compute_flags+=(${EXTRA_COMPUTE_FLAGS:-})
 # The cuda backend logs its VRAM breakdown at start; with CUDA_DEBUG=1 (MER_CUDA_DEBUG) its stages
 # and, on the device miss path, every layer it serves.
 [ "${CUDA_DEBUG:-0}" = 1 ] && export MER_CUDA_DEBUG=1
-run mer-compute "${compute_flags[@]}" > "$WORK/compute.log" 2>&1 &
+daemon mer-compute "${compute_flags[@]}" > "$WORK/compute.log" 2>&1 &
 PIDS+=($!)
 wait_ready "$WORK/compute.log" $! "$(left 300)"
 grep -E '^cuda: VRAM|RAM tier|^mer-compute: .*sequences' "$WORK/compute.log" | tee -a "$summary"
 RES_URL=$(metrics_url "$WORK/residency.log")
 COMP_URL=$(metrics_url "$WORK/compute.log")
-run mer-gateway --compute "unix:$WORK/compute.sock" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
+daemon mer-gateway --compute "unix:$WORK/compute.sock" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
   --compute-metrics "$COMP_URL" --residency-metrics "$RES_URL" --max-queue $((4 * STREAMS)) > "$WORK/gateway.log" 2>&1 &
 PIDS+=($!)
 wait_ready "$WORK/gateway.log" $! "$(left 60)"
@@ -217,7 +221,8 @@ D=residency
 lookups=$(d 'mer_expert_lookups_total{tier="ram"}')
 misses=$(d 'mer_expert_misses_total{tier="ram"}')
 note "residency: $lookups RAM lookups, $misses misses$( [ "$(calc '%d' "$lookups > 0")" = 1 ] &&
-      echo ", hit rate $(calc '%.4f' "1 - $misses / $lookups")"), read $(calc '%.1f' "$(d mer_expert_read_bytes_total) / 1048576") MiB"
+      echo ", hit rate $(calc '%.4f' "1 - $misses / $lookups")"), read $(calc '%.1f' "$(d mer_expert_read_bytes_total) / 1048576") MiB" \
+     "($(calc '%.1f' "$(d mer_expert_read_bytes_total) / 1048576 / ($(m "$WORK/compute.after" mer_generated_tokens_total) - $(m "$WORK/compute.before" mer_generated_tokens_total) + 1e-9)") MiB per generated token)"
 D=gateway
 # The gateway's page carries all three daemons' series, each labelled daemon="...".
 note "gateway: requests ok $(d 'mer_requests_total{daemon="gateway",status="OK"}'), TTFT mean" \

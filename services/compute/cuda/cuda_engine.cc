@@ -801,10 +801,13 @@ void CudaEngine::Impl::EnqueueStep(int n, int n_out, bool host_path, bool argmax
       device_tokens != nullptr ? device_tokens : reinterpret_cast<const int32_t*>(step_input + in.tokens);
   cuda::LaunchEmbed(embd_type, embd, embd_row_bytes, tokens, n, E, x, stream);
   Mark("input + embed");
+  const bool paced = device_misses && !capturing;
   for (int l = 0; l < c.n_layer; ++l) {
+    if (paced && l >= kEnqueueLayersAhead) miss_service->WaitForRecords(records_posted + l - kEnqueueLayersAhead + 1);
     *status = EnqueueLayer(l, n, host_path);
     if (!status->ok()) return;
   }
+  if (paced) records_posted += c.n_layer;
   if (n_out == 0) return;
   const DevAct oa = ActA(ActType(output_type), E);
   RmsNormAct(reinterpret_cast<const int32_t*>(step_input + in.out_rows), n_out, PreviousMoe(c.n_layer), output_norm,
@@ -822,7 +825,9 @@ void CudaEngine::Impl::CaptureGraph(cudaGraphExec_t* exec, const std::function<v
   absl::Status status;
   cudaGraph_t graph;
   CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  capturing = true;
   enqueue(&status);
+  capturing = false;
   CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
   CHECK(status.ok());  // the device path returns no errors
   CUDA_CHECK(cudaGraphInstantiate(exec, graph, 0));
@@ -885,6 +890,7 @@ absl::Status CudaEngine::Run(absl::Span<const BatchToken> batch, float* logits, 
       m.CaptureGraph(&exec, [&](absl::Status* s) { m.EnqueueStep(n, n_out, false, argmax, s, m.host_input); });
     CUDA_CHECK(cudaGraphLaunch(exec, m.stream));
     ++m.stats.graph_launches;
+    if (m.device_misses) m.records_posted += c.n_layer;
   } else {
     m.EnqueueStep(n, n_out, host_path, argmax, &status, m.host_input);
   }
@@ -970,6 +976,7 @@ absl::Status CudaEngine::DecodePipelined(int sequence, int32_t token, int32_t po
       });
     if (m.device_misses) m.miss_service->StepLaunched();
     CUDA_CHECK(cudaGraphLaunch(exec, m.stream));
+    if (m.device_misses) m.records_posted += m.c.n_layer;
     CUDA_CHECK(cudaEventRecord(m.pipe_done[b], m.stream));
     ++m.stats.graph_launches;
   };

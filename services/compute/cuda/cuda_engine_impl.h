@@ -380,6 +380,14 @@ struct CudaEngine::Impl {
     ++stats.host_syncs;
   }
   cudaEvent_t step_done = nullptr;
+  // The device miss path, steps enqueued launch by launch (not as a graph): the driver's launch
+  // queue is finite, a launch into a full one blocks inside the driver, and a step waiting at a
+  // gate drains nothing while the miss service needs the driver to open it. So the stepping
+  // thread enqueues at most kEnqueueLayersAhead layers past the last one whose routing record the
+  // device has posted. records_posted: the records that the work launched so far posts.
+  static constexpr int kEnqueueLayersAhead = 6;
+  uint64_t records_posted = 0;
+  bool capturing = false;  // in CaptureGraph: nothing runs, nothing is waited for
   void SampleVram() {
     size_t free_b = 0, total_b = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));

@@ -79,7 +79,7 @@ void VramMissService::Loop() {
     if (reader_.Next(&r)) {
       idle_spins = 0;
       last_record_ns_.store(NowNs(), std::memory_order_relaxed);
-      position_.store(reader_.position(), std::memory_order_relaxed);
+      position_.store(reader_.position(), std::memory_order_release);
       if (o_.debug && stats().records < 400)
         std::fprintf(stderr, "cuda: miss service: record step %u layer %u: %u used, %u missing, %u predicted\n",
                      r.header.step, r.header.layer, r.header.n_used, r.header.n_missing, r.header.n_pred);
@@ -93,6 +93,17 @@ void VramMissService::Loop() {
       _mm_pause();
     } else {
       std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+}
+
+void VramMissService::WaitForRecords(uint64_t n) const {
+  for (int spins = 0; position_.load(std::memory_order_acquire) < n && !stop_.load(std::memory_order_relaxed);
+       ++spins) {
+    if (spins < 4000) {
+      _mm_pause();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(10));
     }
   }
 }

@@ -82,6 +82,10 @@ class VramMissService {
                             std::memory_order_relaxed);
   }
   void StepDone() { inflight_.fetch_sub(1, std::memory_order_relaxed); }
+  // Routing records read so far (one per layer of every step the device ran, in order): how far
+  // the device has come. WaitForRecords polls until at least n have been read, outside the driver.
+  uint64_t records_read() const { return position_.load(std::memory_order_acquire); }
+  void WaitForRecords(uint64_t n) const;
   // After a step completed: OK, or the error of a layer whose placement failed since the last
   // call, after the poisoned table entries were reset (so the next step misses them again).
   absl::Status TakeError();
