@@ -6,6 +6,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -74,7 +75,8 @@ uploads in this process, from its own mapping of the RAM tier. An arena that hol
 is filled once at start and never exported. Over CUDA IPC the host reads each layer's routing and
 serves its misses (--miss-path host, the default); --miss-path device has the device decide each
 layer's hits and misses and wait for its misses on the device (no host round trip per layer;
-where the arena has room for a layer's experts; docs/cuda.md says how far it has been checked). Prometheus metrics are served on http://HOST:PORT/metrics (default
+where the arena has room for a layer's experts; it loads every CUDA kernel at start,
+CUDA_MODULE_LOADING=EAGER; docs/cuda.md says how far it has been checked). Prometheus metrics are served on http://HOST:PORT/metrics (default
 127.0.0.1:0: a free port, printed on stderr as "metrics: http://127.0.0.1:PORT/metrics"); off
 serves none.
 )";
@@ -127,6 +129,9 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
                    f.OneOf("vram-arena", !a->store.empty() && a->backend == "cuda" ? "residency" : "compute",
                            {"residency", "compute"}));
   ASSIGN_OR_RETURN(a->miss_path, f.OneOf("miss-path", "host", {"device", "host"}));
+  // Before the first CUDA call: the device path needs every kernel loaded when the context is
+  // made (services/compute/cuda/stream_memops.h, KernelsLoadLazily).
+  if (a->miss_path == "device") setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/1);
   if (a->vram_arena == "residency" && (a->store.empty() || a->backend != "cuda"))
     return absl::InvalidArgumentError("--vram-arena residency needs --backend cuda and --store/--residency");
   if (a->model.empty() == a->store.empty())

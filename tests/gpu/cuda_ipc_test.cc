@@ -19,6 +19,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -42,6 +43,10 @@ namespace {
 using gpu_test::GreedyAndScore;
 using gpu_test::Outputs;
 using gpu_test::StoreFiles;
+
+// The device miss path needs every kernel loaded with the context (stream_memops.h,
+// KernelsLoadLazily), as mer-compute --miss-path device arranges: set before any CUDA call.
+const bool kEagerKernelLoading = setenv("CUDA_MODULE_LOADING", "EAGER", 1) == 0;
 
 constexpr int kPrompts = 4;
 constexpr int kPromptTokens = 12;

@@ -448,6 +448,13 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   const int reserve_slots = 2 * c.n_expert_used;
   m.device_misses = o.vram_residency != nullptr && o.device_misses && slots >= c.n_expert + reserve_slots &&
                     StreamMemOpsWork(m.stream);
+  if (m.device_misses && cuda::KernelsLoadLazily()) {
+    // A step waits at a gate while later launches load their kernels: stream_memops.h says why
+    // that never ends. mer-compute sets CUDA_MODULE_LOADING=EAGER for --miss-path device.
+    std::fprintf(stderr, "cuda: misses stay on the host path: kernels load lazily in this process (set "
+                         "CUDA_MODULE_LOADING=EAGER before the first CUDA call)\n");
+    m.device_misses = false;
+  }
   m.device_graphs = m.device_misses && GraphsTakeStreamMemOps(m.stream);
   cuda::DeviceBufferTable arena_table;
   // One slot more on the device path, never exported: the poison slot (zeros) that a failed

@@ -39,6 +39,23 @@ const Entries& Lookup() {
 
 }  // namespace
 
+bool KernelsLoadLazily() {
+  using LoadingModeFn = CUresult(CUDAAPI*)(CUmoduleLoadingMode*);
+  static const bool lazy = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuModuleGetLoadingMode", &fn, 11070, cudaEnableDefault, &q) !=
+            cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return true;  // cannot tell: assume the driver's default (lazy since CUDA 12.2)
+    }
+    CUmoduleLoadingMode mode = CU_MODULE_LAZY_LOADING;
+    return reinterpret_cast<LoadingModeFn>(fn)(&mode) != CUDA_SUCCESS || mode != CU_MODULE_EAGER_LOADING;
+  }();
+  return lazy;
+}
+
 bool StreamMemOpsAvailable() { return Lookup().wait != nullptr && Lookup().write != nullptr; }
 
 bool StreamWaitEqual(CUstream_st* stream, uint32_t* word, uint32_t value) {
