@@ -216,10 +216,11 @@ TEST(ResidencyDaemonTest, PersistentCorruptionIsDataLossNamingTheExpert) {
   EXPECT_EQ(c.load_failures, 1u);
 }
 
+// Driven turn by turn: the acquire that follows the prefetch needs no daemon, since it hits.
 TEST(ResidencyDaemonTest, PrefetchFromPredictedHint) {
   ResidencyOptions o;
   o.prefetch = true;
-  DaemonFixture f(o);
+  DaemonFixture f(o, {}, /*thread=*/false);
   auto seg = AttachCompute(f);
   shm::ResidencyClient client(seg.get());
   shm::Hint h{};
@@ -229,17 +230,69 @@ TEST(ResidencyDaemonTest, PrefetchFromPredictedHint) {
   h.experts[0] = 7;
   h.confidence[0] = 200;
   ASSERT_TRUE(client.SendHint(h));
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (absl::Now() < deadline) {
+  const auto in_ram = [&] {
     const auto s = seg->table().Read(1, 7);
-    if (s.has_value() && s->in(shm::Pool::kRam)) break;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+    return s.has_value() && s->in(shm::Pool::kRam);
+  };
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!in_ram() && absl::Now() < deadline) ASSERT_TRUE(f.daemon().Turn().ok());
+  ASSERT_TRUE(in_ram());
   ASSERT_TRUE(AcquireOne(client, 1, 7).ok());
   EXPECT_EQ(client.stats().hits, 1u);
   const ResidencyCounters c = f.Stop();
   EXPECT_EQ(c.prefetch_issued, 1u);
   EXPECT_EQ(c.misses, 0u);
+}
+
+// The daemon reads time from its clock: gauges are taken at most every kCensusInterval of it, and
+// a clock that stands still measures no read latency and no stall.
+TEST(ResidencyDaemonTest, CensusIntervalAndLatenciesFollowTheClock) {
+  FakeClock clock;
+  DaemonFixture f({}, {}, /*thread=*/false, {}, StoreDir(), {}, &clock);
+  auto seg = AttachCompute(f);
+  shm::ResidencyClient client(seg.get());
+  shm::RingProducer<shm::DemandRequest> demand(seg->demand_ring());
+  shm::RingConsumer<shm::Completion> completions(seg->completion_ring());
+  // A consumed hint is progress: the first publication takes a census, of free slots only.
+  shm::Hint h{};
+  h.layer = 0;
+  h.count = 1;
+  h.experts[0] = 1;
+  ASSERT_TRUE(client.SendHint(h));
+  const absl::StatusOr<bool> turned = f.daemon().Turn();
+  ASSERT_TRUE(turned.ok() && *turned);
+  EXPECT_EQ(f.daemon().Snapshot().slots_free, f.daemon().ram_slots());
+  const auto serve = [&](uint64_t id) {
+    shm::DemandRequest d{};
+    d.layer = 0;
+    d.expert = 2;
+    d.request_id = id;
+    ASSERT_TRUE(demand.TryPush(d));
+    shm::Completion c;
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    bool got = false;
+    while (!got && absl::Now() < deadline) {
+      ASSERT_TRUE(f.daemon().Turn().ok());
+      got = completions.TryPop(&c);
+    }
+    ASSERT_TRUE(got);
+    EXPECT_EQ(c.status, 0);
+  };
+  serve(1);  // a miss: loaded and published, all at the same instant of the clock
+  ResidencyCounters c = f.daemon().Snapshot();
+  EXPECT_EQ(c.loads, 1u);
+  EXPECT_EQ(c.slots_resident, 0u);  // no census since the clock last moved
+  EXPECT_EQ(c.slots_free, f.daemon().ram_slots());
+  EXPECT_EQ(c.stalled_completions, 1u);
+  EXPECT_EQ(c.stall_ns_total, 0u);
+  EXPECT_EQ(c.read_latency_us_total, 0u);
+  EXPECT_EQ(c.read_latency_buckets[0], 1u);
+  clock.Advance(ResidencyDaemon::kCensusInterval);
+  serve(2);  // a hit, and the census is due
+  c = f.daemon().Snapshot();
+  EXPECT_EQ(c.hits, 1u);
+  EXPECT_EQ(c.slots_resident, 1u);
+  EXPECT_EQ(c.slots_free, f.daemon().ram_slots() - 1);
 }
 
 TEST(ResidencyExpertSourceTest, ViewsOverPinnedSlotsAndRelease) {
