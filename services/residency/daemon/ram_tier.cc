@@ -48,15 +48,7 @@ void RamTier::HandleDemand(const shm::DemandRequest& d, int64_t now_ns) {
   const uint32_t i = ctx_.Index(d.layer, d.expert);
   RamExpert& e = experts_[i];
   if (e.state == RamState::kResident) {
-    const std::optional<shm::EntryState> s = ctx_.ep.table().Read(d.layer, d.expert);
-    uint64_t generation = 0;
-    if (s.has_value() && s->in(shm::Pool::kRam) && s->ram_slot == e.slot) {
-      generation = s->generation;
-    } else {
-      // Only this process writes entries: one that does not read back was overwritten in the
-      // shared mapping. The loop's own state is the truth; it is written again.
-      generation = ctx_.PublishEntry(i);
-    }
+    const uint64_t generation = ctx_.ResidentGeneration(i, shm::Pool::kRam, e.slot);
     ++c.hits;
     const ExpertKey key = PackExpertKey(d.layer, d.expert);
     if (policy_->Contains(key)) policy_->Touch(key);

@@ -1,6 +1,7 @@
 #include "services/residency/daemon/tier_context.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "services/residency/daemon/ram_tier.h"
 #include "services/residency/daemon/vram_tier.h"
@@ -53,6 +54,13 @@ void TierContext::FlushCompletions() {
 uint64_t TierContext::PublishEntry(uint32_t index) {
   return ep.PublishResident(LayerOf(index), ExpertOf(index), ram->resident_slot(index),
                             vram->resident_slot(index), vram->fill(index));
+}
+
+uint64_t TierContext::ResidentGeneration(uint32_t index, shm::Pool pool, uint32_t slot) {
+  const std::optional<shm::EntryState> s = ep.table().Read(LayerOf(index), ExpertOf(index));
+  if (s.has_value() && s->in(pool) && (pool == shm::Pool::kRam ? s->ram_slot : s->vram_slot) == slot)
+    return s->generation;
+  return PublishEntry(index);
 }
 
 bool TierContext::DemandWaiting() {

@@ -51,6 +51,10 @@ class TierContext {
   // Writes expert `index`'s entry from both tiers' state: its RAM slot while resident there, its
   // VRAM slot (and fill) while resident there. Returns the entry's generation.
   uint64_t PublishEntry(uint32_t index);
+  // The generation of the entry of resident expert `index`, which names it in `pool` at `slot`.
+  // Only this process writes entries: one that does not read back so was overwritten in the
+  // shared mapping, and is written again from the tiers' state.
+  uint64_t ResidentGeneration(uint32_t index, shm::Pool pool, uint32_t slot);
   // Whether a demand waits: queued by either tier, or still in the demand ring.
   bool DemandWaiting();
 

@@ -137,15 +137,7 @@ void VramTier::HandleDemand(const shm::DemandRequest& d, int64_t now_ns) {
     ++c.vram_prefetch_useful;
   }
   if (e.state == VramState::kResident) {
-    const std::optional<shm::EntryState> st = ctx_.ep.table().Read(d.layer, d.expert);
-    uint64_t generation = 0;
-    if (st.has_value() && st->in(shm::Pool::kVram) && st->vram_slot == e.slot) {
-      generation = st->generation;
-    } else {
-      // Only this process writes entries: one that does not read back was overwritten in the
-      // shared mapping. The loop's own state is the truth; it is written again.
-      generation = ctx_.PublishEntry(i);
-    }
+    const uint64_t generation = ctx_.ResidentGeneration(i, shm::Pool::kVram, e.slot);
     ++c.vram_hits;
     map_.Touch(e.slot, ComputeEpoch());
     ctx_.Complete(d, e.slot, generation, absl::StatusCode::kOk, 0, shm::Pool::kVram);
