@@ -15,17 +15,23 @@
 #include "common/model/model_weights.h"
 #include "services/compute/generation.h"
 #include "services/residency/policy/replacement_policy.h"
-#include "services/residency/trace/replay.h"
-#include "services/residency/trace/routing_trace.h"
-#include "services/residency/trace/trace_writer.h"
+#include "tools/trace/replay.h"
+#include "tools/trace/routing_trace.h"
+#include "tools/trace/trace_writer.h"
 #include "tools/mer/cli_util.h"
 
 namespace mer::cli {
 namespace {
 
-using residency::ReplayOptions;
-using residency::ReplayStats;
-using residency::RoutingTrace;
+using trace::ReadTraceFile;
+using trace::Replay;
+using trace::ReplayOptions;
+using trace::ReplayStats;
+using trace::RoutingTrace;
+using trace::SlotsForFraction;
+using trace::TraceGeometry;
+using trace::TracePhase;
+using trace::TraceWriter;
 
 constexpr char kHelp[] = R"(usage: mer trace record --model F.gguf (--prompt TEXT | --prompt-tokens 1,2,3) --max-tokens N
                         --out T.trace [--threads N] [--ignore-eos]
@@ -70,14 +76,14 @@ absl::Status Record(const Args& args) {
   ASSIGN_OR_RETURN(const GenerationRequest req, GenerationRequestFromFlags(f, *m.tokenizer));
 
   const ModelConfig& c = m.weights->config();
-  const residency::TraceGeometry g{c.n_layer, c.n_expert, c.n_expert_used, ExpertBytes(*m.weights, 0)};
-  ASSIGN_OR_RETURN(std::unique_ptr<residency::TraceWriter> writer,
-                   residency::TraceWriter::Create(out_path, g));
-  writer->set_phase(residency::TraceWriter::Phase::kPrompt);
+  const TraceGeometry g{c.n_layer, c.n_expert, c.n_expert_used, ExpertBytes(*m.weights, 0)};
+  ASSIGN_OR_RETURN(std::unique_ptr<TraceWriter> writer,
+                   TraceWriter::Create(out_path, g));
+  writer->set_phase(TraceWriter::Phase::kPrompt);
   m.engine->set_routing_observer(writer.get());
   GenerationStats stats;
   auto out = mer::Generate(*m.engine, 0, req,
-                           [&](int32_t) { writer->set_phase(residency::TraceWriter::Phase::kDecode); },
+                           [&](int32_t) { writer->set_phase(TraceWriter::Phase::kDecode); },
                            &stats);
   m.engine->set_routing_observer(nullptr);
   const absl::Status finished = writer->Finish();
@@ -121,7 +127,7 @@ absl::Status CommonOptions(const Flags& f, const RoutingTrace& trace, ReplayOpti
 std::string Describe(const RoutingTrace& t, const std::string& path, int64_t expert_bytes) {
   const auto& g = t.geometry();
   int64_t prompt_records = 0;
-  for (const auto& r : t.records()) prompt_records += r.phase == residency::TracePhase::kPrompt;
+  for (const auto& r : t.records()) prompt_records += r.phase == TracePhase::kPrompt;
   return absl::StrFormat(
       "trace %s: %d layers x %d experts, top-%d; %d tokens (%d prompt in %d records, %d decode); "
       "expert %s",
@@ -131,7 +137,7 @@ std::string Describe(const RoutingTrace& t, const std::string& path, int64_t exp
 
 absl::StatusOr<RoutingTrace> LoadTrace(const Flags& f) {
   ASSIGN_OR_RETURN(const std::string path, f.Required("trace"));
-  return residency::ReadTraceFile(path);
+  return ReadTraceFile(path);
 }
 
 absl::Status ReplayCommand(const Args& args) {
@@ -149,11 +155,11 @@ absl::Status ReplayCommand(const Args& args) {
     if (o.slots < 1) return absl::InvalidArgumentError("--slots must be >= 1");
   } else {
     ASSIGN_OR_RETURN(const double fraction, ParseFraction(f.String("budget", "25%"), "--budget"));
-    o.slots = residency::SlotsForFraction(trace.geometry(), fraction);
+    o.slots = SlotsForFraction(trace.geometry(), fraction);
   }
   o.policy = f.String("policy", "lru");
   o.prefetch = f.Has("prefetch");
-  ASSIGN_OR_RETURN(const ReplayStats s, residency::Replay(trace, o));
+  ASSIGN_OR_RETURN(const ReplayStats s, Replay(trace, o));
 
   std::printf("%s\n", Describe(trace, f.String("trace"), s.expert_bytes).c_str());
   std::printf("policy %s, %lld slots (%.1f%% of %lld experts), prefetch %s\n", o.policy.c_str(),
@@ -202,9 +208,9 @@ absl::Status SweepCommand(const Args& args) {
       for (bool prefetch : {false, true}) {
         ReplayOptions o = base;
         o.policy = policy;
-        o.slots = residency::SlotsForFraction(trace.geometry(), fraction);
+        o.slots = SlotsForFraction(trace.geometry(), fraction);
         o.prefetch = prefetch;
-        ASSIGN_OR_RETURN(const ReplayStats s, residency::Replay(trace, o));
+        ASSIGN_OR_RETURN(const ReplayStats s, Replay(trace, o));
         std::printf("| %s | %g%% | %lld | %s | %.1f%% | %lld | %.1f | %.2f | %lld | %lld | %lld |\n",
                     policy.c_str(), 100 * fraction, static_cast<long long>(o.slots), prefetch ? "on" : "off",
                     100 * s.hit_rate(), static_cast<long long>(s.misses), s.bytes_read() / 1e6,

@@ -470,13 +470,8 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   m.stats.total_experts = m.total_experts;
   m.owner.assign(slots, -1);
   m.pin_epoch.assign(slots, 0);
-  m.lru_prev.resize(slots + 1);
-  m.lru_next.resize(slots + 1);
-  for (int32_t s = 0; s <= m.n_slots; ++s) {  // a ring through the sentinel n_slots
-    m.lru_next[s] = s == m.n_slots ? 0 : s + 1;
-    m.lru_prev[s] = s == 0 ? m.n_slots : s - 1;
-  }
-  if (m.n_slots == 0) m.lru_next[0] = m.lru_prev[0] = 0;
+  m.lru_nodes.resize(slots);
+  for (int32_t s = 0; s < m.n_slots; ++s) m.lru.PushFront(m.lru_nodes, s);  // slot 0 the least recent
   if (o.vram_residency != nullptr) {
     std::vector<cuda::VramLayerLayout> layouts;
     for (int l = 0; l < c.n_layer; ++l) {

@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/check.h"
+#include "common/base/index_list.h"
 #include "common/quant/quant.h"
 #include "services/compute/cuda/attention.cuh"
 #include "services/compute/cuda/cuda_check.cuh"
@@ -202,12 +203,17 @@ struct CudaEngine::Impl {
   std::vector<int32_t> prefetched;     // its experts
   bool table_dirty = false;            // host_slot_table changed since the last upload
 
-  // Arena bookkeeping (host side). LRU list over slots with sentinel n_slots: head = least recent.
+  // Arena bookkeeping (host side).
   uint8_t* arena = nullptr;
   int64_t slot_bytes = 0;
   int32_t n_slots = 0;
   std::vector<int32_t> owner;      // [n_slots] key layer * n_expert + e, or -1
-  std::vector<int32_t> lru_prev, lru_next;
+  struct LruNode {
+    uint32_t prev = kNilIndex;
+    uint32_t next = kNilIndex;
+  };
+  std::vector<LruNode> lru_nodes;  // [n_slots]
+  IndexList<LruNode> lru;          // every slot; front = most recently used
   std::vector<uint64_t> pin_epoch; // [n_slots]: == epoch while the current pass uses it
   uint64_t epoch = 0;
   int64_t resident = 0;

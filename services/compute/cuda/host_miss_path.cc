@@ -18,19 +18,10 @@ namespace mer {
 using namespace cuda_engine_internal;  // NOLINT: this library's own internals
 
 
-void CudaEngine::Impl::Touch(int32_t s) {
-  // Unlink, then insert before the sentinel (most recent end).
-  lru_next[lru_prev[s]] = lru_next[s];
-  lru_prev[lru_next[s]] = lru_prev[s];
-  const int32_t tail = lru_prev[n_slots];
-  lru_next[tail] = s;
-  lru_prev[s] = tail;
-  lru_next[s] = n_slots;
-  lru_prev[n_slots] = s;
-}
+void CudaEngine::Impl::Touch(int32_t s) { lru.MoveToFront(lru_nodes, s); }
 
 int32_t CudaEngine::Impl::TakeVictim() {
-  for (int32_t s = lru_next[n_slots]; s != n_slots; s = lru_next[s]) {
+  for (uint32_t s = lru.back(); s != kNilIndex; s = lru_nodes[s].prev) {  // least recent first
     if (pin_epoch[s] == epoch) continue;  // used by the pass being served
     if (owner[s] >= 0) {
       host_slot_table[owner[s]] = -1;

@@ -126,7 +126,8 @@ absl::StatusOr<std::shared_ptr<SequenceStream>> Batcher::Submit(const Generation
     return absl::InvalidArgumentError(absl::StrCat("max_new_tokens: the sequence needs ", need,
                                                    " KV positions; the budget is ", kv_budget_tokens_));
 
-  auto r = std::make_unique<Running>(Running{nullptr, request, Sampler(request.sampling), {}, 0, -1, 0, need});
+  auto r = std::make_unique<Running>(Running{nullptr, request, Sampler(request.sampling), {}, 0,
+                                             Running::Phase::kPrefill, 0, FinishReason::kNone, 0, need});
   r->history.reserve(request.prompt.size() + request.max_new_tokens);
   r->history = request.prompt;
 
@@ -205,6 +206,7 @@ bool Batcher::Finishes(Running& r, int32_t token, absl::Span<const float> logits
     *reason = FinishReason::kLength;
     return true;
   }
+  r.phase = Running::Phase::kDecode;
   r.pending = token;
   return false;
 }
@@ -212,7 +214,8 @@ bool Batcher::Finishes(Running& r, int32_t token, absl::Span<const float> logits
 bool Batcher::SoloGreedyDecode() {
   if (running_.size() != 1) return false;
   Running& r = *running_[0];
-  if (r.pending < 0 || !r.sampler.IsPlainArgmax() || r.request.top_logprobs >= 0 || r.stream->cancelled())
+  if (r.phase != Running::Phase::kDecode || !r.sampler.IsPlainArgmax() || r.request.top_logprobs >= 0 ||
+      r.stream->cancelled())
     return false;
   {
     absl::MutexLock lock(&mu_);
@@ -282,7 +285,7 @@ bool Batcher::Step() {
   for (size_t k = 0; k < n && budget > 0; ++k) {
     const size_t i = (start + k) % n;
     Running& r = *running_[i];
-    if (r.pending < 0) continue;
+    if (r.phase != Running::Phase::kDecode) continue;
     batch_.push_back({r.pending, r.fed, r.stream->slot(), true});
     rows_.push_back(static_cast<int32_t>(i));
     --budget;
@@ -293,7 +296,7 @@ bool Batcher::Step() {
   int prompt_tokens = 0;
   for (size_t i = 0; i < n && budget > 0; ++i) {
     Running& r = *running_[i];
-    if (r.pending >= 0) continue;
+    if (r.phase != Running::Phase::kPrefill) continue;
     const int32_t prompt_len = static_cast<int32_t>(r.request.prompt.size());
     const int take = std::min<int>(budget, prompt_len - r.fed);
     for (int j = 0; j < take; ++j) {
@@ -323,17 +326,19 @@ bool Batcher::Step() {
     // needed by some of them only: each runs again alone, and only those that need it fail.
     // Any other error (mer-residency gone: Unavailable) fails them all. The others keep running.
     size_t in_batch = 0;
-    for (size_t i = 0; i < n; ++i) in_batch += running_[i]->pending >= 0 || prefill_n_[i] > 0;
+    for (size_t i = 0; i < n; ++i)
+      in_batch += running_[i]->phase == Running::Phase::kDecode || prefill_n_[i] > 0;
     if (absl::IsDataLoss(s) && in_batch > 1) {
       RunEachAlone(all_argmax);
     } else {
       for (size_t i = 0; i < n; ++i) {
-        if (running_[i]->pending >= 0 || prefill_n_[i] > 0) errors_[i] = s;
+        if (running_[i]->phase == Running::Phase::kDecode || prefill_n_[i] > 0) errors_[i] = s;
       }
     }
   }
   for (size_t i = 0; i < n; ++i) {
-    if (running_[i]->pending < 0 && errors_[i].ok()) running_[i]->fed += prefill_n_[i];
+    if (running_[i]->phase == Running::Phase::kPrefill && errors_[i].ok())
+      running_[i]->fed += prefill_n_[i];
   }
   // Sample; then advance, finish or keep each sequence with a logits row.
   std::vector<size_t>& leaving = leaving_;
@@ -344,14 +349,15 @@ bool Batcher::Step() {
   for (size_t row = 0; row < rows_.size(); ++row) {
     if (!errors_[rows_[row]].ok()) continue;
     Running& r = *running_[rows_[row]];
-    if (r.pending >= 0) ++r.fed;  // the decode token is in the KV cache now
+    if (r.phase == Running::Phase::kDecode) ++r.fed;  // the decode token is in the KV cache now
     const float* lg = logits_.data() + row * size_t(n_vocab_);
     const absl::Span<const float> row_logits = absl::MakeConstSpan(lg, n_vocab_);
     const int32_t token = all_argmax ? greedy_[row] : r.sampler.Sample(row_logits, r.history);
     FinishReason reason;
     if (Finishes(r, token, all_argmax ? absl::Span<const float>() : row_logits, &reason)) {
       leaving.push_back(rows_[row]);
-      r.pending = reason == FinishReason::kStopToken ? -2 : -3;  // read back below
+      r.phase = Running::Phase::kFinished;  // read back below
+      r.finished_by = reason;
     }
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -365,8 +371,7 @@ bool Batcher::Step() {
       Leave(i, absl::Status(e.code(), absl::StrCat("forward pass: ", e.message())), FinishReason::kNone);
       continue;
     }
-    const FinishReason reason = running_[i]->pending == -2 ? FinishReason::kStopToken : FinishReason::kLength;
-    Leave(i, absl::OkStatus(), reason);
+    Leave(i, absl::OkStatus(), running_[i]->finished_by);
   }
   return true;
 }
@@ -374,7 +379,7 @@ bool Batcher::Step() {
 void Batcher::RunEachAlone(bool all_argmax) {
   for (size_t i = 0; i < running_.size(); ++i) {
     const Running& r = *running_[i];
-    if (r.pending < 0 && prefill_n_[i] == 0) continue;  // not in this batch
+    if (r.phase != Running::Phase::kDecode && prefill_n_[i] == 0) continue;  // not in this batch
     // Its tokens, in batch order, and the row of its logits in the batch's output (rows are the
     // batch's want_logits tokens in order; a sequence has at most one).
     alone_.clear();

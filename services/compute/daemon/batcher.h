@@ -133,7 +133,13 @@ class Batcher {
     Sampler sampler;
     std::vector<int32_t> history;  // prompt, then the output
     int32_t fed = 0;               // positions in the KV cache
-    int32_t pending = -1;          // last sampled token, not yet fed; -1 while prefilling
+    // kPrefill until its first token is sampled; kDecode while `pending` waits to be fed;
+    // kFinished from the sampling that ended it to its Leave in the same step, `finished_by`
+    // saying how.
+    enum class Phase : uint8_t { kPrefill, kDecode, kFinished };
+    Phase phase = Phase::kPrefill;
+    int32_t pending = 0;           // kDecode: the last sampled token, not yet fed
+    FinishReason finished_by = FinishReason::kNone;
     int32_t generated = 0;
     int64_t reserved_kv = 0;
   };
@@ -145,7 +151,7 @@ class Batcher {
   bool SoloGreedyDecode();
   // After `token` was produced for r (its history, stream and count updated, with its logprobs
   // from `logits` when the request asks for them and the row's logits are there): whether it
-  // ends the sequence, and how (pending is set to the token otherwise).
+  // ends the sequence, and how (otherwise r decodes `token` next).
   bool Finishes(Running& r, int32_t token, absl::Span<const float> logits, FinishReason* reason);
   void Leave(size_t index, absl::Status status, FinishReason reason);
   // After a batch failed with DataLoss: runs each of its sequences alone (their own tokens, the

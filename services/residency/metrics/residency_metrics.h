@@ -11,7 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "prometheus/metric_family.h"
-#include "services/residency/daemon/residency_daemon.h"
+#include "services/residency/daemon/residency_counters.h"
 
 namespace prometheus {
 class Exposer;

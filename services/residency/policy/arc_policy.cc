@@ -6,8 +6,6 @@
 
 namespace mer::residency {
 
-using internal::kNil;
-
 ArcPolicy::ArcPolicy(int64_t capacity) : ReplacementPolicy(capacity), pool_(2 * capacity + 1) {
   index_.reserve(2 * capacity + 1);
 }
@@ -31,7 +29,7 @@ void ArcPolicy::Move(uint32_t node, ListId to) {
 
 void ArcPolicy::DropLru(ListId list) {
   const uint32_t i = lists_[list].back();
-  CHECK(i != kNil);
+  CHECK(i != kNilIndex);
   lists_[list].Unlink(pool_.nodes(), i);
   index_.erase(pool_[i].key);
   pool_[i].list = kNone;
@@ -127,7 +125,7 @@ std::optional<ExpertKey> ArcPolicy::DoChooseVictim(absl::FunctionRef<bool(Expert
   const double t1 = static_cast<double>(lists_[kT1].size());
   const bool from_t1 = t1 >= 1 && (t1 > p || (ListOf(incoming) == kB2 && t1 >= p));
   for (ListId l : {from_t1 ? kT1 : kT2, from_t1 ? kT2 : kT1}) {
-    for (uint32_t i = lists_[l].back(); i != kNil; i = pool_[i].prev) {
+    for (uint32_t i = lists_[l].back(); i != kNilIndex; i = pool_[i].prev) {
       if (evictable(pool_[i].key)) return pool_[i].key;
     }
   }
@@ -138,7 +136,7 @@ std::vector<ExpertKey> ArcPolicy::ResidentKeys() const {
   std::vector<ExpertKey> keys;
   keys.reserve(size());
   for (ListId l : {kT2, kT1}) {
-    for (uint32_t i = lists_[l].front(); i != kNil; i = pool_[i].next) keys.push_back(pool_[i].key);
+    for (uint32_t i = lists_[l].front(); i != kNilIndex; i = pool_[i].next) keys.push_back(pool_[i].key);
   }
   return keys;
 }

@@ -15,7 +15,7 @@
 #pragma once
 
 #include "absl/container/flat_hash_map.h"
-#include "services/residency/policy/index_list.h"
+#include "common/base/index_list.h"
 #include "services/residency/policy/replacement_policy.h"
 
 namespace mer::residency {
@@ -52,8 +52,8 @@ class ArcPolicy final : public ReplacementPolicy {
     ExpertKey key = kNoKey;
     uint8_t list = kNone;
     bool prefetched = false;
-    uint32_t prev = internal::kNil;
-    uint32_t next = internal::kNil;
+    uint32_t prev = kNilIndex;
+    uint32_t next = kNilIndex;
   };
 
   ListId ListOf(ExpertKey key) const;
@@ -62,8 +62,8 @@ class ArcPolicy final : public ReplacementPolicy {
   void DropLru(ListId list);
   void Move(uint32_t node, ListId to);
 
-  internal::NodePool<Node> pool_;
-  internal::IndexList<Node> lists_[4];  // front = most recent
+  NodePool<Node> pool_;
+  IndexList<Node> lists_[4];  // front = most recent
   absl::flat_hash_map<ExpertKey, uint32_t> index_;  // keys of all four lists
   double p_ = 0;                     // target size of T1
   ExpertKey pending_key_ = kNoKey;   // the key ChooseVictim adapted for

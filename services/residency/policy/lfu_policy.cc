@@ -6,8 +6,6 @@
 
 namespace mer::residency {
 
-using internal::kNil;
-
 namespace {
 constexpr uint32_t kMaxCount = 1u << 30;
 }  // namespace
@@ -52,7 +50,7 @@ void LfuPolicy::Touch(ExpertKey key) {
   const uint32_t count = std::min(item.count + 1, kMaxCount);
   if (count != item.count) {
     uint32_t nb = buckets_[b].next;
-    if (nb == kNil || buckets_[nb].count != count) {
+    if (nb == kNilIndex || buckets_[nb].count != count) {
       nb = NewBucket(count);
       order_.InsertAfter(buckets_.nodes(), b, nb);
     }
@@ -82,10 +80,10 @@ void LfuPolicy::Insert(ExpertKey key, bool reference) {
   item.count = count;
   // The first bucket whose count is >= count.
   uint32_t b = order_.front();
-  while (b != kNil && buckets_[b].count < count) b = buckets_[b].next;
-  if (b == kNil || buckets_[b].count != count) {
+  while (b != kNilIndex && buckets_[b].count < count) b = buckets_[b].next;
+  if (b == kNilIndex || buckets_[b].count != count) {
     const uint32_t nb = NewBucket(count);
-    if (b == kNil) order_.PushBack(buckets_.nodes(), nb);
+    if (b == kNilIndex) order_.PushBack(buckets_.nodes(), nb);
     else order_.InsertBefore(buckets_.nodes(), b, nb);
     b = nb;
   }
@@ -104,7 +102,7 @@ bool LfuPolicy::Remove(ExpertKey key) {
   FreeBucketIfEmpty(item.bucket);
   if (item.count > 0 && static_cast<int64_t>(history_.size()) < history_limit_)
     history_[key] = item.count;
-  item.bucket = kNil;
+  item.bucket = kNilIndex;
   items_.Free(i);
   return true;
 }
@@ -112,9 +110,9 @@ bool LfuPolicy::Remove(ExpertKey key) {
 void LfuPolicy::Age() {
   // Items in eviction order: ascending count, least recent first within a count.
   scratch_.clear();
-  for (uint32_t b = order_.front(); b != kNil;) {
+  for (uint32_t b = order_.front(); b != kNilIndex;) {
     const uint32_t next = buckets_[b].next;
-    for (uint32_t i = buckets_[b].items.back(); i != kNil; i = items_[i].prev) scratch_.push_back(i);
+    for (uint32_t i = buckets_[b].items.back(); i != kNilIndex; i = items_[i].prev) scratch_.push_back(i);
     buckets_.Free(b);
     b = next;
   }
@@ -124,7 +122,7 @@ void LfuPolicy::Age() {
     Item& item = items_[i];
     item.count >>= 1;
     uint32_t b = order_.back();
-    if (b == kNil || buckets_[b].count != item.count) {
+    if (b == kNilIndex || buckets_[b].count != item.count) {
       b = NewBucket(item.count);
       order_.PushBack(buckets_.nodes(), b);
     }
@@ -140,8 +138,8 @@ void LfuPolicy::Age() {
 
 std::optional<ExpertKey> LfuPolicy::DoChooseVictim(absl::FunctionRef<bool(ExpertKey)> evictable,
                                                    ExpertKey /*incoming*/) {
-  for (uint32_t b = order_.front(); b != kNil; b = buckets_[b].next) {
-    for (uint32_t i = buckets_[b].items.back(); i != kNil; i = items_[i].prev) {
+  for (uint32_t b = order_.front(); b != kNilIndex; b = buckets_[b].next) {
+    for (uint32_t i = buckets_[b].items.back(); i != kNilIndex; i = items_[i].prev) {
       if (evictable(items_[i].key)) return items_[i].key;
     }
   }
@@ -151,8 +149,8 @@ std::optional<ExpertKey> LfuPolicy::DoChooseVictim(absl::FunctionRef<bool(Expert
 std::vector<ExpertKey> LfuPolicy::ResidentKeys() const {
   std::vector<ExpertKey> keys;
   keys.reserve(index_.size());
-  for (uint32_t b = order_.back(); b != kNil; b = buckets_[b].prev) {
-    for (uint32_t i = buckets_[b].items.front(); i != kNil; i = items_[i].next)
+  for (uint32_t b = order_.back(); b != kNilIndex; b = buckets_[b].prev) {
+    for (uint32_t i = buckets_[b].items.front(); i != kNilIndex; i = items_[i].next)
       keys.push_back(items_[i].key);
   }
   return keys;

@@ -14,7 +14,7 @@
 #pragma once
 
 #include "absl/container/flat_hash_map.h"
-#include "services/residency/policy/index_list.h"
+#include "common/base/index_list.h"
 #include "services/residency/policy/replacement_policy.h"
 
 namespace mer::residency {
@@ -52,15 +52,15 @@ class LfuPolicy final : public ReplacementPolicy {
   struct Item {
     ExpertKey key = kNoKey;
     uint32_t count = 0;
-    uint32_t bucket = internal::kNil;
-    uint32_t prev = internal::kNil;
-    uint32_t next = internal::kNil;
+    uint32_t bucket = kNilIndex;
+    uint32_t prev = kNilIndex;
+    uint32_t next = kNilIndex;
   };
   struct Bucket {
     uint32_t count = 0;
-    internal::IndexList<Item> items;  // front = most recently counted
-    uint32_t prev = internal::kNil;
-    uint32_t next = internal::kNil;
+    IndexList<Item> items;  // front = most recently counted
+    uint32_t prev = kNilIndex;
+    uint32_t next = kNilIndex;
   };
 
   void Insert(ExpertKey key, bool reference);
@@ -72,9 +72,9 @@ class LfuPolicy final : public ReplacementPolicy {
   const int64_t halve_every_;
   const int64_t history_limit_;
   int64_t references_ = 0;
-  internal::NodePool<Item> items_;
-  internal::NodePool<Bucket> buckets_;
-  internal::IndexList<Bucket> order_;  // front = lowest count
+  NodePool<Item> items_;
+  NodePool<Bucket> buckets_;
+  IndexList<Bucket> order_;  // front = lowest count
   absl::flat_hash_map<ExpertKey, uint32_t> index_;
   absl::flat_hash_map<ExpertKey, uint32_t> history_;
   std::vector<uint32_t> scratch_;  // Age's item order

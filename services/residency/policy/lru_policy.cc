@@ -4,8 +4,6 @@
 
 namespace mer::residency {
 
-using internal::kNil;
-
 LruPolicy::LruPolicy(int64_t capacity) : ReplacementPolicy(capacity), pool_(capacity) {
   index_.reserve(capacity);
 }
@@ -37,7 +35,7 @@ bool LruPolicy::Remove(ExpertKey key) {
 
 std::optional<ExpertKey> LruPolicy::DoChooseVictim(absl::FunctionRef<bool(ExpertKey)> evictable,
                                                    ExpertKey /*incoming*/) {
-  for (uint32_t i = list_.back(); i != kNil; i = pool_[i].prev) {
+  for (uint32_t i = list_.back(); i != kNilIndex; i = pool_[i].prev) {
     if (evictable(pool_[i].key)) return pool_[i].key;
   }
   return std::nullopt;
@@ -46,7 +44,7 @@ std::optional<ExpertKey> LruPolicy::DoChooseVictim(absl::FunctionRef<bool(Expert
 std::vector<ExpertKey> LruPolicy::ResidentKeys() const {
   std::vector<ExpertKey> keys;
   keys.reserve(list_.size());
-  for (uint32_t i = list_.front(); i != kNil; i = pool_[i].next) keys.push_back(pool_[i].key);
+  for (uint32_t i = list_.front(); i != kNilIndex; i = pool_[i].next) keys.push_back(pool_[i].key);
   return keys;
 }
 

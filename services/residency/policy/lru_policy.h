@@ -3,7 +3,7 @@
 #pragma once
 
 #include "absl/container/flat_hash_map.h"
-#include "services/residency/policy/index_list.h"
+#include "common/base/index_list.h"
 #include "services/residency/policy/replacement_policy.h"
 
 namespace mer::residency {
@@ -32,11 +32,11 @@ class LruPolicy final : public ReplacementPolicy {
 
   struct Node {
     ExpertKey key = kNoKey;
-    uint32_t prev = internal::kNil;
-    uint32_t next = internal::kNil;
+    uint32_t prev = kNilIndex;
+    uint32_t next = kNilIndex;
   };
-  internal::NodePool<Node> pool_;
-  internal::IndexList<Node> list_;
+  NodePool<Node> pool_;
+  IndexList<Node> list_;
   absl::flat_hash_map<ExpertKey, uint32_t> index_;
 };
 

@@ -8,12 +8,20 @@
 // R3 of common/shm/residency_table.h), and the caller re-checks after unpublishing the victim
 // (R1-R2) before it writes the slot. A slot being filled is never a candidate.
 //
-// Thread-safety: one thread (the daemon's loop). O(slots) per Candidate, no allocation.
+// The slots that hold an expert are kept in an IndexList (common/base/index_list.h) ordered by the
+// uses residency saw itself (fills and Touch), most recent at the front. A pin can only make a
+// slot's use newer than that, so Candidate walks from the back and stops at the first slot whose
+// own use is newer than the best candidate's: O(1 + slots passed over), not O(slots). Free slots
+// are taken first, lowest index first (O(slots) while any is free).
+//
+// Thread-safety: one thread (the daemon's loop). No allocation after Reset.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <vector>
+
+#include "common/base/index_list.h"
 
 namespace mer::residency {
 
@@ -26,25 +34,29 @@ class VramSlotMap {
   uint32_t owner(uint32_t slot) const { return slots_[slot].owner; }
   bool filling(uint32_t slot) const { return slots_[slot].filling; }
 
-  // The slot the next upload should take, changing nothing: a free slot that is not in use, else
-  // the resident, not filling, not in use slot least recently used, provided that use is older
-  // than `used_before` (pass UINT64_MAX to accept any; a prefetch passes the oldest step in
-  // flight, so a guess never displaces what a running step reads next). nullopt if none.
+  // The slot the next upload should take, changing nothing: the free slot of lowest index that is
+  // not in use, else of the resident, not filling, not in use slots the least recently used
+  // (lowest index among equals), provided that use is older than `used_before` (pass UINT64_MAX to
+  // accept any; a prefetch passes the oldest step in flight, so a guess never displaces what a
+  // running step reads next). nullopt if none.
   // in_use(slot) -> bool; pin_epoch(slot) -> uint64_t.
   template <typename InUse, typename PinEpoch>
   std::optional<uint32_t> Candidate(InUse in_use, PinEpoch pin_epoch, uint64_t used_before) const {
+    if (free_ > 0) {
+      for (uint32_t k = 0; k < size(); ++k)
+        if (slots_[k].owner == kFree && !in_use(k)) return k;
+    }
     std::optional<uint32_t> best;
     uint64_t best_use = 0;
-    for (uint32_t k = 0; k < size(); ++k) {
+    for (uint32_t k = by_use_.back(); k != kNilIndex; k = slots_[k].prev) {
       const Slot& s = slots_[k];
+      // Every slot from here on was used at s.use_epoch or later.
+      if (s.use_epoch >= used_before || (best.has_value() && s.use_epoch > best_use)) break;
       if (s.filling) continue;
-      if (s.owner == kFree) {
-        if (!in_use(k)) return k;
-        continue;
-      }
       const uint64_t pe = pin_epoch(k);
       const uint64_t use = pe > s.use_epoch ? pe : s.use_epoch;
-      if (use >= used_before || (best.has_value() && use >= best_use)) continue;
+      if (use >= used_before) continue;
+      if (best.has_value() && (use > best_use || (use == best_use && k > *best))) continue;
       if (in_use(k)) continue;
       best = k;
       best_use = use;
@@ -68,8 +80,14 @@ class VramSlotMap {
     uint32_t owner = kFree;
     bool filling = false;
     uint64_t use_epoch = 0;
+    uint32_t prev = kNilIndex;  // by_use_'s links, while owner != kFree
+    uint32_t next = kNilIndex;
   };
+  // Links slot k (not in by_use_) in by its use_epoch: after every slot used later.
+  void Order(uint32_t k);
+
   std::vector<Slot> slots_;
+  IndexList<Slot> by_use_;  // the slots with an owner; front = the latest use_epoch
   uint32_t free_ = 0, filling_ = 0;
 };
 

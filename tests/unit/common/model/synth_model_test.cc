@@ -18,9 +18,9 @@
 #include "gtest/gtest.h"
 #include "services/compute/cpu/cpu_engine.h"
 #include "services/compute/generation.h"
-#include "services/residency/trace/replay.h"
-#include "services/residency/trace/routing_trace.h"
-#include "services/residency/trace/trace_writer.h"
+#include "tools/trace/replay.h"
+#include "tools/trace/routing_trace.h"
+#include "tools/trace/trace_writer.h"
 
 namespace mer {
 namespace {
@@ -183,8 +183,8 @@ RoutingResult Route(double skew) {
   EXPECT_TRUE(engine.ok()) << engine.status();
   if (!engine.ok()) return r;
 
-  const residency::TraceGeometry tg{g.n_layer, g.n_expert, g.n_expert_used, ExpertBytes(*weights, 0)};
-  auto writer = residency::TraceWriter::CreateInMemory(tg);
+  const trace::TraceGeometry tg{g.n_layer, g.n_expert, g.n_expert_used, ExpertBytes(*weights, 0)};
+  auto writer = trace::TraceWriter::CreateInMemory(tg);
   EXPECT_TRUE(writer.ok());
   (*engine)->set_routing_observer(writer->get());
   GenerationRequest req;
@@ -199,14 +199,14 @@ RoutingResult Route(double skew) {
   r.distinct_generated = static_cast<int>(std::set<int32_t>(out->begin(), out->end()).size());
 
   const std::string& bytes = (*writer)->bytes();
-  auto trace = residency::ParseTrace(
+  auto parsed = trace::ParseTrace(
       absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
-  EXPECT_TRUE(trace.ok()) << trace.status();
-  if (!trace.ok()) return r;
-  residency::ReplayOptions ro;
+  EXPECT_TRUE(parsed.ok()) << parsed.status();
+  if (!parsed.ok()) return r;
+  trace::ReplayOptions ro;
   ro.policy = "lru";
-  ro.slots = residency::SlotsForFraction(trace->geometry(), 0.25);
-  auto stats = residency::Replay(*trace, ro);
+  ro.slots = trace::SlotsForFraction(parsed->geometry(), 0.25);
+  auto stats = trace::Replay(*parsed, ro);
   EXPECT_TRUE(stats.ok()) << stats.status();
   if (stats.ok()) r.lru_hit_rate_25 = stats->hit_rate();
   return r;

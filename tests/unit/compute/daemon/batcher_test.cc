@@ -81,7 +81,7 @@ GenerationRequest Request(int i) {
   const int len = 1 + (i * 7) % 37;  // 1..37 prompt tokens: several chunks of 16
   for (int k = 0; k < len; ++k) r.prompt.push_back((i * 31 + k * 17) % 300);
   r.max_new_tokens = 3 + i % 9;
-  if (i % 4 == 0) r.stop_ids = {5};  // some stop early at a (frequent enough) token
+  if (i % 4 == 0) r.stop_ids = {276};  // requests 8 and 20 stop early at it, 16 at its last token
   if (i % 5 == 1) {                // and some sample, which must be reproducible too
     r.sampling.temperature = 0.8f;
     r.sampling.top_k = 20;
@@ -114,6 +114,7 @@ TEST(BatcherTest, BatchedOutputEqualsSoloOutput) {
   Batcher batcher(*engine, bo);
   std::vector<std::vector<int32_t>> got(kRequests);
   std::vector<absl::Status> status(kRequests);
+  std::vector<FinishReason> reason(kRequests, FinishReason::kNone);
   std::vector<std::thread> threads;
   for (int i = 0; i < kRequests; ++i) {
     threads.emplace_back([&, i] {
@@ -124,13 +125,20 @@ TEST(BatcherTest, BatchedOutputEqualsSoloOutput) {
       }
       got[i] = Drain(**s);
       status[i] = (*s)->status();
+      reason[i] = (*s)->finish_reason();
     });
   }
   for (auto& t : threads) t.join();
+  int stopped = 0;
   for (int i = 0; i < kRequests; ++i) {
     ASSERT_TRUE(status[i].ok()) << i << ": " << status[i];
     EXPECT_EQ(got[i], solo[i]) << "request " << i;
+    // A stop token ends a sequence (and is its last token) even at max_new_tokens.
+    const bool stop = !got[i].empty() && Request(i).IsStop(got[i].back());
+    stopped += stop;
+    EXPECT_EQ(reason[i], stop ? FinishReason::kStopToken : FinishReason::kLength) << "request " << i;
   }
+  EXPECT_GT(stopped, 0);  // both reasons are seen
   EXPECT_EQ(batcher.free_sequences(), 6);
   EXPECT_EQ(batcher.kv_free_tokens(), batcher.kv_budget_tokens());
 }

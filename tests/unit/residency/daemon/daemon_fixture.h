@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/base/check.h"
+#include "common/base/clock.h"
 #include "common/model/synth_model.h"
 #include "absl/time/clock.h"
 #include "common/shm/client.h"
@@ -68,12 +69,14 @@ inline std::string UniqueName(const char* tag) {
 class DaemonFixture {
  public:
   // Serves `store_dir` (default: the micro Q8_0 store); with `faults` non-empty (rules or
-  // probabilities), reads go through a FaultInjectingIoEngine over pread.
+  // probabilities), reads go through a FaultInjectingIoEngine over pread. The daemon CHECKs its
+  // invariants at every census, and reads the time from `clock`.
   explicit DaemonFixture(ResidencyOptions o = {}, std::vector<FaultRule> rules = {},
                          bool thread = true, FaultInjectionOptions faults = {},
                          const std::string& store_dir = SynthStoreDir("micro", SynthQuant::kQ8_0),
-                         VramUploaderFactory vram = {})
+                         VramUploaderFactory vram = {}, const Clock* clock = RealClock())
       : name_(UniqueName("d")) {
+    o.check_invariants = true;
     auto store = ExpertStore::Open(store_dir);
     CHECK(store.ok());
     store_ = std::move(*store);
@@ -95,7 +98,7 @@ class DaemonFixture {
       faults_ = f->get();
       e = std::move(*f);
     }
-    auto d = ResidencyDaemon::Create(*store_, seg_.get(), std::move(e), store_->experts_fd(), o);
+    auto d = ResidencyDaemon::Create(*store_, seg_.get(), std::move(e), store_->experts_fd(), o, clock);
     CHECK(d.ok());
     daemon_ = std::move(*d);
     if (vram) daemon_->set_vram_uploader_factory(std::move(vram));

@@ -1,10 +1,9 @@
 // ResidencyDaemon in-process: a real segment, a packed micro store, the daemon on a thread (or
-// driven turn by turn) and a ResidencyClient / ResidencyExpertSource as compute.
+// driven turn by turn) and a ResidencyClient as compute.
 #include "services/residency/daemon/residency_daemon.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -14,7 +13,6 @@
 #include "common/base/check.h"
 #include "common/model/synth_model.h"
 #include "common/store/packer.h"
-#include "services/compute/residency_expert_source.h"
 #include "services/residency/io/fault_injecting_io_engine.h"
 #include "tests/unit/residency/daemon/daemon_fixture.h"
 
@@ -249,10 +247,11 @@ TEST(ResidencyDaemonTest, PersistentCorruptionIsDataLossNamingTheExpert) {
   EXPECT_EQ(c.load_failures, 1u);
 }
 
+// Driven turn by turn: the acquire that follows the prefetch needs no daemon, since it hits.
 TEST(ResidencyDaemonTest, PrefetchFromPredictedHint) {
   ResidencyOptions o;
   o.prefetch = true;
-  DaemonFixture f(o);
+  DaemonFixture f(o, {}, /*thread=*/false);
   auto seg = AttachCompute(f);
   shm::ResidencyClient client(seg.get());
   shm::Hint h{};
@@ -262,12 +261,13 @@ TEST(ResidencyDaemonTest, PrefetchFromPredictedHint) {
   h.experts[0] = 7;
   h.confidence[0] = 200;
   ASSERT_TRUE(client.SendHint(h));
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (absl::Now() < deadline) {
+  const auto in_ram = [&] {
     const auto s = seg->table().Read(1, 7);
-    if (s.has_value() && s->in(shm::Pool::kRam)) break;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+    return s.has_value() && s->in(shm::Pool::kRam);
+  };
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!in_ram() && absl::Now() < deadline) ASSERT_TRUE(f.daemon().Turn().ok());
+  ASSERT_TRUE(in_ram());
   ASSERT_TRUE(AcquireOne(client, 1, 7).ok());
   EXPECT_EQ(client.stats().hits, 1u);
   const ResidencyCounters c = f.Stop();
@@ -275,83 +275,55 @@ TEST(ResidencyDaemonTest, PrefetchFromPredictedHint) {
   EXPECT_EQ(c.misses, 0u);
 }
 
-TEST(ResidencyExpertSourceTest, ViewsOverPinnedSlotsAndRelease) {
-  DaemonFixture f;
-  auto source = ResidencyExpertSource::Connect(f.store(), f.name());
-  ASSERT_TRUE(source.ok()) << source.status();
-  const int32_t e[] = {1, 2};
-  std::vector<ExpertWeights> w(2);
-  ASSERT_TRUE((*source)->AcquireLayer(0, e, absl::MakeSpan(w)).ok());
-  (*source)->ReleaseLayer(0);
-  ASSERT_TRUE((*source)->AcquireLayer(0, e, absl::MakeSpan(w)).ok());
-  (*source)->ReleaseLayer(0);
-  EXPECT_EQ((*source)->stats().client.hits, 2u);
-  EXPECT_EQ((*source)->stats().layers, 2u);
-}
-
-// With a pinner (what the cuda backend gives: registration is per process), the RAM tier of the
-// attached segment is registered in this process at attach, every view lies inside it, and it is
-// unregistered while still mapped when the source goes. A pinner that fails leaves it pageable.
-TEST(ResidencyExpertSourceTest, PinsTheRamTierItAttachesAndUnpinsBeforeUnmapping) {
-  DaemonFixture f;
-  struct Record {
-    uint8_t* base = nullptr;
-    size_t bytes = 0;
-    int registered = 0, unregistered = 0;
-    bool mapped_at_unregister = false;
-  } r;
-  ResidencyExpertSourceOptions o;
-  o.pin_ram_tier = [&r](void* base, size_t bytes) -> absl::StatusOr<std::shared_ptr<void>> {
-    r.base = static_cast<uint8_t*>(base);
-    r.bytes = bytes;
-    ++r.registered;
-    return std::shared_ptr<void>(base, [&r, bytes](void* p) {
-      ++r.unregistered;
-      // msync fails with ENOMEM on an address range that is no longer mapped.
-      r.mapped_at_unregister = ::msync(p, bytes, MS_ASYNC) == 0;
-    });
-  };
-  {
-    auto source = ResidencyExpertSource::Connect(f.store(), f.name(), o);
-    ASSERT_TRUE(source.ok()) << source.status();
-    EXPECT_TRUE((*source)->ram_tier_pinned());
-    EXPECT_THAT((*source)->ram_tier_pinning(), HasSubstr("pinned"));
-    EXPECT_EQ(r.registered, 1);
-    EXPECT_EQ(r.bytes, size_t{f.daemon().ram_slots()} * f.store().blob_bytes());
-    const int32_t e[] = {0, 5};
-    std::vector<ExpertWeights> w(2);
-    ASSERT_TRUE((*source)->AcquireLayer(1, e, absl::MakeSpan(w)).ok());
-    for (const ExpertWeights& v : w) {
-      EXPECT_GE(v.gate.data, r.base);
-      EXPECT_LE(v.down.data + v.down.rows * v.down.row_bytes(), r.base + r.bytes);
+// The daemon reads time from its clock: gauges are taken at most every kCensusInterval of it, and
+// a clock that stands still measures no read latency and no stall.
+TEST(ResidencyDaemonTest, CensusIntervalAndLatenciesFollowTheClock) {
+  FakeClock clock;
+  DaemonFixture f({}, {}, /*thread=*/false, {}, StoreDir(), {}, &clock);
+  auto seg = AttachCompute(f);
+  shm::ResidencyClient client(seg.get());
+  shm::RingProducer<shm::DemandRequest> demand(seg->demand_ring());
+  shm::RingConsumer<shm::Completion> completions(seg->completion_ring());
+  // A consumed hint is progress: the first publication takes a census, of free slots only.
+  shm::Hint h{};
+  h.layer = 0;
+  h.count = 1;
+  h.experts[0] = 1;
+  ASSERT_TRUE(client.SendHint(h));
+  const absl::StatusOr<bool> turned = f.daemon().Turn();
+  ASSERT_TRUE(turned.ok() && *turned);
+  EXPECT_EQ(f.daemon().Snapshot().slots_free, f.daemon().ram_slots());
+  const auto serve = [&](uint64_t id) {
+    shm::DemandRequest d{};
+    d.layer = 0;
+    d.expert = 2;
+    d.request_id = id;
+    ASSERT_TRUE(demand.TryPush(d));
+    shm::Completion c;
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    bool got = false;
+    while (!got && absl::Now() < deadline) {
+      ASSERT_TRUE(f.daemon().Turn().ok());
+      got = completions.TryPop(&c);
     }
-    (*source)->ReleaseLayer(1);
-    const StoreLayer& l = f.store().manifest().layers[1];
-    const std::optional<ExpertTypes> t = (*source)->expert_types(1);
-    ASSERT_TRUE(t.has_value());
-    EXPECT_EQ(t->gate, l.gate_type);
-    EXPECT_EQ(t->down, l.down_type);
-    EXPECT_EQ(r.unregistered, 0);
-  }
-  EXPECT_EQ(r.unregistered, 1);
-  EXPECT_TRUE(r.mapped_at_unregister);
-
-  o.pin_ram_tier = [](void*, size_t) -> absl::StatusOr<std::shared_ptr<void>> {
-    return absl::ResourceExhaustedError("no lockable memory");
+    ASSERT_TRUE(got);
+    EXPECT_EQ(c.status, 0);
   };
-  auto pageable = ResidencyExpertSource::Connect(f.store(), f.name(), o);
-  ASSERT_TRUE(pageable.ok()) << pageable.status();
-  EXPECT_FALSE((*pageable)->ram_tier_pinned());
-  EXPECT_THAT((*pageable)->ram_tier_pinning(), HasSubstr("no lockable memory"));
-}
-
-TEST(ResidencyExpertSourceTest, ConnectFailsWithoutDaemon) {
-  ResidencyExpertSourceOptions o;
-  o.reconnect_timeout = absl::Milliseconds(50);
-  auto store = ExpertStore::Open(StoreDir());
-  ASSERT_TRUE(store.ok());
-  auto source = ResidencyExpertSource::Connect(**store, UniqueName("none"), o);
-  EXPECT_FALSE(source.ok());
+  serve(1);  // a miss: loaded and published, all at the same instant of the clock
+  ResidencyCounters c = f.daemon().Snapshot();
+  EXPECT_EQ(c.loads, 1u);
+  EXPECT_EQ(c.slots_resident, 0u);  // no census since the clock last moved
+  EXPECT_EQ(c.slots_free, f.daemon().ram_slots());
+  EXPECT_EQ(c.stalled_completions, 1u);
+  EXPECT_EQ(c.stall_ns_total, 0u);
+  EXPECT_EQ(c.read_latency_us_total, 0u);
+  EXPECT_EQ(c.read_latency_buckets[0], 1u);
+  clock.Advance(ResidencyDaemon::kCensusInterval);
+  serve(2);  // a hit, and the census is due
+  c = f.daemon().Snapshot();
+  EXPECT_EQ(c.hits, 1u);
+  EXPECT_EQ(c.slots_resident, 1u);
+  EXPECT_EQ(c.slots_free, f.daemon().ram_slots() - 1);
 }
 
 }  // namespace

@@ -2,8 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <optional>
+#include <random>
 #include <set>
 #include <vector>
 
@@ -80,6 +83,85 @@ TEST(VramSlotMapTest, APrefetchTakesOnlySlotsUnusedByStepsInFlight) {
   pin_epoch[1] = 11;
   EXPECT_FALSE(m.Candidate(in_use, pe, 10).has_value());  // both used by steps from 10 on
   EXPECT_EQ(m.Candidate(in_use, pe, kAny), 1u);            // a demand takes the older
+}
+
+// The map against a plain scan of every slot (what Candidate returns by its contract), under
+// random fills, completions, releases, touches, pins and pin epochs, epochs out of order included.
+TEST(VramSlotMapTest, MatchesAScanOfEverySlot) {
+  constexpr uint32_t kSlots = 12;
+  std::mt19937 rng(11);
+  VramSlotMap m;
+  m.Reset(kSlots);
+  struct Ref {
+    uint32_t owner = VramSlotMap::kFree;
+    bool filling = false;
+    uint64_t use = 0;
+  };
+  std::vector<Ref> ref(kSlots);
+  std::vector<uint64_t> pin_epoch(kSlots, 0);
+  std::vector<bool> pinned(kSlots, false);
+  auto in_use = [&](uint32_t k) { return static_cast<bool>(pinned[k]); };
+  auto pe = [&](uint32_t k) { return pin_epoch[k]; };
+  const auto scan = [&](uint64_t used_before) -> std::optional<uint32_t> {
+    for (uint32_t k = 0; k < kSlots; ++k)
+      if (ref[k].owner == VramSlotMap::kFree && !pinned[k]) return k;
+    std::optional<uint32_t> best;
+    uint64_t best_use = 0;
+    for (uint32_t k = 0; k < kSlots; ++k) {
+      if (ref[k].owner == VramSlotMap::kFree || ref[k].filling || pinned[k]) continue;
+      const uint64_t use = std::max(pin_epoch[k], ref[k].use);
+      if (use >= used_before) continue;
+      if (!best.has_value() || use < best_use) {
+        best = k;
+        best_use = use;
+      }
+    }
+    return best;
+  };
+  uint64_t epoch = 10;
+  for (int step = 0; step < 20000; ++step) {
+    epoch += rng() % 8 == 0;                // many uses share an epoch: ties go to the lowest index
+    const uint64_t e = epoch - rng() % 3;  // mostly in order, sometimes older
+    const uint32_t k = rng() % kSlots;
+    switch (rng() % 6) {
+      case 0:
+        if (!ref[k].filling) {
+          m.Fill(k, 100 + k, e);
+          ref[k] = {100 + k, true, e};
+        }
+        break;
+      case 1:
+        if (ref[k].filling) {
+          m.Filled(k);
+          ref[k].filling = false;
+        }
+        break;
+      case 2:
+        m.Release(k);
+        ref[k] = Ref{};
+        break;
+      case 3:
+        m.Touch(k, e);
+        if (e > ref[k].use) ref[k].use = e;
+        break;
+      case 4:
+        pinned[k] = !pinned[k];
+        break;
+      default:
+        pin_epoch[k] = std::max(pin_epoch[k], e);
+        break;
+    }
+    for (const uint64_t before : {kAny, epoch, epoch - 3}) {
+      ASSERT_EQ(m.Candidate(in_use, pe, before), scan(before)) << "step " << step;
+    }
+    uint32_t free = 0, filling = 0;
+    for (const Ref& r : ref) {
+      free += r.owner == VramSlotMap::kFree;
+      filling += r.filling;
+    }
+    ASSERT_EQ(m.free_slots(), free);
+    ASSERT_EQ(m.filling_slots(), filling);
+  }
 }
 
 }  // namespace

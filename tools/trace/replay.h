@@ -1,5 +1,6 @@
 // Replays a routing trace against an expert cache of a given number of slots, a replacement policy
-// and optionally a prefetcher, and models what it would cost to serve the misses from NVMe.
+// and optionally a prefetcher (mer-residency's own, services/residency/policy/), and models what
+// it would cost to serve the misses from NVMe.
 //
 // The model of the tier: one global pool of `slots` expert slots over all layers. For each record
 // (engine batch) and each layer in order, the distinct experts the batch routes to at that layer
@@ -9,10 +10,11 @@
 // (slots < distinct experts of one layer) the expert is read without being cached ("bypassed").
 //
 // Prefetch (decode records only; a prompt chunk touches most experts anyway): after layer l of a
-// decode token, the predictor (policy/prefetch_predictor.h, trained online on everything replayed
-// so far, never on the future) names the experts expected at layer l+1 (layer 0 of the next token
-// after the last layer). Those of confidence >= `confidence` that are not resident are read, at
-// most `prefetch_budget` per layer step, each into a free slot or the slot of a victim that is
+// decode token, the predictor (services/residency/policy/prefetch_predictor.h, trained online on
+// everything replayed so far, never on the future) names the experts expected at layer l+1 (layer
+// 0 of the next token after the last layer). Those of confidence >= `confidence` that are not
+// resident are read, at most `prefetch_budget` per layer step, each into a free slot or the slot
+// of a victim that is
 //   - not pinned (demand goes first: a prefetch never evicts an expert of the layer in flight),
 //   - not named by the same prediction, nor prefetched in the same step,
 //   - of another layer than the one the prefetch is for, when the policy can name such a victim
@@ -31,9 +33,9 @@
 
 #include "absl/status/statusor.h"
 #include "services/residency/policy/prefetch_predictor.h"
-#include "services/residency/trace/routing_trace.h"
+#include "tools/trace/routing_trace.h"
 
-namespace mer::residency {
+namespace mer::trace {
 
 struct ReplayOptions {
   int64_t slots = 0;               // >= 1
@@ -41,7 +43,7 @@ struct ReplayOptions {
   bool prefetch = false;
   double confidence = 0.3;         // prefetch threshold on the predictor's confidence
   int32_t prefetch_budget = 0;     // prefetch reads per layer step; 0 = the trace's top_k
-  PrefetchPredictorOptions predictor;
+  residency::PrefetchPredictorOptions predictor;
   int64_t expert_bytes = 0;        // 0 = the trace's header value
   double bandwidth_gbps = 1.5;     // NVMe read bandwidth, GB/s
   double latency_us = 100;         // per read
@@ -73,4 +75,4 @@ int64_t SlotsForFraction(const TraceGeometry& geometry, double fraction);
 // InvalidArgument for bad options (unknown policy, slots < 1, no expert size known, ...).
 absl::StatusOr<ReplayStats> Replay(const RoutingTrace& trace, const ReplayOptions& options);
 
-}  // namespace mer::residency
+}  // namespace mer::trace

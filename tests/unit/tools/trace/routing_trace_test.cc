@@ -1,4 +1,4 @@
-#include "services/residency/trace/routing_trace.h"
+#include "tools/trace/routing_trace.h"
 
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
-namespace mer::residency {
+namespace mer::trace {
 namespace {
 
 absl::StatusOr<RoutingTrace> Parse(const std::string& bytes) {
@@ -166,4 +166,4 @@ TEST(RoutingTraceFuzzSeeds, WriteSeedCorpus) {
 }
 
 }  // namespace
-}  // namespace mer::residency
+}  // namespace mer::trace

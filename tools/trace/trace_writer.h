@@ -21,10 +21,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "services/compute/cpu/cpu_engine.h"
-#include "services/residency/trace/routing_trace.h"
+#include "services/compute/backend.h"
+#include "tools/trace/routing_trace.h"
 
-namespace mer::residency {
+namespace mer::trace {
 
 class TraceWriter final : public RoutingObserver {
  public:
@@ -69,4 +69,4 @@ class TraceWriter final : public RoutingObserver {
   int64_t decode_tokens_ = 0;
 };
 
-}  // namespace mer::residency
+}  // namespace mer::trace

@@ -1,4 +1,4 @@
-#include "services/residency/trace/replay.h"
+#include "tools/trace/replay.h"
 
 #include <gtest/gtest.h>
 
@@ -9,8 +9,10 @@
 
 #include "services/residency/policy/replacement_policy.h"
 
-namespace mer::residency {
+namespace mer::trace {
 namespace {
+
+using residency::PolicyNames;
 
 // A trace of decode tokens, one id list [layer][top_k] per token.
 RoutingTrace DecodeTrace(const TraceGeometry& g, const std::vector<std::vector<int32_t>>& tokens) {
@@ -277,4 +279,4 @@ TEST(Replay, UniformRoutingGivesAtMostTheCachedFraction) {
 }
 
 }  // namespace
-}  // namespace mer::residency
+}  // namespace mer::trace

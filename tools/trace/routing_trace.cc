@@ -1,4 +1,4 @@
-#include "services/residency/trace/routing_trace.h"
+#include "tools/trace/routing_trace.h"
 
 #include <cstdio>
 #include <cstring>
@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
 
-namespace mer::residency {
+namespace mer::trace {
 namespace {
 
 void PutU32(uint32_t v, std::string* out) {
@@ -214,4 +214,4 @@ absl::Status WriteTraceFile(const RoutingTrace& trace, const std::string& path) 
   return absl::OkStatus();
 }
 
-}  // namespace mer::residency
+}  // namespace mer::trace

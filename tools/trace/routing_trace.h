@@ -17,7 +17,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
-namespace mer::residency {
+namespace mer::trace {
 
 inline constexpr char kTraceMagic[8] = {'M', 'E', 'R', 'T', 'R', 'A', 'C', 'E'};
 inline constexpr uint32_t kTraceVersion = 1;
@@ -92,4 +92,4 @@ absl::StatusOr<RoutingTrace> ParseTrace(absl::Span<const uint8_t> bytes);
 absl::StatusOr<RoutingTrace> ReadTraceFile(const std::string& path);
 absl::Status WriteTraceFile(const RoutingTrace& trace, const std::string& path);
 
-}  // namespace mer::residency
+}  // namespace mer::trace

@@ -323,7 +323,8 @@ TEST(VramTierTest, PredictedHintsMoveExpertsIntoVram) {
   }
   const auto e3 = seg->table().Read(1, 3);
   ASSERT_TRUE(e3.has_value() && e3->in(Pool::kVram));
-  absl::SleepFor(absl::Milliseconds(50));  // the low-confidence hint has been consumed by now
+  // The hint for 4 came first, so it was acted on before 3's; and the fake completes copies in
+  // the order they started, so a copy of 4 would be published by now.
   const auto e4 = seg->table().Read(1, 4);
   ASSERT_TRUE(e4.has_value());
   EXPECT_FALSE(e4->in(Pool::kVram));
@@ -335,8 +336,7 @@ TEST(VramTierTest, PredictedHintsMoveExpertsIntoVram) {
   EXPECT_EQ(client.stats().demands, demands);
   client.Release(p);
   client.EndStep(st);
-  absl::SleepFor(absl::Milliseconds(30));  // a census sees the pin
-  const ResidencyCounters c = f.Stop();
+  const ResidencyCounters c = f.Stop();  // its last census sees the pin
   EXPECT_EQ(c.vram_prefetch_issued, 1u);
   EXPECT_EQ(c.vram_prefetch_useful, 1u);
   EXPECT_EQ(c.vram_prefetch_wasted, 0u);
@@ -361,7 +361,10 @@ TEST(VramTierTest, DemandsGoFirst) {
   h.experts[0] = 5;
   h.confidence[0] = 255;
   ASSERT_TRUE(client.SendHint(h));
-  absl::SleepFor(absl::Milliseconds(50));
+  // The daemon publishes its counters after the turn that consumed the hint.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (f.daemon().Snapshot().hints == 0 && absl::Now() < deadline) std::this_thread::yield();
+  ASSERT_EQ(f.daemon().Snapshot().hints, 1u);
   client.Release(a);
   client.EndStep(sa);
   const ResidencyCounters c = f.Stop();

@@ -1,4 +1,4 @@
-#include "services/residency/trace/replay.h"
+#include "tools/trace/replay.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,16 @@
 #include "common/base/status.h"
 #include "services/residency/policy/replacement_policy.h"
 
-namespace mer::residency {
+namespace mer::trace {
+
+using residency::CreatePolicy;
+using residency::ExpertKey;
+using residency::ExpertPrediction;
+using residency::KeyExpert;
+using residency::KeyLayer;
+using residency::PackExpertKey;
+using residency::PrefetchPredictor;
+using residency::ReplacementPolicy;
 
 int64_t SlotsForFraction(const TraceGeometry& g, double fraction) {
   const double all = static_cast<double>(g.n_layer) * g.n_expert;
@@ -199,4 +208,4 @@ absl::StatusOr<ReplayStats> Replay(const RoutingTrace& trace, const ReplayOption
   return sim.Run();
 }
 
-}  // namespace mer::residency
+}  // namespace mer::trace

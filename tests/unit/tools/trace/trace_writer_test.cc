@@ -1,4 +1,4 @@
-#include "services/residency/trace/trace_writer.h"
+#include "tools/trace/trace_writer.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -9,9 +9,10 @@
 #include "common/model/expert_source.h"
 #include "common/model/model_weights.h"
 #include "common/model/synth_model.h"
+#include "services/compute/cpu/cpu_engine.h"
 #include "services/compute/generation.h"
 
-namespace mer::residency {
+namespace mer::trace {
 namespace {
 
 absl::StatusOr<RoutingTrace> Parse(const std::string& bytes) {
@@ -153,4 +154,4 @@ TEST(TraceWriter, RecordsTheEngine) {
 }
 
 }  // namespace
-}  // namespace mer::residency
+}  // namespace mer::trace

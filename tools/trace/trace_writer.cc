@@ -1,9 +1,9 @@
-#include "services/residency/trace/trace_writer.h"
+#include "tools/trace/trace_writer.h"
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
 
-namespace mer::residency {
+namespace mer::trace {
 namespace {
 constexpr size_t kFlushBytes = 1 << 20;
 }  // namespace
@@ -108,4 +108,4 @@ absl::Status TraceWriter::Finish() {
   return status_;
 }
 
-}  // namespace mer::residency
+}  // namespace mer::trace

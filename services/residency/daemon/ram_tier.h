@@ -1,0 +1,147 @@
+// mer-residency's RAM tier: the segment's pool of blob-sized RAM slots, which expert each holds,
+// the replacement policy that picks victims among the unpinned ones, and the blob reads that fill
+// them through the IoEngine. The loop (residency_daemon.h) drives it, in its turn's order:
+//   HandleDemand  a RAM DemandRequest: a resident expert completes at once (a hit); a miss joins
+//                 the load already queued or in flight (duplicate demands are coalesced: one read,
+//                 one completion per request) or queues one;
+//   StartLoads    queued loads while fewer than io_inflight_max reads are in flight, each into a
+//                 slot no step can read: a free one, or the policy's victim among the unpinned
+//                 residents, evicted with the R1-R3 protocol of common/shm/residency_table.h; one
+//                 read of blob_bytes() at BlobOffset into the slot;
+//   Reap          read completions: the blob's CRC is checked (ExpertStore::VerifyBlob); a
+//                 mismatch or read error is counted and the blob read again up to max_refetches
+//                 times, after which the waiters get the error (DataLoss naming the expert for a
+//                 bad checksum) and the entry is marked failed: corrupted bytes are never
+//                 published. A good blob is published and its waiters completed;
+//   Prefetch      a predicted expert read ahead, into a free or unpinned slot only.
+//
+// An expert's RAM state: kAbsent -> kQueued (a demand or the VRAM tier wants it) -> kLoading (its
+// read in flight) -> kResident (published) -> kAbsent (evicted, or its load failed); a prefetch
+// goes from kAbsent to kLoading directly. A resident expert is never evicted while a compute step
+// pins its slot or a copy into VRAM reads it (HoldForCopy).
+//
+// Thread-safety: the loop's thread only.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/shm/layout.h"
+#include "services/residency/daemon/residency_options.h"
+#include "services/residency/daemon/tier_context.h"
+#include "services/residency/io/io_engine.h"
+#include "services/residency/policy/replacement_policy.h"
+
+namespace mer::residency {
+
+enum class RamState : uint8_t {
+  kAbsent,    // no slot
+  kQueued,    // in the queue of loads, waiting for a slot or a read (no slot yet)
+  kLoading,   // its read into its slot is in flight
+  kResident,  // published in its slot
+};
+
+class RamTier {
+ public:
+  // Reads blobs from `experts_fd` through `io` (both outlive the tier) into the segment's RAM slots.
+  RamTier(TierContext& ctx, IoEngine& io, int experts_fd, const ResidencyOptions& options,
+          std::unique_ptr<ReplacementPolicy> policy);
+
+  uint32_t slots() const { return n_slots_; }
+  // Offers the slot pool to the engine as registered buffers (READ_FIXED on io_uring), in pieces
+  // of at most 1 GiB cut at slot boundaries; whether the engine took them (shared memory may be
+  // refused: then plain reads).
+  bool RegisterBuffers();
+
+  void HandleDemand(const shm::DemandRequest& d, int64_t now_ns);
+  // Whether a load started.
+  bool StartLoads();
+  // Reaps read completions, waiting up to idle_wait for one if `block`; an error only if the
+  // engine breaks.
+  absl::Status Reap(bool block);
+  void Prefetch(uint32_t layer, uint32_t expert);
+  // Compute pins resident experts without asking (a hit costs it no round trip), so the policy
+  // learns of those uses from the table: every resident whose hit count grew is touched, oldest
+  // use first, before the policy is asked for a victim. A prefetched expert hit since its load
+  // counts as a useful prefetch here.
+  void SyncComputeHits();
+  // The slot gauges of the counters (slots_free, _resident, _pinned, _loading).
+  void Census();
+  // Waits up to `limit` (real time) for the reads in flight: their destinations are our slots.
+  void Drain(absl::Duration limit);
+  // CHECKs the tier's bookkeeping (ResidencyOptions::check_invariants).
+  void CheckInvariants() const;
+
+  // What the VRAM tier asks of an expert's RAM copy.
+  RamState state(uint32_t index) const { return experts_[index].state; }
+  // Its slot while resident, else shm::kNoSlot.
+  uint32_t resident_slot(uint32_t index) const {
+    const RamExpert& e = experts_[index];
+    return e.state == RamState::kResident ? e.slot : shm::kNoSlot;
+  }
+  bool has_waiters(uint32_t index) const { return !experts_[index].waiters.empty(); }
+  // Queues the load of an absent expert that has no RAM waiter of its own.
+  void QueueLoad(uint32_t index);
+  // A copy into VRAM reads the resident expert's slot from HoldForCopy to ReleaseCopy: the slot
+  // is not evicted meanwhile.
+  void HoldForCopy(uint32_t index);
+  void ReleaseCopy(uint32_t index);
+  bool copying(uint32_t index) const { return experts_[index].copying; }
+
+  bool loads_queued() const { return !queued_.empty(); }
+  int reads_in_flight() const { return inflight_; }
+  int reads_outstanding() const { return io_.outstanding(); }
+
+ private:
+  struct RamExpert {
+    RamState state = RamState::kAbsent;
+    uint32_t slot = shm::kNoSlot;  // kLoading, kResident
+    bool prefetched = false;       // admitted by a prefetch, not demanded since
+    bool prefetch_load = false;    // the load in flight is a prefetch
+    bool copying = false;          // a copy into VRAM reads the slot
+    uint64_t hits_seen = 0;        // the entry's compute-side hit count the policy has been told of
+    int attempts = 0;              // reads again after a failure, of the load in progress
+    std::vector<shm::DemandRequest> waiters;
+    std::vector<int64_t> waiter_arrival_ns;  // per waiter: when its demand was popped
+  };
+  struct TouchedExpert {
+    uint64_t epoch;    // its last use by compute
+    uint32_t index;    // expert index
+    uint64_t touches;  // hits since the last sync, capped
+  };
+  static constexpr uint32_t kFreeOwner = 0xFFFFFFFFu;
+  static constexpr uint64_t kMaxTouchesPerSync = 64;  // bounds the work a hostile count can cause
+
+  std::optional<uint32_t> AllocateSlot(ExpertKey incoming, bool for_prefetch);
+  // Submits the read of `index`'s blob into its slot; kLoading once it is in flight.
+  absl::Status Submit(uint32_t index);
+  // The read alone (a refetch of a load in flight goes through here).
+  absl::Status SubmitRead(uint32_t index);
+  void FinishLoad(uint32_t index, const absl::Status& status);
+  // The hits compute made on expert `index` since the last call (from the table's count), added
+  // to compute_hits.
+  uint64_t TakeComputeHits(uint32_t index);
+
+  TierContext& ctx_;
+  IoEngine& io_;
+  const int fd_;
+  const ResidencyOptions& options_;
+  const uint32_t n_slots_;
+  std::unique_ptr<ReplacementPolicy> policy_;
+
+  std::vector<RamExpert> experts_;       // [n_layer * n_expert]
+  std::vector<uint32_t> slot_owner_;     // per slot: expert index, or kFreeOwner
+  std::vector<uint32_t> free_slots_;     // slots without owner (maybe still pinned: R3)
+  std::deque<uint32_t> queued_;          // kQueued experts, in demand order
+  std::vector<absl::Time> submit_time_;  // per expert index, of the read in flight
+  int inflight_ = 0, prefetch_inflight_ = 0;
+  std::vector<ReadCompletion> reaped_;
+  std::vector<TouchedExpert> touched_;   // SyncComputeHits' scratch, reserved for every slot
+};
+
+}  // namespace mer::residency
