@@ -230,14 +230,49 @@ void RamTier::Prefetch(uint32_t layer, uint32_t expert) {
   if (e.state != RamState::kAbsent) return;
   const std::optional<uint32_t> slot = AllocateSlot(PackExpertKey(layer, expert), true);
   if (!slot.has_value()) return;  // never a pinned slot for a guess
-  e.slot = *slot;
-  e.prefetch_load = true;
-  e.prefetched = true;
+  StartLoadAhead(i, *slot, /*guess=*/true);
+}
+
+void RamTier::StartLoadAhead(uint32_t index, uint32_t slot, bool guess) {
+  RamExpert& e = experts_[index];
+  e.slot = slot;
+  e.prefetch_load = guess;  // a guess counts against prefetch_inflight_max
+  e.prefetched = guess;
   e.attempts = 0;
-  slot_owner_[*slot] = i;
-  ++ctx_.c.prefetch_issued;
-  const absl::Status s = Submit(i);
-  if (!s.ok()) FinishLoad(i, s);
+  slot_owner_[slot] = index;
+  ++(guess ? ctx_.c.prefetch_issued : ctx_.c.warm_loads);
+  const absl::Status s = Submit(index);
+  if (!s.ok()) FinishLoad(index, s);
+}
+
+bool RamTier::Warm() {
+  const uint32_t total = static_cast<uint32_t>(experts_.size());
+  if (warm_next_ >= total) return false;
+  if (warm_next_ == 0 && !warm_started_) {
+    warm_started_ = true;
+    warm_start_ = ctx_.clock.Now();
+    warm_bytes_start_ = ctx_.c.bytes_read;
+  }
+  const int cap = std::max(1, options_.io_inflight_max - 2);  // room for demand reads
+  bool started = false;
+  while (warm_next_ < total && inflight_ < cap && !free_slots_.empty()) {
+    const uint32_t i = warm_next_++;
+    const uint32_t layer = ctx_.LayerOf(i), expert = ctx_.ExpertOf(i);
+    if (!ctx_.ep.table().Contains(layer, expert) || experts_[i].state != RamState::kAbsent) continue;
+    const std::optional<uint32_t> slot = AllocateSlot(PackExpertKey(layer, expert), true);
+    if (!slot.has_value()) break;
+    StartLoadAhead(i, *slot, /*guess=*/false);
+    started = true;
+  }
+  if (free_slots_.empty()) warm_next_ = total;  // the tier is full
+  if (warm_next_ >= total && !warm_reported_ && io_.outstanding() == 0) {
+    warm_reported_ = true;
+    const double secs = absl::ToDoubleSeconds(ctx_.clock.Now() - warm_start_);
+    const double gb = double(ctx_.c.bytes_read - warm_bytes_start_) / 1e9;
+    std::fprintf(stderr, "mer-residency: RAM tier warmed: %llu experts read, %.2f GB in %.1f s (%.2f GB/s)\n",
+                 static_cast<unsigned long long>(ctx_.c.warm_loads), gb, secs, secs > 0 ? gb / secs : 0.0);
+  }
+  return started;
 }
 
 void RamTier::FinishLoad(uint32_t index, const absl::Status& status) {
@@ -287,13 +322,11 @@ void RamTier::FinishLoad(uint32_t index, const absl::Status& status) {
   e.prefetch_load = false;
 }
 
-absl::Status RamTier::Reap(bool block) {
+absl::Status RamTier::Reap() {
   if (io_.outstanding() == 0) return absl::OkStatus();
   ResidencyCounters& c = ctx_.c;
   reaped_.clear();
-  ASSIGN_OR_RETURN(const int n, io_.Wait(block ? 1 : 0, block ? options_.idle_wait
-                                                             : absl::ZeroDuration(),
-                                         &reaped_));
+  ASSIGN_OR_RETURN(const int n, io_.Wait(0, absl::ZeroDuration(), &reaped_));
   const absl::Time now = ctx_.clock.Now();
   for (int j = 0; j < n; ++j) {
     const ReadCompletion& rc = reaped_[j];

@@ -61,10 +61,12 @@ class RamTier {
   void HandleDemand(const shm::DemandRequest& d, int64_t now_ns);
   // Whether a load started.
   bool StartLoads();
-  // Reaps read completions, waiting up to idle_wait for one if `block`; an error only if the
-  // engine breaks.
-  absl::Status Reap(bool block);
+  // Reaps the read completions there are, without waiting; an error only if the engine breaks.
+  absl::Status Reap();
   void Prefetch(uint32_t layer, uint32_t expert);
+  // Starts warming reads into free slots (ResidencyOptions::warm); returns whether it started
+  // any. Logs what warming read once it has finished.
+  bool Warm();
   // Compute pins resident experts without asking (a hit costs it no round trip), so the policy
   // learns of those uses from the table: every resident whose hit count grew is touched, oldest
   // use first, before the policy is asked for a victim. A prefetched expert hit since its load
@@ -123,6 +125,9 @@ class RamTier {
   // The read alone (a refetch of a load in flight goes through here).
   absl::Status SubmitRead(uint32_t index);
   void FinishLoad(uint32_t index, const absl::Status& status);
+  // Starts the read of `index` into `slot` ahead of any demand: a guess (a prefetch, whose use is
+  // counted) or warming.
+  void StartLoadAhead(uint32_t index, uint32_t slot, bool guess);
   // The hits compute made on expert `index` since the last call (from the table's count), added
   // to compute_hits.
   uint64_t TakeComputeHits(uint32_t index);
@@ -140,6 +145,11 @@ class RamTier {
   std::deque<uint32_t> queued_;          // kQueued experts, in demand order
   std::vector<absl::Time> submit_time_;  // per expert index, of the read in flight
   int inflight_ = 0, prefetch_inflight_ = 0;
+  // Warming: the next expert index to look at, when it started, and whether it has been logged.
+  uint32_t warm_next_ = 0;
+  bool warm_started_ = false, warm_reported_ = false;
+  absl::Time warm_start_;
+  uint64_t warm_bytes_start_ = 0;
   std::vector<ReadCompletion> reaped_;
   std::vector<TouchedExpert> touched_;   // SyncComputeHits' scratch, reserved for every slot
 };

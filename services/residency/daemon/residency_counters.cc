@@ -22,6 +22,7 @@ void ForEachCounter(const ResidencyCounters& c,
   fn("hints", c.hints);
   fn("compute_hits", c.compute_hits);
   fn("prefetch_issued", c.prefetch_issued);
+  fn("warm_loads", c.warm_loads);
   fn("prefetch_useful", c.prefetch_useful);
   fn("prefetch_wasted", c.prefetch_wasted);
   fn("read_latency_us_total", c.read_latency_us_total);
@@ -40,6 +41,8 @@ void ForEachCounter(const ResidencyCounters& c,
   fn("vram_hits", c.vram_hits);
   fn("vram_misses", c.vram_misses);
   fn("vram_refused", c.vram_refused);
+  fn("vram_fills_from_ram", c.vram_fills_from_ram);
+  fn("vram_fills_from_store", c.vram_fills_from_store);
   fn("vram_uploads", c.vram_uploads);
   fn("vram_upload_bytes", c.vram_upload_bytes);
   fn("vram_evictions", c.vram_evictions);

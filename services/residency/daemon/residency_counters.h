@@ -35,6 +35,7 @@ struct ResidencyCounters {
   uint64_t slot_waits = 0;         // times a load waited for an unpinned slot
   uint64_t hints = 0;              // hints consumed
   uint64_t prefetch_issued = 0;    // prefetch reads started
+  uint64_t warm_loads = 0;         // reads started to warm the RAM tier (ResidencyOptions::warm)
   uint64_t prefetch_useful = 0;    // prefetched experts used (demanded, or hit by compute) before eviction
   uint64_t prefetch_wasted = 0;    // prefetched experts evicted (or failed) unused
   uint64_t read_latency_us_total = 0;  // sum over reads, submit to completion
@@ -62,6 +63,10 @@ struct ResidencyCounters {
   uint64_t vram_hits = 0;            // of those, in VRAM already
   uint64_t vram_misses = 0;          // of those, an upload started or joined
   uint64_t vram_refused = 0;         // of those, answered with an error (no arena)
+  // Demanded VRAM fills by where the bytes were: in the RAM tier already, or read from the store
+  // first (the RAM tier's misses on the served GPU path; mer_expert_misses_total{tier="ram"}).
+  uint64_t vram_fills_from_ram = 0;
+  uint64_t vram_fills_from_store = 0;
   uint64_t vram_uploads = 0;         // RAM -> VRAM copies completed and published
   uint64_t vram_upload_bytes = 0;    // bytes of those copies
   uint64_t vram_evictions = 0;       // VRAM residents unpublished to free a slot

@@ -23,6 +23,10 @@ struct ResidencyOptions {
   bool prefetch = false;
   // Prefetch reads in flight at once (a part of io_inflight_max).
   int prefetch_inflight_max = 2;
+  // Warm the RAM tier: while no demand waits, read the store's experts (layer by layer) into free
+  // RAM slots until none is left, io_inflight_max - 2 reads at a time, so that the first requests
+  // do not wait for the disk. Only free slots: warming evicts nothing.
+  bool warm = false;
   // Predictions below this confidence (0..1) are not prefetched.
   double prefetch_threshold = 0.5;
   // Most experts prefetched per hint.
