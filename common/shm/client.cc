@@ -6,16 +6,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/base/check.h"
+#include "common/base/cpu_relax.h"
 #include "common/base/status.h"
 
 namespace mer::shm {
 namespace {
-
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
 
 absl::StatusCode ToCode(uint16_t status) {
   if (status > static_cast<uint16_t>(absl::StatusCode::kUnauthenticated)) return absl::StatusCode::kUnknown;

@@ -2,14 +2,10 @@
 
 #include <thread>
 
+#include "common/base/cpu_relax.h"
+
 namespace mer::shm {
 namespace {
-
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
 
 constexpr uint64_t kCountMask = 0xffffffffull;
 inline uint64_t Tag(uint64_t incarnation) { return (incarnation & kCountMask) << 32; }

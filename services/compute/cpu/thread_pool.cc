@@ -3,19 +3,10 @@
 #include <algorithm>
 
 #include "common/base/check.h"
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
+#include "common/base/cpu_relax.h"
 
 namespace mer {
 namespace {
-
-inline void CpuRelax() {
-#if defined(__x86_64__)
-  _mm_pause();
-#endif
-}
 
 constexpr int kSpinIterations = 4000;   // pause-spins before yielding
 constexpr int kYieldIterations = 2000;  // yields before a worker sleeps
