@@ -27,6 +27,7 @@ namespace {
 constexpr char kHelp[] =
     R"(usage: mer-residency --store STORE_DIR --instance NAME --ram-budget BYTES|PERCENT%
                      [--io auto|uring|pread] [--policy lru|lfu|arc] [--prefetch] [--warm]
+                     [--check-invariants]
                      [--io-inflight N] [--prefetch-inflight N] [--stats-interval SECONDS]
                      [--take-over] [--metrics-listen HOST:PORT|off] [--pin auto|off]
                      [--io-faults SPEC]
@@ -38,7 +39,8 @@ holds that name, /dev/shm/NAME.<16 hex digits> instead, which mer-compute finds 
 bytes ("10%"); the RAM tier holds budget / blob size slots (at least one; compute acquires a
 layer's experts in groups of half the slots). --warm fills the RAM tier from the store at start,
 while no demand waits (free slots only, layer by layer, io-inflight - 2 reads at a time; the log
-says when it is done and at what rate the store read). With --pin auto (the default) the RAM tier is page-locked with cudaHostRegister when a GPU and
+says when it is done and at what rate the store read). --check-invariants CHECKs the tiers'
+bookkeeping at every census (for tests: a violation aborts the daemon). With --pin auto (the default) the RAM tier is page-locked with cudaHostRegister when a GPU and
 the CUDA runtime are present (uploads to VRAM then run at the pinned rate); the log says whether
 it was. When mer-compute exports its VRAM expert arena over CUDA IPC (--vram-arena residency,
 its default with --backend cuda), this daemon fills it: uploads from the RAM tier on demand and
@@ -59,7 +61,7 @@ struct Args {
   std::string metrics_listen = "127.0.0.1:0";
   std::string pin = "auto";
   std::string io_faults;
-  bool prefetch = false, take_over = false, warm = false;
+  bool prefetch = false, take_over = false, warm = false, check_invariants = false;
   int64_t io_inflight = 16, prefetch_inflight = 2;
   double stats_interval = 0;
 };
@@ -70,7 +72,7 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
                                          {"store", "instance", "ram-budget", "io", "policy",
                                           "metrics-listen", "pin", "io-inflight",
                                           "prefetch-inflight", "stats-interval", "io-faults"},
-                                         {"prefetch", "take-over", "warm"}));
+                                         {"prefetch", "take-over", "warm", "check-invariants"}));
   a->store = f.String("store");
   a->instance = f.String("instance");
   a->budget = f.String("ram-budget");
@@ -81,6 +83,7 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
   a->prefetch = f.Has("prefetch");
   a->take_over = f.Has("take-over");
   a->warm = f.Has("warm");
+  a->check_invariants = f.Has("check-invariants");
   a->io_faults = f.String("io-faults");
   ASSIGN_OR_RETURN(a->io_inflight, f.IntInRange("io-inflight", a->io_inflight, 1, 4096));
   ASSIGN_OR_RETURN(a->prefetch_inflight, f.IntInRange("prefetch-inflight", a->prefetch_inflight, 0, 4096));
@@ -123,6 +126,7 @@ absl::Status Main(const Args& a) {
   o.policy = a.policy;
   o.prefetch = a.prefetch;
   o.warm = a.warm;
+  o.check_invariants = a.check_invariants;
   o.io_inflight_max = static_cast<int>(a.io_inflight);
   o.prefetch_inflight_max = static_cast<int>(a.prefetch_inflight);
   o.stats_interval = absl::Seconds(a.stats_interval);

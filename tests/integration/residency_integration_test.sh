@@ -33,7 +33,7 @@ start_daemon() {
   local store=$1 inst=$2 log=$3
   shift 3
   # exec: $! is mer-residency itself (so SIGKILL reaches it); the trap and ctest's TIMEOUT bound it.
-  ( exec "$RES" --store "$store" --instance "$inst" --ram-budget 10% "$@" >"$log" 2>&1 ) &
+  ( exec "$RES" --store "$store" --instance "$inst" --ram-budget 10% --check-invariants "$@" >"$log" 2>&1 ) &
   DPID=$!
   PIDS+=("$DPID")
   wait_log "$log" "ready" "$DPID"

@@ -20,7 +20,7 @@ FAULTS="seed=7,eio=0.01,short=0.05,flip=0.01"
 N=0  # restarts so far, for log names
 start_residency() {  # [extra flags]
   N=$((N + 1))
-  ( exec "$RES" --store "$WORK/store" --instance "$TAG" --ram-budget 10% --metrics-listen off "$@" >"$WORK/r$N.log" 2>&1 ) &
+  ( exec "$RES" --store "$WORK/store" --instance "$TAG" --ram-budget 10% --metrics-listen off --check-invariants "$@" >"$WORK/r$N.log" 2>&1 ) &
   RPID=$!; PIDS+=("$RPID")
   wait_log "$WORK/r$N.log" "ready" "$RPID" || fail "mer-residency did not start"
 }
