@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
+#include "common/chat/tool_calls.h"
 #include "httplib.h"
 #include "services/gateway/request_validation.h"
 #include "services/gateway/text_stream.h"
@@ -61,6 +62,28 @@ const char* FinishReason(const mer::v1::Final& f) {
   }
 }
 
+// A choice that returned tool calls and ended by itself ended to have them run (OpenAI's
+// "tool_calls").
+const char* FinishReason(const mer::v1::Final& f, int tool_calls) {
+  if (tool_calls > 0 &&
+      (f.finish_reason() == mer::v1::FINISH_REASON_EOS || f.finish_reason() == mer::v1::FINISH_REASON_STOP))
+    return "tool_calls";
+  return FinishReason(f);
+}
+
+// OpenAI's `tool_calls` entries; `first` numbers them within their choice (index) and names them.
+Json ToolCallsJson(const std::vector<mer::ToolCall>& calls, int first, const std::string& id) {
+  Json out = Json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const int index = first + static_cast<int>(i);
+    out.push_back(Json{{"index", index},
+                       {"id", absl::StrCat("call_", id, "_", index)},
+                       {"type", "function"},
+                       {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}});
+  }
+  return out;
+}
+
 // vLLM's stop_reason: the stop token or stop string that ended the choice; null otherwise.
 Json StopReason(const mer::v1::Final& f) {
   if (f.finish_reason() == mer::v1::FINISH_REASON_EOS) return f.stop_token_id();
@@ -106,6 +129,8 @@ struct Choice {
   int prompt_tokens = 0;
   bool count_prompt = true;  // the first choice of its prompt: usage counts its prompt once
   std::unique_ptr<ReasoningStream> reasoning;  // chat with a reasoning template
+  std::unique_ptr<ToolCallStream> tools;       // chat with tools (ParsedRequest::parse_tool_calls)
+  std::string call_id;                          // what the choice's tool call ids start with
   size_t text_offset = 0;
   // Non-streaming output.
   std::string text;
@@ -152,9 +177,9 @@ struct Job {
         if (c.reasoning != nullptr) {
           const ReasoningStream::Delta d = c.reasoning->Append(k.text());
           if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
-          if (!d.content.empty()) delta["content"] = d.content;
-        } else if (!k.text().empty()) {
-          delta["content"] = k.text();
+          AddContent(c, d.content, false, &delta);
+        } else {
+          AddContent(c, k.text(), false, &delta);
         }
         if (!delta.empty() || !lp.is_null())
           emit(Json{{"index", c.index}, {"delta", delta}, {"logprobs", lp}, {"finish_reason", nullptr}});
@@ -164,20 +189,40 @@ struct Job {
     } else if (r.has_final()) {
       const mer::v1::Final& f = r.final();
       Json delta = Json::object();
+      std::string content;
       if (c.reasoning != nullptr) {
         const ReasoningStream::Delta d = c.reasoning->Finish();
         if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
-        if (!d.content.empty()) delta["content"] = d.content;
+        content = d.content;
       }
+      if (chat()) AddContent(c, content, true, &delta);
       Json choice = {{"index", c.index}};
       if (chat()) choice["delta"] = delta;
       else choice["text"] = "";
       choice["logprobs"] = nullptr;
-      choice["finish_reason"] = FinishReason(f);
+      choice["finish_reason"] = FinishReason(f, c.tools != nullptr ? c.tools->calls() : 0);
       choice["stop_reason"] = StopReason(f);
       emit(std::move(choice));
     }
     return out;
+  }
+
+  // Adds streamed reply content to a delta: as it is, or split into text and tool calls; `last`
+  // flushes what the split holds.
+  static void AddContent(Choice& c, std::string_view content, bool last, Json* delta) {
+    if (c.tools == nullptr) {
+      if (!content.empty()) (*delta)["content"] = std::string(content);
+      return;
+    }
+    const int before = c.tools->calls();
+    ToolCallStream::Delta t = c.tools->Append(content);
+    if (last) {
+      ToolCallStream::Delta tail = c.tools->Finish();
+      t.content += tail.content;
+      for (ToolCall& call : tail.calls) t.calls.push_back(std::move(call));
+    }
+    if (!t.content.empty()) (*delta)["content"] = t.content;
+    if (!t.calls.empty()) (*delta)["tool_calls"] = ToolCallsJson(t.calls, before, c.call_id);
   }
 
   Json Usage() const {
@@ -196,15 +241,27 @@ struct Job {
     Json list = Json::array();
     for (const auto& c : choices) {
       Json choice = {{"index", c->index}};
+      int tool_calls = 0;
       if (chat()) {
         Json message = {{"role", "assistant"}, {"content", c->text}};
+        if (c->tools != nullptr) {
+          ToolCallStream::Delta t = c->tools->Append(c->text);
+          ToolCallStream::Delta tail = c->tools->Finish();
+          t.content += tail.content;
+          for (ToolCall& call : tail.calls) t.calls.push_back(std::move(call));
+          tool_calls = static_cast<int>(t.calls.size());
+          if (tool_calls > 0) {
+            message["content"] = t.content.empty() ? Json(nullptr) : Json(t.content);
+            message["tool_calls"] = ToolCallsJson(t.calls, 0, c->call_id);
+          }
+        }
         if (c->reasoning != nullptr) message["reasoning_content"] = c->reasoning_text.empty() ? Json(nullptr) : Json(c->reasoning_text);
         choice["message"] = std::move(message);
       } else {
         choice["text"] = c->text;
       }
       choice["logprobs"] = c->logprobs;
-      choice["finish_reason"] = FinishReason(c->final);
+      choice["finish_reason"] = FinishReason(c->final, tool_calls);
       choice["stop_reason"] = StopReason(c->final);
       list.push_back(std::move(choice));
     }
@@ -584,6 +641,10 @@ void HttpApi::Routes() {
           c->prompt_tokens = static_cast<int>(ids.size());
           c->count_prompt = i == 0;
           if (reasoning) c->reasoning = std::make_unique<ReasoningStream>(opens_reasoning);
+          if (job->parsed.parse_tool_calls) {
+            c->tools = std::make_unique<ToolCallStream>();
+            c->call_id = absl::StrCat(job->id.substr(job->id.find('-') + 1), "_", c->index);
+          }
           // Checked now, so that a bad request gets its 400 before a stream starts.
           absl::StatusOr<ValidatedRequest> v = ValidateGenerateRequest(c->request, tok, limits, request_limits);
           if (!v.ok()) return bad_request(p, v.status());

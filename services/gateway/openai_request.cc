@@ -266,6 +266,20 @@ absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, std::string_view b
       if (!tools->is_array()) return Bad("tools", "must be an array");
       r.tools = *tools;
     }
+    bool tool_choice_none = false;
+    if (const Json* choice = Get(body, "tool_choice")) {
+      // "none", "auto", "required", or {"type": "function", ...}: the template offers the tools
+      // either way; "none" keeps the reply's text as it is.
+      if (choice->is_string()) {
+        const std::string c = choice->get<std::string>();
+        if (c != "none" && c != "auto" && c != "required")
+          return Bad("tool_choice", "must be \"none\", \"auto\", \"required\" or an object");
+        tool_choice_none = c == "none";
+      } else if (!choice->is_object()) {
+        return Bad("tool_choice", "must be a string or an object");
+      }
+    }
+    r.parse_tool_calls = r.tools.is_array() && !r.tools.empty() && !tool_choice_none;
     ASSIGN_OR_RETURN(r.add_generation_prompt, Bool(body, "add_generation_prompt", true));
     if (const Json* kw = Get(body, "chat_template_kwargs")) {
       if (!kw->is_object()) return Bad("chat_template_kwargs", "must be an object");

@@ -37,6 +37,9 @@ struct ParsedRequest {
   // Chat: the conversation and what the chat template sees besides it.
   Json messages;
   Json tools;  // null: none
+  // Whether the reply's <tool_call> blocks come back as `tool_calls` (tools given, tool_choice
+  // not "none"; common/chat/tool_calls.h).
+  bool parse_tool_calls = false;
   bool add_generation_prompt = true;
   std::optional<bool> enable_thinking;  // chat_template_kwargs.enable_thinking or top level
   Json chat_template_kwargs = Json::object();

@@ -127,6 +127,25 @@ expect_error 400 invalid_request_error "n too large" '{"messages": [{"role": "us
 expect_error 400 invalid_request_error "token id outside the vocabulary" \
   '{"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"99999999": 5}}'
 expect_error 404 invalid_request_error "unknown model" '{"model": "gpt-4", "messages": [{"role": "user", "content": "hi"}]}'
+TOOLS='[{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]'
+expect_error 400 invalid_request_error "bad tool_choice" \
+  "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": $TOOLS, \"tool_choice\": \"sometimes\"}"
+# A chat request with tools goes through the tool-call split (common/chat/tool_calls.h): the tiny
+# model's random text has no <tool_call> block, so the reply is text, streamed or not.
+for stream in false true; do
+  printf '{"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": %s, "tool_choice": "auto", "max_tokens": 12, "stream": %s}' \
+    "$TOOLS" "$stream" >"$WORK/tools.json"
+  code=$(post /v1/chat/completions "$WORK/tools.json" "$WORK/tools.out")
+  if [ "$stream" == false ]; then
+    got=$(json "$WORK/tools.out" "'%s %s' % (type(j['choices'][0]['message']['content']).__name__, j['choices'][0]['finish_reason'])")
+    [ "$code" == 200 ] && [ "$got" == "str length" ] || fail "chat with tools: HTTP $code, got '$got': $(head -c 300 "$WORK/tools.out")"
+  else
+    [ "$code" == 200 ] && grep -q '"finish_reason":"length"' "$WORK/tools.out" &&
+      [ "$(grep -v '^$' "$WORK/tools.out" | tail -1)" == 'data: [DONE]' ] || fail "chat with tools (stream): HTTP $code: $(head -c 300 "$WORK/tools.out")"
+  fi
+  echo "  chat with tools, stream $stream: $code"
+done
 python3 -c "import sys; sys.stdout.write('{\"messages\": [{\"role\": \"user\", \"content\": \"' + 'x' * (9 << 20) + '\"}]}')" >"$WORK/big.json"
 got=$(post /v1/chat/completions "$WORK/big.json" "$WORK/big.out")
 [ "$got" == 413 ] && [ -n "$(json "$WORK/big.out" "j['error']['message']")" ] &&

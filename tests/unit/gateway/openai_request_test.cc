@@ -72,6 +72,29 @@ TEST(OpenAiRequestTest, Chat) {
   EXPECT_FALSE(r->max_tokens_given);  // the HTTP front fills the context
 }
 
+TEST(OpenAiRequestTest, ToolCallsAreParsedWhenToolsAreOfferedAndNotRefused) {
+  const std::string tools = R"("tools": [{"type": "function", "function": {"name": "f"}}])";
+  const std::string user = R"("messages": [{"role": "user", "content": "x"}])";
+  struct Case {
+    std::string extra;
+    bool parse;
+  };
+  for (const Case& c : {Case{"", false}, Case{", " + tools, true}, Case{", " + tools + R"(, "tool_choice": "auto")", true},
+                        Case{", " + tools + R"(, "tool_choice": "required")", true},
+                        Case{", " + tools + R"(, "tool_choice": {"type": "function", "function": {"name": "f"}})", true},
+                        Case{", " + tools + R"(, "tool_choice": "none")", false},
+                        Case{R"(, "tools": [])", false}}) {
+    auto r = ParseRequest(Endpoint::kChatCompletions, "{" + user + c.extra + "}");
+    ASSERT_TRUE(r.ok()) << c.extra << ": " << r.status();
+    EXPECT_EQ(r->parse_tool_calls, c.parse) << c.extra;
+  }
+  for (const char* bad : {R"("tool_choice": "sometimes")", R"("tool_choice": 3)"}) {
+    auto r = ParseRequest(Endpoint::kChatCompletions, "{" + user + ", " + tools + ", " + bad + "}");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("tool_choice"), std::string::npos);
+  }
+}
+
 TEST(OpenAiRequestTest, BadRequestsNameTheParameter) {
   const Endpoint c = Endpoint::kCompletions, chat = Endpoint::kChatCompletions;
   EXPECT_EQ(ParseRequest(c, "{").status().code(), absl::StatusCode::kInvalidArgument);
