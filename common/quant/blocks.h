@@ -33,6 +33,17 @@ struct BlockQ4_K {
   uint8_t qs[kKBlockSize / 2];
 };
 
+// Q5_K: Q4_K with a fifth bit per quant; x = d * sc[j] * q - dmin * m[j], q in [0, 31].
+// scales as Q4_K's; qs as Q4_K's (the low 4 bits); bit 4 of element 64c + l is bit 2c of qh[l],
+// of element 64c + 32 + l bit 2c + 1 of qh[l] (l in [0, 32)).
+struct BlockQ5_K {
+  f16_bits d;     // scale of the 6-bit sub-block scales
+  f16_bits dmin;  // scale of the 6-bit sub-block mins
+  uint8_t scales[kQ4_KScaleBytes];
+  uint8_t qh[kKBlockSize / 8];
+  uint8_t qs[kKBlockSize / 2];
+};
+
 // Q6_K: 16 sub-blocks of 16; x = d * scales[j] * (q - 32), q in [0, 63].
 // Each half of 128 elements uses 64 bytes of ql and 32 of qh; within a half, for l in [0, 32):
 //   element l      = ql[l]      & 15 | ((qh[l] >> 0) & 3) << 4
@@ -57,9 +68,11 @@ struct BlockQ8_K {
 
 static_assert(sizeof(BlockQ8_0) == 34);
 static_assert(sizeof(BlockQ4_K) == 144);
+static_assert(sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ6_K) == 210);
 static_assert(sizeof(BlockQ8_K) == 292);
 static_assert(offsetof(BlockQ4_K, qs) == 16);
+static_assert(offsetof(BlockQ5_K, qs) == 48);
 static_assert(offsetof(BlockQ6_K, d) == 208);
 static_assert(offsetof(BlockQ8_K, bsums) == 260);
 

@@ -9,6 +9,7 @@
 #include "common/base/status.h"
 #include "common/quant/float_dot.h"
 #include "common/quant/q4_k.h"
+#include "common/quant/q5_k.h"
 #include "common/quant/q6_k.h"
 #include "common/quant/q8_0.h"
 #include "common/quant/row_kernels.h"
@@ -129,14 +130,25 @@ KernelVariant ActiveKernelVariant() {
 
 namespace quant_internal {
 
+// The SIMD variants' kernels of namespace NS, then the scalar references.
+#define MER_SIMD_ROW_KERNELS(NS)                                                         \
+  {                                                                                      \
+      .f32 = NS::F32Rows, .f16 = NS::F16Rows,   .bf16 = NS::BF16Rows, .q8_0 = NS::Q8_0Rows, \
+      .q4_k = NS::Q4_KRows, .q5_k = NS::Q5_KRows, .q6_k = NS::Q6_KRows,                  \
+  }
+
 const RowKernels& RowKernelsOf(KernelVariant v) {
-  static constexpr RowKernels kAvx512 = {avx512::F32Rows,  avx512::F16Rows,  avx512::BF16Rows,
-                                         avx512::Q8_0Rows, avx512::Q4_KRows, avx512::Q6_KRows};
-  static constexpr RowKernels kAvx2 = {avx2::F32Rows,  avx2::F16Rows,  avx2::BF16Rows,
-                                       avx2::Q8_0Rows, avx2::Q4_KRows, avx2::Q6_KRows};
-  static constexpr RowKernels kScalar = {VecDotRowsF32Scalar,  VecDotRowsF16Scalar,
-                                         VecDotRowsBF16Scalar, VecDotRowsQ8_0Scalar,
-                                         VecDotRowsQ4_KScalar, VecDotRowsQ6_KScalar};
+  static constexpr RowKernels kAvx512 = MER_SIMD_ROW_KERNELS(avx512);
+  static constexpr RowKernels kAvx2 = MER_SIMD_ROW_KERNELS(avx2);
+  static constexpr RowKernels kScalar = {
+      .f32 = VecDotRowsF32Scalar,
+      .f16 = VecDotRowsF16Scalar,
+      .bf16 = VecDotRowsBF16Scalar,
+      .q8_0 = VecDotRowsQ8_0Scalar,
+      .q4_k = VecDotRowsQ4_KScalar,
+      .q5_k = VecDotRowsQ5_KScalar,
+      .q6_k = VecDotRowsQ6_KScalar,
+  };
   switch (v) {
     case KernelVariant::kAvx512:
       return kAvx512;
@@ -147,6 +159,8 @@ const RowKernels& RowKernelsOf(KernelVariant v) {
   }
   CHECK_MSG(false, "unknown KernelVariant");
 }
+
+#undef MER_SIMD_ROW_KERNELS
 
 const RowKernels& ActiveRowKernels() {
   static const RowKernels& active = RowKernelsOf(ActiveKernelVariant());

@@ -7,6 +7,7 @@
 #include "common/quant/float_dot.h"
 #include "common/quant/kernel_variant.h"
 #include "common/quant/q4_k.h"
+#include "common/quant/q5_k.h"
 #include "common/quant/q6_k.h"
 #include "common/quant/q8_0.h"
 #include "common/quant/q8_k.h"
@@ -22,9 +23,10 @@ GgmlType ActivationTypeFor(GgmlType weight_type) {
     case GgmlType::kQ8_0:
       return weight_type;
     case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
     case GgmlType::kQ6_K:
       return GgmlType::kQ8_K;
-    case GgmlType::kQ8_K:
+    default:
       break;
   }
   CHECK_MSG(false, "not a weight type");
@@ -46,8 +48,12 @@ void QuantizeRow(GgmlType type, const float* src, void* dst, int64_t n) {
       return QuantizeRowQ8_K(src, static_cast<BlockQ8_K*>(dst), n);
     case GgmlType::kQ4_K:
       return QuantizeRowQ4_K(src, static_cast<BlockQ4_K*>(dst), n);
+    case GgmlType::kQ5_K:
+      return QuantizeRowQ5_K(src, static_cast<BlockQ5_K*>(dst), n);
     case GgmlType::kQ6_K:
       return QuantizeRowQ6_K(src, static_cast<BlockQ6_K*>(dst), n);
+    default:
+      break;
   }
   CHECK_MSG(false, "unsupported GgmlType");
 }
@@ -68,8 +74,12 @@ void DequantizeRow(GgmlType type, const void* src, float* dst, int64_t n) {
       return DequantizeRowQ8_K(static_cast<const BlockQ8_K*>(src), dst, n);
     case GgmlType::kQ4_K:
       return DequantizeRowQ4_K(static_cast<const BlockQ4_K*>(src), dst, n);
+    case GgmlType::kQ5_K:
+      return DequantizeRowQ5_K(static_cast<const BlockQ5_K*>(src), dst, n);
     case GgmlType::kQ6_K:
       return DequantizeRowQ6_K(static_cast<const BlockQ6_K*>(src), dst, n);
+    default:
+      break;
   }
   CHECK_MSG(false, "unsupported GgmlType");
 }
@@ -102,10 +112,13 @@ void DotRows(const quant_internal::RowKernels& k, GgmlType weight_type, const vo
     case GgmlType::kQ4_K:
       return k.q4_k(static_cast<const BlockQ4_K*>(weight_rows), n_rows,
                     static_cast<const BlockQ8_K*>(activation_row), n, out);
+    case GgmlType::kQ5_K:
+      return k.q5_k(static_cast<const BlockQ5_K*>(weight_rows), n_rows,
+                    static_cast<const BlockQ8_K*>(activation_row), n, out);
     case GgmlType::kQ6_K:
       return k.q6_k(static_cast<const BlockQ6_K*>(weight_rows), n_rows,
                     static_cast<const BlockQ8_K*>(activation_row), n, out);
-    case GgmlType::kQ8_K:
+    default:
       break;
   }
   CHECK_MSG(false, "not a weight type");

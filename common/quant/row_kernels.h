@@ -1,8 +1,7 @@
 // The row kernels of one variant as a table of function pointers (internal to common/quant).
 //
-// float_rows.cc, q8_0_rows.cc, q4_k_rows.cc and q6_k_rows.cc define them in namespace
-// quant_internal::<variant> and are compiled once per SIMD variant (simd_internal.h);
-// kernel_variant.cc builds the tables and picks the active one. Every kernel computes
+// The *_rows.cc files define them in namespace quant_internal::<variant> and are compiled once per
+// SIMD variant (simd_internal.h); kernel_variant.cc builds the tables and picks the active one. Every kernel computes
 // out[r] = dot(row r, a) for r in [0, n_rows) with rows of n elements, n valid for the type
 // (checked by the public entry points, not here).
 #pragma once
@@ -23,6 +22,7 @@ struct RowKernels {
   RowsFn<bf16_bits, bf16_bits> bf16;
   RowsFn<BlockQ8_0, BlockQ8_0> q8_0;
   RowsFn<BlockQ4_K, BlockQ8_K> q4_k;
+  RowsFn<BlockQ5_K, BlockQ8_K> q5_k;
   RowsFn<BlockQ6_K, BlockQ8_K> q6_k;
 };
 
@@ -38,6 +38,7 @@ const RowKernels& ActiveRowKernels();
   void BF16Rows(const bf16_bits* rows, int64_t n_rows, const bf16_bits* a, int64_t n, float* out); \
   void Q8_0Rows(const BlockQ8_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out); \
   void Q4_KRows(const BlockQ4_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out); \
+  void Q5_KRows(const BlockQ5_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out); \
   void Q6_KRows(const BlockQ6_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);
 
 namespace avx2 {

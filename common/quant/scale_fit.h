@@ -32,7 +32,7 @@ float FitScaleMin(const float* x, const float* w, int n, int nmax, uint8_t* L, f
 // (signed) scale; all L = nmax where every |x| < 1e-15.
 float FitSignedScale(const float* x, int n, int nmax, uint8_t* L);
 
-// The Q4_K block quantizer but for the packing of the quants: per 32-element sub-block
+// The Q4_K and Q5_K block quantizer but for the packing of the quants: per 32-element sub-block
 // a FitScaleMin to [0, nmax], weighting elements by rms + |x| (as ggml does without an
 // importance matrix); the scales and mins as 6-bit codes under f16 d and dmin, packed into
 // scales[12] as blocks.h describes; then every element requantized against the decoded scales

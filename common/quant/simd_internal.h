@@ -139,11 +139,11 @@ constexpr RunScaleShuffles MakeRunScaleShuffles() {
 }
 inline constexpr RunScaleShuffles kRunScaleShuffles = MakeRunScaleShuffles();
 
-// The 8 six-bit scales and mins of a Q4_K block as bytes sc[0..7], m[0..7]: the packing of
-// blocks.h undone four bytes at a time, in dword lanes u0, u1, u2 of the scales array:
+// The 8 six-bit scales and mins of a Q4_K or Q5_K block as bytes sc[0..7], m[0..7]: the packing
+// of blocks.h undone four bytes at a time, in dword lanes u0, u1, u2 of the scales array:
 //   sc[0..3] = u0 & 0x3f..   sc[4..7] = (u2 & 0x0f..) | ((u0 >> 2) & 0x30..)
 //   m[0..3]  = u1 & 0x3f..   m[4..7]  = ((u2 >> 4) & 0x0f..) | ((u1 >> 2) & 0x30..)
-// The 16-byte load reads 4 bytes of qs after the 12 scale bytes, inside the block.
+// The 16-byte load reads the 4 bytes after the 12 scale bytes, inside the block in both formats.
 inline __m128i DecodeQ4_KScalesMins(const uint8_t* scales) {
   const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales));
   const __m128i low_bits = _mm_and_si128(

@@ -93,7 +93,7 @@ TEST(SynthModel, TinyPresetBytesArePinned) {
   const std::pair<SynthQuant, uint64_t> cases[] = {
       {SynthQuant::kF32, 0x29bb13dec7ae7fc6}, {SynthQuant::kF16, 0xf0bde4e9e0be7f9a},
       {SynthQuant::kBF16, 0x05a5ea97dcdfe966}, {SynthQuant::kQ8_0, 0x6184eca1edd89585},
-      {SynthQuant::kQ4_K, 0xd6baed476ecc9138},
+      {SynthQuant::kQ4_K, 0xd6baed476ecc9138}, {SynthQuant::kQ5_K, 0xe168675a48c52740},
   };
   for (const auto& [quant, want] : cases) {
     SynthOptions o;
@@ -134,10 +134,12 @@ TEST(SynthModel, RandomGeometriesAreValidVariedAndRun) {
   EXPECT_FALSE(SynthPreset("random:").has_value());
   EXPECT_FALSE(SynthPreset("random:12x").has_value());
 
+  // The quantized types, K-quants falling back to q8_0 where rows are not multiples of 256.
+  constexpr SynthQuant kQuants[] = {SynthQuant::kQ8_0, SynthQuant::kQ4_K, SynthQuant::kQ5_K};
   for (uint64_t seed = 1; seed <= 6; ++seed) {
     SynthOptions o;
     o.geometry = RandomSynthGeometry(seed);
-    o.quant = seed % 2 ? SynthQuant::kQ8_0 : SynthQuant::kQ4_K;
+    o.quant = kQuants[seed % std::size(kQuants)];
     o.seed = seed;
     o.threads = 2;
     const std::unique_ptr<LoadedSynth> m = WriteAndLoad(o, "random" + std::to_string(seed));

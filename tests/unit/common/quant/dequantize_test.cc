@@ -70,6 +70,35 @@ TEST(DequantizeQ4_K, HandBuiltBlockWithAllEightScalesAndMins) {
   EXPECT_EQ(out[255], -15.5f);   // sub 7, q 0: -0.25*62
 }
 
+// Q5_K: the Q4_K block above (same scales and mins, same nibbles) with qh[l] = 0x5A ^ l: element
+// 64c + l gets bit 2c of qh[l] as its fifth bit, element 64c + 32 + l bit 2c + 1.
+TEST(DequantizeQ5_K, HandBuiltBlockWithFifthBits) {
+  constexpr int kSc[8] = {1, 2, 3, 63, 17, 33, 48, 63};
+  constexpr int kMin[8] = {0, 5, 40, 63, 9, 20, 36, 62};
+  BlockQ5_K block;
+  block.d = 0x3800;     // 0.5
+  block.dmin = 0x3400;  // 0.25
+  const uint8_t scales[12] = {0x41, 0x82, 0xC3, 0xFF, 0x00, 0x45,
+                              0xA8, 0xFF, 0x91, 0x41, 0x40, 0xEF};
+  std::memcpy(block.scales, scales, 12);
+  for (int i = 0; i < 128; ++i) block.qs[i] = static_cast<uint8_t>((i % 16) | ((15 - i % 16) << 4));
+  for (int l = 0; l < 32; ++l) block.qh[l] = static_cast<uint8_t>(0x5A ^ l);
+
+  float out[256];
+  DequantizeRow(GgmlType::kQ5_K, &block, out, 256);
+  for (int e = 0; e < 256; ++e) {
+    const int c = e / 64, r = e % 64, sub = e / 32, l = e % 32;
+    const int low = r < 32 ? r % 16 : 15 - (r - 32) % 16;
+    const int bit = (block.qh[l] >> (2 * c + (r >= 32 ? 1 : 0))) & 1;
+    EXPECT_EQ(out[e], 0.5f * kSc[sub] * (low + 16 * bit) - 0.25f * kMin[sub]) << e;
+  }
+  EXPECT_EQ(out[0], 0.0f);       // sub 0, low 0, qh[0] = 0x5A bit 0 = 0
+  EXPECT_EQ(out[33], 28.75f);    // sub 1, low 14, qh[1] = 0x5B bit 1 = 1: 0.5*2*30 - 0.25*5
+  EXPECT_EQ(out[70], 23.0f);     // sub 2, low 6, qh[6] = 0x5C bit 2 = 1: 0.5*3*22 - 0.25*40
+  EXPECT_EQ(out[140], 235.75f);  // sub 4, low 12, qh[12] = 0x56 bit 4 = 1: 0.5*17*28 - 0.25*9
+  EXPECT_EQ(out[255], -15.5f);   // sub 7, low 0, qh[31] = 0x45 bit 7 = 0: -0.25*62
+}
+
 // Q6_K with ql[i] = i, qh[i] = (37 * i) mod 256, d = 0.5 and signed scales.
 TEST(DequantizeQ6_K, HandBuiltBlock) {
   constexpr int8_t kScales[16] = {1, -2, 3, -4, 5, -6, 7, -8, 127, -128, 10, -10, 20, -20, 30, -30};

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/quant/q8_0.h"
@@ -164,14 +165,19 @@ TEST(RoundTrip, Q8_KWithinHalfAStep) {
   }
 }
 
-TEST(RoundTrip, Q4_KAndQ6_KErrorBounds) {
+TEST(RoundTrip, KQuantErrorBounds) {
   const std::vector<float> x = RandomRow(8192, 4);
-  const double q4 = RelativeRmse(x, RoundTrip(GgmlType::kQ4_K, x));
-  const double q6 = RelativeRmse(x, RoundTrip(GgmlType::kQ6_K, x));
-  // For Gaussian data ggml's quantizers reach about 0.09 (Q4_K) and 0.02 (Q6_K) of the RMS.
-  EXPECT_LT(q4, 0.10);
-  EXPECT_LT(q6, 0.025);
-  std::printf("relative rmse: q4_k %.4f  q6_k %.4f\n", q4, q6);
+  // For Gaussian data ggml's quantizers reach about 0.09 (Q4_K), 0.045 (Q5_K) and 0.02 (Q6_K)
+  // of the RMS.
+  const struct {
+    GgmlType type;
+    double bound;
+  } cases[] = {{GgmlType::kQ4_K, 0.10}, {GgmlType::kQ5_K, 0.05}, {GgmlType::kQ6_K, 0.025}};
+  for (const auto& c : cases) {
+    const double rmse = RelativeRmse(x, RoundTrip(c.type, x));
+    EXPECT_LT(rmse, c.bound) << TypeName(c.type);
+    std::printf("relative rmse: %-5s %.4f\n", std::string(TypeName(c.type)).c_str(), rmse);
+  }
 }
 
 TEST(RoundTrip, KQuantsOfDegenerateBlocks) {
@@ -179,7 +185,7 @@ TEST(RoundTrip, KQuantsOfDegenerateBlocks) {
   for (int i = 256; i < 512; ++i) x[i] = 0.75f;  // block 1: constant positive
   for (int i = 512; i < 768; ++i) x[i] = -0.5f;  // block 2: constant negative
   for (int i = 768; i < 1024; ++i) x[i] = i == 900 ? 50.0f : 0.01f * (i % 5);  // one outlier
-  for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+  for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
     const std::vector<float> y = RoundTrip(type, x);
     for (int i = 0; i < 256; ++i) EXPECT_EQ(y[i], 0.0f) << TypeName(type) << " " << i;
     for (int i = 256; i < 768; ++i) EXPECT_NEAR(y[i], x[i], 0.02f) << TypeName(type) << " " << i;

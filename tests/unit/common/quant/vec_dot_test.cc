@@ -20,7 +20,8 @@ namespace mer {
 namespace {
 
 constexpr GgmlType kWeightTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16,
-                                     GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K};
+                                     GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K,
+                                     GgmlType::kQ6_K};
 constexpr int64_t kSizes[] = {1, 7, 16, 33, 32, 64, 96, 160, 256, 512, 768, 1024, 2048, 4096};
 constexpr int64_t kRows = 7;  // one group of 4 rows and 3 single rows
 
@@ -78,9 +79,7 @@ Reference Ref(const DotCase& c, int64_t r) {
 
 // Relative to sum |w * a|: f32 accumulation of up to 4096 terms, and for the K-quants two f32
 // terms per block (d and dmin parts) that may each be a few times larger than the result.
-double Tolerance(GgmlType type) {
-  return type == GgmlType::kQ4_K || type == GgmlType::kQ6_K ? 2e-6 : 1e-6;
-}
+double Tolerance(GgmlType type) { return Traits(type).block_elements == 256 ? 2e-6 : 1e-6; }
 
 bool Applies(GgmlType type, int64_t n) { return IsRowSizeValid(type, n); }
 
@@ -256,6 +255,31 @@ TEST(KernelVariantDeathTest, AVariantTheCpuLacksIsRefused) {
   GTEST_SKIP() << "this CPU runs every variant";
 }
 
+// One block of `type` at `w` against an activation block of alternating +-127: every variant
+// within f32 rounding of the double-precision dot product of the dequantized block.
+void ExpectNearDequantizedDot(GgmlType type, const void* w) {
+  std::vector<float> dequant(256);
+  DequantizeRow(type, w, dequant.data(), 256);
+  BlockQ8_K a{};
+  a.d = 1.0f;
+  for (int i = 0; i < 256; ++i) a.qs[i] = static_cast<int8_t>(i % 3 == 0 ? -127 : 127);
+  for (int g = 0; g < 16; ++g) {
+    int s = 0;
+    for (int i = 0; i < 16; ++i) s += a.qs[16 * g + i];
+    a.bsums[g] = static_cast<int16_t>(s);
+  }
+  double expect = 0, abs_sum = 0;
+  for (int i = 0; i < 256; ++i) {
+    expect += double(dequant[i]) * a.qs[i];
+    abs_sum += std::fabs(double(dequant[i]) * a.qs[i]);
+  }
+  for (KernelVariant v : VariantsHere()) {
+    float out;
+    VecDotRowsWith(v, type, w, 1, &a, 256, &out);
+    EXPECT_NEAR(out, expect, 1e-7 * abs_sum) << TypeName(type) << " " << KernelVariantName(v);
+  }
+}
+
 // Extreme quants, where int16 intermediates would overflow or saturate if a kernel got its
 // ranges wrong. The scales are 1, so the exact result is an integer; for Q8_0 and Q4_K every
 // partial sum stays below 2^24, so f32 must reproduce it exactly.
@@ -299,6 +323,16 @@ TEST(VecDot, ExtremeQuantsAreExact) {
     }
   }
   {
+    // Every code 31 (or 16 where qh is clear), every scale and min 63: the int16 pair sums are at
+    // their largest.
+    BlockQ5_K w{};
+    w.d = w.dmin = 0x3C00;
+    std::memset(w.scales, 0xFF, sizeof(w.scales));
+    std::memset(w.qs, 0xFF, sizeof(w.qs));
+    for (int l = 0; l < 32; ++l) w.qh[l] = static_cast<uint8_t>(l % 3 == 0 ? 0x0F : 0xFF);
+    ExpectNearDequantizedDot(GgmlType::kQ5_K, &w);
+  }
+  {
     BlockQ6_K w{};
     w.d = 0x3C00;
     for (int j = 0; j < 16; ++j) w.scales[j] = static_cast<int8_t>(j % 2 == 0 ? -128 : 127);
@@ -334,6 +368,7 @@ TEST(ActivationType, PairsAsGgml) {
   EXPECT_EQ(ActivationTypeFor(GgmlType::kBF16), GgmlType::kBF16);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kQ8_0), GgmlType::kQ8_0);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kQ4_K), GgmlType::kQ8_K);
+  EXPECT_EQ(ActivationTypeFor(GgmlType::kQ5_K), GgmlType::kQ8_K);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kQ6_K), GgmlType::kQ8_K);
 }
 
