@@ -143,6 +143,8 @@ constexpr QuantName kQuantNames[] = {
     {SynthQuant::kBF16, "bf16", 32}, {SynthQuant::kQ8_0, "q8_0", 7},
     {SynthQuant::kQ4_K, "q4_k", 15},  // Q4_K_M
     {SynthQuant::kQ5_K, "q5_k", 16},  // Q5_K_S
+    {SynthQuant::kQ3_K, "q3_k", 11},  // Q3_K_S
+    {SynthQuant::kQ2_K, "q2_k", 10},  // Q2_K
 };
 
 const QuantName& NameOf(SynthQuant q) {
@@ -160,6 +162,8 @@ std::optional<GgmlType> SingleType(SynthQuant quant) {
     case SynthQuant::kBF16: return GgmlType::kBF16;
     case SynthQuant::kQ8_0: return GgmlType::kQ8_0;
     case SynthQuant::kQ5_K: return GgmlType::kQ5_K;
+    case SynthQuant::kQ3_K: return GgmlType::kQ3_K;
+    case SynthQuant::kQ2_K: return GgmlType::kQ2_K;
     case SynthQuant::kQ4_K: break;
   }
   return std::nullopt;

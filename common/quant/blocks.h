@@ -44,6 +44,27 @@ struct BlockQ5_K {
   uint8_t qs[kKBlockSize / 2];
 };
 
+// Q3_K: 16 sub-blocks of 16; x = d * (sc[j] - 32) * q, q in [-4, 3], sc[j] six bits
+// (Q3_KScale). Element 128h + 32s + l (h in [0, 2), s in [0, 4), l in [0, 32)) has its low two
+// bits at bits 2s, 2s + 1 of qs[32h + l], and q = those bits - 4 where bit 4h + s of hmask[l] is
+// clear (as they are).
+struct BlockQ3_K {
+  uint8_t hmask[kKBlockSize / 8];
+  uint8_t qs[kKBlockSize / 4];
+  uint8_t scales[12];
+  f16_bits d;
+};
+
+// Q2_K: 16 sub-blocks of 16; x = d * (scales[j] & 15) * q - dmin * (scales[j] >> 4), q in [0, 3].
+// Element 128h + 32s + l (h in [0, 2), s in [0, 4), l in [0, 32)) is bits 2s, 2s + 1 of
+// qs[32h + l]; its sub-block is 8h + 2s + l / 16.
+struct BlockQ2_K {
+  uint8_t scales[kKBlockSize / 16];
+  uint8_t qs[kKBlockSize / 4];
+  f16_bits d;
+  f16_bits dmin;
+};
+
 // Q6_K: 16 sub-blocks of 16; x = d * scales[j] * (q - 32), q in [0, 63].
 // Each half of 128 elements uses 64 bytes of ql and 32 of qh; within a half, for l in [0, 32):
 //   element l      = ql[l]      & 15 | ((qh[l] >> 0) & 3) << 4
@@ -69,10 +90,14 @@ struct BlockQ8_K {
 static_assert(sizeof(BlockQ8_0) == 34);
 static_assert(sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ5_K) == 176);
+static_assert(sizeof(BlockQ3_K) == 110);
+static_assert(sizeof(BlockQ2_K) == 84);
 static_assert(sizeof(BlockQ6_K) == 210);
 static_assert(sizeof(BlockQ8_K) == 292);
 static_assert(offsetof(BlockQ4_K, qs) == 16);
 static_assert(offsetof(BlockQ5_K, qs) == 48);
+static_assert(offsetof(BlockQ3_K, d) == 108);
+static_assert(offsetof(BlockQ2_K, d) == 80);
 static_assert(offsetof(BlockQ6_K, d) == 208);
 static_assert(offsetof(BlockQ8_K, bsums) == 260);
 
@@ -85,6 +110,15 @@ inline void Q4_KScaleMin(const uint8_t* scales, int j, uint8_t* sc, uint8_t* m) 
     *sc = (scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4);
     *m = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
   }
+}
+
+// Sub-block j's 6-bit scale code from a Q3_K scales array (j in [0, 16)); the scale is the code
+// minus 32. Its low 4 bits are the low (j < 8) or high (j >= 8) nibble of scales[j % 8], its high
+// 2 bits bits 2 (j / 4), 2 (j / 4) + 1 of scales[8 + j % 4].
+inline uint8_t Q3_KScale(const uint8_t* scales, int j) {
+  const int low = j < 8 ? scales[j] & 0xF : scales[j - 8] >> 4;
+  const int high = (scales[8 + j % 4] >> (2 * (j / 4))) & 3;
+  return static_cast<uint8_t>(low | (high << 4));
 }
 
 }  // namespace mer

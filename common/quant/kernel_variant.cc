@@ -8,6 +8,8 @@
 #include "common/base/check.h"
 #include "common/base/status.h"
 #include "common/quant/float_dot.h"
+#include "common/quant/q2_k.h"
+#include "common/quant/q3_k.h"
 #include "common/quant/q4_k.h"
 #include "common/quant/q5_k.h"
 #include "common/quant/q6_k.h"
@@ -134,7 +136,8 @@ namespace quant_internal {
 #define MER_SIMD_ROW_KERNELS(NS)                                                         \
   {                                                                                      \
       .f32 = NS::F32Rows, .f16 = NS::F16Rows,   .bf16 = NS::BF16Rows, .q8_0 = NS::Q8_0Rows, \
-      .q4_k = NS::Q4_KRows, .q5_k = NS::Q5_KRows, .q6_k = NS::Q6_KRows,                  \
+      .q2_k = NS::Q2_KRows, .q3_k = NS::Q3_KRows, .q4_k = NS::Q4_KRows,                  \
+      .q5_k = NS::Q5_KRows, .q6_k = NS::Q6_KRows,                                        \
   }
 
 const RowKernels& RowKernelsOf(KernelVariant v) {
@@ -145,6 +148,8 @@ const RowKernels& RowKernelsOf(KernelVariant v) {
       .f16 = VecDotRowsF16Scalar,
       .bf16 = VecDotRowsBF16Scalar,
       .q8_0 = VecDotRowsQ8_0Scalar,
+      .q2_k = VecDotRowsQ2_KScalar,
+      .q3_k = VecDotRowsQ3_KScalar,
       .q4_k = VecDotRowsQ4_KScalar,
       .q5_k = VecDotRowsQ5_KScalar,
       .q6_k = VecDotRowsQ6_KScalar,

@@ -6,6 +6,8 @@
 #include "common/base/check.h"
 #include "common/quant/float_dot.h"
 #include "common/quant/kernel_variant.h"
+#include "common/quant/q2_k.h"
+#include "common/quant/q3_k.h"
 #include "common/quant/q4_k.h"
 #include "common/quant/q5_k.h"
 #include "common/quant/q6_k.h"
@@ -22,6 +24,8 @@ GgmlType ActivationTypeFor(GgmlType weight_type) {
     case GgmlType::kBF16:
     case GgmlType::kQ8_0:
       return weight_type;
+    case GgmlType::kQ2_K:
+    case GgmlType::kQ3_K:
     case GgmlType::kQ4_K:
     case GgmlType::kQ5_K:
     case GgmlType::kQ6_K:
@@ -46,6 +50,10 @@ void QuantizeRow(GgmlType type, const float* src, void* dst, int64_t n) {
       return QuantizeRowQ8_0(src, static_cast<BlockQ8_0*>(dst), n);
     case GgmlType::kQ8_K:
       return QuantizeRowQ8_K(src, static_cast<BlockQ8_K*>(dst), n);
+    case GgmlType::kQ2_K:
+      return QuantizeRowQ2_K(src, static_cast<BlockQ2_K*>(dst), n);
+    case GgmlType::kQ3_K:
+      return QuantizeRowQ3_K(src, static_cast<BlockQ3_K*>(dst), n);
     case GgmlType::kQ4_K:
       return QuantizeRowQ4_K(src, static_cast<BlockQ4_K*>(dst), n);
     case GgmlType::kQ5_K:
@@ -72,6 +80,10 @@ void DequantizeRow(GgmlType type, const void* src, float* dst, int64_t n) {
       return DequantizeRowQ8_0(static_cast<const BlockQ8_0*>(src), dst, n);
     case GgmlType::kQ8_K:
       return DequantizeRowQ8_K(static_cast<const BlockQ8_K*>(src), dst, n);
+    case GgmlType::kQ2_K:
+      return DequantizeRowQ2_K(static_cast<const BlockQ2_K*>(src), dst, n);
+    case GgmlType::kQ3_K:
+      return DequantizeRowQ3_K(static_cast<const BlockQ3_K*>(src), dst, n);
     case GgmlType::kQ4_K:
       return DequantizeRowQ4_K(static_cast<const BlockQ4_K*>(src), dst, n);
     case GgmlType::kQ5_K:
@@ -109,6 +121,12 @@ void DotRows(const quant_internal::RowKernels& k, GgmlType weight_type, const vo
     case GgmlType::kQ8_0:
       return k.q8_0(static_cast<const BlockQ8_0*>(weight_rows), n_rows,
                     static_cast<const BlockQ8_0*>(activation_row), n, out);
+    case GgmlType::kQ2_K:
+      return k.q2_k(static_cast<const BlockQ2_K*>(weight_rows), n_rows,
+                    static_cast<const BlockQ8_K*>(activation_row), n, out);
+    case GgmlType::kQ3_K:
+      return k.q3_k(static_cast<const BlockQ3_K*>(weight_rows), n_rows,
+                    static_cast<const BlockQ8_K*>(activation_row), n, out);
     case GgmlType::kQ4_K:
       return k.q4_k(static_cast<const BlockQ4_K*>(weight_rows), n_rows,
                     static_cast<const BlockQ8_K*>(activation_row), n, out);

@@ -2,7 +2,7 @@
 // llama.cpp's (ggml's) CPU backend so that mer's CPU engine reproduces its tokens and logits.
 //
 // Supported types and sizes: F32, F16, BF16 (any n >= 0), Q8_0 (n a multiple of 32), the
-// K-quants Q4_K, Q5_K, Q6_K and Q8_K (n a multiple of 256). Sizes are CHECKed. Row pointers need
+// K-quants Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and Q8_K (n a multiple of 256). Sizes are CHECKed. Row pointers need
 // no particular alignment. None of these functions allocates.
 //
 // Per-format entry points (scalar references included, for tests) live in float_dot.h and one

@@ -15,6 +15,8 @@ constexpr Entry kTypes[] = {
     {GgmlType::kF32, {"f32", 1, 4, true}},
     {GgmlType::kF16, {"f16", 1, 2, true}},
     {GgmlType::kQ8_0, {"q8_0", 32, 34, true}},
+    {GgmlType::kQ2_K, {"q2_k", 256, 84, true}},
+    {GgmlType::kQ3_K, {"q3_k", 256, 110, true}},
     {GgmlType::kQ4_K, {"q4_k", 256, 144, true}},
     {GgmlType::kQ5_K, {"q5_k", 256, 176, true}},
     {GgmlType::kQ6_K, {"q6_k", 256, 210, true}},

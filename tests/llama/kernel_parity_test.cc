@@ -60,8 +60,8 @@ std::vector<float> Random(int64_t n, std::mt19937& rng, float scale, float offse
   return x;
 }
 
-constexpr GgmlType kTypes[] = {GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K,
-                               GgmlType::kQ6_K};
+constexpr GgmlType kTypes[] = {GgmlType::kQ8_0, GgmlType::kQ2_K, GgmlType::kQ3_K,
+                               GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
 constexpr int64_t kRows = 7;
 
 std::vector<KernelVariant> SimdVariantsHere() {

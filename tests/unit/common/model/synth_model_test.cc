@@ -94,6 +94,7 @@ TEST(SynthModel, TinyPresetBytesArePinned) {
       {SynthQuant::kF32, 0x29bb13dec7ae7fc6}, {SynthQuant::kF16, 0xf0bde4e9e0be7f9a},
       {SynthQuant::kBF16, 0x05a5ea97dcdfe966}, {SynthQuant::kQ8_0, 0x6184eca1edd89585},
       {SynthQuant::kQ4_K, 0xd6baed476ecc9138}, {SynthQuant::kQ5_K, 0xe168675a48c52740},
+      {SynthQuant::kQ3_K, 0x93ebd4ad4346628a}, {SynthQuant::kQ2_K, 0xbf0e06c5aa836318},
   };
   for (const auto& [quant, want] : cases) {
     SynthOptions o;
@@ -135,7 +136,8 @@ TEST(SynthModel, RandomGeometriesAreValidVariedAndRun) {
   EXPECT_FALSE(SynthPreset("random:12x").has_value());
 
   // The quantized types, K-quants falling back to q8_0 where rows are not multiples of 256.
-  constexpr SynthQuant kQuants[] = {SynthQuant::kQ8_0, SynthQuant::kQ4_K, SynthQuant::kQ5_K};
+  constexpr SynthQuant kQuants[] = {SynthQuant::kQ8_0, SynthQuant::kQ4_K, SynthQuant::kQ5_K,
+                                    SynthQuant::kQ3_K, SynthQuant::kQ2_K};
   for (uint64_t seed = 1; seed <= 6; ++seed) {
     SynthOptions o;
     o.geometry = RandomSynthGeometry(seed);

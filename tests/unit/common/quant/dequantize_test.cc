@@ -99,6 +99,56 @@ TEST(DequantizeQ5_K, HandBuiltBlockWithFifthBits) {
   EXPECT_EQ(out[255], -15.5f);   // sub 7, low 0, qh[31] = 0x45 bit 7 = 0: -0.25*62
 }
 
+// Q2_K with sub-block j's scale j and min 15 - j, qs[i] = 37 i mod 256, d = 0.5, dmin = 0.25.
+// Element 128h + 32s + l is bits 2s, 2s + 1 of qs[32h + l], in sub-block 8h + 2s + l / 16.
+TEST(DequantizeQ2_K, HandBuiltBlock) {
+  BlockQ2_K block;
+  for (int j = 0; j < 16; ++j) block.scales[j] = static_cast<uint8_t>(j | ((15 - j) << 4));
+  for (int i = 0; i < 64; ++i) block.qs[i] = static_cast<uint8_t>((37 * i) & 0xFF);
+  block.d = 0x3800;     // 0.5
+  block.dmin = 0x3400;  // 0.25
+  float out[256];
+  DequantizeRow(GgmlType::kQ2_K, &block, out, 256);
+  for (int e = 0; e < 256; ++e) {
+    const int h = e / 128, s = (e % 128) / 32, l = e % 32, sub = 8 * h + 2 * s + l / 16;
+    const int q = (block.qs[32 * h + l] >> (2 * s)) & 3;
+    EXPECT_EQ(out[e], 0.5f * sub * q - 0.25f * (15 - sub)) << e;
+  }
+  EXPECT_EQ(out[0], -3.75f);   // sub 0, q 0: -0.25*15
+  EXPECT_EQ(out[17], -3.0f);   // sub 1, qs[17] = 0x75 bits 0,1 = 1: 0.5*1*1 - 0.25*14
+  EXPECT_EQ(out[100], 3.75f);  // sub 6, qs[4] = 0x94 bits 6,7 = 2: 0.5*6*2 - 0.25*9
+  EXPECT_EQ(out[130], 6.25f);  // sub 8, qs[34] = 0xEA bits 0,1 = 2: 0.5*8*2 - 0.25*7
+  EXPECT_EQ(out[255], 0.0f);   // sub 15, qs[63] = 0x1B bits 6,7 = 0: 0.5*15*0 - 0.25*0
+}
+
+// Q3_K with hand-packed 6-bit scale codes {15, 62, 61, 12, 27, 42, 9, 56, 33, 18, 19, 36, 53, 6,
+// 39, 24}: code j's low nibble is the low (j < 8) or high (j >= 8) nibble of scales[j % 8], its
+// bits 4, 5 are bits 2 (j / 4), 2 (j / 4) + 1 of scales[8 + j % 4]. qs[i] = 11 i + 5, hmask[l] =
+// 29 l + 3 (mod 256), d = 0.5: element 128h + 32s + l is (bits 2s, 2s + 1 of qs[32h + l]) - 4
+// unless bit 4h + s of hmask[l] is set, times 0.5 (code - 32).
+TEST(DequantizeQ3_K, HandBuiltBlock) {
+  constexpr int kCodes[16] = {15, 62, 61, 12, 27, 42, 9, 56, 33, 18, 19, 36, 53, 6, 39, 24};
+  BlockQ3_K block;
+  const uint8_t scales[12] = {0x1F, 0x2E, 0x3D, 0x4C, 0x5B, 0x6A,
+                              0x79, 0x88, 0xE4, 0x1B, 0x93, 0x6C};
+  std::memcpy(block.scales, scales, 12);
+  for (int i = 0; i < 64; ++i) block.qs[i] = static_cast<uint8_t>((11 * i + 5) & 0xFF);
+  for (int l = 0; l < 32; ++l) block.hmask[l] = static_cast<uint8_t>((29 * l + 3) & 0xFF);
+  block.d = 0x3800;  // 0.5
+  for (int j = 0; j < 16; ++j) EXPECT_EQ(Q3_KScale(block.scales, j), kCodes[j]) << j;
+  float out[256];
+  DequantizeRow(GgmlType::kQ3_K, &block, out, 256);
+  for (int e = 0; e < 256; ++e) {
+    const int h = e / 128, s = (e % 128) / 32, l = e % 32;
+    const int low = (block.qs[32 * h + l] >> (2 * s)) & 3;
+    const int q = (block.hmask[l] >> (4 * h + s)) & 1 ? low : low - 4;
+    EXPECT_EQ(out[e], 0.5f * (kCodes[e / 16] - 32) * q) << e;
+  }
+  EXPECT_EQ(out[0], -8.5f);   // code 15, qs[0] = 5 -> 1, hmask[0] = 3 bit 0 set: q 1
+  EXPECT_EQ(out[40], 43.5f);  // code 61, qs[8] = 93 -> bits 2,3 = 3, hmask[8] bit 1 set: q 3
+  EXPECT_EQ(out[150], 7.0f);  // code 18, qs[54] bits 0,1 = 3, hmask[22] bit 4 clear: q -1
+}
+
 // Q6_K with ql[i] = i, qh[i] = (37 * i) mod 256, d = 0.5 and signed scales.
 TEST(DequantizeQ6_K, HandBuiltBlock) {
   constexpr int8_t kScales[16] = {1, -2, 3, -4, 5, -6, 7, -8, 127, -128, 10, -10, 20, -20, 30, -30};

@@ -20,8 +20,8 @@ namespace mer {
 namespace {
 
 constexpr GgmlType kWeightTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16,
-                                     GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K,
-                                     GgmlType::kQ6_K};
+                                     GgmlType::kQ8_0, GgmlType::kQ2_K, GgmlType::kQ3_K,
+                                     GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
 constexpr int64_t kSizes[] = {1, 7, 16, 33, 32, 64, 96, 160, 256, 512, 768, 1024, 2048, 4096};
 constexpr int64_t kRows = 7;  // one group of 4 rows and 3 single rows
 
@@ -333,6 +333,22 @@ TEST(VecDot, ExtremeQuantsAreExact) {
     ExpectNearDequantizedDot(GgmlType::kQ5_K, &w);
   }
   {
+    // Q2_K: every code 3, every scale and min 15.
+    BlockQ2_K w2{};
+    w2.d = w2.dmin = 0x3C00;
+    std::memset(w2.scales, 0xFF, sizeof(w2.scales));
+    std::memset(w2.qs, 0xFF, sizeof(w2.qs));
+    ExpectNearDequantizedDot(GgmlType::kQ2_K, &w2);
+    // Q3_K: codes -4 (and 0 where hmask is set), scale codes 0, 48, 15 and 63 (scales -32, 16,
+    // -17, 31) for sub-blocks 0-3, 4-7, 8-11 and 12-15.
+    BlockQ3_K w3{};
+    w3.d = 0x3C00;
+    std::memset(w3.scales, 0xF0, 8);
+    std::memset(w3.scales + 8, 0xCC, 4);
+    for (int l = 0; l < 32; l += 2) w3.hmask[l] = 0x0F;
+    ExpectNearDequantizedDot(GgmlType::kQ3_K, &w3);
+  }
+  {
     BlockQ6_K w{};
     w.d = 0x3C00;
     for (int j = 0; j < 16; ++j) w.scales[j] = static_cast<int8_t>(j % 2 == 0 ? -128 : 127);
@@ -367,6 +383,8 @@ TEST(ActivationType, PairsAsGgml) {
   EXPECT_EQ(ActivationTypeFor(GgmlType::kF16), GgmlType::kF16);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kBF16), GgmlType::kBF16);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kQ8_0), GgmlType::kQ8_0);
+  EXPECT_EQ(ActivationTypeFor(GgmlType::kQ2_K), GgmlType::kQ8_K);
+  EXPECT_EQ(ActivationTypeFor(GgmlType::kQ3_K), GgmlType::kQ8_K);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kQ4_K), GgmlType::kQ8_K);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kQ5_K), GgmlType::kQ8_K);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kQ6_K), GgmlType::kQ8_K);
