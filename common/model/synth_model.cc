@@ -145,6 +145,8 @@ constexpr QuantName kQuantNames[] = {
     {SynthQuant::kQ5_K, "q5_k", 16},  // Q5_K_S
     {SynthQuant::kQ3_K, "q3_k", 11},  // Q3_K_S
     {SynthQuant::kQ2_K, "q2_k", 10},  // Q2_K
+    {SynthQuant::kQ4_0, "q4_0", 2},  {SynthQuant::kQ4_1, "q4_1", 3},
+    {SynthQuant::kQ5_0, "q5_0", 8},  {SynthQuant::kQ5_1, "q5_1", 9},
 };
 
 const QuantName& NameOf(SynthQuant q) {
@@ -164,6 +166,10 @@ std::optional<GgmlType> SingleType(SynthQuant quant) {
     case SynthQuant::kQ5_K: return GgmlType::kQ5_K;
     case SynthQuant::kQ3_K: return GgmlType::kQ3_K;
     case SynthQuant::kQ2_K: return GgmlType::kQ2_K;
+    case SynthQuant::kQ4_0: return GgmlType::kQ4_0;
+    case SynthQuant::kQ4_1: return GgmlType::kQ4_1;
+    case SynthQuant::kQ5_0: return GgmlType::kQ5_0;
+    case SynthQuant::kQ5_1: return GgmlType::kQ5_1;
     case SynthQuant::kQ4_K: break;
   }
   return std::nullopt;

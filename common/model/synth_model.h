@@ -59,7 +59,9 @@ SynthGeometry RandomSynthGeometry(uint64_t seed);
 // the router are F32 in every one. kF32 .. kQ8_0 and the single K-quants put every other matrix
 // in that type; kQ4_K is a Q4_K_M-like mix (q6_k for output and for attn_v and ffn_down of the
 // even layers).
-enum class SynthQuant { kF32, kF16, kBF16, kQ8_0, kQ4_K, kQ5_K, kQ3_K, kQ2_K };
+enum class SynthQuant {
+  kF32, kF16, kBF16, kQ8_0, kQ4_K, kQ5_K, kQ3_K, kQ2_K, kQ4_0, kQ4_1, kQ5_0, kQ5_1,
+};
 std::optional<SynthQuant> ParseSynthQuant(const std::string& name);  // "f32", "q4_k", ...
 // The names ParseSynthQuant takes, comma-separated.
 std::string SynthQuantNames();

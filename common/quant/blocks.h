@@ -20,6 +20,44 @@ struct BlockQ8_0 {
   int8_t qs[kQ8_0BlockSize];
 };
 
+// The 32-element formats: element i < 16 is the low nibble of qs[i], element 16 + i the high one.
+// Q4_0: x = d * (q - 8), q in [0, 15].
+struct BlockQ4_0 {
+  f16_bits d;
+  uint8_t qs[kQ8_0BlockSize / 2];
+};
+
+// Q4_1: x = d * q + m, q in [0, 15].
+struct BlockQ4_1 {
+  f16_bits d;
+  f16_bits m;
+  uint8_t qs[kQ8_0BlockSize / 2];
+};
+
+// Q5_0: x = d * (q - 16), q in [0, 31]; bit 4 of element i is bit i of qh (little-endian u32).
+struct BlockQ5_0 {
+  f16_bits d;
+  uint8_t qh[4];
+  uint8_t qs[kQ8_0BlockSize / 2];
+};
+
+// Q5_1: x = d * q + m, q in [0, 31]; bit 4 of element i is bit i of qh (little-endian u32).
+struct BlockQ5_1 {
+  f16_bits d;
+  f16_bits m;
+  uint8_t qh[4];
+  uint8_t qs[kQ8_0BlockSize / 2];
+};
+
+// Q8_1: the activation format of Q4_1 and Q5_1 dot products (never stored in files).
+// x[i] = d * qs[i]; s = d * sum(qs) in f16, so the m term of a dot product needs no pass over
+// the quants.
+struct BlockQ8_1 {
+  f16_bits d;
+  f16_bits s;
+  int8_t qs[kQ8_0BlockSize];
+};
+
 // Q4_K: 8 sub-blocks of 32; x = d * sc[j] * q - dmin * m[j], q in [0, 15].
 // scales[12] packs sc[j] and m[j] (6 bits each): for j < 4, sc[j] = scales[j] & 63 and
 // m[j] = scales[j + 4] & 63; for j >= 4, sc[j] = (scales[j + 4] & 15) | ((scales[j - 4] >> 6) << 4)
@@ -88,6 +126,11 @@ struct BlockQ8_K {
 };
 
 static_assert(sizeof(BlockQ8_0) == 34);
+static_assert(sizeof(BlockQ4_0) == 18);
+static_assert(sizeof(BlockQ4_1) == 20);
+static_assert(sizeof(BlockQ5_0) == 22);
+static_assert(sizeof(BlockQ5_1) == 24);
+static_assert(sizeof(BlockQ8_1) == 36);
 static_assert(sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ3_K) == 110);

@@ -8,6 +8,7 @@
 #include "common/base/check.h"
 #include "common/base/status.h"
 #include "common/quant/float_dot.h"
+#include "common/quant/legacy.h"
 #include "common/quant/q2_k.h"
 #include "common/quant/q3_k.h"
 #include "common/quant/q4_k.h"
@@ -136,6 +137,8 @@ namespace quant_internal {
 #define MER_SIMD_ROW_KERNELS(NS)                                                         \
   {                                                                                      \
       .f32 = NS::F32Rows, .f16 = NS::F16Rows,   .bf16 = NS::BF16Rows, .q8_0 = NS::Q8_0Rows, \
+      .q4_0 = NS::Q4_0Rows, .q4_1 = NS::Q4_1Rows, .q5_0 = NS::Q5_0Rows,                  \
+      .q5_1 = NS::Q5_1Rows,                                                              \
       .q2_k = NS::Q2_KRows, .q3_k = NS::Q3_KRows, .q4_k = NS::Q4_KRows,                  \
       .q5_k = NS::Q5_KRows, .q6_k = NS::Q6_KRows,                                        \
   }
@@ -148,6 +151,10 @@ const RowKernels& RowKernelsOf(KernelVariant v) {
       .f16 = VecDotRowsF16Scalar,
       .bf16 = VecDotRowsBF16Scalar,
       .q8_0 = VecDotRowsQ8_0Scalar,
+      .q4_0 = VecDotRowsQ4_0Scalar,
+      .q4_1 = VecDotRowsQ4_1Scalar,
+      .q5_0 = VecDotRowsQ5_0Scalar,
+      .q5_1 = VecDotRowsQ5_1Scalar,
       .q2_k = VecDotRowsQ2_KScalar,
       .q3_k = VecDotRowsQ3_KScalar,
       .q4_k = VecDotRowsQ4_KScalar,

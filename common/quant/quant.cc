@@ -6,6 +6,7 @@
 #include "common/base/check.h"
 #include "common/quant/float_dot.h"
 #include "common/quant/kernel_variant.h"
+#include "common/quant/legacy.h"
 #include "common/quant/q2_k.h"
 #include "common/quant/q3_k.h"
 #include "common/quant/q4_k.h"
@@ -24,6 +25,12 @@ GgmlType ActivationTypeFor(GgmlType weight_type) {
     case GgmlType::kBF16:
     case GgmlType::kQ8_0:
       return weight_type;
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ5_0:
+      return GgmlType::kQ8_0;
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_1:
+      return GgmlType::kQ8_1;
     case GgmlType::kQ2_K:
     case GgmlType::kQ3_K:
     case GgmlType::kQ4_K:
@@ -48,6 +55,16 @@ void QuantizeRow(GgmlType type, const float* src, void* dst, int64_t n) {
       return ConvertF32ToBF16(src, static_cast<bf16_bits*>(dst), n);
     case GgmlType::kQ8_0:
       return QuantizeRowQ8_0(src, static_cast<BlockQ8_0*>(dst), n);
+    case GgmlType::kQ8_1:
+      return QuantizeRowQ8_1(src, static_cast<BlockQ8_1*>(dst), n);
+    case GgmlType::kQ4_0:
+      return QuantizeRowQ4_0(src, static_cast<BlockQ4_0*>(dst), n);
+    case GgmlType::kQ4_1:
+      return QuantizeRowQ4_1(src, static_cast<BlockQ4_1*>(dst), n);
+    case GgmlType::kQ5_0:
+      return QuantizeRowQ5_0(src, static_cast<BlockQ5_0*>(dst), n);
+    case GgmlType::kQ5_1:
+      return QuantizeRowQ5_1(src, static_cast<BlockQ5_1*>(dst), n);
     case GgmlType::kQ8_K:
       return QuantizeRowQ8_K(src, static_cast<BlockQ8_K*>(dst), n);
     case GgmlType::kQ2_K:
@@ -78,6 +95,16 @@ void DequantizeRow(GgmlType type, const void* src, float* dst, int64_t n) {
       return ConvertBF16ToF32(static_cast<const bf16_bits*>(src), dst, n);
     case GgmlType::kQ8_0:
       return DequantizeRowQ8_0(static_cast<const BlockQ8_0*>(src), dst, n);
+    case GgmlType::kQ8_1:
+      return DequantizeRowQ8_1(static_cast<const BlockQ8_1*>(src), dst, n);
+    case GgmlType::kQ4_0:
+      return DequantizeRowQ4_0(static_cast<const BlockQ4_0*>(src), dst, n);
+    case GgmlType::kQ4_1:
+      return DequantizeRowQ4_1(static_cast<const BlockQ4_1*>(src), dst, n);
+    case GgmlType::kQ5_0:
+      return DequantizeRowQ5_0(static_cast<const BlockQ5_0*>(src), dst, n);
+    case GgmlType::kQ5_1:
+      return DequantizeRowQ5_1(static_cast<const BlockQ5_1*>(src), dst, n);
     case GgmlType::kQ8_K:
       return DequantizeRowQ8_K(static_cast<const BlockQ8_K*>(src), dst, n);
     case GgmlType::kQ2_K:
@@ -121,6 +148,18 @@ void DotRows(const quant_internal::RowKernels& k, GgmlType weight_type, const vo
     case GgmlType::kQ8_0:
       return k.q8_0(static_cast<const BlockQ8_0*>(weight_rows), n_rows,
                     static_cast<const BlockQ8_0*>(activation_row), n, out);
+    case GgmlType::kQ4_0:
+      return k.q4_0(static_cast<const BlockQ4_0*>(weight_rows), n_rows,
+                    static_cast<const BlockQ8_0*>(activation_row), n, out);
+    case GgmlType::kQ4_1:
+      return k.q4_1(static_cast<const BlockQ4_1*>(weight_rows), n_rows,
+                    static_cast<const BlockQ8_1*>(activation_row), n, out);
+    case GgmlType::kQ5_0:
+      return k.q5_0(static_cast<const BlockQ5_0*>(weight_rows), n_rows,
+                    static_cast<const BlockQ8_0*>(activation_row), n, out);
+    case GgmlType::kQ5_1:
+      return k.q5_1(static_cast<const BlockQ5_1*>(weight_rows), n_rows,
+                    static_cast<const BlockQ8_1*>(activation_row), n, out);
     case GgmlType::kQ2_K:
       return k.q2_k(static_cast<const BlockQ2_K*>(weight_rows), n_rows,
                     static_cast<const BlockQ8_K*>(activation_row), n, out);

@@ -21,6 +21,10 @@ struct RowKernels {
   RowsFn<f16_bits, f16_bits> f16;
   RowsFn<bf16_bits, bf16_bits> bf16;
   RowsFn<BlockQ8_0, BlockQ8_0> q8_0;
+  RowsFn<BlockQ4_0, BlockQ8_0> q4_0;
+  RowsFn<BlockQ4_1, BlockQ8_1> q4_1;
+  RowsFn<BlockQ5_0, BlockQ8_0> q5_0;
+  RowsFn<BlockQ5_1, BlockQ8_1> q5_1;
   RowsFn<BlockQ2_K, BlockQ8_K> q2_k;
   RowsFn<BlockQ3_K, BlockQ8_K> q3_k;
   RowsFn<BlockQ4_K, BlockQ8_K> q4_k;
@@ -39,6 +43,10 @@ const RowKernels& ActiveRowKernels();
   void F16Rows(const f16_bits* rows, int64_t n_rows, const f16_bits* a, int64_t n, float* out);   \
   void BF16Rows(const bf16_bits* rows, int64_t n_rows, const bf16_bits* a, int64_t n, float* out); \
   void Q8_0Rows(const BlockQ8_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out); \
+  void Q4_0Rows(const BlockQ4_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out); \
+  void Q4_1Rows(const BlockQ4_1* rows, int64_t n_rows, const BlockQ8_1* a, int64_t n, float* out); \
+  void Q5_0Rows(const BlockQ5_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out); \
+  void Q5_1Rows(const BlockQ5_1* rows, int64_t n_rows, const BlockQ8_1* a, int64_t n, float* out); \
   void Q2_KRows(const BlockQ2_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out); \
   void Q3_KRows(const BlockQ3_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out); \
   void Q4_KRows(const BlockQ4_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out); \

@@ -14,7 +14,12 @@ struct Entry {
 constexpr Entry kTypes[] = {
     {GgmlType::kF32, {"f32", 1, 4, true}},
     {GgmlType::kF16, {"f16", 1, 2, true}},
+    {GgmlType::kQ4_0, {"q4_0", 32, 18, true}},
+    {GgmlType::kQ4_1, {"q4_1", 32, 20, true}},
+    {GgmlType::kQ5_0, {"q5_0", 32, 22, true}},
+    {GgmlType::kQ5_1, {"q5_1", 32, 24, true}},
     {GgmlType::kQ8_0, {"q8_0", 32, 34, true}},
+    {GgmlType::kQ8_1, {"q8_1", 32, 36, false}},
     {GgmlType::kQ2_K, {"q2_k", 256, 84, true}},
     {GgmlType::kQ3_K, {"q3_k", 256, 110, true}},
     {GgmlType::kQ4_K, {"q4_k", 256, 144, true}},

@@ -1,6 +1,6 @@
 // Tensor element types, numbered as in GGUF/ggml (the file format fixes the numbers).
-// mer reads and computes on the weight types of the table in ggml_type.cc; Q8_K exists only as
-// the activation format that K-quant dot products use (as in ggml's CPU backend).
+// mer reads and computes on the weight types of the table in ggml_type.cc; Q8_1 and Q8_K exist
+// only as activation formats of dot products (as in ggml's CPU backend).
 #pragma once
 
 #include <cstdint>

@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
               static_cast<long long>(rows), static_cast<long long>(cols));
   std::printf("%-5s %-7s %10s %12s %10s\n", "type", "kernels", "MiB", "us/matvec", "GB/s");
   for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0,
+                        GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1,
                         GgmlType::kQ6_K, GgmlType::kQ5_K, GgmlType::kQ4_K, GgmlType::kQ3_K,
                         GgmlType::kQ2_K}) {
     const int64_t row_bytes = mer::RowBytes(type, cols);

@@ -95,6 +95,8 @@ TEST(SynthModel, TinyPresetBytesArePinned) {
       {SynthQuant::kBF16, 0x05a5ea97dcdfe966}, {SynthQuant::kQ8_0, 0x6184eca1edd89585},
       {SynthQuant::kQ4_K, 0xd6baed476ecc9138}, {SynthQuant::kQ5_K, 0xe168675a48c52740},
       {SynthQuant::kQ3_K, 0x93ebd4ad4346628a}, {SynthQuant::kQ2_K, 0xbf0e06c5aa836318},
+      {SynthQuant::kQ4_0, 0xa0bd2faae3926153}, {SynthQuant::kQ4_1, 0x364c27bfb498bcec},
+      {SynthQuant::kQ5_0, 0x1a6de7e3cbec230a}, {SynthQuant::kQ5_1, 0xb6ca23076ef4f8cd},
   };
   for (const auto& [quant, want] : cases) {
     SynthOptions o;
@@ -135,10 +137,11 @@ TEST(SynthModel, RandomGeometriesAreValidVariedAndRun) {
   EXPECT_FALSE(SynthPreset("random:").has_value());
   EXPECT_FALSE(SynthPreset("random:12x").has_value());
 
-  // The quantized types, K-quants falling back to q8_0 where rows are not multiples of 256.
+  // Every quantized type once, K-quants falling back to q8_0 where rows are not multiples of 256.
   constexpr SynthQuant kQuants[] = {SynthQuant::kQ8_0, SynthQuant::kQ4_K, SynthQuant::kQ5_K,
-                                    SynthQuant::kQ3_K, SynthQuant::kQ2_K};
-  for (uint64_t seed = 1; seed <= 6; ++seed) {
+                                    SynthQuant::kQ3_K, SynthQuant::kQ2_K, SynthQuant::kQ4_0,
+                                    SynthQuant::kQ4_1, SynthQuant::kQ5_0, SynthQuant::kQ5_1};
+  for (uint64_t seed = 1; seed <= std::size(kQuants); ++seed) {
     SynthOptions o;
     o.geometry = RandomSynthGeometry(seed);
     o.quant = kQuants[seed % std::size(kQuants)];

@@ -30,6 +30,45 @@ TEST(DequantizeQ8_0, HandBuiltBlocks) {
   }
 }
 
+// The 32-element formats with qs[i] = 16 i + (15 - i) (low nibble 15 - i, high nibble i) and
+// qh = 0xA5C3F00F: element j < 16 has code (15 - j) | bit j << 4, element 16 + j code
+// j | bit (16 + j) << 4 (5-bit formats), d = 0.5, m = -3.
+TEST(DequantizeLegacy, HandBuiltBlocks) {
+  uint8_t qs[16];
+  for (int i = 0; i < 16; ++i) qs[i] = static_cast<uint8_t>(16 * i + (15 - i));
+  const uint32_t qh = 0xA5C3F00F;
+  const auto code4 = [](int e) { return e < 16 ? 15 - e : e - 16; };
+  const auto code5 = [&](int e) { return code4(e) | static_cast<int>(((qh >> e) & 1) << 4); };
+  BlockQ4_0 q4_0;
+  BlockQ4_1 q4_1;
+  BlockQ5_0 q5_0;
+  BlockQ5_1 q5_1;
+  q4_0.d = q4_1.d = q5_0.d = q5_1.d = 0x3800;  // 0.5
+  q4_1.m = q5_1.m = 0xC200;                     // -3
+  std::memcpy(q4_0.qs, qs, 16);
+  std::memcpy(q4_1.qs, qs, 16);
+  std::memcpy(q5_0.qs, qs, 16);
+  std::memcpy(q5_1.qs, qs, 16);
+  std::memcpy(q5_0.qh, &qh, 4);
+  std::memcpy(q5_1.qh, &qh, 4);
+  float out[4][32];
+  DequantizeRow(GgmlType::kQ4_0, &q4_0, out[0], 32);
+  DequantizeRow(GgmlType::kQ4_1, &q4_1, out[1], 32);
+  DequantizeRow(GgmlType::kQ5_0, &q5_0, out[2], 32);
+  DequantizeRow(GgmlType::kQ5_1, &q5_1, out[3], 32);
+  for (int e = 0; e < 32; ++e) {
+    EXPECT_EQ(out[0][e], 0.5f * (code4(e) - 8)) << e;
+    EXPECT_EQ(out[1][e], 0.5f * code4(e) - 3.0f) << e;
+    EXPECT_EQ(out[2][e], 0.5f * (code5(e) - 16)) << e;
+    EXPECT_EQ(out[3][e], 0.5f * code5(e) - 3.0f) << e;
+  }
+  EXPECT_EQ(out[0][0], 3.5f);    // code 15: 0.5 * (15 - 8)
+  EXPECT_EQ(out[1][31], 4.5f);   // code 15: 0.5 * 15 - 3
+  EXPECT_EQ(out[2][4], -2.5f);   // code 11, qh bit 4 clear: 0.5 * (11 - 16)
+  EXPECT_EQ(out[3][16], 5.0f);   // code 0 | 16 (qh bit 16 set): 0.5 * 16 - 3
+  EXPECT_EQ(out[2][31], 7.5f);   // code 15 | 16 (qh bit 31 set): 0.5 * (31 - 16)
+}
+
 // Q4_K with scales sc = {1, 2, 3, 63, 17, 33, 48, 63} and mins m = {0, 5, 40, 63, 9, 20, 36, 62},
 // packed by hand:
 //   bytes 0..3  = sc[0..3] | (sc[4..7] >> 4) << 6 = 0x41 0x82 0xC3 0xFF

@@ -154,6 +154,25 @@ TEST(RoundTrip, Q8_0WithinHalfAStep) {
   EXPECT_LT(RelativeRmse(x, y), 0.01);
 }
 
+// Q8_1: Q8_0's quants and d, and s = d * sum(q) with the f32 d. Block 2 of the Q8_0 vector has
+// amax 1, d = 1/127 and quants 127, 64, -32, 38, -127 (sum 70): s = f16(70 / 127) = 0x3869
+// (0.5 * (1 + 105 / 1024)).
+TEST(QuantizeQ8_1, QuantsOfQ8_0AndTheirScaledSum) {
+  const std::vector<float> x = Q8_0TestVector();
+  BlockQ8_0 y0[3];
+  BlockQ8_1 y1[3];
+  QuantizeRow(GgmlType::kQ8_0, x.data(), y0, 96);
+  QuantizeRow(GgmlType::kQ8_1, x.data(), y1, 96);
+  for (int b = 0; b < 3; ++b) {
+    EXPECT_EQ(y1[b].d, y0[b].d) << b;
+    EXPECT_EQ(0, std::memcmp(y1[b].qs, y0[b].qs, 32)) << b;
+  }
+  EXPECT_EQ(y1[1].s, 0);
+  EXPECT_EQ(y1[2].s, 0x3869);
+  // Block 0: d = 1, quants 127, 2, -4, 1, -127, 0, 0, 64, 100, -2: sum 161.
+  EXPECT_EQ(y1[0].s, F32ToF16(161.0f));
+}
+
 TEST(RoundTrip, Q8_KWithinHalfAStep) {
   const std::vector<float> x = RandomRow(4096, 3);
   const std::vector<float> y = RoundTrip(GgmlType::kQ8_K, x);
@@ -165,16 +184,17 @@ TEST(RoundTrip, Q8_KWithinHalfAStep) {
   }
 }
 
-TEST(RoundTrip, KQuantErrorBounds) {
+TEST(RoundTrip, QuantizerErrorBounds) {
   const std::vector<float> x = RandomRow(8192, 4);
   // Bounds a little above what the quantizers reach on this Gaussian row (relative to its RMS:
-  // q2_k 0.30, q3_k 0.19, q4_k 0.085, q5_k 0.043, q6_k 0.023; ggml's reach about 0.09 for Q4_K
-  // and 0.02 for Q6_K).
+  // q2_k 0.30, q3_k 0.19, q4_k 0.085, q5_k 0.043, q6_k 0.023, q4_0 0.12, q4_1 0.090, q5_0 0.061,
+  // q5_1 0.044; ggml's reach about 0.09 for Q4_K and 0.02 for Q6_K).
   const struct {
     GgmlType type;
     double bound;
   } cases[] = {{GgmlType::kQ2_K, 0.32}, {GgmlType::kQ3_K, 0.21}, {GgmlType::kQ4_K, 0.10},
-               {GgmlType::kQ5_K, 0.05}, {GgmlType::kQ6_K, 0.025}};
+               {GgmlType::kQ5_K, 0.05}, {GgmlType::kQ6_K, 0.025}, {GgmlType::kQ4_0, 0.13},
+               {GgmlType::kQ4_1, 0.10}, {GgmlType::kQ5_0, 0.065}, {GgmlType::kQ5_1, 0.05}};
   for (const auto& c : cases) {
     const double rmse = RelativeRmse(x, RoundTrip(c.type, x));
     EXPECT_LT(rmse, c.bound) << TypeName(c.type);

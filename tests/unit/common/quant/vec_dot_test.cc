@@ -19,11 +19,12 @@
 namespace mer {
 namespace {
 
-constexpr GgmlType kWeightTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16,
-                                     GgmlType::kQ8_0, GgmlType::kQ2_K, GgmlType::kQ3_K,
-                                     GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
+constexpr GgmlType kWeightTypes[] = {
+    GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ4_0, GgmlType::kQ4_1,
+    GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ2_K, GgmlType::kQ3_K,
+    GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
 constexpr int64_t kSizes[] = {1, 7, 16, 33, 32, 64, 96, 160, 256, 512, 768, 1024, 2048, 4096};
-constexpr int64_t kRows = 7;  // one group of 4 rows and 3 single rows
+constexpr int64_t kRows = 11;  // groups of 8, 4 and 2 rows, and single rows
 
 std::vector<float> Random(int64_t n, uint32_t seed, float scale) {
   std::mt19937 rng(seed);
@@ -67,6 +68,23 @@ struct Reference {
   double abs_sum;  // sum |w * a|: the scale of the rounding error any summation order makes
 };
 
+// Q4_1 and Q5_1 take a block's m term as m * s, with s the activation block's d * (sum of its
+// quants) rounded to f16 (ggml's Q8_1), not as m * d * sum: the difference, per block.
+template <typename W>
+double MinTermDifference(const DotCase& c, int64_t r) {
+  const int64_t nb = c.n / kQ8_0BlockSize;
+  const W* w = reinterpret_cast<const W*>(c.weights.data()) + r * nb;
+  const BlockQ8_1* a = reinterpret_cast<const BlockQ8_1*>(c.activation.data());
+  double diff = 0;
+  for (int64_t b = 0; b < nb; ++b) {
+    int sum = 0;
+    for (int i = 0; i < kQ8_0BlockSize; ++i) sum += a[b].qs[i];
+    diff += double(F16ToF32(w[b].m)) *
+            (double(F16ToF32(a[b].s)) - double(F16ToF32(a[b].d)) * sum);
+  }
+  return diff;
+}
+
 Reference Ref(const DotCase& c, int64_t r) {
   Reference ref{0, 0};
   for (int64_t i = 0; i < c.n; ++i) {
@@ -74,6 +92,8 @@ Reference Ref(const DotCase& c, int64_t r) {
     ref.dot += p;
     ref.abs_sum += std::fabs(p);
   }
+  if (c.type == GgmlType::kQ4_1) ref.dot += MinTermDifference<BlockQ4_1>(c, r);
+  if (c.type == GgmlType::kQ5_1) ref.dot += MinTermDifference<BlockQ5_1>(c, r);
   return ref;
 }
 
@@ -383,6 +403,10 @@ TEST(ActivationType, PairsAsGgml) {
   EXPECT_EQ(ActivationTypeFor(GgmlType::kF16), GgmlType::kF16);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kBF16), GgmlType::kBF16);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kQ8_0), GgmlType::kQ8_0);
+  EXPECT_EQ(ActivationTypeFor(GgmlType::kQ4_0), GgmlType::kQ8_0);
+  EXPECT_EQ(ActivationTypeFor(GgmlType::kQ5_0), GgmlType::kQ8_0);
+  EXPECT_EQ(ActivationTypeFor(GgmlType::kQ4_1), GgmlType::kQ8_1);
+  EXPECT_EQ(ActivationTypeFor(GgmlType::kQ5_1), GgmlType::kQ8_1);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kQ2_K), GgmlType::kQ8_K);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kQ3_K), GgmlType::kQ8_K);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kQ4_K), GgmlType::kQ8_K);
