@@ -147,6 +147,8 @@ constexpr QuantName kQuantNames[] = {
     {SynthQuant::kQ2_K, "q2_k", 10},  // Q2_K
     {SynthQuant::kQ4_0, "q4_0", 2},  {SynthQuant::kQ4_1, "q4_1", 3},
     {SynthQuant::kQ5_0, "q5_0", 8},  {SynthQuant::kQ5_1, "q5_1", 9},
+    {SynthQuant::kQ3_K_M, "q3_k_m", 12}, {SynthQuant::kQ4_K_M, "q4_k_m", 15},
+    {SynthQuant::kQ5_K_M, "q5_k_m", 17},
 };
 
 const QuantName& NameOf(SynthQuant q) {
@@ -154,6 +156,63 @@ const QuantName& NameOf(SynthQuant q) {
     if (n.quant == q) return n;
   }
   return kQuantNames[0];
+}
+
+// The type llama.cpp's quantizer puts a matrix in when its rows are not whole blocks of the
+// type it chose (llama-quant.cpp, tensor_type_fallback); F16 where that does not fit either.
+GgmlType Fallback(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ2_K:
+    case GgmlType::kQ3_K:
+      return GgmlType::kQ4_0;
+    case GgmlType::kQ4_K:
+      return GgmlType::kQ5_0;
+    case GgmlType::kQ5_K:
+      return GgmlType::kQ5_1;
+    case GgmlType::kQ6_K:
+      return GgmlType::kQ8_0;
+    default:
+      return type;
+  }
+}
+
+// llama.cpp's use_more_bits: the first and last eighth of the layers and every third between.
+bool UseMoreBits(int layer, int n_layer) {
+  return layer < n_layer / 8 || layer >= 7 * n_layer / 8 || (layer - n_layer / 8) % 3 == 2;
+}
+
+// The types llama.cpp's quantizer gives a qwen3moe model's matrices under its Q3_K_M, Q4_K_M and
+// Q5_K_M recipes (llama-quant.cpp, llama_tensor_get_type_impl, without an importance matrix),
+// before the fallback for rows that are not whole blocks.
+GgmlType RecipeType(SynthQuant quant, SynthMatrix matrix, int layer, const SynthGeometry& g,
+                    int64_t cols) {
+  const GgmlType base = quant == SynthQuant::kQ3_K_M   ? GgmlType::kQ3_K
+                        : quant == SynthQuant::kQ4_K_M ? GgmlType::kQ4_K
+                                                       : GgmlType::kQ5_K;
+  const bool eight_experts = g.n_expert == 8;
+  switch (matrix) {
+    case SynthMatrix::kOutput:
+      return IsRowSizeValid(base, cols) ? GgmlType::kQ6_K : GgmlType::kQ8_0;
+    case SynthMatrix::kAttnV:
+      if (eight_experts) return GgmlType::kQ8_0;
+      if (quant == SynthQuant::kQ3_K_M) return layer < 2 ? GgmlType::kQ5_K : GgmlType::kQ4_K;
+      return UseMoreBits(layer, g.n_layer) ? GgmlType::kQ6_K : base;
+    case SynthMatrix::kAttnK:
+      return eight_experts ? GgmlType::kQ8_0 : base;
+    case SynthMatrix::kAttnOutput:
+      if (eight_experts) return quant == SynthQuant::kQ5_K_M ? base : GgmlType::kQ5_K;
+      return quant == SynthQuant::kQ3_K_M ? GgmlType::kQ4_K : base;
+    case SynthMatrix::kDownExps:
+      if (quant == SynthQuant::kQ3_K_M)
+        return layer < g.n_layer / 16 ? GgmlType::kQ5_K : GgmlType::kQ4_K;
+      return UseMoreBits(layer, g.n_layer) ? GgmlType::kQ6_K : base;
+    case SynthMatrix::kTokenEmbd:
+    case SynthMatrix::kAttnQ:
+    case SynthMatrix::kGateExps:
+    case SynthMatrix::kUpExps:
+      return base;
+  }
+  return base;
 }
 
 // The single tensor type of `quant` where it has one.
@@ -170,7 +229,11 @@ std::optional<GgmlType> SingleType(SynthQuant quant) {
     case SynthQuant::kQ4_1: return GgmlType::kQ4_1;
     case SynthQuant::kQ5_0: return GgmlType::kQ5_0;
     case SynthQuant::kQ5_1: return GgmlType::kQ5_1;
-    case SynthQuant::kQ4_K: break;
+    case SynthQuant::kQ4_K:
+    case SynthQuant::kQ3_K_M:
+    case SynthQuant::kQ4_K_M:
+    case SynthQuant::kQ5_K_M:
+      break;
   }
   return std::nullopt;
 }
@@ -255,17 +318,20 @@ GgmlType SynthTensorType(SynthQuant quant, SynthMatrix matrix, int layer, const 
   const int64_t cols = matrix == SynthMatrix::kAttnOutput ? int64_t{g.n_head} * g.head_dim
                        : matrix == SynthMatrix::kDownExps ? g.n_ff_exp
                                                           : g.n_embd;
-  GgmlType type;
-  if (const std::optional<GgmlType> single = SingleType(quant)) {
-    type = *single;
-  } else {
-    // kQ4_K: q6_k for the LM head and for attn_v and ffn_down of every other layer.
+  if (quant == SynthQuant::kQ4_K) {
+    // q6_k for the LM head and for attn_v and ffn_down of every other layer; q8_0 where the row
+    // is not whole blocks.
     const bool more_bits = matrix == SynthMatrix::kOutput ||
                            ((matrix == SynthMatrix::kAttnV || matrix == SynthMatrix::kDownExps) &&
                             layer % 2 == 0);
-    type = more_bits ? GgmlType::kQ6_K : GgmlType::kQ4_K;
+    const GgmlType type = more_bits ? GgmlType::kQ6_K : GgmlType::kQ4_K;
+    return IsRowSizeValid(type, cols) ? type : GgmlType::kQ8_0;
   }
-  return IsRowSizeValid(type, cols) ? type : GgmlType::kQ8_0;
+  const std::optional<GgmlType> single = SingleType(quant);
+  const GgmlType type = single ? *single : RecipeType(quant, matrix, layer, g, cols);
+  if (IsRowSizeValid(type, cols)) return type;
+  const GgmlType fallback = Fallback(type);
+  return IsRowSizeValid(fallback, cols) ? fallback : GgmlType::kF16;
 }
 
 void SynthRows(const SynthTensor& t, int64_t row0, int64_t rows, float* scratch, uint8_t* out) {
