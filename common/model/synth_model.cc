@@ -149,6 +149,7 @@ constexpr QuantName kQuantNames[] = {
     {SynthQuant::kQ5_0, "q5_0", 8},  {SynthQuant::kQ5_1, "q5_1", 9},
     {SynthQuant::kQ3_K_M, "q3_k_m", 12}, {SynthQuant::kQ4_K_M, "q4_k_m", 15},
     {SynthQuant::kQ5_K_M, "q5_k_m", 17},
+    {SynthQuant::kIQ4_NL, "iq4_nl", 25}, {SynthQuant::kIQ4_XS, "iq4_xs", 30},
 };
 
 const QuantName& NameOf(SynthQuant q) {
@@ -171,6 +172,8 @@ GgmlType Fallback(GgmlType type) {
       return GgmlType::kQ5_1;
     case GgmlType::kQ6_K:
       return GgmlType::kQ8_0;
+    case GgmlType::kIQ4_XS:
+      return GgmlType::kIQ4_NL;
     default:
       return type;
   }
@@ -229,6 +232,8 @@ std::optional<GgmlType> SingleType(SynthQuant quant) {
     case SynthQuant::kQ4_1: return GgmlType::kQ4_1;
     case SynthQuant::kQ5_0: return GgmlType::kQ5_0;
     case SynthQuant::kQ5_1: return GgmlType::kQ5_1;
+    case SynthQuant::kIQ4_NL: return GgmlType::kIQ4_NL;
+    case SynthQuant::kIQ4_XS: return GgmlType::kIQ4_XS;
     case SynthQuant::kQ4_K:
     case SynthQuant::kQ3_K_M:
     case SynthQuant::kQ4_K_M:

@@ -58,6 +58,26 @@ struct BlockQ8_1 {
   int8_t qs[kQ8_0BlockSize];
 };
 
+// The IQ4 codebook: a 4-bit code q stands for kIQ4Values[q] (non-uniform, denser near zero).
+inline constexpr int8_t kIQ4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                          1,    13,   25,  38,  53,  69,  89,  113};
+
+// IQ4_NL: Q4_0's layout; x = d * kIQ4Values[q].
+struct BlockIQ4_NL {
+  f16_bits d;
+  uint8_t qs[kQ8_0BlockSize / 2];
+};
+
+// IQ4_XS: 8 sub-blocks of 32; x = d * (ls[j] - 32) * kIQ4Values[q], ls[j] six bits: the low
+// (j even) or high (j odd) nibble of scales_l[j / 2], and bits 2j, 2j + 1 of scales_h as bits 4,
+// 5. Sub-block j's codes are qs[16j .. 16j + 15] as in IQ4_NL (low nibbles first).
+struct BlockIQ4_XS {
+  f16_bits d;
+  uint16_t scales_h;
+  uint8_t scales_l[kKBlockSize / 64];
+  uint8_t qs[kKBlockSize / 2];
+};
+
 // Q4_K: 8 sub-blocks of 32; x = d * sc[j] * q - dmin * m[j], q in [0, 15].
 // scales[12] packs sc[j] and m[j] (6 bits each): for j < 4, sc[j] = scales[j] & 63 and
 // m[j] = scales[j + 4] & 63; for j >= 4, sc[j] = (scales[j + 4] & 15) | ((scales[j - 4] >> 6) << 4)
@@ -131,6 +151,8 @@ static_assert(sizeof(BlockQ4_1) == 20);
 static_assert(sizeof(BlockQ5_0) == 22);
 static_assert(sizeof(BlockQ5_1) == 24);
 static_assert(sizeof(BlockQ8_1) == 36);
+static_assert(sizeof(BlockIQ4_NL) == 18);
+static_assert(sizeof(BlockIQ4_XS) == 136);
 static_assert(sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ3_K) == 110);
@@ -162,6 +184,11 @@ inline uint8_t Q3_KScale(const uint8_t* scales, int j) {
   const int low = j < 8 ? scales[j] & 0xF : scales[j - 8] >> 4;
   const int high = (scales[8 + j % 4] >> (2 * (j / 4))) & 3;
   return static_cast<uint8_t>(low | (high << 4));
+}
+
+// Sub-block j's 6-bit scale code of an IQ4_XS block (j in [0, 8)); the scale is the code minus 32.
+inline int IQ4_XSScale(const BlockIQ4_XS& x, int j) {
+  return ((x.scales_l[j / 2] >> (4 * (j % 2))) & 0xF) | (((x.scales_h >> (2 * j)) & 3) << 4);
 }
 
 }  // namespace mer

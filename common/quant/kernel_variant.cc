@@ -8,6 +8,7 @@
 #include "common/base/check.h"
 #include "common/base/status.h"
 #include "common/quant/float_dot.h"
+#include "common/quant/iq4.h"
 #include "common/quant/legacy.h"
 #include "common/quant/q2_k.h"
 #include "common/quant/q3_k.h"
@@ -140,7 +141,8 @@ namespace quant_internal {
       .q4_0 = NS::Q4_0Rows, .q4_1 = NS::Q4_1Rows, .q5_0 = NS::Q5_0Rows,                  \
       .q5_1 = NS::Q5_1Rows,                                                              \
       .q2_k = NS::Q2_KRows, .q3_k = NS::Q3_KRows, .q4_k = NS::Q4_KRows,                  \
-      .q5_k = NS::Q5_KRows, .q6_k = NS::Q6_KRows,                                        \
+      .q5_k = NS::Q5_KRows, .q6_k = NS::Q6_KRows, .iq4_nl = NS::IQ4_NLRows,              \
+      .iq4_xs = NS::IQ4_XSRows,                                                          \
   }
 
 const RowKernels& RowKernelsOf(KernelVariant v) {
@@ -160,6 +162,8 @@ const RowKernels& RowKernelsOf(KernelVariant v) {
       .q4_k = VecDotRowsQ4_KScalar,
       .q5_k = VecDotRowsQ5_KScalar,
       .q6_k = VecDotRowsQ6_KScalar,
+      .iq4_nl = VecDotRowsIQ4_NLScalar,
+      .iq4_xs = VecDotRowsIQ4_XSScalar,
   };
   switch (v) {
     case KernelVariant::kAvx512:

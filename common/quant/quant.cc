@@ -6,6 +6,7 @@
 #include "common/base/check.h"
 #include "common/quant/float_dot.h"
 #include "common/quant/kernel_variant.h"
+#include "common/quant/iq4.h"
 #include "common/quant/legacy.h"
 #include "common/quant/q2_k.h"
 #include "common/quant/q3_k.h"
@@ -27,6 +28,7 @@ GgmlType ActivationTypeFor(GgmlType weight_type) {
       return weight_type;
     case GgmlType::kQ4_0:
     case GgmlType::kQ5_0:
+    case GgmlType::kIQ4_NL:
       return GgmlType::kQ8_0;
     case GgmlType::kQ4_1:
     case GgmlType::kQ5_1:
@@ -36,6 +38,7 @@ GgmlType ActivationTypeFor(GgmlType weight_type) {
     case GgmlType::kQ4_K:
     case GgmlType::kQ5_K:
     case GgmlType::kQ6_K:
+    case GgmlType::kIQ4_XS:
       return GgmlType::kQ8_K;
     default:
       break;
@@ -77,6 +80,10 @@ void QuantizeRow(GgmlType type, const float* src, void* dst, int64_t n) {
       return QuantizeRowQ5_K(src, static_cast<BlockQ5_K*>(dst), n);
     case GgmlType::kQ6_K:
       return QuantizeRowQ6_K(src, static_cast<BlockQ6_K*>(dst), n);
+    case GgmlType::kIQ4_NL:
+      return QuantizeRowIQ4_NL(src, static_cast<BlockIQ4_NL*>(dst), n);
+    case GgmlType::kIQ4_XS:
+      return QuantizeRowIQ4_XS(src, static_cast<BlockIQ4_XS*>(dst), n);
     default:
       break;
   }
@@ -117,6 +124,10 @@ void DequantizeRow(GgmlType type, const void* src, float* dst, int64_t n) {
       return DequantizeRowQ5_K(static_cast<const BlockQ5_K*>(src), dst, n);
     case GgmlType::kQ6_K:
       return DequantizeRowQ6_K(static_cast<const BlockQ6_K*>(src), dst, n);
+    case GgmlType::kIQ4_NL:
+      return DequantizeRowIQ4_NL(static_cast<const BlockIQ4_NL*>(src), dst, n);
+    case GgmlType::kIQ4_XS:
+      return DequantizeRowIQ4_XS(static_cast<const BlockIQ4_XS*>(src), dst, n);
     default:
       break;
   }
@@ -175,6 +186,12 @@ void DotRows(const quant_internal::RowKernels& k, GgmlType weight_type, const vo
     case GgmlType::kQ6_K:
       return k.q6_k(static_cast<const BlockQ6_K*>(weight_rows), n_rows,
                     static_cast<const BlockQ8_K*>(activation_row), n, out);
+    case GgmlType::kIQ4_NL:
+      return k.iq4_nl(static_cast<const BlockIQ4_NL*>(weight_rows), n_rows,
+                      static_cast<const BlockQ8_0*>(activation_row), n, out);
+    case GgmlType::kIQ4_XS:
+      return k.iq4_xs(static_cast<const BlockIQ4_XS*>(weight_rows), n_rows,
+                      static_cast<const BlockQ8_K*>(activation_row), n, out);
     default:
       break;
   }

@@ -30,6 +30,8 @@ struct RowKernels {
   RowsFn<BlockQ4_K, BlockQ8_K> q4_k;
   RowsFn<BlockQ5_K, BlockQ8_K> q5_k;
   RowsFn<BlockQ6_K, BlockQ8_K> q6_k;
+  RowsFn<BlockIQ4_NL, BlockQ8_0> iq4_nl;
+  RowsFn<BlockIQ4_XS, BlockQ8_K> iq4_xs;
 };
 
 // The kernels of variant v (whether the CPU supports v is the caller's concern).
@@ -51,7 +53,11 @@ const RowKernels& ActiveRowKernels();
   void Q3_KRows(const BlockQ3_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out); \
   void Q4_KRows(const BlockQ4_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out); \
   void Q5_KRows(const BlockQ5_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out); \
-  void Q6_KRows(const BlockQ6_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);
+  void Q6_KRows(const BlockQ6_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out); \
+  void IQ4_NLRows(const BlockIQ4_NL* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n,          \
+                  float* out);                                                                     \
+  void IQ4_XSRows(const BlockIQ4_XS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,          \
+                  float* out);
 
 namespace avx2 {
 MER_QUANT_DECLARE_ROW_KERNELS

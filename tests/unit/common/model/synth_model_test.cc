@@ -98,7 +98,8 @@ TEST(SynthModel, TinyPresetBytesArePinned) {
       {SynthQuant::kQ4_0, 0xa0bd2faae3926153}, {SynthQuant::kQ4_1, 0x364c27bfb498bcec},
       {SynthQuant::kQ5_0, 0x1a6de7e3cbec230a}, {SynthQuant::kQ5_1, 0xb6ca23076ef4f8cd},
       {SynthQuant::kQ3_K_M, 0x99df03a37a7bbf2b}, {SynthQuant::kQ4_K_M, 0x9c53b6d695d3d05f},
-      {SynthQuant::kQ5_K_M, 0xafd84eb635f5a5c5},
+      {SynthQuant::kQ5_K_M, 0xafd84eb635f5a5c5}, {SynthQuant::kIQ4_NL, 0xfd23bc8b1a317a7c},
+      {SynthQuant::kIQ4_XS, 0xbf85ff0462d51d1c},
   };
   for (const auto& [quant, want] : cases) {
     SynthOptions o;
@@ -161,6 +162,7 @@ TEST(SynthModel, RecipesFollowLlamaCppsRules) {
   EXPECT_EQ(SynthTensorType(SynthQuant::kQ5_K_M, SynthMatrix::kDownExps, 1, tiny), GgmlType::kQ5_1);
   EXPECT_EQ(SynthTensorType(SynthQuant::kQ3_K, SynthMatrix::kDownExps, 1, tiny), GgmlType::kQ4_0);
   EXPECT_EQ(SynthTensorType(SynthQuant::kQ4_K, SynthMatrix::kDownExps, 1, tiny), GgmlType::kQ8_0);
+  EXPECT_EQ(SynthTensorType(SynthQuant::kIQ4_XS, SynthMatrix::kDownExps, 1, tiny), GgmlType::kIQ4_NL);
   SynthGeometry odd = tiny;
   odd.n_embd = 48;  // not whole blocks of 32 either
   EXPECT_EQ(SynthTensorType(SynthQuant::kQ2_K, SynthMatrix::kAttnQ, 0, odd), GgmlType::kF16);
@@ -196,7 +198,8 @@ TEST(SynthModel, RandomGeometriesAreValidVariedAndRun) {
   constexpr SynthQuant kQuants[] = {SynthQuant::kQ8_0, SynthQuant::kQ4_K, SynthQuant::kQ5_K,
                                     SynthQuant::kQ3_K, SynthQuant::kQ2_K, SynthQuant::kQ4_0,
                                     SynthQuant::kQ4_1, SynthQuant::kQ5_0, SynthQuant::kQ5_1,
-                                    SynthQuant::kQ3_K_M, SynthQuant::kQ4_K_M, SynthQuant::kQ5_K_M};
+                                    SynthQuant::kQ3_K_M, SynthQuant::kQ4_K_M, SynthQuant::kQ5_K_M,
+                                    SynthQuant::kIQ4_NL, SynthQuant::kIQ4_XS};
   for (uint64_t seed = 1; seed <= std::size(kQuants); ++seed) {
     SynthOptions o;
     o.geometry = RandomSynthGeometry(seed);

@@ -69,6 +69,43 @@ TEST(DequantizeLegacy, HandBuiltBlocks) {
   EXPECT_EQ(out[2][31], 7.5f);   // code 15 | 16 (qh bit 31 set): 0.5 * (31 - 16)
 }
 
+// IQ4_NL with qs[i] = 16 i + (15 - i) and d = 0.5: element j < 16 is 0.5 * value[15 - j],
+// element 16 + j 0.5 * value[j]. IQ4_XS with the same codes in every sub-block and hand-packed
+// scale codes {0, 63, 31, 32, 1, 40, 17, 48} (scales_l nibbles, scales_h bit pairs), d = 0.25.
+TEST(DequantizeIQ4, HandBuiltBlocks) {
+  constexpr int kValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                               1,    13,   25,  38,  53,  69,  89,  113};
+  const auto code = [](int e) { return e < 16 ? 15 - e : e - 16; };
+  BlockIQ4_NL nl;
+  nl.d = 0x3800;  // 0.5
+  for (int i = 0; i < 16; ++i) nl.qs[i] = static_cast<uint8_t>(16 * i + (15 - i));
+  float out_nl[32];
+  DequantizeRow(GgmlType::kIQ4_NL, &nl, out_nl, 32);
+  for (int e = 0; e < 32; ++e) EXPECT_EQ(out_nl[e], 0.5f * kValues[code(e)]) << e;
+  EXPECT_EQ(out_nl[0], 56.5f);    // value[15] = 113
+  EXPECT_EQ(out_nl[16], -63.5f);  // value[0] = -127
+
+  constexpr int kCodes[8] = {0, 63, 31, 32, 1, 40, 17, 48};
+  BlockIQ4_XS xs;
+  xs.d = 0x3400;  // 0.25
+  xs.scales_l[0] = 0xF0;  // codes 0, 63: low nibbles 0x0, 0xF
+  xs.scales_l[1] = 0x0F;  // 31, 32: 0xF, 0x0
+  xs.scales_l[2] = 0x81;  // 1, 40: 0x1, 0x8
+  xs.scales_l[3] = 0x01;  // 17, 48: 0x1, 0x0
+  // High bit pairs 0, 3, 1, 2, 0, 2, 1, 3 for sub-blocks 0..7.
+  xs.scales_h = static_cast<uint16_t>(0 | 3 << 2 | 1 << 4 | 2 << 6 | 0 << 8 | 2 << 10 | 1 << 12 | 3 << 14);
+  for (int j = 0; j < 8; ++j) {
+    std::memcpy(xs.qs + 16 * j, nl.qs, 16);
+    EXPECT_EQ(IQ4_XSScale(xs, j), kCodes[j]) << j;
+  }
+  float out_xs[256];
+  DequantizeRow(GgmlType::kIQ4_XS, &xs, out_xs, 256);
+  for (int e = 0; e < 256; ++e)
+    EXPECT_EQ(out_xs[e], 0.25f * (kCodes[e / 32] - 32) * kValues[code(e % 32)]) << e;
+  EXPECT_EQ(out_xs[32], 875.75f);  // sub-block 1 (scale 31), value 113: 0.25 * 31 * 113
+  EXPECT_EQ(out_xs[96 + 16], 0.0f);  // sub-block 3 (scale 0)
+}
+
 // Q4_K with scales sc = {1, 2, 3, 63, 17, 33, 48, 63} and mins m = {0, 5, 40, 63, 9, 20, 36, 62},
 // packed by hand:
 //   bytes 0..3  = sc[0..3] | (sc[4..7] >> 4) << 6 = 0x41 0x82 0xC3 0xFF

@@ -188,13 +188,14 @@ TEST(RoundTrip, QuantizerErrorBounds) {
   const std::vector<float> x = RandomRow(8192, 4);
   // Bounds a little above what the quantizers reach on this Gaussian row (relative to its RMS:
   // q2_k 0.30, q3_k 0.19, q4_k 0.085, q5_k 0.043, q6_k 0.023, q4_0 0.12, q4_1 0.090, q5_0 0.061,
-  // q5_1 0.044; ggml's reach about 0.09 for Q4_K and 0.02 for Q6_K).
+  // q5_1 0.044, iq4_nl 0.093, iq4_xs 0.095; ggml's reach about 0.09 for Q4_K, 0.02 for Q6_K).
   const struct {
     GgmlType type;
     double bound;
   } cases[] = {{GgmlType::kQ2_K, 0.32}, {GgmlType::kQ3_K, 0.21}, {GgmlType::kQ4_K, 0.10},
                {GgmlType::kQ5_K, 0.05}, {GgmlType::kQ6_K, 0.025}, {GgmlType::kQ4_0, 0.13},
-               {GgmlType::kQ4_1, 0.10}, {GgmlType::kQ5_0, 0.065}, {GgmlType::kQ5_1, 0.05}};
+               {GgmlType::kQ4_1, 0.10}, {GgmlType::kQ5_0, 0.065}, {GgmlType::kQ5_1, 0.05},
+               {GgmlType::kIQ4_NL, 0.10}, {GgmlType::kIQ4_XS, 0.10}};
   for (const auto& c : cases) {
     const double rmse = RelativeRmse(x, RoundTrip(c.type, x));
     EXPECT_LT(rmse, c.bound) << TypeName(c.type);
@@ -208,7 +209,7 @@ TEST(RoundTrip, KQuantsOfDegenerateBlocks) {
   for (int i = 512; i < 768; ++i) x[i] = -0.5f;  // block 2: constant negative
   for (int i = 768; i < 1024; ++i) x[i] = i == 900 ? 50.0f : 0.01f * (i % 5);  // one outlier
   for (GgmlType type : {GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K,
-                        GgmlType::kQ6_K}) {
+                        GgmlType::kQ6_K, GgmlType::kIQ4_XS}) {
     const std::vector<float> y = RoundTrip(type, x);
     for (int i = 0; i < 256; ++i) EXPECT_EQ(y[i], 0.0f) << TypeName(type) << " " << i;
     for (int i = 256; i < 768; ++i) EXPECT_NEAR(y[i], x[i], 0.02f) << TypeName(type) << " " << i;

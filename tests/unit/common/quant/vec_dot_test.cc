@@ -22,7 +22,7 @@ namespace {
 constexpr GgmlType kWeightTypes[] = {
     GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ4_0, GgmlType::kQ4_1,
     GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ2_K, GgmlType::kQ3_K,
-    GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
+    GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS};
 constexpr int64_t kSizes[] = {1, 7, 16, 33, 32, 64, 96, 160, 256, 512, 768, 1024, 2048, 4096};
 constexpr int64_t kRows = 11;  // groups of 8, 4 and 2 rows, and single rows
 
@@ -369,6 +369,36 @@ TEST(VecDot, ExtremeQuantsAreExact) {
     ExpectNearDequantizedDot(GgmlType::kQ3_K, &w3);
   }
   {
+    // IQ4_XS: every code 0 (-127), scale codes 0, 63, 15, 48 (scales -32, 31, -17, 16) in turn.
+    BlockIQ4_XS w{};
+    w.d = 0x3C00;
+    w.scales_l[0] = w.scales_l[2] = 0xF0;
+    w.scales_l[1] = w.scales_l[3] = 0x0F;
+    w.scales_h = 0xCCCC;
+    ExpectNearDequantizedDot(GgmlType::kIQ4_XS, &w);
+  }
+  {
+    // IQ4_NL: every code 0 (-127) or 15 (113) against activations of +-127; the exact integer
+    // result stays below 2^24, so f32 reproduces it.
+    std::vector<BlockIQ4_NL> w(8);
+    std::vector<BlockQ8_0> a(8);
+    int64_t expect = 0;
+    for (int b = 0; b < 8; ++b) {
+      w[b].d = a[b].d = 0x3C00;
+      for (int i = 0; i < 16; ++i) w[b].qs[i] = static_cast<uint8_t>(i % 3 == 0 ? 0xF0 : 0x00);
+      for (int i = 0; i < 32; ++i) {
+        a[b].qs[i] = static_cast<int8_t>((i + b) % 2 == 0 ? -127 : 127);
+        const int code = i < 16 ? w[b].qs[i] & 0xF : w[b].qs[i - 16] >> 4;
+        expect += int64_t{kIQ4Values[code]} * a[b].qs[i];
+      }
+    }
+    for (KernelVariant v : VariantsHere()) {
+      float out;
+      VecDotRowsWith(v, GgmlType::kIQ4_NL, w.data(), 1, a.data(), 256, &out);
+      EXPECT_EQ(out, static_cast<float>(expect)) << KernelVariantName(v);
+    }
+  }
+  {
     BlockQ6_K w{};
     w.d = 0x3C00;
     for (int j = 0; j < 16; ++j) w.scales[j] = static_cast<int8_t>(j % 2 == 0 ? -128 : 127);
@@ -405,6 +435,8 @@ TEST(ActivationType, PairsAsGgml) {
   EXPECT_EQ(ActivationTypeFor(GgmlType::kQ8_0), GgmlType::kQ8_0);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kQ4_0), GgmlType::kQ8_0);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kQ5_0), GgmlType::kQ8_0);
+  EXPECT_EQ(ActivationTypeFor(GgmlType::kIQ4_NL), GgmlType::kQ8_0);
+  EXPECT_EQ(ActivationTypeFor(GgmlType::kIQ4_XS), GgmlType::kQ8_K);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kQ4_1), GgmlType::kQ8_1);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kQ5_1), GgmlType::kQ8_1);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kQ2_K), GgmlType::kQ8_K);
