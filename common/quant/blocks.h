@@ -78,6 +78,16 @@ struct BlockIQ4_XS {
   uint8_t qs[kKBlockSize / 2];
 };
 
+// IQ2_XXS: 8 sub-blocks of 32, each of 4 groups of 8 elements on a grid of 256 points
+// (kIQ2_XXSGrid, iq2.h). Sub-block j's 8 bytes at qs[4j] are two little-endian u32: a0 holds
+// the grid index of group l in byte l; a1 holds group l's 7 sign bits at bits 7l .. 7l + 6 (the
+// 8th sign is their parity: an even number of negatives) and the scale code ls in bits 28-31.
+// x = d * (0.5 + ls) / 4 * grid byte * sign, the grid bytes being 8, 25 or 43.
+struct BlockIQ2_XXS {
+  f16_bits d;
+  uint16_t qs[kKBlockSize / 8];
+};
+
 // Q4_K: 8 sub-blocks of 32; x = d * sc[j] * q - dmin * m[j], q in [0, 15].
 // scales[12] packs sc[j] and m[j] (6 bits each): for j < 4, sc[j] = scales[j] & 63 and
 // m[j] = scales[j + 4] & 63; for j >= 4, sc[j] = (scales[j + 4] & 15) | ((scales[j - 4] >> 6) << 4)
@@ -153,6 +163,7 @@ static_assert(sizeof(BlockQ5_1) == 24);
 static_assert(sizeof(BlockQ8_1) == 36);
 static_assert(sizeof(BlockIQ4_NL) == 18);
 static_assert(sizeof(BlockIQ4_XS) == 136);
+static_assert(sizeof(BlockIQ2_XXS) == 66);
 static_assert(sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ3_K) == 110);

@@ -6,6 +6,7 @@
 #include "common/base/check.h"
 #include "common/quant/float_dot.h"
 #include "common/quant/kernel_variant.h"
+#include "common/quant/iq2.h"
 #include "common/quant/iq4.h"
 #include "common/quant/legacy.h"
 #include "common/quant/q2_k.h"
@@ -39,6 +40,7 @@ GgmlType ActivationTypeFor(GgmlType weight_type) {
     case GgmlType::kQ5_K:
     case GgmlType::kQ6_K:
     case GgmlType::kIQ4_XS:
+    case GgmlType::kIQ2_XXS:
       return GgmlType::kQ8_K;
     default:
       break;
@@ -84,6 +86,8 @@ void QuantizeRow(GgmlType type, const float* src, void* dst, int64_t n) {
       return QuantizeRowIQ4_NL(src, static_cast<BlockIQ4_NL*>(dst), n);
     case GgmlType::kIQ4_XS:
       return QuantizeRowIQ4_XS(src, static_cast<BlockIQ4_XS*>(dst), n);
+    case GgmlType::kIQ2_XXS:
+      return QuantizeRowIQ2_XXS(src, static_cast<BlockIQ2_XXS*>(dst), n);
     default:
       break;
   }
@@ -128,6 +132,8 @@ void DequantizeRow(GgmlType type, const void* src, float* dst, int64_t n) {
       return DequantizeRowIQ4_NL(static_cast<const BlockIQ4_NL*>(src), dst, n);
     case GgmlType::kIQ4_XS:
       return DequantizeRowIQ4_XS(static_cast<const BlockIQ4_XS*>(src), dst, n);
+    case GgmlType::kIQ2_XXS:
+      return DequantizeRowIQ2_XXS(static_cast<const BlockIQ2_XXS*>(src), dst, n);
     default:
       break;
   }
@@ -192,6 +198,9 @@ void DotRows(const quant_internal::RowKernels& k, GgmlType weight_type, const vo
     case GgmlType::kIQ4_XS:
       return k.iq4_xs(static_cast<const BlockIQ4_XS*>(weight_rows), n_rows,
                       static_cast<const BlockQ8_K*>(activation_row), n, out);
+    case GgmlType::kIQ2_XXS:
+      return k.iq2_xxs(static_cast<const BlockIQ2_XXS*>(weight_rows), n_rows,
+                       static_cast<const BlockQ8_K*>(activation_row), n, out);
     default:
       break;
   }

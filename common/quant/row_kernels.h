@@ -32,6 +32,7 @@ struct RowKernels {
   RowsFn<BlockQ6_K, BlockQ8_K> q6_k;
   RowsFn<BlockIQ4_NL, BlockQ8_0> iq4_nl;
   RowsFn<BlockIQ4_XS, BlockQ8_K> iq4_xs;
+  RowsFn<BlockIQ2_XXS, BlockQ8_K> iq2_xxs;
 };
 
 // The kernels of variant v (whether the CPU supports v is the caller's concern).
@@ -57,7 +58,9 @@ const RowKernels& ActiveRowKernels();
   void IQ4_NLRows(const BlockIQ4_NL* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n,          \
                   float* out);                                                                     \
   void IQ4_XSRows(const BlockIQ4_XS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,          \
-                  float* out);
+                  float* out);                                                                     \
+  void IQ2_XXSRows(const BlockIQ2_XXS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,        \
+                   float* out);
 
 namespace avx2 {
 MER_QUANT_DECLARE_ROW_KERNELS

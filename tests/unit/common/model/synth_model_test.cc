@@ -99,7 +99,7 @@ TEST(SynthModel, TinyPresetBytesArePinned) {
       {SynthQuant::kQ5_0, 0x1a6de7e3cbec230a}, {SynthQuant::kQ5_1, 0xb6ca23076ef4f8cd},
       {SynthQuant::kQ3_K_M, 0x99df03a37a7bbf2b}, {SynthQuant::kQ4_K_M, 0x9c53b6d695d3d05f},
       {SynthQuant::kQ5_K_M, 0xafd84eb635f5a5c5}, {SynthQuant::kIQ4_NL, 0xfd23bc8b1a317a7c},
-      {SynthQuant::kIQ4_XS, 0xbf85ff0462d51d1c},
+      {SynthQuant::kIQ4_XS, 0xbf85ff0462d51d1c}, {SynthQuant::kIQ2_XXS, 0x811cd80aae39615f},
   };
   for (const auto& [quant, want] : cases) {
     SynthOptions o;
@@ -163,6 +163,7 @@ TEST(SynthModel, RecipesFollowLlamaCppsRules) {
   EXPECT_EQ(SynthTensorType(SynthQuant::kQ3_K, SynthMatrix::kDownExps, 1, tiny), GgmlType::kQ4_0);
   EXPECT_EQ(SynthTensorType(SynthQuant::kQ4_K, SynthMatrix::kDownExps, 1, tiny), GgmlType::kQ8_0);
   EXPECT_EQ(SynthTensorType(SynthQuant::kIQ4_XS, SynthMatrix::kDownExps, 1, tiny), GgmlType::kIQ4_NL);
+  EXPECT_EQ(SynthTensorType(SynthQuant::kIQ2_XXS, SynthMatrix::kDownExps, 1, tiny), GgmlType::kIQ4_NL);
   SynthGeometry odd = tiny;
   odd.n_embd = 48;  // not whole blocks of 32 either
   EXPECT_EQ(SynthTensorType(SynthQuant::kQ2_K, SynthMatrix::kAttnQ, 0, odd), GgmlType::kF16);
@@ -199,7 +200,7 @@ TEST(SynthModel, RandomGeometriesAreValidVariedAndRun) {
                                     SynthQuant::kQ3_K, SynthQuant::kQ2_K, SynthQuant::kQ4_0,
                                     SynthQuant::kQ4_1, SynthQuant::kQ5_0, SynthQuant::kQ5_1,
                                     SynthQuant::kQ3_K_M, SynthQuant::kQ4_K_M, SynthQuant::kQ5_K_M,
-                                    SynthQuant::kIQ4_NL, SynthQuant::kIQ4_XS};
+                                    SynthQuant::kIQ4_NL, SynthQuant::kIQ4_XS, SynthQuant::kIQ2_XXS};
   for (uint64_t seed = 1; seed <= std::size(kQuants); ++seed) {
     SynthOptions o;
     o.geometry = RandomSynthGeometry(seed);

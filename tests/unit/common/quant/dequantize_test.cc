@@ -3,6 +3,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/quant/iq2.h"
 #include "common/quant/quant.h"
 #include "gtest/gtest.h"
 
@@ -104,6 +105,38 @@ TEST(DequantizeIQ4, HandBuiltBlocks) {
     EXPECT_EQ(out_xs[e], 0.25f * (kCodes[e / 32] - 32) * kValues[code(e % 32)]) << e;
   EXPECT_EQ(out_xs[32], 875.75f);  // sub-block 1 (scale 31), value 113: 0.25 * 31 * 113
   EXPECT_EQ(out_xs[96 + 16], 0.0f);  // sub-block 3 (scale 0)
+}
+
+// IQ2_XXS with d = 0.5: sub-block j's groups on grid points 37 j + 11 l (l the group), scale code
+// j, and sign indices 9 j + 5 l + 1, whose 8th sign is the parity of the 7 given. Element i of
+// group l is d * (0.5 + j) / 4 * (byte i of the grid point) * sign i.
+TEST(DequantizeIQ2_XXS, HandBuiltBlock) {
+  BlockIQ2_XXS block;
+  block.d = 0x3800;  // 0.5
+  for (int j = 0; j < 8; ++j) {
+    uint32_t a0 = 0, a1 = static_cast<uint32_t>(j) << 28;
+    for (int l = 0; l < 4; ++l) {
+      a0 |= static_cast<uint32_t>((37 * j + 11 * l) % 256) << (8 * l);
+      a1 |= static_cast<uint32_t>(9 * j + 5 * l + 1) << (7 * l);
+    }
+    std::memcpy(block.qs + 4 * j, &a0, 4);
+    std::memcpy(block.qs + 4 * j + 2, &a1, 4);
+  }
+  float out[256];
+  DequantizeRow(GgmlType::kIQ2_XXS, &block, out, 256);
+  for (int e = 0; e < 256; ++e) {
+    const int j = e / 32, l = (e % 32) / 8, i = e % 8;
+    const int grid = static_cast<int>((kIQ2_XXSGrid[(37 * j + 11 * l) % 256] >> (8 * i)) & 0xFF);
+    const int signs7 = 9 * j + 5 * l + 1;
+    int parity = 0;
+    for (int b = 0; b < 7; ++b) parity ^= (signs7 >> b) & 1;
+    const bool negative = i < 7 ? (signs7 >> i) & 1 : parity;
+    EXPECT_EQ(out[e], 0.5f * (0.5f + j) * 0.25f * grid * (negative ? -1.0f : 1.0f)) << e;
+  }
+  // Element 0: grid point 0 (all codes 8), sign index 1 (element 0 negative): -0.5 * 0.5 / 4 * 8.
+  EXPECT_EQ(out[0], -0.5f);
+  // Element 7 of group 0: sign index 1 has one negative, so the 8th sign (parity) is negative too.
+  EXPECT_LT(out[7], 0.0f);
 }
 
 // Q4_K with scales sc = {1, 2, 3, 63, 17, 33, 48, 63} and mins m = {0, 5, 40, 63, 9, 20, 36, 62},

@@ -22,7 +22,8 @@ namespace {
 constexpr GgmlType kWeightTypes[] = {
     GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ4_0, GgmlType::kQ4_1,
     GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ2_K, GgmlType::kQ3_K,
-    GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS};
+    GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS,
+    GgmlType::kIQ2_XXS};
 constexpr int64_t kSizes[] = {1, 7, 16, 33, 32, 64, 96, 160, 256, 512, 768, 1024, 2048, 4096};
 constexpr int64_t kRows = 11;  // groups of 8, 4 and 2 rows, and single rows
 
@@ -378,6 +379,18 @@ TEST(VecDot, ExtremeQuantsAreExact) {
     ExpectNearDequantizedDot(GgmlType::kIQ4_XS, &w);
   }
   {
+    // IQ2_XXS: the last grid point (the largest codes) in every group, scale code 15, signs of
+    // sign index 127 (all negative) and 85 in turn.
+    BlockIQ2_XXS w{};
+    w.d = 0x3C00;
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t a0 = 0xFFFFFFFF, a1 = 15u << 28 | (j % 2 ? 127u * 0x204081 : 85u * 0x204081);
+      std::memcpy(w.qs + 4 * j, &a0, 4);
+      std::memcpy(w.qs + 4 * j + 2, &a1, 4);
+    }
+    ExpectNearDequantizedDot(GgmlType::kIQ2_XXS, &w);
+  }
+  {
     // IQ4_NL: every code 0 (-127) or 15 (113) against activations of +-127; the exact integer
     // result stays below 2^24, so f32 reproduces it.
     std::vector<BlockIQ4_NL> w(8);
@@ -437,6 +450,7 @@ TEST(ActivationType, PairsAsGgml) {
   EXPECT_EQ(ActivationTypeFor(GgmlType::kQ5_0), GgmlType::kQ8_0);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kIQ4_NL), GgmlType::kQ8_0);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kIQ4_XS), GgmlType::kQ8_K);
+  EXPECT_EQ(ActivationTypeFor(GgmlType::kIQ2_XXS), GgmlType::kQ8_K);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kQ4_1), GgmlType::kQ8_1);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kQ5_1), GgmlType::kQ8_1);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kQ2_K), GgmlType::kQ8_K);
