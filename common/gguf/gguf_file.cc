@@ -320,10 +320,10 @@ absl::Status GgufParser::Parse(GgufFile& file) {
     }
     ASSIGN_OR_RETURN(const uint64_t type, ReadUint(4, "tensor type"));
     const std::optional<GgmlTypeTraits> traits = FindGgmlType(static_cast<uint32_t>(type));
-    if (!traits || type == static_cast<uint64_t>(GgmlType::kQ8_K))
-      return absl::InvalidArgumentError(absl::StrCat(
-          "GGUF tensor '", t.name, "' has tensor type ", type,
-          ", which mer does not support (supported: f32, f16, bf16, q8_0, q4_k, q6_k)"));
+    if (!traits || !traits->weight)
+      return absl::InvalidArgumentError(
+          absl::StrCat("GGUF tensor '", t.name, "' has tensor type ", type,
+                       ", which mer does not support (supported: ", WeightTypeNames(), ")"));
     t.type = static_cast<GgmlType>(type);
     if (t.shape[0] % traits->block_elements != 0)
       return absl::InvalidArgumentError(

@@ -133,15 +133,117 @@ absl::Status WriteTensor(GgufWriter& writer, const SynthTensor& plan, int thread
   return absl::OkStatus();
 }
 
-uint32_t FileType(SynthQuant q) {  // llama_ftype numbering
-  switch (q) {
-    case SynthQuant::kF32: return 0;
-    case SynthQuant::kF16: return 1;
-    case SynthQuant::kQ8_0: return 7;
-    case SynthQuant::kQ4_K: return 15;  // Q4_K_M
-    case SynthQuant::kBF16: return 32;
+struct QuantName {
+  SynthQuant quant;
+  const char* name;
+  uint32_t file_type;  // llama_ftype numbering, written as general.file_type
+};
+constexpr QuantName kQuantNames[] = {
+    {SynthQuant::kF32, "f32", 0},    {SynthQuant::kF16, "f16", 1},
+    {SynthQuant::kBF16, "bf16", 32}, {SynthQuant::kQ8_0, "q8_0", 7},
+    {SynthQuant::kQ4_K, "q4_k", 15},  // Q4_K_M
+    {SynthQuant::kQ5_K, "q5_k", 16},  // Q5_K_S
+    {SynthQuant::kQ3_K, "q3_k", 11},  // Q3_K_S
+    {SynthQuant::kQ2_K, "q2_k", 10},  // Q2_K
+    {SynthQuant::kQ4_0, "q4_0", 2},  {SynthQuant::kQ4_1, "q4_1", 3},
+    {SynthQuant::kQ5_0, "q5_0", 8},  {SynthQuant::kQ5_1, "q5_1", 9},
+    {SynthQuant::kQ3_K_M, "q3_k_m", 12}, {SynthQuant::kQ4_K_M, "q4_k_m", 15},
+    {SynthQuant::kQ5_K_M, "q5_k_m", 17},
+    {SynthQuant::kIQ4_NL, "iq4_nl", 25}, {SynthQuant::kIQ4_XS, "iq4_xs", 30},
+    {SynthQuant::kIQ2_XXS, "iq2_xxs", 19},
+};
+
+const QuantName& NameOf(SynthQuant q) {
+  for (const QuantName& n : kQuantNames) {
+    if (n.quant == q) return n;
   }
-  return 0;
+  return kQuantNames[0];
+}
+
+// The type llama.cpp's quantizer puts a matrix in when its rows are not whole blocks of the
+// type it chose (llama-quant.cpp, tensor_type_fallback); F16 where that does not fit either.
+GgmlType Fallback(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ2_K:
+    case GgmlType::kQ3_K:
+      return GgmlType::kQ4_0;
+    case GgmlType::kQ4_K:
+      return GgmlType::kQ5_0;
+    case GgmlType::kQ5_K:
+      return GgmlType::kQ5_1;
+    case GgmlType::kQ6_K:
+      return GgmlType::kQ8_0;
+    case GgmlType::kIQ4_XS:
+    case GgmlType::kIQ2_XXS:
+      return GgmlType::kIQ4_NL;
+    default:
+      return type;
+  }
+}
+
+// llama.cpp's use_more_bits: the first and last eighth of the layers and every third between.
+bool UseMoreBits(int layer, int n_layer) {
+  return layer < n_layer / 8 || layer >= 7 * n_layer / 8 || (layer - n_layer / 8) % 3 == 2;
+}
+
+// The types llama.cpp's quantizer gives a qwen3moe model's matrices under its Q3_K_M, Q4_K_M and
+// Q5_K_M recipes (llama-quant.cpp, llama_tensor_get_type_impl, without an importance matrix),
+// before the fallback for rows that are not whole blocks.
+GgmlType RecipeType(SynthQuant quant, SynthMatrix matrix, int layer, const SynthGeometry& g,
+                    int64_t cols) {
+  const GgmlType base = quant == SynthQuant::kQ3_K_M   ? GgmlType::kQ3_K
+                        : quant == SynthQuant::kQ4_K_M ? GgmlType::kQ4_K
+                                                       : GgmlType::kQ5_K;
+  const bool eight_experts = g.n_expert == 8;
+  switch (matrix) {
+    case SynthMatrix::kOutput:
+      return IsRowSizeValid(base, cols) ? GgmlType::kQ6_K : GgmlType::kQ8_0;
+    case SynthMatrix::kAttnV:
+      if (eight_experts) return GgmlType::kQ8_0;
+      if (quant == SynthQuant::kQ3_K_M) return layer < 2 ? GgmlType::kQ5_K : GgmlType::kQ4_K;
+      return UseMoreBits(layer, g.n_layer) ? GgmlType::kQ6_K : base;
+    case SynthMatrix::kAttnK:
+      return eight_experts ? GgmlType::kQ8_0 : base;
+    case SynthMatrix::kAttnOutput:
+      if (eight_experts) return quant == SynthQuant::kQ5_K_M ? base : GgmlType::kQ5_K;
+      return quant == SynthQuant::kQ3_K_M ? GgmlType::kQ4_K : base;
+    case SynthMatrix::kDownExps:
+      if (quant == SynthQuant::kQ3_K_M)
+        return layer < g.n_layer / 16 ? GgmlType::kQ5_K : GgmlType::kQ4_K;
+      return UseMoreBits(layer, g.n_layer) ? GgmlType::kQ6_K : base;
+    case SynthMatrix::kTokenEmbd:
+    case SynthMatrix::kAttnQ:
+    case SynthMatrix::kGateExps:
+    case SynthMatrix::kUpExps:
+      return base;
+  }
+  return base;
+}
+
+// The single tensor type of `quant` where it has one.
+std::optional<GgmlType> SingleType(SynthQuant quant) {
+  switch (quant) {
+    case SynthQuant::kF32: return GgmlType::kF32;
+    case SynthQuant::kF16: return GgmlType::kF16;
+    case SynthQuant::kBF16: return GgmlType::kBF16;
+    case SynthQuant::kQ8_0: return GgmlType::kQ8_0;
+    case SynthQuant::kQ5_K: return GgmlType::kQ5_K;
+    case SynthQuant::kQ3_K: return GgmlType::kQ3_K;
+    case SynthQuant::kQ2_K: return GgmlType::kQ2_K;
+    case SynthQuant::kQ4_0: return GgmlType::kQ4_0;
+    case SynthQuant::kQ4_1: return GgmlType::kQ4_1;
+    case SynthQuant::kQ5_0: return GgmlType::kQ5_0;
+    case SynthQuant::kQ5_1: return GgmlType::kQ5_1;
+    case SynthQuant::kIQ4_NL: return GgmlType::kIQ4_NL;
+    case SynthQuant::kIQ4_XS: return GgmlType::kIQ4_XS;
+    case SynthQuant::kIQ2_XXS: return GgmlType::kIQ2_XXS;
+    case SynthQuant::kQ4_K:
+    case SynthQuant::kQ3_K_M:
+    case SynthQuant::kQ4_K_M:
+    case SynthQuant::kQ5_K_M:
+      break;
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -208,25 +310,36 @@ SynthGeometry RandomSynthGeometry(uint64_t seed) {
 }
 
 std::optional<SynthQuant> ParseSynthQuant(const std::string& name) {
-  if (name == "f32") return SynthQuant::kF32;
-  if (name == "f16") return SynthQuant::kF16;
-  if (name == "bf16") return SynthQuant::kBF16;
-  if (name == "q8_0") return SynthQuant::kQ8_0;
-  if (name == "q4_k") return SynthQuant::kQ4_K;
+  for (const QuantName& n : kQuantNames) {
+    if (name == n.name) return n.quant;
+  }
   return std::nullopt;
 }
 
-GgmlType SynthTensorType(SynthQuant quant, int64_t cols, bool use_more_bits) {
-  switch (quant) {
-    case SynthQuant::kF32: return GgmlType::kF32;
-    case SynthQuant::kF16: return GgmlType::kF16;
-    case SynthQuant::kBF16: return GgmlType::kBF16;
-    case SynthQuant::kQ8_0: return GgmlType::kQ8_0;
-    case SynthQuant::kQ4_K:
-      if (cols % 256 != 0) return GgmlType::kQ8_0;
-      return use_more_bits ? GgmlType::kQ6_K : GgmlType::kQ4_K;
+std::string SynthQuantNames() {
+  std::string s;
+  for (const QuantName& n : kQuantNames) absl::StrAppend(&s, s.empty() ? "" : ",", n.name);
+  return s;
+}
+
+GgmlType SynthTensorType(SynthQuant quant, SynthMatrix matrix, int layer, const SynthGeometry& g) {
+  const int64_t cols = matrix == SynthMatrix::kAttnOutput ? int64_t{g.n_head} * g.head_dim
+                       : matrix == SynthMatrix::kDownExps ? g.n_ff_exp
+                                                          : g.n_embd;
+  if (quant == SynthQuant::kQ4_K) {
+    // q6_k for the LM head and for attn_v and ffn_down of every other layer; q8_0 where the row
+    // is not whole blocks.
+    const bool more_bits = matrix == SynthMatrix::kOutput ||
+                           ((matrix == SynthMatrix::kAttnV || matrix == SynthMatrix::kDownExps) &&
+                            layer % 2 == 0);
+    const GgmlType type = more_bits ? GgmlType::kQ6_K : GgmlType::kQ4_K;
+    return IsRowSizeValid(type, cols) ? type : GgmlType::kQ8_0;
   }
-  return GgmlType::kF32;
+  const std::optional<GgmlType> single = SingleType(quant);
+  const GgmlType type = single ? *single : RecipeType(quant, matrix, layer, g, cols);
+  if (IsRowSizeValid(type, cols)) return type;
+  const GgmlType fallback = Fallback(type);
+  return IsRowSizeValid(fallback, cols) ? fallback : GgmlType::kF16;
 }
 
 void SynthRows(const SynthTensor& t, int64_t row0, int64_t rows, float* scratch, uint8_t* out) {
@@ -254,7 +367,7 @@ absl::StatusOr<std::vector<SynthTensor>> PlanSynthModel(const SynthOptions& opti
 
   w.AddString("general.architecture", "qwen3moe");
   w.AddString("general.name", "mer synthetic qwen3moe");
-  w.AddUint32("general.file_type", FileType(options.quant));
+  w.AddUint32("general.file_type", NameOf(options.quant).file_type);
   w.AddUint64("mer.synth.seed", seed);
   w.AddFloat32("mer.synth.router_skew", static_cast<float>(options.router_skew));
   w.AddUint32("qwen3moe.context_length", g.n_ctx);
@@ -341,13 +454,13 @@ absl::StatusOr<std::vector<SynthTensor>> PlanSynthModel(const SynthOptions& opti
                        std::copy(weights.begin(), weights.end(), out);
                      }});
   };
-  const auto type_for = [&](int64_t cols, bool more_bits) {
-    return SynthTensorType(options.quant, cols, more_bits);
+  const auto type_for = [&](SynthMatrix matrix, int layer) {
+    return SynthTensorType(options.quant, matrix, layer, g);
   };
 
   {
     const uint64_t h = HashName("token_embd.weight", seed);
-    plans.push_back({"token_embd.weight", type_for(n_embd, false), {n_embd, g.n_vocab},
+    plans.push_back({"token_embd.weight", type_for(SynthMatrix::kTokenEmbd, -1), {n_embd, g.n_vocab},
                      [h, n_embd, skewed, c_embd, c_hat](int64_t row, float* out) {
                        Rng rng{h ^ (static_cast<uint64_t>(row) * 0xd1342543de82ef95ull)};
                        FillNoise(rng, 1.0f, out, n_embd);
@@ -357,15 +470,14 @@ absl::StatusOr<std::vector<SynthTensor>> PlanSynthModel(const SynthOptions& opti
   }
   for (int il = 0; il < g.n_layer; ++il) {
     const std::string b = absl::StrCat("blk.", il, ".");
-    const bool more_bits = il % 2 == 0;  // Q4_K_M gives half the layers' attn_v and ffn_down q6_k
     const float* attn_blind = direction_after(b + "attn_norm.weight");
     const float* ffn_blind = direction_after(b + "ffn_norm.weight");
     norm_vector(b + "attn_norm.weight", n_embd);
-    noise_matrix(b + "attn_q.weight", type_for(n_embd, false), {n_embd, q_dim}, 1.0f / std::sqrt(float(n_embd)));
-    noise_matrix(b + "attn_k.weight", type_for(n_embd, false), {n_embd, kv_dim}, 1.0f / std::sqrt(float(n_embd)));
-    noise_matrix(b + "attn_v.weight", type_for(n_embd, more_bits), {n_embd, kv_dim}, 1.0f / std::sqrt(float(n_embd)),
+    noise_matrix(b + "attn_q.weight", type_for(SynthMatrix::kAttnQ, il), {n_embd, q_dim}, 1.0f / std::sqrt(float(n_embd)));
+    noise_matrix(b + "attn_k.weight", type_for(SynthMatrix::kAttnK, il), {n_embd, kv_dim}, 1.0f / std::sqrt(float(n_embd)));
+    noise_matrix(b + "attn_v.weight", type_for(SynthMatrix::kAttnV, il), {n_embd, kv_dim}, 1.0f / std::sqrt(float(n_embd)),
                  attn_blind);
-    noise_matrix(b + "attn_output.weight", type_for(q_dim, false), {q_dim, n_embd},
+    noise_matrix(b + "attn_output.weight", type_for(SynthMatrix::kAttnOutput, il), {q_dim, n_embd},
                  attn_out_scale / std::sqrt(float(q_dim)));
     norm_vector(b + "attn_q_norm.weight", g.head_dim);
     norm_vector(b + "attn_k_norm.weight", g.head_dim);
@@ -394,16 +506,16 @@ absl::StatusOr<std::vector<SynthTensor>> PlanSynthModel(const SynthOptions& opti
                          }
                        }});
     }
-    noise_matrix(b + "ffn_gate_exps.weight", type_for(n_embd, false), {n_embd, g.n_ff_exp, g.n_expert},
+    noise_matrix(b + "ffn_gate_exps.weight", type_for(SynthMatrix::kGateExps, il), {n_embd, g.n_ff_exp, g.n_expert},
                  1.0f / std::sqrt(float(n_embd)), ffn_blind);
-    noise_matrix(b + "ffn_up_exps.weight", type_for(n_embd, false), {n_embd, g.n_ff_exp, g.n_expert},
+    noise_matrix(b + "ffn_up_exps.weight", type_for(SynthMatrix::kUpExps, il), {n_embd, g.n_ff_exp, g.n_expert},
                  1.0f / std::sqrt(float(n_embd)), ffn_blind);
-    noise_matrix(b + "ffn_down_exps.weight", type_for(g.n_ff_exp, more_bits), {g.n_ff_exp, n_embd, g.n_expert},
+    noise_matrix(b + "ffn_down_exps.weight", type_for(SynthMatrix::kDownExps, il), {g.n_ff_exp, n_embd, g.n_expert},
                  1.0f / std::sqrt(float(g.n_ff_exp)));
   }
   const float* output_blind = direction_after("output_norm.weight");
   norm_vector("output_norm.weight", n_embd);
-  noise_matrix("output.weight", type_for(n_embd, true), {n_embd, g.n_vocab}, 2.0f / std::sqrt(float(n_embd)),
+  noise_matrix("output.weight", type_for(SynthMatrix::kOutput, -1), {n_embd, g.n_vocab}, 2.0f / std::sqrt(float(n_embd)),
                output_blind);
 
   return plans;

@@ -55,8 +55,17 @@ std::optional<SynthGeometry> SynthPreset(const std::string& name);
 // always a multiple of 16; top-1 to top-8; vocabularies of 300-4000; contexts of 128-1024.
 SynthGeometry RandomSynthGeometry(uint64_t seed);
 
-enum class SynthQuant { kF32, kF16, kBF16, kQ8_0, kQ4_K };
+// The tensor types of a synthetic model (`mer synth --quant`; docs/quant.md lists them). Norms and
+// the router are F32 in every one. The single types put every other matrix in that type;
+// kQ3_K_M, kQ4_K_M and kQ5_K_M are llama.cpp's recipes of those names for qwen3moe; kQ4_K is a
+// simpler Q4_K_M-like mix (q6_k for output and for attn_v and ffn_down of the even layers).
+enum class SynthQuant {
+  kF32, kF16, kBF16, kQ8_0, kQ4_K, kQ5_K, kQ3_K, kQ2_K, kQ4_0, kQ4_1, kQ5_0, kQ5_1,
+  kQ3_K_M, kQ4_K_M, kQ5_K_M, kIQ4_NL, kIQ4_XS, kIQ2_XXS,
+};
 std::optional<SynthQuant> ParseSynthQuant(const std::string& name);  // "f32", "q4_k", ...
+// The names ParseSynthQuant takes, comma-separated.
+std::string SynthQuantNames();
 
 struct SynthOptions {
   SynthGeometry geometry;
@@ -72,10 +81,15 @@ struct SynthOptions {
   std::string eos_token = "<|endoftext|>";
 };
 
-// The tensor type a weight of row length `cols` gets under `quant` (K-quants fall back to q8_0
-// when the row is not a multiple of 256, as llama.cpp's quantizer does). `role` picks the Q4_K_M
-// style mix: "output" and the `mixed` tensors get q6_k under kQ4_K.
-GgmlType SynthTensorType(SynthQuant quant, int64_t cols, bool use_more_bits);
+// The matrices of a model whose type a SynthQuant chooses.
+enum class SynthMatrix { kTokenEmbd, kAttnQ, kAttnK, kAttnV, kAttnOutput, kGateExps, kUpExps, kDownExps, kOutput };
+
+// The tensor type of `matrix` (of layer `layer`, where it has one) under `quant` in a model of
+// geometry `g`. Where the chosen type's block does not divide the row length, kQ4_K falls back
+// to q8_0 and the others as llama.cpp's quantizer does (q2_k, q3_k -> q4_0, q4_k -> q5_0,
+// q5_k -> q5_1, q6_k -> q8_0, iq4_xs, iq2_xxs -> iq4_nl; f16 where that does not divide it
+// either).
+GgmlType SynthTensorType(SynthQuant quant, SynthMatrix matrix, int layer, const SynthGeometry& g);
 
 // Writes the model to `path`. Validates the geometry first (InvalidArgument naming the field).
 absl::Status WriteSynthModel(const SynthOptions& options, const std::string& path);

@@ -8,7 +8,13 @@
 #include "common/base/check.h"
 #include "common/base/status.h"
 #include "common/quant/float_dot.h"
+#include "common/quant/iq2.h"
+#include "common/quant/iq4.h"
+#include "common/quant/legacy.h"
+#include "common/quant/q2_k.h"
+#include "common/quant/q3_k.h"
 #include "common/quant/q4_k.h"
+#include "common/quant/q5_k.h"
 #include "common/quant/q6_k.h"
 #include "common/quant/q8_0.h"
 #include "common/quant/row_kernels.h"
@@ -129,14 +135,38 @@ KernelVariant ActiveKernelVariant() {
 
 namespace quant_internal {
 
+// The SIMD variants' kernels of namespace NS, then the scalar references.
+#define MER_SIMD_ROW_KERNELS(NS)                                                         \
+  {                                                                                      \
+      .f32 = NS::F32Rows, .f16 = NS::F16Rows,   .bf16 = NS::BF16Rows, .q8_0 = NS::Q8_0Rows, \
+      .q4_0 = NS::Q4_0Rows, .q4_1 = NS::Q4_1Rows, .q5_0 = NS::Q5_0Rows,                  \
+      .q5_1 = NS::Q5_1Rows,                                                              \
+      .q2_k = NS::Q2_KRows, .q3_k = NS::Q3_KRows, .q4_k = NS::Q4_KRows,                  \
+      .q5_k = NS::Q5_KRows, .q6_k = NS::Q6_KRows, .iq4_nl = NS::IQ4_NLRows,              \
+      .iq4_xs = NS::IQ4_XSRows, .iq2_xxs = NS::IQ2_XXSRows,                              \
+  }
+
 const RowKernels& RowKernelsOf(KernelVariant v) {
-  static constexpr RowKernels kAvx512 = {avx512::F32Rows,  avx512::F16Rows,  avx512::BF16Rows,
-                                         avx512::Q8_0Rows, avx512::Q4_KRows, avx512::Q6_KRows};
-  static constexpr RowKernels kAvx2 = {avx2::F32Rows,  avx2::F16Rows,  avx2::BF16Rows,
-                                       avx2::Q8_0Rows, avx2::Q4_KRows, avx2::Q6_KRows};
-  static constexpr RowKernels kScalar = {VecDotRowsF32Scalar,  VecDotRowsF16Scalar,
-                                         VecDotRowsBF16Scalar, VecDotRowsQ8_0Scalar,
-                                         VecDotRowsQ4_KScalar, VecDotRowsQ6_KScalar};
+  static constexpr RowKernels kAvx512 = MER_SIMD_ROW_KERNELS(avx512);
+  static constexpr RowKernels kAvx2 = MER_SIMD_ROW_KERNELS(avx2);
+  static constexpr RowKernels kScalar = {
+      .f32 = VecDotRowsF32Scalar,
+      .f16 = VecDotRowsF16Scalar,
+      .bf16 = VecDotRowsBF16Scalar,
+      .q8_0 = VecDotRowsQ8_0Scalar,
+      .q4_0 = VecDotRowsQ4_0Scalar,
+      .q4_1 = VecDotRowsQ4_1Scalar,
+      .q5_0 = VecDotRowsQ5_0Scalar,
+      .q5_1 = VecDotRowsQ5_1Scalar,
+      .q2_k = VecDotRowsQ2_KScalar,
+      .q3_k = VecDotRowsQ3_KScalar,
+      .q4_k = VecDotRowsQ4_KScalar,
+      .q5_k = VecDotRowsQ5_KScalar,
+      .q6_k = VecDotRowsQ6_KScalar,
+      .iq4_nl = VecDotRowsIQ4_NLScalar,
+      .iq4_xs = VecDotRowsIQ4_XSScalar,
+      .iq2_xxs = VecDotRowsIQ2_XXSScalar,
+  };
   switch (v) {
     case KernelVariant::kAvx512:
       return kAvx512;
@@ -147,6 +177,8 @@ const RowKernels& RowKernelsOf(KernelVariant v) {
   }
   CHECK_MSG(false, "unknown KernelVariant");
 }
+
+#undef MER_SIMD_ROW_KERNELS
 
 const RowKernels& ActiveRowKernels() {
   static const RowKernels& active = RowKernelsOf(ActiveKernelVariant());

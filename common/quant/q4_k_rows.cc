@@ -12,22 +12,6 @@
 namespace mer::quant_internal::MER_QUANT_VARIANT {
 namespace {
 
-// The 8 six-bit scales and mins of a Q4_K block as bytes sc[0..7], m[0..7]: the packing of
-// blocks.h undone four bytes at a time, in dword lanes u0, u1, u2 of the scales array:
-//   sc[0..3] = u0 & 0x3f..   sc[4..7] = (u2 & 0x0f..) | ((u0 >> 2) & 0x30..)
-//   m[0..3]  = u1 & 0x3f..   m[4..7]  = ((u2 >> 4) & 0x0f..) | ((u1 >> 2) & 0x30..)
-// The 16-byte load reads 4 bytes of qs after the 12 scale bytes, inside the block.
-inline __m128i DecodeScalesMins(const uint8_t* scales) {
-  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales));
-  const __m128i low_bits = _mm_and_si128(
-      _mm_srlv_epi32(_mm_shuffle_epi32(x, _MM_SHUFFLE(2, 1, 2, 0)), _mm_setr_epi32(0, 0, 0, 4)),
-      _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
-  const __m128i high_bits =
-      _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(x, _MM_SHUFFLE(1, 1, 0, 0)), 2),
-                    _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
-  return _mm_or_si128(low_bits, high_bits);
-}
-
 // q4 <= 15 and |a| <= 127 keep the int16 pair sums of maddubs far from saturation, and each
 // int32 lane of the scaled block sum stays below 2^22, so its f32 conversion is exact.
 
@@ -154,7 +138,7 @@ void Q4_KRowsKernel(const BlockQ4_K* w, int64_t nb, const BlockQ8_K* a, float* o
     const __m128 da = _mm_set1_ps(ab.d);
     ForEachRow<R>([&](auto r) {
       const BlockQ4_K& wb = w[r * nb + b];
-      const __m128i sm = DecodeScalesMins(wb.scales);
+      const __m128i sm = DecodeQ4_KScalesMins(wb.scales);
       // d and dmin (adjacent f16) times the activation scale: lanes 0 and 1.
       const __m128 dd =
           _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(LoadU32(&wb.d)))), da);

@@ -6,20 +6,17 @@
 
 #include "common/base/check.h"
 #include "common/quant/row_kernels.h"
+#include "common/quant/scale_fit.h"
 
 namespace mer {
 namespace {
 
+using quant_internal::FitSignedScale;
+using quant_internal::NearestInt;
+
 constexpr int kQK = kKBlockSize;
 constexpr int kSub = 16;   // elements per sub-block
 constexpr int kNmax = 32;  // q - 32 in [-32, 31]
-
-inline int NearestInt(float v) {
-  const float biased = v + 12582912.0f;  // 1.5 * 2^23: rounds half to even into the low bits
-  int32_t bits;
-  std::memcpy(&bits, &biased, 4);
-  return (bits & 0x007fffff) - 0x00400000;
-}
 
 // 6-bit code (q in [0, 63]) of element e of a block.
 inline int Q6Code(const BlockQ6_K& x, int e) {
@@ -30,61 +27,12 @@ inline int Q6Code(const BlockQ6_K& x, int e) {
   return low | (high << 4);
 }
 
-// Fits x[i] ~ scale * (L[i] - 32) with L[i] in [0, 63] over one sub-block, weighting by x^2:
-// the largest-magnitude element maps to -32 (the one extra negative level), then 18 trial inverse
-// scales around 32 / max, keeping the least-squares scale of the best. Returns the (signed)
-// scale. (The make_qx_quants search of ggml, rmse_type 1.)
-float FitSignedScale(const float* x, uint8_t* L) {
-  float amax = 0, max = 0;
-  for (int i = 0; i < kSub; ++i) {
-    if (std::fabs(x[i]) > amax) {
-      amax = std::fabs(x[i]);
-      max = x[i];
-    }
-  }
-  if (amax < 1e-15f) {
-    std::fill(L, L + kSub, kNmax);
-    return 0.0f;
-  }
-  auto fit = [&](float iscale, float* sumlx, float* suml2) {
-    *sumlx = *suml2 = 0;
-    for (int i = 0; i < kSub; ++i) {
-      const int l = std::clamp(NearestInt(iscale * x[i]), -kNmax, kNmax - 1);
-      const float w = x[i] * x[i];
-      *sumlx += w * x[i] * l;
-      *suml2 += w * l * l;
-    }
-  };
-  auto assign = [&](float iscale) {
-    for (int i = 0; i < kSub; ++i) {
-      L[i] = static_cast<uint8_t>(kNmax + std::clamp(NearestInt(iscale * x[i]), -kNmax, kNmax - 1));
-    }
-  };
-  float sumlx, suml2;
-  float iscale = -kNmax / max;
-  fit(iscale, &sumlx, &suml2);
-  assign(iscale);
-  float scale = suml2 > 0 ? sumlx / suml2 : 0.0f;
-  float best = scale * sumlx;  // the error reduction of the least-squares scale
-  for (int step = -9; step <= 9; ++step) {
-    if (step == 0) continue;
-    iscale = -(kNmax + 0.1f * step) / max;
-    fit(iscale, &sumlx, &suml2);
-    if (suml2 > 0 && sumlx * sumlx > best * suml2) {
-      assign(iscale);
-      scale = sumlx / suml2;
-      best = scale * sumlx;
-    }
-  }
-  return scale;
-}
-
 void QuantizeBlock(const float* x, BlockQ6_K* y) {
   uint8_t L[kQK];
   float scales[kQK / kSub];
   float max_scale = 0, max_abs_scale = 0;
   for (int j = 0; j < kQK / kSub; ++j) {
-    scales[j] = FitSignedScale(x + kSub * j, L + kSub * j);
+    scales[j] = FitSignedScale(x + kSub * j, kSub, kNmax, L + kSub * j);
     if (std::fabs(scales[j]) > max_abs_scale) {
       max_abs_scale = std::fabs(scales[j]);
       max_scale = scales[j];

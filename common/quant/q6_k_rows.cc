@@ -8,23 +8,6 @@
 namespace mer::quant_internal::MER_QUANT_VARIANT {
 namespace {
 
-// pshufb masks: for the k-th 32-element group of a half block, int16 lane 2k (the scale of its
-// first 16 elements) into every int16 of the low 128 bits and lane 2k + 1 into the high 128 bits.
-struct ScaleShuffles {
-  alignas(32) uint8_t bytes[4][32];
-};
-constexpr ScaleShuffles MakeScaleShuffles() {
-  ScaleShuffles t{};
-  for (int k = 0; k < 4; ++k) {
-    for (int i = 0; i < 32; ++i) {
-      const int lane = i < 16 ? 2 * k : 2 * k + 1;
-      t.bytes[k][i] = static_cast<uint8_t>(2 * lane + i % 2);
-    }
-  }
-  return t;
-}
-constexpr ScaleShuffles kScaleShuffles = MakeScaleShuffles();
-
 // R weight rows against one activation row; per row one f32 accumulator, updated identically
 // for every R.
 template <int R>
@@ -34,7 +17,7 @@ void Q6_KRowsKernel(const BlockQ6_K* w, int64_t nb, const BlockQ8_K* a, float* o
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   __m256i shuffles[4];
   for (int k = 0; k < 4; ++k)
-    shuffles[k] = _mm256_load_si256(reinterpret_cast<const __m256i*>(kScaleShuffles.bytes[k]));
+    shuffles[k] = _mm256_load_si256(reinterpret_cast<const __m256i*>(kRunScaleShuffles.bytes[k]));
   for (int64_t b = 0; b < nb; ++b) {
     // Every cache line a block may touch.
     PrefetchRows<R>(w, nb * sizeof(BlockQ6_K), b * sizeof(BlockQ6_K), 4);

@@ -1,5 +1,6 @@
 // Q8_0 rows (n a multiple of 32): 32 int8 quants per block with one f16 scale.
-// Q8_0 weights are dotted with Q8_0 activations, as in ggml.
+// Q8_0 weights are dotted with Q8_0 activations, as in ggml. Q8_1, the same with the quants' sum
+// times d, is the activation format of Q4_1 and Q5_1.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,11 @@ void QuantizeRowQ8_0(const float* src, BlockQ8_0* dst, int64_t n);
 // id = 1 / d from the f32 d, q = roundf(x * id) (half away from zero).
 void QuantizeRowQ8_0Reference(const float* src, BlockQ8_0* dst, int64_t n);
 void DequantizeRowQ8_0(const BlockQ8_0* src, float* dst, int64_t n);
+
+// QuantizeRowQ8_0's quants and d, and s = d * (sum of the quants) with d in f32 before its
+// rounding to f16: ggml's AVX2 quantize_row_q8_1, bit for bit.
+void QuantizeRowQ8_1(const float* src, BlockQ8_1* dst, int64_t n);
+void DequantizeRowQ8_1(const BlockQ8_1* src, float* dst, int64_t n);
 
 // out[r] = dot(weight row r, a): per block, the exact int32 sum of products times
 // f16(d_w) * f16(d_a), summed in f32. out[r] does not depend on n_rows. Weight quants may be any

@@ -123,4 +123,36 @@ inline __m256i DotI16(__m256i acc, __m256i a, __m256i b) {
 #endif
 }
 
+// pshufb masks for K-quants with 16-element sub-blocks, over 8 int16 scales present in both
+// 128-bit lanes: for the k-th run of 32 elements (k in [0, 4)), int16 2k (the scale of the run's
+// first 16 elements) into every int16 of the low lane and 2k + 1 into every int16 of the high
+// lane.
+struct RunScaleShuffles {
+  alignas(32) uint8_t bytes[4][32];
+};
+constexpr RunScaleShuffles MakeRunScaleShuffles() {
+  RunScaleShuffles t{};
+  for (int k = 0; k < 4; ++k) {
+    for (int i = 0; i < 32; ++i) t.bytes[k][i] = static_cast<uint8_t>(2 * (2 * k + i / 16) + i % 2);
+  }
+  return t;
+}
+inline constexpr RunScaleShuffles kRunScaleShuffles = MakeRunScaleShuffles();
+
+// The 8 six-bit scales and mins of a Q4_K or Q5_K block as bytes sc[0..7], m[0..7]: the packing
+// of blocks.h undone four bytes at a time, in dword lanes u0, u1, u2 of the scales array:
+//   sc[0..3] = u0 & 0x3f..   sc[4..7] = (u2 & 0x0f..) | ((u0 >> 2) & 0x30..)
+//   m[0..3]  = u1 & 0x3f..   m[4..7]  = ((u2 >> 4) & 0x0f..) | ((u1 >> 2) & 0x30..)
+// The 16-byte load reads the 4 bytes after the 12 scale bytes, inside the block in both formats.
+inline __m128i DecodeQ4_KScalesMins(const uint8_t* scales) {
+  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales));
+  const __m128i low_bits = _mm_and_si128(
+      _mm_srlv_epi32(_mm_shuffle_epi32(x, _MM_SHUFFLE(2, 1, 2, 0)), _mm_setr_epi32(0, 0, 0, 4)),
+      _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+  const __m128i high_bits =
+      _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(x, _MM_SHUFFLE(1, 1, 0, 0)), 2),
+                    _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+  return _mm_or_si128(low_bits, high_bits);
+}
+
 }  // namespace mer::quant_internal::MER_QUANT_VARIANT

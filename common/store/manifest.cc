@@ -63,13 +63,8 @@ uint32_t HeaderCrc(const uint8_t* header) {
 }
 
 bool IsWeightType(uint32_t t) {
-  switch (static_cast<GgmlType>(t)) {
-    case GgmlType::kF32: case GgmlType::kF16: case GgmlType::kBF16:
-    case GgmlType::kQ8_0: case GgmlType::kQ4_K: case GgmlType::kQ6_K:
-      return FindGgmlType(t).has_value();
-    default:
-      return false;
-  }
+  const std::optional<GgmlTypeTraits> traits = FindGgmlType(t);
+  return traits.has_value() && traits->weight;
 }
 
 absl::Status Invalid(absl::string_view what) {

@@ -10,13 +10,26 @@ struct Entry {
   GgmlTypeTraits traits;
 };
 
-// Block layouts: Q8_0 = f16 d + 32 x i8; Q4_K = f16 d, f16 dmin, 12 B scales, 128 B nibbles;
-// Q6_K = 128 B low nibbles, 64 B high bits, 16 x i8 scales, f16 d; Q8_K = f32 d, 256 x i8, 16 x i16 sums.
+// Block layouts: common/quant/blocks.h.
 constexpr Entry kTypes[] = {
-    {GgmlType::kF32, {"f32", 1, 4}},         {GgmlType::kF16, {"f16", 1, 2}},
-    {GgmlType::kQ8_0, {"q8_0", 32, 34}},     {GgmlType::kQ4_K, {"q4_k", 256, 144}},
-    {GgmlType::kQ6_K, {"q6_k", 256, 210}},   {GgmlType::kQ8_K, {"q8_k", 256, 292}},
-    {GgmlType::kBF16, {"bf16", 1, 2}},
+    {GgmlType::kF32, {"f32", 1, 4, true}},
+    {GgmlType::kF16, {"f16", 1, 2, true}},
+    {GgmlType::kQ4_0, {"q4_0", 32, 18, true}},
+    {GgmlType::kQ4_1, {"q4_1", 32, 20, true}},
+    {GgmlType::kQ5_0, {"q5_0", 32, 22, true}},
+    {GgmlType::kQ5_1, {"q5_1", 32, 24, true}},
+    {GgmlType::kQ8_0, {"q8_0", 32, 34, true}},
+    {GgmlType::kQ8_1, {"q8_1", 32, 36, false}},
+    {GgmlType::kQ2_K, {"q2_k", 256, 84, true}},
+    {GgmlType::kQ3_K, {"q3_k", 256, 110, true}},
+    {GgmlType::kQ4_K, {"q4_k", 256, 144, true}},
+    {GgmlType::kQ5_K, {"q5_k", 256, 176, true}},
+    {GgmlType::kQ6_K, {"q6_k", 256, 210, true}},
+    {GgmlType::kQ8_K, {"q8_k", 256, 292, false}},
+    {GgmlType::kIQ2_XXS, {"iq2_xxs", 256, 66, true}},
+    {GgmlType::kIQ4_NL, {"iq4_nl", 32, 18, true}},
+    {GgmlType::kIQ4_XS, {"iq4_xs", 256, 136, true}},
+    {GgmlType::kBF16, {"bf16", 1, 2, true}},
 };
 
 }  // namespace
@@ -40,6 +53,19 @@ std::optional<GgmlType> ParseGgmlTypeName(absl::string_view name) {
     if (e.traits.name == name) return e.type;
   }
   return std::nullopt;
+}
+
+const std::string& WeightTypeNames() {
+  static const std::string names = [] {
+    std::string s;
+    for (const Entry& e : kTypes) {
+      if (!e.traits.weight) continue;
+      if (!s.empty()) s += ", ";
+      s += std::string(e.traits.name);
+    }
+    return s;
+  }();
+  return names;
 }
 
 int64_t RowBytes(GgmlType type, int64_t n) {

@@ -17,14 +17,19 @@ namespace {
 constexpr char kHelp[] = R"(usage: mer synth --preset {micro,tiny,small,qwen3-30b-a3b,qwen3-235b-a22b,random:SEED}
                  [--layers N --embd N --experts N --experts-used N --ff-exp N --heads N
                   --kv-heads N --head-dim N --vocab N --ctx N]
-                 --quant {f32,f16,bf16,q8_0,q4_k} [--seed S] [--router-skew X]
+                 --quant TYPE [--seed S] [--router-skew X]
                  [--no-norm-topk] [--threads N] [--chat-template qwen3 | --chat-template-file F]
                  [--eos-token TEXT] (--out FILE.gguf | --store-out STORE_DIR [--force] [--no-direct])
 
 Writes a valid qwen3moe GGUF file with deterministic pseudo-random weights. The preset gives the
 geometry, the other flags override parts of it; random:SEED is a small geometry drawn from SEED
 (1-4 layers, widths not always multiples of 64, 2-128 experts, top-1 to top-8, GQA 1-8, contexts
-of 128-1024), for testing on shapes nobody tuned for. --router-skew X > 0 makes expert popularity
+of 128-1024), for testing on shapes nobody tuned for. --quant picks the tensor types
+(docs/quant.md): f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q5_k, q3_k, q2_k, iq4_nl, iq4_xs and
+iq2_xxs put every matrix but the router in that type; q3_k_m, q4_k_m and q5_k_m are llama.cpp's recipes of those names;
+where a row is not whole blocks of the chosen type, the type falls back as llama.cpp's quantizer
+does. q4_k is Q4_K with q6_k for the LM head and half the layers' attn_v and ffn_down (q8_0
+where rows are not whole blocks). --router-skew X > 0 makes expert popularity
 Zipf-like: the router logit of the expert of popularity rank r gets -X * ln(r + 1) in every token.
 Greedy, 31 prompt + 128 generated tokens, an LRU cache of 25% of the experts hits 73% at 0.675 on
 the qwen3-30b-a3b geometry (real Qwen3 routing: ~72%), from ~23% at 0 to ~97% at 2
@@ -68,7 +73,9 @@ absl::Status Synth(const Args& args) {
   o.geometry = *g;
   ASSIGN_OR_RETURN(const std::string quant, f.Required("quant"));
   std::optional<SynthQuant> q = ParseSynthQuant(quant);
-  if (!q) return absl::InvalidArgumentError(absl::StrCat("--quant: unknown type '", quant, "'"));
+  if (!q)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--quant: unknown type '", quant, "' (one of ", SynthQuantNames(), ")"));
   o.quant = *q;
   ASSIGN_OR_RETURN(int64_t seed, f.Int("seed", 1));
   o.seed = static_cast<uint64_t>(seed);

@@ -93,7 +93,13 @@ TEST(SynthModel, TinyPresetBytesArePinned) {
   const std::pair<SynthQuant, uint64_t> cases[] = {
       {SynthQuant::kF32, 0x29bb13dec7ae7fc6}, {SynthQuant::kF16, 0xf0bde4e9e0be7f9a},
       {SynthQuant::kBF16, 0x05a5ea97dcdfe966}, {SynthQuant::kQ8_0, 0x6184eca1edd89585},
-      {SynthQuant::kQ4_K, 0xd6baed476ecc9138},
+      {SynthQuant::kQ4_K, 0xd6baed476ecc9138}, {SynthQuant::kQ5_K, 0x602732f48e51b3ab},
+      {SynthQuant::kQ3_K, 0x238c678e71c38476}, {SynthQuant::kQ2_K, 0x4df958d7c95020b4},
+      {SynthQuant::kQ4_0, 0xa0bd2faae3926153}, {SynthQuant::kQ4_1, 0x364c27bfb498bcec},
+      {SynthQuant::kQ5_0, 0x1a6de7e3cbec230a}, {SynthQuant::kQ5_1, 0xb6ca23076ef4f8cd},
+      {SynthQuant::kQ3_K_M, 0x99df03a37a7bbf2b}, {SynthQuant::kQ4_K_M, 0x9c53b6d695d3d05f},
+      {SynthQuant::kQ5_K_M, 0xafd84eb635f5a5c5}, {SynthQuant::kIQ4_NL, 0xfd23bc8b1a317a7c},
+      {SynthQuant::kIQ4_XS, 0xbf85ff0462d51d1c}, {SynthQuant::kIQ2_XXS, 0x811cd80aae39615f},
   };
   for (const auto& [quant, want] : cases) {
     SynthOptions o;
@@ -107,6 +113,61 @@ TEST(SynthModel, TinyPresetBytesArePinned) {
     std::remove(path.c_str());
     EXPECT_EQ(got, want) << "quant " << static_cast<int>(quant) << ": 0x" << std::hex << got;
   }
+}
+
+// The recipes give each matrix the type llama.cpp's quantizer gives it (docs/quant.md): on the
+// 48 layers of Qwen3-30B-A3B's geometry, use_more_bits picks layers 0-5, 8, 11, ..., 41 and
+// 42-47; Q3_K_M's first two attn_v and first three (48 / 16) ffn_down get q5_k.
+TEST(SynthModel, RecipesFollowLlamaCppsRules) {
+  const SynthGeometry g = *SynthPreset("qwen3-30b-a3b");
+  const auto type = [&](SynthQuant q, SynthMatrix m, int layer) { return SynthTensorType(q, m, layer, g); };
+  for (int layer : {0, 5, 8, 11, 38, 41, 42, 47}) {
+    EXPECT_EQ(type(SynthQuant::kQ4_K_M, SynthMatrix::kAttnV, layer), GgmlType::kQ6_K) << layer;
+    EXPECT_EQ(type(SynthQuant::kQ4_K_M, SynthMatrix::kDownExps, layer), GgmlType::kQ6_K) << layer;
+    EXPECT_EQ(type(SynthQuant::kQ5_K_M, SynthMatrix::kDownExps, layer), GgmlType::kQ6_K) << layer;
+  }
+  for (int layer : {6, 7, 9, 10, 39, 40}) {
+    EXPECT_EQ(type(SynthQuant::kQ4_K_M, SynthMatrix::kAttnV, layer), GgmlType::kQ4_K) << layer;
+    EXPECT_EQ(type(SynthQuant::kQ4_K_M, SynthMatrix::kDownExps, layer), GgmlType::kQ4_K) << layer;
+    EXPECT_EQ(type(SynthQuant::kQ5_K_M, SynthMatrix::kAttnV, layer), GgmlType::kQ5_K) << layer;
+  }
+  for (SynthMatrix m : {SynthMatrix::kTokenEmbd, SynthMatrix::kAttnQ, SynthMatrix::kAttnK,
+                        SynthMatrix::kAttnOutput, SynthMatrix::kGateExps, SynthMatrix::kUpExps}) {
+    EXPECT_EQ(type(SynthQuant::kQ4_K_M, m, 3), GgmlType::kQ4_K);
+    EXPECT_EQ(type(SynthQuant::kQ5_K_M, m, 3), GgmlType::kQ5_K);
+  }
+  EXPECT_EQ(type(SynthQuant::kQ4_K_M, SynthMatrix::kOutput, -1), GgmlType::kQ6_K);
+  EXPECT_EQ(type(SynthQuant::kQ3_K_M, SynthMatrix::kOutput, -1), GgmlType::kQ6_K);
+  EXPECT_EQ(type(SynthQuant::kQ3_K_M, SynthMatrix::kAttnV, 1), GgmlType::kQ5_K);
+  EXPECT_EQ(type(SynthQuant::kQ3_K_M, SynthMatrix::kAttnV, 2), GgmlType::kQ4_K);
+  EXPECT_EQ(type(SynthQuant::kQ3_K_M, SynthMatrix::kDownExps, 2), GgmlType::kQ5_K);
+  EXPECT_EQ(type(SynthQuant::kQ3_K_M, SynthMatrix::kDownExps, 3), GgmlType::kQ4_K);
+  EXPECT_EQ(type(SynthQuant::kQ3_K_M, SynthMatrix::kAttnOutput, 3), GgmlType::kQ4_K);
+  EXPECT_EQ(type(SynthQuant::kQ3_K_M, SynthMatrix::kGateExps, 3), GgmlType::kQ3_K);
+  EXPECT_EQ(type(SynthQuant::kQ3_K_M, SynthMatrix::kAttnQ, 3), GgmlType::kQ3_K);
+
+  // Eight experts (Mixtral's rule): attn_v and attn_k q8_0, attn_output q5_k.
+  SynthGeometry eight = g;
+  eight.n_expert = 8;
+  EXPECT_EQ(SynthTensorType(SynthQuant::kQ4_K_M, SynthMatrix::kAttnV, 7, eight), GgmlType::kQ8_0);
+  EXPECT_EQ(SynthTensorType(SynthQuant::kQ3_K_M, SynthMatrix::kAttnK, 7, eight), GgmlType::kQ8_0);
+  EXPECT_EQ(SynthTensorType(SynthQuant::kQ4_K_M, SynthMatrix::kAttnOutput, 7, eight), GgmlType::kQ5_K);
+  EXPECT_EQ(SynthTensorType(SynthQuant::kQ5_K_M, SynthMatrix::kAttnOutput, 7, eight), GgmlType::kQ5_K);
+
+  // Rows that are not whole blocks fall back as llama.cpp's quantizer does: the tiny preset's
+  // ffn_down rows are 128 long.
+  const SynthGeometry tiny = *SynthPreset("tiny");
+  EXPECT_EQ(SynthTensorType(SynthQuant::kQ4_K_M, SynthMatrix::kDownExps, 3, tiny), GgmlType::kQ8_0);
+  EXPECT_EQ(SynthTensorType(SynthQuant::kQ4_K_M, SynthMatrix::kDownExps, 1, tiny), GgmlType::kQ5_0);
+  EXPECT_EQ(SynthTensorType(SynthQuant::kQ5_K_M, SynthMatrix::kDownExps, 1, tiny), GgmlType::kQ5_1);
+  EXPECT_EQ(SynthTensorType(SynthQuant::kQ3_K, SynthMatrix::kDownExps, 1, tiny), GgmlType::kQ4_0);
+  EXPECT_EQ(SynthTensorType(SynthQuant::kQ4_K, SynthMatrix::kDownExps, 1, tiny), GgmlType::kQ8_0);
+  EXPECT_EQ(SynthTensorType(SynthQuant::kIQ4_XS, SynthMatrix::kDownExps, 1, tiny), GgmlType::kIQ4_NL);
+  EXPECT_EQ(SynthTensorType(SynthQuant::kIQ2_XXS, SynthMatrix::kDownExps, 1, tiny), GgmlType::kIQ4_NL);
+  SynthGeometry odd = tiny;
+  odd.n_embd = 48;  // not whole blocks of 32 either
+  EXPECT_EQ(SynthTensorType(SynthQuant::kQ2_K, SynthMatrix::kAttnQ, 0, odd), GgmlType::kF16);
+  EXPECT_EQ(SynthTensorType(SynthQuant::kQ4_K_M, SynthMatrix::kOutput, -1, odd), GgmlType::kF16);
 }
 
 // random:SEED geometries are valid (the synthesizer accepts them), reproducible, varied, and
@@ -134,10 +195,16 @@ TEST(SynthModel, RandomGeometriesAreValidVariedAndRun) {
   EXPECT_FALSE(SynthPreset("random:").has_value());
   EXPECT_FALSE(SynthPreset("random:12x").has_value());
 
-  for (uint64_t seed = 1; seed <= 6; ++seed) {
+  // Every quantized type once, K-quants falling back to q8_0 where rows are not multiples of 256.
+  constexpr SynthQuant kQuants[] = {SynthQuant::kQ8_0, SynthQuant::kQ4_K, SynthQuant::kQ5_K,
+                                    SynthQuant::kQ3_K, SynthQuant::kQ2_K, SynthQuant::kQ4_0,
+                                    SynthQuant::kQ4_1, SynthQuant::kQ5_0, SynthQuant::kQ5_1,
+                                    SynthQuant::kQ3_K_M, SynthQuant::kQ4_K_M, SynthQuant::kQ5_K_M,
+                                    SynthQuant::kIQ4_NL, SynthQuant::kIQ4_XS, SynthQuant::kIQ2_XXS};
+  for (uint64_t seed = 1; seed <= std::size(kQuants); ++seed) {
     SynthOptions o;
     o.geometry = RandomSynthGeometry(seed);
-    o.quant = seed % 2 ? SynthQuant::kQ8_0 : SynthQuant::kQ4_K;
+    o.quant = kQuants[seed % std::size(kQuants)];
     o.seed = seed;
     o.threads = 2;
     const std::unique_ptr<LoadedSynth> m = WriteAndLoad(o, "random" + std::to_string(seed));

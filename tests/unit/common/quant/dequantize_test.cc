@@ -3,6 +3,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/quant/iq2.h"
 #include "common/quant/quant.h"
 #include "gtest/gtest.h"
 
@@ -28,6 +29,114 @@ TEST(DequantizeQ8_0, HandBuiltBlocks) {
     EXPECT_EQ(out[i], 0.5f * (i * 8 - 128));
     EXPECT_EQ(out[32 + i], -4.0f * (i % 2 == 0 ? 127 : -i));
   }
+}
+
+// The 32-element formats with qs[i] = 16 i + (15 - i) (low nibble 15 - i, high nibble i) and
+// qh = 0xA5C3F00F: element j < 16 has code (15 - j) | bit j << 4, element 16 + j code
+// j | bit (16 + j) << 4 (5-bit formats), d = 0.5, m = -3.
+TEST(DequantizeLegacy, HandBuiltBlocks) {
+  uint8_t qs[16];
+  for (int i = 0; i < 16; ++i) qs[i] = static_cast<uint8_t>(16 * i + (15 - i));
+  const uint32_t qh = 0xA5C3F00F;
+  const auto code4 = [](int e) { return e < 16 ? 15 - e : e - 16; };
+  const auto code5 = [&](int e) { return code4(e) | static_cast<int>(((qh >> e) & 1) << 4); };
+  BlockQ4_0 q4_0;
+  BlockQ4_1 q4_1;
+  BlockQ5_0 q5_0;
+  BlockQ5_1 q5_1;
+  q4_0.d = q4_1.d = q5_0.d = q5_1.d = 0x3800;  // 0.5
+  q4_1.m = q5_1.m = 0xC200;                     // -3
+  std::memcpy(q4_0.qs, qs, 16);
+  std::memcpy(q4_1.qs, qs, 16);
+  std::memcpy(q5_0.qs, qs, 16);
+  std::memcpy(q5_1.qs, qs, 16);
+  std::memcpy(q5_0.qh, &qh, 4);
+  std::memcpy(q5_1.qh, &qh, 4);
+  float out[4][32];
+  DequantizeRow(GgmlType::kQ4_0, &q4_0, out[0], 32);
+  DequantizeRow(GgmlType::kQ4_1, &q4_1, out[1], 32);
+  DequantizeRow(GgmlType::kQ5_0, &q5_0, out[2], 32);
+  DequantizeRow(GgmlType::kQ5_1, &q5_1, out[3], 32);
+  for (int e = 0; e < 32; ++e) {
+    EXPECT_EQ(out[0][e], 0.5f * (code4(e) - 8)) << e;
+    EXPECT_EQ(out[1][e], 0.5f * code4(e) - 3.0f) << e;
+    EXPECT_EQ(out[2][e], 0.5f * (code5(e) - 16)) << e;
+    EXPECT_EQ(out[3][e], 0.5f * code5(e) - 3.0f) << e;
+  }
+  EXPECT_EQ(out[0][0], 3.5f);    // code 15: 0.5 * (15 - 8)
+  EXPECT_EQ(out[1][31], 4.5f);   // code 15: 0.5 * 15 - 3
+  EXPECT_EQ(out[2][4], -2.5f);   // code 11, qh bit 4 clear: 0.5 * (11 - 16)
+  EXPECT_EQ(out[3][16], 5.0f);   // code 0 | 16 (qh bit 16 set): 0.5 * 16 - 3
+  EXPECT_EQ(out[2][31], 7.5f);   // code 15 | 16 (qh bit 31 set): 0.5 * (31 - 16)
+}
+
+// IQ4_NL with qs[i] = 16 i + (15 - i) and d = 0.5: element j < 16 is 0.5 * value[15 - j],
+// element 16 + j 0.5 * value[j]. IQ4_XS with the same codes in every sub-block and hand-packed
+// scale codes {0, 63, 31, 32, 1, 40, 17, 48} (scales_l nibbles, scales_h bit pairs), d = 0.25.
+TEST(DequantizeIQ4, HandBuiltBlocks) {
+  constexpr int kValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                               1,    13,   25,  38,  53,  69,  89,  113};
+  const auto code = [](int e) { return e < 16 ? 15 - e : e - 16; };
+  BlockIQ4_NL nl;
+  nl.d = 0x3800;  // 0.5
+  for (int i = 0; i < 16; ++i) nl.qs[i] = static_cast<uint8_t>(16 * i + (15 - i));
+  float out_nl[32];
+  DequantizeRow(GgmlType::kIQ4_NL, &nl, out_nl, 32);
+  for (int e = 0; e < 32; ++e) EXPECT_EQ(out_nl[e], 0.5f * kValues[code(e)]) << e;
+  EXPECT_EQ(out_nl[0], 56.5f);    // value[15] = 113
+  EXPECT_EQ(out_nl[16], -63.5f);  // value[0] = -127
+
+  constexpr int kCodes[8] = {0, 63, 31, 32, 1, 40, 17, 48};
+  BlockIQ4_XS xs;
+  xs.d = 0x3400;  // 0.25
+  xs.scales_l[0] = 0xF0;  // codes 0, 63: low nibbles 0x0, 0xF
+  xs.scales_l[1] = 0x0F;  // 31, 32: 0xF, 0x0
+  xs.scales_l[2] = 0x81;  // 1, 40: 0x1, 0x8
+  xs.scales_l[3] = 0x01;  // 17, 48: 0x1, 0x0
+  // High bit pairs 0, 3, 1, 2, 0, 2, 1, 3 for sub-blocks 0..7.
+  xs.scales_h = static_cast<uint16_t>(0 | 3 << 2 | 1 << 4 | 2 << 6 | 0 << 8 | 2 << 10 | 1 << 12 | 3 << 14);
+  for (int j = 0; j < 8; ++j) {
+    std::memcpy(xs.qs + 16 * j, nl.qs, 16);
+    EXPECT_EQ(IQ4_XSScale(xs, j), kCodes[j]) << j;
+  }
+  float out_xs[256];
+  DequantizeRow(GgmlType::kIQ4_XS, &xs, out_xs, 256);
+  for (int e = 0; e < 256; ++e)
+    EXPECT_EQ(out_xs[e], 0.25f * (kCodes[e / 32] - 32) * kValues[code(e % 32)]) << e;
+  EXPECT_EQ(out_xs[32], 875.75f);  // sub-block 1 (scale 31), value 113: 0.25 * 31 * 113
+  EXPECT_EQ(out_xs[96 + 16], 0.0f);  // sub-block 3 (scale 0)
+}
+
+// IQ2_XXS with d = 0.5: sub-block j's groups on grid points 37 j + 11 l (l the group), scale code
+// j, and sign indices 9 j + 5 l + 1, whose 8th sign is the parity of the 7 given. Element i of
+// group l is d * (0.5 + j) / 4 * (byte i of the grid point) * sign i.
+TEST(DequantizeIQ2_XXS, HandBuiltBlock) {
+  BlockIQ2_XXS block;
+  block.d = 0x3800;  // 0.5
+  for (int j = 0; j < 8; ++j) {
+    uint32_t a0 = 0, a1 = static_cast<uint32_t>(j) << 28;
+    for (int l = 0; l < 4; ++l) {
+      a0 |= static_cast<uint32_t>((37 * j + 11 * l) % 256) << (8 * l);
+      a1 |= static_cast<uint32_t>(9 * j + 5 * l + 1) << (7 * l);
+    }
+    std::memcpy(block.qs + 4 * j, &a0, 4);
+    std::memcpy(block.qs + 4 * j + 2, &a1, 4);
+  }
+  float out[256];
+  DequantizeRow(GgmlType::kIQ2_XXS, &block, out, 256);
+  for (int e = 0; e < 256; ++e) {
+    const int j = e / 32, l = (e % 32) / 8, i = e % 8;
+    const int grid = static_cast<int>((kIQ2_XXSGrid[(37 * j + 11 * l) % 256] >> (8 * i)) & 0xFF);
+    const int signs7 = 9 * j + 5 * l + 1;
+    int parity = 0;
+    for (int b = 0; b < 7; ++b) parity ^= (signs7 >> b) & 1;
+    const bool negative = i < 7 ? (signs7 >> i) & 1 : parity;
+    EXPECT_EQ(out[e], 0.5f * (0.5f + j) * 0.25f * grid * (negative ? -1.0f : 1.0f)) << e;
+  }
+  // Element 0: grid point 0 (all codes 8), sign index 1 (element 0 negative): -0.5 * 0.5 / 4 * 8.
+  EXPECT_EQ(out[0], -0.5f);
+  // Element 7 of group 0: sign index 1 has one negative, so the 8th sign (parity) is negative too.
+  EXPECT_LT(out[7], 0.0f);
 }
 
 // Q4_K with scales sc = {1, 2, 3, 63, 17, 33, 48, 63} and mins m = {0, 5, 40, 63, 9, 20, 36, 62},
@@ -68,6 +177,85 @@ TEST(DequantizeQ4_K, HandBuiltBlockWithAllEightScalesAndMins) {
   EXPECT_EQ(out[100], 330.75f);  // sub 3, q 11: 0.5*63*11 - 0.25*63
   EXPECT_EQ(out[200], 183.0f);   // sub 6, q 8: 0.5*48*8 - 0.25*36
   EXPECT_EQ(out[255], -15.5f);   // sub 7, q 0: -0.25*62
+}
+
+// Q5_K: the Q4_K block above (same scales and mins, same nibbles) with qh[l] = 0x5A ^ l: element
+// 64c + l gets bit 2c of qh[l] as its fifth bit, element 64c + 32 + l bit 2c + 1.
+TEST(DequantizeQ5_K, HandBuiltBlockWithFifthBits) {
+  constexpr int kSc[8] = {1, 2, 3, 63, 17, 33, 48, 63};
+  constexpr int kMin[8] = {0, 5, 40, 63, 9, 20, 36, 62};
+  BlockQ5_K block;
+  block.d = 0x3800;     // 0.5
+  block.dmin = 0x3400;  // 0.25
+  const uint8_t scales[12] = {0x41, 0x82, 0xC3, 0xFF, 0x00, 0x45,
+                              0xA8, 0xFF, 0x91, 0x41, 0x40, 0xEF};
+  std::memcpy(block.scales, scales, 12);
+  for (int i = 0; i < 128; ++i) block.qs[i] = static_cast<uint8_t>((i % 16) | ((15 - i % 16) << 4));
+  for (int l = 0; l < 32; ++l) block.qh[l] = static_cast<uint8_t>(0x5A ^ l);
+
+  float out[256];
+  DequantizeRow(GgmlType::kQ5_K, &block, out, 256);
+  for (int e = 0; e < 256; ++e) {
+    const int c = e / 64, r = e % 64, sub = e / 32, l = e % 32;
+    const int low = r < 32 ? r % 16 : 15 - (r - 32) % 16;
+    const int bit = (block.qh[l] >> (2 * c + (r >= 32 ? 1 : 0))) & 1;
+    EXPECT_EQ(out[e], 0.5f * kSc[sub] * (low + 16 * bit) - 0.25f * kMin[sub]) << e;
+  }
+  EXPECT_EQ(out[0], 0.0f);       // sub 0, low 0, qh[0] = 0x5A bit 0 = 0
+  EXPECT_EQ(out[33], 28.75f);    // sub 1, low 14, qh[1] = 0x5B bit 1 = 1: 0.5*2*30 - 0.25*5
+  EXPECT_EQ(out[70], 23.0f);     // sub 2, low 6, qh[6] = 0x5C bit 2 = 1: 0.5*3*22 - 0.25*40
+  EXPECT_EQ(out[140], 235.75f);  // sub 4, low 12, qh[12] = 0x56 bit 4 = 1: 0.5*17*28 - 0.25*9
+  EXPECT_EQ(out[255], -15.5f);   // sub 7, low 0, qh[31] = 0x45 bit 7 = 0: -0.25*62
+}
+
+// Q2_K with sub-block j's scale j and min 15 - j, qs[i] = 37 i mod 256, d = 0.5, dmin = 0.25.
+// Element 128h + 32s + l is bits 2s, 2s + 1 of qs[32h + l], in sub-block 8h + 2s + l / 16.
+TEST(DequantizeQ2_K, HandBuiltBlock) {
+  BlockQ2_K block;
+  for (int j = 0; j < 16; ++j) block.scales[j] = static_cast<uint8_t>(j | ((15 - j) << 4));
+  for (int i = 0; i < 64; ++i) block.qs[i] = static_cast<uint8_t>((37 * i) & 0xFF);
+  block.d = 0x3800;     // 0.5
+  block.dmin = 0x3400;  // 0.25
+  float out[256];
+  DequantizeRow(GgmlType::kQ2_K, &block, out, 256);
+  for (int e = 0; e < 256; ++e) {
+    const int h = e / 128, s = (e % 128) / 32, l = e % 32, sub = 8 * h + 2 * s + l / 16;
+    const int q = (block.qs[32 * h + l] >> (2 * s)) & 3;
+    EXPECT_EQ(out[e], 0.5f * sub * q - 0.25f * (15 - sub)) << e;
+  }
+  EXPECT_EQ(out[0], -3.75f);   // sub 0, q 0: -0.25*15
+  EXPECT_EQ(out[17], -3.0f);   // sub 1, qs[17] = 0x75 bits 0,1 = 1: 0.5*1*1 - 0.25*14
+  EXPECT_EQ(out[100], 3.75f);  // sub 6, qs[4] = 0x94 bits 6,7 = 2: 0.5*6*2 - 0.25*9
+  EXPECT_EQ(out[130], 6.25f);  // sub 8, qs[34] = 0xEA bits 0,1 = 2: 0.5*8*2 - 0.25*7
+  EXPECT_EQ(out[255], 0.0f);   // sub 15, qs[63] = 0x1B bits 6,7 = 0: 0.5*15*0 - 0.25*0
+}
+
+// Q3_K with hand-packed 6-bit scale codes {15, 62, 61, 12, 27, 42, 9, 56, 33, 18, 19, 36, 53, 6,
+// 39, 24}: code j's low nibble is the low (j < 8) or high (j >= 8) nibble of scales[j % 8], its
+// bits 4, 5 are bits 2 (j / 4), 2 (j / 4) + 1 of scales[8 + j % 4]. qs[i] = 11 i + 5, hmask[l] =
+// 29 l + 3 (mod 256), d = 0.5: element 128h + 32s + l is (bits 2s, 2s + 1 of qs[32h + l]) - 4
+// unless bit 4h + s of hmask[l] is set, times 0.5 (code - 32).
+TEST(DequantizeQ3_K, HandBuiltBlock) {
+  constexpr int kCodes[16] = {15, 62, 61, 12, 27, 42, 9, 56, 33, 18, 19, 36, 53, 6, 39, 24};
+  BlockQ3_K block;
+  const uint8_t scales[12] = {0x1F, 0x2E, 0x3D, 0x4C, 0x5B, 0x6A,
+                              0x79, 0x88, 0xE4, 0x1B, 0x93, 0x6C};
+  std::memcpy(block.scales, scales, 12);
+  for (int i = 0; i < 64; ++i) block.qs[i] = static_cast<uint8_t>((11 * i + 5) & 0xFF);
+  for (int l = 0; l < 32; ++l) block.hmask[l] = static_cast<uint8_t>((29 * l + 3) & 0xFF);
+  block.d = 0x3800;  // 0.5
+  for (int j = 0; j < 16; ++j) EXPECT_EQ(Q3_KScale(block.scales, j), kCodes[j]) << j;
+  float out[256];
+  DequantizeRow(GgmlType::kQ3_K, &block, out, 256);
+  for (int e = 0; e < 256; ++e) {
+    const int h = e / 128, s = (e % 128) / 32, l = e % 32;
+    const int low = (block.qs[32 * h + l] >> (2 * s)) & 3;
+    const int q = (block.hmask[l] >> (4 * h + s)) & 1 ? low : low - 4;
+    EXPECT_EQ(out[e], 0.5f * (kCodes[e / 16] - 32) * q) << e;
+  }
+  EXPECT_EQ(out[0], -8.5f);   // code 15, qs[0] = 5 -> 1, hmask[0] = 3 bit 0 set: q 1
+  EXPECT_EQ(out[40], 43.5f);  // code 61, qs[8] = 93 -> bits 2,3 = 3, hmask[8] bit 1 set: q 3
+  EXPECT_EQ(out[150], 7.0f);  // code 18, qs[54] bits 0,1 = 3, hmask[22] bit 4 clear: q -1
 }
 
 // Q6_K with ql[i] = i, qh[i] = (37 * i) mod 256, d = 0.5 and signed scales.

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/quant/q8_0.h"
@@ -153,6 +154,25 @@ TEST(RoundTrip, Q8_0WithinHalfAStep) {
   EXPECT_LT(RelativeRmse(x, y), 0.01);
 }
 
+// Q8_1: Q8_0's quants and d, and s = d * sum(q) with the f32 d. Block 2 of the Q8_0 vector has
+// amax 1, d = 1/127 and quants 127, 64, -32, 38, -127 (sum 70): s = f16(70 / 127) = 0x3869
+// (0.5 * (1 + 105 / 1024)).
+TEST(QuantizeQ8_1, QuantsOfQ8_0AndTheirScaledSum) {
+  const std::vector<float> x = Q8_0TestVector();
+  BlockQ8_0 y0[3];
+  BlockQ8_1 y1[3];
+  QuantizeRow(GgmlType::kQ8_0, x.data(), y0, 96);
+  QuantizeRow(GgmlType::kQ8_1, x.data(), y1, 96);
+  for (int b = 0; b < 3; ++b) {
+    EXPECT_EQ(y1[b].d, y0[b].d) << b;
+    EXPECT_EQ(0, std::memcmp(y1[b].qs, y0[b].qs, 32)) << b;
+  }
+  EXPECT_EQ(y1[1].s, 0);
+  EXPECT_EQ(y1[2].s, 0x3869);
+  // Block 0: d = 1, quants 127, 2, -4, 1, -127, 0, 0, 64, 100, -2: sum 161.
+  EXPECT_EQ(y1[0].s, F32ToF16(161.0f));
+}
+
 TEST(RoundTrip, Q8_KWithinHalfAStep) {
   const std::vector<float> x = RandomRow(4096, 3);
   const std::vector<float> y = RoundTrip(GgmlType::kQ8_K, x);
@@ -164,14 +184,24 @@ TEST(RoundTrip, Q8_KWithinHalfAStep) {
   }
 }
 
-TEST(RoundTrip, Q4_KAndQ6_KErrorBounds) {
+TEST(RoundTrip, QuantizerErrorBounds) {
   const std::vector<float> x = RandomRow(8192, 4);
-  const double q4 = RelativeRmse(x, RoundTrip(GgmlType::kQ4_K, x));
-  const double q6 = RelativeRmse(x, RoundTrip(GgmlType::kQ6_K, x));
-  // For Gaussian data ggml's quantizers reach about 0.09 (Q4_K) and 0.02 (Q6_K) of the RMS.
-  EXPECT_LT(q4, 0.10);
-  EXPECT_LT(q6, 0.025);
-  std::printf("relative rmse: q4_k %.4f  q6_k %.4f\n", q4, q6);
+  // Bounds a little above what the quantizers reach on this Gaussian row (relative to its RMS:
+  // q2_k 0.30, q3_k 0.19, q4_k 0.085, q5_k 0.043, q6_k 0.023, q4_0 0.12, q4_1 0.090, q5_0 0.061,
+  // q5_1 0.044, iq4_nl 0.093, iq4_xs 0.095, iq2_xxs 0.38; ggml's reach about 0.09 for Q4_K,
+  // 0.02 for Q6_K).
+  const struct {
+    GgmlType type;
+    double bound;
+  } cases[] = {{GgmlType::kQ2_K, 0.32}, {GgmlType::kQ3_K, 0.21}, {GgmlType::kQ4_K, 0.10},
+               {GgmlType::kQ5_K, 0.05}, {GgmlType::kQ6_K, 0.025}, {GgmlType::kQ4_0, 0.13},
+               {GgmlType::kQ4_1, 0.10}, {GgmlType::kQ5_0, 0.065}, {GgmlType::kQ5_1, 0.05},
+               {GgmlType::kIQ4_NL, 0.10}, {GgmlType::kIQ4_XS, 0.10}, {GgmlType::kIQ2_XXS, 0.40}};
+  for (const auto& c : cases) {
+    const double rmse = RelativeRmse(x, RoundTrip(c.type, x));
+    EXPECT_LT(rmse, c.bound) << TypeName(c.type);
+    std::printf("relative rmse: %-5s %.4f\n", std::string(TypeName(c.type)).c_str(), rmse);
+  }
 }
 
 TEST(RoundTrip, KQuantsOfDegenerateBlocks) {
@@ -179,7 +209,8 @@ TEST(RoundTrip, KQuantsOfDegenerateBlocks) {
   for (int i = 256; i < 512; ++i) x[i] = 0.75f;  // block 1: constant positive
   for (int i = 512; i < 768; ++i) x[i] = -0.5f;  // block 2: constant negative
   for (int i = 768; i < 1024; ++i) x[i] = i == 900 ? 50.0f : 0.01f * (i % 5);  // one outlier
-  for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+  for (GgmlType type : {GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K,
+                        GgmlType::kQ6_K, GgmlType::kIQ4_XS}) {
     const std::vector<float> y = RoundTrip(type, x);
     for (int i = 0; i < 256; ++i) EXPECT_EQ(y[i], 0.0f) << TypeName(type) << " " << i;
     for (int i = 256; i < 768; ++i) EXPECT_NEAR(y[i], x[i], 0.02f) << TypeName(type) << " " << i;

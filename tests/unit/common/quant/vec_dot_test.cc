@@ -19,10 +19,13 @@
 namespace mer {
 namespace {
 
-constexpr GgmlType kWeightTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16,
-                                     GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K};
+constexpr GgmlType kWeightTypes[] = {
+    GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ4_0, GgmlType::kQ4_1,
+    GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ2_K, GgmlType::kQ3_K,
+    GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS,
+    GgmlType::kIQ2_XXS};
 constexpr int64_t kSizes[] = {1, 7, 16, 33, 32, 64, 96, 160, 256, 512, 768, 1024, 2048, 4096};
-constexpr int64_t kRows = 7;  // one group of 4 rows and 3 single rows
+constexpr int64_t kRows = 11;  // groups of 8, 4 and 2 rows, and single rows
 
 std::vector<float> Random(int64_t n, uint32_t seed, float scale) {
   std::mt19937 rng(seed);
@@ -66,6 +69,23 @@ struct Reference {
   double abs_sum;  // sum |w * a|: the scale of the rounding error any summation order makes
 };
 
+// Q4_1 and Q5_1 take a block's m term as m * s, with s the activation block's d * (sum of its
+// quants) rounded to f16 (ggml's Q8_1), not as m * d * sum: the difference, per block.
+template <typename W>
+double MinTermDifference(const DotCase& c, int64_t r) {
+  const int64_t nb = c.n / kQ8_0BlockSize;
+  const W* w = reinterpret_cast<const W*>(c.weights.data()) + r * nb;
+  const BlockQ8_1* a = reinterpret_cast<const BlockQ8_1*>(c.activation.data());
+  double diff = 0;
+  for (int64_t b = 0; b < nb; ++b) {
+    int sum = 0;
+    for (int i = 0; i < kQ8_0BlockSize; ++i) sum += a[b].qs[i];
+    diff += double(F16ToF32(w[b].m)) *
+            (double(F16ToF32(a[b].s)) - double(F16ToF32(a[b].d)) * sum);
+  }
+  return diff;
+}
+
 Reference Ref(const DotCase& c, int64_t r) {
   Reference ref{0, 0};
   for (int64_t i = 0; i < c.n; ++i) {
@@ -73,14 +93,14 @@ Reference Ref(const DotCase& c, int64_t r) {
     ref.dot += p;
     ref.abs_sum += std::fabs(p);
   }
+  if (c.type == GgmlType::kQ4_1) ref.dot += MinTermDifference<BlockQ4_1>(c, r);
+  if (c.type == GgmlType::kQ5_1) ref.dot += MinTermDifference<BlockQ5_1>(c, r);
   return ref;
 }
 
 // Relative to sum |w * a|: f32 accumulation of up to 4096 terms, and for the K-quants two f32
 // terms per block (d and dmin parts) that may each be a few times larger than the result.
-double Tolerance(GgmlType type) {
-  return type == GgmlType::kQ4_K || type == GgmlType::kQ6_K ? 2e-6 : 1e-6;
-}
+double Tolerance(GgmlType type) { return Traits(type).block_elements == 256 ? 2e-6 : 1e-6; }
 
 bool Applies(GgmlType type, int64_t n) { return IsRowSizeValid(type, n); }
 
@@ -256,6 +276,31 @@ TEST(KernelVariantDeathTest, AVariantTheCpuLacksIsRefused) {
   GTEST_SKIP() << "this CPU runs every variant";
 }
 
+// One block of `type` at `w` against an activation block of alternating +-127: every variant
+// within f32 rounding of the double-precision dot product of the dequantized block.
+void ExpectNearDequantizedDot(GgmlType type, const void* w) {
+  std::vector<float> dequant(256);
+  DequantizeRow(type, w, dequant.data(), 256);
+  BlockQ8_K a{};
+  a.d = 1.0f;
+  for (int i = 0; i < 256; ++i) a.qs[i] = static_cast<int8_t>(i % 3 == 0 ? -127 : 127);
+  for (int g = 0; g < 16; ++g) {
+    int s = 0;
+    for (int i = 0; i < 16; ++i) s += a.qs[16 * g + i];
+    a.bsums[g] = static_cast<int16_t>(s);
+  }
+  double expect = 0, abs_sum = 0;
+  for (int i = 0; i < 256; ++i) {
+    expect += double(dequant[i]) * a.qs[i];
+    abs_sum += std::fabs(double(dequant[i]) * a.qs[i]);
+  }
+  for (KernelVariant v : VariantsHere()) {
+    float out;
+    VecDotRowsWith(v, type, w, 1, &a, 256, &out);
+    EXPECT_NEAR(out, expect, 1e-7 * abs_sum) << TypeName(type) << " " << KernelVariantName(v);
+  }
+}
+
 // Extreme quants, where int16 intermediates would overflow or saturate if a kernel got its
 // ranges wrong. The scales are 1, so the exact result is an integer; for Q8_0 and Q4_K every
 // partial sum stays below 2^24, so f32 must reproduce it exactly.
@@ -299,6 +344,74 @@ TEST(VecDot, ExtremeQuantsAreExact) {
     }
   }
   {
+    // Every code 31 (or 16 where qh is clear), every scale and min 63: the int16 pair sums are at
+    // their largest.
+    BlockQ5_K w{};
+    w.d = w.dmin = 0x3C00;
+    std::memset(w.scales, 0xFF, sizeof(w.scales));
+    std::memset(w.qs, 0xFF, sizeof(w.qs));
+    for (int l = 0; l < 32; ++l) w.qh[l] = static_cast<uint8_t>(l % 3 == 0 ? 0x0F : 0xFF);
+    ExpectNearDequantizedDot(GgmlType::kQ5_K, &w);
+  }
+  {
+    // Q2_K: every code 3, every scale and min 15.
+    BlockQ2_K w2{};
+    w2.d = w2.dmin = 0x3C00;
+    std::memset(w2.scales, 0xFF, sizeof(w2.scales));
+    std::memset(w2.qs, 0xFF, sizeof(w2.qs));
+    ExpectNearDequantizedDot(GgmlType::kQ2_K, &w2);
+    // Q3_K: codes -4 (and 0 where hmask is set), scale codes 0, 48, 15 and 63 (scales -32, 16,
+    // -17, 31) for sub-blocks 0-3, 4-7, 8-11 and 12-15.
+    BlockQ3_K w3{};
+    w3.d = 0x3C00;
+    std::memset(w3.scales, 0xF0, 8);
+    std::memset(w3.scales + 8, 0xCC, 4);
+    for (int l = 0; l < 32; l += 2) w3.hmask[l] = 0x0F;
+    ExpectNearDequantizedDot(GgmlType::kQ3_K, &w3);
+  }
+  {
+    // IQ4_XS: every code 0 (-127), scale codes 0, 63, 15, 48 (scales -32, 31, -17, 16) in turn.
+    BlockIQ4_XS w{};
+    w.d = 0x3C00;
+    w.scales_l[0] = w.scales_l[2] = 0xF0;
+    w.scales_l[1] = w.scales_l[3] = 0x0F;
+    w.scales_h = 0xCCCC;
+    ExpectNearDequantizedDot(GgmlType::kIQ4_XS, &w);
+  }
+  {
+    // IQ2_XXS: the last grid point (the largest codes) in every group, scale code 15, signs of
+    // sign index 127 (all negative) and 85 in turn.
+    BlockIQ2_XXS w{};
+    w.d = 0x3C00;
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t a0 = 0xFFFFFFFF, a1 = 15u << 28 | (j % 2 ? 127u * 0x204081 : 85u * 0x204081);
+      std::memcpy(w.qs + 4 * j, &a0, 4);
+      std::memcpy(w.qs + 4 * j + 2, &a1, 4);
+    }
+    ExpectNearDequantizedDot(GgmlType::kIQ2_XXS, &w);
+  }
+  {
+    // IQ4_NL: every code 0 (-127) or 15 (113) against activations of +-127; the exact integer
+    // result stays below 2^24, so f32 reproduces it.
+    std::vector<BlockIQ4_NL> w(8);
+    std::vector<BlockQ8_0> a(8);
+    int64_t expect = 0;
+    for (int b = 0; b < 8; ++b) {
+      w[b].d = a[b].d = 0x3C00;
+      for (int i = 0; i < 16; ++i) w[b].qs[i] = static_cast<uint8_t>(i % 3 == 0 ? 0xF0 : 0x00);
+      for (int i = 0; i < 32; ++i) {
+        a[b].qs[i] = static_cast<int8_t>((i + b) % 2 == 0 ? -127 : 127);
+        const int code = i < 16 ? w[b].qs[i] & 0xF : w[b].qs[i - 16] >> 4;
+        expect += int64_t{kIQ4Values[code]} * a[b].qs[i];
+      }
+    }
+    for (KernelVariant v : VariantsHere()) {
+      float out;
+      VecDotRowsWith(v, GgmlType::kIQ4_NL, w.data(), 1, a.data(), 256, &out);
+      EXPECT_EQ(out, static_cast<float>(expect)) << KernelVariantName(v);
+    }
+  }
+  {
     BlockQ6_K w{};
     w.d = 0x3C00;
     for (int j = 0; j < 16; ++j) w.scales[j] = static_cast<int8_t>(j % 2 == 0 ? -128 : 127);
@@ -333,7 +446,17 @@ TEST(ActivationType, PairsAsGgml) {
   EXPECT_EQ(ActivationTypeFor(GgmlType::kF16), GgmlType::kF16);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kBF16), GgmlType::kBF16);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kQ8_0), GgmlType::kQ8_0);
+  EXPECT_EQ(ActivationTypeFor(GgmlType::kQ4_0), GgmlType::kQ8_0);
+  EXPECT_EQ(ActivationTypeFor(GgmlType::kQ5_0), GgmlType::kQ8_0);
+  EXPECT_EQ(ActivationTypeFor(GgmlType::kIQ4_NL), GgmlType::kQ8_0);
+  EXPECT_EQ(ActivationTypeFor(GgmlType::kIQ4_XS), GgmlType::kQ8_K);
+  EXPECT_EQ(ActivationTypeFor(GgmlType::kIQ2_XXS), GgmlType::kQ8_K);
+  EXPECT_EQ(ActivationTypeFor(GgmlType::kQ4_1), GgmlType::kQ8_1);
+  EXPECT_EQ(ActivationTypeFor(GgmlType::kQ5_1), GgmlType::kQ8_1);
+  EXPECT_EQ(ActivationTypeFor(GgmlType::kQ2_K), GgmlType::kQ8_K);
+  EXPECT_EQ(ActivationTypeFor(GgmlType::kQ3_K), GgmlType::kQ8_K);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kQ4_K), GgmlType::kQ8_K);
+  EXPECT_EQ(ActivationTypeFor(GgmlType::kQ5_K), GgmlType::kQ8_K);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kQ6_K), GgmlType::kQ8_K);
 }
 

@@ -44,6 +44,10 @@ SynthOptions Geometry(SynthQuant quant, uint64_t seed = 7) {
     o.geometry.n_embd = 256;
     o.geometry.n_ff_exp = 256;
   }
+  if (quant == SynthQuant::kQ3_K_M) {  // ffn_down rows of 128: q5_0, beside q3_k gate and up
+    o.geometry.n_embd = 256;
+    o.geometry.n_ff_exp = 128;
+  }
   o.quant = quant;
   o.seed = seed;
   o.threads = 2;
@@ -278,14 +282,26 @@ TEST_P(StoreTest, VerifyAllAndSourceIdentity) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Quants, StoreTest,
-                         ::testing::Values(SynthQuant::kQ8_0, SynthQuant::kF16, SynthQuant::kQ4_K),
+                         ::testing::Values(SynthQuant::kQ8_0, SynthQuant::kF16, SynthQuant::kQ4_K,
+                                           SynthQuant::kQ3_K_M),
                          [](const auto& info) {
                            switch (info.param) {
                              case SynthQuant::kQ8_0: return std::string("Q8_0");
                              case SynthQuant::kF16: return std::string("F16");
+                             case SynthQuant::kQ3_K_M: return std::string("Q3_K_M");
                              default: return std::string("Q4_K_M");
                            }
                          });
+
+TEST(ExpertStore, Q3KMStoreHasTypesOfDifferentActivationsInALayer) {
+  std::unique_ptr<ExpertStore> store = OpenOk(GetPacked(SynthQuant::kQ3_K_M).store);
+  ASSERT_NE(store, nullptr);
+  for (const auto& layer : store->manifest().layers) {
+    EXPECT_EQ(layer.gate_type, GgmlType::kQ3_K);
+    EXPECT_EQ(layer.up_type, GgmlType::kQ3_K);
+    EXPECT_EQ(layer.down_type, GgmlType::kQ5_0);
+  }
+}
 
 TEST(ExpertStore, Q4KMStoreHasPerLayerTypes) {
   std::unique_ptr<ExpertStore> store = OpenOk(GetPacked(SynthQuant::kQ4_K).store);

@@ -1,0 +1,76 @@
+// IQ2_XXS x Q8_K row kernels, compiled once per SIMD variant (row_kernels.h); the avx512 variant
+// differs only in vpdpwssd for the scale multiply-adds. iq2.h states the order.
+#include "common/quant/iq2.h"
+#include "common/quant/row_kernels.h"
+#include "common/quant/simd_internal.h"
+
+namespace mer::quant_internal::MER_QUANT_VARIANT {
+namespace {
+
+// For every sign index s, the 8 signs as bytes for vpsignb: -1 where element i is negative,
+// +1 elsewhere.
+struct SignBytes {
+  uint64_t bytes[128];
+};
+constexpr SignBytes MakeSignBytes() {
+  SignBytes t{};
+  for (int s = 0; s < 128; ++s) {
+    int parity = 0;
+    for (int i = 0; i < 7; ++i) parity ^= (s >> i) & 1;
+    const int mask = s | (parity << 7);
+    for (int i = 0; i < 8; ++i)
+      t.bytes[s] |= static_cast<uint64_t>((mask >> i) & 1 ? 0xFF : 0x01) << (8 * i);
+  }
+  return t;
+}
+constexpr SignBytes kSignBytes = MakeSignBytes();
+
+// R weight rows against one activation row; per row one 8-lane f32 accumulator, updated
+// identically for every R.
+template <int R>
+void IQ2_XXSRowsKernel(const BlockIQ2_XXS* w, int64_t nb, const BlockQ8_K* a, float* out) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    // Every cache line a block may touch.
+    PrefetchRows<R>(w, nb * sizeof(BlockIQ2_XXS), b * sizeof(BlockIQ2_XXS), 2);
+    const BlockQ8_K& ab = a[b];
+    ForEachRow<R>([&](auto r) {
+      const BlockIQ2_XXS& wb = w[r * nb + b];
+      // Grid codes <= 43 and |a| <= 127: maddubs's int16 pair sums stay below 2^14.
+      __m256i sums[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t a0 = LoadU32(wb.qs + 4 * j), a1 = LoadU32(wb.qs + 4 * j + 2);
+        const __m256i grid = _mm256_setr_epi64x(
+            static_cast<int64_t>(kIQ2_XXSGrid[a0 & 0xFF]),
+            static_cast<int64_t>(kIQ2_XXSGrid[(a0 >> 8) & 0xFF]),
+            static_cast<int64_t>(kIQ2_XXSGrid[(a0 >> 16) & 0xFF]),
+            static_cast<int64_t>(kIQ2_XXSGrid[a0 >> 24]));
+        const __m256i signs = _mm256_setr_epi64x(
+            static_cast<int64_t>(kSignBytes.bytes[a1 & 127]),
+            static_cast<int64_t>(kSignBytes.bytes[(a1 >> 7) & 127]),
+            static_cast<int64_t>(kSignBytes.bytes[(a1 >> 14) & 127]),
+            static_cast<int64_t>(kSignBytes.bytes[(a1 >> 21) & 127]));
+        const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab.qs + 32 * j));
+        const __m256i pairs = _mm256_maddubs_epi16(grid, _mm256_sign_epi8(av, signs));
+        sums[j % 2] =
+            DotI16(sums[j % 2], pairs, _mm256_set1_epi16(static_cast<int16_t>(2 * (a1 >> 28) + 1)));
+      }
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(F16ToF32(wb.d) * ab.d),
+                               _mm256_cvtepi32_ps(_mm256_add_epi32(sums[0], sums[1])), acc[r]);
+    });
+  }
+  for (int r = 0; r < R; ++r) out[r] = 0.125f * HorizontalSum(acc[r]);
+}
+
+}  // namespace
+
+void IQ2_XXSRows(const BlockIQ2_XXS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
+                 float* out) {
+  const int64_t nb = n / kKBlockSize;
+  ForRowGroups<2>(n_rows, [&](auto group, int64_t r) {
+    IQ2_XXSRowsKernel<group>(rows + r * nb, nb, a, out + r);
+  });
+}
+
+}  // namespace mer::quant_internal::MER_QUANT_VARIANT

@@ -1,0 +1,43 @@
+// The scale searches the quantizers of common/quant share (internal): for one sub-block of n
+// values, the scale (and min) under which rounding to a few integer levels loses least. In the
+// style of ggml's make_qkx2_quants and make_qx_quants; the quantizers only need valid blocks
+// that decode close to their input, and the same bytes on every host (the library is built
+// without floating-point contraction).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "common/tensor/half.h"
+
+namespace mer::quant_internal {
+
+// v rounded to the nearest integer, half to even (ggml's nearest_int), for |v| < 2^22.
+inline int NearestInt(float v) {
+  const float biased = v + 12582912.0f;  // 1.5 * 2^23: rounds half to even into the low bits
+  int32_t bits;
+  std::memcpy(&bits, &biased, 4);
+  return (bits & 0x007fffff) - 0x00400000;
+}
+
+// Fits x[i] ~ scale * L[i] - min over n values, L[i] in [0, nmax], min >= 0, minimising the
+// squared error weighted by w: a start from the (lo, hi) range, then 21 trial inverse scales
+// around nmax / (hi - lo), each followed by the closed-form least-squares scale and offset for
+// its L. Returns scale; *min_out = min. n <= 32.
+float FitScaleMin(const float* x, const float* w, int n, int nmax, uint8_t* L, float* min_out);
+
+// Fits x[i] ~ scale * (L[i] - nmax) with L[i] in [0, 2 nmax - 1] over n values, weighting by
+// x^2: the largest-magnitude element maps to -nmax (the one extra negative level), then 18 trial
+// inverse scales around nmax / max, keeping the least-squares scale of the best. Returns the
+// (signed) scale; all L = nmax where every |x| < 1e-15.
+float FitSignedScale(const float* x, int n, int nmax, uint8_t* L);
+
+// The Q4_K and Q5_K block quantizer but for the packing of the quants: per 32-element sub-block
+// a FitScaleMin to [0, nmax], weighting elements by rms + |x| (as ggml does without an
+// importance matrix); the scales and mins as 6-bit codes under f16 d and dmin, packed into
+// scales[12] as blocks.h describes; then every element requantized against the decoded scales
+// and mins into L[256], L in [0, nmax].
+void QuantizeScaleMinBlock(const float* x, int nmax, uint8_t* scales, f16_bits* d, f16_bits* dmin,
+                           uint8_t* L);
+
+}  // namespace mer::quant_internal
