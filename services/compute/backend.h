@@ -35,6 +35,20 @@ class RoutingObserver {
   virtual void OnRouting(int layer, absl::Span<const int32_t> experts_per_token, int k) = 0;
 };
 
+// Preselected routes: a layer's experts (and optionally their weights) given for every token of a
+// step instead of the router's top-k, for qualification (the same routes through two backends,
+// compared bit for bit) and for replaying recorded routings. Route fills ids [n, k] (row-major,
+// k distinct ids in [0, n_expert) per token) and, if it returns weights, weights [n, k]; without
+// weights the router's probabilities of the given experts are used, renormalised as the model's
+// norm_topk_prob says. Returning false leaves the layer to the router. Ids or weights that are
+// out of range fail the step with InvalidArgument.
+class RouteOverride {
+ public:
+  virtual ~RouteOverride() = default;
+  // *has_weights: whether `weights` was filled.
+  virtual bool Route(int layer, int n, int k, int32_t* ids, float* weights, bool* has_weights) = 0;
+};
+
 // What a backend counts (cumulative since it was created) and its device memory, bytes. The cpu
 // backend counts only tokens and forward_calls; `device` says whether the rest means anything.
 // mer-compute exports them as metrics (services/compute/daemon/compute_metrics.h), `mer bench`
@@ -118,6 +132,12 @@ class ComputeBackend {
 
   // Not owned; nullptr turns it off. Set between Forward calls.
   virtual void set_routing_observer(RoutingObserver* observer) = 0;
+  // Not owned; nullptr turns it off. Set between Forward calls. Unimplemented where the backend
+  // has no preselected routes (the cuda backend).
+  virtual absl::Status set_route_override(RouteOverride* route) {
+    if (route == nullptr) return absl::OkStatus();
+    return absl::UnimplementedError("this backend takes no preselected routes");
+  }
 
   // The counters above; read by the thread that runs Forward (between calls).
   virtual BackendCounters counters() const = 0;

@@ -1,6 +1,7 @@
 #include "services/compute/cpu/cpu_engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 
@@ -278,18 +279,34 @@ absl::Status CpuEngine::MoE(int layer, int n) {
   // Router: softmax over all experts, top-k by probability (ties to the lower id), optionally
   // renormalised over the k chosen (sum in double, clamped as llama.cpp does).
   MatMul(L.router, xn_.data(), E, n, router_.data(), NE);
+  bool given_weights = false;
+  const bool given = route_override_ != nullptr &&
+                     route_override_->Route(layer, n, K, chosen_.data(), chosen_w_.data(), &given_weights);
   for (int t = 0; t < n; ++t) {
     float* p = &router_[t * NE];
     cpu::Softmax(p, NE, 1.0f);
     int32_t* chosen = &chosen_[t * K];
-    for (int j = 0; j < K; ++j) {
-      int32_t best = -1;
-      for (int32_t e = 0; e < NE; ++e) {
-        if (std::find(chosen, chosen + j, e) != chosen + j) continue;
-        if (best < 0 || p[e] > p[best]) best = e;
+    if (given) {
+      for (int j = 0; j < K; ++j) {
+        if (chosen[j] < 0 || chosen[j] >= NE || std::find(chosen, chosen + j, chosen[j]) != chosen + j)
+          return absl::InvalidArgumentError(absl::StrCat("preselected route of layer ", layer, ", token ", t,
+                                                         ": expert ", chosen[j], " is out of range or repeated"));
+        if (given_weights && !std::isfinite(chosen_w_[t * K + j]))
+          return absl::InvalidArgumentError(absl::StrCat("preselected route of layer ", layer, ", token ", t,
+                                                         ": a weight is not finite"));
       }
-      chosen[j] = best;
-      chosen_w_[t * K + j] = p[best];
+      if (given_weights) continue;
+      for (int j = 0; j < K; ++j) chosen_w_[t * K + j] = p[chosen[j]];
+    } else {
+      for (int j = 0; j < K; ++j) {
+        int32_t best = -1;
+        for (int32_t e = 0; e < NE; ++e) {
+          if (std::find(chosen, chosen + j, e) != chosen + j) continue;
+          if (best < 0 || p[e] > p[best]) best = e;
+        }
+        chosen[j] = best;
+        chosen_w_[t * K + j] = p[best];
+      }
     }
     if (c.norm_topk_prob) {
       double sum = 0.0;

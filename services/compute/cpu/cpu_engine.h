@@ -54,6 +54,10 @@ class CpuEngine final : public ComputeBackend {
   void ClearSequence(int sequence) override;
   int32_t sequence_length(int sequence) const override { return seq_len_[sequence]; }
   void set_routing_observer(RoutingObserver* observer) override { routing_observer_ = observer; }
+  absl::Status set_route_override(RouteOverride* route) override {
+    route_override_ = route;
+    return absl::OkStatus();
+  }
   // Forward calls and tokens only (no device).
   BackendCounters counters() const override { return counters_; }
 
@@ -82,6 +86,7 @@ class CpuEngine final : public ComputeBackend {
   CpuEngineOptions options_;
   ThreadPool pool_;
   RoutingObserver* routing_observer_ = nullptr;
+  RouteOverride* route_override_ = nullptr;
   BackendCounters counters_;
 
   // KV cache, f32: [layer][sequence][position][kv_dim].
