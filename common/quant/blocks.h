@@ -78,14 +78,31 @@ struct BlockIQ4_XS {
   uint8_t qs[kKBlockSize / 2];
 };
 
+// The signs of a group of 8 elements of the grid IQ types, from its 7-bit sign index s: bit i
+// set where element i is negative; bits 0-6 are s, bit 7 their parity (an even number of
+// negatives).
+inline uint8_t IQSignBits(int s) {
+  return static_cast<uint8_t>(s | ((__builtin_popcount(static_cast<unsigned>(s)) & 1) << 7));
+}
+
 // IQ2_XXS: 8 sub-blocks of 32, each of 4 groups of 8 elements on a grid of 256 points
 // (kIQ2_XXSGrid, iq2.h). Sub-block j's 8 bytes at qs[4j] are two little-endian u32: a0 holds
 // the grid index of group l in byte l; a1 holds group l's 7 sign bits at bits 7l .. 7l + 6 (the
-// 8th sign is their parity: an even number of negatives) and the scale code ls in bits 28-31.
+// 8th sign is their parity: IQSignBits) and the scale code ls in bits 28-31.
 // x = d * (0.5 + ls) / 4 * grid byte * sign, the grid bytes being 8, 25 or 43.
 struct BlockIQ2_XXS {
   f16_bits d;
   uint16_t qs[kKBlockSize / 8];
+};
+
+// IQ3_XXS: 8 sub-blocks of 32, each of 4 groups of 8 elements, each group two points of a grid
+// of 256 points of 4 elements (kIQ3_XXSGrid, iq3.h). qs[8j + 2l] and qs[8j + 2l + 1] are the grid
+// indices of sub-block j's group l (its elements 0-3 and 4-7); the little-endian u32 at
+// qs[64 + 4j] holds group l's 7 sign bits at bits 7l .. 7l + 6 (IQSignBits) and the scale code ls
+// in bits 28-31. x = d * (0.5 + ls) / 2 * grid byte * sign.
+struct BlockIQ3_XXS {
+  f16_bits d;
+  uint8_t qs[3 * kKBlockSize / 8];
 };
 
 // Q4_K: 8 sub-blocks of 32; x = d * sc[j] * q - dmin * m[j], q in [0, 15].
@@ -164,6 +181,7 @@ static_assert(sizeof(BlockQ8_1) == 36);
 static_assert(sizeof(BlockIQ4_NL) == 18);
 static_assert(sizeof(BlockIQ4_XS) == 136);
 static_assert(sizeof(BlockIQ2_XXS) == 66);
+static_assert(sizeof(BlockIQ3_XXS) == 98);
 static_assert(sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ3_K) == 110);

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <vector>
 
 #include "common/base/check.h"
+#include "common/quant/grid_fit.h"
 #include "common/quant/row_kernels.h"
 #include "common/quant/scale_fit.h"
 
@@ -15,101 +15,15 @@ namespace {
 using quant_internal::NearestInt;
 
 constexpr int kQK = kKBlockSize;
-constexpr int kSub = 32;                      // elements per sub-block
-constexpr float kLevels[3] = {8, 25, 43};     // the grid's magnitude codes
-constexpr int kPatterns = 3 * 3 * 3 * 3 * 3 * 3 * 3 * 3;  // a level per element of a group
+constexpr int kSub = 32;  // elements per sub-block
 
 inline int GridByte(int index, int i) { return (kIQ2_XXSGrid[index] >> (8 * i)) & 0xFF; }
 
-// For every pattern of levels of a group (element i's level the i-th base-3 digit), the grid
-// point nearest to it.
-const std::vector<uint8_t>& NearestGridPoint() {
-  static const std::vector<uint8_t> table = [] {
-    std::vector<uint8_t> t(kPatterns);
-    for (int p = 0; p < kPatterns; ++p) {
-      float want[8];
-      for (int i = 0, q = p; i < 8; ++i, q /= 3) want[i] = kLevels[q % 3];
-      float best = INFINITY;
-      for (int g = 0; g < 256; ++g) {
-        float err = 0;
-        for (int i = 0; i < 8; ++i) err += (want[i] - GridByte(g, i)) * (want[i] - GridByte(g, i));
-        if (err < best) {
-          best = err;
-          t[p] = static_cast<uint8_t>(g);
-        }
-      }
-    }
-    return t;
-  }();
-  return table;
-}
-
-// The grid point for magnitudes m[0..8) at `scale` units per grid code, and its squared error:
-// the best of the points nearest to the pattern of nearest levels and to the 16 patterns one
-// level away from it in one element.
-int MapGroup(const float* m, float scale, float* err) {
-  int pattern = 0, levels[8];
-  for (int i = 7; i >= 0; --i) {
-    const float v = m[i] / scale;
-    levels[i] = v < (kLevels[0] + kLevels[1]) / 2 ? 0 : v < (kLevels[1] + kLevels[2]) / 2 ? 1 : 2;
-    pattern = 3 * pattern + levels[i];
-  }
-  const auto error = [&](int g) {
-    float e = 0;
-    for (int i = 0; i < 8; ++i) {
-      const float diff = m[i] - scale * GridByte(g, i);
-      e += diff * diff;
-    }
-    return e;
-  };
-  int best = NearestGridPoint()[pattern];
-  *err = error(best);
-  for (int i = 0, power = 1; i < 8; ++i, power *= 3) {
-    for (int delta : {-1, 1}) {
-      if (levels[i] + delta < 0 || levels[i] + delta > 2) continue;
-      const int g = NearestGridPoint()[pattern + delta * power];
-      const float e = error(g);
-      if (e < *err) {
-        *err = e;
-        best = g;
-      }
-    }
-  }
-  return best;
-}
-
-// A sub-block's scale (units per grid code): trial scales around the one mapping the largest
-// magnitude to 43, each followed by the least-squares scale for the grid points it chose.
-float FitSubBlock(const float* m) {
-  const float max = *std::max_element(m, m + kSub);
-  if (max < 1e-15f) return 0.0f;
-  float best_err = INFINITY, best = 0;
-  for (int step = 0; step <= 8; ++step) {
-    const float trial = max / 43.0f * (0.6f + 0.05f * step);
-    float sum_mg = 0, sum_gg = 0;
-    int grid[4];
-    for (int l = 0; l < 4; ++l) {
-      float unused;
-      grid[l] = MapGroup(m + 8 * l, trial, &unused);
-      for (int i = 0; i < 8; ++i) {
-        sum_mg += m[8 * l + i] * GridByte(grid[l], i);
-        sum_gg += static_cast<float>(GridByte(grid[l], i) * GridByte(grid[l], i));
-      }
-    }
-    const float scale = sum_mg / sum_gg;
-    float err = 0;
-    for (int l = 0; l < 4; ++l) {
-      for (int i = 0; i < 8; ++i) {
-        const float diff = m[8 * l + i] - scale * GridByte(grid[l], i);
-        err += diff * diff;
-      }
-    }
-    if (err < best_err) {
-      best_err = err;
-      best = scale;
-    }
-  }
-  return best;
+// The grid's codes in memory order (byte i of an entry is code i).
+const quant_internal::Grid& TheGrid() {
+  static const quant_internal::Grid grid(reinterpret_cast<const uint8_t*>(kIQ2_XXSGrid), 256, 8,
+                                         {8, 25, 43});
+  return grid;
 }
 
 void QuantizeBlock(const float* x, BlockIQ2_XXS* y) {
@@ -128,7 +42,7 @@ void QuantizeBlock(const float* x, BlockIQ2_XXS* y) {
     signs[g] = static_cast<uint8_t>(mask);
   }
   float scales[8];
-  for (int j = 0; j < 8; ++j) scales[j] = FitSubBlock(m + kSub * j);
+  for (int j = 0; j < 8; ++j) scales[j] = TheGrid().FitScale(m + kSub * j, kSub);
   const float max_scale = *std::max_element(scales, scales + 8);
   // Sub-block j's scale is d * (2 ls + 1) / 8 with ls in [0, 15]: the largest gets ls = 15.
   y->d = F32ToF16(max_scale * 8.0f / 31.0f);
@@ -139,7 +53,7 @@ void QuantizeBlock(const float* x, BlockIQ2_XXS* y) {
     uint32_t a0 = 0, a1 = static_cast<uint32_t>(ls) << 28;
     for (int l = 0; l < 4; ++l) {
       float unused;
-      const int g = db == 0.0f ? 0 : MapGroup(m + kSub * j + 8 * l, db, &unused);
+      const int g = db == 0.0f ? 0 : TheGrid().Map(m + kSub * j + 8 * l, db, &unused);
       a0 |= static_cast<uint32_t>(g) << (8 * l);
       a1 |= static_cast<uint32_t>(signs[4 * j + l] & 127) << (7 * l);
     }
@@ -172,7 +86,7 @@ void DequantizeRowIQ2_XXS(const BlockIQ2_XXS* src, float* dst, int64_t n) {
       const float db = d * (0.5f + static_cast<float>(a1 >> 28)) * 0.25f;
       for (int l = 0; l < 4; ++l) {
         const int g = (a0 >> (8 * l)) & 0xFF;
-        const uint8_t signs = IQ2SignMask((a1 >> (7 * l)) & 127);
+        const uint8_t signs = IQSignBits((a1 >> (7 * l)) & 127);
         for (int i = 0; i < 8; ++i) {
           dst[b * kQK + kSub * j + 8 * l + i] =
               db * static_cast<float>(GridByte(g, i)) * ((signs >> i) & 1 ? -1.0f : 1.0f);
@@ -203,7 +117,7 @@ void VecDotRowsIQ2_XXSScalar(const BlockIQ2_XXS* rows, int64_t n_rows, const Blo
         int32_t s = 0;
         for (int l = 0; l < 4; ++l) {
           const int g = (a0 >> (8 * l)) & 0xFF;
-          const uint8_t signs = IQ2SignMask((a1 >> (7 * l)) & 127);
+          const uint8_t signs = IQSignBits((a1 >> (7 * l)) & 127);
           for (int i = 0; i < 8; ++i) {
             const int v = GridByte(g, i) * a[b].qs[kSub * j + 8 * l + i];
             s += (signs >> i) & 1 ? -v : v;

@@ -11,11 +11,6 @@ namespace mer {
 // The format's grid (iq2_grids.cc): 8 magnitude codes per entry, one per byte.
 extern const uint64_t kIQ2_XXSGrid[256];
 
-// The 8 signs of sign index s (s in [0, 128)) as a byte mask: bits 0-6 from s, bit 7 their parity.
-inline uint8_t IQ2SignMask(int s) {
-  return static_cast<uint8_t>(s | ((__builtin_popcount(static_cast<unsigned>(s)) & 1) << 7));
-}
-
 // Per 32-element sub-block: each group of 8 takes the signs of its elements (the smallest one's
 // flipped where their number is odd); its magnitudes go to the grid point closest to them among
 // those nearest to the pattern of nearest levels (8, 25, 43) and to the patterns one level away

@@ -7,24 +7,6 @@
 namespace mer::quant_internal::MER_QUANT_VARIANT {
 namespace {
 
-// For every sign index s, the 8 signs as bytes for vpsignb: -1 where element i is negative,
-// +1 elsewhere.
-struct SignBytes {
-  uint64_t bytes[128];
-};
-constexpr SignBytes MakeSignBytes() {
-  SignBytes t{};
-  for (int s = 0; s < 128; ++s) {
-    int parity = 0;
-    for (int i = 0; i < 7; ++i) parity ^= (s >> i) & 1;
-    const int mask = s | (parity << 7);
-    for (int i = 0; i < 8; ++i)
-      t.bytes[s] |= static_cast<uint64_t>((mask >> i) & 1 ? 0xFF : 0x01) << (8 * i);
-  }
-  return t;
-}
-constexpr SignBytes kSignBytes = MakeSignBytes();
-
 // R weight rows against one activation row; per row one 8-lane f32 accumulator, updated
 // identically for every R.
 template <int R>
@@ -47,10 +29,10 @@ void IQ2_XXSRowsKernel(const BlockIQ2_XXS* w, int64_t nb, const BlockQ8_K* a, fl
             static_cast<int64_t>(kIQ2_XXSGrid[(a0 >> 16) & 0xFF]),
             static_cast<int64_t>(kIQ2_XXSGrid[a0 >> 24]));
         const __m256i signs = _mm256_setr_epi64x(
-            static_cast<int64_t>(kSignBytes.bytes[a1 & 127]),
-            static_cast<int64_t>(kSignBytes.bytes[(a1 >> 7) & 127]),
-            static_cast<int64_t>(kSignBytes.bytes[(a1 >> 14) & 127]),
-            static_cast<int64_t>(kSignBytes.bytes[(a1 >> 21) & 127]));
+            static_cast<int64_t>(kIQSignBytes.bytes[a1 & 127]),
+            static_cast<int64_t>(kIQSignBytes.bytes[(a1 >> 7) & 127]),
+            static_cast<int64_t>(kIQSignBytes.bytes[(a1 >> 14) & 127]),
+            static_cast<int64_t>(kIQSignBytes.bytes[(a1 >> 21) & 127]));
         const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab.qs + 32 * j));
         const __m256i pairs = _mm256_maddubs_epi16(grid, _mm256_sign_epi8(av, signs));
         sums[j % 2] =

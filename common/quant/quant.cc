@@ -7,6 +7,7 @@
 #include "common/quant/float_dot.h"
 #include "common/quant/kernel_variant.h"
 #include "common/quant/iq2.h"
+#include "common/quant/iq3.h"
 #include "common/quant/iq4.h"
 #include "common/quant/legacy.h"
 #include "common/quant/q2_k.h"
@@ -41,6 +42,7 @@ GgmlType ActivationTypeFor(GgmlType weight_type) {
     case GgmlType::kQ6_K:
     case GgmlType::kIQ4_XS:
     case GgmlType::kIQ2_XXS:
+    case GgmlType::kIQ3_XXS:
       return GgmlType::kQ8_K;
     default:
       break;
@@ -88,6 +90,8 @@ void QuantizeRow(GgmlType type, const float* src, void* dst, int64_t n) {
       return QuantizeRowIQ4_XS(src, static_cast<BlockIQ4_XS*>(dst), n);
     case GgmlType::kIQ2_XXS:
       return QuantizeRowIQ2_XXS(src, static_cast<BlockIQ2_XXS*>(dst), n);
+    case GgmlType::kIQ3_XXS:
+      return QuantizeRowIQ3_XXS(src, static_cast<BlockIQ3_XXS*>(dst), n);
     default:
       break;
   }
@@ -134,6 +138,8 @@ void DequantizeRow(GgmlType type, const void* src, float* dst, int64_t n) {
       return DequantizeRowIQ4_XS(static_cast<const BlockIQ4_XS*>(src), dst, n);
     case GgmlType::kIQ2_XXS:
       return DequantizeRowIQ2_XXS(static_cast<const BlockIQ2_XXS*>(src), dst, n);
+    case GgmlType::kIQ3_XXS:
+      return DequantizeRowIQ3_XXS(static_cast<const BlockIQ3_XXS*>(src), dst, n);
     default:
       break;
   }
@@ -200,6 +206,9 @@ void DotRows(const quant_internal::RowKernels& k, GgmlType weight_type, const vo
                       static_cast<const BlockQ8_K*>(activation_row), n, out);
     case GgmlType::kIQ2_XXS:
       return k.iq2_xxs(static_cast<const BlockIQ2_XXS*>(weight_rows), n_rows,
+                       static_cast<const BlockQ8_K*>(activation_row), n, out);
+    case GgmlType::kIQ3_XXS:
+      return k.iq3_xxs(static_cast<const BlockIQ3_XXS*>(weight_rows), n_rows,
                        static_cast<const BlockQ8_K*>(activation_row), n, out);
     default:
       break;

@@ -139,6 +139,24 @@ constexpr RunScaleShuffles MakeRunScaleShuffles() {
 }
 inline constexpr RunScaleShuffles kRunScaleShuffles = MakeRunScaleShuffles();
 
+// For every sign index s of the grid IQ types (IQSignBits, blocks.h), the 8 signs as bytes for
+// vpsignb: -1 where element i is negative, +1 elsewhere.
+struct SignBytes {
+  uint64_t bytes[128];
+};
+constexpr SignBytes MakeSignBytes() {
+  SignBytes t{};
+  for (int s = 0; s < 128; ++s) {
+    int parity = 0;
+    for (int i = 0; i < 7; ++i) parity ^= (s >> i) & 1;
+    const int mask = s | (parity << 7);
+    for (int i = 0; i < 8; ++i)
+      t.bytes[s] |= static_cast<uint64_t>((mask >> i) & 1 ? 0xFF : 0x01) << (8 * i);
+  }
+  return t;
+}
+inline constexpr SignBytes kIQSignBytes = MakeSignBytes();
+
 // The 8 six-bit scales and mins of a Q4_K or Q5_K block as bytes sc[0..7], m[0..7]: the packing
 // of blocks.h undone four bytes at a time, in dword lanes u0, u1, u2 of the scales array:
 //   sc[0..3] = u0 & 0x3f..   sc[4..7] = (u2 & 0x0f..) | ((u0 >> 2) & 0x30..)

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "common/quant/iq2.h"
+#include "common/quant/iq3.h"
 #include "common/quant/quant.h"
 #include "gtest/gtest.h"
 
@@ -137,6 +138,34 @@ TEST(DequantizeIQ2_XXS, HandBuiltBlock) {
   EXPECT_EQ(out[0], -0.5f);
   // Element 7 of group 0: sign index 1 has one negative, so the 8th sign (parity) is negative too.
   EXPECT_LT(out[7], 0.0f);
+}
+
+// IQ3_XXS with d = 0.5: sub-block j's grid indices qs[8j + k] = 29 j + 13 k, its word holding
+// scale code 15 - j and sign indices 9 j + 5 l + 1 for groups l. Element i of group l is
+// d * (0.5 + ls) / 2 * (byte i % 4 of grid point qs[8j + 2l + i / 4]) * sign i.
+TEST(DequantizeIQ3_XXS, HandBuiltBlock) {
+  BlockIQ3_XXS block;
+  block.d = 0x3800;  // 0.5
+  for (int j = 0; j < 8; ++j) {
+    for (int k = 0; k < 8; ++k) block.qs[8 * j + k] = static_cast<uint8_t>((29 * j + 13 * k) % 256);
+    uint32_t word = static_cast<uint32_t>(15 - j) << 28;
+    for (int l = 0; l < 4; ++l) word |= static_cast<uint32_t>(9 * j + 5 * l + 1) << (7 * l);
+    std::memcpy(block.qs + 64 + 4 * j, &word, 4);
+  }
+  float out[256];
+  DequantizeRow(GgmlType::kIQ3_XXS, &block, out, 256);
+  for (int e = 0; e < 256; ++e) {
+    const int j = e / 32, l = (e % 32) / 8, i = e % 8;
+    const int point = (29 * j + 13 * (2 * l + i / 4)) % 256;
+    const int grid = static_cast<int>((kIQ3_XXSGrid[point] >> (8 * (i % 4))) & 0xFF);
+    const int signs7 = 9 * j + 5 * l + 1;
+    int parity = 0;
+    for (int b = 0; b < 7; ++b) parity ^= (signs7 >> b) & 1;
+    const bool negative = i < 7 ? (signs7 >> i) & 1 : parity;
+    EXPECT_EQ(out[e], 0.5f * (0.5f + (15 - j)) * 0.5f * grid * (negative ? -1.0f : 1.0f)) << e;
+  }
+  // Element 0: grid point 0 (all codes 4), scale code 15, sign index 1: -0.5 * 15.5 / 2 * 4.
+  EXPECT_EQ(out[0], -15.5f);
 }
 
 // Q4_K with scales sc = {1, 2, 3, 63, 17, 33, 48, 63} and mins m = {0, 5, 40, 63, 9, 20, 36, 62},

@@ -23,7 +23,7 @@ constexpr GgmlType kWeightTypes[] = {
     GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ4_0, GgmlType::kQ4_1,
     GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ2_K, GgmlType::kQ3_K,
     GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS,
-    GgmlType::kIQ2_XXS};
+    GgmlType::kIQ2_XXS, GgmlType::kIQ3_XXS};
 constexpr int64_t kSizes[] = {1, 7, 16, 33, 32, 64, 96, 160, 256, 512, 768, 1024, 2048, 4096};
 constexpr int64_t kRows = 11;  // groups of 8, 4 and 2 rows, and single rows
 
@@ -389,6 +389,15 @@ TEST(VecDot, ExtremeQuantsAreExact) {
       std::memcpy(w.qs + 4 * j + 2, &a1, 4);
     }
     ExpectNearDequantizedDot(GgmlType::kIQ2_XXS, &w);
+    // IQ3_XXS: the same signs and scale codes, grid point 255 (among the largest codes).
+    BlockIQ3_XXS w3{};
+    w3.d = 0x3C00;
+    std::memset(w3.qs, 0xFF, 64);
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t word = 15u << 28 | (j % 2 ? 127u * 0x204081 : 85u * 0x204081);
+      std::memcpy(w3.qs + 64 + 4 * j, &word, 4);
+    }
+    ExpectNearDequantizedDot(GgmlType::kIQ3_XXS, &w3);
   }
   {
     // IQ4_NL: every code 0 (-127) or 15 (113) against activations of +-127; the exact integer
@@ -451,6 +460,7 @@ TEST(ActivationType, PairsAsGgml) {
   EXPECT_EQ(ActivationTypeFor(GgmlType::kIQ4_NL), GgmlType::kQ8_0);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kIQ4_XS), GgmlType::kQ8_K);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kIQ2_XXS), GgmlType::kQ8_K);
+  EXPECT_EQ(ActivationTypeFor(GgmlType::kIQ3_XXS), GgmlType::kQ8_K);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kQ4_1), GgmlType::kQ8_1);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kQ5_1), GgmlType::kQ8_1);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kQ2_K), GgmlType::kQ8_K);

@@ -1,0 +1,132 @@
+#include "common/quant/iq3.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "common/base/check.h"
+#include "common/quant/grid_fit.h"
+#include "common/quant/row_kernels.h"
+#include "common/quant/scale_fit.h"
+
+namespace mer {
+namespace {
+
+using quant_internal::NearestInt;
+
+constexpr int kQK = kKBlockSize;
+constexpr int kSub = 32;  // elements per sub-block
+
+inline int GridByte(int index, int i) { return (kIQ3_XXSGrid[index] >> (8 * i)) & 0xFF; }
+
+// The grid's codes in memory order (byte i of an entry is code i).
+const quant_internal::Grid& TheGrid() {
+  static const quant_internal::Grid grid(reinterpret_cast<const uint8_t*>(kIQ3_XXSGrid), 256, 4,
+                                         {4, 12, 20, 28, 36, 44, 52, 62});
+  return grid;
+}
+
+void QuantizeBlock(const float* x, BlockIQ3_XXS* y) {
+  float m[kQK];
+  uint8_t signs[kQK / 8];  // per group of 8, bit i = element i negative
+  for (int g = 0; g < kQK / 8; ++g) {
+    int mask = 0, smallest = 0;
+    for (int i = 0; i < 8; ++i) {
+      const float v = x[8 * g + i];
+      m[8 * g + i] = std::fabs(v);
+      if (v < 0) mask |= 1 << i;
+      if (m[8 * g + i] < m[8 * g + smallest]) smallest = i;
+    }
+    // An odd number of negatives cannot be stored: flip the sign that costs least.
+    if (__builtin_popcount(static_cast<unsigned>(mask)) & 1) mask ^= 1 << smallest;
+    signs[g] = static_cast<uint8_t>(mask);
+  }
+  float scales[8];
+  for (int j = 0; j < 8; ++j) scales[j] = TheGrid().FitScale(m + kSub * j, kSub);
+  const float max_scale = *std::max_element(scales, scales + 8);
+  // Sub-block j's scale is d * (2 ls + 1) / 4 with ls in [0, 15]: the largest gets ls = 15.
+  y->d = F32ToF16(max_scale * 4.0f / 31.0f);
+  const float d = F16ToF32(y->d);
+  for (int j = 0; j < 8; ++j) {
+    const int ls = d == 0.0f ? 0 : std::clamp(NearestInt((4.0f * scales[j] / d - 1.0f) / 2.0f), 0, 15);
+    const float db = d * (0.5f + ls) * 0.5f;
+    uint32_t word = static_cast<uint32_t>(ls) << 28;
+    for (int l = 0; l < 4; ++l) {
+      for (int h = 0; h < 2; ++h) {
+        float unused;
+        y->qs[8 * j + 2 * l + h] = static_cast<uint8_t>(
+            db == 0.0f ? 0 : TheGrid().Map(m + kSub * j + 8 * l + 4 * h, db, &unused));
+      }
+      word |= static_cast<uint32_t>(signs[4 * j + l] & 127) << (7 * l);
+    }
+    std::memcpy(y->qs + 64 + 4 * j, &word, 4);
+  }
+}
+
+inline uint32_t Word(const BlockIQ3_XXS& x, int j) {
+  uint32_t w;
+  std::memcpy(&w, x.qs + 64 + 4 * j, 4);
+  return w;
+}
+
+}  // namespace
+
+void QuantizeRowIQ3_XXS(const float* src, BlockIQ3_XXS* dst, int64_t n) {
+  CHECK(n % kQK == 0);
+  for (int64_t b = 0; b < n / kQK; ++b) QuantizeBlock(src + b * kQK, dst + b);
+}
+
+// As ggml's dequantize_row_iq3_xxs: d * (0.5 + ls) * 0.5, times the grid byte, times the sign.
+void DequantizeRowIQ3_XXS(const BlockIQ3_XXS* src, float* dst, int64_t n) {
+  CHECK(n % kQK == 0);
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    const float d = F16ToF32(src[b].d);
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t word = Word(src[b], j);
+      const float db = d * (0.5f + static_cast<float>(word >> 28)) * 0.5f;
+      for (int l = 0; l < 4; ++l) {
+        const uint8_t signs = IQSignBits((word >> (7 * l)) & 127);
+        for (int i = 0; i < 8; ++i) {
+          const int g = src[b].qs[8 * j + 2 * l + i / 4];
+          dst[b * kQK + kSub * j + 8 * l + i] =
+              db * static_cast<float>(GridByte(g, i % 4)) * ((signs >> i) & 1 ? -1.0f : 1.0f);
+        }
+      }
+    }
+  }
+}
+
+void VecDotRowsIQ3_XXS(const BlockIQ3_XXS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
+                       float* out) {
+  CHECK(n % kQK == 0);
+  quant_internal::ActiveRowKernels().iq3_xxs(rows, n_rows, a, n, out);
+}
+
+void VecDotRowsIQ3_XXSScalar(const BlockIQ3_XXS* rows, int64_t n_rows, const BlockQ8_K* a,
+                             int64_t n, float* out) {
+  CHECK(n % kQK == 0);
+  const int64_t nb = n / kQK;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    float sum = 0.0f;
+    for (int64_t b = 0; b < nb; ++b) {
+      const BlockIQ3_XXS& x = rows[r * nb + b];
+      int32_t sumi = 0;
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t word = Word(x, j);
+        int32_t s = 0;
+        for (int l = 0; l < 4; ++l) {
+          const uint8_t signs = IQSignBits((word >> (7 * l)) & 127);
+          for (int i = 0; i < 8; ++i) {
+            const int v = GridByte(x.qs[8 * j + 2 * l + i / 4], i % 4) * a[b].qs[kSub * j + 8 * l + i];
+            s += (signs >> i) & 1 ? -v : v;
+          }
+        }
+        sumi += static_cast<int32_t>(2 * (word >> 28) + 1) * s;
+      }
+      sum += F16ToF32(x.d) * a[b].d * static_cast<float>(sumi);
+    }
+    out[r] = 0.25f * sum;
+  }
+}
+
+}  // namespace mer
