@@ -7,21 +7,19 @@
 #include <cstdlib>
 
 namespace mer::internal {
-[[noreturn]] inline void CheckFailed(const char* file, int line, const char* condition,
-                                     const char* message) {
+[[noreturn]] inline void CheckFailed(const char* file, int line, const char* condition, const char* message) {
   std::fprintf(stderr, "%s:%d: CHECK failed: %s %s\n", file, line, condition, message);
   std::fflush(stderr);
   std::abort();
 }
 }  // namespace mer::internal
 
-#define CHECK(condition)                                                       \
-  do {                                                                         \
+#define CHECK(condition)                                                                \
+  do {                                                                                  \
     if (!(condition)) ::mer::internal::CheckFailed(__FILE__, __LINE__, #condition, ""); \
   } while (0)
 
-#define CHECK_MSG(condition, message)                                          \
-  do {                                                                         \
-    if (!(condition))                                                          \
-      ::mer::internal::CheckFailed(__FILE__, __LINE__, #condition, (message)); \
+#define CHECK_MSG(condition, message)                                                          \
+  do {                                                                                         \
+    if (!(condition)) ::mer::internal::CheckFailed(__FILE__, __LINE__, #condition, (message)); \
   } while (0)

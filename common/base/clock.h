@@ -33,14 +33,9 @@ inline Clock* RealClock() {
 // Stands still until told to move (tests).
 class FakeClock final : public Clock {
  public:
-  explicit FakeClock(absl::Time start = absl::FromUnixSeconds(1'000'000'000))
-      : nanos_(absl::ToUnixNanos(start)) {}
-  absl::Time Now() const override {
-    return absl::FromUnixNanos(nanos_.load(std::memory_order_acquire));
-  }
-  void Advance(absl::Duration d) {
-    nanos_.fetch_add(absl::ToInt64Nanoseconds(d), std::memory_order_acq_rel);
-  }
+  explicit FakeClock(absl::Time start = absl::FromUnixSeconds(1'000'000'000)) : nanos_(absl::ToUnixNanos(start)) {}
+  absl::Time Now() const override { return absl::FromUnixNanos(nanos_.load(std::memory_order_acquire)); }
+  void Advance(absl::Duration d) { nanos_.fetch_add(absl::ToInt64Nanoseconds(d), std::memory_order_acq_rel); }
 
  private:
   std::atomic<int64_t> nanos_;

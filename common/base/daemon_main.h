@@ -22,8 +22,8 @@ inline std::atomic<bool>& StopRequested() {
 
 // Runs `parse(argc, argv, &args)` then `run(args)`.
 template <typename Args>
-int DaemonMain(const char* name, const char* help, int argc, char** argv,
-               absl::Status (*parse)(int, char**, Args*), absl::Status (*run)(const Args&)) {
+int DaemonMain(const char* name, const char* help, int argc, char** argv, absl::Status (*parse)(int, char**, Args*),
+               absl::Status (*run)(const Args&)) {
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--help") == 0) {
       std::fputs(help, stdout);

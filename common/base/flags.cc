@@ -9,8 +9,7 @@
 
 namespace mer {
 
-absl::StatusOr<Flags> Flags::Parse(const std::vector<std::string>& args,
-                                   const std::vector<std::string>& value_flags,
+absl::StatusOr<Flags> Flags::Parse(const std::vector<std::string>& args, const std::vector<std::string>& value_flags,
                                    const std::vector<std::string>& bool_flags) {
   Flags f;
   const auto known = [](const std::vector<std::string>& v, const std::string& s) {
@@ -33,8 +32,7 @@ absl::StatusOr<Flags> Flags::Parse(const std::vector<std::string>& args,
       f.values_[name] = "true";
     } else if (known(value_flags, name)) {
       if (!value) {
-        if (i + 1 >= args.size())
-          return absl::InvalidArgumentError(absl::StrCat("flag --", name, " needs a value"));
+        if (i + 1 >= args.size()) return absl::InvalidArgumentError(absl::StrCat("flag --", name, " needs a value"));
         value = args[++i];
       }
       f.values_[name] = *value;
@@ -59,8 +57,7 @@ absl::StatusOr<int64_t> Flags::Int(const std::string& name, int64_t fallback) co
   return v;
 }
 
-absl::StatusOr<Flags> Flags::ParseMain(int argc, char** argv,
-                                       const std::vector<std::string>& value_flags,
+absl::StatusOr<Flags> Flags::ParseMain(int argc, char** argv, const std::vector<std::string>& value_flags,
                                        const std::vector<std::string>& bool_flags) {
   absl::StatusOr<Flags> f = Parse(std::vector<std::string>(argv + 1, argv + argc), value_flags, bool_flags);
   if (f.ok() && !f->positional_.empty())
@@ -68,12 +65,10 @@ absl::StatusOr<Flags> Flags::ParseMain(int argc, char** argv,
   return f;
 }
 
-absl::StatusOr<int64_t> Flags::IntInRange(const std::string& name, int64_t fallback, int64_t lo,
-                                          int64_t hi) const {
+absl::StatusOr<int64_t> Flags::IntInRange(const std::string& name, int64_t fallback, int64_t lo, int64_t hi) const {
   absl::StatusOr<int64_t> v = Int(name, fallback);
   if (v.ok() && (*v < lo || *v > hi))
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", name, ": want an integer in [", lo, ", ", hi, "], got ", *v));
+    return absl::InvalidArgumentError(absl::StrCat("--", name, ": want an integer in [", lo, ", ", hi, "], got ", *v));
   return v;
 }
 

@@ -53,7 +53,10 @@ class IndexList {
     Node& n = pool[i];
     n.prev = pos;
     n.next = pool[pos].next;
-    if (n.next != kNilIndex) pool[n.next].prev = i; else back_ = i;
+    if (n.next != kNilIndex)
+      pool[n.next].prev = i;
+    else
+      back_ = i;
     pool[pos].next = i;
     ++size_;
   }
@@ -63,7 +66,10 @@ class IndexList {
     Node& n = pool[i];
     n.next = pos;
     n.prev = pool[pos].prev;
-    if (n.prev != kNilIndex) pool[n.prev].next = i; else front_ = i;
+    if (n.prev != kNilIndex)
+      pool[n.prev].next = i;
+    else
+      front_ = i;
     pool[pos].prev = i;
     ++size_;
   }
@@ -71,8 +77,14 @@ class IndexList {
   // Removes i (which is in this list).
   void Unlink(std::vector<Node>& pool, uint32_t i) {
     Node& n = pool[i];
-    if (n.prev != kNilIndex) pool[n.prev].next = n.next; else front_ = n.next;
-    if (n.next != kNilIndex) pool[n.next].prev = n.prev; else back_ = n.prev;
+    if (n.prev != kNilIndex)
+      pool[n.prev].next = n.next;
+    else
+      front_ = n.next;
+    if (n.next != kNilIndex)
+      pool[n.next].prev = n.prev;
+    else
+      back_ = n.prev;
     n.prev = n.next = kNilIndex;
     CHECK(size_ > 0);
     --size_;
@@ -86,7 +98,10 @@ class IndexList {
   }
 
   // Forgets every node (their links are left as they were).
-  void Clear() { front_ = back_ = kNilIndex; size_ = 0; }
+  void Clear() {
+    front_ = back_ = kNilIndex;
+    size_ = 0;
+  }
 
  private:
   uint32_t front_ = kNilIndex;

@@ -9,15 +9,14 @@
 #define MER_STATUS_CONCAT_(a, b) MER_STATUS_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function if `expr` (an absl::Status) is not OK.
-#define RETURN_IF_ERROR(expr)                                  \
-  do {                                                         \
-    ::absl::Status mer_status_ = (expr);                       \
-    if (!mer_status_.ok()) return mer_status_;                 \
+#define RETURN_IF_ERROR(expr)                  \
+  do {                                         \
+    ::absl::Status mer_status_ = (expr);       \
+    if (!mer_status_.ok()) return mer_status_; \
   } while (0)
 
 // `ASSIGN_OR_RETURN(auto x, StatusOrExpr());` binds the value or returns the error.
-#define ASSIGN_OR_RETURN(lhs, expr) \
-  ASSIGN_OR_RETURN_IMPL_(MER_STATUS_CONCAT_(mer_statusor_, __LINE__), lhs, expr)
+#define ASSIGN_OR_RETURN(lhs, expr) ASSIGN_OR_RETURN_IMPL_(MER_STATUS_CONCAT_(mer_statusor_, __LINE__), lhs, expr)
 #define ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
   auto tmp = (expr);                           \
   if (!tmp.ok()) return tmp.status();          \

@@ -22,14 +22,19 @@ size_t PartialTagSuffix(std::string_view text, std::string_view tag) {
 
 jinja::Value JsonToValue(const nlohmann::ordered_json& json) {
   switch (json.type()) {
-    case nlohmann::ordered_json::value_t::null: return jinja::Value::None();
-    case nlohmann::ordered_json::value_t::boolean: return jinja::Value(json.get<bool>());
-    case nlohmann::ordered_json::value_t::number_integer: return jinja::Value(json.get<int64_t>());
+    case nlohmann::ordered_json::value_t::null:
+      return jinja::Value::None();
+    case nlohmann::ordered_json::value_t::boolean:
+      return jinja::Value(json.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer:
+      return jinja::Value(json.get<int64_t>());
     case nlohmann::ordered_json::value_t::number_unsigned:
       return json.get<uint64_t>() <= uint64_t{INT64_MAX} ? jinja::Value(static_cast<int64_t>(json.get<uint64_t>()))
                                                          : jinja::Value(json.get<double>());
-    case nlohmann::ordered_json::value_t::number_float: return jinja::Value(json.get<double>());
-    case nlohmann::ordered_json::value_t::string: return jinja::Value(json.get<std::string>());
+    case nlohmann::ordered_json::value_t::number_float:
+      return jinja::Value(json.get<double>());
+    case nlohmann::ordered_json::value_t::string:
+      return jinja::Value(json.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
       jinja::Value::Array items;
       for (const auto& item : json) items.push_back(JsonToValue(item));
@@ -40,7 +45,8 @@ jinja::Value JsonToValue(const nlohmann::ordered_json& json) {
       for (const auto& [k, v] : json.items()) members.emplace_back(k, JsonToValue(v));
       return jinja::Value::MakeObject(std::move(members));
     }
-    default: return jinja::Value();
+    default:
+      return jinja::Value();
   }
 }
 

@@ -61,11 +61,13 @@ void Value::Set(std::string_view key, Value value) const {
 
 namespace {
 
-constexpr int kMaxDepth = 200;                       // nesting of expressions and blocks
+constexpr int kMaxDepth = 200;                        // nesting of expressions and blocks
 constexpr size_t kMaxOutputBytes = size_t{16} << 20;  // of a render, and of any string made
 constexpr int64_t kMaxIterations = 1 << 20;           // loop iterations of a render, in all
 
-absl::Status Error(const std::string& what) { return absl::InvalidArgumentError(absl::StrCat("chat template: ", what)); }
+absl::Status Error(const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("chat template: ", what));
+}
 
 bool IsSpaceAscii(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
 
@@ -78,7 +80,7 @@ bool IsPySpace(std::string_view s, size_t i, size_t* n) {
   if (b == 0xC2 && (at(1) == 0x85 || at(1) == 0xA0)) return *n = 2, true;
   if (b == 0xE1 && at(1) == 0x9A && at(2) == 0x80) return *n = 3, true;  // U+1680
   if (b == 0xE2 && at(1) == 0x80 && (at(2) <= 0x8A || at(2) == 0xA8 || at(2) == 0xA9 || at(2) == 0xAF))
-    return *n = 3, true;  // U+2000..200A, 2028, 2029, 202F
+    return *n = 3, true;                                                 // U+2000..200A, 2028, 2029, 202F
   if (b == 0xE2 && at(1) == 0x81 && at(2) == 0x9F) return *n = 3, true;  // U+205F
   if (b == 0xE3 && at(1) == 0x80 && at(2) == 0x80) return *n = 3, true;  // U+3000
   return false;
@@ -173,16 +175,32 @@ void JsonString(const std::string& s, std::string* out) {
   for (char c : s) {
     const auto b = static_cast<unsigned char>(c);
     switch (c) {
-      case '"': *out += "\\\""; break;
-      case '\\': *out += "\\\\"; break;
-      case '\n': *out += "\\n"; break;
-      case '\r': *out += "\\r"; break;
-      case '\t': *out += "\\t"; break;
-      case '\b': *out += "\\b"; break;
-      case '\f': *out += "\\f"; break;
+      case '"':
+        *out += "\\\"";
+        break;
+      case '\\':
+        *out += "\\\\";
+        break;
+      case '\n':
+        *out += "\\n";
+        break;
+      case '\r':
+        *out += "\\r";
+        break;
+      case '\t':
+        *out += "\\t";
+        break;
+      case '\b':
+        *out += "\\b";
+        break;
+      case '\f':
+        *out += "\\f";
+        break;
       default:
-        if (b < 0x20) absl::StrAppend(out, "\\u00", absl::Hex(b, absl::kZeroPad2));
-        else *out += c;
+        if (b < 0x20)
+          absl::StrAppend(out, "\\u00", absl::Hex(b, absl::kZeroPad2));
+        else
+          *out += c;
     }
   }
   *out += '"';
@@ -192,7 +210,8 @@ std::string Str(const Value& v);
 
 std::string Repr(const Value& v) {
   switch (v.kind()) {
-    case Value::Kind::kString: return PyStringRepr(v.string_value());
+    case Value::Kind::kString:
+      return PyStringRepr(v.string_value());
     case Value::Kind::kArray: {
       std::string out = v.is_tuple() ? "(" : "[";
       for (size_t i = 0; i < v.array().size(); ++i) absl::StrAppend(&out, i ? ", " : "", Repr(v.array()[i]));
@@ -208,20 +227,28 @@ std::string Repr(const Value& v) {
       }
       return out + "}";
     }
-    default: return Str(v);
+    default:
+      return Str(v);
   }
 }
 
 // Python's str(), with jinja2's Undefined printing as nothing.
 std::string Str(const Value& v) {
   switch (v.kind()) {
-    case Value::Kind::kUndefined: return "";
-    case Value::Kind::kNone: return "None";
-    case Value::Kind::kBool: return v.bool_value() ? "True" : "False";
-    case Value::Kind::kInt: return absl::StrCat(v.int_value());
-    case Value::Kind::kFloat: return PythonFloatRepr(v.float_value());
-    case Value::Kind::kString: return v.string_value();
-    default: return Repr(v);
+    case Value::Kind::kUndefined:
+      return "";
+    case Value::Kind::kNone:
+      return "None";
+    case Value::Kind::kBool:
+      return v.bool_value() ? "True" : "False";
+    case Value::Kind::kInt:
+      return absl::StrCat(v.int_value());
+    case Value::Kind::kFloat:
+      return PythonFloatRepr(v.float_value());
+    case Value::Kind::kString:
+      return v.string_value();
+    default:
+      return Repr(v);
   }
 }
 
@@ -234,16 +261,25 @@ absl::Status ToJson(const Value& v, int indent, int level, std::string* out) {
     out->append(static_cast<size_t>(indent) * l, ' ');
   };
   switch (v.kind()) {
-    case Value::Kind::kUndefined: return Error("tojson of an undefined value");
-    case Value::Kind::kNone: *out += "null"; break;
-    case Value::Kind::kBool: *out += v.bool_value() ? "true" : "false"; break;
-    case Value::Kind::kInt: absl::StrAppend(out, v.int_value()); break;
+    case Value::Kind::kUndefined:
+      return Error("tojson of an undefined value");
+    case Value::Kind::kNone:
+      *out += "null";
+      break;
+    case Value::Kind::kBool:
+      *out += v.bool_value() ? "true" : "false";
+      break;
+    case Value::Kind::kInt:
+      absl::StrAppend(out, v.int_value());
+      break;
     case Value::Kind::kFloat: {
       const double d = v.float_value();
       *out += std::isnan(d) ? "NaN" : std::isinf(d) ? (d > 0 ? "Infinity" : "-Infinity") : PythonFloatRepr(d);
       break;
     }
-    case Value::Kind::kString: JsonString(v.string_value(), out); break;
+    case Value::Kind::kString:
+      JsonString(v.string_value(), out);
+      break;
     case Value::Kind::kArray: {
       if (v.array().empty()) {
         *out += "[]";
@@ -285,13 +321,19 @@ absl::Status ToJson(const Value& v, int indent, int level, std::string* out) {
 bool Truthy(const Value& v) {
   switch (v.kind()) {
     case Value::Kind::kUndefined:
-    case Value::Kind::kNone: return false;
+    case Value::Kind::kNone:
+      return false;
     case Value::Kind::kBool:
-    case Value::Kind::kInt: return v.int_value() != 0;
-    case Value::Kind::kFloat: return v.float_value() != 0;
-    case Value::Kind::kString: return !v.string_value().empty();
-    case Value::Kind::kArray: return !v.array().empty();
-    case Value::Kind::kObject: return !v.object().empty();
+    case Value::Kind::kInt:
+      return v.int_value() != 0;
+    case Value::Kind::kFloat:
+      return v.float_value() != 0;
+    case Value::Kind::kString:
+      return !v.string_value().empty();
+    case Value::Kind::kArray:
+      return !v.array().empty();
+    case Value::Kind::kObject:
+      return !v.object().empty();
   }
   return false;
 }
@@ -304,7 +346,8 @@ bool Equal(const Value& a, const Value& b) {
   }
   if (a.kind() != b.kind()) return false;
   switch (a.kind()) {
-    case Value::Kind::kString: return a.string_value() == b.string_value();
+    case Value::Kind::kString:
+      return a.string_value() == b.string_value();
     case Value::Kind::kArray:
       if (a.array().size() != b.array().size()) return false;
       for (size_t i = 0; i < a.array().size(); ++i)
@@ -317,7 +360,8 @@ bool Equal(const Value& a, const Value& b) {
         if (o == nullptr || !Equal(v, *o)) return false;
       }
       return true;
-    default: return true;  // none == none, undefined == undefined
+    default:
+      return true;  // none == none, undefined == undefined
   }
 }
 
@@ -328,21 +372,45 @@ bool Equal(const Value& a, const Value& b) {
 
 enum class Op {
   // expressions
-  kLiteral, kName, kList, kDict, kAttr, kItem, kSlice, kCall, kFilter, kTest, kNot, kNeg, kPos,
-  kAnd, kOr, kCond, kBinary, kCompare,
+  kLiteral,
+  kName,
+  kList,
+  kDict,
+  kAttr,
+  kItem,
+  kSlice,
+  kCall,
+  kFilter,
+  kTest,
+  kNot,
+  kNeg,
+  kPos,
+  kAnd,
+  kOr,
+  kCond,
+  kBinary,
+  kCompare,
   // statements
-  kText, kOutput, kIf, kFor, kSet, kSetBlock, kBreak, kContinue, kSequence,
+  kText,
+  kOutput,
+  kIf,
+  kFor,
+  kSet,
+  kSetBlock,
+  kBreak,
+  kContinue,
+  kSequence,
 };
 
 struct Node {
   Op op;
   int line = 0;
-  Value value;                                 // kLiteral, kText
-  std::string name;                            // kName, kAttr, kFilter, kTest, kBinary/kCompare op, kSet target
-  std::string attr;                            // kSet: namespace attribute
+  Value value;                                    // kLiteral, kText
+  std::string name;                               // kName, kAttr, kFilter, kTest, kBinary/kCompare op, kSet target
+  std::string attr;                               // kSet: namespace attribute
   std::vector<std::shared_ptr<const Node>> kids;  // operands, bodies
-  std::vector<std::string> keywords;           // kCall/kFilter/kTest: names of the last args
-  std::vector<std::string> targets;            // kFor
+  std::vector<std::string> keywords;              // kCall/kFilter/kTest: names of the last args
+  std::vector<std::string> targets;               // kFor
 };
 
 namespace {
@@ -390,7 +458,10 @@ absl::Status DecodeString(std::string_view body, std::string* out) {
       for (int k = 1; k <= digits; ++k) {
         if (i + k >= body.size()) return Error("bad escape in a string");
         const char h = body[i + k];
-        const int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+        const int d = h >= '0' && h <= '9'   ? h - '0'
+                      : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                      : h >= 'A' && h <= 'F' ? h - 'A' + 10
+                                             : -1;
         if (d < 0) return Error("bad escape in a string");
         cp = cp * 16 + d;
       }
@@ -414,21 +485,50 @@ absl::Status DecodeString(std::string_view body, std::string* out) {
       return absl::OkStatus();
     };
     switch (e) {
-      case 'n': *out += '\n'; break;
-      case 't': *out += '\t'; break;
-      case 'r': *out += '\r'; break;
-      case 'b': *out += '\b'; break;
-      case 'f': *out += '\f'; break;
-      case 'v': *out += '\v'; break;
-      case 'a': *out += '\a'; break;
-      case '0': *out += '\0'; break;
-      case '\\': *out += '\\'; break;
-      case '\'': *out += '\''; break;
-      case '"': *out += '"'; break;
-      case '\n': break;  // a line continuation
-      case 'x': RETURN_IF_ERROR(hex(2)); break;
-      case 'u': RETURN_IF_ERROR(hex(4)); break;
-      case 'U': RETURN_IF_ERROR(hex(8)); break;
+      case 'n':
+        *out += '\n';
+        break;
+      case 't':
+        *out += '\t';
+        break;
+      case 'r':
+        *out += '\r';
+        break;
+      case 'b':
+        *out += '\b';
+        break;
+      case 'f':
+        *out += '\f';
+        break;
+      case 'v':
+        *out += '\v';
+        break;
+      case 'a':
+        *out += '\a';
+        break;
+      case '0':
+        *out += '\0';
+        break;
+      case '\\':
+        *out += '\\';
+        break;
+      case '\'':
+        *out += '\'';
+        break;
+      case '"':
+        *out += '"';
+        break;
+      case '\n':
+        break;  // a line continuation
+      case 'x':
+        RETURN_IF_ERROR(hex(2));
+        break;
+      case 'u':
+        RETURN_IF_ERROR(hex(4));
+        break;
+      case 'U':
+        RETURN_IF_ERROR(hex(8));
+        break;
       default:
         *out += '\\';
         *out += e;
@@ -487,9 +587,8 @@ absl::StatusOr<std::vector<Token>> Tokenize(std::string_view s) {
       out.push_back(std::move(t));
       i = j + 1;
     } else {
-      static constexpr std::string_view kOps[] = {"==", "!=", "<=", ">=", "//", "**", "<", ">", "+", "-",
-                                                  "*", "/", "%", "~", "|", ".", ",", ":", "(", ")",
-                                                  "[", "]", "{", "}", "="};
+      static constexpr std::string_view kOps[] = {"==", "!=", "<=", ">=", "//", "**", "<", ">", "+", "-", "*", "/", "%",
+                                                  "~",  "|",  ".",  ",",  ":",  "(",  ")", "[", "]", "{", "}", "="};
       bool found = false;
       for (std::string_view op : kOps) {
         if (s.substr(i, op.size()) == op) {
@@ -540,7 +639,8 @@ std::string NormalizeNewlines(std::string_view src) {
     } else if (c == '\xC2' && i + 1 < src.size() && src[i + 1] == '\x85') {
       out += '\n';
       ++i;
-    } else if (c == '\xE2' && i + 2 < src.size() && src[i + 1] == '\x80' && (src[i + 2] == '\xA8' || src[i + 2] == '\xA9')) {
+    } else if (c == '\xE2' && i + 2 < src.size() && src[i + 1] == '\x80' &&
+               (src[i + 2] == '\xA8' || src[i + 2] == '\xA9')) {
       out += '\n';
       i += 2;
     } else {
@@ -558,12 +658,12 @@ int LineAt(std::string_view src, size_t pos) {
 absl::StatusOr<std::vector<Segment>> Split(std::string_view src) {
   std::vector<Segment> out;
   size_t pos = 0;
-  bool strip_next = false;   // the previous tag ended with "-"
+  bool strip_next = false;    // the previous tag ended with "-"
   bool line_starting = true;  // what precedes `pos` ends a line (jinja2's lstrip_blocks rule)
   for (;;) {
     size_t open = pos;
-    while ((open = src.find('{', open)) != std::string_view::npos && open + 1 < src.size() &&
-           src[open + 1] != '{' && src[open + 1] != '%' && src[open + 1] != '#')
+    while ((open = src.find('{', open)) != std::string_view::npos && open + 1 < src.size() && src[open + 1] != '{' &&
+           src[open + 1] != '%' && src[open + 1] != '#')
       ++open;
     if (open + 1 >= src.size()) open = std::string_view::npos;
     std::string text(src.substr(pos, open == std::string_view::npos ? std::string_view::npos : open - pos));
@@ -811,8 +911,8 @@ class Parser {
     for (;;) {
       std::string op;
       const Token& t = Peek();
-      if (t.type == Tok::kOp && (t.text == "==" || t.text == "!=" || t.text == "<" || t.text == ">" ||
-                                 t.text == "<=" || t.text == ">=")) {
+      if (t.type == Tok::kOp &&
+          (t.text == "==" || t.text == "!=" || t.text == "<" || t.text == ">" || t.text == "<=" || t.text == ">=")) {
         op = Next().text;
       } else if (t.type == Tok::kName && t.text == "in") {
         op = Next().text;
@@ -906,10 +1006,14 @@ class Parser {
       case Tok::kName: {
         auto n = Make(Op::kLiteral, line_);
         Value& v = const_cast<Node&>(*n).value;
-        if (t.text == "true" || t.text == "True") v = Value(true);
-        else if (t.text == "false" || t.text == "False") v = Value(false);
-        else if (t.text == "none" || t.text == "None") v = Value::None();
-        else return Make(Op::kName, line_, {}, t.text);
+        if (t.text == "true" || t.text == "True")
+          v = Value(true);
+        else if (t.text == "false" || t.text == "False")
+          v = Value(false);
+        else if (t.text == "none" || t.text == "None")
+          v = Value::None();
+        else
+          return Make(Op::kName, line_, {}, t.text);
         return n;
       }
       case Tok::kOp:
@@ -973,9 +1077,12 @@ class Parser {
           if (parts[part] != nullptr) return SyntaxError("']'");
           ASSIGN_OR_RETURN(parts[part], Expression());
         }
-        if (slice) e = Make(Op::kSlice, line_, {e, parts[0], parts[1], parts[2]});
-        else if (parts[0] == nullptr) return SyntaxError("a subscript");
-        else e = Make(Op::kItem, line_, {e, parts[0]});
+        if (slice)
+          e = Make(Op::kSlice, line_, {e, parts[0], parts[1], parts[2]});
+        else if (parts[0] == nullptr)
+          return SyntaxError("a subscript");
+        else
+          e = Make(Op::kItem, line_, {e, parts[0]});
       } else if (Peek().type == Tok::kOp && Peek().text == "(") {
         ++pos_;
         auto call = std::make_shared<Node>();
@@ -1030,9 +1137,8 @@ class Parser {
         if (Accept("(")) {
           RETURN_IF_ERROR(Args(t.get()));
         } else if (Peek().type == Tok::kString || Peek().type == Tok::kInt || Peek().type == Tok::kFloat ||
-                   (Peek().type == Tok::kName && Peek().text != "and" && Peek().text != "or" &&
-                    Peek().text != "if" && Peek().text != "else" && Peek().text != "is" && Peek().text != "in" &&
-                    Peek().text != "not")) {
+                   (Peek().type == Tok::kName && Peek().text != "and" && Peek().text != "or" && Peek().text != "if" &&
+                    Peek().text != "else" && Peek().text != "is" && Peek().text != "in" && Peek().text != "not")) {
           ASSIGN_OR_RETURN(NodePtr arg, Primary());  // `is divisibleby 3`, `is sameas none`
           ASSIGN_OR_RETURN(arg, Postfix(arg));
           t->kids.push_back(arg);
@@ -1100,7 +1206,8 @@ class Renderer {
         if (i < n.kids.size()) return Exec(*n.kids[i], out);
         return absl::OkStatus();
       }
-      case Op::kFor: return ExecFor(n, out);
+      case Op::kFor:
+        return ExecFor(n, out);
       case Op::kSet: {
         ASSIGN_OR_RETURN(Value v, Eval(*n.kids[0]));
         return Assign(n, std::move(v));
@@ -1110,9 +1217,14 @@ class Renderer {
         RETURN_IF_ERROR(Exec(*n.kids[0], &captured));
         return Assign(n, Value(std::move(captured)));
       }
-      case Op::kBreak: control_ = Control::kBreak; return absl::OkStatus();
-      case Op::kContinue: control_ = Control::kContinue; return absl::OkStatus();
-      default: return Error("internal: not a statement");
+      case Op::kBreak:
+        control_ = Control::kBreak;
+        return absl::OkStatus();
+      case Op::kContinue:
+        control_ = Control::kContinue;
+        return absl::OkStatus();
+      default:
+        return Error("internal: not a statement");
     }
   }
 
@@ -1151,7 +1263,8 @@ class Renderer {
 
   absl::StatusOr<std::vector<Value>> Items(const Value& v, int line) {
     switch (v.kind()) {
-      case Value::Kind::kArray: return v.array();
+      case Value::Kind::kArray:
+        return v.array();
       case Value::Kind::kObject: {
         std::vector<Value> keys;
         for (const auto& [k, m] : v.object()) keys.emplace_back(k);
@@ -1162,7 +1275,9 @@ class Renderer {
         for (std::string_view cp : CodePoints(v.string_value())) chars.emplace_back(std::string(cp));
         return chars;
       }
-      default: return Error(absl::StrCat("line ", line, ": ", v.is_undefined() ? "an undefined value" : Repr(v), " is not iterable"));
+      default:
+        return Error(
+            absl::StrCat("line ", line, ": ", v.is_undefined() ? "an undefined value" : Repr(v), " is not iterable"));
     }
   }
 
@@ -1175,7 +1290,8 @@ class Renderer {
         return absl::OkStatus();
       }
       if (item.kind() != Value::Kind::kArray || item.array().size() != n.targets.size())
-        return Error(absl::StrCat("line ", n.line, ": cannot unpack ", Repr(item), " into ", n.targets.size(), " names"));
+        return Error(
+            absl::StrCat("line ", n.line, ": cannot unpack ", Repr(item), " into ", n.targets.size(), " names"));
       for (size_t k = 0; k < n.targets.size(); ++k) scope.Set(n.targets[k], item.array()[k]);
       return absl::OkStatus();
     };
@@ -1225,8 +1341,10 @@ class Renderer {
 
   absl::StatusOr<Value> EvalInner(const Node& n) {
     switch (n.op) {
-      case Op::kLiteral: return n.value;
-      case Op::kName: return Lookup(n.name);
+      case Op::kLiteral:
+        return n.value;
+      case Op::kName:
+        return Lookup(n.name);
       case Op::kList: {
         Value::Array items;
         for (const NodePtr& k : n.kids) {
@@ -1254,10 +1372,14 @@ class Renderer {
         ASSIGN_OR_RETURN(Value key, Eval(*n.kids[1]));
         return Item(obj, key, n);
       }
-      case Op::kSlice: return Slice(n);
-      case Op::kCall: return Call(n);
-      case Op::kFilter: return Filter(n);
-      case Op::kTest: return Test(n);
+      case Op::kSlice:
+        return Slice(n);
+      case Op::kCall:
+        return Call(n);
+      case Op::kFilter:
+        return Filter(n);
+      case Op::kTest:
+        return Test(n);
       case Op::kNot: {
         ASSIGN_OR_RETURN(Value v, Eval(*n.kids[0]));
         return Value(!Truthy(v));
@@ -1295,7 +1417,8 @@ class Renderer {
         ASSIGN_OR_RETURN(Value r, Eval(*n.kids[1]));
         return Compare(n, l, r);
       }
-      default: return Error("internal: not an expression");
+      default:
+        return Error("internal: not an expression");
     }
   }
 
@@ -1305,8 +1428,7 @@ class Renderer {
   }
 
   absl::StatusOr<Value> Attribute(const Value& obj, const std::string& name, const Node& n) {
-    if (obj.is_undefined())
-      return Error(absl::StrCat("line ", n.line, ": '", name, "' of an undefined value"));
+    if (obj.is_undefined()) return Error(absl::StrCat("line ", n.line, ": '", name, "' of an undefined value"));
     if (obj.kind() == Value::Kind::kObject) {
       if (const Value* v = obj.Find(name)) return *v;
       return Value();
@@ -1380,8 +1502,10 @@ class Renderer {
     Value::Array out_items;
     std::string out_string;
     for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-      if (obj.is_string()) out_string.append(cps[i]);
-      else out_items.push_back(obj.array()[i]);
+      if (obj.is_string())
+        out_string.append(cps[i]);
+      else
+        out_items.push_back(obj.array()[i]);
     }
     if (obj.is_string()) return Value(std::move(out_string));
     return Value::MakeArray(std::move(out_items));
@@ -1405,8 +1529,10 @@ class Renderer {
     const size_t n_args = n.kids.size() - first;
     for (size_t i = 0; i < n_args; ++i) {
       ASSIGN_OR_RETURN(Value v, Eval(*n.kids[first + i]));
-      if (i + n_keyword >= n_args) a.keyword.emplace_back(n.keywords[i + n_keyword - n_args], std::move(v));
-      else a.positional.push_back(std::move(v));
+      if (i + n_keyword >= n_args)
+        a.keyword.emplace_back(n.keywords[i + n_keyword - n_args], std::move(v));
+      else
+        a.positional.push_back(std::move(v));
     }
     return a;
   }
@@ -1432,7 +1558,8 @@ class Renderer {
     }
     if (f == "range") {
       int64_t b[3] = {0, 0, 1};
-      if (a.positional.empty() || a.positional.size() > 3) return Error(absl::StrCat("line ", n.line, ": range takes 1 to 3 arguments"));
+      if (a.positional.empty() || a.positional.size() > 3)
+        return Error(absl::StrCat("line ", n.line, ": range takes 1 to 3 arguments"));
       for (size_t i = 0; i < a.positional.size(); ++i) {
         if (a.positional[i].kind() != Value::Kind::kInt) return TypeError(n, "range", a.positional[i]);
       }
@@ -1475,8 +1602,9 @@ class Renderer {
         for (const Value& o : options) {
           if (!o.is_string()) return TypeError(n, name, o);
           const std::string& x = o.string_value();
-          const bool hit = name == "startswith" ? s.compare(0, x.size(), x) == 0
-                                                : s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0;
+          const bool hit = name == "startswith"
+                               ? s.compare(0, x.size(), x) == 0
+                               : s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0;
           if (hit) return Value(true);
         }
         return Value(false);
@@ -1540,9 +1668,12 @@ class Renderer {
       if (name == "items" || name == "keys" || name == "values") {
         Value::Array out;
         for (const auto& [k, v] : obj.object()) {
-          if (name == "items") out.push_back(Value::MakeTuple({Value(k), v}));
-          else if (name == "keys") out.emplace_back(k);
-          else out.push_back(v);
+          if (name == "items")
+            out.push_back(Value::MakeTuple({Value(k), v}));
+          else if (name == "keys")
+            out.emplace_back(k);
+          else
+            out.push_back(v);
         }
         return Value::MakeArray(std::move(out));
       }
@@ -1629,16 +1760,23 @@ class Renderer {
     for (size_t i = 0; i < out.size(); ++i) {
       char& c = out[i];
       const bool alpha = std::isalpha(static_cast<unsigned char>(c));
-      if (how == "upper") c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-      else if (how == "lower") c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      else if (how == "capitalize") c = static_cast<char>(i == 0 ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c)));
-      else c = static_cast<char>(word_start ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c)));
+      if (how == "upper")
+        c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+      else if (how == "lower")
+        c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      else if (how == "capitalize")
+        c = static_cast<char>(i == 0 ? std::toupper(static_cast<unsigned char>(c))
+                                     : std::tolower(static_cast<unsigned char>(c)));
+      else
+        c = static_cast<char>(word_start ? std::toupper(static_cast<unsigned char>(c))
+                                         : std::tolower(static_cast<unsigned char>(c)));
       word_start = !alpha;
     }
     return Value(std::move(out));
   }
 
-  static absl::StatusOr<Value> Replace(const std::string& s, const std::string& from, const std::string& to, int64_t count) {
+  static absl::StatusOr<Value> Replace(const std::string& s, const std::string& from, const std::string& to,
+                                       int64_t count) {
     std::string out;
     if (from.empty()) {  // Python inserts `to` around every character
       const std::vector<std::string_view> cps = CodePoints(s);
@@ -1653,7 +1791,8 @@ class Renderer {
     }
     size_t start = 0;
     int64_t done = 0;
-    for (size_t at; (count < 0 || done < count) && (at = s.find(from, start)) != std::string::npos; start = at + from.size()) {
+    for (size_t at; (count < 0 || done < count) && (at = s.find(from, start)) != std::string::npos;
+         start = at + from.size()) {
       out.append(s, start, at - start);
       out += to;
       ++done;
@@ -1683,7 +1822,8 @@ class Renderer {
         return Value::MakeArray(std::move(items));
       }
     }
-    if (op == "*" && ((l.is_string() && r.kind() == Value::Kind::kInt) || (r.is_string() && l.kind() == Value::Kind::kInt))) {
+    if (op == "*" &&
+        ((l.is_string() && r.kind() == Value::Kind::kInt) || (r.is_string() && l.kind() == Value::Kind::kInt))) {
       const std::string& s = l.is_string() ? l.string_value() : r.string_value();
       const int64_t times = l.is_string() ? r.int_value() : l.int_value();
       if (times > 0 && s.size() * static_cast<uint64_t>(times) > kMaxOutputBytes) return Error("string too large");
@@ -1691,15 +1831,19 @@ class Renderer {
       for (int64_t i = 0; i < times; ++i) out += s;
       return Value(std::move(out));
     }
-    if (!ln || !rn) return Error(absl::StrCat("line ", n.line, ": unsupported operands for ", op, ": ",
-                                              l.is_undefined() ? "undefined" : Repr(l), " and ",
-                                              r.is_undefined() ? "undefined" : Repr(r)));
+    if (!ln || !rn)
+      return Error(absl::StrCat("line ", n.line, ": unsupported operands for ", op, ": ",
+                                l.is_undefined() ? "undefined" : Repr(l), " and ",
+                                r.is_undefined() ? "undefined" : Repr(r)));
     const bool ints = l.kind() != Value::Kind::kFloat && r.kind() != Value::Kind::kFloat;
     const int64_t a = l.int_value(), b = r.int_value();
     const double x = l.float_value(), y = r.float_value();
-    if (op == "+") return ints ? Value(static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b))) : Value(x + y);
-    if (op == "-") return ints ? Value(static_cast<int64_t>(static_cast<uint64_t>(a) - static_cast<uint64_t>(b))) : Value(x - y);
-    if (op == "*") return ints ? Value(static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b))) : Value(x * y);
+    if (op == "+")
+      return ints ? Value(static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b))) : Value(x + y);
+    if (op == "-")
+      return ints ? Value(static_cast<int64_t>(static_cast<uint64_t>(a) - static_cast<uint64_t>(b))) : Value(x - y);
+    if (op == "*")
+      return ints ? Value(static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b))) : Value(x * y);
     if ((op == "/" || op == "//" || op == "%") && (ints ? b == 0 : y == 0))
       return Error(absl::StrCat("line ", n.line, ": division by zero"));
     if (op == "/") return Value(x / y);
@@ -1724,7 +1868,8 @@ class Renderer {
     if (op == "**") {
       if (ints && b >= 0) {
         int64_t result = 1;
-        for (int64_t i = 0; i < b && i < 64; ++i) result = static_cast<int64_t>(static_cast<uint64_t>(result) * static_cast<uint64_t>(a));
+        for (int64_t i = 0; i < b && i < 64; ++i)
+          result = static_cast<int64_t>(static_cast<uint64_t>(result) * static_cast<uint64_t>(a));
         return Value(result);
       }
       return Value(std::pow(x, y));
@@ -1761,8 +1906,8 @@ class Renderer {
       c = l.string_value().compare(r.string_value());
       c = c < 0 ? -1 : c > 0;
     } else {
-      return Error(absl::StrCat("line ", n.line, ": cannot compare ", l.is_undefined() ? "undefined" : Repr(l),
-                                " and ", r.is_undefined() ? "undefined" : Repr(r), " with ", op));
+      return Error(absl::StrCat("line ", n.line, ": cannot compare ", l.is_undefined() ? "undefined" : Repr(l), " and ",
+                                r.is_undefined() ? "undefined" : Repr(r), " with ", op));
     }
     if (c == 2) return Value(false);
     if (op == "<") return Value(c < 0);
@@ -1771,7 +1916,8 @@ class Renderer {
     return Value(c >= 0);
   }
 
-  absl::StatusOr<bool> ApplyTest(const std::string& name, const Value& v, const std::vector<Value>& args, const Node& n) {
+  absl::StatusOr<bool> ApplyTest(const std::string& name, const Value& v, const std::vector<Value>& args,
+                                 const Node& n) {
     using K = Value::Kind;
     const Value* arg = args.empty() ? nullptr : &args[0];
     if (name == "defined") return !v.is_undefined();
@@ -1801,7 +1947,8 @@ class Renderer {
       if (!v.is_string()) return TypeError(n, name, v);
       return CaseMap(v.string_value(), name).string_value() == v.string_value();
     }
-    if (arg == nullptr) return Error(absl::StrCat("line ", n.line, ": test '", name, "' needs an argument or is unknown"));
+    if (arg == nullptr)
+      return Error(absl::StrCat("line ", n.line, ": test '", name, "' needs an argument or is unknown"));
     if (name == "eq" || name == "equalto" || name == "==") return Equal(v, *arg);
     if (name == "ne" || name == "!=") return !Equal(v, *arg);
     if (name == "sameas") return Equal(v, *arg) && v.kind() == arg->kind();
@@ -1812,8 +1959,16 @@ class Renderer {
       ASSIGN_OR_RETURN(Value r, Compare(cmp, v, *arg));
       return r.bool_value();
     }
-    for (const auto& [alias, op] : {std::pair{"lt", "<"}, {"<", "<"}, {"lessthan", "<"}, {"gt", ">"}, {">", ">"},
-                                    {"greaterthan", ">"}, {"le", "<="}, {"<=", "<="}, {"ge", ">="}, {">=", ">="}}) {
+    for (const auto& [alias, op] : {std::pair{"lt", "<"},
+                                    {"<", "<"},
+                                    {"lessthan", "<"},
+                                    {"gt", ">"},
+                                    {">", ">"},
+                                    {"greaterthan", ">"},
+                                    {"le", "<="},
+                                    {"<=", "<="},
+                                    {"ge", ">="},
+                                    {">=", ">="}}) {
       if (name == alias) {
         Node cmp;
         cmp.line = n.line;
@@ -1850,7 +2005,11 @@ class Renderer {
     if (f == "tojson") {
       const Value* indent = a.Get(0, "indent");
       std::string out;
-      RETURN_IF_ERROR(ToJson(v, indent != nullptr && indent->kind() == K::kInt ? static_cast<int>(std::clamp<int64_t>(indent->int_value(), 0, 64)) : -1, 0, &out));
+      RETURN_IF_ERROR(ToJson(v,
+                             indent != nullptr && indent->kind() == K::kInt
+                                 ? static_cast<int>(std::clamp<int64_t>(indent->int_value(), 0, 64))
+                                 : -1,
+                             0, &out));
       return Value(std::move(out));
     }
     if (f == "string") return Value(Str(v));
@@ -1859,12 +2018,23 @@ class Renderer {
       std::string out;
       for (char c : Str(v)) {
         switch (c) {
-          case '&': out += "&amp;"; break;
-          case '<': out += "&lt;"; break;
-          case '>': out += "&gt;"; break;
-          case '"': out += "&#34;"; break;
-          case '\'': out += "&#39;"; break;
-          default: out += c;
+          case '&':
+            out += "&amp;";
+            break;
+          case '<':
+            out += "&lt;";
+            break;
+          case '>':
+            out += "&gt;";
+            break;
+          case '"':
+            out += "&#34;";
+            break;
+          case '\'':
+            out += "&#39;";
+            break;
+          default:
+            out += c;
         }
       }
       return Value(std::move(out));
@@ -1872,7 +2042,8 @@ class Renderer {
     if (f == "trim") {
       const Value* chars = a.Get(0, "chars");
       const std::string s = Str(v);
-      if (chars != nullptr && chars->is_string()) return Value(std::string(PyStripChars(s, chars->string_value(), true, true)));
+      if (chars != nullptr && chars->is_string())
+        return Value(std::string(PyStripChars(s, chars->string_value(), true, true)));
       return Value(std::string(PyStripWhitespace(s, true, true)));
     }
     if (f == "upper" || f == "lower" || f == "title" || f == "capitalize") return CaseMap(Str(v), f);
@@ -1881,7 +2052,8 @@ class Renderer {
       const Value* to = a.Get(1, "new");
       if (from == nullptr || to == nullptr) return TypeError(n, f, v);
       const Value* count = a.Get(2, "count");
-      return Replace(Str(v), Str(*from), Str(*to), count != nullptr && count->kind() == K::kInt ? count->int_value() : -1);
+      return Replace(Str(v), Str(*from), Str(*to),
+                     count != nullptr && count->kind() == K::kInt ? count->int_value() : -1);
     }
     if (f == "default" || f == "d") {
       const Value* dflt = a.Get(0, "default_value");
@@ -2079,7 +2251,8 @@ absl::StatusOr<Template> Template::Parse(std::string_view source) {
 }
 
 absl::StatusOr<std::string> Template::Render(const Value& context) const {
-  if (context.kind() != Value::Kind::kObject) return absl::InvalidArgumentError("chat template: the context must be an object");
+  if (context.kind() != Value::Kind::kObject)
+    return absl::InvalidArgumentError("chat template: the context must be an object");
   // The globals live in their own object, so that `set` at the top level does not write into
   // the caller's context.
   Value globals = Value::MakeObject(context.object());

@@ -25,7 +25,7 @@ class ToolCallStream {
     std::vector<ToolCall> calls;
   };
   Delta Append(std::string_view text);
-  Delta Finish();  // the held text, as text
+  Delta Finish();                       // the held text, as text
   int calls() const { return calls_; }  // tool calls returned so far
 
  private:

@@ -24,8 +24,7 @@ absl::Status VerifySha256(const GgufFile& file, absl::string_view expected_hex) 
   const std::string got = Sha256Hex(file.bytes());
   if (got == want) return absl::OkStatus();
   return absl::DataLossError(absl::StrCat(file.path(), ": SHA-256 ", got, " over its ", file.file_size(),
-                                          " bytes, expected ", want,
-                                          ": the file is damaged or not the one named"));
+                                          " bytes, expected ", want, ": the file is damaged or not the one named"));
 }
 
 }  // namespace mer

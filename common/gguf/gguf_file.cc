@@ -24,11 +24,23 @@ constexpr int kMaxArrayNesting = 8;
 
 int ScalarBytes(GgufValueType t) {
   switch (t) {
-    case GgufValueType::kUint8: case GgufValueType::kInt8: case GgufValueType::kBool: return 1;
-    case GgufValueType::kUint16: case GgufValueType::kInt16: return 2;
-    case GgufValueType::kUint32: case GgufValueType::kInt32: case GgufValueType::kFloat32: return 4;
-    case GgufValueType::kUint64: case GgufValueType::kInt64: case GgufValueType::kFloat64: return 8;
-    default: return 0;  // string, array: variable
+    case GgufValueType::kUint8:
+    case GgufValueType::kInt8:
+    case GgufValueType::kBool:
+      return 1;
+    case GgufValueType::kUint16:
+    case GgufValueType::kInt16:
+      return 2;
+    case GgufValueType::kUint32:
+    case GgufValueType::kInt32:
+    case GgufValueType::kFloat32:
+      return 4;
+    case GgufValueType::kUint64:
+    case GgufValueType::kInt64:
+    case GgufValueType::kFloat64:
+      return 8;
+    default:
+      return 0;  // string, array: variable
   }
 }
 
@@ -77,23 +89,21 @@ double DecodeFloat(GgufValueType t, uint64_t bits) {
 }
 
 absl::Status WrongType(GgufValueType have, absl::string_view want) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("GGUF value is ", GgufValueTypeName(have), ", expected ", want));
+  return absl::InvalidArgumentError(absl::StrCat("GGUF value is ", GgufValueTypeName(have), ", expected ", want));
 }
 
 // For the array getters: names the element type too ("array of float32").
 absl::Status WrongArrayType(GgufValueType have, GgufValueType have_element, absl::string_view want) {
   if (have != GgufValueType::kArray) return WrongType(have, want);
-  return absl::InvalidArgumentError(absl::StrCat(
-      "GGUF value is array of ", GgufValueTypeName(have_element), ", expected ", want));
+  return absl::InvalidArgumentError(
+      absl::StrCat("GGUF value is array of ", GgufValueTypeName(have_element), ", expected ", want));
 }
 
 }  // namespace
 
 absl::string_view GgufValueTypeName(GgufValueType type) {
-  static constexpr absl::string_view kNames[] = {"uint8", "int8",  "uint16", "int16", "uint32",
-                                                "int32", "float32", "bool", "string", "array",
-                                                "uint64", "int64", "float64"};
+  static constexpr absl::string_view kNames[] = {"uint8", "int8",   "uint16", "int16",  "uint32", "int32",  "float32",
+                                                 "bool",  "string", "array",  "uint64", "int64",  "float64"};
   const uint32_t i = static_cast<uint32_t>(type);
   return i < std::size(kNames) ? kNames[i] : "unknown";
 }
@@ -114,8 +124,7 @@ absl::StatusOr<int64_t> GgufValue::AsInt64() const {
 }
 
 absl::StatusOr<double> GgufValue::AsFloat64() const {
-  if (type_ == GgufValueType::kFloat32 || type_ == GgufValueType::kFloat64)
-    return DecodeFloat(type_, bits_);
+  if (type_ == GgufValueType::kFloat32 || type_ == GgufValueType::kFloat64) return DecodeFloat(type_, bits_);
   if (IsInteger(type_)) {
     const IntValue v = DecodeInt(type_, bits_);
     return v.negative ? static_cast<double>(static_cast<int64_t>(v.magnitude_bits))
@@ -164,8 +173,7 @@ absl::StatusOr<std::vector<double>> GgufValue::AsFloatArray() const {
     return WrongArrayType(type_, element_type_, "array of numbers");
   const int n = ScalarBytes(element_type_);
   std::vector<double> out(count_);
-  for (uint64_t i = 0; i < count_; ++i)
-    out[i] = DecodeFloat(element_type_, LoadLittleEndian(elements_ + i * n, n));
+  for (uint64_t i = 0; i < count_; ++i) out[i] = DecodeFloat(element_type_, LoadLittleEndian(elements_ + i * n, n));
   return out;
 }
 
@@ -186,9 +194,8 @@ class GgufParser {
   uint64_t remaining() const { return bytes_.size() - pos_; }
 
   absl::Status Truncated(absl::string_view what) const {
-    return absl::InvalidArgumentError(
-        absl::StrCat("GGUF truncated: ", what, " at byte ", pos_, " runs past the end (file is ",
-                     bytes_.size(), " bytes)"));
+    return absl::InvalidArgumentError(absl::StrCat("GGUF truncated: ", what, " at byte ", pos_,
+                                                   " runs past the end (file is ", bytes_.size(), " bytes)"));
   }
 
   absl::StatusOr<uint64_t> ReadUint(int n, absl::string_view what) {
@@ -212,8 +219,7 @@ class GgufParser {
   uint64_t pos_ = 0;
 };
 
-absl::Status GgufParser::ReadValue(GgufValueType type, GgufValue& out, absl::string_view key,
-                                   int depth) {
+absl::Status GgufParser::ReadValue(GgufValueType type, GgufValue& out, absl::string_view key, int depth) {
   out.type_ = type;
   if (type == GgufValueType::kString) {
     ASSIGN_OR_RETURN(out.string_, ReadString(absl::StrCat("string value of '", key, "'")));
@@ -227,8 +233,7 @@ absl::Status GgufParser::ReadValue(GgufValueType type, GgufValue& out, absl::str
     return absl::InvalidArgumentError(absl::StrCat("GGUF key '", key, "': arrays nested too deep"));
   ASSIGN_OR_RETURN(const uint64_t elem_type, ReadUint(4, "array element type"));
   if (!IsKnownValueType(elem_type))
-    return absl::InvalidArgumentError(
-        absl::StrCat("GGUF key '", key, "': unknown array element type ", elem_type));
+    return absl::InvalidArgumentError(absl::StrCat("GGUF key '", key, "': unknown array element type ", elem_type));
   out.element_type_ = static_cast<GgufValueType>(elem_type);
   ASSIGN_OR_RETURN(out.count_, ReadUint(8, "array length"));
   const int elem_bytes = ScalarBytes(out.element_type_);
@@ -261,12 +266,10 @@ absl::Status GgufParser::ReadValue(GgufValueType type, GgufValue& out, absl::str
 
 absl::Status GgufParser::Parse(GgufFile& file) {
   ASSIGN_OR_RETURN(const uint64_t magic, ReadUint(4, "magic"));
-  if (magic != kGgufMagic)
-    return absl::InvalidArgumentError("not a GGUF file: wrong magic (expected \"GGUF\")");
+  if (magic != kGgufMagic) return absl::InvalidArgumentError("not a GGUF file: wrong magic (expected \"GGUF\")");
   ASSIGN_OR_RETURN(const uint64_t version, ReadUint(4, "version"));
   if (version != 2 && version != 3)
-    return absl::InvalidArgumentError(
-        absl::StrCat("unsupported GGUF version ", version, " (supported: 2, 3)"));
+    return absl::InvalidArgumentError(absl::StrCat("unsupported GGUF version ", version, " (supported: 2, 3)"));
   file.version_ = static_cast<uint32_t>(version);
   ASSIGN_OR_RETURN(const uint64_t n_tensors, ReadUint(8, "tensor count"));
   ASSIGN_OR_RETURN(const uint64_t n_kv, ReadUint(8, "metadata count"));
@@ -283,15 +286,13 @@ absl::Status GgufParser::Parse(GgufFile& file) {
       return absl::InvalidArgumentError(absl::StrCat("GGUF metadata key '", e.key, "' appears twice"));
     ASSIGN_OR_RETURN(const uint64_t type, ReadUint(4, "metadata value type"));
     if (!IsKnownValueType(type))
-      return absl::InvalidArgumentError(
-          absl::StrCat("GGUF key '", e.key, "' has unknown value type ", type));
+      return absl::InvalidArgumentError(absl::StrCat("GGUF key '", e.key, "' has unknown value type ", type));
     RETURN_IF_ERROR(ReadValue(static_cast<GgufValueType>(type), e.value, e.key, 0));
   }
 
   if (const GgufValue* a = file.FindValue("general.alignment")) {
     auto alignment = a->AsUint64();
-    if (!alignment.ok() || *alignment == 0 || (*alignment & (*alignment - 1)) != 0 ||
-        *alignment > (1u << 20))
+    if (!alignment.ok() || *alignment == 0 || (*alignment & (*alignment - 1)) != 0 || *alignment > (1u << 20))
       return absl::InvalidArgumentError("GGUF general.alignment must be a power of two <= 1 MiB");
     file.alignment_ = *alignment;
   }
@@ -313,29 +314,26 @@ absl::Status GgufParser::Parse(GgufFile& file) {
       // Bound each dimension and the product so sizes cannot overflow below.
       if (ne == 0 || ne > (uint64_t{1} << 40) || elements > (uint64_t{1} << 50) / ne)
         return absl::InvalidArgumentError(
-            absl::StrCat("GGUF tensor '", t.name, "' has dimension ", d, " of size ", ne,
-                         ", out of range"));
+            absl::StrCat("GGUF tensor '", t.name, "' has dimension ", d, " of size ", ne, ", out of range"));
       elements *= ne;
       t.shape.push_back(static_cast<int64_t>(ne));
     }
     ASSIGN_OR_RETURN(const uint64_t type, ReadUint(4, "tensor type"));
     const std::optional<GgmlTypeTraits> traits = FindGgmlType(static_cast<uint32_t>(type));
     if (!traits || !traits->weight)
-      return absl::InvalidArgumentError(
-          absl::StrCat("GGUF tensor '", t.name, "' has tensor type ", type,
-                       ", which mer does not support (supported: ", WeightTypeNames(), ")"));
+      return absl::InvalidArgumentError(absl::StrCat("GGUF tensor '", t.name, "' has tensor type ", type,
+                                                     ", which mer does not support (supported: ", WeightTypeNames(),
+                                                     ")"));
     t.type = static_cast<GgmlType>(type);
     if (t.shape[0] % traits->block_elements != 0)
-      return absl::InvalidArgumentError(
-          absl::StrCat("GGUF tensor '", t.name, "': row length ", t.shape[0],
-                       " is not a multiple of the ", traits->name, " block size ",
-                       traits->block_elements));
+      return absl::InvalidArgumentError(absl::StrCat("GGUF tensor '", t.name, "': row length ", t.shape[0],
+                                                     " is not a multiple of the ", traits->name, " block size ",
+                                                     traits->block_elements));
     t.size_bytes = elements / traits->block_elements * traits->block_bytes;
     ASSIGN_OR_RETURN(t.offset, ReadUint(8, "tensor offset"));
     if (t.offset % file.alignment_ != 0)
-      return absl::InvalidArgumentError(absl::StrCat("GGUF tensor '", t.name, "' offset ",
-                                                     t.offset, " is not aligned to ",
-                                                     file.alignment_));
+      return absl::InvalidArgumentError(
+          absl::StrCat("GGUF tensor '", t.name, "' offset ", t.offset, " is not aligned to ", file.alignment_));
   }
 
   // The data section starts at the next multiple of the alignment.
@@ -345,9 +343,9 @@ absl::Status GgufParser::Parse(GgufFile& file) {
   const uint64_t data_size = bytes_.size() > data_offset ? bytes_.size() - data_offset : 0;
   for (GgufTensorInfo& t : file.tensors_) {
     if (t.offset > data_size || t.size_bytes > data_size - t.offset)
-      return absl::InvalidArgumentError(absl::StrCat(
-          "GGUF tensor '", t.name, "' data (offset ", t.offset, ", ", t.size_bytes,
-          " bytes) lies outside the data section of ", data_size, " bytes (truncated file?)"));
+      return absl::InvalidArgumentError(absl::StrCat("GGUF tensor '", t.name, "' data (offset ", t.offset, ", ",
+                                                     t.size_bytes, " bytes) lies outside the data section of ",
+                                                     data_size, " bytes (truncated file?)"));
     t.data = bytes_.data() + data_offset + t.offset;
   }
   // No two tensors share bytes: a tensor whose type or shape was changed without moving the
@@ -361,10 +359,10 @@ absl::Status GgufParser::Parse(GgufFile& file) {
     const GgufTensorInfo& a = *by_offset[i - 1];
     const GgufTensorInfo& b = *by_offset[i];
     if (a.offset + a.size_bytes > b.offset)
-      return absl::InvalidArgumentError(absl::StrCat(
-          "GGUF tensor '", a.name, "' (", TypeName(a.type), ", offset ", a.offset, ", ", a.size_bytes,
-          " bytes) overlaps tensor '", b.name, "' at offset ", b.offset,
-          " (a wrong type or shape in its tensor info?)"));
+      return absl::InvalidArgumentError(absl::StrCat("GGUF tensor '", a.name, "' (", TypeName(a.type), ", offset ",
+                                                     a.offset, ", ", a.size_bytes, " bytes) overlaps tensor '", b.name,
+                                                     "' at offset ", b.offset,
+                                                     " (a wrong type or shape in its tensor info?)"));
   }
   return absl::OkStatus();
 }
@@ -397,8 +395,7 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
     if (mapping == MAP_FAILED) {
       const int err = errno;
       ::close(fd);
-      return absl::ResourceExhaustedError(
-          absl::StrCat("cannot mmap ", path, ": ", std::strerror(err)));
+      return absl::ResourceExhaustedError(absl::StrCat("cannot mmap ", path, ": ", std::strerror(err)));
     }
   }
   ::close(fd);
@@ -438,12 +435,11 @@ absl::StatusOr<T> Annotate(absl::StatusOr<T> v, absl::string_view key) {
 }
 }  // namespace
 
-#define MER_GGUF_GETTER(Name, Type, Method)                                          \
-  absl::StatusOr<Type> GgufFile::Name(absl::string_view key) const {                \
-    const GgufValue* v = FindValue(key);                                             \
-    if (v == nullptr)                                                                \
-      return absl::NotFoundError(absl::StrCat("GGUF metadata key '", key, "' is missing")); \
-    return Annotate(v->Method(), key);                                               \
+#define MER_GGUF_GETTER(Name, Type, Method)                                                                 \
+  absl::StatusOr<Type> GgufFile::Name(absl::string_view key) const {                                        \
+    const GgufValue* v = FindValue(key);                                                                    \
+    if (v == nullptr) return absl::NotFoundError(absl::StrCat("GGUF metadata key '", key, "' is missing")); \
+    return Annotate(v->Method(), key);                                                                      \
   }
 MER_GGUF_GETTER(GetUint64, uint64_t, AsUint64)
 MER_GGUF_GETTER(GetFloat64, double, AsFloat64)

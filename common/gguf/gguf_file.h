@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
+#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -19,8 +19,19 @@
 namespace mer {
 
 enum class GgufValueType : uint32_t {
-  kUint8 = 0, kInt8 = 1, kUint16 = 2, kInt16 = 3, kUint32 = 4, kInt32 = 5, kFloat32 = 6,
-  kBool = 7, kString = 8, kArray = 9, kUint64 = 10, kInt64 = 11, kFloat64 = 12,
+  kUint8 = 0,
+  kInt8 = 1,
+  kUint16 = 2,
+  kInt16 = 3,
+  kUint32 = 4,
+  kInt32 = 5,
+  kFloat32 = 6,
+  kBool = 7,
+  kString = 8,
+  kArray = 9,
+  kUint64 = 10,
+  kInt64 = 11,
+  kFloat64 = 12,
 };
 absl::string_view GgufValueTypeName(GgufValueType type);
 
@@ -48,13 +59,13 @@ class GgufValue {
  private:
   friend class GgufParser;
   GgufValueType type_ = GgufValueType::kUint8;
-  uint64_t bits_ = 0;             // scalar payload, as read (sign/float reinterpretation on access)
-  absl::string_view string_;       // kString
+  uint64_t bits_ = 0;         // scalar payload, as read (sign/float reinterpretation on access)
+  absl::string_view string_;  // kString
   GgufValueType element_type_ = GgufValueType::kUint8;  // kArray
   uint64_t count_ = 0;
-  const uint8_t* elements_ = nullptr;     // numeric arrays: count_ packed elements
+  const uint8_t* elements_ = nullptr;       // numeric arrays: count_ packed elements
   std::vector<absl::string_view> strings_;  // string arrays
-  std::vector<GgufValue> nested_;          // arrays of arrays
+  std::vector<GgufValue> nested_;           // arrays of arrays
 };
 
 struct GgufMetadataEntry {

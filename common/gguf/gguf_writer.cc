@@ -109,8 +109,7 @@ absl::Status GgufWriter::Open(const std::string& path) {
   CHECK(out_ == nullptr);
   path_ = path;
   out_ = std::fopen(path.c_str(), "wb");
-  if (out_ == nullptr)
-    return absl::UnavailableError(absl::StrCat("cannot create ", path, ": ", std::strerror(errno)));
+  if (out_ == nullptr) return absl::UnavailableError(absl::StrCat("cannot create ", path, ": ", std::strerror(errno)));
   std::setvbuf(out_, nullptr, _IOFBF, 1 << 20);
   const std::string header = EncodeHeader();
   RETURN_IF_ERROR(WriteRaw(header.data(), header.size()));
@@ -161,8 +160,8 @@ absl::Status GgufWriter::Append(absl::Span<const uint8_t> bytes) {
 absl::Status GgufWriter::Finish() {
   CHECK(out_ != nullptr);
   if (current_ != tensors_.size())
-    return absl::FailedPreconditionError(absl::StrCat("GGUF writer: tensor ", current_, " of ",
-                                                      tensors_.size(), " not written"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("GGUF writer: tensor ", current_, " of ", tensors_.size(), " not written"));
   const int rc = std::fclose(out_);
   out_ = nullptr;
   if (rc != 0) return absl::UnavailableError(absl::StrCat("closing ", path_, ": ", std::strerror(errno)));

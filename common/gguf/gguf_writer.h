@@ -66,16 +66,16 @@ class GgufWriter {
   absl::Status WriteRaw(const void* p, size_t n);
   absl::Status PadTo(uint64_t alignment);
 
-  std::string header_;       // metadata bytes, accumulated until Open
+  std::string header_;  // metadata bytes, accumulated until Open
   uint64_t n_metadata_ = 0;
   std::vector<Tensor> tensors_;
   uint64_t data_bytes_ = 0;  // running offset of the next declared tensor
 
   std::string path_;
   std::FILE* out_ = nullptr;
-  uint64_t written_ = 0;         // bytes written to the file
-  uint64_t data_start_ = 0;      // file offset of the data section
-  size_t current_ = 0;           // tensor whose data is being appended
+  uint64_t written_ = 0;     // bytes written to the file
+  uint64_t data_start_ = 0;  // file offset of the data section
+  size_t current_ = 0;       // tensor whose data is being appended
   uint64_t current_written_ = 0;
 };
 

@@ -14,10 +14,9 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
     const std::string& flag) {
   const size_t colon = listen.rfind(':');
   int port;
-  if (colon == std::string::npos || colon == 0 ||
-      !absl::SimpleAtoi(listen.substr(colon + 1), &port) || port < 0 || port > 65535)
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": want HOST:PORT (or off), got '", listen, "'"));
+  if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(listen.substr(colon + 1), &port) || port < 0 ||
+      port > 65535)
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": want HOST:PORT (or off), got '", listen, "'"));
   std::unique_ptr<MetricsEndpoint> e(new MetricsEndpoint());
   e->host_ = listen.substr(0, colon);
   try {
@@ -37,8 +36,6 @@ MetricsEndpoint::~MetricsEndpoint() {
   exposer_.reset();  // stop serving before the collectables go
 }
 
-std::string MetricsEndpoint::url() const {
-  return absl::StrCat("http://", host_, ":", port_, "/metrics");
-}
+std::string MetricsEndpoint::url() const { return absl::StrCat("http://", host_, ":", port_, "/metrics"); }
 
 }  // namespace mer

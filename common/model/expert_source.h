@@ -40,8 +40,7 @@ class ExpertSource {
   // Errors (returned, never thrown): Unavailable when the tier behind is down, DataLoss when an
   // expert cannot be read intact. Called at most once per layer between releases; experts.size()
   // is at most max_experts_per_acquire().
-  virtual absl::Status AcquireLayer(int layer, absl::Span<const int32_t> experts,
-                                    absl::Span<ExpertWeights> out) = 0;
+  virtual absl::Status AcquireLayer(int layer, absl::Span<const int32_t> experts, absl::Span<ExpertWeights> out) = 0;
   virtual void ReleaseLayer(int layer) = 0;
 
   // The most experts one AcquireLayer may ask for. A caller that needs more of a layer acquires
@@ -60,8 +59,7 @@ class MappedExpertSource final : public ExpertSource {
  public:
   explicit MappedExpertSource(const ModelWeights& weights) : weights_(weights) {}
 
-  absl::Status AcquireLayer(int layer, absl::Span<const int32_t> experts,
-                            absl::Span<ExpertWeights> out) override {
+  absl::Status AcquireLayer(int layer, absl::Span<const int32_t> experts, absl::Span<ExpertWeights> out) override {
     for (size_t i = 0; i < experts.size(); ++i) out[i] = weights_.Expert(layer, experts[i]);
     return absl::OkStatus();
   }

@@ -12,8 +12,7 @@ absl::StatusOr<int32_t> ReadDim(const GgufFile& file, const std::string& key, in
   auto v = file.GetUint64(key);
   if (!v.ok()) return absl::InvalidArgumentError(std::string(v.status().message()));
   if (*v == 0 || *v > static_cast<uint64_t>(max))
-    return absl::InvalidArgumentError(
-        absl::StrCat("GGUF key '", key, "' = ", *v, " is out of range [1, ", max, "]"));
+    return absl::InvalidArgumentError(absl::StrCat("GGUF key '", key, "' = ", *v, " is out of range [1, ", max, "]"));
   return static_cast<int32_t>(*v);
 }
 
@@ -25,8 +24,8 @@ absl::StatusOr<ModelConfig> ReadModelConfig(const GgufFile& file) {
   if (!arch.ok()) return absl::InvalidArgumentError(std::string(arch.status().message()));
   c.architecture = std::string(*arch);
   if (c.architecture != "qwen3moe")
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unsupported model architecture '", c.architecture, "' (supported: qwen3moe)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported model architecture '", c.architecture, "' (supported: qwen3moe)"));
   if (auto name = file.GetString("general.name"); name.ok()) c.name = std::string(*name);
   const std::string p = c.architecture + ".";
 
@@ -41,23 +40,20 @@ absl::StatusOr<ModelConfig> ReadModelConfig(const GgufFile& file) {
   if (file.FindValue(p + "attention.key_length") != nullptr) {
     ASSIGN_OR_RETURN(c.head_dim, ReadDim(file, p + "attention.key_length", 1024));
   } else {
-    if (c.n_embd % c.n_head != 0)
-      return absl::InvalidArgumentError("embedding_length is not a multiple of head_count");
+    if (c.n_embd % c.n_head != 0) return absl::InvalidArgumentError("embedding_length is not a multiple of head_count");
     c.head_dim = c.n_embd / c.n_head;
   }
   if (file.FindValue(p + "attention.value_length") != nullptr) {
     ASSIGN_OR_RETURN(int32_t value_length, ReadDim(file, p + "attention.value_length", 1024));
-    if (value_length != c.head_dim)
-      return absl::InvalidArgumentError("attention.value_length differs from key_length");
+    if (value_length != c.head_dim) return absl::InvalidArgumentError("attention.value_length differs from key_length");
   }
   if (c.n_head % c.n_head_kv != 0)
-    return absl::InvalidArgumentError(absl::StrCat("attention.head_count ", c.n_head,
-                                                   " is not a multiple of head_count_kv ",
-                                                   c.n_head_kv));
+    return absl::InvalidArgumentError(
+        absl::StrCat("attention.head_count ", c.n_head, " is not a multiple of head_count_kv ", c.n_head_kv));
   if (c.head_dim % 2 != 0) return absl::InvalidArgumentError("attention.key_length must be even (RoPE)");
   if (c.n_expert_used > c.n_expert)
-    return absl::InvalidArgumentError(absl::StrCat("expert_used_count ", c.n_expert_used,
-                                                   " exceeds expert_count ", c.n_expert));
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert_used_count ", c.n_expert_used, " exceeds expert_count ", c.n_expert));
   if (auto eps = file.GetFloat64(p + "attention.layer_norm_rms_epsilon"); eps.ok()) {
     if (!(*eps > 0 && *eps < 1)) return absl::InvalidArgumentError("layer_norm_rms_epsilon out of range");
     c.rms_norm_eps = static_cast<float>(*eps);
@@ -82,9 +78,9 @@ absl::StatusOr<ModelConfig> ReadModelConfig(const GgufFile& file) {
   const GgufTensorInfo* embd = file.FindTensor("token_embd.weight");
   if (embd == nullptr) return absl::InvalidArgumentError("tensor 'token_embd.weight' is missing");
   if (embd->shape.size() != 2 || embd->shape[0] != c.n_embd)
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor 'token_embd.weight' has the wrong shape: ", embd->shape.size(), " dimensions, ne[0] = ",
-        embd->shape[0], ", expected [", c.n_embd, ", n_vocab]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor 'token_embd.weight' has the wrong shape: ", embd->shape.size(),
+                     " dimensions, ne[0] = ", embd->shape[0], ", expected [", c.n_embd, ", n_vocab]"));
   if (embd->shape[1] > (1 << 24)) return absl::InvalidArgumentError("vocabulary too large");
   c.n_vocab = static_cast<int32_t>(embd->shape[1]);
 
@@ -93,9 +89,9 @@ absl::StatusOr<ModelConfig> ReadModelConfig(const GgufFile& file) {
   if (file.FindValue(p + "rope.dimension_count") != nullptr) {
     ASSIGN_OR_RETURN(const int32_t rope_dims, ReadDim(file, p + "rope.dimension_count", 1024));
     if (rope_dims != c.head_dim)
-      return absl::InvalidArgumentError(absl::StrCat(
-          "GGUF key '", p, "rope.dimension_count' = ", rope_dims, " differs from the head dimension ",
-          c.head_dim, " (qwen3moe rotates every dimension of a head)"));
+      return absl::InvalidArgumentError(absl::StrCat("GGUF key '", p, "rope.dimension_count' = ", rope_dims,
+                                                     " differs from the head dimension ", c.head_dim,
+                                                     " (qwen3moe rotates every dimension of a head)"));
   }
   if (file.FindValue(p + "expert_shared_count") != nullptr) {
     auto shared = file.GetUint64(p + "expert_shared_count");
@@ -106,9 +102,9 @@ absl::StatusOr<ModelConfig> ReadModelConfig(const GgufFile& file) {
   }
   if (const GgufValue* tokens = file.FindValue("tokenizer.ggml.tokens");
       tokens != nullptr && tokens->size() != static_cast<uint64_t>(c.n_vocab))
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tokenizer.ggml.tokens holds ", tokens->size(), " tokens but 'token_embd.weight' has ", c.n_vocab,
-        " rows: the vocabulary and the embeddings disagree"));
+    return absl::InvalidArgumentError(absl::StrCat("tokenizer.ggml.tokens holds ", tokens->size(),
+                                                   " tokens but 'token_embd.weight' has ", c.n_vocab,
+                                                   " rows: the vocabulary and the embeddings disagree"));
   return c;
 }
 

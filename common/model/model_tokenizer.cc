@@ -9,8 +9,8 @@ absl::StatusOr<TokenizerVocab> LoadTokenizerVocab(const GgufFile& file) {
   auto model = file.GetString("tokenizer.ggml.model");
   if (!model.ok()) return absl::InvalidArgumentError(std::string(model.status().message()));
   if (*model != "gpt2")
-    return absl::InvalidArgumentError(absl::StrCat("tokenizer.ggml.model '", *model,
-                                                   "' is not supported (supported: gpt2)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokenizer.ggml.model '", *model, "' is not supported (supported: gpt2)"));
   TokenizerVocab vocab;
   if (auto pre = file.GetString("tokenizer.ggml.pre"); pre.ok()) vocab.pre = std::string(*pre);
   const GgufValue* tokens = file.FindValue("tokenizer.ggml.tokens");

@@ -33,19 +33,19 @@ struct ExpertWeights {
 };
 
 struct LayerWeights {
-  const float* attn_norm = nullptr;    // f32 [n_embd]
-  MatrixView wq;                       // [q_dim rows, n_embd cols]
-  MatrixView wk;                       // [kv_dim rows, n_embd cols]
-  MatrixView wv;                       // [kv_dim rows, n_embd cols]
-  MatrixView wo;                       // [n_embd rows, q_dim cols]
-  const float* q_norm = nullptr;       // f32 [head_dim]
-  const float* k_norm = nullptr;       // f32 [head_dim]
-  const float* ffn_norm = nullptr;     // f32 [n_embd]
-  MatrixView router;                   // [n_expert rows, n_embd cols] (ffn_gate_inp)
+  const float* attn_norm = nullptr;  // f32 [n_embd]
+  MatrixView wq;                     // [q_dim rows, n_embd cols]
+  MatrixView wk;                     // [kv_dim rows, n_embd cols]
+  MatrixView wv;                     // [kv_dim rows, n_embd cols]
+  MatrixView wo;                     // [n_embd rows, q_dim cols]
+  const float* q_norm = nullptr;     // f32 [head_dim]
+  const float* k_norm = nullptr;     // f32 [head_dim]
+  const float* ffn_norm = nullptr;   // f32 [n_embd]
+  MatrixView router;                 // [n_expert rows, n_embd cols] (ffn_gate_inp)
   // The merged expert tensors: expert e owns rows [e * n, (e + 1) * n) of each.
-  MatrixView gate_exps;                // [n_expert * n_ff_exp rows, n_embd cols]
-  MatrixView up_exps;                  // [n_expert * n_ff_exp rows, n_embd cols]
-  MatrixView down_exps;                // [n_expert * n_embd rows, n_ff_exp cols]
+  MatrixView gate_exps;  // [n_expert * n_ff_exp rows, n_embd cols]
+  MatrixView up_exps;    // [n_expert * n_ff_exp rows, n_embd cols]
+  MatrixView down_exps;  // [n_expert * n_embd rows, n_ff_exp cols]
 };
 
 // The dense (non-expert) weights and, as views, the expert tensors of the file.
@@ -62,9 +62,9 @@ class ModelWeights {
   const GgufFile& file() const { return *file_; }
   std::shared_ptr<const GgufFile> shared_file() const { return file_; }
 
-  MatrixView token_embd;              // [n_vocab rows, n_embd cols]
-  const float* output_norm = nullptr; // f32 [n_embd]
-  MatrixView output;                  // [n_vocab rows, n_embd cols] (token_embd when tied)
+  MatrixView token_embd;               // [n_vocab rows, n_embd cols]
+  const float* output_norm = nullptr;  // f32 [n_embd]
+  MatrixView output;                   // [n_vocab rows, n_embd cols] (token_embd when tied)
   std::vector<LayerWeights> layers;
 
   // Expert e of `layer` as three matrix views into the file (not after LoadDense).

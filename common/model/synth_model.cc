@@ -95,8 +95,7 @@ absl::Status ValidateGeometry(const SynthGeometry& g) {
   RETURN_IF_ERROR(check(g.n_ff_exp, 32, 65536, "ff-exp"));
   RETURN_IF_ERROR(check(g.n_vocab, 259, 1 << 20, "vocab"));
   RETURN_IF_ERROR(check(g.n_ctx, 16, 1 << 20, "ctx"));
-  if (g.n_head % g.n_head_kv != 0)
-    return absl::InvalidArgumentError("synth: --heads must be a multiple of --kv-heads");
+  if (g.n_head % g.n_head_kv != 0) return absl::InvalidArgumentError("synth: --heads must be a multiple of --kv-heads");
   if (g.head_dim % 2 != 0) return absl::InvalidArgumentError("synth: --head-dim must be even");
   for (auto [v, name] : {std::pair<int64_t, const char*>{g.n_embd, "embd"},
                          {g.n_ff_exp, "ff-exp"},
@@ -114,8 +113,7 @@ absl::Status WriteTensor(GgufWriter& writer, const SynthTensor& plan, int thread
   int64_t rows = 1;
   for (size_t i = 1; i < plan.shape.size(); ++i) rows *= plan.shape[i];
   const int64_t row_bytes = RowBytes(plan.type, cols);
-  const int64_t chunk_rows =
-      std::min(rows, std::max<int64_t>(1, (64 << 20) / std::max<int64_t>(row_bytes, cols * 4)));
+  const int64_t chunk_rows = std::min(rows, std::max<int64_t>(1, (64 << 20) / std::max<int64_t>(row_bytes, cols * 4)));
   std::vector<uint8_t> chunk(chunk_rows * row_bytes);
   for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
     const int64_t n = std::min(chunk_rows, rows - r0);
@@ -139,17 +137,14 @@ struct QuantName {
   uint32_t file_type;  // llama_ftype numbering, written as general.file_type
 };
 constexpr QuantName kQuantNames[] = {
-    {SynthQuant::kF32, "f32", 0},    {SynthQuant::kF16, "f16", 1},
-    {SynthQuant::kBF16, "bf16", 32}, {SynthQuant::kQ8_0, "q8_0", 7},
-    {SynthQuant::kQ4_K, "q4_k", 15},  // Q4_K_M
-    {SynthQuant::kQ5_K, "q5_k", 16},  // Q5_K_S
-    {SynthQuant::kQ3_K, "q3_k", 11},  // Q3_K_S
-    {SynthQuant::kQ2_K, "q2_k", 10},  // Q2_K
-    {SynthQuant::kQ4_0, "q4_0", 2},  {SynthQuant::kQ4_1, "q4_1", 3},
-    {SynthQuant::kQ5_0, "q5_0", 8},  {SynthQuant::kQ5_1, "q5_1", 9},
-    {SynthQuant::kQ3_K_M, "q3_k_m", 12}, {SynthQuant::kQ4_K_M, "q4_k_m", 15},
-    {SynthQuant::kQ5_K_M, "q5_k_m", 17},
-    {SynthQuant::kIQ4_NL, "iq4_nl", 25}, {SynthQuant::kIQ4_XS, "iq4_xs", 30},
+    {SynthQuant::kF32, "f32", 0},          {SynthQuant::kF16, "f16", 1},          {SynthQuant::kBF16, "bf16", 32},
+    {SynthQuant::kQ8_0, "q8_0", 7},        {SynthQuant::kQ4_K, "q4_k", 15},  // Q4_K_M
+    {SynthQuant::kQ5_K, "q5_k", 16},                                         // Q5_K_S
+    {SynthQuant::kQ3_K, "q3_k", 11},                                         // Q3_K_S
+    {SynthQuant::kQ2_K, "q2_k", 10},                                         // Q2_K
+    {SynthQuant::kQ4_0, "q4_0", 2},        {SynthQuant::kQ4_1, "q4_1", 3},        {SynthQuant::kQ5_0, "q5_0", 8},
+    {SynthQuant::kQ5_1, "q5_1", 9},        {SynthQuant::kQ3_K_M, "q3_k_m", 12},   {SynthQuant::kQ4_K_M, "q4_k_m", 15},
+    {SynthQuant::kQ5_K_M, "q5_k_m", 17},   {SynthQuant::kIQ4_NL, "iq4_nl", 25},   {SynthQuant::kIQ4_XS, "iq4_xs", 30},
     {SynthQuant::kIQ2_XXS, "iq2_xxs", 19}, {SynthQuant::kIQ3_XXS, "iq3_xxs", 23},
 };
 
@@ -190,8 +185,7 @@ bool UseMoreBits(int layer, int n_layer) {
 // The types llama.cpp's quantizer gives a qwen3moe model's matrices under its Q3_K_M, Q4_K_M and
 // Q5_K_M recipes (llama-quant.cpp, llama_tensor_get_type_impl, without an importance matrix),
 // before the fallback for rows that are not whole blocks.
-GgmlType RecipeType(SynthQuant quant, SynthMatrix matrix, int layer, const SynthGeometry& g,
-                    int64_t cols) {
+GgmlType RecipeType(SynthQuant quant, SynthMatrix matrix, int layer, const SynthGeometry& g, int64_t cols) {
   const GgmlType base = quant == SynthQuant::kQ3_K_M   ? GgmlType::kQ3_K
                         : quant == SynthQuant::kQ4_K_M ? GgmlType::kQ4_K
                                                        : GgmlType::kQ5_K;
@@ -209,8 +203,7 @@ GgmlType RecipeType(SynthQuant quant, SynthMatrix matrix, int layer, const Synth
       if (eight_experts) return quant == SynthQuant::kQ5_K_M ? base : GgmlType::kQ5_K;
       return quant == SynthQuant::kQ3_K_M ? GgmlType::kQ4_K : base;
     case SynthMatrix::kDownExps:
-      if (quant == SynthQuant::kQ3_K_M)
-        return layer < g.n_layer / 16 ? GgmlType::kQ5_K : GgmlType::kQ4_K;
+      if (quant == SynthQuant::kQ3_K_M) return layer < g.n_layer / 16 ? GgmlType::kQ5_K : GgmlType::kQ4_K;
       return UseMoreBits(layer, g.n_layer) ? GgmlType::kQ6_K : base;
     case SynthMatrix::kTokenEmbd:
     case SynthMatrix::kAttnQ:
@@ -224,21 +217,36 @@ GgmlType RecipeType(SynthQuant quant, SynthMatrix matrix, int layer, const Synth
 // The single tensor type of `quant` where it has one.
 std::optional<GgmlType> SingleType(SynthQuant quant) {
   switch (quant) {
-    case SynthQuant::kF32: return GgmlType::kF32;
-    case SynthQuant::kF16: return GgmlType::kF16;
-    case SynthQuant::kBF16: return GgmlType::kBF16;
-    case SynthQuant::kQ8_0: return GgmlType::kQ8_0;
-    case SynthQuant::kQ5_K: return GgmlType::kQ5_K;
-    case SynthQuant::kQ3_K: return GgmlType::kQ3_K;
-    case SynthQuant::kQ2_K: return GgmlType::kQ2_K;
-    case SynthQuant::kQ4_0: return GgmlType::kQ4_0;
-    case SynthQuant::kQ4_1: return GgmlType::kQ4_1;
-    case SynthQuant::kQ5_0: return GgmlType::kQ5_0;
-    case SynthQuant::kQ5_1: return GgmlType::kQ5_1;
-    case SynthQuant::kIQ4_NL: return GgmlType::kIQ4_NL;
-    case SynthQuant::kIQ4_XS: return GgmlType::kIQ4_XS;
-    case SynthQuant::kIQ2_XXS: return GgmlType::kIQ2_XXS;
-    case SynthQuant::kIQ3_XXS: return GgmlType::kIQ3_XXS;
+    case SynthQuant::kF32:
+      return GgmlType::kF32;
+    case SynthQuant::kF16:
+      return GgmlType::kF16;
+    case SynthQuant::kBF16:
+      return GgmlType::kBF16;
+    case SynthQuant::kQ8_0:
+      return GgmlType::kQ8_0;
+    case SynthQuant::kQ5_K:
+      return GgmlType::kQ5_K;
+    case SynthQuant::kQ3_K:
+      return GgmlType::kQ3_K;
+    case SynthQuant::kQ2_K:
+      return GgmlType::kQ2_K;
+    case SynthQuant::kQ4_0:
+      return GgmlType::kQ4_0;
+    case SynthQuant::kQ4_1:
+      return GgmlType::kQ4_1;
+    case SynthQuant::kQ5_0:
+      return GgmlType::kQ5_0;
+    case SynthQuant::kQ5_1:
+      return GgmlType::kQ5_1;
+    case SynthQuant::kIQ4_NL:
+      return GgmlType::kIQ4_NL;
+    case SynthQuant::kIQ4_XS:
+      return GgmlType::kIQ4_XS;
+    case SynthQuant::kIQ2_XXS:
+      return GgmlType::kIQ2_XXS;
+    case SynthQuant::kIQ3_XXS:
+      return GgmlType::kIQ3_XXS;
     case SynthQuant::kQ4_K:
     case SynthQuant::kQ3_K_M:
     case SynthQuant::kQ4_K_M:
@@ -254,23 +262,55 @@ std::optional<SynthGeometry> SynthPreset(const std::string& name) {
   SynthGeometry g;
   if (name == "tiny") return g;
   if (name == "micro") {  // the smallest useful geometry: unit tests build dozens of these
-    g.n_layer = 2; g.n_embd = 64; g.n_head = 4; g.n_head_kv = 2; g.head_dim = 16;
-    g.n_expert = 8; g.n_expert_used = 2; g.n_ff_exp = 32; g.n_vocab = 300; g.n_ctx = 256;
+    g.n_layer = 2;
+    g.n_embd = 64;
+    g.n_head = 4;
+    g.n_head_kv = 2;
+    g.head_dim = 16;
+    g.n_expert = 8;
+    g.n_expert_used = 2;
+    g.n_ff_exp = 32;
+    g.n_vocab = 300;
+    g.n_ctx = 256;
     return g;
   }
   if (name == "small") {
-    g.n_layer = 12; g.n_embd = 768; g.n_head = 12; g.n_head_kv = 4; g.head_dim = 64;
-    g.n_expert = 32; g.n_expert_used = 4; g.n_ff_exp = 512; g.n_vocab = 8192; g.n_ctx = 8192;
+    g.n_layer = 12;
+    g.n_embd = 768;
+    g.n_head = 12;
+    g.n_head_kv = 4;
+    g.head_dim = 64;
+    g.n_expert = 32;
+    g.n_expert_used = 4;
+    g.n_ff_exp = 512;
+    g.n_vocab = 8192;
+    g.n_ctx = 8192;
     return g;
   }
   if (name == "qwen3-30b-a3b") {
-    g.n_layer = 48; g.n_embd = 2048; g.n_head = 32; g.n_head_kv = 4; g.head_dim = 128;
-    g.n_expert = 128; g.n_expert_used = 8; g.n_ff_exp = 768; g.n_vocab = 151936; g.n_ctx = 40960;
+    g.n_layer = 48;
+    g.n_embd = 2048;
+    g.n_head = 32;
+    g.n_head_kv = 4;
+    g.head_dim = 128;
+    g.n_expert = 128;
+    g.n_expert_used = 8;
+    g.n_ff_exp = 768;
+    g.n_vocab = 151936;
+    g.n_ctx = 40960;
     return g;
   }
   if (name == "qwen3-235b-a22b") {
-    g.n_layer = 94; g.n_embd = 4096; g.n_head = 64; g.n_head_kv = 4; g.head_dim = 128;
-    g.n_expert = 128; g.n_expert_used = 8; g.n_ff_exp = 1536; g.n_vocab = 151936; g.n_ctx = 40960;
+    g.n_layer = 94;
+    g.n_embd = 4096;
+    g.n_head = 64;
+    g.n_head_kv = 4;
+    g.head_dim = 128;
+    g.n_expert = 128;
+    g.n_expert_used = 8;
+    g.n_ff_exp = 1536;
+    g.n_vocab = 151936;
+    g.n_ctx = 40960;
     return g;
   }
   if (name.rfind("random:", 0) == 0) {
@@ -332,8 +372,7 @@ GgmlType SynthTensorType(SynthQuant quant, SynthMatrix matrix, int layer, const 
     // q6_k for the LM head and for attn_v and ffn_down of every other layer; q8_0 where the row
     // is not whole blocks.
     const bool more_bits = matrix == SynthMatrix::kOutput ||
-                           ((matrix == SynthMatrix::kAttnV || matrix == SynthMatrix::kDownExps) &&
-                            layer % 2 == 0);
+                           ((matrix == SynthMatrix::kAttnV || matrix == SynthMatrix::kDownExps) && layer % 2 == 0);
     const GgmlType type = more_bits ? GgmlType::kQ6_K : GgmlType::kQ4_K;
     return IsRowSizeValid(type, cols) ? type : GgmlType::kQ8_0;
   }
@@ -389,9 +428,10 @@ absl::StatusOr<std::vector<SynthTensor>> PlanSynthModel(const SynthOptions& opti
 
   TokenizerVocab vocab = MakeSyntheticVocab(g.n_vocab, g.n_vocab);
   const auto eos = std::find(vocab.tokens.begin(), vocab.tokens.end(), options.eos_token);
-  if (eos == vocab.tokens.end() || vocab.token_types[eos - vocab.tokens.begin()] != static_cast<int32_t>(TokenType::kControl))
-    return absl::InvalidArgumentError(absl::StrCat("eos_token: '", options.eos_token,
-                                                   "' is not a control token of the synthetic vocabulary"));
+  if (eos == vocab.tokens.end() ||
+      vocab.token_types[eos - vocab.tokens.begin()] != static_cast<int32_t>(TokenType::kControl))
+    return absl::InvalidArgumentError(
+        absl::StrCat("eos_token: '", options.eos_token, "' is not a control token of the synthetic vocabulary"));
   vocab.eos_id = static_cast<int32_t>(eos - vocab.tokens.begin());
   w.AddString("tokenizer.ggml.model", "gpt2");
   w.AddString("tokenizer.ggml.pre", "qwen2");
@@ -439,16 +479,16 @@ absl::StatusOr<std::vector<SynthTensor>> PlanSynthModel(const SynthOptions& opti
   };
 
   std::vector<SynthTensor> plans;
-  const auto noise_matrix = [&](std::string name, GgmlType type, std::vector<int64_t> shape,
-                                float stddev, const float* blind = nullptr) {  // blind: unit, or null
+  const auto noise_matrix = [&](std::string name, GgmlType type, std::vector<int64_t> shape, float stddev,
+                                const float* blind = nullptr) {  // blind: unit, or null
     const uint64_t h = HashName(name, seed);
     const int64_t cols = shape[0];
-    plans.push_back({std::move(name), type, std::move(shape),
-                     [h, stddev, cols, blind, directions](int64_t row, float* out) {
-                       Rng rng{h ^ (static_cast<uint64_t>(row) * 0xd1342543de82ef95ull)};
-                       FillNoise(rng, stddev, out, cols);
-                       if (blind != nullptr) RemoveComponent(blind, out, cols);
-                     }});
+    plans.push_back(
+        {std::move(name), type, std::move(shape), [h, stddev, cols, blind, directions](int64_t row, float* out) {
+           Rng rng{h ^ (static_cast<uint64_t>(row) * 0xd1342543de82ef95ull)};
+           FillNoise(rng, stddev, out, cols);
+           if (blind != nullptr) RemoveComponent(blind, out, cols);
+         }});
   };
   const auto norm_vector = [&](std::string name, int64_t n) {
     std::vector<float> weights = NormWeights(name, n, seed);
@@ -456,13 +496,13 @@ absl::StatusOr<std::vector<SynthTensor>> PlanSynthModel(const SynthOptions& opti
                        std::copy(weights.begin(), weights.end(), out);
                      }});
   };
-  const auto type_for = [&](SynthMatrix matrix, int layer) {
-    return SynthTensorType(options.quant, matrix, layer, g);
-  };
+  const auto type_for = [&](SynthMatrix matrix, int layer) { return SynthTensorType(options.quant, matrix, layer, g); };
 
   {
     const uint64_t h = HashName("token_embd.weight", seed);
-    plans.push_back({"token_embd.weight", type_for(SynthMatrix::kTokenEmbd, -1), {n_embd, g.n_vocab},
+    plans.push_back({"token_embd.weight",
+                     type_for(SynthMatrix::kTokenEmbd, -1),
+                     {n_embd, g.n_vocab},
                      [h, n_embd, skewed, c_embd, c_hat](int64_t row, float* out) {
                        Rng rng{h ^ (static_cast<uint64_t>(row) * 0xd1342543de82ef95ull)};
                        FillNoise(rng, 1.0f, out, n_embd);
@@ -475,10 +515,12 @@ absl::StatusOr<std::vector<SynthTensor>> PlanSynthModel(const SynthOptions& opti
     const float* attn_blind = direction_after(b + "attn_norm.weight");
     const float* ffn_blind = direction_after(b + "ffn_norm.weight");
     norm_vector(b + "attn_norm.weight", n_embd);
-    noise_matrix(b + "attn_q.weight", type_for(SynthMatrix::kAttnQ, il), {n_embd, q_dim}, 1.0f / std::sqrt(float(n_embd)));
-    noise_matrix(b + "attn_k.weight", type_for(SynthMatrix::kAttnK, il), {n_embd, kv_dim}, 1.0f / std::sqrt(float(n_embd)));
-    noise_matrix(b + "attn_v.weight", type_for(SynthMatrix::kAttnV, il), {n_embd, kv_dim}, 1.0f / std::sqrt(float(n_embd)),
-                 attn_blind);
+    noise_matrix(b + "attn_q.weight", type_for(SynthMatrix::kAttnQ, il), {n_embd, q_dim},
+                 1.0f / std::sqrt(float(n_embd)));
+    noise_matrix(b + "attn_k.weight", type_for(SynthMatrix::kAttnK, il), {n_embd, kv_dim},
+                 1.0f / std::sqrt(float(n_embd)));
+    noise_matrix(b + "attn_v.weight", type_for(SynthMatrix::kAttnV, il), {n_embd, kv_dim},
+                 1.0f / std::sqrt(float(n_embd)), attn_blind);
     noise_matrix(b + "attn_output.weight", type_for(SynthMatrix::kAttnOutput, il), {q_dim, n_embd},
                  attn_out_scale / std::sqrt(float(q_dim)));
     norm_vector(b + "attn_q_norm.weight", g.head_dim);
@@ -495,16 +537,16 @@ absl::StatusOr<std::vector<SynthTensor>> PlanSynthModel(const SynthOptions& opti
       const std::string name = b + "ffn_gate_inp.weight";
       const uint64_t h = HashName(name, seed);
       const double skew = options.router_skew;
-      plans.push_back({name, GgmlType::kF32, {n_embd, g.n_expert},
+      plans.push_back({name,
+                       GgmlType::kF32,
+                       {n_embd, g.n_expert},
                        [h, n_embd, rank, skew, c_hat, ffn_blind, directions](int64_t row, float* out) {
                          Rng rng{h ^ (static_cast<uint64_t>(row) * 0xd1342543de82ef95ull)};
                          FillNoise(rng, 1.0f / std::sqrt(float(n_embd)), out, n_embd);
                          if (skew > 0) {
                            RemoveComponent(ffn_blind, out, n_embd);
-                           const double b_e = -skew * std::log(rank[row] + 1.0) /
-                                              (0.7 * std::sqrt(double(n_embd)));
-                           for (int64_t i = 0; i < n_embd; ++i)
-                             out[i] += static_cast<float>(b_e) * (*c_hat)[i];
+                           const double b_e = -skew * std::log(rank[row] + 1.0) / (0.7 * std::sqrt(double(n_embd)));
+                           for (int64_t i = 0; i < n_embd; ++i) out[i] += static_cast<float>(b_e) * (*c_hat)[i];
                          }
                        }});
     }
@@ -517,8 +559,8 @@ absl::StatusOr<std::vector<SynthTensor>> PlanSynthModel(const SynthOptions& opti
   }
   const float* output_blind = direction_after("output_norm.weight");
   norm_vector("output_norm.weight", n_embd);
-  noise_matrix("output.weight", type_for(SynthMatrix::kOutput, -1), {n_embd, g.n_vocab}, 2.0f / std::sqrt(float(n_embd)),
-               output_blind);
+  noise_matrix("output.weight", type_for(SynthMatrix::kOutput, -1), {n_embd, g.n_vocab},
+               2.0f / std::sqrt(float(n_embd)), output_blind);
 
   return plans;
 }

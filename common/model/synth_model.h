@@ -60,8 +60,25 @@ SynthGeometry RandomSynthGeometry(uint64_t seed);
 // kQ3_K_M, kQ4_K_M and kQ5_K_M are llama.cpp's recipes of those names for qwen3moe; kQ4_K is a
 // simpler Q4_K_M-like mix (q6_k for output and for attn_v and ffn_down of the even layers).
 enum class SynthQuant {
-  kF32, kF16, kBF16, kQ8_0, kQ4_K, kQ5_K, kQ3_K, kQ2_K, kQ4_0, kQ4_1, kQ5_0, kQ5_1,
-  kQ3_K_M, kQ4_K_M, kQ5_K_M, kIQ4_NL, kIQ4_XS, kIQ2_XXS, kIQ3_XXS,
+  kF32,
+  kF16,
+  kBF16,
+  kQ8_0,
+  kQ4_K,
+  kQ5_K,
+  kQ3_K,
+  kQ2_K,
+  kQ4_0,
+  kQ4_1,
+  kQ5_0,
+  kQ5_1,
+  kQ3_K_M,
+  kQ4_K_M,
+  kQ5_K_M,
+  kIQ4_NL,
+  kIQ4_XS,
+  kIQ2_XXS,
+  kIQ3_XXS,
 };
 std::optional<SynthQuant> ParseSynthQuant(const std::string& name);  // "f32", "q4_k", ...
 // The names ParseSynthQuant takes, comma-separated.
@@ -71,9 +88,9 @@ struct SynthOptions {
   SynthGeometry geometry;
   SynthQuant quant = SynthQuant::kQ8_0;
   uint64_t seed = 1;
-  double router_skew = 0.0;     // popularity logit offset -router_skew * ln(rank + 1); 0 = unskewed
-  bool norm_topk_prob = true;   // written as qwen3moe.expert_weights_norm
-  int threads = 0;              // 0 = all cores
+  double router_skew = 0.0;    // popularity logit offset -router_skew * ln(rank + 1); 0 = unskewed
+  bool norm_topk_prob = true;  // written as qwen3moe.expert_weights_norm
+  int threads = 0;             // 0 = all cores
   // Written as tokenizer.chat_template when not empty (e.g. common/chat's Qwen3ChatTemplate()).
   std::string chat_template;
   // The text of the vocabulary's token written as tokenizer.ggml.eos_token_id: "<|endoftext|>"

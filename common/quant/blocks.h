@@ -59,8 +59,7 @@ struct BlockQ8_1 {
 };
 
 // The IQ4 codebook: a 4-bit code q stands for kIQ4Values[q] (non-uniform, denser near zero).
-inline constexpr int8_t kIQ4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                          1,    13,   25,  38,  53,  69,  89,  113};
+inline constexpr int8_t kIQ4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 // IQ4_NL: Q4_0's layout; x = d * kIQ4Values[q].
 struct BlockIQ4_NL {

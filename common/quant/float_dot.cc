@@ -22,8 +22,7 @@ inline float ElemToF32<BF16Tag>(uint16_t v) {
 }
 
 template <typename Tag>
-void HalfRowsScalar(const uint16_t* rows, int64_t n_rows, const uint16_t* a, int64_t n,
-                    float* out) {
+void HalfRowsScalar(const uint16_t* rows, int64_t n_rows, const uint16_t* a, int64_t n, float* out) {
   for (int64_t r = 0; r < n_rows; ++r) {
     const uint16_t* w = rows + r * n;
     double sum = 0;
@@ -38,8 +37,7 @@ void ConvertF32ToF16(const float* src, f16_bits* dst, int64_t n) {
   int64_t i = 0;
   // vcvtps2ph with immediate 0 = round to nearest even, the same rounding as F32ToF16.
   for (; i + 8 <= n; i += 8) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
-                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), 0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), 0));
   }
   for (; i < n; ++i) dst[i] = F32ToF16(src[i]);
 }
@@ -47,8 +45,7 @@ void ConvertF32ToF16(const float* src, f16_bits* dst, int64_t n) {
 void ConvertF16ToF32(const f16_bits* src, float* dst, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    _mm256_storeu_ps(dst + i,
-                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
   }
   for (; i < n; ++i) dst[i] = F16ToF32(src[i]);
 }
@@ -88,8 +85,7 @@ void VecDotRowsF16(const f16_bits* rows, int64_t n_rows, const f16_bits* a, int6
   quant_internal::ActiveRowKernels().f16(rows, n_rows, a, n, out);
 }
 
-void VecDotRowsBF16(const bf16_bits* rows, int64_t n_rows, const bf16_bits* a, int64_t n,
-                    float* out) {
+void VecDotRowsBF16(const bf16_bits* rows, int64_t n_rows, const bf16_bits* a, int64_t n, float* out) {
   quant_internal::ActiveRowKernels().bf16(rows, n_rows, a, n, out);
 }
 
@@ -102,13 +98,11 @@ void VecDotRowsF32Scalar(const float* rows, int64_t n_rows, const float* a, int6
   }
 }
 
-void VecDotRowsF16Scalar(const f16_bits* rows, int64_t n_rows, const f16_bits* a, int64_t n,
-                         float* out) {
+void VecDotRowsF16Scalar(const f16_bits* rows, int64_t n_rows, const f16_bits* a, int64_t n, float* out) {
   HalfRowsScalar<F16Tag>(rows, n_rows, a, n, out);
 }
 
-void VecDotRowsBF16Scalar(const bf16_bits* rows, int64_t n_rows, const bf16_bits* a, int64_t n,
-                          float* out) {
+void VecDotRowsBF16Scalar(const bf16_bits* rows, int64_t n_rows, const bf16_bits* a, int64_t n, float* out) {
   HalfRowsScalar<BF16Tag>(rows, n_rows, a, n, out);
 }
 

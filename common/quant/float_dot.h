@@ -19,14 +19,11 @@ void ConvertBF16ToF32(const bf16_bits* src, float* dst, int64_t n);
 // out[r] does not depend on n_rows.
 void VecDotRowsF32(const float* rows, int64_t n_rows, const float* a, int64_t n, float* out);
 void VecDotRowsF16(const f16_bits* rows, int64_t n_rows, const f16_bits* a, int64_t n, float* out);
-void VecDotRowsBF16(const bf16_bits* rows, int64_t n_rows, const bf16_bits* a, int64_t n,
-                    float* out);
+void VecDotRowsBF16(const bf16_bits* rows, int64_t n_rows, const bf16_bits* a, int64_t n, float* out);
 
 // Scalar references (ggml's generic C code: f32 products summed in double).
 void VecDotRowsF32Scalar(const float* rows, int64_t n_rows, const float* a, int64_t n, float* out);
-void VecDotRowsF16Scalar(const f16_bits* rows, int64_t n_rows, const f16_bits* a, int64_t n,
-                         float* out);
-void VecDotRowsBF16Scalar(const bf16_bits* rows, int64_t n_rows, const bf16_bits* a, int64_t n,
-                          float* out);
+void VecDotRowsF16Scalar(const f16_bits* rows, int64_t n_rows, const f16_bits* a, int64_t n, float* out);
+void VecDotRowsBF16Scalar(const bf16_bits* rows, int64_t n_rows, const bf16_bits* a, int64_t n, float* out);
 
 }  // namespace mer

@@ -23,8 +23,7 @@ struct LoadF16 {
 struct LoadBF16 {
   using Elem = bf16_bits;
   static __m256 Load8(const bf16_bits* p) {
-    const __m256i wide =
-        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
   }
   static float One(const bf16_bits* p) { return BF16ToF32(*p); }
@@ -59,11 +58,8 @@ void FloatRowsKernel(const typename L::Elem* w, const typename L::Elem* a, int64
 }
 
 template <typename L>
-void FloatRows(const typename L::Elem* rows, int64_t n_rows, const typename L::Elem* a, int64_t n,
-               float* out) {
-  ForRowGroups<4>(n_rows, [&](auto group, int64_t r) {
-    FloatRowsKernel<group, L>(rows + r * n, a, n, out + r);
-  });
+void FloatRows(const typename L::Elem* rows, int64_t n_rows, const typename L::Elem* a, int64_t n, float* out) {
+  ForRowGroups<4>(n_rows, [&](auto group, int64_t r) { FloatRowsKernel<group, L>(rows + r * n, a, n, out + r); });
 }
 
 }  // namespace

@@ -21,8 +21,7 @@ inline int GridByte(int index, int i) { return (kIQ2_XXSGrid[index] >> (8 * i)) 
 
 // The grid's codes in memory order (byte i of an entry is code i).
 const quant_internal::Grid& TheGrid() {
-  static const quant_internal::Grid grid(reinterpret_cast<const uint8_t*>(kIQ2_XXSGrid), 256, 8,
-                                         {8, 25, 43});
+  static const quant_internal::Grid grid(reinterpret_cast<const uint8_t*>(kIQ2_XXSGrid), 256, 8, {8, 25, 43});
   return grid;
 }
 
@@ -96,14 +95,12 @@ void DequantizeRowIQ2_XXS(const BlockIQ2_XXS* src, float* dst, int64_t n) {
   }
 }
 
-void VecDotRowsIQ2_XXS(const BlockIQ2_XXS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
-                       float* out) {
+void VecDotRowsIQ2_XXS(const BlockIQ2_XXS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
   CHECK(n % kQK == 0);
   quant_internal::ActiveRowKernels().iq2_xxs(rows, n_rows, a, n, out);
 }
 
-void VecDotRowsIQ2_XXSScalar(const BlockIQ2_XXS* rows, int64_t n_rows, const BlockQ8_K* a,
-                             int64_t n, float* out) {
+void VecDotRowsIQ2_XXSScalar(const BlockIQ2_XXS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
   CHECK(n % kQK == 0);
   const int64_t nb = n / kQK;
   for (int64_t r = 0; r < n_rows; ++r) {

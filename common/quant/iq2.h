@@ -25,10 +25,8 @@ void DequantizeRowIQ2_XXS(const BlockIQ2_XXS* src, float* dst, int64_t n);
 // signed activation), into an 8-lane f32 accumulator by one fused multiply-add with d_w * d_a;
 // the result is 0.125 times its horizontal sum (ggml's AVX2 vec_dot). out[r] does not depend on
 // n_rows.
-void VecDotRowsIQ2_XXS(const BlockIQ2_XXS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
-                       float* out);
+void VecDotRowsIQ2_XXS(const BlockIQ2_XXS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);
 // A plain reference: per block the integer sums times the f32 scales, added in block order.
-void VecDotRowsIQ2_XXSScalar(const BlockIQ2_XXS* rows, int64_t n_rows, const BlockQ8_K* a,
-                             int64_t n, float* out);
+void VecDotRowsIQ2_XXSScalar(const BlockIQ2_XXS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);
 
 }  // namespace mer

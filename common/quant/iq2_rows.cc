@@ -24,19 +24,15 @@ void IQ2_XXSRowsKernel(const BlockIQ2_XXS* w, int64_t nb, const BlockQ8_K* a, fl
       for (int j = 0; j < 8; ++j) {
         const uint32_t a0 = LoadU32(wb.qs + 4 * j), a1 = LoadU32(wb.qs + 4 * j + 2);
         const __m256i grid = _mm256_setr_epi64x(
-            static_cast<int64_t>(kIQ2_XXSGrid[a0 & 0xFF]),
-            static_cast<int64_t>(kIQ2_XXSGrid[(a0 >> 8) & 0xFF]),
-            static_cast<int64_t>(kIQ2_XXSGrid[(a0 >> 16) & 0xFF]),
-            static_cast<int64_t>(kIQ2_XXSGrid[a0 >> 24]));
-        const __m256i signs = _mm256_setr_epi64x(
-            static_cast<int64_t>(kIQSignBytes.bytes[a1 & 127]),
-            static_cast<int64_t>(kIQSignBytes.bytes[(a1 >> 7) & 127]),
-            static_cast<int64_t>(kIQSignBytes.bytes[(a1 >> 14) & 127]),
-            static_cast<int64_t>(kIQSignBytes.bytes[(a1 >> 21) & 127]));
+            static_cast<int64_t>(kIQ2_XXSGrid[a0 & 0xFF]), static_cast<int64_t>(kIQ2_XXSGrid[(a0 >> 8) & 0xFF]),
+            static_cast<int64_t>(kIQ2_XXSGrid[(a0 >> 16) & 0xFF]), static_cast<int64_t>(kIQ2_XXSGrid[a0 >> 24]));
+        const __m256i signs = _mm256_setr_epi64x(static_cast<int64_t>(kIQSignBytes.bytes[a1 & 127]),
+                                                 static_cast<int64_t>(kIQSignBytes.bytes[(a1 >> 7) & 127]),
+                                                 static_cast<int64_t>(kIQSignBytes.bytes[(a1 >> 14) & 127]),
+                                                 static_cast<int64_t>(kIQSignBytes.bytes[(a1 >> 21) & 127]));
         const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab.qs + 32 * j));
         const __m256i pairs = _mm256_maddubs_epi16(grid, _mm256_sign_epi8(av, signs));
-        sums[j % 2] =
-            DotI16(sums[j % 2], pairs, _mm256_set1_epi16(static_cast<int16_t>(2 * (a1 >> 28) + 1)));
+        sums[j % 2] = DotI16(sums[j % 2], pairs, _mm256_set1_epi16(static_cast<int16_t>(2 * (a1 >> 28) + 1)));
       }
       acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(F16ToF32(wb.d) * ab.d),
                                _mm256_cvtepi32_ps(_mm256_add_epi32(sums[0], sums[1])), acc[r]);
@@ -47,12 +43,9 @@ void IQ2_XXSRowsKernel(const BlockIQ2_XXS* w, int64_t nb, const BlockQ8_K* a, fl
 
 }  // namespace
 
-void IQ2_XXSRows(const BlockIQ2_XXS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
-                 float* out) {
+void IQ2_XXSRows(const BlockIQ2_XXS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
   const int64_t nb = n / kKBlockSize;
-  ForRowGroups<2>(n_rows, [&](auto group, int64_t r) {
-    IQ2_XXSRowsKernel<group>(rows + r * nb, nb, a, out + r);
-  });
+  ForRowGroups<2>(n_rows, [&](auto group, int64_t r) { IQ2_XXSRowsKernel<group>(rows + r * nb, nb, a, out + r); });
 }
 
 }  // namespace mer::quant_internal::MER_QUANT_VARIANT

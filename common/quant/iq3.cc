@@ -54,8 +54,8 @@ void QuantizeBlock(const float* x, BlockIQ3_XXS* y) {
     for (int l = 0; l < 4; ++l) {
       for (int h = 0; h < 2; ++h) {
         float unused;
-        y->qs[8 * j + 2 * l + h] = static_cast<uint8_t>(
-            db == 0.0f ? 0 : TheGrid().Map(m + kSub * j + 8 * l + 4 * h, db, &unused));
+        y->qs[8 * j + 2 * l + h] =
+            static_cast<uint8_t>(db == 0.0f ? 0 : TheGrid().Map(m + kSub * j + 8 * l + 4 * h, db, &unused));
       }
       word |= static_cast<uint32_t>(signs[4 * j + l] & 127) << (7 * l);
     }
@@ -96,14 +96,12 @@ void DequantizeRowIQ3_XXS(const BlockIQ3_XXS* src, float* dst, int64_t n) {
   }
 }
 
-void VecDotRowsIQ3_XXS(const BlockIQ3_XXS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
-                       float* out) {
+void VecDotRowsIQ3_XXS(const BlockIQ3_XXS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
   CHECK(n % kQK == 0);
   quant_internal::ActiveRowKernels().iq3_xxs(rows, n_rows, a, n, out);
 }
 
-void VecDotRowsIQ3_XXSScalar(const BlockIQ3_XXS* rows, int64_t n_rows, const BlockQ8_K* a,
-                             int64_t n, float* out) {
+void VecDotRowsIQ3_XXSScalar(const BlockIQ3_XXS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
   CHECK(n % kQK == 0);
   const int64_t nb = n / kQK;
   for (int64_t r = 0; r < n_rows; ++r) {

@@ -20,10 +20,8 @@ void DequantizeRowIQ3_XXS(const BlockIQ3_XXS* src, float* dst, int64_t n);
 
 // out[r] = dot(weight row r, a): IQ2_XXS's arithmetic (iq2.h) with the grid codes of IQ3_XXS,
 // and 0.25 times the horizontal sum (ggml's AVX2 vec_dot). out[r] does not depend on n_rows.
-void VecDotRowsIQ3_XXS(const BlockIQ3_XXS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
-                       float* out);
+void VecDotRowsIQ3_XXS(const BlockIQ3_XXS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);
 // A plain reference: per block the integer sums times the f32 scales, added in block order.
-void VecDotRowsIQ3_XXSScalar(const BlockIQ3_XXS* rows, int64_t n_rows, const BlockQ8_K* a,
-                             int64_t n, float* out);
+void VecDotRowsIQ3_XXSScalar(const BlockIQ3_XXS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);
 
 }  // namespace mer

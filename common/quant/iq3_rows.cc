@@ -23,19 +23,17 @@ void IQ3_XXSRowsKernel(const BlockIQ3_XXS* w, int64_t nb, const BlockQ8_K* a, fl
       __m256i sums[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
       for (int j = 0; j < 8; ++j) {
         const uint8_t* q = wb.qs + 8 * j;
-        const __m256i grid = _mm256_i32gather_epi32(
-            reinterpret_cast<const int*>(kIQ3_XXSGrid),
-            _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))), 4);
+        const __m256i grid =
+            _mm256_i32gather_epi32(reinterpret_cast<const int*>(kIQ3_XXSGrid),
+                                   _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))), 4);
         const uint32_t word = LoadU32(wb.qs + 64 + 4 * j);
-        const __m256i signs = _mm256_setr_epi64x(
-            static_cast<int64_t>(kIQSignBytes.bytes[word & 127]),
-            static_cast<int64_t>(kIQSignBytes.bytes[(word >> 7) & 127]),
-            static_cast<int64_t>(kIQSignBytes.bytes[(word >> 14) & 127]),
-            static_cast<int64_t>(kIQSignBytes.bytes[(word >> 21) & 127]));
+        const __m256i signs = _mm256_setr_epi64x(static_cast<int64_t>(kIQSignBytes.bytes[word & 127]),
+                                                 static_cast<int64_t>(kIQSignBytes.bytes[(word >> 7) & 127]),
+                                                 static_cast<int64_t>(kIQSignBytes.bytes[(word >> 14) & 127]),
+                                                 static_cast<int64_t>(kIQSignBytes.bytes[(word >> 21) & 127]));
         const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab.qs + 32 * j));
         const __m256i pairs = _mm256_maddubs_epi16(grid, _mm256_sign_epi8(av, signs));
-        sums[j % 2] =
-            DotI16(sums[j % 2], pairs, _mm256_set1_epi16(static_cast<int16_t>(2 * (word >> 28) + 1)));
+        sums[j % 2] = DotI16(sums[j % 2], pairs, _mm256_set1_epi16(static_cast<int16_t>(2 * (word >> 28) + 1)));
       }
       acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(F16ToF32(wb.d) * ab.d),
                                _mm256_cvtepi32_ps(_mm256_add_epi32(sums[0], sums[1])), acc[r]);
@@ -46,12 +44,9 @@ void IQ3_XXSRowsKernel(const BlockIQ3_XXS* w, int64_t nb, const BlockQ8_K* a, fl
 
 }  // namespace
 
-void IQ3_XXSRows(const BlockIQ3_XXS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
-                 float* out) {
+void IQ3_XXSRows(const BlockIQ3_XXS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
   const int64_t nb = n / kKBlockSize;
-  ForRowGroups<2>(n_rows, [&](auto group, int64_t r) {
-    IQ3_XXSRowsKernel<group>(rows + r * nb, nb, a, out + r);
-  });
+  ForRowGroups<2>(n_rows, [&](auto group, int64_t r) { IQ3_XXSRowsKernel<group>(rows + r * nb, nb, a, out + r); });
 }
 
 }  // namespace mer::quant_internal::MER_QUANT_VARIANT

@@ -17,8 +17,8 @@ constexpr int kQK = kQ8_0BlockSize;  // elements per IQ4_NL block and per IQ4_XS
 
 // The index of the codebook value nearest to v (the lower one of a tie).
 int NearestCode(float v) {
-  const int8_t* upper = std::lower_bound(kIQ4Values, kIQ4Values + 16, v,
-                                         [](int8_t value, float x) { return value < x; });
+  const int8_t* upper =
+      std::lower_bound(kIQ4Values, kIQ4Values + 16, v, [](int8_t value, float x) { return value < x; });
   if (upper == kIQ4Values) return 0;
   if (upper == kIQ4Values + 16) return 15;
   const int i = static_cast<int>(upper - kIQ4Values);
@@ -139,26 +139,22 @@ void DequantizeRowIQ4_XS(const BlockIQ4_XS* src, float* dst, int64_t n) {
     const float d = F16ToF32(x.d);
     for (int j = 0; j < 8; ++j) {
       const float dl = d * (IQ4_XSScale(x, j) - 32);
-      for (int i = 0; i < kQK; ++i)
-        dst[b * kKBlockSize + kQK * j + i] = dl * kIQ4Values[Code(x.qs + 16 * j, i)];
+      for (int i = 0; i < kQK; ++i) dst[b * kKBlockSize + kQK * j + i] = dl * kIQ4Values[Code(x.qs + 16 * j, i)];
     }
   }
 }
 
-void VecDotRowsIQ4_NL(const BlockIQ4_NL* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n,
-                      float* out) {
+void VecDotRowsIQ4_NL(const BlockIQ4_NL* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out) {
   CHECK(n % kQK == 0);
   quant_internal::ActiveRowKernels().iq4_nl(rows, n_rows, a, n, out);
 }
 
-void VecDotRowsIQ4_XS(const BlockIQ4_XS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
-                      float* out) {
+void VecDotRowsIQ4_XS(const BlockIQ4_XS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
   CHECK(n % kKBlockSize == 0);
   quant_internal::ActiveRowKernels().iq4_xs(rows, n_rows, a, n, out);
 }
 
-void VecDotRowsIQ4_NLScalar(const BlockIQ4_NL* rows, int64_t n_rows, const BlockQ8_0* a,
-                            int64_t n, float* out) {
+void VecDotRowsIQ4_NLScalar(const BlockIQ4_NL* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out) {
   CHECK(n % kQK == 0);
   const int64_t nb = n / kQK;
   for (int64_t r = 0; r < n_rows; ++r) {
@@ -173,8 +169,7 @@ void VecDotRowsIQ4_NLScalar(const BlockIQ4_NL* rows, int64_t n_rows, const Block
   }
 }
 
-void VecDotRowsIQ4_XSScalar(const BlockIQ4_XS* rows, int64_t n_rows, const BlockQ8_K* a,
-                            int64_t n, float* out) {
+void VecDotRowsIQ4_XSScalar(const BlockIQ4_XS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
   CHECK(n % kKBlockSize == 0);
   const int64_t nb = n / kKBlockSize;
   for (int64_t r = 0; r < n_rows; ++r) {

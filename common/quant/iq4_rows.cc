@@ -32,8 +32,7 @@ void IQ4_XSRowsKernel(const BlockIQ4_XS* w, int64_t nb, const BlockQ8_K* a, floa
         const __m256i q = _mm256_shuffle_epi8(table, Nibbles(wb.qs + 16 * j));
         const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab.qs + 32 * j));
         const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(av, q));
-        sums[j % 2] = DotI16(sums[j % 2], pairs,
-                             _mm256_set1_epi16(static_cast<int16_t>(IQ4_XSScale(wb, j) - 32)));
+        sums[j % 2] = DotI16(sums[j % 2], pairs, _mm256_set1_epi16(static_cast<int16_t>(IQ4_XSScale(wb, j) - 32)));
       }
       acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(F16ToF32(wb.d) * ab.d),
                                _mm256_cvtepi32_ps(_mm256_add_epi32(sums[0], sums[1])), acc[r]);
@@ -44,21 +43,16 @@ void IQ4_XSRowsKernel(const BlockIQ4_XS* w, int64_t nb, const BlockQ8_K* a, floa
 
 }  // namespace
 
-void IQ4_NLRows(const BlockIQ4_NL* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n,
-                float* out) {
+void IQ4_NLRows(const BlockIQ4_NL* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out) {
   const int64_t nb = n / kQ8_0BlockSize;
   const __m256i table = CodebookTable();
-  ForRowGroups<8>(n_rows, [&](auto group, int64_t r) {
-    Table4RowsKernel<group>(rows + r * nb, nb, a, table, out + r);
-  });
+  ForRowGroups<8>(n_rows,
+                  [&](auto group, int64_t r) { Table4RowsKernel<group>(rows + r * nb, nb, a, table, out + r); });
 }
 
-void IQ4_XSRows(const BlockIQ4_XS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
-                float* out) {
+void IQ4_XSRows(const BlockIQ4_XS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
   const int64_t nb = n / kKBlockSize;
-  ForRowGroups<2>(n_rows, [&](auto group, int64_t r) {
-    IQ4_XSRowsKernel<group>(rows + r * nb, nb, a, out + r);
-  });
+  ForRowGroups<2>(n_rows, [&](auto group, int64_t r) { IQ4_XSRowsKernel<group>(rows + r * nb, nb, a, out + r); });
 }
 
 }  // namespace mer::quant_internal::MER_QUANT_VARIANT

@@ -82,9 +82,7 @@ const char* KernelVariantName(KernelVariant v) {
   CHECK_MSG(false, "unknown KernelVariant");
 }
 
-std::string MissingCpuFeatures(KernelVariant v) {
-  return CpuSupport().missing[static_cast<int>(v)];
-}
+std::string MissingCpuFeatures(KernelVariant v) { return CpuSupport().missing[static_cast<int>(v)]; }
 
 bool CpuSupports(KernelVariant v) { return CpuSupport().ok[static_cast<int>(v)]; }
 
@@ -97,8 +95,8 @@ absl::StatusOr<KernelVariant> KernelVariantNamed(const std::string& name) {
   for (KernelVariant v : kKernelVariants) {
     if (name != KernelVariantName(v)) continue;
     if (!CpuSupports(v)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "this CPU lacks ", MissingCpuFeatures(v), "; choose auto or a variant it supports"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("this CPU lacks ", MissingCpuFeatures(v), "; choose auto or a variant it supports"));
     }
     return v;
   }
@@ -110,8 +108,7 @@ absl::StatusOr<KernelVariant> KernelVariantFromEnvironment() {
   const std::string name = env != nullptr ? env : "";
   absl::StatusOr<KernelVariant> v = KernelVariantNamed(name);
   if (v.ok()) return v;
-  return absl::Status(v.status().code(), absl::StrCat(kEnvironmentVariable, "=", name, ": ",
-                                                      v.status().message()));
+  return absl::Status(v.status().code(), absl::StrCat(kEnvironmentVariable, "=", name, ": ", v.status().message()));
 }
 
 absl::StatusOr<std::string> DescribeKernelVariant() {
@@ -137,14 +134,12 @@ KernelVariant ActiveKernelVariant() {
 namespace quant_internal {
 
 // The SIMD variants' kernels of namespace NS, then the scalar references.
-#define MER_SIMD_ROW_KERNELS(NS)                                                         \
-  {                                                                                      \
-      .f32 = NS::F32Rows, .f16 = NS::F16Rows,   .bf16 = NS::BF16Rows, .q8_0 = NS::Q8_0Rows, \
-      .q4_0 = NS::Q4_0Rows, .q4_1 = NS::Q4_1Rows, .q5_0 = NS::Q5_0Rows,                  \
-      .q5_1 = NS::Q5_1Rows,                                                              \
-      .q2_k = NS::Q2_KRows, .q3_k = NS::Q3_KRows, .q4_k = NS::Q4_KRows,                  \
-      .q5_k = NS::Q5_KRows, .q6_k = NS::Q6_KRows, .iq4_nl = NS::IQ4_NLRows,              \
-      .iq4_xs = NS::IQ4_XSRows, .iq2_xxs = NS::IQ2_XXSRows, .iq3_xxs = NS::IQ3_XXSRows,  \
+#define MER_SIMD_ROW_KERNELS(NS)                                                                                  \
+  {                                                                                                               \
+    .f32 = NS::F32Rows, .f16 = NS::F16Rows, .bf16 = NS::BF16Rows, .q8_0 = NS::Q8_0Rows, .q4_0 = NS::Q4_0Rows,     \
+    .q4_1 = NS::Q4_1Rows, .q5_0 = NS::Q5_0Rows, .q5_1 = NS::Q5_1Rows, .q2_k = NS::Q2_KRows, .q3_k = NS::Q3_KRows, \
+    .q4_k = NS::Q4_KRows, .q5_k = NS::Q5_KRows, .q6_k = NS::Q6_KRows, .iq4_nl = NS::IQ4_NLRows,                   \
+    .iq4_xs = NS::IQ4_XSRows, .iq2_xxs = NS::IQ2_XXSRows, .iq3_xxs = NS::IQ3_XXSRows,                             \
   }
 
 const RowKernels& RowKernelsOf(KernelVariant v) {

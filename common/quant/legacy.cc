@@ -43,8 +43,7 @@ f16_bits QuantizeSymmetric(const float* x, int half, int* q) {
   }
   const f16_bits d16 = F32ToF16(max / static_cast<float>(-half));
   const float d = F16ToF32(d16);
-  for (int i = 0; i < kQK; ++i)
-    q[i] = d == 0.0f ? half : std::clamp(NearestInt(x[i] / d) + half, 0, 2 * half - 1);
+  for (int i = 0; i < kQK; ++i) q[i] = d == 0.0f ? half : std::clamp(NearestInt(x[i] / d) + half, 0, 2 * half - 1);
   return d16;
 }
 
@@ -58,8 +57,7 @@ void QuantizeAsymmetric(const float* x, int levels, int* q, f16_bits* d_out, f16
   *d_out = F32ToF16((hi - lo) / static_cast<float>(levels - 1));
   *m_out = F32ToF16(lo);
   const float d = F16ToF32(*d_out), m = F16ToF32(*m_out);
-  for (int i = 0; i < kQK; ++i)
-    q[i] = d == 0.0f ? 0 : std::clamp(NearestInt((x[i] - m) / d), 0, levels - 1);
+  for (int i = 0; i < kQK; ++i) q[i] = d == 0.0f ? 0 : std::clamp(NearestInt((x[i] - m) / d), 0, levels - 1);
 }
 
 }  // namespace
@@ -121,8 +119,7 @@ void DequantizeRowQ5_0(const BlockQ5_0* src, float* dst, int64_t n) {
   CHECK(n % kQK == 0);
   for (int64_t b = 0; b < n / kQK; ++b) {
     const float d = F16ToF32(src[b].d);
-    for (int i = 0; i < kQK; ++i)
-      dst[b * kQK + i] = static_cast<float>(Code5(src[b].qs, src[b].qh, i) - 16) * d;
+    for (int i = 0; i < kQK; ++i) dst[b * kQK + i] = static_cast<float>(Code5(src[b].qs, src[b].qh, i) - 16) * d;
   }
 }
 
@@ -130,31 +127,26 @@ void DequantizeRowQ5_1(const BlockQ5_1* src, float* dst, int64_t n) {
   CHECK(n % kQK == 0);
   for (int64_t b = 0; b < n / kQK; ++b) {
     const float d = F16ToF32(src[b].d), m = F16ToF32(src[b].m);
-    for (int i = 0; i < kQK; ++i)
-      dst[b * kQK + i] = static_cast<float>(Code5(src[b].qs, src[b].qh, i)) * d + m;
+    for (int i = 0; i < kQK; ++i) dst[b * kQK + i] = static_cast<float>(Code5(src[b].qs, src[b].qh, i)) * d + m;
   }
 }
 
-void VecDotRowsQ4_0(const BlockQ4_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n,
-                    float* out) {
+void VecDotRowsQ4_0(const BlockQ4_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out) {
   CHECK(n % kQK == 0);
   quant_internal::ActiveRowKernels().q4_0(rows, n_rows, a, n, out);
 }
 
-void VecDotRowsQ4_1(const BlockQ4_1* rows, int64_t n_rows, const BlockQ8_1* a, int64_t n,
-                    float* out) {
+void VecDotRowsQ4_1(const BlockQ4_1* rows, int64_t n_rows, const BlockQ8_1* a, int64_t n, float* out) {
   CHECK(n % kQK == 0);
   quant_internal::ActiveRowKernels().q4_1(rows, n_rows, a, n, out);
 }
 
-void VecDotRowsQ5_0(const BlockQ5_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n,
-                    float* out) {
+void VecDotRowsQ5_0(const BlockQ5_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out) {
   CHECK(n % kQK == 0);
   quant_internal::ActiveRowKernels().q5_0(rows, n_rows, a, n, out);
 }
 
-void VecDotRowsQ5_1(const BlockQ5_1* rows, int64_t n_rows, const BlockQ8_1* a, int64_t n,
-                    float* out) {
+void VecDotRowsQ5_1(const BlockQ5_1* rows, int64_t n_rows, const BlockQ8_1* a, int64_t n, float* out) {
   CHECK(n % kQK == 0);
   quant_internal::ActiveRowKernels().q5_1(rows, n_rows, a, n, out);
 }
@@ -164,8 +156,7 @@ namespace {
 // The scalar references: `code(block, i)` the signed or unsigned quant, `min_term(block, a)` the
 // m * s term of the asymmetric formats.
 template <typename W, typename A, typename Code, typename MinTerm>
-void ScalarRows(const W* rows, int64_t n_rows, const A* a, int64_t n, float* out, Code code,
-                MinTerm min_term) {
+void ScalarRows(const W* rows, int64_t n_rows, const A* a, int64_t n, float* out, Code code, MinTerm min_term) {
   CHECK(n % kQK == 0);
   const int64_t nb = n / kQK;
   for (int64_t r = 0; r < n_rows; ++r) {
@@ -185,27 +176,24 @@ constexpr auto kMin = [](const auto& x, const BlockQ8_1& y) { return F16ToF32(x.
 
 }  // namespace
 
-void VecDotRowsQ4_0Scalar(const BlockQ4_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n,
-                          float* out) {
-  ScalarRows(rows, n_rows, a, n, out, [](const BlockQ4_0& x, int i) { return Code4(x.qs, i) - 8; },
-             kNoMin);
+void VecDotRowsQ4_0Scalar(const BlockQ4_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out) {
+  ScalarRows(
+      rows, n_rows, a, n, out, [](const BlockQ4_0& x, int i) { return Code4(x.qs, i) - 8; }, kNoMin);
 }
 
-void VecDotRowsQ4_1Scalar(const BlockQ4_1* rows, int64_t n_rows, const BlockQ8_1* a, int64_t n,
-                          float* out) {
-  ScalarRows(rows, n_rows, a, n, out, [](const BlockQ4_1& x, int i) { return Code4(x.qs, i); }, kMin);
+void VecDotRowsQ4_1Scalar(const BlockQ4_1* rows, int64_t n_rows, const BlockQ8_1* a, int64_t n, float* out) {
+  ScalarRows(
+      rows, n_rows, a, n, out, [](const BlockQ4_1& x, int i) { return Code4(x.qs, i); }, kMin);
 }
 
-void VecDotRowsQ5_0Scalar(const BlockQ5_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n,
-                          float* out) {
-  ScalarRows(rows, n_rows, a, n, out,
-             [](const BlockQ5_0& x, int i) { return Code5(x.qs, x.qh, i) - 16; }, kNoMin);
+void VecDotRowsQ5_0Scalar(const BlockQ5_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out) {
+  ScalarRows(
+      rows, n_rows, a, n, out, [](const BlockQ5_0& x, int i) { return Code5(x.qs, x.qh, i) - 16; }, kNoMin);
 }
 
-void VecDotRowsQ5_1Scalar(const BlockQ5_1* rows, int64_t n_rows, const BlockQ8_1* a, int64_t n,
-                          float* out) {
-  ScalarRows(rows, n_rows, a, n, out, [](const BlockQ5_1& x, int i) { return Code5(x.qs, x.qh, i); },
-             kMin);
+void VecDotRowsQ5_1Scalar(const BlockQ5_1* rows, int64_t n_rows, const BlockQ8_1* a, int64_t n, float* out) {
+  ScalarRows(
+      rows, n_rows, a, n, out, [](const BlockQ5_1& x, int i) { return Code5(x.qs, x.qh, i); }, kMin);
 }
 
 }  // namespace mer

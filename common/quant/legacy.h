@@ -30,22 +30,14 @@ void DequantizeRowQ5_1(const BlockQ5_1* src, float* dst, int64_t n);
 //   Q4_1, Q5_1: as Q5_0, plus m_w * s_a per block into a scalar f32 by fused multiply-adds,
 //         added to the horizontal sum at the end.
 // out[r] does not depend on n_rows.
-void VecDotRowsQ4_0(const BlockQ4_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n,
-                    float* out);
-void VecDotRowsQ4_1(const BlockQ4_1* rows, int64_t n_rows, const BlockQ8_1* a, int64_t n,
-                    float* out);
-void VecDotRowsQ5_0(const BlockQ5_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n,
-                    float* out);
-void VecDotRowsQ5_1(const BlockQ5_1* rows, int64_t n_rows, const BlockQ8_1* a, int64_t n,
-                    float* out);
+void VecDotRowsQ4_0(const BlockQ4_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out);
+void VecDotRowsQ4_1(const BlockQ4_1* rows, int64_t n_rows, const BlockQ8_1* a, int64_t n, float* out);
+void VecDotRowsQ5_0(const BlockQ5_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out);
+void VecDotRowsQ5_1(const BlockQ5_1* rows, int64_t n_rows, const BlockQ8_1* a, int64_t n, float* out);
 // Plain references: per block the integer sum times the f32 scales, added in block order.
-void VecDotRowsQ4_0Scalar(const BlockQ4_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n,
-                          float* out);
-void VecDotRowsQ4_1Scalar(const BlockQ4_1* rows, int64_t n_rows, const BlockQ8_1* a, int64_t n,
-                          float* out);
-void VecDotRowsQ5_0Scalar(const BlockQ5_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n,
-                          float* out);
-void VecDotRowsQ5_1Scalar(const BlockQ5_1* rows, int64_t n_rows, const BlockQ8_1* a, int64_t n,
-                          float* out);
+void VecDotRowsQ4_0Scalar(const BlockQ4_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out);
+void VecDotRowsQ4_1Scalar(const BlockQ4_1* rows, int64_t n_rows, const BlockQ8_1* a, int64_t n, float* out);
+void VecDotRowsQ5_0Scalar(const BlockQ5_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out);
+void VecDotRowsQ5_1Scalar(const BlockQ5_1* rows, int64_t n_rows, const BlockQ8_1* a, int64_t n, float* out);
 
 }  // namespace mer

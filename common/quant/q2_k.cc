@@ -52,9 +52,7 @@ void QuantizeBlock(const float* x, BlockQ2_K* y) {
     const float mj = dmin * (y->scales[j] >> 4);
     for (int i = 0; i < kSub; ++i) {
       L[kSub * j + i] =
-          dj == 0.0f
-              ? 0
-              : static_cast<uint8_t>(std::clamp(NearestInt((x[kSub * j + i] + mj) / dj), 0, 3));
+          dj == 0.0f ? 0 : static_cast<uint8_t>(std::clamp(NearestInt((x[kSub * j + i] + mj) / dj), 0, 3));
     }
   }
   std::memset(y->qs, 0, sizeof(y->qs));
@@ -83,14 +81,12 @@ void DequantizeRowQ2_K(const BlockQ2_K* src, float* dst, int64_t n) {
   }
 }
 
-void VecDotRowsQ2_K(const BlockQ2_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
-                    float* out) {
+void VecDotRowsQ2_K(const BlockQ2_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
   CHECK(n % kQK == 0);
   quant_internal::ActiveRowKernels().q2_k(rows, n_rows, a, n, out);
 }
 
-void VecDotRowsQ2_KScalar(const BlockQ2_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
-                          float* out) {
+void VecDotRowsQ2_KScalar(const BlockQ2_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
   CHECK(n % kQK == 0);
   const int64_t nb = n / kQK;
   for (int64_t r = 0; r < n_rows; ++r) {

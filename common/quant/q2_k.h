@@ -17,10 +17,8 @@ void DequantizeRowQ2_K(const BlockQ2_K* src, float* dst, int64_t n);
 // min-weighted bsums (lane k: sub-blocks 2k, 2k + 1), then d_w * d_a times 8 int32 lanes of
 // scaled sums, both by fused multiply-adds into one 8-lane f32 accumulator (ggml's AVX2 order).
 // out[r] does not depend on n_rows.
-void VecDotRowsQ2_K(const BlockQ2_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
-                    float* out);
+void VecDotRowsQ2_K(const BlockQ2_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);
 // A plain reference: per block the integer sums times the f32 scales, added in block order.
-void VecDotRowsQ2_KScalar(const BlockQ2_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
-                          float* out);
+void VecDotRowsQ2_KScalar(const BlockQ2_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);
 
 }  // namespace mer

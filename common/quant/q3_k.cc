@@ -43,16 +43,14 @@ void QuantizeBlock(const float* x, BlockQ3_K* y) {
     // The largest sub-block scale maps to -32, the extra negative 6-bit level.
     const float iscale = -32.0f / max_scale;
     y->d = F32ToF16(1.0f / iscale);
-    for (int j = 0; j < kQK / kSub; ++j)
-      codes[j] = 32 + std::clamp(NearestInt(iscale * scales[j]), -32, 31);
+    for (int j = 0; j < kQK / kSub; ++j) codes[j] = 32 + std::clamp(NearestInt(iscale * scales[j]), -32, 31);
     // Requantize against the scales as they will be decoded.
     const float d = F16ToF32(y->d);
     for (int j = 0; j < kQK / kSub; ++j) {
       const float dj = d * (codes[j] - 32);
       for (int i = 0; i < kSub; ++i) {
-        L[kSub * j + i] = dj == 0.0f ? 4
-                                     : static_cast<uint8_t>(
-                                           4 + std::clamp(NearestInt(x[kSub * j + i] / dj), -4, 3));
+        L[kSub * j + i] =
+            dj == 0.0f ? 4 : static_cast<uint8_t>(4 + std::clamp(NearestInt(x[kSub * j + i] / dj), -4, 3));
       }
     }
   }
@@ -86,14 +84,12 @@ void DequantizeRowQ3_K(const BlockQ3_K* src, float* dst, int64_t n) {
   }
 }
 
-void VecDotRowsQ3_K(const BlockQ3_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
-                    float* out) {
+void VecDotRowsQ3_K(const BlockQ3_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
   CHECK(n % kQK == 0);
   quant_internal::ActiveRowKernels().q3_k(rows, n_rows, a, n, out);
 }
 
-void VecDotRowsQ3_KScalar(const BlockQ3_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
-                          float* out) {
+void VecDotRowsQ3_KScalar(const BlockQ3_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
   CHECK(n % kQK == 0);
   const int64_t nb = n / kQK;
   for (int64_t r = 0; r < n_rows; ++r) {

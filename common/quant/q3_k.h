@@ -16,10 +16,8 @@ void DequantizeRowQ3_K(const BlockQ3_K* src, float* dst, int64_t n);
 // out[r] = dot(weight row r, a): per block, d_w * d_a * (int sum over sub-blocks j of
 // (sc[j] - 32) times the sum of q * a over j), accumulated in f32 over 8 lanes (ggml's AVX2
 // order). out[r] does not depend on n_rows.
-void VecDotRowsQ3_K(const BlockQ3_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
-                    float* out);
+void VecDotRowsQ3_K(const BlockQ3_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);
 // A plain reference: per block the integer sum times the f32 scales, added in block order.
-void VecDotRowsQ3_KScalar(const BlockQ3_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
-                          float* out);
+void VecDotRowsQ3_KScalar(const BlockQ3_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);
 
 }  // namespace mer

@@ -52,20 +52,17 @@ void DequantizeRowQ4_K(const BlockQ4_K* src, float* dst, int64_t n) {
   }
 }
 
-void VecDotRowsQ4_K(const BlockQ4_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
-                    float* out) {
+void VecDotRowsQ4_K(const BlockQ4_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
   CHECK(n % kQK == 0);
   quant_internal::ActiveRowKernels().q4_k(rows, n_rows, a, n, out);
 }
 
-void VecDotRowsQ4_KAvx2(const BlockQ4_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
-                        float* out) {
+void VecDotRowsQ4_KAvx2(const BlockQ4_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
   CHECK(n % kQK == 0);
   quant_internal::avx2::Q4_KRows(rows, n_rows, a, n, out);
 }
 
-void VecDotRowsQ4_KScalar(const BlockQ4_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
-                          float* out) {
+void VecDotRowsQ4_KScalar(const BlockQ4_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
   CHECK(n % kQK == 0);
   const int64_t nb = n / kQK;
   for (int64_t r = 0; r < n_rows; ++r) {
@@ -79,8 +76,7 @@ void VecDotRowsQ4_KScalar(const BlockQ4_K* rows, int64_t n_rows, const BlockQ8_K
         Q4_KScaleMin(x.scales, j, &sc, &m);
         const int chunk = j / 2, shift = 4 * (j % 2);
         int32_t s = 0;
-        for (int l = 0; l < 32; ++l)
-          s += ((x.qs[32 * chunk + l] >> shift) & 0xF) * y.qs[32 * j + l];
+        for (int l = 0; l < 32; ++l) s += ((x.qs[32 * chunk + l] >> shift) & 0xF) * y.qs[32 * j + l];
         sum_q += sc * s;
         sum_m += m * (y.bsums[2 * j] + y.bsums[2 * j + 1]);
       }

@@ -49,8 +49,7 @@ struct ScaleMasks {
   }
 };
 
-inline __m256i ScaledSums(const BlockQ4_K& wb, __m128i sm, const BlockActivations& act,
-                          const ScaleMasks& masks) {
+inline __m256i ScaledSums(const BlockQ4_K& wb, __m128i sm, const BlockActivations& act, const ScaleMasks& masks) {
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const __m512i scales = _mm512_broadcast_i32x4(sm);
   __m512i sums[2];
@@ -60,9 +59,8 @@ inline __m256i ScaledSums(const BlockQ4_K& wb, __m128i sm, const BlockActivation
     const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), low4);
     const __m512i p_lo = _mm512_maddubs_epi16(lo, act.a[2 * h]);
     const __m512i p_hi = _mm512_maddubs_epi16(hi, act.a[2 * h + 1]);
-    sums[h] = _mm512_dpwssd_epi32(
-        _mm512_madd_epi16(p_lo, _mm512_shuffle_epi8(scales, masks.m[2 * h])), p_hi,
-        _mm512_shuffle_epi8(scales, masks.m[2 * h + 1]));
+    sums[h] = _mm512_dpwssd_epi32(_mm512_madd_epi16(p_lo, _mm512_shuffle_epi8(scales, masks.m[2 * h])), p_hi,
+                                  _mm512_shuffle_epi8(scales, masks.m[2 * h + 1]));
   }
   const __m512i s = _mm512_add_epi32(sums[0], sums[1]);
   return _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
@@ -78,13 +76,11 @@ struct BlockActivations {
 // pshufb mask: byte j of the decoded scales -> dword j holding sc[j] in both int16 halves
 // (sc[0..3] from the low 128 bits, sc[4..7] from the high).
 struct ScaleMasks {
-  __m256i to_scale_pairs = _mm256_setr_epi8(0, -128, 0, -128, 1, -128, 1, -128, 2, -128, 2, -128, 3,
-                                            -128, 3, -128, 4, -128, 4, -128, 5, -128, 5, -128, 6,
-                                            -128, 6, -128, 7, -128, 7, -128);
+  __m256i to_scale_pairs = _mm256_setr_epi8(0, -128, 0, -128, 1, -128, 1, -128, 2, -128, 2, -128, 3, -128, 3, -128, 4,
+                                            -128, 4, -128, 5, -128, 5, -128, 6, -128, 6, -128, 7, -128, 7, -128);
 };
 
-inline __m256i ScaledSums(const BlockQ4_K& wb, __m128i sm, const BlockActivations& act,
-                          const ScaleMasks& masks) {
+inline __m256i ScaledSums(const BlockQ4_K& wb, __m128i sm, const BlockActivations& act, const ScaleMasks& masks) {
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   // The scales go through memory so that each sub-block's broadcast is a load (the load ports
   // have slack here) rather than a shuffle competing with the arithmetic.
@@ -99,12 +95,12 @@ inline __m256i ScaledSums(const BlockQ4_K& wb, __m128i sm, const BlockActivation
     const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb.qs + 32 * c));
     const __m256i lo = _mm256_and_si256(q, low4);
     const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
-    const __m256i p_lo = _mm256_maddubs_epi16(
-        lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(act.aq + 64 * c)));
-    const __m256i p_hi = _mm256_maddubs_epi16(
-        hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(act.aq + 64 * c + 32)));
-    chunk_sums[c] = DotI16(_mm256_madd_epi16(p_lo, _mm256_set1_epi32(pairs[2 * c])), p_hi,
-                           _mm256_set1_epi32(pairs[2 * c + 1]));
+    const __m256i p_lo =
+        _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(act.aq + 64 * c)));
+    const __m256i p_hi =
+        _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(act.aq + 64 * c + 32)));
+    chunk_sums[c] =
+        DotI16(_mm256_madd_epi16(p_lo, _mm256_set1_epi32(pairs[2 * c])), p_hi, _mm256_set1_epi32(pairs[2 * c + 1]));
   }
   return _mm256_add_epi32(_mm256_add_epi32(chunk_sums[0], chunk_sums[1]),
                           _mm256_add_epi32(chunk_sums[2], chunk_sums[3]));
@@ -124,28 +120,24 @@ void Q4_KRowsKernel(const BlockQ4_K* w, int64_t nb, const BlockQ8_K* a, float* o
   }
   const ScaleMasks masks;
   // pshufb mask: m[0..7] of the decoded scales -> int16 lanes.
-  const __m128i to_mins =
-      _mm_setr_epi8(8, -128, 9, -128, 10, -128, 11, -128, 12, -128, 13, -128, 14, -128, 15, -128);
+  const __m128i to_mins = _mm_setr_epi8(8, -128, 9, -128, 10, -128, 11, -128, 12, -128, 13, -128, 14, -128, 15, -128);
   for (int64_t b = 0; b < nb; ++b) {
     // Every cache line a block may touch.
     PrefetchRows<R>(w, nb * sizeof(BlockQ4_K), b * sizeof(BlockQ4_K), 3);
     const BlockQ8_K& ab = a[b];
     const BlockActivations act(ab.qs);
     // Sums of the activation quants over each 32-element sub-block, for the dmin term.
-    const __m128i bsum_pairs =
-        _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ab.bsums)),
-                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(ab.bsums + 8)));
+    const __m128i bsum_pairs = _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ab.bsums)),
+                                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(ab.bsums + 8)));
     const __m128 da = _mm_set1_ps(ab.d);
     ForEachRow<R>([&](auto r) {
       const BlockQ4_K& wb = w[r * nb + b];
       const __m128i sm = DecodeQ4_KScalesMins(wb.scales);
       // d and dmin (adjacent f16) times the activation scale: lanes 0 and 1.
-      const __m128 dd =
-          _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(LoadU32(&wb.d)))), da);
+      const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(LoadU32(&wb.d)))), da);
       const __m128i prod_m = _mm_madd_epi16(_mm_shuffle_epi8(sm, to_mins), bsum_pairs);
       acc_m[r] = _mm_fmadd_ps(_mm_shuffle_ps(dd, dd, 0x55), _mm_cvtepi32_ps(prod_m), acc_m[r]);
-      acc[r] = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd),
-                               _mm256_cvtepi32_ps(ScaledSums(wb, sm, act, masks)), acc[r]);
+      acc[r] = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(ScaledSums(wb, sm, act, masks)), acc[r]);
     });
   }
   for (int r = 0; r < R; ++r) out[r] = HorizontalSum(acc[r]) - HorizontalSum(acc_m[r]);
@@ -163,9 +155,7 @@ constexpr int kRowGroup = 2;
 
 void Q4_KRows(const BlockQ4_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
   const int64_t nb = n / kKBlockSize;
-  ForRowGroups<kRowGroup>(n_rows, [&](auto group, int64_t r) {
-    Q4_KRowsKernel<group>(rows + r * nb, nb, a, out + r);
-  });
+  ForRowGroups<kRowGroup>(n_rows, [&](auto group, int64_t r) { Q4_KRowsKernel<group>(rows + r * nb, nb, a, out + r); });
 }
 
 }  // namespace mer::quant_internal::MER_QUANT_VARIANT

@@ -53,14 +53,12 @@ void DequantizeRowQ5_K(const BlockQ5_K* src, float* dst, int64_t n) {
   }
 }
 
-void VecDotRowsQ5_K(const BlockQ5_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
-                    float* out) {
+void VecDotRowsQ5_K(const BlockQ5_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
   CHECK(n % kQK == 0);
   quant_internal::ActiveRowKernels().q5_k(rows, n_rows, a, n, out);
 }
 
-void VecDotRowsQ5_KScalar(const BlockQ5_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
-                          float* out) {
+void VecDotRowsQ5_KScalar(const BlockQ5_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
   CHECK(n % kQK == 0);
   const int64_t nb = n / kQK;
   for (int64_t r = 0; r < n_rows; ++r) {

@@ -16,10 +16,8 @@ void DequantizeRowQ5_K(const BlockQ5_K* src, float* dst, int64_t n);
 // the sum of q * a over j), accumulated in f32 over 8 lanes, plus the dmin term
 // -(d_a * dmin_w) * sum_j m[j] * (bsums of j), accumulated per block in one f32 (ggml's AVX2
 // order, fused multiply-adds). out[r] does not depend on n_rows.
-void VecDotRowsQ5_K(const BlockQ5_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
-                    float* out);
+void VecDotRowsQ5_K(const BlockQ5_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);
 // A plain reference: per block the integer sums times the f32 scales, added in block order.
-void VecDotRowsQ5_KScalar(const BlockQ5_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
-                          float* out);
+void VecDotRowsQ5_KScalar(const BlockQ5_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);
 
 }  // namespace mer

@@ -17,8 +17,8 @@ namespace {
 // pshufb mask: byte j of the decoded scales -> dword j holding sc[j] in both int16 halves
 // (sc[0..3] from the low 128 bits, sc[4..7] from the high).
 inline __m256i ScalePairsMask() {
-  return _mm256_setr_epi8(0, -128, 0, -128, 1, -128, 1, -128, 2, -128, 2, -128, 3, -128, 3, -128,
-                          4, -128, 4, -128, 5, -128, 5, -128, 6, -128, 6, -128, 7, -128, 7, -128);
+  return _mm256_setr_epi8(0, -128, 0, -128, 1, -128, 1, -128, 2, -128, 2, -128, 3, -128, 3, -128, 4, -128, 4, -128, 5,
+                          -128, 5, -128, 6, -128, 6, -128, 7, -128, 7, -128);
 }
 
 // Bit 4 of every byte of x taken from bit `bit` (0..7) of the same byte, the other bits zero.
@@ -41,14 +41,12 @@ inline __m256i ScaledSums(const BlockQ5_K& wb, __m128i sm, const int8_t* aq, __m
   for (int c = 0; c < 4; ++c) {
     const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb.qs + 32 * c));
     const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, low4), BitToBit4(qh, 2 * c));
-    const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low4),
-                                       BitToBit4(qh, 2 * c + 1));
-    const __m256i p_lo = _mm256_maddubs_epi16(
-        lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(aq + 64 * c)));
-    const __m256i p_hi = _mm256_maddubs_epi16(
-        hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(aq + 64 * c + 32)));
-    chunk_sums[c] = DotI16(_mm256_madd_epi16(p_lo, _mm256_set1_epi32(pairs[2 * c])), p_hi,
-                           _mm256_set1_epi32(pairs[2 * c + 1]));
+    const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low4), BitToBit4(qh, 2 * c + 1));
+    const __m256i p_lo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(aq + 64 * c)));
+    const __m256i p_hi =
+        _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(aq + 64 * c + 32)));
+    chunk_sums[c] =
+        DotI16(_mm256_madd_epi16(p_lo, _mm256_set1_epi32(pairs[2 * c])), p_hi, _mm256_set1_epi32(pairs[2 * c + 1]));
   }
   return _mm256_add_epi32(_mm256_add_epi32(chunk_sums[0], chunk_sums[1]),
                           _mm256_add_epi32(chunk_sums[2], chunk_sums[3]));
@@ -66,16 +64,14 @@ void Q5_KRowsKernel(const BlockQ5_K* w, int64_t nb, const BlockQ8_K* a, float* o
   }
   const __m256i mask = ScalePairsMask();
   // pshufb mask: m[0..7] of the decoded scales -> int16 lanes.
-  const __m128i to_mins =
-      _mm_setr_epi8(8, -128, 9, -128, 10, -128, 11, -128, 12, -128, 13, -128, 14, -128, 15, -128);
+  const __m128i to_mins = _mm_setr_epi8(8, -128, 9, -128, 10, -128, 11, -128, 12, -128, 13, -128, 14, -128, 15, -128);
   for (int64_t b = 0; b < nb; ++b) {
     // Every cache line a block may touch.
     PrefetchRows<R>(w, nb * sizeof(BlockQ5_K), b * sizeof(BlockQ5_K), 4);
     const BlockQ8_K& ab = a[b];
     // Sums of the activation quants over each 32-element sub-block, for the dmin term.
-    const __m128i bsum_pairs =
-        _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ab.bsums)),
-                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(ab.bsums + 8)));
+    const __m128i bsum_pairs = _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ab.bsums)),
+                                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(ab.bsums + 8)));
     ForEachRow<R>([&](auto r) {
       const BlockQ5_K& wb = w[r * nb + b];
       const __m128i sm = DecodeQ4_KScalesMins(wb.scales);
@@ -95,9 +91,7 @@ void Q5_KRowsKernel(const BlockQ5_K* w, int64_t nb, const BlockQ8_K* a, float* o
 
 void Q5_KRows(const BlockQ5_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
   const int64_t nb = n / kKBlockSize;
-  ForRowGroups<2>(n_rows, [&](auto group, int64_t r) {
-    Q5_KRowsKernel<group>(rows + r * nb, nb, a, out + r);
-  });
+  ForRowGroups<2>(n_rows, [&](auto group, int64_t r) { Q5_KRowsKernel<group>(rows + r * nb, nb, a, out + r); });
 }
 
 }  // namespace mer::quant_internal::MER_QUANT_VARIANT

@@ -53,19 +53,16 @@ void QuantizeBlock(const float* x, BlockQ6_K* y) {
     for (int i = 0; i < kSub; ++i) {
       L[kSub * j + i] =
           dj == 0.0f ? kNmax
-                     : static_cast<uint8_t>(
-                           kNmax + std::clamp(NearestInt(x[kSub * j + i] / dj), -kNmax, kNmax - 1));
+                     : static_cast<uint8_t>(kNmax + std::clamp(NearestInt(x[kSub * j + i] / dj), -kNmax, kNmax - 1));
     }
   }
   for (int half = 0; half < 2; ++half) {
     const uint8_t* Lh = L + 128 * half;
     for (int l = 0; l < 32; ++l) {
       y->ql[64 * half + l] = static_cast<uint8_t>((Lh[l] & 0xF) | ((Lh[l + 64] & 0xF) << 4));
-      y->ql[64 * half + l + 32] =
-          static_cast<uint8_t>((Lh[l + 32] & 0xF) | ((Lh[l + 96] & 0xF) << 4));
-      y->qh[32 * half + l] =
-          static_cast<uint8_t>((Lh[l] >> 4) | ((Lh[l + 32] >> 4) << 2) | ((Lh[l + 64] >> 4) << 4) |
-                               ((Lh[l + 96] >> 4) << 6));
+      y->ql[64 * half + l + 32] = static_cast<uint8_t>((Lh[l + 32] & 0xF) | ((Lh[l + 96] & 0xF) << 4));
+      y->qh[32 * half + l] = static_cast<uint8_t>((Lh[l] >> 4) | ((Lh[l + 32] >> 4) << 2) | ((Lh[l + 64] >> 4) << 4) |
+                                                  ((Lh[l + 96] >> 4) << 6));
     }
   }
 }
@@ -86,20 +83,17 @@ void DequantizeRowQ6_K(const BlockQ6_K* src, float* dst, int64_t n) {
   }
 }
 
-void VecDotRowsQ6_K(const BlockQ6_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
-                    float* out) {
+void VecDotRowsQ6_K(const BlockQ6_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
   CHECK(n % kQK == 0);
   quant_internal::ActiveRowKernels().q6_k(rows, n_rows, a, n, out);
 }
 
-void VecDotRowsQ6_KAvx2(const BlockQ6_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
-                        float* out) {
+void VecDotRowsQ6_KAvx2(const BlockQ6_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
   CHECK(n % kQK == 0);
   quant_internal::avx2::Q6_KRows(rows, n_rows, a, n, out);
 }
 
-void VecDotRowsQ6_KScalar(const BlockQ6_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
-                          float* out) {
+void VecDotRowsQ6_KScalar(const BlockQ6_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
   CHECK(n % kQK == 0);
   const int64_t nb = n / kQK;
   for (int64_t r = 0; r < n_rows; ++r) {

@@ -15,13 +15,10 @@ void DequantizeRowQ6_K(const BlockQ6_K* src, float* dst, int64_t n);
 
 // out[r] = dot(weight row r, a): per block, d_w * d_a * sum_j scales[j] * (int sum of (q - 32) * a
 // over sub-block j), in f32. out[r] does not depend on n_rows.
-void VecDotRowsQ6_K(const BlockQ6_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
-                    float* out);
+void VecDotRowsQ6_K(const BlockQ6_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);
 // The avx2 variant's kernel, whichever variant VecDotRowsQ6_K runs (kernel_variant.h).
-void VecDotRowsQ6_KAvx2(const BlockQ6_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
-                        float* out);
+void VecDotRowsQ6_KAvx2(const BlockQ6_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);
 // ggml's generic C code.
-void VecDotRowsQ6_KScalar(const BlockQ6_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
-                          float* out);
+void VecDotRowsQ6_KScalar(const BlockQ6_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);
 
 }  // namespace mer

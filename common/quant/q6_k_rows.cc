@@ -26,8 +26,7 @@ void Q6_KRowsKernel(const BlockQ6_K* w, int64_t nb, const BlockQ8_K* a, float* o
     const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab.bsums));
     ForEachRow<R>([&](auto r) {
       const BlockQ6_K& wb = w[r * nb + b];
-      const __m256i scales =
-          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.scales)));
+      const __m256i scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.scales)));
       // The -32 offset of every code, taken out through the activation sums of each sub-block:
       // sum (q - 32) * a * sc = sum q * a * sc - 32 * sum sc * bsum.
       const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(scales, bsums), 5);
@@ -58,32 +57,26 @@ void Q6_KRowsKernel(const BlockQ6_K* w, int64_t nb, const BlockQ8_K* a, float* o
         q[3] = _mm256_ternarylogic_epi32(q_lo3, _mm256_srli_epi16(qh_b, 2), low4, kSelect);
 #else
         const __m256i bits45 = _mm256_set1_epi8(0x30);
-        q[0] = _mm256_or_si256(_mm256_and_si256(ql0, low4),
-                               _mm256_and_si256(_mm256_slli_epi16(qh, 4), bits45));
-        q[1] = _mm256_or_si256(_mm256_and_si256(ql1, low4),
-                               _mm256_and_si256(_mm256_slli_epi16(qh, 2), bits45));
+        q[0] = _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), bits45));
+        q[1] = _mm256_or_si256(_mm256_and_si256(ql1, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), bits45));
         q[2] = _mm256_or_si256(_mm256_and_si256(q_lo1, low4), _mm256_and_si256(qh, bits45));
-        q[3] = _mm256_or_si256(_mm256_and_si256(q_lo3, low4),
-                               _mm256_and_si256(_mm256_srli_epi16(qh, 2), bits45));
+        q[3] = _mm256_or_si256(_mm256_and_si256(q_lo3, low4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), bits45));
 #endif
         // q <= 63, |a| <= 127: the int16 pair sums of maddubs stay below 2^14.
         __m256i p[4];
         for (int k = 0; k < 4; ++k) {
-          p[k] = _mm256_maddubs_epi16(
-              q[k], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(aq + 128 * half + 32 * k)));
+          p[k] = _mm256_maddubs_epi16(q[k],
+                                      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(aq + 128 * half + 32 * k)));
         }
         for (int k = 0; k < 4; k += 2) {
-          group_sums[2 * half + k / 2] = DotI16(
-              _mm256_madd_epi16(p[k], _mm256_shuffle_epi8(half_scales, shuffles[k])), p[k + 1],
-              _mm256_shuffle_epi8(half_scales, shuffles[k + 1]));
+          group_sums[2 * half + k / 2] = DotI16(_mm256_madd_epi16(p[k], _mm256_shuffle_epi8(half_scales, shuffles[k])),
+                                                p[k + 1], _mm256_shuffle_epi8(half_scales, shuffles[k + 1]));
         }
       }
-      const __m256i sumi =
-          _mm256_sub_epi32(_mm256_add_epi32(_mm256_add_epi32(group_sums[0], group_sums[1]),
-                                            _mm256_add_epi32(group_sums[2], group_sums[3])),
-                           offset);
-      acc[r] =
-          _mm256_fmadd_ps(_mm256_set1_ps(F16ToF32(wb.d) * ab.d), _mm256_cvtepi32_ps(sumi), acc[r]);
+      const __m256i sumi = _mm256_sub_epi32(_mm256_add_epi32(_mm256_add_epi32(group_sums[0], group_sums[1]),
+                                                             _mm256_add_epi32(group_sums[2], group_sums[3])),
+                                            offset);
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(F16ToF32(wb.d) * ab.d), _mm256_cvtepi32_ps(sumi), acc[r]);
     });
   }
   for (int r = 0; r < R; ++r) out[r] = HorizontalSum(acc[r]);
@@ -93,9 +86,7 @@ void Q6_KRowsKernel(const BlockQ6_K* w, int64_t nb, const BlockQ8_K* a, float* o
 
 void Q6_KRows(const BlockQ6_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
   const int64_t nb = n / kKBlockSize;
-  ForRowGroups<4>(n_rows, [&](auto group, int64_t r) {
-    Q6_KRowsKernel<group>(rows + r * nb, nb, a, out + r);
-  });
+  ForRowGroups<4>(n_rows, [&](auto group, int64_t r) { Q6_KRowsKernel<group>(rows + r * nb, nb, a, out + r); });
 }
 
 }  // namespace mer::quant_internal::MER_QUANT_VARIANT

@@ -18,9 +18,8 @@ int32_t QuantizeActivationBlock(const float* x, float* d, int8_t* qs) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 v[4];
   for (int k = 0; k < 4; ++k) v[k] = _mm256_loadu_ps(x + 8 * k);
-  __m256 vmax =
-      _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
-                    _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+  __m256 vmax = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                              _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
   __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
   m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
   m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
@@ -30,18 +29,15 @@ int32_t QuantizeActivationBlock(const float* x, float* d, int8_t* qs) {
   const __m256 mul = _mm256_set1_ps(id);
   __m256i q[4];
   for (int k = 0; k < 4; ++k) {
-    q[k] = _mm256_cvtps_epi32(
-        _mm256_round_ps(_mm256_mul_ps(v[k], mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    q[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[k], mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
   __m256i sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
   __m128i sum4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
   sum4 = _mm_add_epi32(sum4, _mm_unpackhi_epi64(sum4, sum4));
   sum4 = _mm_add_epi32(sum4, _mm_shuffle_epi32(sum4, _MM_SHUFFLE(1, 1, 1, 1)));
   // Saturating packs interleave 128-bit halves; the permute restores element order.
-  const __m256i packed =
-      _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-  const __m256i ordered =
-      _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+  const __m256i ordered = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs), ordered);
   return _mm_cvtsi128_si32(sum4);
 }
@@ -98,14 +94,12 @@ void DequantizeRowQ8_0(const BlockQ8_0* src, float* dst, int64_t n) {
   }
 }
 
-void VecDotRowsQ8_0(const BlockQ8_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n,
-                    float* out) {
+void VecDotRowsQ8_0(const BlockQ8_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out) {
   CHECK(n % kQK == 0);
   quant_internal::ActiveRowKernels().q8_0(rows, n_rows, a, n, out);
 }
 
-void VecDotRowsQ8_0Scalar(const BlockQ8_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n,
-                          float* out) {
+void VecDotRowsQ8_0Scalar(const BlockQ8_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out) {
   CHECK(n % kQK == 0);
   const int64_t nb = n / kQK;
   for (int64_t r = 0; r < n_rows; ++r) {

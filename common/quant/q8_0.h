@@ -27,10 +27,8 @@ void DequantizeRowQ8_1(const BlockQ8_1* src, float* dst, int64_t n);
 // f16(d_w) * f16(d_a), summed in f32. out[r] does not depend on n_rows. Weight quants may be any
 // int8; activation quants must lie in [-127, 127], as QuantizeRowQ8_0 makes them (the avx2
 // variant's kernel, like ggml's, negates them).
-void VecDotRowsQ8_0(const BlockQ8_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n,
-                    float* out);
+void VecDotRowsQ8_0(const BlockQ8_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out);
 // ggml's generic C code.
-void VecDotRowsQ8_0Scalar(const BlockQ8_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n,
-                          float* out);
+void VecDotRowsQ8_0Scalar(const BlockQ8_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out);
 
 }  // namespace mer

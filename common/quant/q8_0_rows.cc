@@ -29,17 +29,14 @@ void Q8_0RowsKernel(const BlockQ8_0* w, int64_t nb, const BlockQ8_0* a, float* o
       // dot(w, a) = dot(w + 128, a) - 128 * sum(a): w ^ 0x80 is w + 128 as an unsigned byte, which
       // vpdpbusd needs, and the correction depends on the activation only, so it is paid once for R
       // rows. Starting each row's sum from -128 * sum(a) (per lane) makes the result exact.
-      const __m256i neg_bias = _mm256_sub_epi32(
-          _mm256_setzero_si256(),
-          DotU8S8(_mm256_setzero_si256(), _mm256_set1_epi8(char(0x80)), qa));
+      const __m256i neg_bias =
+          _mm256_sub_epi32(_mm256_setzero_si256(), DotU8S8(_mm256_setzero_si256(), _mm256_set1_epi8(char(0x80)), qa));
       ForEachRow<R>([&](auto r) {
         const BlockQ8_0& wb = w[r * nb + b];
         const __m256i qw =
-            _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb.qs)),
-                             _mm256_set1_epi8(char(0x80)));
+            _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb.qs)), _mm256_set1_epi8(char(0x80)));
         const __m256i sum = DotU8S8(neg_bias, qw, qa);
-        acc[r] =
-            _mm256_fmadd_ps(_mm256_set1_ps(F16ToF32(wb.d) * da), _mm256_cvtepi32_ps(sum), acc[r]);
+        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(F16ToF32(wb.d) * da), _mm256_cvtepi32_ps(sum), acc[r]);
       });
     } else {
       // Without VNNI: |w| * (a with w's sign), whose int16 pair sums cannot saturate since
@@ -47,10 +44,8 @@ void Q8_0RowsKernel(const BlockQ8_0* w, int64_t nb, const BlockQ8_0* a, float* o
       ForEachRow<R>([&](auto r) {
         const BlockQ8_0& wb = w[r * nb + b];
         const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb.qs));
-        const __m256i sum = DotU8S8(
-            _mm256_setzero_si256(), _mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qa, qw));
-        acc[r] =
-            _mm256_fmadd_ps(_mm256_set1_ps(F16ToF32(wb.d) * da), _mm256_cvtepi32_ps(sum), acc[r]);
+        const __m256i sum = DotU8S8(_mm256_setzero_si256(), _mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qa, qw));
+        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(F16ToF32(wb.d) * da), _mm256_cvtepi32_ps(sum), acc[r]);
       });
     }
   }
@@ -61,9 +56,7 @@ void Q8_0RowsKernel(const BlockQ8_0* w, int64_t nb, const BlockQ8_0* a, float* o
 
 void Q8_0Rows(const BlockQ8_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out) {
   const int64_t nb = n / kQ8_0BlockSize;
-  ForRowGroups<4>(n_rows, [&](auto group, int64_t r) {
-    Q8_0RowsKernel<group>(rows + r * nb, nb, a, out + r);
-  });
+  ForRowGroups<4>(n_rows, [&](auto group, int64_t r) { Q8_0RowsKernel<group>(rows + r * nb, nb, a, out + r); });
 }
 
 }  // namespace mer::quant_internal::MER_QUANT_VARIANT

@@ -14,8 +14,7 @@ constexpr int kQK = kKBlockSize;
 inline int FirstAbsMaxIndex(const float* x) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 vmax = _mm256_setzero_ps();
-  for (int j = 0; j < kQK; j += 8)
-    vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)));
+  for (int j = 0; j < kQK; j += 8) vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)));
   __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
   m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
   m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
@@ -23,8 +22,8 @@ inline int FirstAbsMaxIndex(const float* x) {
   if (amax == 0.0f) return -1;
   const __m256 target = _mm256_set1_ps(amax);
   for (int j = 0; j < kQK; j += 8) {
-    const int mask = _mm256_movemask_ps(
-        _mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)), target, _CMP_EQ_OQ));
+    const int mask =
+        _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)), target, _CMP_EQ_OQ));
     if (mask != 0) return j + __builtin_ctz(static_cast<unsigned>(mask));
   }
   return -1;  // only reachable with NaNs, which ggml does not handle either
@@ -51,14 +50,11 @@ void QuantizeRowQ8_K(const float* src, BlockQ8_K* dst, int64_t n) {
       for (int k = 0; k < 4; ++k) {
         // _mm256_cvtps_epi32 rounds half to even under the default MXCSR, like ggml's
         // nearest_int (which adds 1.5 * 2^23).
-        q[k] = _mm256_min_epi32(
-            _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + j + 8 * k), mul)), cap);
+        q[k] = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + j + 8 * k), mul)), cap);
       }
-      const __m256i packed =
-          _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-      _mm256_storeu_si256(
-          reinterpret_cast<__m256i*>(y.qs + j),
-          _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+      const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y.qs + j),
+                          _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
     }
     for (int g = 0; g < kQK / 16; ++g) {
       int sum = 0;

@@ -5,10 +5,10 @@
 
 #include "common/base/check.h"
 #include "common/quant/float_dot.h"
-#include "common/quant/kernel_variant.h"
 #include "common/quant/iq2.h"
 #include "common/quant/iq3.h"
 #include "common/quant/iq4.h"
+#include "common/quant/kernel_variant.h"
 #include "common/quant/legacy.h"
 #include "common/quant/q2_k.h"
 #include "common/quant/q3_k.h"
@@ -154,50 +154,49 @@ float VecDot(GgmlType weight_type, const void* weight_row, const void* activatio
 
 namespace {
 
-void DotRows(const quant_internal::RowKernels& k, GgmlType weight_type, const void* weight_rows,
-             int64_t n_rows, const void* activation_row, int64_t n, float* out) {
+void DotRows(const quant_internal::RowKernels& k, GgmlType weight_type, const void* weight_rows, int64_t n_rows,
+             const void* activation_row, int64_t n, float* out) {
   CHECK(IsRowSizeValid(weight_type, n));
   CHECK(n_rows >= 0);
   switch (weight_type) {
     case GgmlType::kF32:
-      return k.f32(static_cast<const float*>(weight_rows), n_rows,
-                   static_cast<const float*>(activation_row), n, out);
+      return k.f32(static_cast<const float*>(weight_rows), n_rows, static_cast<const float*>(activation_row), n, out);
     case GgmlType::kF16:
-      return k.f16(static_cast<const f16_bits*>(weight_rows), n_rows,
-                   static_cast<const f16_bits*>(activation_row), n, out);
+      return k.f16(static_cast<const f16_bits*>(weight_rows), n_rows, static_cast<const f16_bits*>(activation_row), n,
+                   out);
     case GgmlType::kBF16:
-      return k.bf16(static_cast<const bf16_bits*>(weight_rows), n_rows,
-                    static_cast<const bf16_bits*>(activation_row), n, out);
+      return k.bf16(static_cast<const bf16_bits*>(weight_rows), n_rows, static_cast<const bf16_bits*>(activation_row),
+                    n, out);
     case GgmlType::kQ8_0:
-      return k.q8_0(static_cast<const BlockQ8_0*>(weight_rows), n_rows,
-                    static_cast<const BlockQ8_0*>(activation_row), n, out);
+      return k.q8_0(static_cast<const BlockQ8_0*>(weight_rows), n_rows, static_cast<const BlockQ8_0*>(activation_row),
+                    n, out);
     case GgmlType::kQ4_0:
-      return k.q4_0(static_cast<const BlockQ4_0*>(weight_rows), n_rows,
-                    static_cast<const BlockQ8_0*>(activation_row), n, out);
+      return k.q4_0(static_cast<const BlockQ4_0*>(weight_rows), n_rows, static_cast<const BlockQ8_0*>(activation_row),
+                    n, out);
     case GgmlType::kQ4_1:
-      return k.q4_1(static_cast<const BlockQ4_1*>(weight_rows), n_rows,
-                    static_cast<const BlockQ8_1*>(activation_row), n, out);
+      return k.q4_1(static_cast<const BlockQ4_1*>(weight_rows), n_rows, static_cast<const BlockQ8_1*>(activation_row),
+                    n, out);
     case GgmlType::kQ5_0:
-      return k.q5_0(static_cast<const BlockQ5_0*>(weight_rows), n_rows,
-                    static_cast<const BlockQ8_0*>(activation_row), n, out);
+      return k.q5_0(static_cast<const BlockQ5_0*>(weight_rows), n_rows, static_cast<const BlockQ8_0*>(activation_row),
+                    n, out);
     case GgmlType::kQ5_1:
-      return k.q5_1(static_cast<const BlockQ5_1*>(weight_rows), n_rows,
-                    static_cast<const BlockQ8_1*>(activation_row), n, out);
+      return k.q5_1(static_cast<const BlockQ5_1*>(weight_rows), n_rows, static_cast<const BlockQ8_1*>(activation_row),
+                    n, out);
     case GgmlType::kQ2_K:
-      return k.q2_k(static_cast<const BlockQ2_K*>(weight_rows), n_rows,
-                    static_cast<const BlockQ8_K*>(activation_row), n, out);
+      return k.q2_k(static_cast<const BlockQ2_K*>(weight_rows), n_rows, static_cast<const BlockQ8_K*>(activation_row),
+                    n, out);
     case GgmlType::kQ3_K:
-      return k.q3_k(static_cast<const BlockQ3_K*>(weight_rows), n_rows,
-                    static_cast<const BlockQ8_K*>(activation_row), n, out);
+      return k.q3_k(static_cast<const BlockQ3_K*>(weight_rows), n_rows, static_cast<const BlockQ8_K*>(activation_row),
+                    n, out);
     case GgmlType::kQ4_K:
-      return k.q4_k(static_cast<const BlockQ4_K*>(weight_rows), n_rows,
-                    static_cast<const BlockQ8_K*>(activation_row), n, out);
+      return k.q4_k(static_cast<const BlockQ4_K*>(weight_rows), n_rows, static_cast<const BlockQ8_K*>(activation_row),
+                    n, out);
     case GgmlType::kQ5_K:
-      return k.q5_k(static_cast<const BlockQ5_K*>(weight_rows), n_rows,
-                    static_cast<const BlockQ8_K*>(activation_row), n, out);
+      return k.q5_k(static_cast<const BlockQ5_K*>(weight_rows), n_rows, static_cast<const BlockQ8_K*>(activation_row),
+                    n, out);
     case GgmlType::kQ6_K:
-      return k.q6_k(static_cast<const BlockQ6_K*>(weight_rows), n_rows,
-                    static_cast<const BlockQ8_K*>(activation_row), n, out);
+      return k.q6_k(static_cast<const BlockQ6_K*>(weight_rows), n_rows, static_cast<const BlockQ8_K*>(activation_row),
+                    n, out);
     case GgmlType::kIQ4_NL:
       return k.iq4_nl(static_cast<const BlockIQ4_NL*>(weight_rows), n_rows,
                       static_cast<const BlockQ8_0*>(activation_row), n, out);
@@ -218,17 +217,15 @@ void DotRows(const quant_internal::RowKernels& k, GgmlType weight_type, const vo
 
 }  // namespace
 
-void VecDotRows(GgmlType weight_type, const void* weight_rows, int64_t n_rows,
-                const void* activation_row, int64_t n, float* out) {
-  DotRows(quant_internal::ActiveRowKernels(), weight_type, weight_rows, n_rows, activation_row, n,
-          out);
+void VecDotRows(GgmlType weight_type, const void* weight_rows, int64_t n_rows, const void* activation_row, int64_t n,
+                float* out) {
+  DotRows(quant_internal::ActiveRowKernels(), weight_type, weight_rows, n_rows, activation_row, n, out);
 }
 
 void VecDotRowsWith(KernelVariant v, GgmlType weight_type, const void* weight_rows, int64_t n_rows,
                     const void* activation_row, int64_t n, float* out) {
   CHECK_MSG(CpuSupports(v), "VecDotRowsWith: this CPU lacks the variant's features");
-  DotRows(quant_internal::RowKernelsOf(v), weight_type, weight_rows, n_rows, activation_row, n,
-          out);
+  DotRows(quant_internal::RowKernelsOf(v), weight_type, weight_rows, n_rows, activation_row, n, out);
 }
 
 const char* QuantKernelIsa() { return KernelVariantName(ActiveKernelVariant()); }

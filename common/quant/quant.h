@@ -46,8 +46,8 @@ float VecDot(GgmlType weight_type, const void* weight_row, const void* activatio
 
 // VecDot of n_rows consecutive weight rows (row stride RowBytes(weight_type, n)) against one
 // activation row: out[r]. The decode hot loop; out[r] equals VecDot of row r bit for bit.
-void VecDotRows(GgmlType weight_type, const void* weight_rows, int64_t n_rows,
-                const void* activation_row, int64_t n, float* out);
+void VecDotRows(GgmlType weight_type, const void* weight_rows, int64_t n_rows, const void* activation_row, int64_t n,
+                float* out);
 
 // The name of the kernel variant VecDotRows runs in this process, chosen at run time
 // (kernel_variant.h): "avx512", "avx2" or "scalar".

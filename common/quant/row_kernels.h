@@ -42,28 +42,24 @@ const RowKernels& RowKernelsOf(KernelVariant v);
 const RowKernels& ActiveRowKernels();
 
 // The SIMD kernels each variant's compilation defines.
-#define MER_QUANT_DECLARE_ROW_KERNELS                                                              \
-  void F32Rows(const float* rows, int64_t n_rows, const float* a, int64_t n, float* out);         \
-  void F16Rows(const f16_bits* rows, int64_t n_rows, const f16_bits* a, int64_t n, float* out);   \
-  void BF16Rows(const bf16_bits* rows, int64_t n_rows, const bf16_bits* a, int64_t n, float* out); \
-  void Q8_0Rows(const BlockQ8_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out); \
-  void Q4_0Rows(const BlockQ4_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out); \
-  void Q4_1Rows(const BlockQ4_1* rows, int64_t n_rows, const BlockQ8_1* a, int64_t n, float* out); \
-  void Q5_0Rows(const BlockQ5_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out); \
-  void Q5_1Rows(const BlockQ5_1* rows, int64_t n_rows, const BlockQ8_1* a, int64_t n, float* out); \
-  void Q2_KRows(const BlockQ2_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out); \
-  void Q3_KRows(const BlockQ3_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out); \
-  void Q4_KRows(const BlockQ4_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out); \
-  void Q5_KRows(const BlockQ5_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out); \
-  void Q6_KRows(const BlockQ6_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out); \
-  void IQ4_NLRows(const BlockIQ4_NL* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n,          \
-                  float* out);                                                                     \
-  void IQ4_XSRows(const BlockIQ4_XS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,          \
-                  float* out);                                                                     \
-  void IQ2_XXSRows(const BlockIQ2_XXS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,        \
-                   float* out);                                                                    \
-  void IQ3_XXSRows(const BlockIQ3_XXS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,        \
-                   float* out);
+#define MER_QUANT_DECLARE_ROW_KERNELS                                                                    \
+  void F32Rows(const float* rows, int64_t n_rows, const float* a, int64_t n, float* out);                \
+  void F16Rows(const f16_bits* rows, int64_t n_rows, const f16_bits* a, int64_t n, float* out);          \
+  void BF16Rows(const bf16_bits* rows, int64_t n_rows, const bf16_bits* a, int64_t n, float* out);       \
+  void Q8_0Rows(const BlockQ8_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out);       \
+  void Q4_0Rows(const BlockQ4_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out);       \
+  void Q4_1Rows(const BlockQ4_1* rows, int64_t n_rows, const BlockQ8_1* a, int64_t n, float* out);       \
+  void Q5_0Rows(const BlockQ5_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out);       \
+  void Q5_1Rows(const BlockQ5_1* rows, int64_t n_rows, const BlockQ8_1* a, int64_t n, float* out);       \
+  void Q2_KRows(const BlockQ2_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);       \
+  void Q3_KRows(const BlockQ3_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);       \
+  void Q4_KRows(const BlockQ4_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);       \
+  void Q5_KRows(const BlockQ5_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);       \
+  void Q6_KRows(const BlockQ6_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);       \
+  void IQ4_NLRows(const BlockIQ4_NL* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out);   \
+  void IQ4_XSRows(const BlockIQ4_XS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);   \
+  void IQ2_XXSRows(const BlockIQ2_XXS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out); \
+  void IQ3_XXSRows(const BlockIQ3_XXS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);
 
 namespace avx2 {
 MER_QUANT_DECLARE_ROW_KERNELS

@@ -112,8 +112,7 @@ float FitSignedScale(const float* x, int n, int nmax, uint8_t* L) {
   return scale;
 }
 
-void QuantizeScaleMinBlock(const float* x, int nmax, uint8_t* packed, f16_bits* d_out,
-                           f16_bits* dmin_out, uint8_t* L) {
+void QuantizeScaleMinBlock(const float* x, int nmax, uint8_t* packed, f16_bits* d_out, f16_bits* dmin_out, uint8_t* L) {
   constexpr int kSub = 32;
   float scales[8], mins[8];
   for (int j = 0; j < 8; ++j) {
@@ -153,9 +152,7 @@ void QuantizeScaleMinBlock(const float* x, int nmax, uint8_t* packed, f16_bits* 
     const float mj = dmin * m;
     for (int i = 0; i < kSub; ++i) {
       L[kSub * j + i] =
-          dj == 0.0f ? 0
-                     : static_cast<uint8_t>(
-                           std::clamp(NearestInt((x[kSub * j + i] + mj) / dj), 0, nmax));
+          dj == 0.0f ? 0 : static_cast<uint8_t>(std::clamp(NearestInt((x[kSub * j + i] + mj) / dj), 0, nmax));
     }
   }
 }

@@ -37,7 +37,6 @@ float FitSignedScale(const float* x, int n, int nmax, uint8_t* L);
 // importance matrix); the scales and mins as 6-bit codes under f16 d and dmin, packed into
 // scales[12] as blocks.h describes; then every element requantized against the decoded scales
 // and mins into L[256], L in [0, nmax].
-void QuantizeScaleMinBlock(const float* x, int nmax, uint8_t* scales, f16_bits* d, f16_bits* dmin,
-                           uint8_t* L);
+void QuantizeScaleMinBlock(const float* x, int nmax, uint8_t* scales, f16_bits* d, f16_bits* dmin, uint8_t* L);
 
 }  // namespace mer::quant_internal

@@ -29,8 +29,8 @@
 
 // The avx512 variant's target: the kernels use VNNI (vpdpbusd, vpdpwssd on 256-bit vectors),
 // vpternlog, and 512-bit steps where they measured faster (q4_k_rows.cc).
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
-    defined(__AVX512DQ__) && defined(__AVX512VNNI__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
+    defined(__AVX512VNNI__)
 #define MER_QUANT_AVX512 1
 #endif
 
@@ -83,8 +83,7 @@ inline void PrefetchRows(const void* row0, int64_t row_bytes, int64_t offset, in
   if (ahead >= row_bytes) ahead += (R - 1) * row_bytes;
   const char* p = static_cast<const char*>(row0) + ahead;
   for (int r = 0; r < R; ++r) {
-    for (int line = 0; line < lines; ++line)
-      _mm_prefetch(p + r * row_bytes + 64 * line, _MM_HINT_T0);
+    for (int line = 0; line < lines; ++line) _mm_prefetch(p + r * row_bytes + 64 * line, _MM_HINT_T0);
   }
 }
 
@@ -150,8 +149,7 @@ constexpr SignBytes MakeSignBytes() {
     int parity = 0;
     for (int i = 0; i < 7; ++i) parity ^= (s >> i) & 1;
     const int mask = s | (parity << 7);
-    for (int i = 0; i < 8; ++i)
-      t.bytes[s] |= static_cast<uint64_t>((mask >> i) & 1 ? 0xFF : 0x01) << (8 * i);
+    for (int i = 0; i < 8; ++i) t.bytes[s] |= static_cast<uint64_t>((mask >> i) & 1 ? 0xFF : 0x01) << (8 * i);
   }
   return t;
 }
@@ -164,12 +162,11 @@ inline constexpr SignBytes kIQSignBytes = MakeSignBytes();
 // The 16-byte load reads the 4 bytes after the 12 scale bytes, inside the block in both formats.
 inline __m128i DecodeQ4_KScalesMins(const uint8_t* scales) {
   const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales));
-  const __m128i low_bits = _mm_and_si128(
-      _mm_srlv_epi32(_mm_shuffle_epi32(x, _MM_SHUFFLE(2, 1, 2, 0)), _mm_setr_epi32(0, 0, 0, 4)),
-      _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
-  const __m128i high_bits =
-      _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(x, _MM_SHUFFLE(1, 1, 0, 0)), 2),
-                    _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+  const __m128i low_bits =
+      _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(x, _MM_SHUFFLE(2, 1, 2, 0)), _mm_setr_epi32(0, 0, 0, 4)),
+                    _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+  const __m128i high_bits = _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(x, _MM_SHUFFLE(1, 1, 0, 0)), 2),
+                                          _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
   return _mm_or_si128(low_bits, high_bits);
 }
 

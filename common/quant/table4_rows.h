@@ -28,8 +28,7 @@ inline __m256i SumLanes8(const __m256i* v) {
   const __m256i t2 = _mm256_hadd_epi32(v[4], v[5]), t3 = _mm256_hadd_epi32(v[6], v[7]);
   const __m256i u0 = _mm256_hadd_epi32(t0, t1), u1 = _mm256_hadd_epi32(t2, t3);
   // u0 = (sums of rows 0-3 over the low 128 bits | over the high 128 bits), u1 the same for 4-7.
-  return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20),
-                          _mm256_permute2x128_si256(u0, u1, 0x31));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20), _mm256_permute2x128_si256(u0, u1, 0x31));
 }
 
 inline int32_t SumLanes(__m256i v) {
@@ -52,14 +51,12 @@ void Table4RowsKernel(const W* w, int64_t nb, const BlockQ8_0* a, __m256i table,
     const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs));
     const float da = F16ToF32(a[b].d);
     __m256i sums[R];
-    for (int r = 0; r < R; ++r)
-      sums[r] = SignedDot(_mm256_shuffle_epi8(table, Nibbles(w[r * nb + b].qs)), av);
+    for (int r = 0; r < R; ++r) sums[r] = SignedDot(_mm256_shuffle_epi8(table, Nibbles(w[r * nb + b].qs)), av);
     if constexpr (R == 8) {
       alignas(16) f16_bits d[8];
       for (int r = 0; r < 8; ++r) d[r] = w[r * nb + b].d;
       const __m256 dw = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(d)));
-      acc8 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(SumLanes8(sums)),
-                             _mm256_mul_ps(dw, _mm256_set1_ps(da)), acc8);
+      acc8 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(SumLanes8(sums)), _mm256_mul_ps(dw, _mm256_set1_ps(da)), acc8);
     } else {
       acc1 = std::fma(static_cast<float>(SumLanes(sums[0])), F16ToF32(w[b].d) * da, acc1);
     }

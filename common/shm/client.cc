@@ -31,10 +31,15 @@ bool Spin(Ready ready, int iterations) {
 }  // namespace
 
 ResidencyClient::ResidencyClient(ShmSegment* segment, ClientOptions options)
-    : segment_(segment), options_(options), table_(segment->table()),
-      ram_pins_(segment->pins(Pool::kRam)), vram_pins_(segment->pins(Pool::kVram)),
-      residency_incarnation_(segment->Peer().incarnation), demand_(segment->demand_ring()),
-      completions_(segment->completion_ring()), hints_(segment->hint_ring()) {
+    : segment_(segment),
+      options_(options),
+      table_(segment->table()),
+      ram_pins_(segment->pins(Pool::kRam)),
+      vram_pins_(segment->pins(Pool::kVram)),
+      residency_incarnation_(segment->Peer().incarnation),
+      demand_(segment->demand_ring()),
+      completions_(segment->completion_ring()),
+      hints_(segment->hint_ring()) {
   CHECK(segment->role() == Role::kCompute);
   // Completions addressed to a previous compute incarnation are of no use to this one.
   Completion drain[64];
@@ -42,9 +47,10 @@ ResidencyClient::ResidencyClient(ShmSegment* segment, ClientOptions options)
   }
 }
 
-absl::StatusOr<std::unique_ptr<ShmSegment>> ResidencyClient::Reconnect(
-    const std::string& name, const ExpectedIdentity& expected, absl::Time deadline,
-    const AttachOptions& options) {
+absl::StatusOr<std::unique_ptr<ShmSegment>> ResidencyClient::Reconnect(const std::string& name,
+                                                                       const ExpectedIdentity& expected,
+                                                                       absl::Time deadline,
+                                                                       const AttachOptions& options) {
   absl::Duration backoff = absl::Milliseconds(1);
   for (;;) {
     absl::StatusOr<std::unique_ptr<ShmSegment>> seg = ShmSegment::Attach(name, expected, options);
@@ -76,8 +82,7 @@ absl::StatusOr<Step> ResidencyClient::BeginStep() {
     c.step_epochs[i].store(step.epoch, std::memory_order_seq_cst);
     return step;
   }
-  return absl::ResourceExhaustedError(
-      absl::StrCat("shm: all ", kMaxStepsInFlight, " step epoch slots are in flight"));
+  return absl::ResourceExhaustedError(absl::StrCat("shm: all ", kMaxStepsInFlight, " step epoch slots are in flight"));
 }
 
 void ResidencyClient::EndStep(const Step& step) {
@@ -87,14 +92,12 @@ void ResidencyClient::EndStep(const Step& step) {
   steps_used_ &= ~(1u << step.index);
 }
 
-bool ResidencyClient::TryPin(uint32_t layer, uint32_t expert, Pool pool, uint64_t epoch,
-                             PinnedExpert* out) {
+bool ResidencyClient::TryPin(uint32_t layer, uint32_t expert, Pool pool, uint64_t epoch, PinnedExpert* out) {
   std::lock_guard<std::mutex> lock(acquire_mu_);
   return PinOne(layer, expert, pool, epoch, out);
 }
 
-bool ResidencyClient::PinOne(uint32_t layer, uint32_t expert, Pool pool, uint64_t epoch,
-                             PinnedExpert* out) {
+bool ResidencyClient::PinOne(uint32_t layer, uint32_t expert, Pool pool, uint64_t epoch, PinnedExpert* out) {
   // (C1)
   const std::optional<EntryState> s = table_.Read(layer, expert);
   if (!s.has_value() || !s->in(pool)) return false;
@@ -114,8 +117,7 @@ bool ResidencyClient::PinOne(uint32_t layer, uint32_t expert, Pool pool, uint64_
   out->slot = slot;
   out->generation = s->generation;
   out->vram_fill = pool == Pool::kVram ? s->vram_fill : 0;
-  out->bytes = pool == Pool::kRam ? absl::Span<const uint8_t>(segment_->ram_slot(slot))
-                                  : absl::Span<const uint8_t>();
+  out->bytes = pool == Pool::kRam ? absl::Span<const uint8_t>(segment_->ram_slot(slot)) : absl::Span<const uint8_t>();
   return true;
 }
 
@@ -126,8 +128,7 @@ void ResidencyClient::Release(absl::Span<const PinnedExpert> pinned) {
   }
 }
 
-absl::Status ResidencyClient::FailAll(absl::Status s, std::vector<PinnedExpert>* out,
-                                      const std::vector<bool>& done) {
+absl::Status ResidencyClient::FailAll(absl::Status s, std::vector<PinnedExpert>* out, const std::vector<bool>& done) {
   for (size_t i = 0; i < out->size(); ++i) {
     if (done[i]) Release(absl::MakeConstSpan(&(*out)[i], 1));
   }
@@ -135,9 +136,8 @@ absl::Status ResidencyClient::FailAll(absl::Status s, std::vector<PinnedExpert>*
   return s;
 }
 
-absl::Status ResidencyClient::Acquire(const Step& step, uint32_t layer,
-                                      absl::Span<const int32_t> experts, absl::Time deadline,
-                                      std::vector<PinnedExpert>* out, Pool pool) {
+absl::Status ResidencyClient::Acquire(const Step& step, uint32_t layer, absl::Span<const int32_t> experts,
+                                      absl::Time deadline, std::vector<PinnedExpert>* out, Pool pool) {
   std::lock_guard<std::mutex> lock(acquire_mu_);
   if (layer >= table_.n_layer()) {
     return absl::InvalidArgumentError(
@@ -145,16 +145,14 @@ absl::Status ResidencyClient::Acquire(const Step& step, uint32_t layer,
   }
   for (int32_t e : experts) {
     if (e < 0 || static_cast<uint32_t>(e) >= table_.n_expert()) {
-      return absl::InvalidArgumentError(absl::StrCat("shm: expert ", e, " of layer ", layer,
-                                                     " out of range (n_expert ",
-                                                     table_.n_expert(), ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("shm: expert ", e, " of layer ", layer, " out of range (n_expert ", table_.n_expert(), ")"));
     }
   }
   // Cheap checks on every call (a hit never waits, so it would never see the peer otherwise): a
   // superseded segment or a restarted residency means the table is no longer maintained.
   const uint64_t residency_now =
-      segment_->control().process[static_cast<int>(Role::kResidency)].incarnation.load(
-          std::memory_order_acquire);
+      segment_->control().process[static_cast<int>(Role::kResidency)].incarnation.load(std::memory_order_acquire);
   if (segment_->superseded() || residency_now != residency_incarnation_) {
     out->clear();
     return CheckPeer();
@@ -223,8 +221,7 @@ absl::Status ResidencyClient::Acquire(const Step& step, uint32_t layer,
         matched = true;
         if (c.status != 0) {
           return FailAll(absl::Status(ToCode(c.status),
-                                      absl::StrCat("mer-residency could not load layer ", layer,
-                                                   " expert ", c.expert)),
+                                      absl::StrCat("mer-residency could not load layer ", layer, " expert ", c.expert)),
                          out, done);
         }
         if (PinOne(layer, c.expert, pool, step.epoch, &(*out)[i])) {
@@ -240,9 +237,8 @@ absl::Status ResidencyClient::Acquire(const Step& step, uint32_t layer,
     // The deadline holds even while completions keep coming (a peer answering in a loop).
     const absl::Time now = absl::Now();
     if (now >= deadline) {
-      return FailAll(absl::DeadlineExceededError(absl::StrCat(
-                         "shm: ", remaining, " of ", n, " experts of layer ", layer,
-                         " not resident by the deadline")),
+      return FailAll(absl::DeadlineExceededError(absl::StrCat("shm: ", remaining, " of ", n, " experts of layer ",
+                                                              layer, " not resident by the deadline")),
                      out, done);
     }
     if (got > 0) continue;
@@ -257,8 +253,7 @@ absl::Status ResidencyClient::Acquire(const Step& step, uint32_t layer,
       // A completion can be lost (e.g. a demand merged with another); the table is the truth.
       last_scan = now;
       for (size_t i = 0; i < n; ++i) {
-        if (!done[i] && PinOne(layer, static_cast<uint32_t>(experts[i]), pool, step.epoch,
-                               &(*out)[i])) {
+        if (!done[i] && PinOne(layer, static_cast<uint32_t>(experts[i]), pool, step.epoch, &(*out)[i])) {
           done[i] = true;
           --remaining;
         }
@@ -284,15 +279,13 @@ bool ResidencyClient::SendHint(const Hint& hint) {
 absl::Status ResidencyClient::ExportVramArena(VramArenaInfo info, absl::Time deadline) {
   info.compute_incarnation = segment_->incarnation();
   VramArenaExport& x = segment_->control().vram_arena;
-  ASSIGN_OR_RETURN(const uint64_t sequence,
-                   WriteVramArena(x, info, segment_->header().vram_slot_count));
+  ASSIGN_OR_RETURN(const uint64_t sequence, WriteVramArena(x, info, segment_->header().vram_slot_count));
   // mer-residency acts on it within one turn of its loop (a few ms); the peer checks bound the
   // wait when it is gone.
   for (;;) {
     if (const std::optional<absl::StatusCode> code = VramArenaAck(x, sequence); code.has_value()) {
       if (*code == absl::StatusCode::kOk) return absl::OkStatus();
-      return absl::Status(*code, absl::StrCat("mer-residency refused the VRAM arena (",
-                                              absl::StatusCodeToString(*code),
+      return absl::Status(*code, absl::StrCat("mer-residency refused the VRAM arena (", absl::StatusCodeToString(*code),
                                               "; its log says why)"));
     }
     RETURN_IF_ERROR(CheckPeer());
@@ -317,19 +310,22 @@ absl::Status ResidencyClient::WithdrawVramArena(absl::Time deadline) {
 // ---------------------------------------------------------------------------------------------
 
 ResidencyEndpoint::ResidencyEndpoint(ShmSegment* segment)
-    : segment_(segment), table_(segment->table()), ram_pins_(segment->pins(Pool::kRam)),
-      vram_pins_(segment->pins(Pool::kVram)), demand_(segment->demand_ring()),
-      hints_(segment->hint_ring()), completions_(segment->completion_ring()) {
+    : segment_(segment),
+      table_(segment->table()),
+      ram_pins_(segment->pins(Pool::kRam)),
+      vram_pins_(segment->pins(Pool::kVram)),
+      demand_(segment->demand_ring()),
+      hints_(segment->hint_ring()),
+      completions_(segment->completion_ring()) {
   CHECK(segment->role() == Role::kResidency);
 }
 
-uint64_t ResidencyEndpoint::PublishResident(uint32_t layer, uint32_t expert, uint32_t ram_slot,
-                                            uint32_t vram_slot, uint64_t vram_fill) {
+uint64_t ResidencyEndpoint::PublishResident(uint32_t layer, uint32_t expert, uint32_t ram_slot, uint32_t vram_slot,
+                                            uint64_t vram_fill) {
   uint32_t tiers = kTierNvme;
   if (ram_slot != kNoSlot) tiers |= kTierRam;
   if (vram_slot != kNoSlot) tiers |= kTierVram;
-  return table_.Write(layer, expert, tiers, ram_slot, vram_slot, 0,
-                      vram_slot != kNoSlot ? vram_fill : 0);
+  return table_.Write(layer, expert, tiers, ram_slot, vram_slot, 0, vram_slot != kNoSlot ? vram_fill : 0);
 }
 
 uint64_t ResidencyEndpoint::EvictRam(uint32_t layer, uint32_t expert) {
@@ -347,8 +343,7 @@ uint64_t ResidencyEndpoint::EvictVram(uint32_t layer, uint32_t expert) {
 }
 
 uint64_t ResidencyEndpoint::PublishFailed(uint32_t layer, uint32_t expert, absl::StatusCode code) {
-  return table_.Write(layer, expert, kTierNvme | kTierFailed, kNoSlot, kNoSlot,
-                      static_cast<uint32_t>(code));
+  return table_.Write(layer, expert, kTierNvme | kTierFailed, kNoSlot, kNoSlot, static_cast<uint32_t>(code));
 }
 
 bool ResidencyEndpoint::SlotReusable(Pool pool, uint32_t slot) {

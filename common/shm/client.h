@@ -57,12 +57,12 @@ struct PinnedExpert {
 };
 
 struct ClientStats {
-  uint64_t hits = 0;          // found resident and pinned at once
-  uint64_t demands = 0;       // DemandRequests sent
-  uint64_t completions = 0;   // Completions consumed
-  uint64_t stale = 0;         // completions for no pending request (dropped)
-  uint64_t raced = 0;         // pins that failed validation (slot reused meanwhile)
-  uint64_t hints_dropped = 0; // hints not sent because the ring was full
+  uint64_t hits = 0;           // found resident and pinned at once
+  uint64_t demands = 0;        // DemandRequests sent
+  uint64_t completions = 0;    // Completions consumed
+  uint64_t stale = 0;          // completions for no pending request (dropped)
+  uint64_t raced = 0;          // pins that failed validation (slot reused meanwhile)
+  uint64_t hints_dropped = 0;  // hints not sent because the ring was full
 };
 
 class ResidencyClient {
@@ -74,8 +74,7 @@ class ResidencyClient {
   // Attaches `name` as compute, retrying NotFound/Unavailable (residency starting, or a
   // superseded segment being replaced) until `deadline`.
   static absl::StatusOr<std::unique_ptr<ShmSegment>> Reconnect(const std::string& name,
-                                                               const ExpectedIdentity& expected,
-                                                               absl::Time deadline,
+                                                               const ExpectedIdentity& expected, absl::Time deadline,
                                                                const AttachOptions& options = {});
 
   ShmSegment& segment() const { return *segment_; }
@@ -98,8 +97,8 @@ class ResidencyClient {
   //   the Completion's code (e.g. DataLoss for a blob that failed verification), naming the expert
   //   InvalidArgument   layer or an expert out of range
   // One thread at a time (it is the completion ring's single consumer); serialized internally.
-  absl::Status Acquire(const Step& step, uint32_t layer, absl::Span<const int32_t> experts,
-                       absl::Time deadline, std::vector<PinnedExpert>* out, Pool pool = Pool::kRam);
+  absl::Status Acquire(const Step& step, uint32_t layer, absl::Span<const int32_t> experts, absl::Time deadline,
+                       std::vector<PinnedExpert>* out, Pool pool = Pool::kRam);
   void Release(absl::Span<const PinnedExpert> pinned);
 
   // Pin protocol, one slot (C1-C3 in residency_table.h): pins the slot the table names for
@@ -125,8 +124,7 @@ class ResidencyClient {
 
  private:
   bool PinOne(uint32_t layer, uint32_t expert, Pool pool, uint64_t epoch, PinnedExpert* out);
-  absl::Status FailAll(absl::Status s, std::vector<PinnedExpert>* out,
-                       const std::vector<bool>& done);
+  absl::Status FailAll(absl::Status s, std::vector<PinnedExpert>* out, const std::vector<bool>& done);
 
   ShmSegment* segment_;
   ClientOptions options_;
@@ -161,8 +159,8 @@ class ResidencyEndpoint {
 
   // Publishes (layer, expert) resident in RAM slot `ram_slot` (and/or VRAM), then returns the new
   // generation to put in the Completion. The slot's bytes must be complete before this call.
-  uint64_t PublishResident(uint32_t layer, uint32_t expert, uint32_t ram_slot,
-                           uint32_t vram_slot = kNoSlot, uint64_t vram_fill = 0);
+  uint64_t PublishResident(uint32_t layer, uint32_t expert, uint32_t ram_slot, uint32_t vram_slot = kNoSlot,
+                           uint64_t vram_fill = 0);
   // Removes (layer, expert) from the RAM tier (R1-R2): the slot becomes reusable once
   // SlotReusable says so.
   uint64_t EvictRam(uint32_t layer, uint32_t expert);

@@ -31,7 +31,7 @@ inline constexpr uint64_t kMagic = 0x31304D485372656DULL;
 inline constexpr uint32_t kProtocolVersion = 2;
 
 inline constexpr uint32_t kCacheLine = 64;
-inline constexpr uint32_t kPageBytes = 4096;     // RAM slot size and pool alignment (O_DIRECT)
+inline constexpr uint32_t kPageBytes = 4096;  // RAM slot size and pool alignment (O_DIRECT)
 inline constexpr uint32_t kMaxStepsInFlight = 16;
 inline constexpr uint32_t kHintMaxExperts = 16;
 inline constexpr uint32_t kNoSlot = 0xFFFFFFFFu;
@@ -39,16 +39,16 @@ inline constexpr uint32_t kNoSlot = 0xFFFFFFFFu;
 // Bounds a header must respect (ValidateHeader); they also keep every size computation far from
 // uint64 overflow.
 inline constexpr uint32_t kMaxLayers = 1024;
-inline constexpr uint32_t kMaxExperts = 4096;      // hints carry expert ids as uint16
+inline constexpr uint32_t kMaxExperts = 4096;  // hints carry expert ids as uint16
 inline constexpr uint32_t kMinRingCapacity = 2;
 inline constexpr uint32_t kMaxRingCapacity = 1u << 20;
-inline constexpr uint32_t kMaxSlots = 1u << 20;    // RAM slots, and VRAM slots
+inline constexpr uint32_t kMaxSlots = 1u << 20;  // RAM slots, and VRAM slots
 inline constexpr uint64_t kMaxRamSlotBytes = 4ull << 30;
 inline constexpr uint64_t kMaxRamPoolBytes = 16ull << 40;
 inline constexpr uint64_t kMaxVramSlotBytes = 4ull << 30;  // an exported arena's slot size
-inline constexpr uint32_t kVramSlotAlign = 256;              // and its alignment
-inline constexpr uint32_t kIpcHandleBytes = 64;              // sizeof(cudaIpcMemHandle_t)
-inline constexpr uint32_t kPciBusIdBytes = 32;               // cudaDeviceGetPCIBusId's string, NUL-padded
+inline constexpr uint32_t kVramSlotAlign = 256;            // and its alignment
+inline constexpr uint32_t kIpcHandleBytes = 64;            // sizeof(cudaIpcMemHandle_t)
+inline constexpr uint32_t kPciBusIdBytes = 32;             // cudaDeviceGetPCIBusId's string, NUL-padded
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
@@ -65,15 +65,15 @@ enum class Pool : uint8_t { kRam = 0, kVram = 1 };
 // ---------------------------------------------------------------------------------------------
 // Header: immutable after publication. Plain fields only (it is validated as a byte copy).
 struct alignas(kCacheLine) SegmentHeader {
-  uint64_t magic;                   // kMagic, stored last (release) by the creator
-  uint32_t protocol_version;        // kProtocolVersion
-  uint32_t header_bytes;            // sizeof(SegmentHeader)
-  uint64_t segment_bytes;           // total size; must equal the size of the mapping
-  uint64_t layout_hash;             // LayoutHash() of the creator's build
-  uint64_t model_identity;          // caller-supplied hash of the model (file, quantization...)
-  uint32_t n_layer;                 // geometry: the residency table is n_layer x n_expert
+  uint64_t magic;             // kMagic, stored last (release) by the creator
+  uint32_t protocol_version;  // kProtocolVersion
+  uint32_t header_bytes;      // sizeof(SegmentHeader)
+  uint64_t segment_bytes;     // total size; must equal the size of the mapping
+  uint64_t layout_hash;       // LayoutHash() of the creator's build
+  uint64_t model_identity;    // caller-supplied hash of the model (file, quantization...)
+  uint32_t n_layer;           // geometry: the residency table is n_layer x n_expert
   uint32_t n_expert;
-  uint32_t demand_capacity;         // ring capacities: powers of two
+  uint32_t demand_capacity;  // ring capacities: powers of two
   uint32_t hint_capacity;
   uint32_t completion_capacity;
   uint32_t ram_slot_count;          // RAM tier: slots in the pool at ram_pool_offset
@@ -106,7 +106,7 @@ struct alignas(kCacheLine) ProcessInfo {
   std::atomic<uint64_t> attach_ns;     // CLOCK_MONOTONIC ns of the attach
   std::atomic<uint64_t> pid_ns;        // inode of /proc/self/ns/pid: whether `pid` means anything here
   std::atomic<uint32_t> pid;
-  std::atomic<uint32_t> state;         // ProcessState
+  std::atomic<uint32_t> state;  // ProcessState
   uint8_t reserved[24];
 };
 static_assert(sizeof(ProcessInfo) == 64);
@@ -125,17 +125,17 @@ struct alignas(kCacheLine) VramArenaExport {
   std::atomic<uint64_t> slot_bytes;           // multiple of kVramSlotAlign, <= kMaxVramSlotBytes
   std::atomic<uint32_t> slot_count;           // 1 .. header.vram_slot_count
   std::atomic<uint32_t> reserved0;
-  std::atomic<uint64_t> pci_bus_id[kPciBusIdBytes / 8];  // the device, NUL-padded ASCII
+  std::atomic<uint64_t> pci_bus_id[kPciBusIdBytes / 8];   // the device, NUL-padded ASCII
   std::atomic<uint64_t> ipc_handle[kIpcHandleBytes / 8];  // cudaIpcMemHandle_t of the arena base
   // Written by residency.
   alignas(kCacheLine) std::atomic<uint64_t> imported_sequence;  // the export it acted on last
-  std::atomic<uint32_t> import_status;  // absl::StatusCode of that import; 0 = OK, imported
+  std::atomic<uint32_t> import_status;                          // absl::StatusCode of that import; 0 = OK, imported
   std::atomic<uint32_t> reserved1;
 };
 static_assert(sizeof(VramArenaExport) == 192);
 
 struct alignas(kCacheLine) SegmentControl {
-  ProcessInfo process[kRoleCount];          // indexed by Role
+  ProcessInfo process[kRoleCount];  // indexed by Role
   // Set to 1 by a newer mer-residency that replaced this segment by one of the same name; the
   // peer then re-attaches by name. Written once; the futex words of every ring are bumped after.
   alignas(kCacheLine) std::atomic<uint32_t> superseded;
@@ -152,12 +152,12 @@ static_assert(sizeof(SegmentControl) == 64 * 4 + 8 * kMaxStepsInFlight + sizeof(
 // Ring control (see ring.h for the protocol). head and tail count items ever pushed / popped; they
 // never wrap in practice (2^64) and the slot of position p is p & (capacity - 1).
 struct alignas(kCacheLine) RingControl {
-  alignas(kCacheLine) std::atomic<uint64_t> head;              // written by the producer only
-  alignas(kCacheLine) std::atomic<uint64_t> tail;              // written by the consumer only
-  alignas(kCacheLine) std::atomic<uint32_t> data_futex;        // bumped by the producer
-  std::atomic<uint32_t> consumer_waiting;                      // 1 while the consumer may sleep
-  alignas(kCacheLine) std::atomic<uint32_t> space_futex;       // bumped by the consumer
-  std::atomic<uint32_t> producer_waiting;                      // 1 while the producer may sleep
+  alignas(kCacheLine) std::atomic<uint64_t> head;         // written by the producer only
+  alignas(kCacheLine) std::atomic<uint64_t> tail;         // written by the consumer only
+  alignas(kCacheLine) std::atomic<uint32_t> data_futex;   // bumped by the producer
+  std::atomic<uint32_t> consumer_waiting;                 // 1 while the consumer may sleep
+  alignas(kCacheLine) std::atomic<uint32_t> space_futex;  // bumped by the consumer
+  std::atomic<uint32_t> producer_waiting;                 // 1 while the producer may sleep
 };
 static_assert(sizeof(RingControl) == 256);
 
@@ -222,8 +222,8 @@ struct Completion {
   uint64_t request_id;
   uint64_t generation;
   uint32_t slot;
-  uint16_t status;      // absl::StatusCode; 0 = OK
-  uint8_t pool;         // Pool
+  uint16_t status;  // absl::StatusCode; 0 = OK
+  uint8_t pool;     // Pool
   uint8_t reserved;
 };
 static_assert(sizeof(Completion) == 32);
@@ -235,8 +235,8 @@ enum class HintKind : uint8_t { kRouted = 0, kPredicted = 1 };
 // when the ring is full.
 struct Hint {
   uint32_t layer;
-  uint16_t count;       // <= kHintMaxExperts
-  uint8_t kind;         // HintKind
+  uint16_t count;  // <= kHintMaxExperts
+  uint8_t kind;    // HintKind
   uint8_t reserved;
   uint64_t epoch;
   uint16_t experts[kHintMaxExperts];

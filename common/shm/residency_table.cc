@@ -12,8 +12,7 @@ inline uint64_t Tag(uint64_t incarnation) { return (incarnation & kCountMask) <<
 
 }  // namespace
 
-std::optional<EntryState> ResidencyTable::Read(uint32_t layer, uint32_t expert,
-                                               int max_tries) const {
+std::optional<EntryState> ResidencyTable::Read(uint32_t layer, uint32_t expert, int max_tries) const {
   if (!Contains(layer, expert)) return std::nullopt;
   const ResidencyEntry& e = entry(layer, expert);
   for (int i = 0; i < max_tries; ++i) {
@@ -41,8 +40,8 @@ std::optional<EntryState> ResidencyTable::Read(uint32_t layer, uint32_t expert,
   return std::nullopt;
 }
 
-uint64_t ResidencyTable::Write(uint32_t layer, uint32_t expert, uint32_t tiers, uint32_t ram_slot,
-                               uint32_t vram_slot, uint32_t error, uint64_t vram_fill) {
+uint64_t ResidencyTable::Write(uint32_t layer, uint32_t expert, uint32_t tiers, uint32_t ram_slot, uint32_t vram_slot,
+                               uint32_t error, uint64_t vram_fill) {
   ResidencyEntry& e = entry(layer, expert);
   // Only this thread writes these fields, so a relaxed load sees its own last write.
   const bool was_in_ram = (e.tiers.load(std::memory_order_relaxed) & kTierRam) != 0 &&
@@ -61,8 +60,7 @@ uint64_t ResidencyTable::Write(uint32_t layer, uint32_t expert, uint32_t tiers, 
   e.generation.store(g + 2, std::memory_order_release);
   // (R2): order the new generation before any later load of a pin word.
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if ((tiers & kTierRam) != 0 && ram_slot != kNoSlot && !was_in_ram)
-    e.loads.fetch_add(1, std::memory_order_relaxed);
+  if ((tiers & kTierRam) != 0 && ram_slot != kNoSlot && !was_in_ram) e.loads.fetch_add(1, std::memory_order_relaxed);
   return g + 2;
 }
 
@@ -70,8 +68,7 @@ void ResidencyTable::NoteUse(uint32_t layer, uint32_t expert, uint64_t epoch, bo
   if (!Contains(layer, expert)) return;
   ResidencyEntry& e = entry(layer, expert);
   uint64_t prev = e.last_use_epoch.load(std::memory_order_relaxed);
-  while (prev < epoch &&
-         !e.last_use_epoch.compare_exchange_weak(prev, epoch, std::memory_order_relaxed)) {
+  while (prev < epoch && !e.last_use_epoch.compare_exchange_weak(prev, epoch, std::memory_order_relaxed)) {
   }
   (hit ? e.hits : e.misses).fetch_add(1, std::memory_order_relaxed);
 }
@@ -83,14 +80,12 @@ bool SlotPins::Pin(uint32_t slot, uint64_t incarnation, uint64_t epoch) {
   uint64_t w = p.word.load(std::memory_order_relaxed);
   for (;;) {
     const uint64_t next = ((w & ~kCountMask) == tag) ? w + 1 : (tag | 1);
-    if (p.word.compare_exchange_weak(w, next, std::memory_order_seq_cst,
-                                     std::memory_order_relaxed)) {
+    if (p.word.compare_exchange_weak(w, next, std::memory_order_seq_cst, std::memory_order_relaxed)) {
       break;
     }
   }
   uint64_t last = p.last_epoch.load(std::memory_order_relaxed);
-  while (last < epoch &&
-         !p.last_epoch.compare_exchange_weak(last, epoch, std::memory_order_relaxed)) {
+  while (last < epoch && !p.last_epoch.compare_exchange_weak(last, epoch, std::memory_order_relaxed)) {
   }
   // (C3): order the pin before the caller's re-load of the entry's generation.
   std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -105,8 +100,7 @@ void SlotPins::Unpin(uint32_t slot, uint64_t incarnation) {
   for (;;) {
     if ((w & ~kCountMask) != tag || (w & kCountMask) == 0) return;  // not ours (or unbalanced)
     // Release: every read of the slot's bytes happens before residency sees the pin dropped.
-    if (p.word.compare_exchange_weak(w, w - 1, std::memory_order_release,
-                                     std::memory_order_relaxed)) {
+    if (p.word.compare_exchange_weak(w, w - 1, std::memory_order_release, std::memory_order_relaxed)) {
       return;
     }
   }

@@ -50,8 +50,8 @@ struct EntryState {
   uint32_t tiers = 0;       // TierBits
   uint32_t ram_slot = kNoSlot;
   uint32_t vram_slot = kNoSlot;
-  uint32_t error = 0;       // absl::StatusCode
-  uint64_t vram_fill = 0;   // the upload that filled vram_slot (ResidencyEntry::vram_fill)
+  uint32_t error = 0;      // absl::StatusCode
+  uint64_t vram_fill = 0;  // the upload that filled vram_slot (ResidencyEntry::vram_fill)
 
   bool in(Pool pool) const { return (tiers & (pool == Pool::kRam ? kTierRam : kTierVram)) != 0; }
   uint32_t slot(Pool pool) const { return pool == Pool::kRam ? ram_slot : vram_slot; }
@@ -65,9 +65,7 @@ class ResidencyTable {
 
   uint32_t n_layer() const { return n_layer_; }
   uint32_t n_expert() const { return n_expert_; }
-  bool Contains(uint32_t layer, uint32_t expert) const {
-    return layer < n_layer_ && expert < n_expert_;
-  }
+  bool Contains(uint32_t layer, uint32_t expert) const { return layer < n_layer_ && expert < n_expert_; }
   ResidencyEntry& entry(uint32_t layer, uint32_t expert) const {
     return entries_[uint64_t{layer} * n_expert_ + expert];
   }
@@ -78,8 +76,8 @@ class ResidencyTable {
 
   // Writer side (mer-residency's one writer thread). Returns the new (even) generation. `loads`
   // counts the writes that put the expert into a RAM slot it was not in.
-  uint64_t Write(uint32_t layer, uint32_t expert, uint32_t tiers, uint32_t ram_slot,
-                 uint32_t vram_slot, uint32_t error = 0, uint64_t vram_fill = 0);
+  uint64_t Write(uint32_t layer, uint32_t expert, uint32_t tiers, uint32_t ram_slot, uint32_t vram_slot,
+                 uint32_t error = 0, uint64_t vram_fill = 0);
 
   // Compute-side statistics (no seqlock).
   void NoteUse(uint32_t layer, uint32_t expert, uint64_t epoch, bool hit);

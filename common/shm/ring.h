@@ -83,8 +83,7 @@ inline void Notify(std::atomic<uint32_t>& futex, std::atomic<uint32_t>& waiting)
 // Sleeps until `ready()` or the timeout; returns ready(). A wake that finds nothing (a late bump
 // for a publication already consumed, a signal) sleeps again for the rest of the timeout.
 template <typename Ready>
-bool Wait(std::atomic<uint32_t>& futex, std::atomic<uint32_t>& waiting, absl::Duration timeout,
-          Ready ready) {
+bool Wait(std::atomic<uint32_t>& futex, std::atomic<uint32_t>& waiting, absl::Duration timeout, Ready ready) {
   if (ready()) return true;
   if (timeout <= absl::ZeroDuration()) return false;
   const uint64_t end = MonotonicNanos() + static_cast<uint64_t>(absl::ToInt64Nanoseconds(timeout));
@@ -110,8 +109,7 @@ class RingProducer {
  public:
   RingProducer() = default;
   explicit RingProducer(const RingRegion<T>& region)
-      : c_(region.control), slots_(region.slots), capacity_(region.capacity),
-        mask_(region.capacity - 1) {
+      : c_(region.control), slots_(region.slots), capacity_(region.capacity), mask_(region.capacity - 1) {
     // The previous producer (maybe a dead process) left head where its last publication was.
     head_ = c_->head.load(std::memory_order_acquire);
     cached_tail_ = c_->tail.load(std::memory_order_acquire);
@@ -141,8 +139,7 @@ class RingProducer {
 
   // Waits until at least one slot is free, for at most `timeout`. Returns whether one is.
   bool WaitForSpace(absl::Duration timeout) {
-    return ring_internal::Wait(c_->space_futex, c_->producer_waiting, timeout,
-                               [this] { return Free(true) > 0; });
+    return ring_internal::Wait(c_->space_futex, c_->producer_waiting, timeout, [this] { return Free(true) > 0; });
   }
 
   // Items pushed and not yet popped, as the producer sees it now.
@@ -177,8 +174,7 @@ class RingConsumer {
  public:
   RingConsumer() = default;
   explicit RingConsumer(const RingRegion<T>& region)
-      : c_(region.control), slots_(region.slots), capacity_(region.capacity),
-        mask_(region.capacity - 1) {
+      : c_(region.control), slots_(region.slots), capacity_(region.capacity), mask_(region.capacity - 1) {
     tail_ = c_->tail.load(std::memory_order_acquire);
     cached_head_ = c_->head.load(std::memory_order_acquire);
     c_->consumer_waiting.store(0, std::memory_order_relaxed);
@@ -205,8 +201,7 @@ class RingConsumer {
 
   // Waits until at least one item is available, for at most `timeout`. Returns whether one is.
   bool WaitForData(absl::Duration timeout) {
-    return ring_internal::Wait(c_->data_futex, c_->consumer_waiting, timeout,
-                               [this] { return Available(true) > 0; });
+    return ring_internal::Wait(c_->data_futex, c_->consumer_waiting, timeout, [this] { return Available(true) > 0; });
   }
 
   uint64_t SizeApprox() { return Available(true); }

@@ -43,11 +43,10 @@ absl::Status ValidateName(const std::string& name) {
     return absl::InvalidArgumentError(absl::StrCat("shm name '", name, "' must be 1..200 characters"));
   }
   for (char c : name) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '.' || c == '_' || c == '-';
+    const bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
     if (!ok) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("shm name '", name, "' may hold only [A-Za-z0-9._-]"));
+      return absl::InvalidArgumentError(absl::StrCat("shm name '", name, "' may hold only [A-Za-z0-9._-]"));
     }
   }
   return absl::OkStatus();
@@ -63,13 +62,18 @@ std::string ObjectName(const std::string& name) { return "/" + name; }
 absl::Status ErrnoError(int err, const std::string& what) {
   const std::string msg = absl::StrCat(what, ": ", std::strerror(err));
   switch (err) {
-    case ENOENT: return absl::NotFoundError(msg);
-    case EEXIST: return absl::AlreadyExistsError(msg);
+    case ENOENT:
+      return absl::NotFoundError(msg);
+    case EEXIST:
+      return absl::AlreadyExistsError(msg);
     case EACCES:
-    case EPERM: return absl::PermissionDeniedError(msg);
+    case EPERM:
+      return absl::PermissionDeniedError(msg);
     case ENOSPC:
-    case ENOMEM: return absl::ResourceExhaustedError(msg);
-    default: return absl::UnavailableError(msg);
+    case ENOMEM:
+      return absl::ResourceExhaustedError(msg);
+    default:
+      return absl::UnavailableError(msg);
   }
 }
 
@@ -82,9 +86,9 @@ absl::Status CheckOwnership(const std::string& name, const struct stat& st) {
   if (!S_ISREG(st.st_mode))
     return absl::PermissionDeniedError(absl::StrCat("shm segment '", name, "' is not a regular file"));
   if (st.st_uid != me && st.st_uid != 0)
-    return absl::PermissionDeniedError(absl::StrCat(
-        "shm segment '", name, "' belongs to uid ", st.st_uid, ", not to this user (uid ", me,
-        ") or root: it is not this user's mer-residency's, refusing to map it"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("shm segment '", name, "' belongs to uid ", st.st_uid, ", not to this user (uid ", me,
+                     ") or root: it is not this user's mer-residency's, refusing to map it"));
   if ((st.st_mode & 0007) != 0)
     return absl::PermissionDeniedError(absl::StrFormat(
         "shm segment '%s' is open to other users (mode 0%o): refusing to map it", name, st.st_mode & 0777));
@@ -130,8 +134,7 @@ PeerInfo ReadProcess(const ProcessInfo& p, Role role) {
   if (beat != 0) {
     info.heartbeat_age = now > beat ? absl::Nanoseconds(now - beat) : absl::ZeroDuration();
   }
-  info.gone = info.state == ProcessState::kDetached ||
-              ProcessGone(info.pid, p.pid_ns.load(std::memory_order_relaxed));
+  info.gone = info.state == ProcessState::kDetached || ProcessGone(info.pid, p.pid_ns.load(std::memory_order_relaxed));
   return info;
 }
 
@@ -227,8 +230,7 @@ void ShmSegment::Register(Role role) {
   me.state.store(static_cast<uint32_t>(ProcessState::kAttached), std::memory_order_release);
 }
 
-absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(const std::string& name,
-                                                               const CreateOptions& options) {
+absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(const std::string& name, const CreateOptions& options) {
   RETURN_IF_ERROR(ValidateName(name));
   ASSIGN_OR_RETURN(SegmentHeader header, BuildHeader(options.geometry));
   header.created_unix_ns = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
@@ -240,8 +242,7 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(const std::string
   for (const std::string& n : FallbackNames(name)) RETURN_IF_ERROR(ReclaimStale(n, options).status());
   std::unique_ptr<ShmSegment> seg;
   for (int attempt = 0;; ++attempt) {
-    const int fd =
-        ::shm_open(ObjectName(chosen).c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    const int fd = ::shm_open(ObjectName(chosen).c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd >= 0) {
       seg.reset(new ShmSegment(chosen, Role::kResidency));
       seg->impl_->fd = fd;
@@ -269,9 +270,8 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(const std::string
   if (options.reserve_memory) {
     const int err = posix_fallocate(fd, 0, static_cast<off_t>(header.segment_bytes));
     if (err != 0) {
-      return fail(absl::ResourceExhaustedError(
-          absl::StrCat("shm: reserving ", header.segment_bytes, " bytes for '", chosen,
-                       "' in /dev/shm: ", std::strerror(err))));
+      return fail(absl::ResourceExhaustedError(absl::StrCat("shm: reserving ", header.segment_bytes, " bytes for '",
+                                                            chosen, "' in /dev/shm: ", std::strerror(err))));
     }
   }
   uint64_t size = 0;
@@ -322,7 +322,7 @@ absl::Status ShmSegment::Probe(const std::string& name, const ExpectedIdentity& 
 absl::StatusOr<bool> ShmSegment::ReclaimStale(const std::string& name, const CreateOptions& options) {
   const int fd = ::shm_open(ObjectName(name).c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
   if (fd < 0) {
-    if (errno == ENOENT) return true;  // gone meanwhile: free
+    if (errno == ENOENT) return true;   // gone meanwhile: free
     if (errno == EACCES) return false;  // another user's, closed to us
     return ErrnoError(errno, absl::StrCat("shm: opening old '", name, "'"));
   }
@@ -341,13 +341,12 @@ absl::StatusOr<bool> ShmSegment::ReclaimStale(const std::string& name, const Cre
         absl::StatusOr<SegmentHeader> h = ValidateHeader(absl::MakeConstSpan(base, size), size, nullptr);
         if (h.ok()) {
           auto* ctl = std::launder(reinterpret_cast<SegmentControl*>(base + h->control_offset));
-          const PeerInfo holder =
-              ReadProcess(ctl->process[static_cast<int>(Role::kResidency)], Role::kResidency);
+          const PeerInfo holder = ReadProcess(ctl->process[static_cast<int>(Role::kResidency)], Role::kResidency);
           if (holder.AliveWithin(options.liveness_timeout) && !options.take_over_live &&
               holder.pid != static_cast<uint32_t>(getpid())) {
-            refuse = absl::FailedPreconditionError(absl::StrCat(
-                "shm segment '", name, "' is held by a live mer-residency (pid ", holder.pid,
-                ", incarnation ", holder.incarnation, ")"));
+            refuse = absl::FailedPreconditionError(absl::StrCat("shm segment '", name,
+                                                                "' is held by a live mer-residency (pid ", holder.pid,
+                                                                ", incarnation ", holder.incarnation, ")"));
           } else {
             ctl->superseded.store(1, std::memory_order_release);
             WakeEverything(base, *h);
@@ -381,34 +380,31 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Attach(const std::string
     if (other.ok()) return other;
   }
   if (absl::IsPermissionDenied(first))  // retried: this user's residency may not be up yet
-    return absl::UnavailableError(absl::StrCat(first.message(), "; no segment of this user under '",
-                                               name, ".*' either"));
+    return absl::UnavailableError(
+        absl::StrCat(first.message(), "; no segment of this user under '", name, ".*' either"));
   return first;
 }
 
-absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::AttachOne(const std::string& instance,
-                                                                  const std::string& name,
+absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::AttachOne(const std::string& instance, const std::string& name,
                                                                   const ExpectedIdentity& expected,
-                                                                  const AttachOptions& options,
-                                                                  Mode mode) {
+                                                                  const AttachOptions& options, Mode mode) {
   std::unique_ptr<ShmSegment> seg(new ShmSegment(name, options.role));
   seg->impl_->fd = ::shm_open(ObjectName(name).c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
   if (seg->impl_->fd < 0) {
     const int err = errno;
     if (err == ENOENT)
-      return absl::NotFoundError(
-          absl::StrCat("shm: no segment named '", instance, "' (is mer-residency running?)"));
+      return absl::NotFoundError(absl::StrCat("shm: no segment named '", instance, "' (is mer-residency running?)"));
     if (err == EACCES)
-      return absl::PermissionDeniedError(absl::StrCat(
-          "shm segment '", name, "' is not readable by this user: it is not this user's mer-residency's"));
+      return absl::PermissionDeniedError(
+          absl::StrCat("shm segment '", name, "' is not readable by this user: it is not this user's mer-residency's"));
     return ErrnoError(err, absl::StrCat("shm: opening '", name, "'"));
   }
   struct stat st;
   if (::fstat(seg->impl_->fd, &st) != 0) return ErrnoError(errno, absl::StrCat("shm: stat of '", name, "'"));
   RETURN_IF_ERROR(CheckOwnership(name, st));
   if (static_cast<uint64_t>(st.st_size) < sizeof(SegmentHeader)) {
-    return absl::UnavailableError(absl::StrCat("shm: segment '", name, "' is ", st.st_size,
-                                               " bytes, still being created"));
+    return absl::UnavailableError(
+        absl::StrCat("shm: segment '", name, "' is ", st.st_size, " bytes, still being created"));
   }
   uint64_t size = 0;
   RETURN_IF_ERROR(seg->impl_->Map(name, &size));
@@ -441,9 +437,9 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::AttachOne(const std::str
   if (holder.AliveWithin(options.liveness_timeout) && !options.take_over_live &&
       holder.pid != static_cast<uint32_t>(getpid())) {
     seg->base_ = nullptr;
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shm segment '", name, "': the ", RoleName(role), " role is held by a live process (pid ",
-        holder.pid, ", incarnation ", holder.incarnation, ")"));
+    return absl::FailedPreconditionError(absl::StrCat("shm segment '", name, "': the ", RoleName(role),
+                                                      " role is held by a live process (pid ", holder.pid,
+                                                      ", incarnation ", holder.incarnation, ")"));
   }
   seg->Register(role);
   return seg;
@@ -473,28 +469,24 @@ RingRegion<Completion> ShmSegment::completion_ring() const {
 }
 
 ResidencyTable ShmSegment::table() const {
-  return ResidencyTable(std::launder(reinterpret_cast<ResidencyEntry*>(base_ + header_.table_offset)),
-                        header_.n_layer, header_.n_expert);
+  return ResidencyTable(std::launder(reinterpret_cast<ResidencyEntry*>(base_ + header_.table_offset)), header_.n_layer,
+                        header_.n_expert);
 }
 
 SlotPins ShmSegment::pins(Pool pool) const {
   if (pool == Pool::kRam) {
-    return SlotPins(std::launder(reinterpret_cast<SlotPin*>(base_ + header_.ram_pins_offset)),
-                    header_.ram_slot_count);
+    return SlotPins(std::launder(reinterpret_cast<SlotPin*>(base_ + header_.ram_pins_offset)), header_.ram_slot_count);
   }
-  return SlotPins(std::launder(reinterpret_cast<SlotPin*>(base_ + header_.vram_pins_offset)),
-                  header_.vram_slot_count);
+  return SlotPins(std::launder(reinterpret_cast<SlotPin*>(base_ + header_.vram_pins_offset)), header_.vram_slot_count);
 }
 
 absl::Span<uint8_t> ShmSegment::ram_slot(uint32_t k) const {
   if (k >= header_.ram_slot_count) return {};
-  return absl::MakeSpan(base_ + header_.ram_pool_offset + uint64_t{k} * header_.ram_slot_bytes,
-                        header_.ram_slot_bytes);
+  return absl::MakeSpan(base_ + header_.ram_pool_offset + uint64_t{k} * header_.ram_slot_bytes, header_.ram_slot_bytes);
 }
 
 void ShmSegment::Beat() {
-  control().process[static_cast<int>(role_)].heartbeat_ns.store(MonotonicNanos(),
-                                                                std::memory_order_release);
+  control().process[static_cast<int>(role_)].heartbeat_ns.store(MonotonicNanos(), std::memory_order_release);
 }
 
 void ShmSegment::StartHeartbeat(absl::Duration interval) {
@@ -528,31 +520,28 @@ PeerInfo ShmSegment::Peer() const {
   return ReadProcess(control().process[static_cast<int>(other)], other);
 }
 
-bool ShmSegment::superseded() const {
-  return control().superseded.load(std::memory_order_acquire) != 0;
-}
+bool ShmSegment::superseded() const { return control().superseded.load(std::memory_order_acquire) != 0; }
 
 absl::Status ShmSegment::CheckPeer(uint64_t expected_incarnation, absl::Duration timeout) const {
   if (superseded()) {
-    return absl::UnavailableError(absl::StrCat(
-        "shm segment '", name_, "' was superseded by a newer mer-residency; re-attach"));
+    return absl::UnavailableError(
+        absl::StrCat("shm segment '", name_, "' was superseded by a newer mer-residency; re-attach"));
   }
   const PeerInfo p = Peer();
   const char* who = RoleName(p.role);
   if (p.incarnation != expected_incarnation) {
-    return absl::UnavailableError(absl::StrCat("mer-", who, " restarted: incarnation ",
-                                               expected_incarnation, " -> ", p.incarnation));
+    return absl::UnavailableError(
+        absl::StrCat("mer-", who, " restarted: incarnation ", expected_incarnation, " -> ", p.incarnation));
   }
   if (p.state != ProcessState::kAttached) {
-    return absl::UnavailableError(absl::StrCat("mer-", who, " is not attached (state ",
-                                               static_cast<uint32_t>(p.state), ")"));
+    return absl::UnavailableError(
+        absl::StrCat("mer-", who, " is not attached (state ", static_cast<uint32_t>(p.state), ")"));
   }
   if (p.gone) {
     return absl::UnavailableError(absl::StrCat("mer-", who, " (pid ", p.pid, ") is gone"));
   }
   if (p.heartbeat_age > timeout) {
-    return absl::UnavailableError(absl::StrCat("mer-", who, " (pid ", p.pid,
-                                               ") heartbeat stopped: last beat ",
+    return absl::UnavailableError(absl::StrCat("mer-", who, " (pid ", p.pid, ") heartbeat stopped: last beat ",
                                                absl::FormatDuration(p.heartbeat_age), " ago"));
   }
   return absl::OkStatus();

@@ -86,16 +86,13 @@ struct PeerInfo {
 
 class ShmSegment {
  public:
-  static absl::StatusOr<std::unique_ptr<ShmSegment>> Create(const std::string& name,
-                                                            const CreateOptions& options);
-  static absl::StatusOr<std::unique_ptr<ShmSegment>> Attach(const std::string& name,
-                                                            const ExpectedIdentity& expected,
+  static absl::StatusOr<std::unique_ptr<ShmSegment>> Create(const std::string& name, const CreateOptions& options);
+  static absl::StatusOr<std::unique_ptr<ShmSegment>> Attach(const std::string& name, const ExpectedIdentity& expected,
                                                             const AttachOptions& options = {});
   // OK when a segment of `expected` for instance `name` (or a fallback of it) is trusted (see
   // Ownership) and its residency is alive (CheckPeer's conditions, heartbeat within
   // `liveness_timeout`); otherwise the reason (NotFound, Unavailable, ...). Registers nothing.
-  static absl::Status Probe(const std::string& name, const ExpectedIdentity& expected,
-                            absl::Duration liveness_timeout);
+  static absl::Status Probe(const std::string& name, const ExpectedIdentity& expected, absl::Duration liveness_timeout);
   // Unlinks `name` if it exists (for tests and `mer` tooling). OK when absent.
   static absl::Status Remove(const std::string& name);
 
@@ -146,8 +143,7 @@ class ShmSegment {
   // that check, nothing registered (the result is unmapped, for its status only).
   enum class Mode { kAttach, kAttachLive, kProbe };
   // The object `name` for instance `instance` (a fallback name, or the same).
-  static absl::StatusOr<std::unique_ptr<ShmSegment>> AttachOne(const std::string& instance,
-                                                               const std::string& name,
+  static absl::StatusOr<std::unique_ptr<ShmSegment>> AttachOne(const std::string& instance, const std::string& name,
                                                                const ExpectedIdentity& expected,
                                                                const AttachOptions& options, Mode mode);
   void Register(Role role);

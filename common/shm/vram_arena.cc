@@ -9,26 +9,22 @@ namespace {
 
 absl::Status CheckInfo(uint64_t slot_bytes, uint32_t slot_count, uint32_t vram_slot_count) {
   if (slot_count < 1 || slot_count > vram_slot_count)
-    return absl::InvalidArgumentError(absl::StrCat("vram arena: slot_count = ", slot_count,
-                                                   " outside [1, ", vram_slot_count,
-                                                   "] (the segment's vram_slot_count)"));
+    return absl::InvalidArgumentError(absl::StrCat("vram arena: slot_count = ", slot_count, " outside [1, ",
+                                                   vram_slot_count, "] (the segment's vram_slot_count)"));
   if (slot_bytes == 0 || slot_bytes % kVramSlotAlign != 0 || slot_bytes > kMaxVramSlotBytes)
-    return absl::InvalidArgumentError(absl::StrCat("vram arena: slot_bytes = ", slot_bytes,
-                                                   " is not a multiple of ", kVramSlotAlign,
-                                                   " in [", kVramSlotAlign, ", ",
-                                                   kMaxVramSlotBytes, "]"));
+    return absl::InvalidArgumentError(absl::StrCat("vram arena: slot_bytes = ", slot_bytes, " is not a multiple of ",
+                                                   kVramSlotAlign, " in [", kVramSlotAlign, ", ", kMaxVramSlotBytes,
+                                                   "]"));
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<uint64_t> WriteVramArena(VramArenaExport& x, const VramArenaInfo& info,
-                                        uint32_t vram_slot_count) {
-  if (absl::Status s = CheckInfo(info.slot_bytes, info.slot_count, vram_slot_count); !s.ok())
-    return s;
+absl::StatusOr<uint64_t> WriteVramArena(VramArenaExport& x, const VramArenaInfo& info, uint32_t vram_slot_count) {
+  if (absl::Status s = CheckInfo(info.slot_bytes, info.slot_count, vram_slot_count); !s.ok()) return s;
   if (info.pci_bus_id.size() >= kPciBusIdBytes)
-    return absl::InvalidArgumentError(absl::StrCat("vram arena: pci_bus_id '", info.pci_bus_id,
-                                                   "' is longer than ", kPciBusIdBytes - 1));
+    return absl::InvalidArgumentError(
+        absl::StrCat("vram arena: pci_bus_id '", info.pci_bus_id, "' is longer than ", kPciBusIdBytes - 1));
   uint64_t bus[kPciBusIdBytes / 8] = {};
   std::memcpy(bus, info.pci_bus_id.data(), info.pci_bus_id.size());
   uint64_t handle[kIpcHandleBytes / 8];
@@ -43,8 +39,7 @@ absl::StatusOr<uint64_t> WriteVramArena(VramArenaExport& x, const VramArenaInfo&
   x.slot_bytes.store(info.slot_bytes, std::memory_order_relaxed);
   x.slot_count.store(info.slot_count, std::memory_order_relaxed);
   for (uint32_t i = 0; i < kPciBusIdBytes / 8; ++i) x.pci_bus_id[i].store(bus[i], std::memory_order_relaxed);
-  for (uint32_t i = 0; i < kIpcHandleBytes / 8; ++i)
-    x.ipc_handle[i].store(handle[i], std::memory_order_relaxed);
+  for (uint32_t i = 0; i < kIpcHandleBytes / 8; ++i) x.ipc_handle[i].store(handle[i], std::memory_order_relaxed);
   x.sequence.store(s + 2, std::memory_order_release);
   return s + 2;
 }
@@ -72,8 +67,7 @@ std::optional<VramArenaRead> ReadVramArena(const VramArenaExport& x, uint64_t co
   uint64_t bus[kPciBusIdBytes / 8];
   uint64_t handle[kIpcHandleBytes / 8];
   for (uint32_t i = 0; i < kPciBusIdBytes / 8; ++i) bus[i] = x.pci_bus_id[i].load(std::memory_order_relaxed);
-  for (uint32_t i = 0; i < kIpcHandleBytes / 8; ++i)
-    handle[i] = x.ipc_handle[i].load(std::memory_order_relaxed);
+  for (uint32_t i = 0; i < kIpcHandleBytes / 8; ++i) handle[i] = x.ipc_handle[i].load(std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_acquire);
   if (x.sequence.load(std::memory_order_relaxed) != s1) return std::nullopt;  // mid-write: later
   if (info.compute_incarnation != compute_incarnation) return std::nullopt;

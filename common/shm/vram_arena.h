@@ -33,8 +33,7 @@ struct VramArenaInfo {
 // compute: publishes `info` and returns the new (even) sequence. InvalidArgument (nothing
 // written) when info does not fit the segment: slot_count outside [1, vram_slot_count], slot_bytes
 // not a positive multiple of kVramSlotAlign up to kMaxVramSlotBytes, a bus id too long.
-absl::StatusOr<uint64_t> WriteVramArena(VramArenaExport& x, const VramArenaInfo& info,
-                                        uint32_t vram_slot_count);
+absl::StatusOr<uint64_t> WriteVramArena(VramArenaExport& x, const VramArenaInfo& info, uint32_t vram_slot_count);
 
 // What residency read: the sequence (to acknowledge), and the export or why it is unusable.
 struct VramArenaRead {

@@ -98,8 +98,8 @@ const ShiftTable& ShortShift() {
   return t;
 }
 
-__attribute__((target("sse4.2"))) uint32_t Raw3Way(uint32_t c, const uint8_t*& p, size_t& n,
-                                                   size_t len, const ShiftTable& shift) {
+__attribute__((target("sse4.2"))) uint32_t Raw3Way(uint32_t c, const uint8_t*& p, size_t& n, size_t len,
+                                                   const ShiftTable& shift) {
   while (n >= 3 * len) {
     uint64_t c0 = c, c1 = 0, c2 = 0;
     const uint8_t* a = p;
@@ -110,8 +110,7 @@ __attribute__((target("sse4.2"))) uint32_t Raw3Way(uint32_t c, const uint8_t*& p
       c1 = _mm_crc32_u64(c1, Load64(b + i));
       c2 = _mm_crc32_u64(c2, Load64(d + i));
     }
-    c = shift.Apply(shift.Apply(static_cast<uint32_t>(c0)) ^ static_cast<uint32_t>(c1)) ^
-        static_cast<uint32_t>(c2);
+    c = shift.Apply(shift.Apply(static_cast<uint32_t>(c0)) ^ static_cast<uint32_t>(c1)) ^ static_cast<uint32_t>(c2);
     p += 3 * len;
     n -= 3 * len;
   }

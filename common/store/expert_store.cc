@@ -30,9 +30,8 @@ using store_internal::PreadFull;
 namespace {
 
 // The largest manifest a valid header can describe (1024 layers x 4096 experts).
-constexpr uint64_t kMaxManifestBytes = kStoreHeaderBytes + 1024 * kStoreLayerBytes +
-                                       uint64_t{1024} * 4096 * kStoreBlobEntryBytes +
-                                       kStoreMaxSourceName;
+constexpr uint64_t kMaxManifestBytes =
+    kStoreHeaderBytes + 1024 * kStoreLayerBytes + uint64_t{1024} * 4096 * kStoreBlobEntryBytes + kStoreMaxSourceName;
 constexpr uint64_t kVerifyChunkBytes = 64 << 20;
 
 absl::Status Annotate(const absl::Status& s, absl::string_view prefix) {
@@ -50,8 +49,7 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path, uint64_t max_
   }
   if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) > max_bytes) {
     ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file of at most ",
-                                                   max_bytes, " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file of at most ", max_bytes, " bytes"));
   }
   std::string bytes(static_cast<size_t>(st.st_size), '\0');
   const absl::Status s = PreadFull(fd, bytes.data(), bytes.size(), 0, path);
@@ -67,9 +65,7 @@ absl::StatusOr<uint64_t> FileSize(const std::string& path) {
   return static_cast<uint64_t>(st.st_size);
 }
 
-std::string BlobName(int layer, int expert) {
-  return absl::StrCat("(layer ", layer, ", expert ", expert, ")");
-}
+std::string BlobName(int layer, int expert) { return absl::StrCat("(layer ", layer, ", expert ", expert, ")"); }
 
 }  // namespace
 
@@ -117,8 +113,7 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Open(const std::string
   const std::string manifest_path = JoinPath(dir, kStoreManifestFile);
   if (::access(manifest_path.c_str(), F_OK) != 0 && errno == ENOENT) return store_internal::NoStoreStatus(dir);
   ASSIGN_OR_RETURN(const std::string bytes, ReadSmallFile(manifest_path, kMaxManifestBytes));
-  auto parsed = ParseManifest(
-      absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+  auto parsed = ParseManifest(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
   if (!parsed.ok()) return Annotate(parsed.status(), manifest_path);
   store->manifest_ = std::move(*parsed);
   const StoreManifest& m = store->manifest_;
@@ -127,14 +122,14 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Open(const std::string
   ASSIGN_OR_RETURN(const uint64_t experts_size, FileSize(experts));
   if (experts_size != m.experts_bytes)
     return absl::DataLossError(absl::StrCat(experts, " is ", experts_size, " bytes, the manifest describes ",
-                                            m.experts_bytes, " (", m.n_layer, " layers x ", m.n_expert,
-                                            " experts x ", m.blob_stride, " bytes)",
+                                            m.experts_bytes, " (", m.n_layer, " layers x ", m.n_expert, " experts x ",
+                                            m.blob_stride, " bytes)",
                                             experts_size < m.experts_bytes ? ": truncated" : ""));
   const std::string dense = store->dense_path();
   ASSIGN_OR_RETURN(const uint64_t dense_size, FileSize(dense));
   if (dense_size != m.dense.size)
-    return absl::DataLossError(absl::StrCat(dense, " is ", dense_size, " bytes, the manifest describes ",
-                                            m.dense.size, ": not this store's dense.gguf"));
+    return absl::DataLossError(absl::StrCat(dense, " is ", dense_size, " bytes, the manifest describes ", m.dense.size,
+                                            ": not this store's dense.gguf"));
   ASSIGN_OR_RETURN(const StoreFileIdentity dense_id, FileIdentity(dense, m.dense.header_bytes));
   if (dense_id.header_crc != m.dense.header_crc)
     return absl::DataLossError(absl::StrCat(dense, ": header checksum 0x", absl::Hex(dense_id.header_crc),
@@ -169,9 +164,8 @@ absl::Status ExpertStore::VerifyBlob(int layer, int expert, const void* bytes) c
   const uint32_t want = BlobCrc(layer, expert);
   const uint32_t got = Crc32c(bytes, manifest_.blob_bytes);
   if (got == want) return absl::OkStatus();
-  return absl::DataLossError(absl::StrCat("expert store ", dir_, ": blob ", BlobName(layer, expert),
-                                          " at offset ", BlobOffset(layer, expert),
-                                          " fails its checksum (CRC-32C 0x", absl::Hex(got),
+  return absl::DataLossError(absl::StrCat("expert store ", dir_, ": blob ", BlobName(layer, expert), " at offset ",
+                                          BlobOffset(layer, expert), " fails its checksum (CRC-32C 0x", absl::Hex(got),
                                           ", the manifest has 0x", absl::Hex(want), ")"));
 }
 
@@ -181,8 +175,7 @@ ExpertWeights ExpertStore::ExpertView(int layer, int expert, const void* blob) c
   const StoreLayer& l = manifest_.layers[layer];
   const uint8_t* base = static_cast<const uint8_t*>(blob);
   const int64_t embd = manifest_.n_embd, ff = manifest_.n_ff_exp;
-  return {MatrixView{l.gate_type, embd, ff, base + l.gate_offset},
-          MatrixView{l.up_type, embd, ff, base + l.up_offset},
+  return {MatrixView{l.gate_type, embd, ff, base + l.gate_offset}, MatrixView{l.up_type, embd, ff, base + l.up_offset},
           MatrixView{l.down_type, ff, embd, base + l.down_offset}};
 }
 
@@ -211,8 +204,7 @@ absl::StatusOr<StoreVerifyStats> ExpertStore::VerifyAll(const StoreVerifyOptions
   std::vector<uint64_t> bad;
   std::mutex bad_mu;
   StoreVerifyStats stats;
-  std::future<absl::Status> pending =
-      std::async(std::launch::async, read_chunk, uint64_t{0}, buffers[0].get());
+  std::future<absl::Status> pending = std::async(std::launch::async, read_chunk, uint64_t{0}, buffers[0].get());
   for (uint64_t first = 0, k = 0; first < n_blobs; first += per_chunk, ++k) {
     RETURN_IF_ERROR(pending.get());
     const uint64_t next = first + per_chunk;
@@ -255,9 +247,8 @@ absl::StatusOr<StoreVerifyStats> ExpertStore::VerifyAll(const StoreVerifyOptions
     ::close(fd);
     RETURN_IF_ERROR(s);
     if (crc != m.dense_crc)
-      return absl::DataLossError(absl::StrCat(dense, ": checksum 0x", absl::Hex(crc),
-                                              ", the manifest has 0x", absl::Hex(m.dense_crc),
-                                              ": dense.gguf is damaged or not this store's"));
+      return absl::DataLossError(absl::StrCat(dense, ": checksum 0x", absl::Hex(crc), ", the manifest has 0x",
+                                              absl::Hex(m.dense_crc), ": dense.gguf is damaged or not this store's"));
     if (options.progress) options.progress(stats.bytes, total);
   }
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -275,18 +266,16 @@ absl::StatusOr<std::shared_ptr<const GgufFile>> ExpertStore::OpenDense() const {
                                             manifest_.dense.size, ": not this store's dense.gguf"));
   const uint32_t crc = Crc32c(bytes.data(), bytes.size());
   if (crc != manifest_.dense_crc)
-    return absl::DataLossError(absl::StrCat(
-        dense, ": checksum 0x", absl::Hex(crc), " over its ", bytes.size(), " bytes, the manifest has 0x",
-        absl::Hex(manifest_.dense_crc), ": dense.gguf is damaged (`mer pack --force` writes the store again)"));
+    return absl::DataLossError(absl::StrCat(dense, ": checksum 0x", absl::Hex(crc), " over its ", bytes.size(),
+                                            " bytes, the manifest has 0x", absl::Hex(manifest_.dense_crc),
+                                            ": dense.gguf is damaged (`mer pack --force` writes the store again)"));
   const GgufValue* fingerprint = shared->FindValue(kDenseBlobTableCrcKey);
-  const auto value = fingerprint == nullptr ? absl::StatusOr<uint64_t>(absl::NotFoundError("absent"))
-                                            : fingerprint->AsUint64();
+  const auto value =
+      fingerprint == nullptr ? absl::StatusOr<uint64_t>(absl::NotFoundError("absent")) : fingerprint->AsUint64();
   if (!value.ok() || *value != BlobTableCrc(manifest_))
-    return absl::DataLossError(absl::StrCat(dense, ": ", kDenseBlobTableCrcKey,
-                                            value.ok() ? absl::StrCat(" is 0x", absl::Hex(*value)) : " is missing",
-                                            ", the manifest's blob table has 0x",
-                                            absl::Hex(BlobTableCrc(manifest_)),
-                                            ": not this store's dense.gguf"));
+    return absl::DataLossError(absl::StrCat(
+        dense, ": ", kDenseBlobTableCrcKey, value.ok() ? absl::StrCat(" is 0x", absl::Hex(*value)) : " is missing",
+        ", the manifest's blob table has 0x", absl::Hex(BlobTableCrc(manifest_)), ": not this store's dense.gguf"));
   return shared;
 }
 
@@ -300,9 +289,8 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ExpertStore::LoadDenseWeights() co
   if (c.n_layer != static_cast<int64_t>(m.n_layer) || c.n_expert != static_cast<int64_t>(m.n_expert) ||
       c.n_embd != static_cast<int64_t>(m.n_embd) || c.n_ff_exp != static_cast<int64_t>(m.n_ff_exp))
     return absl::InvalidArgumentError(absl::StrCat(
-        dense, ": geometry (", c.n_layer, " layers, ", c.n_expert, " experts, n_embd ", c.n_embd,
-        ", n_ff_exp ", c.n_ff_exp, ") is not the manifest's (", m.n_layer, ", ", m.n_expert, ", ",
-        m.n_embd, ", ", m.n_ff_exp, ")"));
+        dense, ": geometry (", c.n_layer, " layers, ", c.n_expert, " experts, n_embd ", c.n_embd, ", n_ff_exp ",
+        c.n_ff_exp, ") is not the manifest's (", m.n_layer, ", ", m.n_expert, ", ", m.n_embd, ", ", m.n_ff_exp, ")"));
   return std::move(*weights);
 }
 
@@ -314,12 +302,11 @@ absl::Status ExpertStore::CheckSource(const std::string& gguf_path) const {
   if (id.size != m.source.size) diffs.push_back(absl::StrCat("size ", id.size, " vs ", m.source.size));
   if (mtime != m.source_mtime_ns) diffs.push_back(absl::StrCat("mtime ", mtime, " vs ", m.source_mtime_ns, " ns"));
   if (id.header_crc != m.source.header_crc)
-    diffs.push_back(absl::StrCat("header checksum 0x", absl::Hex(id.header_crc), " vs 0x",
-                                 absl::Hex(m.source.header_crc)));
+    diffs.push_back(
+        absl::StrCat("header checksum 0x", absl::Hex(id.header_crc), " vs 0x", absl::Hex(m.source.header_crc)));
   if (diffs.empty()) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(gguf_path, " is not the file ", dir_,
-                                                    " was packed from (", m.source_name, "): ",
-                                                    absl::StrJoin(diffs, ", ")));
+  return absl::FailedPreconditionError(absl::StrCat(gguf_path, " is not the file ", dir_, " was packed from (",
+                                                    m.source_name, "): ", absl::StrJoin(diffs, ", ")));
 }
 
 }  // namespace mer

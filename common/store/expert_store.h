@@ -30,14 +30,14 @@ inline constexpr char kStoreExpertsFile[] = "experts.bin";
 inline constexpr char kStoreDenseFile[] = "dense.gguf";
 
 struct StoreVerifyOptions {
-  int threads = 0;                      // CRC threads; 0 = all cores
-  bool dense = true;                    // also check the whole of dense.gguf against dense_crc
+  int threads = 0;                                              // CRC threads; 0 = all cores
+  bool dense = true;                                            // also check the whole of dense.gguf against dense_crc
   std::function<void(uint64_t done, uint64_t total)> progress;  // bytes, called now and then
 };
 
 struct StoreVerifyStats {
   uint64_t blobs = 0;
-  uint64_t bytes = 0;   // experts.bin and dense.gguf bytes read
+  uint64_t bytes = 0;  // experts.bin and dense.gguf bytes read
   double seconds = 0;
 };
 

@@ -70,44 +70,38 @@ bool IsWeightType(uint32_t t) {
 absl::Status Invalid(absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("expert store manifest: ", what));
 }
-absl::Status Loss(absl::string_view what) {
-  return absl::DataLossError(absl::StrCat("expert store manifest: ", what));
-}
+absl::Status Loss(absl::string_view what) { return absl::DataLossError(absl::StrCat("expert store manifest: ", what)); }
 
 // Reads one matrix of a layer entry: its type must be a weight type whose block divides `cols`,
 // its size must be rows x RowBytes(type, cols), its offset a multiple of 64.
-absl::Status ParseMatrix(const uint8_t* type_field, const uint8_t* offset_field, int layer,
-                         const char* name, int64_t cols, int64_t rows, GgmlType& type,
-                         uint64_t& offset, uint64_t& bytes) {
+absl::Status ParseMatrix(const uint8_t* type_field, const uint8_t* offset_field, int layer, const char* name,
+                         int64_t cols, int64_t rows, GgmlType& type, uint64_t& offset, uint64_t& bytes) {
   const uint32_t t = Load32(type_field);
-  if (!IsWeightType(t))
-    return Invalid(absl::StrCat("layer ", layer, " ", name, " has unsupported tensor type ", t));
+  if (!IsWeightType(t)) return Invalid(absl::StrCat("layer ", layer, " ", name, " has unsupported tensor type ", t));
   type = static_cast<GgmlType>(t);
   if (!IsRowSizeValid(type, cols))
-    return Invalid(absl::StrCat("layer ", layer, " ", name, ": row length ", cols,
-                                " is not a multiple of the ", TypeName(type), " block"));
+    return Invalid(absl::StrCat("layer ", layer, " ", name, ": row length ", cols, " is not a multiple of the ",
+                                TypeName(type), " block"));
   offset = Load64(offset_field);
   bytes = Load64(offset_field + 8);
   const uint64_t want = static_cast<uint64_t>(RowBytes(type, cols)) * static_cast<uint64_t>(rows);
   if (bytes != want)
-    return Invalid(absl::StrCat("layer ", layer, " ", name, " is ", bytes, " bytes, expected ", want,
-                                " (", rows, " rows of ", cols, " ", TypeName(type), ")"));
+    return Invalid(absl::StrCat("layer ", layer, " ", name, " is ", bytes, " bytes, expected ", want, " (", rows,
+                                " rows of ", cols, " ", TypeName(type), ")"));
   if (offset % kStoreMatrixAlignment != 0)
-    return Invalid(absl::StrCat("layer ", layer, " ", name, " offset ", offset,
-                                " is not a multiple of ", kStoreMatrixAlignment));
+    return Invalid(
+        absl::StrCat("layer ", layer, " ", name, " offset ", offset, " is not a multiple of ", kStoreMatrixAlignment));
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<StoreManifest> ParseManifest(absl::Span<const uint8_t> bytes,
-                                            const ManifestParseOptions& options) {
+absl::StatusOr<StoreManifest> ParseManifest(absl::Span<const uint8_t> bytes, const ManifestParseOptions& options) {
   const uint8_t* h = bytes.data();
   if (bytes.size() < kStoreHeaderBytes) {
     if (bytes.size() >= 8 && std::memcmp(h, kStoreManifestMagic, 8) != 0)
       return Invalid("bad magic (not an expert store manifest)");
-    return Loss(absl::StrCat("truncated: ", bytes.size(), " bytes, the header alone is ",
-                             kStoreHeaderBytes));
+    return Loss(absl::StrCat("truncated: ", bytes.size(), " bytes, the header alone is ", kStoreHeaderBytes));
   }
   if (std::memcmp(h + kOffMagic, kStoreManifestMagic, 8) != 0)
     return Invalid(absl::StrCat("bad magic \"",
@@ -116,12 +110,12 @@ absl::StatusOr<StoreManifest> ParseManifest(absl::Span<const uint8_t> bytes,
   StoreManifest m;
   m.version = Load32(h + kOffVersion);
   if (m.version != kStoreFormatVersion)
-    return Invalid(absl::StrCat("format version ", m.version, "; this build reads version ",
-                                kStoreFormatVersion, " (re-run mer pack)"));
+    return Invalid(absl::StrCat("format version ", m.version, "; this build reads version ", kStoreFormatVersion,
+                                " (re-run mer pack)"));
   const uint32_t header_crc = Load32(h + kOffHeaderCrc);
   if (options.verify_checksums && header_crc != HeaderCrc(h))
-    return Loss(absl::StrCat("header checksum mismatch (stored 0x", absl::Hex(header_crc),
-                             ", computed 0x", absl::Hex(HeaderCrc(h)), ")"));
+    return Loss(absl::StrCat("header checksum mismatch (stored 0x", absl::Hex(header_crc), ", computed 0x",
+                             absl::Hex(HeaderCrc(h)), ")"));
   const uint32_t header_size = Load32(h + kOffHeaderSize);
   if (header_size != kStoreHeaderBytes)
     return Invalid(absl::StrCat("header size ", header_size, ", version 1 has ", kStoreHeaderBytes));
@@ -144,30 +138,29 @@ absl::StatusOr<StoreManifest> ParseManifest(absl::Span<const uint8_t> bytes,
   m.blob_stride = Load64(h + kOffBlobStride);
   m.experts_bytes = Load64(h + kOffExpertsBytes);
   if (m.blob_bytes == 0 || m.blob_bytes > kMaxBlobBytes || m.blob_bytes % kStoreBlobAlignment != 0)
-    return Invalid(absl::StrCat("blob size ", m.blob_bytes, " is not a positive multiple of ",
-                                kStoreBlobAlignment, " up to 2^40"));
-  if (m.blob_stride < m.blob_bytes || m.blob_stride > kMaxBlobBytes ||
-      m.blob_stride % kStoreBlobAlignment != 0)
-    return Invalid(absl::StrCat("blob stride ", m.blob_stride, " is not a multiple of ",
-                                kStoreBlobAlignment, " in [blob size ", m.blob_bytes, ", 2^40]"));
+    return Invalid(absl::StrCat("blob size ", m.blob_bytes, " is not a positive multiple of ", kStoreBlobAlignment,
+                                " up to 2^40"));
+  if (m.blob_stride < m.blob_bytes || m.blob_stride > kMaxBlobBytes || m.blob_stride % kStoreBlobAlignment != 0)
+    return Invalid(absl::StrCat("blob stride ", m.blob_stride, " is not a multiple of ", kStoreBlobAlignment,
+                                " in [blob size ", m.blob_bytes, ", 2^40]"));
   if (m.experts_bytes != n_blobs * m.blob_stride)  // <= 2^62: no overflow
-    return Invalid(absl::StrCat("experts.bin size ", m.experts_bytes, " is not ", n_blobs,
-                                " blobs x stride ", m.blob_stride));
+    return Invalid(
+        absl::StrCat("experts.bin size ", m.experts_bytes, " is not ", n_blobs, " blobs x stride ", m.blob_stride));
 
   m.dense.size = Load64(h + kOffDenseBytes);
   m.dense.header_bytes = Load64(h + kOffDenseHeaderBytes);
   m.dense.header_crc = Load32(h + kOffDenseHeaderCrc);
   m.dense_crc = Load32(h + kOffDenseCrc);
   if (m.dense.header_bytes < 24 || m.dense.header_bytes > m.dense.size)
-    return Invalid(absl::StrCat("dense.gguf header size ", m.dense.header_bytes,
-                                " is not in [24, file size ", m.dense.size, "]"));
+    return Invalid(
+        absl::StrCat("dense.gguf header size ", m.dense.header_bytes, " is not in [24, file size ", m.dense.size, "]"));
   m.source.size = Load64(h + kOffSourceBytes);
   m.source_mtime_ns = static_cast<int64_t>(Load64(h + kOffSourceMtime));
   m.source.header_bytes = Load64(h + kOffSourceHeaderBytes);
   m.source.header_crc = Load32(h + kOffSourceHeaderCrc);
   if (m.source.header_bytes < 24 || m.source.header_bytes > m.source.size)
-    return Invalid(absl::StrCat("source header size ", m.source.header_bytes,
-                                " is not in [24, file size ", m.source.size, "]"));
+    return Invalid(
+        absl::StrCat("source header size ", m.source.header_bytes, " is not in [24, file size ", m.source.size, "]"));
   const uint32_t name_bytes = Load32(h + kOffSourceNameBytes);
   if (name_bytes > kStoreMaxSourceName)
     return Invalid(absl::StrCat("source name of ", name_bytes, " bytes (at most ", kStoreMaxSourceName, ")"));
@@ -177,16 +170,15 @@ absl::StatusOr<StoreManifest> ParseManifest(absl::Span<const uint8_t> bytes,
   const uint64_t blob_table = n_blobs * kStoreBlobEntryBytes;
   const uint64_t want_size = kStoreHeaderBytes + layer_table + blob_table + name_bytes;
   if (bytes.size() != want_size)
-    return Loss(absl::StrCat(bytes.size() < want_size ? "truncated: " : "trailing bytes: ",
-                             bytes.size(), " bytes, the header describes ", want_size, " (",
-                             m.n_layer, " layers, ", n_blobs, " blobs, a ", name_bytes,
-                             "-byte source name)"));
+    return Loss(absl::StrCat(bytes.size() < want_size ? "truncated: " : "trailing bytes: ", bytes.size(),
+                             " bytes, the header describes ", want_size, " (", m.n_layer, " layers, ", n_blobs,
+                             " blobs, a ", name_bytes, "-byte source name)"));
   const uint32_t body_crc = Load32(h + kOffBodyCrc);
   if (options.verify_checksums) {
     const uint32_t crc = Crc32c(h + kStoreHeaderBytes, bytes.size() - kStoreHeaderBytes);
     if (crc != body_crc)
-      return Loss(absl::StrCat("table checksum mismatch (stored 0x", absl::Hex(body_crc),
-                               ", computed 0x", absl::Hex(crc), ")"));
+      return Loss(absl::StrCat("table checksum mismatch (stored 0x", absl::Hex(body_crc), ", computed 0x",
+                               absl::Hex(crc), ")"));
   }
 
   const uint8_t* p = h + kStoreHeaderBytes;
@@ -195,27 +187,25 @@ absl::StatusOr<StoreManifest> ParseManifest(absl::Span<const uint8_t> bytes,
   for (uint32_t il = 0; il < m.n_layer; ++il, p += kStoreLayerBytes) {
     StoreLayer& l = m.layers[il];
     const int layer = static_cast<int>(il);
-    RETURN_IF_ERROR(ParseMatrix(p + 0, p + 16, layer, "gate", m.n_embd, m.n_ff_exp, l.gate_type,
-                                l.gate_offset, l.gate_bytes));
-    RETURN_IF_ERROR(ParseMatrix(p + 4, p + 32, layer, "up", m.n_embd, m.n_ff_exp, l.up_type,
-                                l.up_offset, l.up_bytes));
-    RETURN_IF_ERROR(ParseMatrix(p + 8, p + 48, layer, "down", m.n_ff_exp, m.n_embd, l.down_type,
-                                l.down_offset, l.down_bytes));
+    RETURN_IF_ERROR(
+        ParseMatrix(p + 0, p + 16, layer, "gate", m.n_embd, m.n_ff_exp, l.gate_type, l.gate_offset, l.gate_bytes));
+    RETURN_IF_ERROR(ParseMatrix(p + 4, p + 32, layer, "up", m.n_embd, m.n_ff_exp, l.up_type, l.up_offset, l.up_bytes));
+    RETURN_IF_ERROR(
+        ParseMatrix(p + 8, p + 48, layer, "down", m.n_ff_exp, m.n_embd, l.down_type, l.down_offset, l.down_bytes));
     if (Load32(p + 12) != 0) return Invalid(absl::StrCat("layer ", layer, ": reserved field is not zero"));
     // gate, up, down in this order, not overlapping, inside the blob. Sizes are < 2^37 and
     // offsets are compared against blob_bytes <= 2^40 before they are added: no overflow.
     if (l.gate_offset > m.blob_bytes || l.up_offset > m.blob_bytes || l.down_offset > m.blob_bytes ||
         l.gate_offset + l.gate_bytes > l.up_offset || l.up_offset + l.up_bytes > l.down_offset ||
         l.down_offset + l.down_bytes > m.blob_bytes)
-      return Invalid(absl::StrCat("layer ", layer, ": gate [", l.gate_offset, ", +", l.gate_bytes,
-                                  "), up [", l.up_offset, ", +", l.up_bytes, "), down [", l.down_offset,
-                                  ", +", l.down_bytes, ") are not in order inside a blob of ",
-                                  m.blob_bytes, " bytes"));
+      return Invalid(absl::StrCat("layer ", layer, ": gate [", l.gate_offset, ", +", l.gate_bytes, "), up [",
+                                  l.up_offset, ", +", l.up_bytes, "), down [", l.down_offset, ", +", l.down_bytes,
+                                  ") are not in order inside a blob of ", m.blob_bytes, " bytes"));
     max_used = std::max(max_used, l.used_bytes());
   }
   if (m.blob_bytes - max_used >= kStoreBlobAlignment)
-    return Invalid(absl::StrCat("blob size ", m.blob_bytes, " is more than one block above the ",
-                                max_used, " bytes of the largest expert"));
+    return Invalid(absl::StrCat("blob size ", m.blob_bytes, " is more than one block above the ", max_used,
+                                " bytes of the largest expert"));
 
   m.blobs.resize(n_blobs);
   for (uint64_t i = 0; i < n_blobs; ++i, p += kStoreBlobEntryBytes) {
@@ -223,9 +213,8 @@ absl::StatusOr<StoreManifest> ParseManifest(absl::Span<const uint8_t> bytes,
     b.offset = Load64(p);
     b.crc = Load32(p + 8);
     if (b.offset != i * m.blob_stride || Load32(p + 12) != 0)
-      return Invalid(absl::StrCat("blob (layer ", i / m.n_expert, ", expert ", i % m.n_expert,
-                                  ") at offset ", b.offset, ", version 1 places it at ",
-                                  i * m.blob_stride));
+      return Invalid(absl::StrCat("blob (layer ", i / m.n_expert, ", expert ", i % m.n_expert, ") at offset ", b.offset,
+                                  ", version 1 places it at ", i * m.blob_stride));
   }
   m.source_name.assign(reinterpret_cast<const char*>(p), name_bytes);
   return m;
@@ -235,8 +224,8 @@ std::string SerializeManifest(const StoreManifest& m) {
   CHECK(m.layers.size() == m.n_layer);
   CHECK(m.blobs.size() == static_cast<size_t>(m.n_layer) * m.n_expert);
   CHECK(m.source_name.size() <= kStoreMaxSourceName);
-  std::string out(kStoreHeaderBytes + m.layers.size() * kStoreLayerBytes +
-                      m.blobs.size() * kStoreBlobEntryBytes + m.source_name.size(),
+  std::string out(kStoreHeaderBytes + m.layers.size() * kStoreLayerBytes + m.blobs.size() * kStoreBlobEntryBytes +
+                      m.source_name.size(),
                   '\0');
   uint8_t* h = reinterpret_cast<uint8_t*>(out.data());
   std::memcpy(h + kOffMagic, kStoreManifestMagic, 8);

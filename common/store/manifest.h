@@ -20,8 +20,8 @@ namespace mer {
 
 inline constexpr char kStoreManifestMagic[8] = {'M', 'E', 'R', 'S', 'T', 'O', 'R', 'E'};
 inline constexpr uint32_t kStoreFormatVersion = 1;
-inline constexpr uint64_t kStoreBlobAlignment = 4096;   // blob sizes, strides and offsets
-inline constexpr uint64_t kStoreMatrixAlignment = 64;   // matrix offsets inside a blob
+inline constexpr uint64_t kStoreBlobAlignment = 4096;  // blob sizes, strides and offsets
+inline constexpr uint64_t kStoreMatrixAlignment = 64;  // matrix offsets inside a blob
 inline constexpr size_t kStoreHeaderBytes = 128;
 inline constexpr size_t kStoreLayerBytes = 64;
 inline constexpr size_t kStoreBlobEntryBytes = 16;
@@ -58,20 +58,18 @@ struct StoreManifest {
   uint32_t n_expert = 0;
   uint32_t n_embd = 0;
   uint32_t n_ff_exp = 0;
-  uint64_t blob_bytes = 0;    // bytes of every blob: the size of one read
-  uint64_t blob_stride = 0;   // distance between consecutive blobs in experts.bin
-  uint64_t experts_bytes = 0; // size of experts.bin
-  StoreFileIdentity dense;    // dense.gguf
-  uint32_t dense_crc = 0;     // CRC-32C of all of dense.gguf
-  StoreFileIdentity source;   // the GGUF the store was packed from
+  uint64_t blob_bytes = 0;     // bytes of every blob: the size of one read
+  uint64_t blob_stride = 0;    // distance between consecutive blobs in experts.bin
+  uint64_t experts_bytes = 0;  // size of experts.bin
+  StoreFileIdentity dense;     // dense.gguf
+  uint32_t dense_crc = 0;      // CRC-32C of all of dense.gguf
+  StoreFileIdentity source;    // the GGUF the store was packed from
   int64_t source_mtime_ns = 0;
-  std::string source_name;    // its path when packed, informational
+  std::string source_name;         // its path when packed, informational
   std::vector<StoreLayer> layers;  // [n_layer]
   std::vector<StoreBlob> blobs;    // [n_layer * n_expert], layer-major
 
-  const StoreBlob& blob(int layer, int expert) const {
-    return blobs[static_cast<size_t>(layer) * n_expert + expert];
-  }
+  const StoreBlob& blob(int layer, int expert) const { return blobs[static_cast<size_t>(layer) * n_expert + expert]; }
 };
 
 struct ManifestParseOptions {
@@ -82,8 +80,7 @@ struct ManifestParseOptions {
 // Parses and validates a manifest. InvalidArgument for what is not a version-1 manifest (magic,
 // version) or describes an impossible store; DataLoss for a checksum mismatch or a size that does
 // not match what the header describes (truncated or extended). Messages name the field.
-absl::StatusOr<StoreManifest> ParseManifest(absl::Span<const uint8_t> bytes,
-                                            const ManifestParseOptions& options = {});
+absl::StatusOr<StoreManifest> ParseManifest(absl::Span<const uint8_t> bytes, const ManifestParseOptions& options = {});
 
 // The manifest's bytes, checksums filled in. The manifest must be valid (ParseManifest of the
 // result succeeds); the caller builds it so.

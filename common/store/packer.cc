@@ -63,12 +63,14 @@ void AdviseLayer(const ModelWeights& w, int layer, int advice) {
 // the values fit; otherwise Unimplemented.
 absl::Status CopyValue(GgufWriter& w, absl::string_view key, const GgufValue& v) {
   const auto unsupported = [&](absl::string_view why) {
-    return absl::UnimplementedError(absl::StrCat("metadata key '", key, "': ", why,
-                                                 " cannot be copied exactly by GgufWriter"));
+    return absl::UnimplementedError(
+        absl::StrCat("metadata key '", key, "': ", why, " cannot be copied exactly by GgufWriter"));
   };
   using T = GgufValueType;
   switch (v.type()) {
-    case T::kUint8: case T::kUint16: case T::kUint32: {
+    case T::kUint8:
+    case T::kUint16:
+    case T::kUint32: {
       ASSIGN_OR_RETURN(const uint64_t x, v.AsUint64());
       w.AddUint32(key, static_cast<uint32_t>(x));
       return absl::OkStatus();
@@ -78,7 +80,10 @@ absl::Status CopyValue(GgufWriter& w, absl::string_view key, const GgufValue& v)
       w.AddUint64(key, x);
       return absl::OkStatus();
     }
-    case T::kInt8: case T::kInt16: case T::kInt32: case T::kInt64: {
+    case T::kInt8:
+    case T::kInt16:
+    case T::kInt32:
+    case T::kInt64: {
       ASSIGN_OR_RETURN(const int64_t x, v.AsInt64());
       if (x < 0) return unsupported(absl::StrCat("the negative ", GgufValueTypeName(v.type()), " ", x));
       if (v.type() == T::kInt64) {
@@ -88,7 +93,8 @@ absl::Status CopyValue(GgufWriter& w, absl::string_view key, const GgufValue& v)
       }
       return absl::OkStatus();
     }
-    case T::kFloat32: case T::kFloat64: {
+    case T::kFloat32:
+    case T::kFloat64: {
       ASSIGN_OR_RETURN(const double x, v.AsFloat64());
       const float f = static_cast<float>(x);
       if (static_cast<double>(f) != x && !std::isnan(x)) return unsupported(absl::StrCat("the float64 ", x));
@@ -115,7 +121,8 @@ absl::Status CopyValue(GgufWriter& w, absl::string_view key, const GgufValue& v)
       w.AddStringArray(key, strings);
       return absl::OkStatus();
     }
-    case T::kFloat32: case T::kFloat64: {
+    case T::kFloat32:
+    case T::kFloat64: {
       ASSIGN_OR_RETURN(const std::vector<double> xs, v.AsFloatArray());
       std::vector<float> fs(xs.size());
       for (size_t i = 0; i < xs.size(); ++i) {
@@ -126,8 +133,14 @@ absl::Status CopyValue(GgufWriter& w, absl::string_view key, const GgufValue& v)
       w.AddFloat32Array(key, fs);
       return absl::OkStatus();
     }
-    case T::kUint8: case T::kInt8: case T::kUint16: case T::kInt16: case T::kUint32:
-    case T::kInt32: case T::kUint64: case T::kInt64: {
+    case T::kUint8:
+    case T::kInt8:
+    case T::kUint16:
+    case T::kInt16:
+    case T::kUint32:
+    case T::kInt32:
+    case T::kUint64:
+    case T::kInt64: {
       auto xs = v.AsIntArray();
       if (!xs.ok()) return unsupported("an array element beyond int64");
       std::vector<int32_t> is(xs->size());
@@ -146,8 +159,8 @@ absl::Status CopyValue(GgufWriter& w, absl::string_view key, const GgufValue& v)
 
 // experts.bin: each blob copied from the mapping; the source's pages are read ahead a batch or two
 // early and dropped once their layer is packed.
-absl::Status WriteExperts(const ModelWeights& w, StoreManifest& m, const std::string& path,
-                          const PackOptions& options, bool& direct) {
+absl::Status WriteExperts(const ModelWeights& w, StoreManifest& m, const std::string& path, const PackOptions& options,
+                          bool& direct) {
   const int n_expert = static_cast<int>(m.n_expert);
   int advised = 0, released = 0;  // layers given MADV_WILLNEED / MADV_DONTNEED so far
   store_internal::ExpertsFileOptions o;
@@ -179,8 +192,8 @@ absl::Status WriteExperts(const ModelWeights& w, StoreManifest& m, const std::st
 
 // dense.gguf: every metadata key of the source (but general.alignment, which GgufWriter fixes)
 // plus the blob-table fingerprint, and every tensor but the merged experts, in source order.
-absl::Status WriteDense(const GgufFile& file, const ModelWeights& w, const StoreManifest& m,
-                        const std::string& path, uint64_t& tensors) {
+absl::Status WriteDense(const GgufFile& file, const ModelWeights& w, const StoreManifest& m, const std::string& path,
+                        uint64_t& tensors) {
   GgufWriter writer;
   for (const GgufMetadataEntry& e : file.metadata()) {
     if (e.key == "general.alignment" || e.key == kDenseBlobTableCrcKey) continue;
@@ -239,8 +252,7 @@ absl::StatusOr<PackStats> PackExpertStore(const std::string& gguf_path, const st
   m.source_mtime_ns = mtime;
   m.source_name = gguf_path.substr(0, kStoreMaxSourceName);
 
-  ASSIGN_OR_RETURN(store_internal::StagedStore staged,
-                   store_internal::StagedStore::Begin(dir, options.overwrite));
+  ASSIGN_OR_RETURN(store_internal::StagedStore staged, store_internal::StagedStore::Begin(dir, options.overwrite));
   const std::string& out = staged.path();
   const auto experts_start = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(WriteExperts(w, m, JoinPath(out, kStoreExpertsFile), options, stats.direct_io));

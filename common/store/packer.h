@@ -19,18 +19,18 @@
 namespace mer {
 
 struct PackOptions {
-  int threads = 0;          // copy/CRC threads; 0 = all cores
-  bool direct_io = true;    // O_DIRECT writes of experts.bin where supported
-  bool overwrite = false;   // replace an existing store in the directory
+  int threads = 0;         // copy/CRC threads; 0 = all cores
+  bool direct_io = true;   // O_DIRECT writes of experts.bin where supported
+  bool overwrite = false;  // replace an existing store in the directory
   std::function<void(int layers_done, int n_layer)> progress;
 };
 
 struct PackStats {
-  uint64_t blob_bytes = 0;     // bytes per blob (read size)
+  uint64_t blob_bytes = 0;  // bytes per blob (read size)
   uint64_t blob_count = 0;
   uint64_t expert_payload_bytes = 0;  // gate + up + down bytes without padding
-  uint64_t experts_bytes = 0;  // size of experts.bin
-  uint64_t dense_bytes = 0;    // size of dense.gguf
+  uint64_t experts_bytes = 0;         // size of experts.bin
+  uint64_t dense_bytes = 0;           // size of dense.gguf
   uint64_t dense_tensors = 0;
   uint64_t manifest_bytes = 0;
   bool direct_io = false;      // experts.bin was written with O_DIRECT

@@ -20,8 +20,7 @@ class StoreExpertSource final : public ExpertSource {
 
   // DataLoss naming the layer and expert when a blob fails its checksum; Unavailable for an I/O
   // error; InvalidArgument for an expert id out of range.
-  absl::Status AcquireLayer(int layer, absl::Span<const int32_t> experts,
-                            absl::Span<ExpertWeights> out) override;
+  absl::Status AcquireLayer(int layer, absl::Span<const int32_t> experts, absl::Span<ExpertWeights> out) override;
   void ReleaseLayer(int layer) override;
   std::optional<ExpertTypes> expert_types(int layer) const override;
 

@@ -30,8 +30,8 @@ absl::Status PreadFull(int fd, void* buf, uint64_t n, uint64_t offset, const std
       return ErrnoStatus(errno, "reading", path);
     }
     if (r == 0)
-      return absl::DataLossError(absl::StrCat("reading ", path, ": end of file at byte ",
-                                              offset + done, ", expected ", n - done, " more bytes"));
+      return absl::DataLossError(absl::StrCat("reading ", path, ": end of file at byte ", offset + done, ", expected ",
+                                              n - done, " more bytes"));
     done += static_cast<uint64_t>(r);
   }
   return absl::OkStatus();

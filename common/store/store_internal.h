@@ -4,9 +4,9 @@
 #include <cstdint>
 #include <string>
 
+#include <functional>
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include <functional>
 
 namespace mer::store_internal {
 

@@ -11,9 +11,9 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <utility>
 #include <future>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -136,9 +136,9 @@ absl::Status NoStoreStatus(const std::string& dir) {
     if (::access(JoinPath(dir, f).c_str(), F_OK) == 0) present.push_back(f);
   }
   if (!present.empty())
-    return absl::FailedPreconditionError(absl::StrCat(
-        dir, ": incomplete store (interrupted pack): ", absl::StrJoin(present, " and "),
-        " but no manifest; pack it again with `mer pack --force`"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir, ": incomplete store (interrupted pack): ", absl::StrJoin(present, " and "),
+                     " but no manifest; pack it again with `mer pack --force`"));
   const auto [parent, base] = SplitDir(dir);
   const std::string prefix = StagingPrefix(base);
   std::string staging;
@@ -149,10 +149,10 @@ absl::Status NoStoreStatus(const std::string& dir) {
     ::closedir(d);
   }
   if (!staging.empty())
-    return absl::FailedPreconditionError(absl::StrCat(dir, ": no expert store: an interrupted pack left ",
-                                                      staging, " (incomplete store); run `mer pack` again"));
-  return absl::NotFoundError(absl::StrCat(dir, ": no expert store (", JoinPath(dir, kStoreManifestFile),
-                                          " does not exist)"));
+    return absl::FailedPreconditionError(absl::StrCat(dir, ": no expert store: an interrupted pack left ", staging,
+                                                      " (incomplete store); run `mer pack` again"));
+  return absl::NotFoundError(
+      absl::StrCat(dir, ": no expert store (", JoinPath(dir, kStoreManifestFile), " does not exist)"));
 }
 
 void RemoveStoreFiles(const std::string& dir) {
@@ -176,8 +176,8 @@ absl::StatusOr<StagedStore> StagedStore::Begin(const std::string& dir, bool over
     }
     ::closedir(d);
     if (manifest && !overwrite)
-      return absl::AlreadyExistsError(absl::StrCat(dir, " already holds an expert store (",
-                                                   JoinPath(dir, kStoreManifestFile), " exists)"));
+      return absl::AlreadyExistsError(
+          absl::StrCat(dir, " already holds an expert store (", JoinPath(dir, kStoreManifestFile), " exists)"));
     if (!foreign.empty())
       return absl::InvalidArgumentError(absl::StrCat(dir, " holds files that are not an expert store's ('",
                                                      foreign.front(), "'): give a new or empty directory"));

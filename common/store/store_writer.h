@@ -78,9 +78,9 @@ void RemoveStoreFiles(const std::string& dir);
 using BlobFiller = std::function<void(int layer, int expert, uint8_t* blob)>;
 
 struct ExpertsFileOptions {
-  int threads = 0;                    // fill threads; 0 = all cores
-  bool direct_io = true;              // O_DIRECT where the file system allows it
-  uint64_t batch_bytes = 64 << 20;    // blobs filled and written per step (at least one blob)
+  int threads = 0;                  // fill threads; 0 = all cores
+  bool direct_io = true;            // O_DIRECT where the file system allows it
+  uint64_t batch_bytes = 64 << 20;  // blobs filled and written per step (at least one blob)
   // Before blobs [first, first + n) are filled (read-ahead of a source), and after blobs [0, end)
   // are (progress, dropping a source's pages). May be empty.
   std::function<void(uint64_t first, uint64_t n)> before_batch;

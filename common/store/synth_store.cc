@@ -69,8 +69,7 @@ absl::Status WriteDense(const SynthOptions& synth, const std::vector<SynthTensor
 
 }  // namespace
 
-absl::StatusOr<PackStats> WriteSynthStore(const SynthOptions& synth, const std::string& dir,
-                                          const PackOptions& pack) {
+absl::StatusOr<PackStats> WriteSynthStore(const SynthOptions& synth, const std::string& dir, const PackOptions& pack) {
   const auto start = std::chrono::steady_clock::now();
   PackStats stats;
   GgufWriter whole;  // the GGUF `mer synth --out` would write: for the source identity only
@@ -109,8 +108,7 @@ absl::StatusOr<PackStats> WriteSynthStore(const SynthOptions& synth, const std::
   m.source_name = absl::StrCat("mer synth (", g.n_layer, " layers x ", g.n_expert, " experts, seed ", synth.seed,
                                ", router skew ", synth.router_skew, "), never written");
 
-  ASSIGN_OR_RETURN(store_internal::StagedStore staged,
-                   store_internal::StagedStore::Begin(dir, pack.overwrite));
+  ASSIGN_OR_RETURN(store_internal::StagedStore staged, store_internal::StagedStore::Begin(dir, pack.overwrite));
   const std::string& out = staged.path();
   const int threads = store_internal::ResolveThreads(pack.threads);
   store_internal::ExpertsFileOptions o;
@@ -136,8 +134,7 @@ absl::StatusOr<PackStats> WriteSynthStore(const SynthOptions& synth, const std::
     }
   };
   const auto experts_start = std::chrono::steady_clock::now();
-  RETURN_IF_ERROR(
-      store_internal::WriteExpertsFile(m, JoinPath(out, kStoreExpertsFile), fill, o, &stats.direct_io));
+  RETURN_IF_ERROR(store_internal::WriteExpertsFile(m, JoinPath(out, kStoreExpertsFile), fill, o, &stats.direct_io));
   stats.experts_seconds = Since(experts_start);
   RETURN_IF_ERROR(WriteDense(synth, tensors, is_expert, m, JoinPath(out, kStoreDenseFile), threads));
   for (bool e : is_expert) stats.dense_tensors += e ? 0 : 1;

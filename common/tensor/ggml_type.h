@@ -37,10 +37,10 @@ enum class GgmlType : uint32_t {
 };
 
 struct GgmlTypeTraits {
-  absl::string_view name;      // "q8_0", as ggml spells it
-  int64_t block_elements;     // elements per block (1 for float types)
-  int64_t block_bytes;        // bytes per block
-  bool weight;                // tensors may have it (false: an activation format only)
+  absl::string_view name;  // "q8_0", as ggml spells it
+  int64_t block_elements;  // elements per block (1 for float types)
+  int64_t block_bytes;     // bytes per block
+  bool weight;             // tensors may have it (false: an activation format only)
 };
 
 // Traits of a supported type; nullopt for a number mer does not know (for example from a file).

@@ -28,7 +28,10 @@ inline float F16ToF32(f16_bits h) {
       bits = sign;
     } else {  // subnormal: normalise
       exp = 127 - 15 + 1;
-      while ((mant & 0x400) == 0) { mant <<= 1; --exp; }
+      while ((mant & 0x400) == 0) {
+        mant <<= 1;
+        --exp;
+      }
       mant &= 0x3ff;
       bits = sign | (exp << 23) | (mant << 13);
     }
@@ -51,9 +54,9 @@ inline f16_bits F32ToF16(float f) {
   std::memcpy(&x, &f, 4);
   const uint32_t sign = (x >> 16) & 0x8000;
   const uint32_t abs = x & 0x7fffffff;
-  if (abs > 0x7f800000) return static_cast<f16_bits>(sign | 0x7e00);  // NaN
+  if (abs > 0x7f800000) return static_cast<f16_bits>(sign | 0x7e00);   // NaN
   if (abs >= 0x477ff000) return static_cast<f16_bits>(sign | 0x7c00);  // overflow -> inf
-  if (abs < 0x38800000) {  // subnormal or zero in f16
+  if (abs < 0x38800000) {                                              // subnormal or zero in f16
     if (abs < 0x33000000) return static_cast<f16_bits>(sign);
     const uint32_t e = abs >> 23;
     const uint32_t m = (abs & 0x7fffff) | 0x800000;

@@ -18,7 +18,8 @@ namespace {
 // The training text: prose, code, numbers, punctuation, whitespace of every kind the qwen2 splitter
 // distinguishes, and a few non-ASCII scripts, so that merges cover what tests will feed the model.
 // Changing it changes every synthetic vocabulary (and so every synthetic model's token ids).
-constexpr std::string_view kCorpus = R"corpus(The quick brown fox jumps over the lazy dog. The dog doesn't mind; it's asleep.
+constexpr std::string_view kCorpus =
+    R"corpus(The quick brown fox jumps over the lazy dog. The dog doesn't mind; it's asleep.
 A mixture-of-experts model routes each token to a few experts. The router picks the top 8 of 128 experts,
 and the others stay idle. Experts that are used often should live in fast memory; the rest can wait in
 RAM or on disk until the router asks for them. When an expert is missing, the engine loads it and waits.

@@ -21,27 +21,66 @@ namespace {
 
 // End-of-turn / end-of-generation markers: forced to CONTROL, and generation stops on them.
 constexpr std::string_view kEndOfGenerationTexts[] = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
-    "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
-    "<|end_of_text|>", "<end_of_utterance>",
-    "<\xEF\xBD\x9C" "end\xE2\x96\x81" "of\xE2\x96\x81" "sentence\xEF\xBD\x9C>",  // <｜end▁of▁sentence｜>
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<\xEF\xBD\x9C"
+    "end\xE2\x96\x81"
+    "of\xE2\x96\x81"
+    "sentence\xEF\xBD\x9C>",  // <｜end▁of▁sentence｜>
 };
 
 // Fill-in-the-middle pad / repo / file-separator markers: forced to CONTROL, and end generation.
 constexpr std::string_view kFimStopTexts[] = {
-    "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]",
-    "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>",
-    "<|file_sep|>",
+    "<|fim_pad|>",   "<fim-pad>",  "<fim_pad>", "<PAD>",      "[PAD]",        "<|fim_repo|>",
+    "<|repo_name|>", "<fim-repo>", "<REPO>",    "<reponame>", "<|file_sep|>",
 };
 
 // Fill-in-the-middle prefix / suffix / middle markers: forced to CONTROL only.
 constexpr std::string_view kFimMarkerTexts[] = {
-    "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<PRE>", "\xE2\x96\x81<PRE>", "<|code_prefix|>",
-    "<|prefix|>", "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "begin\xEF\xBD\x9C>",  // <｜fim▁begin｜>
-    "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<SUF>", "\xE2\x96\x81<SUF>", "<|code_suffix|>",
-    "<|suffix|>", "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "hole\xEF\xBD\x9C>",  // <｜fim▁hole｜>
-    "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<MID>", "\xE2\x96\x81<MID>", "<|code_middle|>",
-    "<|middle|>", "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "end\xEF\xBD\x9C>",  // <｜fim▁end｜>
+    "<|fim_prefix|>",
+    "<fim-prefix>",
+    "<fim_prefix>",
+    "<PRE>",
+    "\xE2\x96\x81<PRE>",
+    "<|code_prefix|>",
+    "<|prefix|>",
+    "<\xEF\xBD\x9C"
+    "fim\xE2\x96\x81"
+    "begin\xEF\xBD\x9C>",  // <｜fim▁begin｜>
+    "<|fim_suffix|>",
+    "<fim-suffix>",
+    "<fim_suffix>",
+    "<SUF>",
+    "\xE2\x96\x81<SUF>",
+    "<|code_suffix|>",
+    "<|suffix|>",
+    "<\xEF\xBD\x9C"
+    "fim\xE2\x96\x81"
+    "hole\xEF\xBD\x9C>",  // <｜fim▁hole｜>
+    "<|fim_middle|>",
+    "<fim-middle>",
+    "<fim_middle>",
+    "<MID>",
+    "\xE2\x96\x81<MID>",
+    "<|code_middle|>",
+    "<|middle|>",
+    "<\xEF\xBD\x9C"
+    "fim\xE2\x96\x81"
+    "end\xEF\xBD\x9C>",  // <｜fim▁end｜>
 };
 
 // Pre-tokenizer names llama.cpp maps to LLAMA_VOCAB_PRE_TYPE_QWEN2 with clean_spaces = false.
@@ -203,8 +242,7 @@ void BpePiece(const TokenizerData& data, EncodeScratch& s, std::vector<int32_t>*
 }
 
 // Pre-tokenizes and merges one raw-text fragment (the text between special tokens).
-void EncodeFragment(const TokenizerData& data, std::string_view fragment, EncodeScratch& s,
-                    std::vector<int32_t>* out) {
+void EncodeFragment(const TokenizerData& data, std::string_view fragment, EncodeScratch& s, std::vector<int32_t>* out) {
   s.cpts.clear();
   s.classes.clear();
   s.piece_lengths.clear();
@@ -230,13 +268,12 @@ absl::StatusOr<Tokenizer> Tokenizer::Create(TokenizerVocab vocab) {
     return absl::InvalidArgumentError(absl::StrFormat("tokenizer: %d tokens is more than int32 ids allow", n));
   }
   if (!vocab.token_types.empty() && vocab.token_types.size() != n) {
-    return absl::InvalidArgumentError(absl::StrFormat("tokenizer: %d token types for %d tokens",
-                                                      vocab.token_types.size(), n));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("tokenizer: %d token types for %d tokens", vocab.token_types.size(), n));
   }
   if (std::find(std::begin(kQwen2PreNames), std::end(kQwen2PreNames), vocab.pre) == std::end(kQwen2PreNames)) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "tokenizer: pre-tokenizer \"%s\" is not supported (mer implements qwen2, deepseek-r1-qwen, kormo)",
-        vocab.pre));
+        "tokenizer: pre-tokenizer \"%s\" is not supported (mer implements qwen2, deepseek-r1-qwen, kormo)", vocab.pre));
   }
   const int32_t vocab_size = static_cast<int32_t>(n);
   using NamedId = std::pair<const char*, int32_t>;
@@ -326,9 +363,8 @@ absl::StatusOr<Tokenizer> Tokenizer::Create(TokenizerVocab vocab) {
   for (int32_t id = 0; id < vocab_size; ++id) {
     if (IsSpecialType(data->types[id])) data->special_ids.push_back(id);
   }
-  std::stable_sort(data->special_ids.begin(), data->special_ids.end(), [&](int32_t a, int32_t b) {
-    return data->texts[a].size() > data->texts[b].size();
-  });
+  std::stable_sort(data->special_ids.begin(), data->special_ids.end(),
+                   [&](int32_t a, int32_t b) { return data->texts[a].size() > data->texts[b].size(); });
 
   data->piece_offsets.reserve(n + 1);
   data->piece_hidden.resize(n, 0);

@@ -130,9 +130,8 @@ CodepointClass Classify(uint32_t cp) {
   const tokenizer_internal::CodepointRange* begin = tokenizer_internal::kCodepointRanges;
   const tokenizer_internal::CodepointRange* end = begin + tokenizer_internal::kCodepointRangeCount;
   // The last range whose first <= cp; cp is in it or in no range.
-  const auto* it = std::upper_bound(begin, end, cp, [](uint32_t value, const tokenizer_internal::CodepointRange& r) {
-    return value < r.first;
-  });
+  const auto* it = std::upper_bound(
+      begin, end, cp, [](uint32_t value, const tokenizer_internal::CodepointRange& r) { return value < r.first; });
   if (it == begin) return CodepointClass::kOther;
   --it;
   return cp <= it->last ? it->cls : CodepointClass::kOther;

@@ -54,20 +54,20 @@ class RouteOverride {
 // mer-compute exports them as metrics (services/compute/daemon/compute_metrics.h), `mer bench`
 // prints them.
 struct BackendCounters {
-  bool device = false;              // a backend with a device arena (cuda): the fields below count
+  bool device = false;  // a backend with a device arena (cuda): the fields below count
   int64_t forward_calls = 0;
-  int64_t tokens = 0;               // batch tokens processed
-  int64_t expert_lookups = 0;       // distinct (layer, expert) a batch needs, summed over layers
-  int64_t expert_misses = 0;        // of those, not in the arena
-  int64_t expert_upload_bytes = 0;  // host -> VRAM
-  int64_t evictions = 0;            // arena slots reused for another expert
-  int64_t host_syncs = 0;           // stream/event synchronisations inside Forward
-  int64_t graph_launches = 0;       // steps replayed as a CUDA graph
+  int64_t tokens = 0;                 // batch tokens processed
+  int64_t expert_lookups = 0;         // distinct (layer, expert) a batch needs, summed over layers
+  int64_t expert_misses = 0;          // of those, not in the arena
+  int64_t expert_upload_bytes = 0;    // host -> VRAM
+  int64_t evictions = 0;              // arena slots reused for another expert
+  int64_t host_syncs = 0;             // stream/event synchronisations inside Forward
+  int64_t graph_launches = 0;         // steps replayed as a CUDA graph
   int64_t attention_split_steps = 0;  // steps whose attention ran split-K
-  int64_t vram_prefetch_issued = 0;  // experts uploaded ahead of demand by the look-ahead
-  int64_t vram_prefetch_useful = 0;  // of those, used by the layer they were predicted for
-  int64_t vram_prefetch_wasted = 0;  // not used by it
-  int64_t upload_seconds_x1e6 = 0;   // wall time of miss servicing (host side), microseconds
+  int64_t vram_prefetch_issued = 0;   // experts uploaded ahead of demand by the look-ahead
+  int64_t vram_prefetch_useful = 0;   // of those, used by the layer they were predicted for
+  int64_t vram_prefetch_wasted = 0;   // not used by it
+  int64_t upload_seconds_x1e6 = 0;    // wall time of miss servicing (host side), microseconds
   // Misses decided on the device (cuda with the arena placed by mer-residency): routing records
   // the device posted, and of those the layers that missed and the miss service served.
   int64_t device_routing_records = 0;
@@ -78,14 +78,14 @@ struct BackendCounters {
   int64_t workspace_bytes = 0;
   int64_t arena_bytes = 0;
   int64_t arena_slots = 0;
-  int64_t arena_resident = 0;       // slots holding an expert (sampled when read)
+  int64_t arena_resident = 0;  // slots holding an expert (sampled when read)
   // mer-residency places the arena's experts (exported over CUDA IPC): the slots' states are its
   // to report; arena_resident counts nothing here.
   bool arena_placed_by_residency = false;
   int64_t slot_bytes = 0;
   int64_t total_experts = 0;
   int64_t vram_total_bytes = 0;
-  int64_t vram_used_bytes = 0;      // device-wide (total - free), when sampled
+  int64_t vram_used_bytes = 0;  // device-wide (total - free), when sampled
   int64_t vram_used_peak_bytes = 0;
   bool host_experts_pinned = false;
 };

@@ -20,8 +20,7 @@ absl::Status ParseVramBudget(const std::string& b, CudaEngineOptions* co) {
   if (b.empty()) return absl::OkStatus();
   char* end = nullptr;
   const double v = std::strtod(b.c_str(), &end);
-  if (end == b.c_str() || v <= 0)
-    return absl::InvalidArgumentError("--vram-expert-budget: BYTES or PERCENT%");
+  if (end == b.c_str() || v <= 0) return absl::InvalidArgumentError("--vram-expert-budget: BYTES or PERCENT%");
   if (*end == '%') {
     if (v > 100) return absl::InvalidArgumentError("--vram-expert-budget: at most 100%");
     co->vram_expert_budget_fraction = v / 100.0;
@@ -61,8 +60,7 @@ absl::StatusOr<CreatedBackend> CreateBackend(const ModelWeights& weights, Expert
   }
   if (o.backend != "cpu")
     return absl::InvalidArgumentError(absl::StrCat("backend '", o.backend, "': must be cpu or cuda"));
-  if (!o.vram_expert_budget.empty())
-    return absl::InvalidArgumentError("--vram-expert-budget needs --backend cuda");
+  if (!o.vram_expert_budget.empty()) return absl::InvalidArgumentError("--vram-expert-budget needs --backend cuda");
   CpuEngineOptions co;
   co.threads = o.threads;
   co.max_batch_tokens = o.max_batch_tokens;

@@ -29,8 +29,8 @@ struct BackendOptions {
   // cuda: page-lock the host memory experts are uploaded from (the mapped file at Create; a
   // RAM tier through HostMemoryPinnerFor).
   bool pin_host_experts = true;
-  bool vram_prefetch = true;      // cuda: look-ahead prefetch into VRAM on decode misses
-  bool profile_kernels = false;   // cuda: time every kernel (ComputeBackend::KernelProfile)
+  bool vram_prefetch = true;     // cuda: look-ahead prefetch into VRAM on decode misses
+  bool profile_kernels = false;  // cuda: time every kernel (ComputeBackend::KernelProfile)
   // cuda: CudaEngineOptions::attention_split_min_cells; unset: the engine's default.
   std::optional<int> attention_split_min_cells;
   // cuda: export the arena to mer-residency over CUDA IPC (it fills it); null: upload here.

@@ -36,8 +36,10 @@ absl::Status Feed(ComputeBackend& engine, int sequence, absl::Span<const int32_t
       n_out += want;
     }
     RETURN_IF_ERROR(ForwardRows(engine, batch, logits, ids));
-    if (ids != nullptr) ids += n_out;
-    else logits += n_out * n_vocab;
+    if (ids != nullptr)
+      ids += n_out;
+    else
+      logits += n_out * n_vocab;
   }
   return absl::OkStatus();
 }
@@ -45,17 +47,14 @@ absl::Status Feed(ComputeBackend& engine, int sequence, absl::Span<const int32_t
 absl::Status CheckFits(const ComputeBackend& engine, size_t tokens) {
   if (tokens > static_cast<size_t>(engine.max_context_tokens()))
     return absl::InvalidArgumentError(absl::StrCat("prompt and generation need ", tokens,
-                                                   " positions; the context holds ",
-                                                   engine.max_context_tokens()));
+                                                   " positions; the context holds ", engine.max_context_tokens()));
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<std::vector<int32_t>> Generate(ComputeBackend& engine, int sequence,
-                                              const GenerationRequest& request,
-                                              const std::function<void(int32_t)>& on_token,
-                                              GenerationStats* stats) {
+absl::StatusOr<std::vector<int32_t>> Generate(ComputeBackend& engine, int sequence, const GenerationRequest& request,
+                                              const std::function<void(int32_t)>& on_token, GenerationStats* stats) {
   if (request.prompt.empty()) return absl::InvalidArgumentError("prompt is empty");
   if (request.max_new_tokens < 1) return absl::InvalidArgumentError("max_new_tokens must be >= 1");
   RETURN_IF_ERROR(ValidateSamplingParams(request.sampling));
@@ -71,8 +70,9 @@ absl::StatusOr<std::vector<int32_t>> Generate(ComputeBackend& engine, int sequen
   std::vector<float> logits(argmax ? 0 : n_vocab);
   int32_t greedy = 0;  // the argmax of the last row, with `argmax`
   const size_t n_prompt = request.prompt.size();
-  RETURN_IF_ERROR(Feed(engine, sequence, request.prompt, 0, [n_prompt](size_t i) { return i + 1 == n_prompt; },
-                       logits.data(), argmax ? &greedy : nullptr));
+  RETURN_IF_ERROR(Feed(
+      engine, sequence, request.prompt, 0, [n_prompt](size_t i) { return i + 1 == n_prompt; }, logits.data(),
+      argmax ? &greedy : nullptr));
   GenerationStats s;
   s.prompt_tokens = static_cast<int32_t>(n_prompt);
   s.prompt_seconds = SecondsSince(t0);
@@ -96,8 +96,8 @@ absl::StatusOr<std::vector<int32_t>> Generate(ComputeBackend& engine, int sequen
   if (argmax) {
     // The prompt's argmax, then each token fed back at the next position (the last one never).
     if (emit(greedy))
-      RETURN_IF_ERROR(engine.DecodeGreedy(sequence, greedy, static_cast<int32_t>(n_prompt),
-                                          request.max_new_tokens - 1, emit));
+      RETURN_IF_ERROR(
+          engine.DecodeGreedy(sequence, greedy, static_cast<int32_t>(n_prompt), request.max_new_tokens - 1, emit));
   } else {
     while (emit(sampler.Sample(logits, history))) {
       const BatchToken next{history.back(), static_cast<int32_t>(history.size() - 1), sequence, true};
@@ -119,7 +119,8 @@ absl::Status Score(ComputeBackend& engine, int sequence, absl::Span<const int32_
   all.insert(all.end(), continuation.begin(), continuation.end() - 1);
   engine.ClearSequence(sequence);
   const size_t first = prompt.size() - 1;
-  return Feed(engine, sequence, all, 0, [first](size_t i) { return i >= first; }, logits);
+  return Feed(
+      engine, sequence, all, 0, [first](size_t i) { return i >= first; }, logits);
 }
 
 }  // namespace mer

@@ -22,9 +22,7 @@ struct GenerationRequest {
   std::vector<int32_t> stop_ids;  // generation stops after emitting one of these (its end-of-generation tokens)
   int32_t top_logprobs = -1;      // >= 0: each token's log-probability and that many alternatives (Batcher)
 
-  bool IsStop(int32_t token) const {
-    return std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end();
-  }
+  bool IsStop(int32_t token) const { return std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end(); }
 };
 
 struct GenerationStats {
@@ -37,8 +35,7 @@ struct GenerationStats {
 
 // Runs `request` on KV slot `sequence` (cleared first). `on_token` (may be empty) sees each
 // generated id as soon as it is sampled. Returns the generated ids.
-absl::StatusOr<std::vector<int32_t>> Generate(ComputeBackend& engine, int sequence,
-                                              const GenerationRequest& request,
+absl::StatusOr<std::vector<int32_t>> Generate(ComputeBackend& engine, int sequence, const GenerationRequest& request,
                                               const std::function<void(int32_t)>& on_token,
                                               GenerationStats* stats = nullptr);
 

@@ -26,6 +26,7 @@
 #include "common/model/expert_source.h"
 #include "common/model/model_tokenizer.h"
 #include "common/model/model_weights.h"
+#include "common/shm/store_identity.h"
 #include "common/store/expert_store.h"
 #include "common/systemd/sd_notify.h"
 #include "grpcpp/grpcpp.h"
@@ -35,7 +36,6 @@
 #include "services/compute/daemon/compute_service.h"
 #include "services/compute/daemon/residency_monitor.h"
 #include "services/compute/residency_expert_source.h"
-#include "common/shm/store_identity.h"
 
 #ifndef MER_VERSION
 #define MER_VERSION "unknown"
@@ -81,7 +81,6 @@ CUDA_MODULE_LOADING=EAGER; docs/cuda.md says how far it has been checked). Prome
 serves none.
 )";
 
-
 struct Args {
   std::string model, store, residency, listen, backend = "cpu", vram_expert_budget;
   std::string metrics_listen = "127.0.0.1:0";
@@ -89,20 +88,19 @@ struct Args {
   int64_t admission_wait_ms = 2000;
   bool pin_experts = true;
   bool vram_prefetch = true;
-  std::string vram_arena;  // "residency" or "compute"
+  std::string vram_arena;    // "residency" or "compute"
   std::string verify_model;  // expected SHA-256 of --model, hex
   std::string miss_path;     // "device" or "host"
 };
 
 absl::Status ParseArgs(int argc, char** argv, Args* a) {
   ASSIGN_OR_RETURN(const mer::Flags f,
-                   mer::Flags::ParseMain(argc, argv,
-                                         {"model", "store", "residency", "listen", "backend",
-                                          "vram-expert-budget", "metrics-listen", "max-sequences",
-                                          "max-batch-tokens", "ctx", "kv-budget-tokens", "threads",
-                                          "admission-wait-ms", "pin-experts", "vram-prefetch", "vram-arena",
-                                          "miss-path", "verify-model"},
-                                         {}));
+                   mer::Flags::ParseMain(
+                       argc, argv,
+                       {"model", "store", "residency", "listen", "backend", "vram-expert-budget", "metrics-listen",
+                        "max-sequences", "max-batch-tokens", "ctx", "kv-budget-tokens", "threads", "admission-wait-ms",
+                        "pin-experts", "vram-prefetch", "vram-arena", "miss-path", "verify-model"},
+                       {}));
   a->model = f.String("model");
   a->store = f.String("store");
   a->residency = f.String("residency");
@@ -114,11 +112,9 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
   ASSIGN_OR_RETURN(a->max_sequences, f.IntInRange("max-sequences", a->max_sequences, 1, 4096));
   ASSIGN_OR_RETURN(a->max_batch_tokens, f.IntInRange("max-batch-tokens", a->max_batch_tokens, 1, 65536));
   ASSIGN_OR_RETURN(a->ctx, f.IntInRange("ctx", a->ctx, 1, 1 << 24));
-  ASSIGN_OR_RETURN(a->kv_budget_tokens,
-                   f.IntInRange("kv-budget-tokens", a->kv_budget_tokens, 0, int64_t(1) << 40));
+  ASSIGN_OR_RETURN(a->kv_budget_tokens, f.IntInRange("kv-budget-tokens", a->kv_budget_tokens, 0, int64_t(1) << 40));
   ASSIGN_OR_RETURN(a->threads, f.IntInRange("threads", a->threads, 0, 1024));
-  ASSIGN_OR_RETURN(a->admission_wait_ms,
-                   f.IntInRange("admission-wait-ms", a->admission_wait_ms, 0, 3600 * 1000));
+  ASSIGN_OR_RETURN(a->admission_wait_ms, f.IntInRange("admission-wait-ms", a->admission_wait_ms, 0, 3600 * 1000));
   int64_t pin = 1;
   ASSIGN_OR_RETURN(pin, f.IntInRange("pin-experts", pin, 0, 1));
   a->pin_experts = pin != 0;
@@ -136,8 +132,7 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
     return absl::InvalidArgumentError("--vram-arena residency needs --backend cuda and --store/--residency");
   if (a->model.empty() == a->store.empty())
     return absl::InvalidArgumentError("give exactly one of --model and --store");
-  if (!a->store.empty() && a->residency.empty())
-    return absl::InvalidArgumentError("--store needs --residency NAME");
+  if (!a->store.empty() && a->residency.empty()) return absl::InvalidArgumentError("--store needs --residency NAME");
   if (!a->model.empty() && !a->residency.empty())
     return absl::InvalidArgumentError("--residency goes with --store, not --model");
   if (!a->verify_model.empty() && a->model.empty())
@@ -155,8 +150,7 @@ std::string Quantization(const mer::ModelWeights& w, const mer::ExpertStore* sto
     experts = absl::StrCat(TypeName(l.gate_type), "/", TypeName(l.up_type), "/", TypeName(l.down_type));
   } else {
     const auto& l = w.layers.front();
-    experts = absl::StrCat(TypeName(l.gate_exps.type), "/", TypeName(l.up_exps.type), "/",
-                           TypeName(l.down_exps.type));
+    experts = absl::StrCat(TypeName(l.gate_exps.type), "/", TypeName(l.up_exps.type), "/", TypeName(l.down_exps.type));
   }
   return absl::StrCat("experts (gate/up/down) ", experts, ", attention ", TypeName(w.layers.front().wq.type),
                       ", output ", TypeName(w.output.type));
@@ -185,8 +179,7 @@ absl::Status Main(const Args& a) {
     file = std::move(f);
     if (!a.verify_model.empty()) RETURN_IF_ERROR(VerifySha256(*file, a.verify_model));
     auto loaded = ModelWeights::Load(file);
-    if (!loaded.ok())
-      return absl::Status(loaded.status().code(), absl::StrCat(path, ": ", loaded.status().message()));
+    if (!loaded.ok()) return absl::Status(loaded.status().code(), absl::StrCat(path, ": ", loaded.status().message()));
     weights = std::move(*loaded);
   }
   auto vocab = LoadTokenizerVocab(*file);
@@ -215,8 +208,7 @@ absl::Status Main(const Args& a) {
     residency = source.get();
     if (a.vram_arena == "residency") bo_engine.vram_residency = residency;
     experts = std::move(source);
-    if (so.pin_ram_tier)
-      std::fprintf(stderr, "mer-compute: RAM tier %s\n", residency->ram_tier_pinning().c_str());
+    if (so.pin_ram_tier) std::fprintf(stderr, "mer-compute: RAM tier %s\n", residency->ram_tier_pinning().c_str());
   } else {
     experts = std::make_unique<MappedExpertSource>(*weights);
   }
@@ -283,15 +275,13 @@ absl::Status Main(const Args& a) {
   auto batcher = std::make_unique<compute::Batcher>(*engine, bo, &metrics);
   compute::Batcher* b = batcher.get();
   metrics.set_capacity([b] {
-    return compute::Capacity{b->max_sequences(), b->free_sequences(), b->kv_budget_tokens(),
-                             b->kv_free_tokens()};
+    return compute::Capacity{b->max_sequences(), b->free_sequences(), b->kv_budget_tokens(), b->kv_free_tokens()};
   });
   // With a store: whether mer-residency is reachable, for GetInfo, Generate and the log.
   std::unique_ptr<compute::ResidencyMonitor> monitor;
   compute::ComputeServiceOptions service_options;
   if (store) {
-    monitor = std::make_unique<compute::ResidencyMonitor>(a.residency,
-                                                          shm::ExpectedSegmentIdentity(store->manifest()));
+    monitor = std::make_unique<compute::ResidencyMonitor>(a.residency, shm::ExpectedSegmentIdentity(store->manifest()));
     service_options.serving = [m = monitor.get()] { return m->status(); };
   }
   compute::ComputeService service(*batcher, info, std::move(vp), service_options);
@@ -314,8 +304,8 @@ absl::Status Main(const Args& a) {
   std::fprintf(stderr,
                "mer-compute: %s (%s), backend %s, %d threads, %d sequences x %d positions, "
                "%d batch tokens, KV budget %lld positions, experts %s\n",
-               path.c_str(), info.quantization().c_str(), a.backend.c_str(), created.threads,
-               engine->max_sequences(), engine->max_context_tokens(), batcher->max_batch_tokens(),
+               path.c_str(), info.quantization().c_str(), a.backend.c_str(), created.threads, engine->max_sequences(),
+               engine->max_context_tokens(), batcher->max_batch_tokens(),
                static_cast<long long>(batcher->kv_budget_tokens()),
                store ? absl::StrCat("from mer-residency ", a.residency).c_str() : "from the file");
   std::fprintf(stderr, "mer-compute: listening on %s\n", a.listen.c_str());
@@ -343,6 +333,4 @@ absl::Status Main(const Args& a) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  return mer::DaemonMain("mer-compute", kHelp, argc, argv, ParseArgs, Main);
-}
+int main(int argc, char** argv) { return mer::DaemonMain("mer-compute", kHelp, argc, argv, ParseArgs, Main); }

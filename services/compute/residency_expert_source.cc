@@ -54,8 +54,7 @@ std::shared_ptr<void> ResidencyExpertSource::PinRamTier(const shm::ShmSegment& s
     pinning_ = absl::StrCat("pageable: ", pin.ok() ? "not registered" : pin.status().message());
     return nullptr;
   }
-  pinning_ = absl::StrFormat("pinned: %.2f GiB registered in this process in %.2f s",
-                             bytes / 1073741824.0, secs);
+  pinning_ = absl::StrFormat("pinned: %.2f GiB registered in this process in %.2f s", bytes / 1073741824.0, secs);
   return *std::move(pin);
 }
 
@@ -67,8 +66,7 @@ absl::Status ResidencyExpertSource::Attach() {
   std::unique_ptr<shm::ResidencyClient> client;
   absl::Status last;
   for (;;) {
-    auto seg = shm::ResidencyClient::Reconnect(
-        name_, shm::ExpectedSegmentIdentity(store_.manifest()), deadline);
+    auto seg = shm::ResidencyClient::Reconnect(name_, shm::ExpectedSegmentIdentity(store_.manifest()), deadline);
     if (!seg.ok()) {
       last = seg.status();
       break;
@@ -83,11 +81,10 @@ absl::Status ResidencyExpertSource::Attach() {
     absl::SleepFor(absl::Milliseconds(20));
   }
   if (!last.ok())
-    return absl::Status(last.code(), absl::StrCat("mer-residency instance '", name_, "': ",
-                                                  last.message()));
+    return absl::Status(last.code(), absl::StrCat("mer-residency instance '", name_, "': ", last.message()));
   if (segment->header().ram_slot_bytes < store_.blob_bytes())
-    return absl::FailedPreconditionError(absl::StrCat(
-        "mer-residency instance '", name_, "' has RAM slots smaller than the store's blobs"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("mer-residency instance '", name_, "' has RAM slots smaller than the store's blobs"));
   if (client_ != nullptr) {
     const shm::ClientStats& s = client_->stats();
     retired_stats_.hits += s.hits;
@@ -130,10 +127,8 @@ absl::Status ResidencyExpertSource::ExportArena(const VramArenaDescriptor& arena
   std::copy(arena.ipc_handle.begin(), arena.ipc_handle.end(), info.ipc_handle.begin());
   arena_ = arena;
   converted_fill_.assign(arena.slot_count, 0);
-  const absl::Status s =
-      client_->ExportVramArena(info, absl::Now() + options_.reconnect_timeout);
-  if (!s.ok())
-    return absl::Status(s.code(), absl::StrCat("mer-residency instance '", name_, "': ", s.message()));
+  const absl::Status s = client_->ExportVramArena(info, absl::Now() + options_.reconnect_timeout);
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat("mer-residency instance '", name_, "': ", s.message()));
   return absl::OkStatus();
 }
 
@@ -145,13 +140,11 @@ void ResidencyExpertSource::WithdrawArena() {
   if (!s.ok()) std::fprintf(stderr, "mer-compute: withdrawing the VRAM arena: %s\n", s.ToString().c_str());
 }
 
-absl::Status ResidencyExpertSource::TryAcquireVram(int layer, absl::Span<const int32_t> experts,
-                                                   Held* held) {
+absl::Status ResidencyExpertSource::TryAcquireVram(int layer, absl::Span<const int32_t> experts, Held* held) {
   held->client = client_.get();
   ASSIGN_OR_RETURN(held->step, client_->BeginStep());
-  const absl::Status s =
-      client_->Acquire(held->step, static_cast<uint32_t>(layer), experts,
-                       absl::Now() + options_.acquire_timeout, &held->pinned, shm::Pool::kVram);
+  const absl::Status s = client_->Acquire(held->step, static_cast<uint32_t>(layer), experts,
+                                          absl::Now() + options_.acquire_timeout, &held->pinned, shm::Pool::kVram);
   if (!s.ok()) {
     client_->EndStep(held->step);
     held->pinned.clear();
@@ -162,15 +155,13 @@ absl::Status ResidencyExpertSource::TryAcquireVram(int layer, absl::Span<const i
 
 absl::StatusOr<int> ResidencyExpertSource::AcquireVramInto(int layer, absl::Span<const int32_t> experts,
                                                            absl::Span<VramPlacement> out, Held* held) {
-  if (!arena_.has_value())
-    return absl::FailedPreconditionError("AcquireVram before ExportArena");
+  if (!arena_.has_value()) return absl::FailedPreconditionError("AcquireVram before ExportArena");
   uint64_t demands_before = client_->stats().demands;
   absl::Status s = TryAcquireVram(layer, experts, held);
   if (absl::IsUnavailable(s)) {
     ++reconnects_;
     const absl::Status a = Attach();  // re-exports the arena into the new segment
-    if (!a.ok())
-      return absl::UnavailableError(absl::StrCat(s.message(), "; reconnecting: ", a.message()));
+    if (!a.ok()) return absl::UnavailableError(absl::StrCat(s.message(), "; reconnecting: ", a.message()));
     demands_before = client_->stats().demands;
     s = TryAcquireVram(layer, experts, held);
   }
@@ -181,9 +172,8 @@ absl::StatusOr<int> ResidencyExpertSource::AcquireVramInto(int layer, absl::Span
     if (p.slot >= converted_fill_.size()) {
       held->client->Release(held->pinned);
       held->client->EndStep(held->step);
-      return absl::InternalError(absl::StrCat("layer ", layer, " expert ", experts[i],
-                                              ": VRAM slot ", p.slot, " outside the arena of ",
-                                              converted_fill_.size()));
+      return absl::InternalError(absl::StrCat("layer ", layer, " expert ", experts[i], ": VRAM slot ", p.slot,
+                                              " outside the arena of ", converted_fill_.size()));
     }
     out[i].slot = static_cast<int32_t>(p.slot);
     out[i].fresh = converted_fill_[p.slot] != p.vram_fill;
@@ -231,8 +221,8 @@ void ResidencyExpertSource::ReleaseVram() {
   DropOldClients();
 }
 
-void ResidencyExpertSource::HintVram(int layer, absl::Span<const int32_t> experts,
-                                     absl::Span<const uint8_t> confidence, bool predicted) {
+void ResidencyExpertSource::HintVram(int layer, absl::Span<const int32_t> experts, absl::Span<const uint8_t> confidence,
+                                     bool predicted) {
   if (!options_.send_hints || client_ == nullptr) return;
   for (size_t b = 0; b < experts.size(); b += shm::kHintMaxExperts) {
     shm::Hint h{};
@@ -248,13 +238,11 @@ void ResidencyExpertSource::HintVram(int layer, absl::Span<const int32_t> expert
   }
 }
 
-absl::Status ResidencyExpertSource::TryAcquire(int layer, absl::Span<const int32_t> experts,
-                                               Held* held) {
+absl::Status ResidencyExpertSource::TryAcquire(int layer, absl::Span<const int32_t> experts, Held* held) {
   held->client = client_.get();
   ASSIGN_OR_RETURN(held->step, client_->BeginStep());
-  const absl::Status s =
-      client_->Acquire(held->step, static_cast<uint32_t>(layer), experts,
-                       absl::Now() + options_.acquire_timeout, &held->pinned);
+  const absl::Status s = client_->Acquire(held->step, static_cast<uint32_t>(layer), experts,
+                                          absl::Now() + options_.acquire_timeout, &held->pinned);
   if (!s.ok()) {
     client_->EndStep(held->step);
     held->pinned.clear();
@@ -274,14 +262,13 @@ absl::Status ResidencyExpertSource::AcquireLayer(int layer, absl::Span<const int
     // still held keep their old client (and segment) until released.
     ++reconnects_;
     const absl::Status a = Attach();
-    if (!a.ok())
-      return absl::UnavailableError(absl::StrCat(s.message(), "; reconnecting: ", a.message()));
+    if (!a.ok()) return absl::UnavailableError(absl::StrCat(s.message(), "; reconnecting: ", a.message()));
     s = TryAcquire(layer, experts, &held);
   }
   if (!s.ok()) {
     if (absl::IsDataLoss(s))
-      return absl::DataLossError(absl::StrCat(
-          s.message(), " (DATA_LOSS: the blob failed its checksum in mer-residency, see its log)"));
+      return absl::DataLossError(
+          absl::StrCat(s.message(), " (DATA_LOSS: the blob failed its checksum in mer-residency, see its log)"));
     return s;
   }
   for (size_t i = 0; i < experts.size(); ++i) {
@@ -289,8 +276,8 @@ absl::Status ResidencyExpertSource::AcquireLayer(int layer, absl::Span<const int
     if (p.bytes.size() < store_.blob_bytes()) {
       held.client->Release(held.pinned);
       held.client->EndStep(held.step);
-      return absl::InternalError(absl::StrCat("layer ", layer, " expert ", experts[i],
-                                              ": pinned slot smaller than a blob"));
+      return absl::InternalError(
+          absl::StrCat("layer ", layer, " expert ", experts[i], ": pinned slot smaller than a blob"));
     }
     out[i] = store_.ExpertView(layer, experts[i], p.bytes.data());
   }
@@ -361,9 +348,9 @@ ResidencySourceStats ResidencyExpertSource::stats() const {
 std::string ResidencyExpertSource::FormatStats() const {
   const ResidencySourceStats s = stats();
   return absl::StrCat("layers=", s.layers, " experts=", s.experts, " hits=", s.client.hits,
-                      " demands=", s.client.demands, " completions=", s.client.completions,
-                      " stale=", s.client.stale, " raced=", s.client.raced,
-                      " hints_dropped=", s.client.hints_dropped, " reconnects=", s.reconnects);
+                      " demands=", s.client.demands, " completions=", s.client.completions, " stale=", s.client.stale,
+                      " raced=", s.client.raced, " hints_dropped=", s.client.hints_dropped,
+                      " reconnects=", s.reconnects);
 }
 
 }  // namespace mer

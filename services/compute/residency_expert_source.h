@@ -32,8 +32,8 @@
 
 #include <cstdint>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -75,12 +75,10 @@ class ResidencyExpertSource final : public ExpertSource, public VramResidency {
   // `store` is the store mer-residency serves (its manifest gives the segment identity and the
   // views' layout) and outlives the source.
   static absl::StatusOr<std::unique_ptr<ResidencyExpertSource>> Connect(
-      const ExpertStore& store, const std::string& name,
-      const ResidencyExpertSourceOptions& options = {});
+      const ExpertStore& store, const std::string& name, const ResidencyExpertSourceOptions& options = {});
   ~ResidencyExpertSource() override;
 
-  absl::Status AcquireLayer(int layer, absl::Span<const int32_t> experts,
-                            absl::Span<ExpertWeights> out) override;
+  absl::Status AcquireLayer(int layer, absl::Span<const int32_t> experts, absl::Span<ExpertWeights> out) override;
   void ReleaseLayer(int layer) override;
   // Half the RAM tier's slots (at least one): what one acquire may pin while leaving the daemon
   // room for another client's step and for prefetch.
@@ -93,13 +91,11 @@ class ResidencyExpertSource final : public ExpertSource, public VramResidency {
   RawExpertOffsets raw_offsets(int layer) const override;
   absl::Status ExportArena(const VramArenaDescriptor& arena) override;
   void WithdrawArena() override;
-  absl::StatusOr<int> AcquireVram(int layer, absl::Span<const int32_t> experts,
-                                  absl::Span<VramPlacement> out) override;
+  absl::StatusOr<int> AcquireVram(int layer, absl::Span<const int32_t> experts, absl::Span<VramPlacement> out) override;
   void ReleaseVram() override;
   void HintVram(int layer, absl::Span<const int32_t> experts, absl::Span<const uint8_t> confidence,
                 bool predicted) override;
-  absl::StatusOr<int> PinVram(int layer, absl::Span<const int32_t> experts,
-                              absl::Span<VramPlacement> out) override;
+  absl::StatusOr<int> PinVram(int layer, absl::Span<const int32_t> experts, absl::Span<VramPlacement> out) override;
   void UnpinVram(int layer, int32_t expert) override;
   uint64_t attachment() const override { return attachments_; }
 
@@ -120,8 +116,7 @@ class ResidencyExpertSource final : public ExpertSource, public VramResidency {
     shm::Step step;
     std::vector<shm::PinnedExpert> pinned;
   };
-  ResidencyExpertSource(const ExpertStore& store, std::string name,
-                        const ResidencyExpertSourceOptions& options)
+  ResidencyExpertSource(const ExpertStore& store, std::string name, const ResidencyExpertSourceOptions& options)
       : store_(store), name_(std::move(name)), options_(options) {}
   absl::Status Attach();
   absl::Status TryAcquire(int layer, absl::Span<const int32_t> experts, Held* held);
@@ -130,8 +125,8 @@ class ResidencyExpertSource final : public ExpertSource, public VramResidency {
   absl::Status TryAcquireVram(int layer, absl::Span<const int32_t> experts, Held* held);
   // AcquireVram and PinVram: pins experts of `layer` (re-attaching and retrying once after
   // Unavailable) into *held and writes out; returns how many were demanded.
-  absl::StatusOr<int> AcquireVramInto(int layer, absl::Span<const int32_t> experts,
-                                      absl::Span<VramPlacement> out, Held* held);
+  absl::StatusOr<int> AcquireVramInto(int layer, absl::Span<const int32_t> experts, absl::Span<VramPlacement> out,
+                                      Held* held);
   // Drops the clients replaced by a reconnection once nothing they pinned is held.
   void DropOldClients();
 
@@ -148,7 +143,7 @@ class ResidencyExpertSource final : public ExpertSource, public VramResidency {
   std::vector<std::unique_ptr<shm::ResidencyClient>> old_clients_;
   std::vector<std::shared_ptr<void>> old_pins_;
   std::map<int, Held> held_;
-  std::vector<Held> vram_held_;            // acquired since the last ReleaseVram
+  std::vector<Held> vram_held_;  // acquired since the last ReleaseVram
   // PinVram's pins, by (layer, expert), each until UnpinVram; voided by a re-attachment.
   struct LongPin {
     shm::ResidencyClient* client = nullptr;
@@ -157,8 +152,8 @@ class ResidencyExpertSource final : public ExpertSource, public VramResidency {
   std::map<std::pair<int, int32_t>, LongPin> long_pins_;
   uint64_t attachments_ = 0;
   std::optional<VramArenaDescriptor> arena_;  // exported, to re-export after a re-attachment
-  std::vector<uint64_t> converted_fill_;   // per VRAM slot: the fill compute converted, 0 = none
-  shm::ClientStats retired_stats_;  // of clients replaced
+  std::vector<uint64_t> converted_fill_;      // per VRAM slot: the fill compute converted, 0 = none
+  shm::ClientStats retired_stats_;            // of clients replaced
   uint64_t layers_ = 0, experts_ = 0, reconnects_ = 0;
 };
 

@@ -15,15 +15,13 @@ absl::Status ValidateSamplingParams(const SamplingParams& p) {
   if (!(p.top_p > 0.0f && p.top_p <= 1.0f))
     return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", p.top_p));
   if (!(p.repetition_penalty > 0.0f) || !std::isfinite(p.repetition_penalty))
-    return absl::InvalidArgumentError(
-        absl::StrCat("repetition_penalty must be > 0, got ", p.repetition_penalty));
+    return absl::InvalidArgumentError(absl::StrCat("repetition_penalty must be > 0, got ", p.repetition_penalty));
   if (!(p.min_p >= 0.0f && p.min_p <= 1.0f))
     return absl::InvalidArgumentError(absl::StrCat("min_p must be in [0, 1], got ", p.min_p));
   if (!(p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f))
     return absl::InvalidArgumentError(absl::StrCat("presence_penalty must be in [-2, 2], got ", p.presence_penalty));
   if (!(p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f))
-    return absl::InvalidArgumentError(
-        absl::StrCat("frequency_penalty must be in [-2, 2], got ", p.frequency_penalty));
+    return absl::InvalidArgumentError(absl::StrCat("frequency_penalty must be in [-2, 2], got ", p.frequency_penalty));
   for (const auto& [id, bias] : p.logit_bias) {
     if (id < 0) return absl::InvalidArgumentError(absl::StrCat("logit_bias: token ", id, " is negative"));
     if (!(bias >= -100.0f && bias <= 100.0f))
@@ -150,7 +148,7 @@ int32_t Sampler::Pick(absl::Span<const float> scores) {
   std::partial_sort(ids_.begin(), ids_.begin() + sorted, ids_.begin() + (sorted < k ? k : n), by_score);
   ids_.resize(k);
   const float max = scores[ids_[0]];  // the best candidate: sorted first
-  double sum = 0.0;  // the candidates' softmax mass, for top-p
+  double sum = 0.0;                   // the candidates' softmax mass, for top-p
   for (int32_t i = 0; i < k; ++i) sum += std::exp((scores[ids_[i]] - max) * inv_t);
   int32_t keep = k;
   for (;;) {

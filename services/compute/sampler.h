@@ -16,22 +16,22 @@
 namespace mer {
 
 struct SamplingParams {
-  float temperature = 0.0f;         // 0 = greedy (argmax, lowest id on ties)
-  int32_t top_k = 0;                // keep the k most likely; 0 = all
-  float top_p = 1.0f;               // keep the smallest set with probability mass >= top_p; (0, 1]
-  uint64_t seed = 0;                // random stream of this sequence
-  float repetition_penalty = 1.0f;  // > 1 discourages tokens already seen (CTRL-style); 1 = off
-  float min_p = 0.0f;               // keep tokens with probability >= min_p * the top one's; [0, 1]
-  float presence_penalty = 0.0f;    // subtracted from the logit of every token already generated
-  float frequency_penalty = 0.0f;   // subtracted once per time a token was generated; both [-2, 2]
+  float temperature = 0.0f;                           // 0 = greedy (argmax, lowest id on ties)
+  int32_t top_k = 0;                                  // keep the k most likely; 0 = all
+  float top_p = 1.0f;                                 // keep the smallest set with probability mass >= top_p; (0, 1]
+  uint64_t seed = 0;                                  // random stream of this sequence
+  float repetition_penalty = 1.0f;                    // > 1 discourages tokens already seen (CTRL-style); 1 = off
+  float min_p = 0.0f;                                 // keep tokens with probability >= min_p * the top one's; [0, 1]
+  float presence_penalty = 0.0f;                      // subtracted from the logit of every token already generated
+  float frequency_penalty = 0.0f;                     // subtracted once per time a token was generated; both [-2, 2]
   std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, added to its logit), [-100, 100]
 };
 
 // Log-probabilities of one sampled token under the model's distribution: the log-softmax of the
 // raw logits (before the bias, penalties, temperature and truncation, as vLLM reports them).
 struct TokenLogprobs {
-  float logprob = 0;                    // of the sampled token
-  std::vector<int32_t> top_ids;         // the most likely tokens, most likely first (lower id on ties)
+  float logprob = 0;             // of the sampled token
+  std::vector<int32_t> top_ids;  // the most likely tokens, most likely first (lower id on ties)
   std::vector<float> top_logprobs;
 };
 
@@ -54,9 +54,7 @@ class Sampler {
   static int32_t Argmax(absl::Span<const float> logits);
   // Sample(logits, history) is Argmax(logits) whatever the history: greedy without a repetition
   // penalty, so a backend may take the argmax itself (ComputeBackend::ForwardArgmax).
-  bool IsPlainArgmax() const {
-    return params_.temperature == 0.0f && !adjusts_logits_;
-  }
+  bool IsPlainArgmax() const { return params_.temperature == 0.0f && !adjusts_logits_; }
 
  private:
   // Greedy, or a draw under temperature, top-k, then top-p, then min-p.
@@ -65,9 +63,9 @@ class Sampler {
   absl::Span<const float> Adjust(absl::Span<const float> logits, absl::Span<const int32_t> history);
 
   SamplingParams params_;
-  bool adjusts_logits_;              // a bias or a penalty is set
-  std::vector<int32_t> counts_;      // [n_vocab] times each token was returned (with the penalties)
-  std::vector<int32_t> generated_;   // the distinct tokens returned, for the penalties
+  bool adjusts_logits_;             // a bias or a penalty is set
+  std::vector<int32_t> counts_;     // [n_vocab] times each token was returned (with the penalties)
+  std::vector<int32_t> generated_;  // the distinct tokens returned, for the penalties
   std::mt19937_64 rng_;
   std::vector<float> work_;
   std::vector<int32_t> ids_;

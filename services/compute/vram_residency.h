@@ -62,16 +62,15 @@ class VramResidency {
   virtual void ReleaseVram() = 0;
   // Best effort: the experts `layer` routed to (predicted = false), or those predicted for it with
   // confidence[i] in 0..255, which mer-residency may move into VRAM ahead of demand.
-  virtual void HintVram(int layer, absl::Span<const int32_t> experts,
-                        absl::Span<const uint8_t> confidence, bool predicted) = 0;
+  virtual void HintVram(int layer, absl::Span<const int32_t> experts, absl::Span<const uint8_t> confidence,
+                        bool predicted) = 0;
 
   // Long-lived pins, for an engine that publishes experts in its own device slot table for as
   // long as it likes (the device decides hits; docs/cuda.md "Misses decided on the device"):
   // PinVram is AcquireVram whose pins outlast ReleaseVram, each held until UnpinVram of that
   // expert (or until a re-attachment to a new mer-residency voids them all: attachment() then
   // changes, and the caller must forget every placement it published).
-  virtual absl::StatusOr<int> PinVram(int layer, absl::Span<const int32_t> experts,
-                                      absl::Span<VramPlacement> out) = 0;
+  virtual absl::StatusOr<int> PinVram(int layer, absl::Span<const int32_t> experts, absl::Span<VramPlacement> out) = 0;
   virtual void UnpinVram(int layer, int32_t expert) = 0;
   // Counts the attachments to a mer-residency (1 after Connect).
   virtual uint64_t attachment() const = 0;

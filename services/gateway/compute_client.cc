@@ -97,8 +97,8 @@ absl::Status ComputeClient::PollOnce() {
                         absl::StrCat("mer-compute's tokenizer: ", tokenizer.status().message()));
   std::vector<int32_t> eog = tokenizer->EndOfGenerationIds();
   const int32_t max_token_bytes = MaxTokenBytes(*tokenizer);
-  Publish(std::make_shared<const ServedModel>(ServedModel{std::move(info), std::move(*tokenizer), std::move(eog),
-                                                          vp.chat_template(), max_token_bytes}));
+  Publish(std::make_shared<const ServedModel>(
+      ServedModel{std::move(info), std::move(*tokenizer), std::move(eog), vp.chat_template(), max_token_bytes}));
   return absl::OkStatus();
 }
 
@@ -108,8 +108,8 @@ void ComputeClient::PollLoop() {
     const absl::Status s = PollOnce();
     if (!s.ok()) {
       if (!reported) {
-        std::fprintf(stderr, "mer-gateway: mer-compute at %s is unavailable: %s\n",
-                     options_.target.c_str(), std::string(s.message()).c_str());
+        std::fprintf(stderr, "mer-gateway: mer-compute at %s is unavailable: %s\n", options_.target.c_str(),
+                     std::string(s.message()).c_str());
         reported = true;
       }
       Publish(nullptr);

@@ -27,7 +27,7 @@
 namespace mer::gateway {
 
 struct ComputeClientOptions {
-  std::string target;  // "unix:/run/mer/compute.sock"
+  std::string target;                                      // "unix:/run/mer/compute.sock"
   absl::Duration poll_interval = absl::Milliseconds(250);  // GetInfo while up, and retries while down
   absl::Duration info_timeout = absl::Seconds(2);          // deadline of GetInfo
   absl::Duration tokenizer_timeout = absl::Seconds(30);    // deadline of GetTokenizer

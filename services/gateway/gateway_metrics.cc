@@ -48,11 +48,11 @@ struct GatewayMetrics::Impl : prometheus::Collectable {
   prometheus::Family<prometheus::Counter>* generated_family;
   prometheus::Family<prometheus::Counter>* finished_family;
   mutable std::mutex mu;
-  std::map<grpc::StatusCode, prometheus::Counter*> by_code;  // guarded by mu
-  std::function<std::pair<int, int>()> load;                 // guarded by mu
-  std::function<double()> kv_usage;                          // guarded by mu
+  std::map<grpc::StatusCode, prometheus::Counter*> by_code;    // guarded by mu
+  std::function<std::pair<int, int>()> load;                   // guarded by mu
+  std::function<double()> kv_usage;                            // guarded by mu
   std::map<std::string, std::unique_ptr<ModelSeries>> models;  // guarded by mu; never removed
-  std::atomic<ModelSeries*> series{nullptr};  // the current model's (set before any request)
+  std::atomic<ModelSeries*> series{nullptr};                   // the current model's (set before any request)
   prometheus::Gauge* running;
   prometheus::Gauge* waiting;
   prometheus::Gauge* kv_usage_ratio;
@@ -103,9 +103,7 @@ struct GatewayMetrics::Impl : prometheus::Collectable {
         if (auto families = ParseMetricsText(*body); families.ok()) {
           // The other exposer's own families (exposer_scrapes_total, ...) would clash with
           // the ones this page's exposer adds after the collectables; they describe only HTTP.
-          std::erase_if(*families, [](const prometheus::MetricFamily& f) {
-            return f.name.rfind("exposer_", 0) == 0;
-          });
+          std::erase_if(*families, [](const prometheus::MetricFamily& f) { return f.name.rfind("exposer_", 0) == 0; });
           LabelDaemon(&*families, daemon);
           MergeFamilies(&out, std::move(*families));
           ok = true;
@@ -131,21 +129,56 @@ GatewayMetrics::GatewayMetrics(const GatewayMetricsOptions& options) : impl_(std
                     .Name("mer_requests_total")
                     .Help("Generate calls that ended, by gRPC status code.")
                     .Register(r);
-  for (grpc::StatusCode c : {grpc::StatusCode::OK, grpc::StatusCode::INVALID_ARGUMENT,
-                             grpc::StatusCode::RESOURCE_EXHAUSTED, grpc::StatusCode::DEADLINE_EXCEEDED,
-                             grpc::StatusCode::CANCELLED, grpc::StatusCode::UNAVAILABLE})
+  for (grpc::StatusCode c :
+       {grpc::StatusCode::OK, grpc::StatusCode::INVALID_ARGUMENT, grpc::StatusCode::RESOURCE_EXHAUSTED,
+        grpc::StatusCode::DEADLINE_EXCEEDED, grpc::StatusCode::CANCELLED, grpc::StatusCode::UNAVAILABLE})
     i.by_code[c] = &i.requests->Add({{"status", GrpcCodeName(c)}});
-  i.running = &prometheus::BuildGauge().Name("mer_requests_running").Help("Generate calls admitted and generating.").Register(r).Add({});
-  i.waiting = &prometheus::BuildGauge().Name("mer_requests_waiting").Help("Generate calls waiting in the queue.").Register(r).Add({});
-  i.kv_usage_ratio = &prometheus::BuildGauge().Name("mer_kv_cache_usage_ratio").Help("Fraction of the KV budget reserved by running requests (0..1).").Register(r).Add({});
-  i.compute_up = &prometheus::BuildGauge().Name("mer_compute_up").Help("Whether mer-compute answers (1) or not (0).").Register(r).Add({});
-  i.queue_family = &prometheus::BuildHistogram().Name("mer_request_queue_seconds").Help("Time a Generate call waited for admission.").Register(r);
-  i.ttft_family = &prometheus::BuildHistogram().Name("mer_time_to_first_token_seconds").Help("Generate call start to its first generated token.").Register(r);
-  i.itl_family = &prometheus::BuildHistogram().Name("mer_inter_token_latency_seconds").Help("Time between consecutive generated tokens of a call.").Register(r);
-  i.duration_family = &prometheus::BuildHistogram().Name("mer_request_duration_seconds").Help("Generate call start to its end.").Register(r);
-  i.prompt_family = &prometheus::BuildCounter().Name("mer_prompt_tokens_total").Help("Prompt tokens of admitted Generate calls.").Register(r);
-  i.generated_family = &prometheus::BuildCounter().Name("mer_generated_tokens_total").Help("Tokens streamed to clients.").Register(r);
-  i.finished_family = &prometheus::BuildCounter().Name("mer_request_success_total").Help("Generate calls that ended with a final message, by finish reason.").Register(r);
+  i.running = &prometheus::BuildGauge()
+                   .Name("mer_requests_running")
+                   .Help("Generate calls admitted and generating.")
+                   .Register(r)
+                   .Add({});
+  i.waiting = &prometheus::BuildGauge()
+                   .Name("mer_requests_waiting")
+                   .Help("Generate calls waiting in the queue.")
+                   .Register(r)
+                   .Add({});
+  i.kv_usage_ratio = &prometheus::BuildGauge()
+                          .Name("mer_kv_cache_usage_ratio")
+                          .Help("Fraction of the KV budget reserved by running requests (0..1).")
+                          .Register(r)
+                          .Add({});
+  i.compute_up = &prometheus::BuildGauge()
+                      .Name("mer_compute_up")
+                      .Help("Whether mer-compute answers (1) or not (0).")
+                      .Register(r)
+                      .Add({});
+  i.queue_family = &prometheus::BuildHistogram()
+                        .Name("mer_request_queue_seconds")
+                        .Help("Time a Generate call waited for admission.")
+                        .Register(r);
+  i.ttft_family = &prometheus::BuildHistogram()
+                       .Name("mer_time_to_first_token_seconds")
+                       .Help("Generate call start to its first generated token.")
+                       .Register(r);
+  i.itl_family = &prometheus::BuildHistogram()
+                      .Name("mer_inter_token_latency_seconds")
+                      .Help("Time between consecutive generated tokens of a call.")
+                      .Register(r);
+  i.duration_family = &prometheus::BuildHistogram()
+                           .Name("mer_request_duration_seconds")
+                           .Help("Generate call start to its end.")
+                           .Register(r);
+  i.prompt_family = &prometheus::BuildCounter()
+                         .Name("mer_prompt_tokens_total")
+                         .Help("Prompt tokens of admitted Generate calls.")
+                         .Register(r);
+  i.generated_family =
+      &prometheus::BuildCounter().Name("mer_generated_tokens_total").Help("Tokens streamed to clients.").Register(r);
+  i.finished_family = &prometheus::BuildCounter()
+                           .Name("mer_request_success_total")
+                           .Help("Generate calls that ended with a final message, by finish reason.")
+                           .Register(r);
   {
     std::lock_guard<std::mutex> lock(i.mu);
     i.series.store(i.SeriesFor(options.model_name));
@@ -194,8 +227,6 @@ void GatewayMetrics::ObserveDuration(double s) { impl_->series.load()->duration-
 void GatewayMetrics::AddPromptTokens(int n) { impl_->series.load()->prompt_tokens->Increment(n); }
 void GatewayMetrics::AddGeneratedTokens(int n) { impl_->series.load()->generated_tokens->Increment(n); }
 
-std::vector<std::shared_ptr<prometheus::Collectable>> GatewayMetrics::collectables() const {
-  return {impl_};
-}
+std::vector<std::shared_ptr<prometheus::Collectable>> GatewayMetrics::collectables() const { return {impl_}; }
 
 }  // namespace mer::gateway

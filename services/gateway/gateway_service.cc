@@ -52,8 +52,7 @@ absl::StatusOr<absl::string_view> ReadRequest(grpc::ServerContext* context, Stre
 // gRPC's Generate stream as a GenerateSink.
 class GrpcSink final : public GenerateSink {
  public:
-  GrpcSink(grpc::ServerContext* context, GatewayService::GenerateStream* stream)
-      : context_(context), stream_(stream) {}
+  GrpcSink(grpc::ServerContext* context, GatewayService::GenerateStream* stream) : context_(context), stream_(stream) {}
   bool Write(const mer::v1::GenerateResponse& response) override { return stream_->Write(response); }
   bool ClientGone() override { return context_->IsCancelled(); }
 
@@ -67,16 +66,14 @@ class GrpcSink final : public GenerateSink {
 GatewayService::GatewayService(ComputeClient& compute, Scheduler& scheduler, GatewayMetrics* metrics,
                                const GatewayOptions& options)
     : compute_(compute), scheduler_(scheduler), metrics_(metrics), options_(options) {
-  MarkMethodStreamed(MethodIndex("Generate"),
-                     new grpc::internal::SplitServerStreamingHandler<grpc::ByteBuffer, mer::v1::GenerateResponse>(
-                         [this](grpc::ServerContext* context, GenerateStream* stream) {
-                           return GenerateStreamed(context, stream);
-                         }));
-  MarkMethodStreamed(MethodIndex("Tokenize"),
-                     new grpc::internal::StreamedUnaryHandler<grpc::ByteBuffer, mer::v1::TokenizeResponse>(
-                         [this](grpc::ServerContext* context, TokenizeStream* stream) {
-                           return TokenizeStreamed(context, stream);
-                         }));
+  MarkMethodStreamed(
+      MethodIndex("Generate"),
+      new grpc::internal::SplitServerStreamingHandler<grpc::ByteBuffer, mer::v1::GenerateResponse>(
+          [this](grpc::ServerContext* context, GenerateStream* stream) { return GenerateStreamed(context, stream); }));
+  MarkMethodStreamed(
+      MethodIndex("Tokenize"),
+      new grpc::internal::StreamedUnaryHandler<grpc::ByteBuffer, mer::v1::TokenizeResponse>(
+          [this](grpc::ServerContext* context, TokenizeStream* stream) { return TokenizeStreamed(context, stream); }));
   watcher_ = std::thread([this] { WatchLoop(); });
 }
 
@@ -154,8 +151,8 @@ void GatewayService::WatchLoop() {
 grpc::Status GatewayService::GenerateStreamed(grpc::ServerContext* context, GenerateStream* stream) {
   GrpcSink sink(context, stream);
   // The request's bytes, read in the call's intake turn.
-  const auto read = [context, stream](mer::v1::GenerateRequest* storage)
-      -> absl::StatusOr<const mer::v1::GenerateRequest*> {
+  const auto read = [context,
+                     stream](mer::v1::GenerateRequest* storage) -> absl::StatusOr<const mer::v1::GenerateRequest*> {
     std::vector<grpc::Slice> slices;
     std::string joined;
     ASSIGN_OR_RETURN(const absl::string_view wire, ReadRequest(context, stream, &slices, &joined));
@@ -165,8 +162,7 @@ grpc::Status GatewayService::GenerateStreamed(grpc::ServerContext* context, Gene
   return ToGrpcStatus(RunWith(read, sink, absl::FromChrono(context->deadline())));
 }
 
-absl::Status GatewayService::Run(const mer::v1::GenerateRequest& request, GenerateSink& sink,
-                                 absl::Time deadline) {
+absl::Status GatewayService::Run(const mer::v1::GenerateRequest& request, GenerateSink& sink, absl::Time deadline) {
   const auto given = [&request](mer::v1::GenerateRequest*) -> absl::StatusOr<const mer::v1::GenerateRequest*> {
     return &request;
   };
@@ -203,9 +199,9 @@ absl::Status GatewayService::GenerateImpl(RequestReader read, GenerateSink& sink
   const absl::Time deadline = std::min(client_deadline, start + options_.max_call_duration);
   const auto past_deadline = [&] {
     if (client_deadline <= deadline) return absl::DeadlineExceededError("deadline exceeded while generating");
-    return absl::DeadlineExceededError(absl::StrCat(
-        "the call reached the server's maximum call duration (",
-        absl::FormatDuration(options_.max_call_duration), ", mer-gateway --max-call-seconds)"));
+    return absl::DeadlineExceededError(absl::StrCat("the call reached the server's maximum call duration (",
+                                                    absl::FormatDuration(options_.max_call_duration),
+                                                    ", mer-gateway --max-call-seconds)"));
   };
   uint64_t watch;
   Watched* watched = Watch([&sink] { return sink.ClientGone(); }, &watch);
@@ -285,7 +281,7 @@ absl::Status GatewayService::GenerateImpl(RequestReader read, GenerateSink& sink
     }
     if (in.done()) {
       finish = in.finish_reason() == pb::FINISH_REASON_STOP_TOKEN ? mer::v1::FINISH_REASON_EOS
-                                                                   : mer::v1::FINISH_REASON_LENGTH;
+                                                                  : mer::v1::FINISH_REASON_LENGTH;
     }
   }
   const grpc::Status compute_status = reader->Finish();
@@ -359,8 +355,8 @@ absl::Status GatewayService::TokenizeImpl(const mer::v1::TokenizeRequest& reques
   const std::shared_ptr<const ServedModel> model = compute_.model();
   if (model == nullptr) return absl::UnavailableError("mer-compute is not available");
   if (static_cast<int64_t>(request.text().size()) > options_.limits.max_prompt_bytes)
-    return absl::InvalidArgumentError(absl::StrCat("text: ", request.text().size(), " bytes; at most ",
-                                                   options_.limits.max_prompt_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("text: ", request.text().size(), " bytes; at most ", options_.limits.max_prompt_bytes));
   const std::vector<int32_t> ids = model->tokenizer.Encode(request.text(), true, request.add_special());
   response->mutable_token_ids()->Add(ids.begin(), ids.end());
   return absl::OkStatus();

@@ -116,7 +116,7 @@ class GatewayService final : public mer::v1::Mer::Service {
   // A call from its start: the client may cancel while it is queued (the scheduler sees
   // `cancelled`) or while it generates (its compute call `client` is cancelled).
   struct Watched {
-    std::function<bool()> client_gone;  // polled by the cancel watcher
+    std::function<bool()> client_gone;      // polled by the cancel watcher
     grpc::ClientContext* client = nullptr;  // set once the compute call starts
     std::atomic<bool> cancelled{false};
   };

@@ -55,10 +55,13 @@ Json Bytes(std::string_view bytes) {
 
 const char* FinishReason(const mer::v1::Final& f) {
   switch (f.finish_reason()) {
-    case mer::v1::FINISH_REASON_LENGTH: return "length";
+    case mer::v1::FINISH_REASON_LENGTH:
+      return "length";
     case mer::v1::FINISH_REASON_EOS:
-    case mer::v1::FINISH_REASON_STOP: return "stop";
-    default: return "abort";
+    case mer::v1::FINISH_REASON_STOP:
+      return "stop";
+    default:
+      return "abort";
   }
 }
 
@@ -102,7 +105,8 @@ Json ChatLogprobs(const mer::v1::Chunk& c, const Tokenizer& tok) {
       const std::string tb = tok.TokenBytes(lp.top_ids(k));
       top.push_back({{"token", Utf8(tb)}, {"logprob", lp.top_logprobs(k)}, {"bytes", Bytes(tb)}});
     }
-    content.push_back({{"token", Utf8(bytes)}, {"logprob", lp.logprob()}, {"bytes", Bytes(bytes)}, {"top_logprobs", top}});
+    content.push_back(
+        {{"token", Utf8(bytes)}, {"logprob", lp.logprob()}, {"bytes", Bytes(bytes)}, {"top_logprobs", top}});
   }
   return Json{{"content", std::move(content)}};
 }
@@ -127,10 +131,10 @@ struct Choice {
   int index = 0;
   mer::v1::GenerateRequest request;  // prompt as token ids
   int prompt_tokens = 0;
-  bool count_prompt = true;  // the first choice of its prompt: usage counts its prompt once
+  bool count_prompt = true;                    // the first choice of its prompt: usage counts its prompt once
   std::unique_ptr<ReasoningStream> reasoning;  // chat with a reasoning template
   std::unique_ptr<ToolCallStream> tools;       // chat with tools (ParsedRequest::parse_tool_calls)
-  std::string call_id;                          // what the choice's tool call ids start with
+  std::string call_id;                         // what the choice's tool call ids start with
   size_t text_offset = 0;
   // Non-streaming output.
   std::string text;
@@ -151,7 +155,9 @@ struct Job {
   bool chat() const { return parsed.endpoint == openai::Endpoint::kChatCompletions; }
 
   Json ChunkEnvelope() const {
-    return Json{{"id", id}, {"object", chat() ? "chat.completion.chunk" : "text_completion"}, {"created", created},
+    return Json{{"id", id},
+                {"object", chat() ? "chat.completion.chunk" : "text_completion"},
+                {"created", created},
                 {"model", model_id}};
   }
 
@@ -164,7 +170,9 @@ struct Job {
       out.push_back(e.dump(-1, ' ', false, Json::error_handler_t::replace));
     };
     if (first && chat()) {
-      emit(Json{{"index", c.index}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr},
+      emit(Json{{"index", c.index},
+                {"delta", {{"role", "assistant"}, {"content", ""}}},
+                {"logprobs", nullptr},
                 {"finish_reason", nullptr}});
     }
     if (r.has_chunk()) {
@@ -197,8 +205,10 @@ struct Job {
       }
       if (chat()) AddContent(c, content, true, &delta);
       Json choice = {{"index", c.index}};
-      if (chat()) choice["delta"] = delta;
-      else choice["text"] = "";
+      if (chat())
+        choice["delta"] = delta;
+      else
+        choice["text"] = "";
       choice["logprobs"] = nullptr;
       choice["finish_reason"] = FinishReason(f, c.tools != nullptr ? c.tools->calls() : 0);
       choice["stop_reason"] = StopReason(f);
@@ -236,7 +246,9 @@ struct Job {
 
   // The non-streaming response.
   Json Response() const {
-    Json out = {{"id", id}, {"object", chat() ? "chat.completion" : "text_completion"}, {"created", created},
+    Json out = {{"id", id},
+                {"object", chat() ? "chat.completion" : "text_completion"},
+                {"created", created},
                 {"model", model_id}};
     Json list = Json::array();
     for (const auto& c : choices) {
@@ -255,7 +267,8 @@ struct Job {
             message["tool_calls"] = ToolCallsJson(t.calls, 0, c->call_id);
           }
         }
-        if (c->reasoning != nullptr) message["reasoning_content"] = c->reasoning_text.empty() ? Json(nullptr) : Json(c->reasoning_text);
+        if (c->reasoning != nullptr)
+          message["reasoning_content"] = c->reasoning_text.empty() ? Json(nullptr) : Json(c->reasoning_text);
         choice["message"] = std::move(message);
       } else {
         choice["text"] = c->text;
@@ -297,8 +310,11 @@ class CollectSink final : public GenerateSink {
         for (const auto& item : lp["content"]) c_.logprobs["content"].push_back(item);
       } else {
         const Json lp = CompletionLogprobs(k, job_.model->tokenizer, &c_.text_offset);
-        if (c_.logprobs.is_null()) c_.logprobs = Json{{"tokens", Json::array()}, {"token_logprobs", Json::array()},
-                                                      {"top_logprobs", Json::array()}, {"text_offset", Json::array()}};
+        if (c_.logprobs.is_null())
+          c_.logprobs = Json{{"tokens", Json::array()},
+                             {"token_logprobs", Json::array()},
+                             {"top_logprobs", Json::array()},
+                             {"text_offset", Json::array()}};
         for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
           for (const auto& item : lp[key]) c_.logprobs[key].push_back(item);
       }
@@ -320,7 +336,7 @@ struct Stream {
   std::deque<std::string> events;  // SSE data payloads
   int running = 0;                 // choices still generating
   bool any_event = false;
-  absl::Status first_error;        // of a choice that failed
+  absl::Status first_error;  // of a choice that failed
   std::atomic<bool> client_gone{false};
   std::vector<std::thread> threads;
 
@@ -498,253 +514,272 @@ void HttpApi::Routes() {
   s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     const std::shared_ptr<const ServedModel> model = compute_.model();
     if (model == nullptr) return SendError(res, absl::UnavailableError("mer-compute is not available"));
-    Json m = {{"id", ModelId(*model)}, {"object", "model"}, {"created", created_}, {"owned_by", "mer"},
+    Json m = {{"id", ModelId(*model)},
+              {"object", "model"},
+              {"created", created_},
+              {"owned_by", "mer"},
               {"max_model_len", model->info.max_context_tokens()}};
     res.set_content(Json{{"object", "list"}, {"data", Json::array({m})}}.dump(), kJson);
   });
 
-  s.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& content) {
-    const std::shared_ptr<const ServedModel> model = compute_.model();
-    if (model == nullptr) return SendError(res, absl::UnavailableError("mer-compute is not available"));
-    IntakeTurn turn(service_);
-    if (absl::Status st = turn.Begin(); !st.ok()) return SendError(res, st);
-    std::string raw;
-    if (!ReadBody(req, content, options_.max_body_bytes, res, &raw)) return;
-    const Json body = Json::parse(raw, nullptr, false);
-    if (body.is_discarded() || !body.is_object()) return SendError(res, absl::InvalidArgumentError("body: not a JSON object"));
-    // vLLM's "prompt" or llama-server's "content"; "add_special_tokens" (vLLM) or "add_special".
-    const auto text = body.contains("prompt") ? body.find("prompt") : body.find("content");
-    if (text == body.end() || !text->is_string()) return SendError(res, absl::InvalidArgumentError("prompt: must be a string"));
-    bool add_special = false;
-    for (const char* key : {"add_special_tokens", "add_special"}) {
-      const auto v = body.find(key);
-      if (v == body.end()) continue;
-      if (!v->is_boolean()) return SendError(res, absl::InvalidArgumentError(absl::StrCat(key, ": must be a boolean")));
-      add_special = v->get<bool>();
-    }
-    mer::v1::TokenizeRequest treq;
-    treq.set_text(text->get<std::string>());
-    treq.set_add_special(add_special);
-    mer::v1::TokenizeResponse tres;
-    if (absl::Status st = service_.TokenizeImpl(treq, &tres); !st.ok()) return SendError(res, st);
-    const std::vector<int32_t> ids(tres.token_ids().begin(), tres.token_ids().end());
-    res.set_content(Json{{"tokens", ids}, {"count", ids.size()}, {"max_model_len", model->info.max_context_tokens()}}.dump(), kJson);
-  });
+  s.Post("/tokenize",
+         [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& content) {
+           const std::shared_ptr<const ServedModel> model = compute_.model();
+           if (model == nullptr) return SendError(res, absl::UnavailableError("mer-compute is not available"));
+           IntakeTurn turn(service_);
+           if (absl::Status st = turn.Begin(); !st.ok()) return SendError(res, st);
+           std::string raw;
+           if (!ReadBody(req, content, options_.max_body_bytes, res, &raw)) return;
+           const Json body = Json::parse(raw, nullptr, false);
+           if (body.is_discarded() || !body.is_object())
+             return SendError(res, absl::InvalidArgumentError("body: not a JSON object"));
+           // vLLM's "prompt" or llama-server's "content"; "add_special_tokens" (vLLM) or "add_special".
+           const auto text = body.contains("prompt") ? body.find("prompt") : body.find("content");
+           if (text == body.end() || !text->is_string())
+             return SendError(res, absl::InvalidArgumentError("prompt: must be a string"));
+           bool add_special = false;
+           for (const char* key : {"add_special_tokens", "add_special"}) {
+             const auto v = body.find(key);
+             if (v == body.end()) continue;
+             if (!v->is_boolean())
+               return SendError(res, absl::InvalidArgumentError(absl::StrCat(key, ": must be a boolean")));
+             add_special = v->get<bool>();
+           }
+           mer::v1::TokenizeRequest treq;
+           treq.set_text(text->get<std::string>());
+           treq.set_add_special(add_special);
+           mer::v1::TokenizeResponse tres;
+           if (absl::Status st = service_.TokenizeImpl(treq, &tres); !st.ok()) return SendError(res, st);
+           const std::vector<int32_t> ids(tres.token_ids().begin(), tres.token_ids().end());
+           res.set_content(
+               Json{{"tokens", ids}, {"count", ids.size()}, {"max_model_len", model->info.max_context_tokens()}}.dump(),
+               kJson);
+         });
 
-  s.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& content) {
-    IntakeTurn turn(service_);
-    if (absl::Status st = turn.Begin(); !st.ok()) return SendError(res, st);
-    std::string raw;
-    if (!ReadBody(req, content, options_.max_body_bytes, res, &raw)) return;
-    const Json body = Json::parse(raw, nullptr, false);
-    if (body.is_discarded() || !body.is_object()) return SendError(res, absl::InvalidArgumentError("body: not a JSON object"));
-    const auto tokens = body.find("tokens");
-    if (tokens == body.end() || !tokens->is_array()) return SendError(res, absl::InvalidArgumentError("tokens: must be an array of token ids"));
-    mer::v1::DetokenizeRequest dreq;
-    for (size_t i = 0; i < tokens->size(); ++i) {
-      const Json& t = (*tokens)[i];
-      if (!t.is_number_integer() || t.get<int64_t>() < INT32_MIN || t.get<int64_t>() > INT32_MAX)
-        return SendError(res, absl::InvalidArgumentError(absl::StrCat("tokens[", i, "]: must be a token id")));
-      dreq.add_token_ids(static_cast<int32_t>(t.get<int64_t>()));
-    }
-    mer::v1::DetokenizeResponse dres;
-    if (absl::Status st = service_.DetokenizeImpl(dreq, &dres); !st.ok()) return SendError(res, st);
-    // "prompt" as vLLM answers, "content" as llama-server does.
-    res.set_content(Json{{"prompt", dres.text()}, {"content", dres.text()}}.dump(-1, ' ', false, Json::error_handler_t::replace), kJson);
-  });
+  s.Post("/detokenize",
+         [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& content) {
+           IntakeTurn turn(service_);
+           if (absl::Status st = turn.Begin(); !st.ok()) return SendError(res, st);
+           std::string raw;
+           if (!ReadBody(req, content, options_.max_body_bytes, res, &raw)) return;
+           const Json body = Json::parse(raw, nullptr, false);
+           if (body.is_discarded() || !body.is_object())
+             return SendError(res, absl::InvalidArgumentError("body: not a JSON object"));
+           const auto tokens = body.find("tokens");
+           if (tokens == body.end() || !tokens->is_array())
+             return SendError(res, absl::InvalidArgumentError("tokens: must be an array of token ids"));
+           mer::v1::DetokenizeRequest dreq;
+           for (size_t i = 0; i < tokens->size(); ++i) {
+             const Json& t = (*tokens)[i];
+             if (!t.is_number_integer() || t.get<int64_t>() < INT32_MIN || t.get<int64_t>() > INT32_MAX)
+               return SendError(res, absl::InvalidArgumentError(absl::StrCat("tokens[", i, "]: must be a token id")));
+             dreq.add_token_ids(static_cast<int32_t>(t.get<int64_t>()));
+           }
+           mer::v1::DetokenizeResponse dres;
+           if (absl::Status st = service_.DetokenizeImpl(dreq, &dres); !st.ok()) return SendError(res, st);
+           // "prompt" as vLLM answers, "content" as llama-server does.
+           res.set_content(Json{{"prompt", dres.text()}, {"content", dres.text()}}.dump(-1, ' ', false,
+                                                                                        Json::error_handler_t::replace),
+                           kJson);
+         });
 
   auto generate = [this](openai::Endpoint endpoint) {
-    return [this, endpoint](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& content) {
-      // The body is read, parsed, rendered and tokenized in an intake turn, as gRPC's requests
-      // are; what outlives the turn is the choices' token ids.
-      IntakeTurn turn(service_);
-      if (absl::Status st = turn.Begin(); !st.ok()) return SendError(res, st);
-      auto job = std::make_shared<Job>();
-      {
-        std::string body;
-        if (!ReadBody(req, content, options_.max_body_bytes, res, &body)) return;
-        absl::StatusOr<openai::ParsedRequest> parsed = openai::ParseRequest(endpoint, body, options_.limits);
-        if (!parsed.ok()) return SendError(res, parsed.status());
-        job->parsed = std::move(*parsed);
-      }
-      job->model = compute_.model();
-      if (job->model == nullptr) return SendError(res, absl::UnavailableError("mer-compute is not available"));
-      if (absl::Status st = compute_.serving(); !st.ok()) return SendError(res, st);
-      job->model_id = ModelId(*job->model);
-      if (!job->parsed.model.empty() && job->parsed.model != job->model_id)
-        return SendError(res, absl::NotFoundError(absl::StrCat("The model `", job->parsed.model,
-                                                               "` does not exist; this server serves `", job->model_id, "`")));
-      job->id = RandomId(job->chat() ? "chatcmpl-" : "cmpl-");
-      job->created = static_cast<int64_t>(std::time(nullptr));
-      const Tokenizer& tok = job->model->tokenizer;
-      const int32_t ctx = job->model->info.max_context_tokens();
-
-      // The prompts, as token ids.
-      std::vector<mer::v1::GenerateRequest> prompts = std::move(job->parsed.prompts);
-      bool reasoning = false, opens_reasoning = false;
-      if (job->chat()) {
-        absl::StatusOr<std::shared_ptr<const ChatTemplate>> t = TemplateFor(*job->model);
-        if (!t.ok()) return SendError(res, t.status());
-        ChatTemplateInputs in;
-        in.messages = std::move(job->parsed.messages);
-        in.tools = std::move(job->parsed.tools);
-        in.add_generation_prompt = job->parsed.add_generation_prompt;
-        in.enable_thinking = job->parsed.enable_thinking;
-        in.extra = job->parsed.chat_template_kwargs;
-        in.bos_token = tok.bos_id() >= 0 ? std::string(tok.TokenText(tok.bos_id())) : "";
-        in.eos_token = tok.eos_id() >= 0 ? std::string(tok.TokenText(tok.eos_id())) : "";
-        absl::StatusOr<std::string> prompt = (*t)->Render(in);
-        if (!prompt.ok()) return SendError(res, absl::InvalidArgumentError(absl::StrCat("messages: ", prompt.status().message())));
-        reasoning = (*t)->has_reasoning();
-        opens_reasoning = PromptOpensReasoning(*prompt);
-        prompts.emplace_back().set_text(*prompt);
-      }
-      std::mt19937_64 seeds(std::random_device{}());
-      const ModelLimits limits{job->model->info.vocab_size(), ctx, job->model->info.kv_budget_tokens(),
-                               job->model->max_token_bytes};
-      const RequestLimits& request_limits = service_.options().limits;
-      // A message as the gRPC path words it, with the API's names for the fields.
-      auto bad_request = [&](size_t p, const absl::Status& st) {
-        const std::string prefix = job->chat() ? "" : (prompts.size() > 1 ? absl::StrCat("prompt[", p, "]: ") : "");
-        std::string message(st.message());
-        if (message.rfind("max_new_tokens:", 0) == 0) message.replace(0, 14, "max_tokens");
-        return SendError(res, absl::Status(st.code(), prefix + message));
-      };
-      for (size_t p = 0; p < prompts.size(); ++p) {
-        mer::v1::GenerateRequest g = job->parsed.options;
-        std::vector<int32_t> ids;
-        if (prompts[p].has_text()) {
-          // Bounded before the tokenizer's working set is allocated (request_validation.h).
-          // (A chat prompt that starts with BOS keeps no other: no BOS counted for chat.)
-          const bool bos = tok.add_bos() && tok.bos_id() >= 0;
-          if (absl::Status st = CheckPromptText(prompts[p].text(), bos && !job->chat(), limits, request_limits);
-              !st.ok())
-            return bad_request(p, st);
-          // A chat prompt carries its own special tokens (the template wrote them); BOS only
-          // where the vocabulary asks for it and the text does not start with it.
-          if (bos) ids.push_back(tok.bos_id());
-          const std::vector<int32_t> text = tok.Encode(prompts[p].text(), /*parse_special=*/true);
-          if (job->chat() && !text.empty() && !ids.empty() && text[0] == ids[0]) ids.clear();
-          ids.insert(ids.end(), text.begin(), text.end());
-          if (ids.empty()) return SendError(res, absl::InvalidArgumentError(job->chat() ? "messages: render to no tokens" : "prompt: tokenizes to no tokens"));
-        } else {
-          ids.assign(prompts[p].token_ids().ids().begin(), prompts[p].token_ids().ids().end());
-        }
-        g.mutable_token_ids()->mutable_ids()->Add(ids.begin(), ids.end());
-        if (!job->parsed.max_tokens_given && job->chat())  // chat: up to the end of the context
-          g.set_max_new_tokens(std::max<int32_t>(1, ctx - static_cast<int32_t>(ids.size()) + 1));
-        for (int i = 0; i < job->parsed.n; ++i) {
-          auto c = std::make_unique<Choice>();
-          c->index = static_cast<int>(job->choices.size());
-          c->request = g;
-          c->request.set_seed(job->parsed.seed_given ? job->parsed.options.seed() + i : seeds());
-          c->prompt_tokens = static_cast<int>(ids.size());
-          c->count_prompt = i == 0;
-          if (reasoning) c->reasoning = std::make_unique<ReasoningStream>(opens_reasoning);
-          if (job->parsed.parse_tool_calls) {
-            c->tools = std::make_unique<ToolCallStream>();
-            c->call_id = absl::StrCat(job->id.substr(job->id.find('-') + 1), "_", c->index);
+    return
+        [this, endpoint](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& content) {
+          // The body is read, parsed, rendered and tokenized in an intake turn, as gRPC's requests
+          // are; what outlives the turn is the choices' token ids.
+          IntakeTurn turn(service_);
+          if (absl::Status st = turn.Begin(); !st.ok()) return SendError(res, st);
+          auto job = std::make_shared<Job>();
+          {
+            std::string body;
+            if (!ReadBody(req, content, options_.max_body_bytes, res, &body)) return;
+            absl::StatusOr<openai::ParsedRequest> parsed = openai::ParseRequest(endpoint, body, options_.limits);
+            if (!parsed.ok()) return SendError(res, parsed.status());
+            job->parsed = std::move(*parsed);
           }
-          // Checked now, so that a bad request gets its 400 before a stream starts.
-          absl::StatusOr<ValidatedRequest> v = ValidateGenerateRequest(c->request, tok, limits, request_limits);
-          if (!v.ok()) return bad_request(p, v.status());
-          job->choices.push_back(std::move(c));
-        }
-      }
-      // Only the choices' requests (token ids) are needed from here on.
-      prompts.clear();
-      turn.End();
+          job->model = compute_.model();
+          if (job->model == nullptr) return SendError(res, absl::UnavailableError("mer-compute is not available"));
+          if (absl::Status st = compute_.serving(); !st.ok()) return SendError(res, st);
+          job->model_id = ModelId(*job->model);
+          if (!job->parsed.model.empty() && job->parsed.model != job->model_id)
+            return SendError(
+                res, absl::NotFoundError(absl::StrCat("The model `", job->parsed.model,
+                                                      "` does not exist; this server serves `", job->model_id, "`")));
+          job->id = RandomId(job->chat() ? "chatcmpl-" : "cmpl-");
+          job->created = static_cast<int64_t>(std::time(nullptr));
+          const Tokenizer& tok = job->model->tokenizer;
+          const int32_t ctx = job->model->info.max_context_tokens();
 
-      if (!job->parsed.stream) {
-        std::vector<std::thread> threads;
-        for (size_t i = 1; i < job->choices.size(); ++i) {
-          Choice* c = job->choices[i].get();
-          threads.emplace_back([this, job, c] {
-            CollectSink sink(*job, *c);
-            c->status = service_.Run(c->request, sink, absl::InfiniteFuture());
-          });
-        }
-        {
-          Choice* c = job->choices[0].get();
-          CollectSink sink(*job, *c);
-          c->status = service_.Run(c->request, sink, absl::InfiniteFuture());
-        }
-        for (std::thread& t : threads) t.join();
-        for (const auto& c : job->choices)
-          if (!c->status.ok()) return SendError(res, c->status);
-        res.set_content(job->Response().dump(-1, ' ', false, Json::error_handler_t::replace), kJson);
-        return;
-      }
-
-      // Streaming: the choices run on their own threads; the response starts with the first
-      // event, or is an error if every choice failed before one.
-      auto stream = std::make_shared<Stream>();
-      stream->running = static_cast<int>(job->choices.size());
-      for (const auto& owned : job->choices) {
-        Choice* c = owned.get();
-        stream->threads.emplace_back([this, job, stream, c] {
-          StreamSink sink(*job, *c, *stream);
-          const absl::Status st = service_.Run(c->request, sink, absl::InfiniteFuture());
-          std::lock_guard<std::mutex> lock(stream->mu);
-          if (!st.ok()) {
-            if (stream->first_error.ok()) stream->first_error = st;
-            if (stream->any_event) {
-              const openai::HttpError e = openai::ErrorFromStatus(st);
-              stream->events.push_back(e.body);
+          // The prompts, as token ids.
+          std::vector<mer::v1::GenerateRequest> prompts = std::move(job->parsed.prompts);
+          bool reasoning = false, opens_reasoning = false;
+          if (job->chat()) {
+            absl::StatusOr<std::shared_ptr<const ChatTemplate>> t = TemplateFor(*job->model);
+            if (!t.ok()) return SendError(res, t.status());
+            ChatTemplateInputs in;
+            in.messages = std::move(job->parsed.messages);
+            in.tools = std::move(job->parsed.tools);
+            in.add_generation_prompt = job->parsed.add_generation_prompt;
+            in.enable_thinking = job->parsed.enable_thinking;
+            in.extra = job->parsed.chat_template_kwargs;
+            in.bos_token = tok.bos_id() >= 0 ? std::string(tok.TokenText(tok.bos_id())) : "";
+            in.eos_token = tok.eos_id() >= 0 ? std::string(tok.TokenText(tok.eos_id())) : "";
+            absl::StatusOr<std::string> prompt = (*t)->Render(in);
+            if (!prompt.ok())
+              return SendError(res, absl::InvalidArgumentError(absl::StrCat("messages: ", prompt.status().message())));
+            reasoning = (*t)->has_reasoning();
+            opens_reasoning = PromptOpensReasoning(*prompt);
+            prompts.emplace_back().set_text(*prompt);
+          }
+          std::mt19937_64 seeds(std::random_device{}());
+          const ModelLimits limits{job->model->info.vocab_size(), ctx, job->model->info.kv_budget_tokens(),
+                                   job->model->max_token_bytes};
+          const RequestLimits& request_limits = service_.options().limits;
+          // A message as the gRPC path words it, with the API's names for the fields.
+          auto bad_request = [&](size_t p, const absl::Status& st) {
+            const std::string prefix = job->chat() ? "" : (prompts.size() > 1 ? absl::StrCat("prompt[", p, "]: ") : "");
+            std::string message(st.message());
+            if (message.rfind("max_new_tokens:", 0) == 0) message.replace(0, 14, "max_tokens");
+            return SendError(res, absl::Status(st.code(), prefix + message));
+          };
+          for (size_t p = 0; p < prompts.size(); ++p) {
+            mer::v1::GenerateRequest g = job->parsed.options;
+            std::vector<int32_t> ids;
+            if (prompts[p].has_text()) {
+              // Bounded before the tokenizer's working set is allocated (request_validation.h).
+              // (A chat prompt that starts with BOS keeps no other: no BOS counted for chat.)
+              const bool bos = tok.add_bos() && tok.bos_id() >= 0;
+              if (absl::Status st = CheckPromptText(prompts[p].text(), bos && !job->chat(), limits, request_limits);
+                  !st.ok())
+                return bad_request(p, st);
+              // A chat prompt carries its own special tokens (the template wrote them); BOS only
+              // where the vocabulary asks for it and the text does not start with it.
+              if (bos) ids.push_back(tok.bos_id());
+              const std::vector<int32_t> text = tok.Encode(prompts[p].text(), /*parse_special=*/true);
+              if (job->chat() && !text.empty() && !ids.empty() && text[0] == ids[0]) ids.clear();
+              ids.insert(ids.end(), text.begin(), text.end());
+              if (ids.empty())
+                return SendError(res, absl::InvalidArgumentError(job->chat() ? "messages: render to no tokens"
+                                                                             : "prompt: tokenizes to no tokens"));
+            } else {
+              ids.assign(prompts[p].token_ids().ids().begin(), prompts[p].token_ids().ids().end());
+            }
+            g.mutable_token_ids()->mutable_ids()->Add(ids.begin(), ids.end());
+            if (!job->parsed.max_tokens_given && job->chat())  // chat: up to the end of the context
+              g.set_max_new_tokens(std::max<int32_t>(1, ctx - static_cast<int32_t>(ids.size()) + 1));
+            for (int i = 0; i < job->parsed.n; ++i) {
+              auto c = std::make_unique<Choice>();
+              c->index = static_cast<int>(job->choices.size());
+              c->request = g;
+              c->request.set_seed(job->parsed.seed_given ? job->parsed.options.seed() + i : seeds());
+              c->prompt_tokens = static_cast<int>(ids.size());
+              c->count_prompt = i == 0;
+              if (reasoning) c->reasoning = std::make_unique<ReasoningStream>(opens_reasoning);
+              if (job->parsed.parse_tool_calls) {
+                c->tools = std::make_unique<ToolCallStream>();
+                c->call_id = absl::StrCat(job->id.substr(job->id.find('-') + 1), "_", c->index);
+              }
+              // Checked now, so that a bad request gets its 400 before a stream starts.
+              absl::StatusOr<ValidatedRequest> v = ValidateGenerateRequest(c->request, tok, limits, request_limits);
+              if (!v.ok()) return bad_request(p, v.status());
+              job->choices.push_back(std::move(c));
             }
           }
-          --stream->running;
-          stream->cv.notify_all();
-        });
-      }
-      {
-        std::unique_lock<std::mutex> lock(stream->mu);
-        stream->cv.wait(lock, [&] { return stream->any_event || stream->running == 0; });
-        if (!stream->any_event && !stream->first_error.ok()) {
-          const absl::Status st = stream->first_error;
-          lock.unlock();
-          stream->JoinAll();
-          return SendError(res, st);
-        }
-      }
-      res.set_header("Cache-Control", "no-cache");
-      res.set_chunked_content_provider(
-          "text/event-stream",
-          [job, stream](size_t, httplib::DataSink& sink) {
-            std::unique_lock<std::mutex> lock(stream->mu);
-            for (;;) {
-              stream->cv.wait(lock, [&] { return !stream->events.empty() || stream->running == 0; });
-              while (!stream->events.empty()) {
-                std::string e = absl::StrCat("data: ", stream->events.front(), "\n\n");
-                stream->events.pop_front();
-                lock.unlock();
-                const bool ok = sink.write(e.data(), e.size());
-                lock.lock();
-                if (!ok) {
-                  stream->client_gone.store(true);
-                  return false;
+          // Only the choices' requests (token ids) are needed from here on.
+          prompts.clear();
+          turn.End();
+
+          if (!job->parsed.stream) {
+            std::vector<std::thread> threads;
+            for (size_t i = 1; i < job->choices.size(); ++i) {
+              Choice* c = job->choices[i].get();
+              threads.emplace_back([this, job, c] {
+                CollectSink sink(*job, *c);
+                c->status = service_.Run(c->request, sink, absl::InfiniteFuture());
+              });
+            }
+            {
+              Choice* c = job->choices[0].get();
+              CollectSink sink(*job, *c);
+              c->status = service_.Run(c->request, sink, absl::InfiniteFuture());
+            }
+            for (std::thread& t : threads) t.join();
+            for (const auto& c : job->choices)
+              if (!c->status.ok()) return SendError(res, c->status);
+            res.set_content(job->Response().dump(-1, ' ', false, Json::error_handler_t::replace), kJson);
+            return;
+          }
+
+          // Streaming: the choices run on their own threads; the response starts with the first
+          // event, or is an error if every choice failed before one.
+          auto stream = std::make_shared<Stream>();
+          stream->running = static_cast<int>(job->choices.size());
+          for (const auto& owned : job->choices) {
+            Choice* c = owned.get();
+            stream->threads.emplace_back([this, job, stream, c] {
+              StreamSink sink(*job, *c, *stream);
+              const absl::Status st = service_.Run(c->request, sink, absl::InfiniteFuture());
+              std::lock_guard<std::mutex> lock(stream->mu);
+              if (!st.ok()) {
+                if (stream->first_error.ok()) stream->first_error = st;
+                if (stream->any_event) {
+                  const openai::HttpError e = openai::ErrorFromStatus(st);
+                  stream->events.push_back(e.body);
                 }
               }
-              if (stream->running == 0 && stream->events.empty()) break;
+              --stream->running;
+              stream->cv.notify_all();
+            });
+          }
+          {
+            std::unique_lock<std::mutex> lock(stream->mu);
+            stream->cv.wait(lock, [&] { return stream->any_event || stream->running == 0; });
+            if (!stream->any_event && !stream->first_error.ok()) {
+              const absl::Status st = stream->first_error;
+              lock.unlock();
+              stream->JoinAll();
+              return SendError(res, st);
             }
-            lock.unlock();
-            std::string tail;
-            if (job->parsed.include_usage && stream->first_error.ok()) {
-              Json e = job->ChunkEnvelope();
-              e["choices"] = Json::array();
-              e["usage"] = job->Usage();
-              tail = absl::StrCat("data: ", e.dump(), "\n\n");
-            }
-            tail += "data: [DONE]\n\n";
-            sink.write(tail.data(), tail.size());
-            sink.done();
-            return true;
-          },
-          [stream](bool) {
-            stream->client_gone.store(true);
-            stream->JoinAll();
-          });
-    };
+          }
+          res.set_header("Cache-Control", "no-cache");
+          res.set_chunked_content_provider(
+              "text/event-stream",
+              [job, stream](size_t, httplib::DataSink& sink) {
+                std::unique_lock<std::mutex> lock(stream->mu);
+                for (;;) {
+                  stream->cv.wait(lock, [&] { return !stream->events.empty() || stream->running == 0; });
+                  while (!stream->events.empty()) {
+                    std::string e = absl::StrCat("data: ", stream->events.front(), "\n\n");
+                    stream->events.pop_front();
+                    lock.unlock();
+                    const bool ok = sink.write(e.data(), e.size());
+                    lock.lock();
+                    if (!ok) {
+                      stream->client_gone.store(true);
+                      return false;
+                    }
+                  }
+                  if (stream->running == 0 && stream->events.empty()) break;
+                }
+                lock.unlock();
+                std::string tail;
+                if (job->parsed.include_usage && stream->first_error.ok()) {
+                  Json e = job->ChunkEnvelope();
+                  e["choices"] = Json::array();
+                  e["usage"] = job->Usage();
+                  tail = absl::StrCat("data: ", e.dump(), "\n\n");
+                }
+                tail += "data: [DONE]\n\n";
+                sink.write(tail.data(), tail.size());
+                sink.done();
+                return true;
+              },
+              [stream](bool) {
+                stream->client_gone.store(true);
+                stream->JoinAll();
+              });
+        };
   };
   s.Post("/v1/completions", generate(openai::Endpoint::kCompletions));
   s.Post("/v1/chat/completions", generate(openai::Endpoint::kChatCompletions));

@@ -59,7 +59,6 @@ the pages of --compute-metrics and --residency-metrics (their /metrics URLs) mer
 series labelled daemon="gateway", "compute" or "residency".
 )";
 
-
 struct Args {
   std::string compute, listen = "127.0.0.1:50051", metrics_listen = "127.0.0.1:0";
   std::string http_listen = "127.0.0.1:8080", served_model_name;
@@ -70,12 +69,11 @@ struct Args {
 };
 
 absl::Status ParseArgs(int argc, char** argv, Args* a) {
-  ASSIGN_OR_RETURN(const mer::Flags f,
-                   mer::Flags::ParseMain(argc, argv,
-                                         {"compute", "listen", "http-listen", "served-model-name",
-                                          "metrics-listen", "compute-metrics", "residency-metrics",
-                                          "max-queue", "max-request-bytes", "max-call-seconds"},
-                                         {}));
+  ASSIGN_OR_RETURN(const mer::Flags f, mer::Flags::ParseMain(argc, argv,
+                                                             {"compute", "listen", "http-listen", "served-model-name",
+                                                              "metrics-listen", "compute-metrics", "residency-metrics",
+                                                              "max-queue", "max-request-bytes", "max-call-seconds"},
+                                                             {}));
   a->compute = f.String("compute");
   a->listen = f.String("listen", a->listen);
   a->http_listen = f.String("http-listen", a->http_listen);
@@ -131,8 +129,8 @@ absl::Status Main(const Args& a) {
     std::fprintf(stderr,
                  "mer-gateway: mer-compute up: %s %s, vocab %d, %d sequences x %d positions, "
                  "KV budget %lld\n",
-                 i.architecture().c_str(), i.name().c_str(), i.vocab_size(), i.max_sequences(),
-                 i.max_context_tokens(), static_cast<long long>(i.kv_budget_tokens()));
+                 i.architecture().c_str(), i.name().c_str(), i.vocab_size(), i.max_sequences(), i.max_context_tokens(),
+                 static_cast<long long>(i.kv_budget_tokens()));
   });
   GatewayOptions go;
   go.limits.max_prompt_bytes = a.max_request_bytes;
@@ -202,6 +200,4 @@ absl::Status Main(const Args& a) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  return mer::DaemonMain("mer-gateway", kHelp, argc, argv, ParseArgs, Main);
-}
+int main(int argc, char** argv) { return mer::DaemonMain("mer-gateway", kHelp, argc, argv, ParseArgs, Main); }

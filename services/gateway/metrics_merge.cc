@@ -126,9 +126,12 @@ void AddSample(MetricFamily* f, std::map<std::string, size_t>* groups, Sample s)
   if (f->type != MetricType::Histogram && f->type != MetricType::Summary) {
     ClientMetric m;
     m.label = std::move(s.labels);
-    if (f->type == MetricType::Counter) m.counter.value = s.value;
-    else if (f->type == MetricType::Gauge) m.gauge.value = s.value;
-    else m.untyped.value = s.value;
+    if (f->type == MetricType::Counter)
+      m.counter.value = s.value;
+    else if (f->type == MetricType::Gauge)
+      m.gauge.value = s.value;
+    else
+      m.untyped.value = s.value;
     f->metric.push_back(std::move(m));
     return;
   }
@@ -268,8 +271,8 @@ absl::StatusOr<std::string> HttpGet(const std::string& url, absl::Duration timeo
   freeaddrinfo(res);
   int err = 0;
   socklen_t len = sizeof(err);
-  if ((rc != 0 && (errno != EINPROGRESS || !wait(POLLOUT))) ||
-      getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
+  if ((rc != 0 && (errno != EINPROGRESS || !wait(POLLOUT))) || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 ||
+      err != 0) {
     close(fd);
     return absl::UnavailableError(absl::StrCat("cannot connect to ", hostport));
   }

@@ -15,15 +15,23 @@ absl::Status Bad(std::string_view param, std::string_view what) {
 
 const char* TypeName(const Json& j) {
   switch (j.type()) {
-    case Json::value_t::null: return "null";
-    case Json::value_t::boolean: return "a boolean";
+    case Json::value_t::null:
+      return "null";
+    case Json::value_t::boolean:
+      return "a boolean";
     case Json::value_t::number_integer:
-    case Json::value_t::number_unsigned: return "an integer";
-    case Json::value_t::number_float: return "a number";
-    case Json::value_t::string: return "a string";
-    case Json::value_t::array: return "an array";
-    case Json::value_t::object: return "an object";
-    default: return "a value of another type";
+    case Json::value_t::number_unsigned:
+      return "an integer";
+    case Json::value_t::number_float:
+      return "a number";
+    case Json::value_t::string:
+      return "a string";
+    case Json::value_t::array:
+      return "an array";
+    case Json::value_t::object:
+      return "an object";
+    default:
+      return "a value of another type";
   }
 }
 
@@ -117,7 +125,8 @@ absl::Status ParsePrompts(const Json& body, const Limits& limits, ParsedRequest*
 // as vLLM does for templates that take strings).
 absl::StatusOr<Json> Content(const Json& content, const std::string& param) {
   if (content.is_null() || content.is_string()) return content;
-  if (!content.is_array()) return Bad(param, absl::StrCat("must be a string or an array of parts, got ", TypeName(content)));
+  if (!content.is_array())
+    return Bad(param, absl::StrCat("must be a string or an array of parts, got ", TypeName(content)));
   std::string text;
   for (size_t i = 0; i < content.size(); ++i) {
     const Json& part = content[i];
@@ -125,7 +134,9 @@ absl::StatusOr<Json> Content(const Json& content, const std::string& param) {
     if (!part.is_object()) return Bad(pp, "must be an object");
     const auto type = part.find("type");
     if (type == part.end() || !type->is_string()) return Bad(absl::StrCat(pp, ".type"), "missing");
-    if (*type != "text") return Bad(absl::StrCat(pp, ".type"), absl::StrCat("'", type->get<std::string>(), "' is not supported (only text)"));
+    if (*type != "text")
+      return Bad(absl::StrCat(pp, ".type"),
+                 absl::StrCat("'", type->get<std::string>(), "' is not supported (only text)"));
     const auto t = part.find("text");
     if (t == part.end() || !t->is_string()) return Bad(absl::StrCat(pp, ".text"), "must be a string");
     if (i > 0) text += "\n";
@@ -149,7 +160,8 @@ absl::Status ParseMessages(const Json& body, const Limits& limits, ParsedRequest
     if (role == msg.end() || !role->is_string()) return Bad(absl::StrCat(param, ".role"), "must be a string");
     const std::string rs = role->get<std::string>();
     if (rs != "system" && rs != "developer" && rs != "user" && rs != "assistant" && rs != "tool")
-      return Bad(absl::StrCat(param, ".role"), absl::StrCat("'", rs, "' is not one of system, developer, user, assistant, tool"));
+      return Bad(absl::StrCat(param, ".role"),
+                 absl::StrCat("'", rs, "' is not one of system, developer, user, assistant, tool"));
     Json out = msg;
     if (rs == "developer") out["role"] = "system";  // OpenAI's newer name for the system role
     const auto content = msg.find("content");
@@ -223,8 +235,8 @@ absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, std::string_view b
   if (frequency) g.set_frequency_penalty(static_cast<float>(*frequency));
   ASSIGN_OR_RETURN(std::optional<double> repetition, Number(body, "repetition_penalty", 1e-6, 10));
   if (repetition) g.set_repetition_penalty(static_cast<float>(*repetition));
-  ASSIGN_OR_RETURN(std::optional<int64_t> seed, Integer(body, "seed", std::numeric_limits<int64_t>::min(),
-                                                        std::numeric_limits<int64_t>::max()));
+  ASSIGN_OR_RETURN(std::optional<int64_t> seed,
+                   Integer(body, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()));
   r.seed_given = seed.has_value();
   g.set_seed(static_cast<uint64_t>(seed.value_or(0)));
   ASSIGN_OR_RETURN(bool ignore_eos, Bool(body, "ignore_eos", false));
@@ -298,7 +310,9 @@ absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, std::string_view b
 }
 
 std::string ErrorBody(std::string_view message, std::string_view type, std::string_view code) {
-  Json e = {{"message", std::string(message)}, {"type", std::string(type)}, {"param", nullptr},
+  Json e = {{"message", std::string(message)},
+            {"type", std::string(type)},
+            {"param", nullptr},
             {"code", code.empty() ? Json(nullptr) : Json(std::string(code))}};
   return Json{{"error", std::move(e)}}.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
@@ -307,17 +321,42 @@ HttpError ErrorFromStatus(const absl::Status& status) {
   HttpError e;
   std::string type = "server_error", code;
   switch (status.code()) {
-    case absl::StatusCode::kInvalidArgument: e.status = 400; type = "invalid_request_error"; break;
-    case absl::StatusCode::kNotFound: e.status = 404; type = "invalid_request_error"; code = "model_not_found"; break;
-    case absl::StatusCode::kResourceExhausted: e.status = 429; type = "rate_limit_error"; break;
-    case absl::StatusCode::kUnavailable: e.status = 503; type = "service_unavailable"; break;
-    case absl::StatusCode::kDeadlineExceeded: e.status = 504; type = "timeout"; break;
-    case absl::StatusCode::kCancelled: e.status = 499; type = "cancelled"; break;
-    case absl::StatusCode::kFailedPrecondition: e.status = 400; type = "invalid_request_error"; break;
-    default: e.status = 500; break;
+    case absl::StatusCode::kInvalidArgument:
+      e.status = 400;
+      type = "invalid_request_error";
+      break;
+    case absl::StatusCode::kNotFound:
+      e.status = 404;
+      type = "invalid_request_error";
+      code = "model_not_found";
+      break;
+    case absl::StatusCode::kResourceExhausted:
+      e.status = 429;
+      type = "rate_limit_error";
+      break;
+    case absl::StatusCode::kUnavailable:
+      e.status = 503;
+      type = "service_unavailable";
+      break;
+    case absl::StatusCode::kDeadlineExceeded:
+      e.status = 504;
+      type = "timeout";
+      break;
+    case absl::StatusCode::kCancelled:
+      e.status = 499;
+      type = "cancelled";
+      break;
+    case absl::StatusCode::kFailedPrecondition:
+      e.status = 400;
+      type = "invalid_request_error";
+      break;
+    default:
+      e.status = 500;
+      break;
   }
   const std::string message(status.message());
-  Json err = {{"message", message}, {"type", type}, {"param", nullptr}, {"code", code.empty() ? Json(nullptr) : Json(code)}};
+  Json err = {
+      {"message", message}, {"type", type}, {"param", nullptr}, {"code", code.empty() ? Json(nullptr) : Json(code)}};
   if (status.code() == absl::StatusCode::kInvalidArgument) {
     // The parameter is the message's first word ("max_tokens: ..."), as OpenAI's `param`.
     const size_t colon = message.find(": ");

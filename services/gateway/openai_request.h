@@ -51,9 +51,9 @@ struct ParsedRequest {
 };
 
 struct Limits {
-  int max_n = 16;          // choices of one request
-  int max_prompts = 64;    // prompts of one completions request
-  int max_messages = 4096; // messages of one chat request
+  int max_n = 16;           // choices of one request
+  int max_prompts = 64;     // prompts of one completions request
+  int max_messages = 4096;  // messages of one chat request
 };
 
 absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, std::string_view body, const Limits& limits = {});

@@ -62,8 +62,8 @@ absl::StatusOr<Message> ParseMessage(absl::string_view wire) {
 int32_t MaxTokenBytes(const Tokenizer& tokenizer) {
   size_t longest = 1;
   for (int32_t id = 0; id < tokenizer.vocab_size(); ++id) {
-    longest = std::max({longest, tokenizer.TokenPiece(id, /*render_special=*/true).size(),
-                        tokenizer.TokenText(id).size()});
+    longest =
+        std::max({longest, tokenizer.TokenPiece(id, /*render_special=*/true).size(), tokenizer.TokenText(id).size()});
   }
   return static_cast<int32_t>(std::min<size_t>(longest, INT32_MAX));
 }
@@ -98,8 +98,7 @@ absl::StatusOr<mer::v1::TokenizeRequest> ParseTokenizeRequest(absl::string_view 
   return ParseMessage<R>(wire);
 }
 
-absl::Status CheckPromptText(absl::string_view text, bool bos, const ModelLimits& model,
-                             const RequestLimits& limits) {
+absl::Status CheckPromptText(absl::string_view text, bool bos, const ModelLimits& model, const RequestLimits& limits) {
   if (text.empty()) return Bad("prompt.text", "empty");
   if (static_cast<int64_t>(text.size()) > limits.max_prompt_bytes)
     return Bad("prompt.text", absl::StrCat(text.size(), " bytes; at most ", limits.max_prompt_bytes));
@@ -113,8 +112,7 @@ absl::Status CheckPromptText(absl::string_view text, bool bos, const ModelLimits
 }
 
 absl::StatusOr<ValidatedRequest> ValidateGenerateRequest(const mer::v1::GenerateRequest& request,
-                                                         const Tokenizer& tokenizer,
-                                                         const ModelLimits& model,
+                                                         const Tokenizer& tokenizer, const ModelLimits& model,
                                                          const RequestLimits& limits) {
   ValidatedRequest v;
   auto* prompt = v.compute.mutable_prompt();
@@ -175,11 +173,10 @@ absl::StatusOr<ValidatedRequest> ValidateGenerateRequest(const mer::v1::Generate
   }
   if (request.top_logprobs() < 0 || request.top_logprobs() > 20)
     return Bad("top_logprobs", absl::StrCat("must be in [0, 20], got ", request.top_logprobs()));
-  if (request.top_logprobs() > 0 && !request.logprobs())
-    return Bad("top_logprobs", "needs logprobs");
+  if (request.top_logprobs() > 0 && !request.logprobs()) return Bad("top_logprobs", "needs logprobs");
   if (request.priority() < -limits.max_priority || request.priority() > limits.max_priority)
-    return Bad("priority", absl::StrCat("must be in [", -limits.max_priority, ", ", limits.max_priority,
-                                        "], got ", request.priority()));
+    return Bad("priority", absl::StrCat("must be in [", -limits.max_priority, ", ", limits.max_priority, "], got ",
+                                        request.priority()));
   if (request.stop_size() > limits.max_stop_sequences)
     return Bad("stop", absl::StrCat(request.stop_size(), " stop sequences; at most ", limits.max_stop_sequences));
   for (int i = 0; i < request.stop_size(); ++i) {
@@ -206,13 +203,12 @@ absl::StatusOr<ValidatedRequest> ValidateGenerateRequest(const mer::v1::Generate
     return Bad("prompt", absl::StrCat(n_prompt, " tokens; the context holds ", model.max_context_tokens));
   const int64_t need = n_prompt + request.max_new_tokens() - 1;
   if (need > model.max_context_tokens)
-    return Bad("max_new_tokens",
-               absl::StrCat(request.max_new_tokens(), " past the context: prompt (", n_prompt,
-                            " tokens) + max_new_tokens - 1 = ", need, " positions; the context holds ",
-                            model.max_context_tokens));
+    return Bad("max_new_tokens", absl::StrCat(request.max_new_tokens(), " past the context: prompt (", n_prompt,
+                                              " tokens) + max_new_tokens - 1 = ", need,
+                                              " positions; the context holds ", model.max_context_tokens));
   if (model.kv_budget_tokens > 0 && need > model.kv_budget_tokens)
-    return Bad("max_new_tokens", absl::StrCat("the request needs ", need,
-                                              " KV positions; the whole KV budget is ", model.kv_budget_tokens));
+    return Bad("max_new_tokens", absl::StrCat("the request needs ", need, " KV positions; the whole KV budget is ",
+                                              model.kv_budget_tokens));
   v.compute.set_max_new_tokens(request.max_new_tokens());
   std::vector<int32_t> stop_ids(request.stop_token_ids().begin(), request.stop_token_ids().end());
   if (!request.ignore_eos()) {

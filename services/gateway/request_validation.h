@@ -57,8 +57,7 @@ absl::StatusOr<mer::v1::TokenizeRequest> ParseTokenizeRequest(absl::string_view 
 // The checks of a text prompt that need no tokens: not empty, at most limits.max_prompt_bytes,
 // valid UTF-8, and short enough to fit the context at all (at least ceil(bytes /
 // max_token_bytes) tokens, plus BOS when `bos`). Done before the text is tokenized.
-absl::Status CheckPromptText(absl::string_view text, bool bos, const ModelLimits& model,
-                             const RequestLimits& limits);
+absl::Status CheckPromptText(absl::string_view text, bool bos, const ModelLimits& model, const RequestLimits& limits);
 
 struct ValidatedRequest {
   mer::internal::v1::GenerateRequest compute;  // prompt ids, sampling, eos
@@ -68,8 +67,7 @@ struct ValidatedRequest {
 };
 
 absl::StatusOr<ValidatedRequest> ValidateGenerateRequest(const mer::v1::GenerateRequest& request,
-                                                         const Tokenizer& tokenizer,
-                                                         const ModelLimits& model,
+                                                         const Tokenizer& tokenizer, const ModelLimits& model,
                                                          const RequestLimits& limits = {});
 
 }  // namespace mer::gateway

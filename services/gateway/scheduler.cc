@@ -27,16 +27,14 @@ absl::Status Scheduler::Admit(int priority, int64_t kv_tokens, absl::Time deadli
     return absl::OkStatus();
   }
   if (static_cast<int>(queue_.size()) >= options_.max_queue)
-    return absl::ResourceExhaustedError(
-        absl::StrCat("the queue is full (", queue_.size(), " requests waiting)"));
+    return absl::ResourceExhaustedError(absl::StrCat("the queue is full (", queue_.size(), " requests waiting)"));
   const Waiter me{priority, next_order_++};
   queue_.insert(me);
   const uint64_t epoch = epoch_;
   auto is_cancelled = [cancelled] { return cancelled != nullptr && cancelled->load(); };
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return epoch_ != epoch || is_cancelled() ||
-           (queue_.begin()->order == me.order && running_ < max_sequences_ &&
-            kv_reserved_ + kv_tokens <= kv_budget_);
+           (queue_.begin()->order == me.order && running_ < max_sequences_ && kv_reserved_ + kv_tokens <= kv_budget_);
   };
   absl::Status status;
   if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {

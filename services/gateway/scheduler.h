@@ -53,9 +53,7 @@ class Scheduler {
   struct Waiter {
     int priority;
     uint64_t order;
-    bool operator<(const Waiter& o) const {
-      return priority != o.priority ? priority > o.priority : order < o.order;
-    }
+    bool operator<(const Waiter& o) const { return priority != o.priority ? priority > o.priority : order < o.order; }
   };
 
   const SchedulerOptions options_;

@@ -55,7 +55,6 @@ per chunk read, the probability of an EIO, a short read, a flipped bit (and dela
 what fired is printed at exit.
 )";
 
-
 struct Args {
   std::string store, instance, budget, io = "auto", policy = "lru";
   std::string metrics_listen = "127.0.0.1:0";
@@ -69,9 +68,8 @@ struct Args {
 absl::Status ParseArgs(int argc, char** argv, Args* a) {
   ASSIGN_OR_RETURN(const mer::Flags f,
                    mer::Flags::ParseMain(argc, argv,
-                                         {"store", "instance", "ram-budget", "io", "policy",
-                                          "metrics-listen", "pin", "io-inflight",
-                                          "prefetch-inflight", "stats-interval", "io-faults"},
+                                         {"store", "instance", "ram-budget", "io", "policy", "metrics-listen", "pin",
+                                          "io-inflight", "prefetch-inflight", "stats-interval", "io-faults"},
                                          {"prefetch", "take-over", "warm", "check-invariants"}));
   a->store = f.String("store");
   a->instance = f.String("instance");
@@ -147,27 +145,23 @@ absl::Status Main(const Args& a) {
   shm::CreateOptions co;
   co.geometry = DaemonGeometry(*store, o);
   co.take_over_live = a.take_over;
-  ASSIGN_OR_RETURN(std::unique_ptr<shm::ShmSegment> segment,
-                   shm::ShmSegment::Create(a.instance, co));
+  ASSIGN_OR_RETURN(std::unique_ptr<shm::ShmSegment> segment, shm::ShmSegment::Create(a.instance, co));
   if (segment->name() != a.instance)
     std::fprintf(stderr,
                  "mer-residency: /dev/shm/%s belongs to another user and is left alone; serving as "
                  "/dev/shm/%s (mer-compute finds it by its owner)\n",
                  a.instance.c_str(), segment->name().c_str());
   ASSIGN_OR_RETURN(std::unique_ptr<ResidencyDaemon> daemon,
-                   ResidencyDaemon::Create(*store, segment.get(), std::move(engine.engine),
-                                           store->experts_fd(), o));
+                   ResidencyDaemon::Create(*store, segment.get(), std::move(engine.engine), store->experts_fd(), o));
   std::fprintf(stderr,
                "mer-residency: instance %s, store %s: %d layers x %d experts of %llu bytes; "
                "RAM tier %u slots (%.1f MiB), io %s%s%s, %s, policy %s%s\n",
                a.instance.c_str(), a.store.c_str(), store->n_layer(), store->n_expert(),
                static_cast<unsigned long long>(store->blob_bytes()), daemon->ram_slots(),
-               daemon->ram_slots() * double(store->blob_bytes()) / (1 << 20),
-               daemon->io().name().c_str(),
+               daemon->ram_slots() * double(store->blob_bytes()) / (1 << 20), daemon->io().name().c_str(),
                engine.fallback_reason.empty() ? "" : " (io_uring unavailable: ",
                engine.fallback_reason.empty() ? "" : (engine.fallback_reason + ")").c_str(),
-               store->direct_io() ? "O_DIRECT" : "buffered",
-               o.policy.c_str(), o.prefetch ? ", prefetch" : "");
+               store->direct_io() ? "O_DIRECT" : "buffered", o.policy.c_str(), o.prefetch ? ", prefetch" : "");
   std::optional<HostPinning> pinning;
   if (a.pin == "auto" && daemon->ram_slots() > 0) {
     pinning.emplace(HostPinning::Register(segment->ram_slot(0).data(),
@@ -178,13 +172,12 @@ absl::Status Main(const Args& a) {
   std::unique_ptr<MetricsServer> metrics;
   if (a.metrics_listen != "off") {
     ResidencyDaemon* d = daemon.get();
-    ASSIGN_OR_RETURN(metrics,
-                     MetricsServer::Start(a.metrics_listen, [d] { return d->Snapshot(); }));
+    ASSIGN_OR_RETURN(metrics, MetricsServer::Start(a.metrics_listen, [d] { return d->Snapshot(); }));
     std::fprintf(stderr, "metrics: %s\n", metrics->url().c_str());
   }
   std::fprintf(stderr, "mer-residency: ready\n");
-  systemd::NotifyReady(absl::StrCat("serving ", a.store, " as ", a.instance, ", RAM tier ",
-                                    daemon->ram_slots(), " slots"));
+  systemd::NotifyReady(
+      absl::StrCat("serving ", a.store, " as ", a.instance, ", RAM tier ", daemon->ram_slots(), " slots"));
   // The watchdog pings only while the service loop turns: a wedged loop stops them and systemd
   // restarts the daemon. The loop blocks in Run, so the pacing runs on a thread of its own.
   std::atomic<bool> watchdog_stop{false};
@@ -227,6 +220,4 @@ absl::Status Main(const Args& a) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  return mer::DaemonMain("mer-residency", kHelp, argc, argv, ParseArgs, Main);
-}
+int main(int argc, char** argv) { return mer::DaemonMain("mer-residency", kHelp, argc, argv, ParseArgs, Main); }

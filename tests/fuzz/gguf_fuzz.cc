@@ -75,11 +75,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     g_sink = g_sink + static_cast<uint64_t>(w.output_norm[w.config().n_embd - 1] != 0);
     for (int il = 0; il < static_cast<int>(w.layers.size()); ++il) {
       const mer::LayerWeights& l = w.layers[il];
-      for (const mer::MatrixView* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.router, &l.gate_exps,
-                                       &l.up_exps, &l.down_exps})
+      for (const mer::MatrixView* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.router, &l.gate_exps, &l.up_exps, &l.down_exps})
         touch(*m);
-      g_sink = g_sink + static_cast<uint64_t>(l.attn_norm[0] + l.q_norm[w.config().head_dim - 1] +
-                                              l.k_norm[0] + l.ffn_norm[w.config().n_embd - 1] != 0);
+      g_sink = g_sink + static_cast<uint64_t>(l.attn_norm[0] + l.q_norm[w.config().head_dim - 1] + l.k_norm[0] +
+                                                  l.ffn_norm[w.config().n_embd - 1] !=
+                                              0);
       const mer::ExpertWeights e = w.Expert(il, w.config().n_expert - 1);
       touch(e.gate);
       touch(e.up);

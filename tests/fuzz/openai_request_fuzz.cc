@@ -15,7 +15,8 @@
 using mer::gateway::openai::Endpoint;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const mer::Tokenizer* const tokenizer = new mer::Tokenizer(*mer::Tokenizer::Create(mer::MakeSyntheticVocab(400, 50)));
+  static const mer::Tokenizer* const tokenizer =
+      new mer::Tokenizer(*mer::Tokenizer::Create(mer::MakeSyntheticVocab(400, 50)));
   if (size == 0) return 0;
   const Endpoint endpoint = data[0] % 2 == 0 ? Endpoint::kCompletions : Endpoint::kChatCompletions;
   const std::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);

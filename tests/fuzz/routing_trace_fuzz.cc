@@ -38,8 +38,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         auto s = mer::trace::Replay(*trace, o);
         if (!s.ok()) __builtin_trap();
         if (s->hits > s->lookups || s->misses != s->lookups - s->hits || s->bypassed > s->misses ||
-            s->prefetch_issued != s->prefetch_useful + s->prefetch_wasted ||
-            (!prefetch && s->prefetch_issued != 0))
+            s->prefetch_issued != s->prefetch_useful + s->prefetch_wasted || (!prefetch && s->prefetch_issued != 0))
           __builtin_trap();
       }
     }

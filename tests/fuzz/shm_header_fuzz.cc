@@ -30,9 +30,7 @@ void Require(bool ok) {
   if (!ok) __builtin_trap();
 }
 
-bool Inside(uint64_t offset, uint64_t bytes, uint64_t mapped) {
-  return offset <= mapped && bytes <= mapped - offset;
-}
+bool Inside(uint64_t offset, uint64_t bytes, uint64_t mapped) { return offset <= mapped && bytes <= mapped - offset; }
 
 bool PowerOfTwo(uint32_t x) { return x != 0 && (x & (x - 1)) == 0; }
 
@@ -40,21 +38,18 @@ bool PowerOfTwo(uint32_t x) { return x != 0 && (x & (x - 1)) == 0; }
 void CheckPromises(const SegmentHeader& h, uint64_t mapped) {
   Require(h.magic == kMagic && h.layout_hash == LayoutHash() && h.segment_bytes == mapped);
   Require(h.n_layer >= 1 && h.n_layer <= kMaxLayers && h.n_expert >= 1 && h.n_expert <= kMaxExperts);
-  Require(PowerOfTwo(h.demand_capacity) && PowerOfTwo(h.hint_capacity) &&
-          PowerOfTwo(h.completion_capacity));
+  Require(PowerOfTwo(h.demand_capacity) && PowerOfTwo(h.hint_capacity) && PowerOfTwo(h.completion_capacity));
   Require(h.ram_slot_bytes % kPageBytes == 0 && h.ram_pool_offset % kPageBytes == 0);
   Require(Inside(h.control_offset, sizeof(SegmentControl), mapped));
   Require(Inside(h.demand_ring_offset, RingRegionBytes(h.demand_capacity, sizeof(DemandRequest)), mapped));
   Require(Inside(h.hint_ring_offset, RingRegionBytes(h.hint_capacity, sizeof(Hint)), mapped));
-  Require(Inside(h.completion_ring_offset,
-                 RingRegionBytes(h.completion_capacity, sizeof(Completion)), mapped));
+  Require(Inside(h.completion_ring_offset, RingRegionBytes(h.completion_capacity, sizeof(Completion)), mapped));
   Require(Inside(h.table_offset, uint64_t{h.n_layer} * h.n_expert * sizeof(ResidencyEntry), mapped));
   Require(Inside(h.ram_pins_offset, uint64_t{h.ram_slot_count} * sizeof(SlotPin), mapped));
   Require(Inside(h.vram_pins_offset, uint64_t{h.vram_slot_count} * sizeof(SlotPin), mapped));
   Require(Inside(h.ram_pool_offset, uint64_t{h.ram_slot_count} * h.ram_slot_bytes, mapped));
-  for (uint64_t off : {h.control_offset, h.demand_ring_offset, h.hint_ring_offset,
-                       h.completion_ring_offset, h.table_offset, h.ram_pins_offset,
-                       h.vram_pins_offset}) {
+  for (uint64_t off : {h.control_offset, h.demand_ring_offset, h.hint_ring_offset, h.completion_ring_offset,
+                       h.table_offset, h.ram_pins_offset, h.vram_pins_offset}) {
     Require(off % kCacheLine == 0 && off >= sizeof(SegmentHeader));
   }
 }
@@ -63,7 +58,7 @@ void CheckPromises(const SegmentHeader& h, uint64_t mapped) {
 // item of every region through the views an attacher would build: ASan checks the bounds.
 void Exercise(const SegmentHeader& h) {
   if (h.segment_bytes > (8u << 20)) return;
-  auto* raw = static_cast<uint8_t*>(::operator new(h.segment_bytes, std::align_val_t{kPageBytes}));
+  auto* raw = static_cast<uint8_t*>(::operator new (h.segment_bytes, std::align_val_t{kPageBytes}));
   std::memset(raw, 0, h.segment_bytes);
   std::memcpy(raw, &h, sizeof(h));
   auto ring = [&](uint64_t off, uint32_t cap, auto* tag) {
@@ -95,7 +90,7 @@ void Exercise(const SegmentHeader& h) {
     raw[h.ram_pool_offset] = 1;
     raw[h.ram_pool_offset + uint64_t{h.ram_slot_count} * h.ram_slot_bytes - 1] = 1;
   }
-  ::operator delete(raw, std::align_val_t{kPageBytes});
+  ::operator delete (raw, std::align_val_t{kPageBytes});
 }
 
 void Validate(absl::Span<const uint8_t> bytes, uint64_t mapped) {
@@ -108,8 +103,7 @@ void Validate(absl::Span<const uint8_t> bytes, uint64_t mapped) {
     }
     CheckPromises(*h, mapped);
     if (expected != nullptr) {
-      Require(h->model_identity == id.model_identity && h->n_layer == id.n_layer &&
-              h->n_expert == id.n_expert);
+      Require(h->model_identity == id.model_identity && h->n_layer == id.n_layer && h->n_expert == id.n_expert);
     } else {
       Exercise(*h);
     }

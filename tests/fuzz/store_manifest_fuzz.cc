@@ -39,8 +39,7 @@ void Check(const mer::StoreManifest& m) {
   if (m.dense.header_bytes > m.dense.size || m.source.header_bytes > m.source.size) __builtin_trap();
   // What parses must serialize back to the same manifest.
   const std::string again = mer::SerializeManifest(m);
-  auto reparsed = mer::ParseManifest(
-      absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(again.data()), again.size()));
+  auto reparsed = mer::ParseManifest(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(again.data()), again.size()));
   if (!reparsed.ok() || reparsed->blobs.size() != m.blobs.size()) __builtin_trap();
 }
 

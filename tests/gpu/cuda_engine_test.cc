@@ -44,8 +44,9 @@ constexpr double kLogitsBound = 1e-3;  // relative L2 per step
 using gpu_test::Model;
 
 std::unique_ptr<Model> MakeModel(const std::string& preset, SynthQuant quant) {
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("mer_cuda_test_" + std::to_string(getpid()) + "_" + preset + ".gguf")).string();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("mer_cuda_test_" + std::to_string(getpid()) + "_" + preset + ".gguf"))
+          .string();
   // Failures are reported on stderr at once (stdout is lost if the process dies) and give nullptr.
   const absl::Status written = WriteSynthModel(gpu_test::TestSynthOptions(preset, quant), path);
   std::fprintf(stderr, "%s: model written: %s\n", preset.c_str(), written.ToString().c_str());
@@ -105,11 +106,12 @@ void CompareWithCpu(const Model& model, const std::string& name, int n_prompts, 
       }
     }
     const BackendCounters s = (*gpu)->counters();
-    std::printf("[%s arena %.0f%% = %lld slots] greedy id mismatches %d of %d, worst forced-logits rel L2 %.3g, "
-                "lookups %lld misses %lld syncs %lld graph steps %lld prefetch %lld issued %lld useful\n",
-                name.c_str(), fraction * 100, (long long)s.arena_slots, id_mismatches, n_prompts * n_gen,
-                worst, (long long)s.expert_lookups, (long long)s.expert_misses, (long long)s.host_syncs,
-                (long long)s.graph_launches, (long long)s.vram_prefetch_issued, (long long)s.vram_prefetch_useful);
+    std::printf(
+        "[%s arena %.0f%% = %lld slots] greedy id mismatches %d of %d, worst forced-logits rel L2 %.3g, "
+        "lookups %lld misses %lld syncs %lld graph steps %lld prefetch %lld issued %lld useful\n",
+        name.c_str(), fraction * 100, (long long)s.arena_slots, id_mismatches, n_prompts * n_gen, worst,
+        (long long)s.expert_lookups, (long long)s.expert_misses, (long long)s.host_syncs, (long long)s.graph_launches,
+        (long long)s.vram_prefetch_issued, (long long)s.vram_prefetch_useful);
     if (s.arena_slots < s.total_experts) {
       EXPECT_GT(s.expert_misses, 0);  // the miss path was exercised
     } else {
@@ -148,10 +150,10 @@ TEST_P(RandomGeometry, GreedyIdsEqualAndForcedLogitsClose) {
   so.geometry = RandomSynthGeometry(seed);
   so.seed = seed;
   const SynthGeometry& g = so.geometry;
-  const std::string name = absl::StrCat("random:", seed, " (", g.n_layer, " layers, d ", g.n_embd, ", ", g.n_head, "/",
-                                        g.n_head_kv, " heads x ", g.head_dim, ", ", g.n_expert, " experts top-",
-                                        g.n_expert_used, ", ff ", g.n_ff_exp, ", vocab ", g.n_vocab, ", ctx ",
-                                        g.n_ctx, ")");
+  const std::string name =
+      absl::StrCat("random:", seed, " (", g.n_layer, " layers, d ", g.n_embd, ", ", g.n_head, "/", g.n_head_kv,
+                   " heads x ", g.head_dim, ", ", g.n_expert, " experts top-", g.n_expert_used, ", ff ", g.n_ff_exp,
+                   ", vocab ", g.n_vocab, ", ctx ", g.n_ctx, ")");
   const std::string path = (std::filesystem::temp_directory_path() /
                             ("mer_cuda_random_" + std::to_string(getpid()) + "_" + std::to_string(seed) + ".gguf"))
                                .string();
@@ -232,9 +234,10 @@ TEST(CudaEngine, LongContextSplitKCloseToCpu) {
     }
     int same = 0;
     for (size_t i = 0; i < r.got.size(); ++i) same += r.got[i] == r.want[i];
-    std::printf("[small_%s, 1200-token prompt, split-K] %d of %zu greedy ids equal, forced-logits rel L2 first %.3g "
-                "worst %.3g\n", f32 ? "f32" : "q8_0", same, r.got.size(), r.rel_l2[0],
-                *std::max_element(r.rel_l2.begin(), r.rel_l2.end()));
+    std::printf(
+        "[small_%s, 1200-token prompt, split-K] %d of %zu greedy ids equal, forced-logits rel L2 first %.3g "
+        "worst %.3g\n",
+        f32 ? "f32" : "q8_0", same, r.got.size(), r.rel_l2[0], *std::max_element(r.rel_l2.begin(), r.rel_l2.end()));
   }
 }
 
@@ -394,9 +397,9 @@ TEST(CudaEngine, DecodeGreedyEqualsForwardArgmaxLoop) {
     ASSERT_EQ(prefill(), first);
     got.clear();
     ASSERT_TRUE(e->DecodeGreedy(0, first, P, kSteps, [&](int32_t id) {
-      got.push_back(id);
-      return got.size() < 10;
-    }).ok());
+                   got.push_back(id);
+                   return got.size() < 10;
+                 }).ok());
     EXPECT_EQ(e->sequence_length(0), P + 10) << where;
     ASSERT_TRUE(e->DecodeGreedy(0, got.back(), P + 10, kSteps - 10, collect).ok());
     EXPECT_EQ(got, want) << where << ": stopped and resumed";

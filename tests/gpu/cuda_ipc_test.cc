@@ -53,14 +53,12 @@ constexpr int kPromptTokens = 12;
 constexpr int kGenTokens = 32;
 constexpr double kLogitsBound = 1e-3;
 
-
 std::string ResidencyBinary() {
   if (const char* env = std::getenv("MER_RESIDENCY_BIN"); env != nullptr && *env != '\0') return env;
   std::error_code ec;
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
   return (self.parent_path() / "mer-residency").string();
 }
-
 
 // mer-residency as a child process; its stderr goes to `log`. SIGTERM (then SIGKILL) at the end.
 class ResidencyProcess {
@@ -75,8 +73,8 @@ class ResidencyProcess {
     if (pid_ == 0) {
       FILE* f = std::freopen(log.c_str(), "w", stderr);
       (void)f;
-      execl(bin.c_str(), bin.c_str(), "--store", store.c_str(), "--instance", instance.c_str(), "--ram-budget",
-            "10%", "--metrics-listen", "off", "--stats-interval", "0", static_cast<char*>(nullptr));
+      execl(bin.c_str(), bin.c_str(), "--store", store.c_str(), "--instance", instance.c_str(), "--ram-budget", "10%",
+            "--metrics-listen", "off", "--stats-interval", "0", static_cast<char*>(nullptr));
       std::perror("execl mer-residency");
       _exit(127);
     }
@@ -116,7 +114,6 @@ class ResidencyProcess {
   int status_ = -1;
   std::string error_;
 };
-
 
 // A counter from mer-residency's exit line "mer-residency: counters a=1 b=2 ...".
 int64_t Counter(const std::string& log, const std::string& name) {
@@ -177,22 +174,25 @@ TEST_P(CudaIpcArena, GreedyIdsEqualTheCpuReference) {
     // The host path demands every miss of the arena; the device path's misses (experts its table
     // did not publish) may still be in VRAM, unpinned, and cost mer-residency no upload.
     if (!device_path) total_misses += s.expert_misses;
-    std::printf("[%s IPC arena %.0f%% = %lld slots of %lld experts, %s] compared %d prompts x %d greedy ids and "
-                "teacher-forced logits with the CPU reference: id mismatches %d of %d, worst logits rel L2 %.3g "
-                "(bound %.0e); misses %lld, routing records %lld, layers served %lld, host syncs %lld per %lld "
-                "forward calls, graph steps %lld; source %s\n",
-                tc.name.c_str(), arena * 100, (long long)s.arena_slots, (long long)s.total_experts,
-                arena == 1.0 ? "preloaded" : device_path ? "device decides" : "host serves", kPrompts, kGenTokens,
-                mismatches, kPrompts * kGenTokens, worst, kLogitsBound, (long long)s.expert_misses,
-                (long long)s.device_routing_records, (long long)s.device_served_layers, (long long)s.host_syncs,
-                (long long)s.forward_calls, (long long)s.graph_launches, (*source)->FormatStats().c_str());
+    std::printf(
+        "[%s IPC arena %.0f%% = %lld slots of %lld experts, %s] compared %d prompts x %d greedy ids and "
+        "teacher-forced logits with the CPU reference: id mismatches %d of %d, worst logits rel L2 %.3g "
+        "(bound %.0e); misses %lld, routing records %lld, layers served %lld, host syncs %lld per %lld "
+        "forward calls, graph steps %lld; source %s\n",
+        tc.name.c_str(), arena * 100, (long long)s.arena_slots, (long long)s.total_experts,
+        arena == 1.0  ? "preloaded"
+        : device_path ? "device decides"
+                      : "host serves",
+        kPrompts, kGenTokens, mismatches, kPrompts * kGenTokens, worst, kLogitsBound, (long long)s.expert_misses,
+        (long long)s.device_routing_records, (long long)s.device_served_layers, (long long)s.host_syncs,
+        (long long)s.forward_calls, (long long)s.graph_launches, (*source)->FormatStats().c_str());
     if (arena == 1.0) {
       EXPECT_FALSE(s.arena_placed_by_residency);
       EXPECT_EQ(s.expert_misses, 0);
       EXPECT_GT(s.graph_launches, 0);
     } else {
       EXPECT_TRUE(s.arena_placed_by_residency);
-      EXPECT_GT(s.expert_misses, 0);  // mer-residency uploaded them: compute preloads nothing here
+      EXPECT_GT(s.expert_misses, 0);        // mer-residency uploaded them: compute preloads nothing here
       EXPECT_EQ(s.expert_upload_bytes, 0);  // and compute itself uploaded nothing
     }
     if (arena == 0.5) {
@@ -206,23 +206,24 @@ TEST_P(CudaIpcArena, GreedyIdsEqualTheCpuReference) {
   const std::string log = daemon.Log();
   const int64_t uploads = Counter(log, "vram_uploads"), evictions = Counter(log, "vram_evictions"),
                 imports = Counter(log, "vram_arena_imports"), refused = Counter(log, "vram_refused");
-  std::printf("[%s] mer-residency exit %d: vram_arena_imports %lld, vram_uploads %lld, vram_evictions %lld, "
-              "vram_refused %lld, checksum_failures %lld\n",
-              tc.name.c_str(), rc, (long long)imports, (long long)uploads, (long long)evictions,
-              (long long)refused, (long long)Counter(log, "checksum_failures"));
+  std::printf(
+      "[%s] mer-residency exit %d: vram_arena_imports %lld, vram_uploads %lld, vram_evictions %lld, "
+      "vram_refused %lld, checksum_failures %lld\n",
+      tc.name.c_str(), rc, (long long)imports, (long long)uploads, (long long)evictions, (long long)refused,
+      (long long)Counter(log, "checksum_failures"));
   EXPECT_EQ(rc, 0) << log;
-  EXPECT_EQ(imports, 2) << log;  // one arena per engine that exports one (not the full one)
+  EXPECT_EQ(imports, 2) << log;             // one arena per engine that exports one (not the full one)
   EXPECT_GE(uploads, total_misses) << log;  // the host-served arena's misses at least
-  EXPECT_GT(evictions, 0) << log;  // the 10% arena really was smaller than the model
+  EXPECT_GT(evictions, 0) << log;           // the 10% arena really was smaller than the model
   EXPECT_EQ(refused, 0) << log;
   EXPECT_EQ(Counter(log, "checksum_failures"), 0) << log;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Ipc, CudaIpcArena,
-    ::testing::Values(Case{"tiny", SynthQuant::kQ8_0, "tiny_q8_0"}, Case{"tiny", SynthQuant::kF16, "tiny_f16"},
-                      Case{"small", SynthQuant::kQ8_0, "small_q8_0"}),
-    [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+INSTANTIATE_TEST_SUITE_P(Ipc, CudaIpcArena,
+                         ::testing::Values(Case{"tiny", SynthQuant::kQ8_0, "tiny_q8_0"},
+                                           Case{"tiny", SynthQuant::kF16, "tiny_f16"},
+                                           Case{"small", SynthQuant::kQ8_0, "small_q8_0"}),
+                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
 }  // namespace
 }  // namespace mer

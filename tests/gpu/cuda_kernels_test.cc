@@ -131,7 +131,9 @@ TEST(CudaKernels, QuantizeIsBitExact) {
 // Matrix-vector products of every type and a sweep of sizes and token counts, with and without
 // a residual, against VecDot on the CPU-converted activations.
 TEST(CudaKernels, MatvecMatchesCpuRowDots) {
-  struct Size { int64_t rows, cols; };
+  struct Size {
+    int64_t rows, cols;
+  };
   for (GgmlType type : kTypes) {
     // One token of Q8_0 with 4,096 cols takes the warp-per-row path (matvec.cu, warp_dot.cuh
     // WarpQ8_0Rows); the others the lane-group path.
@@ -152,10 +154,9 @@ TEST(CudaKernels, MatvecMatchesCpuRowDots) {
           QuantizeRow(at, &x[t * sz.cols], act.data(), sz.cols);
           for (int64_t r = 0; r < sz.rows; ++r) {
             // The CPU engine's row dot (cpu_engine.cc RowDots): ggml_vec_dot_f32's order for F32.
-            want[t * sz.rows + r] =
-                type == GgmlType::kF32
-                    ? cpu::DotF32Ggml(reinterpret_cast<const float*>(&w[r * rb]), &x[t * sz.cols], sz.cols)
-                    : VecDot(type, &w[r * rb], act.data(), sz.cols);
+            want[t * sz.rows + r] = type == GgmlType::kF32 ? cpu::DotF32Ggml(reinterpret_cast<const float*>(&w[r * rb]),
+                                                                             &x[t * sz.cols], sz.cols)
+                                                           : VecDot(type, &w[r * rb], act.data(), sz.cols);
             want_res[t * sz.rows + r] = res[t * sz.rows + r] + want[t * sz.rows + r];
           }
         }
@@ -220,16 +221,16 @@ TEST(CudaKernels, RmsNormAddsMoeOutputExactly) {
   float* deo = ToDevice(eo);
   float* dew = ToDevice(ew);
   float* y = DeviceNaN<float>(n * cols);
-  cuda::LaunchRmsNorm(dx, cols, nullptr, n, cuda::MoeCombine{deo, dew, k}, dw, 1e-6f, cols, y, cols,
-                      cuda::DevAct{}, nullptr);
+  cuda::LaunchRmsNorm(dx, cols, nullptr, n, cuda::MoeCombine{deo, dew, k}, dw, 1e-6f, cols, y, cols, cuda::DevAct{},
+                      nullptr);
   EXPECT_EQ(ToHost(dx, n * cols), want_x);
   EXPECT_LE(RelL2(ToHost(y, n * cols), want_y), 1e-6);
   for (void* p : {(void*)dx, (void*)dw, (void*)deo, (void*)dew, (void*)y}) CUDA_CHECK(cudaFree(p));
 }
 
 TEST(CudaKernels, EmbedRowsExact) {
-  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_K,
-                        GgmlType::kQ6_K}) {
+  for (GgmlType type :
+       {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
     const int64_t cols = 768, rows = 50;
     const int64_t rb = RowBytes(type, cols);
     const std::vector<float> tf = Random(rows * cols);
@@ -290,84 +291,84 @@ TEST(CudaKernels, RouterTopKMatchesCpu) {
 // and the logits that LaunchRmsNorm followed by the mat-vec gives.
 TEST(CudaKernels, FusedRouterEqualsMatvecThenTopK) {
   for (int64_t cols : {64, 768, 2048, 4096})
-  for (bool fused_norm : {false, true}) {
-    for (int ne : {8, 128}) {
-      const int k = ne == 8 ? 2 : 8;
-      const std::vector<float> w = Random(ne * cols, 0.05f);
-      float* dw = ToDevice(w);
-      std::vector<int32_t> slots(ne, 0);
-      slots[1] = -1;
-      int32_t* ds = ToDevice(slots);
-      int32_t* buf = DeviceNaN<int32_t>(2 + ne + ne + 1 + k);
-      unsigned long long* lookups = nullptr;
-      unsigned int* done = nullptr;
-      CUDA_CHECK(cudaMalloc(&lookups, 8));
-      CUDA_CHECK(cudaMemset(lookups, 0, 8));
-      CUDA_CHECK(cudaMalloc(&done, 4));
-      CUDA_CHECK(cudaMemset(done, 0, 4));
-      const cuda::MoeGroups g{buf, buf + 1, buf + 2, buf + 2 + ne, buf + 2 + ne + ne + 1, lookups};
-      for (int rep = 0; rep < 3; ++rep) {
-        const std::vector<float> x = Random(cols, fused_norm ? 3.0f : 1.0f), nw = Random(cols);
-        float* dx = ToDevice(x);
-        float* dnw = ToDevice(nw);
-        float* xn = DeviceNaN<float>(cols);
-        DeviceAct want_act(GgmlType::kQ8_0, cols, 1), got_act(GgmlType::kQ8_0, cols, 1);
-        if (fused_norm)
-          cuda::LaunchRmsNorm(dx, cols, nullptr, 1, cuda::MoeCombine{}, dnw, 1e-6f, cols, xn, cols, want_act.act,
-                              nullptr);
-        float* logits = DeviceNaN<float>(ne);
-        int32_t* want_e = DeviceNaN<int32_t>(k);
-        float* want_w = DeviceNaN<float>(k);
-        const cuda::DevMatrix m{cuda::kDevF32, ne, cols, reinterpret_cast<const uint8_t*>(dw)};
-        const cuda::MatvecOutput out{m, logits, ne, nullptr};
-        const cuda::DevAct act{cuda::kDevF32, cols, reinterpret_cast<uint8_t*>(fused_norm ? xn : dx), nullptr};
-        cuda::LaunchMatvec(&out, 1, act, 1, nullptr);
-        cuda::LaunchRouterTopK(logits, 1, ne, k, true, want_e, want_w, nullptr, nullptr, nullptr);
-        ASSERT_TRUE(cuda::RouterTopK1Supported(cols, ne));
-        cuda::Router1Args a{};
-        a.router = dw;
-        a.x = dx;
-        a.n_embd = static_cast<int32_t>(cols);
-        a.n_expert = ne;
-        a.k = k;
-        a.norm_topk = true;
-        a.logits = DeviceNaN<float>(ne);
-        a.blocks_done = done;
-        a.chosen = DeviceNaN<int32_t>(k);
-        a.weights = DeviceNaN<float>(k);
-        a.slot_table = ds;
-        a.groups = g;
-        if (fused_norm) a.norm = cuda::Router1Norm{dx, dnw, 1e-6f, got_act.act};
-        cuda::LaunchRouterTopK1(a, nullptr);
-        EXPECT_EQ(ToHost(a.logits, ne), ToHost(logits, ne)) << cols << "x" << ne << (fused_norm ? " norm" : "");
-        if (fused_norm) {
-          EXPECT_EQ(ToHost(got_act.act.data, cols), ToHost(want_act.act.data, cols)) << cols << " norm's quants";
-          EXPECT_EQ(ToHost(got_act.act.scales, cols / 32), ToHost(want_act.act.scales, cols / 32)) << cols;
+    for (bool fused_norm : {false, true}) {
+      for (int ne : {8, 128}) {
+        const int k = ne == 8 ? 2 : 8;
+        const std::vector<float> w = Random(ne * cols, 0.05f);
+        float* dw = ToDevice(w);
+        std::vector<int32_t> slots(ne, 0);
+        slots[1] = -1;
+        int32_t* ds = ToDevice(slots);
+        int32_t* buf = DeviceNaN<int32_t>(2 + ne + ne + 1 + k);
+        unsigned long long* lookups = nullptr;
+        unsigned int* done = nullptr;
+        CUDA_CHECK(cudaMalloc(&lookups, 8));
+        CUDA_CHECK(cudaMemset(lookups, 0, 8));
+        CUDA_CHECK(cudaMalloc(&done, 4));
+        CUDA_CHECK(cudaMemset(done, 0, 4));
+        const cuda::MoeGroups g{buf, buf + 1, buf + 2, buf + 2 + ne, buf + 2 + ne + ne + 1, lookups};
+        for (int rep = 0; rep < 3; ++rep) {
+          const std::vector<float> x = Random(cols, fused_norm ? 3.0f : 1.0f), nw = Random(cols);
+          float* dx = ToDevice(x);
+          float* dnw = ToDevice(nw);
+          float* xn = DeviceNaN<float>(cols);
+          DeviceAct want_act(GgmlType::kQ8_0, cols, 1), got_act(GgmlType::kQ8_0, cols, 1);
+          if (fused_norm)
+            cuda::LaunchRmsNorm(dx, cols, nullptr, 1, cuda::MoeCombine{}, dnw, 1e-6f, cols, xn, cols, want_act.act,
+                                nullptr);
+          float* logits = DeviceNaN<float>(ne);
+          int32_t* want_e = DeviceNaN<int32_t>(k);
+          float* want_w = DeviceNaN<float>(k);
+          const cuda::DevMatrix m{cuda::kDevF32, ne, cols, reinterpret_cast<const uint8_t*>(dw)};
+          const cuda::MatvecOutput out{m, logits, ne, nullptr};
+          const cuda::DevAct act{cuda::kDevF32, cols, reinterpret_cast<uint8_t*>(fused_norm ? xn : dx), nullptr};
+          cuda::LaunchMatvec(&out, 1, act, 1, nullptr);
+          cuda::LaunchRouterTopK(logits, 1, ne, k, true, want_e, want_w, nullptr, nullptr, nullptr);
+          ASSERT_TRUE(cuda::RouterTopK1Supported(cols, ne));
+          cuda::Router1Args a{};
+          a.router = dw;
+          a.x = dx;
+          a.n_embd = static_cast<int32_t>(cols);
+          a.n_expert = ne;
+          a.k = k;
+          a.norm_topk = true;
+          a.logits = DeviceNaN<float>(ne);
+          a.blocks_done = done;
+          a.chosen = DeviceNaN<int32_t>(k);
+          a.weights = DeviceNaN<float>(k);
+          a.slot_table = ds;
+          a.groups = g;
+          if (fused_norm) a.norm = cuda::Router1Norm{dx, dnw, 1e-6f, got_act.act};
+          cuda::LaunchRouterTopK1(a, nullptr);
+          EXPECT_EQ(ToHost(a.logits, ne), ToHost(logits, ne)) << cols << "x" << ne << (fused_norm ? " norm" : "");
+          if (fused_norm) {
+            EXPECT_EQ(ToHost(got_act.act.data, cols), ToHost(want_act.act.data, cols)) << cols << " norm's quants";
+            EXPECT_EQ(ToHost(got_act.act.scales, cols / 32), ToHost(want_act.act.scales, cols / 32)) << cols;
+          }
+          const std::vector<int32_t> e = ToHost(a.chosen, k);
+          EXPECT_EQ(e, ToHost(want_e, k)) << cols << "x" << ne;
+          EXPECT_EQ(ToHost(a.weights, k), ToHost(want_w, k)) << cols << "x" << ne;
+          // The groups of a single token: its experts ascending, one pair each.
+          const std::vector<int32_t> h = ToHost(buf, 2 + ne + ne + 1 + k);
+          std::vector<int32_t> sorted(e);
+          std::sort(sorted.begin(), sorted.end());
+          ASSERT_EQ(h[0], k);
+          int missing = 0;
+          for (int u = 0; u < k; ++u) {
+            EXPECT_EQ(h[2 + u], sorted[u]);
+            EXPECT_EQ(e[h[2 + ne + ne + 1 + u]], sorted[u]);
+            missing += sorted[u] == 1;
+          }
+          EXPECT_EQ(h[1], missing);
+          EXPECT_EQ(ToHost(done, 1)[0], 0u);
+          for (void* p : {(void*)dx, (void*)dnw, (void*)xn, (void*)logits, (void*)want_e, (void*)want_w,
+                          (void*)a.logits, (void*)a.chosen, (void*)a.weights})
+            CUDA_CHECK(cudaFree(p));
         }
-        const std::vector<int32_t> e = ToHost(a.chosen, k);
-        EXPECT_EQ(e, ToHost(want_e, k)) << cols << "x" << ne;
-        EXPECT_EQ(ToHost(a.weights, k), ToHost(want_w, k)) << cols << "x" << ne;
-        // The groups of a single token: its experts ascending, one pair each.
-        const std::vector<int32_t> h = ToHost(buf, 2 + ne + ne + 1 + k);
-        std::vector<int32_t> sorted(e);
-        std::sort(sorted.begin(), sorted.end());
-        ASSERT_EQ(h[0], k);
-        int missing = 0;
-        for (int u = 0; u < k; ++u) {
-          EXPECT_EQ(h[2 + u], sorted[u]);
-          EXPECT_EQ(e[h[2 + ne + ne + 1 + u]], sorted[u]);
-          missing += sorted[u] == 1;
-        }
-        EXPECT_EQ(h[1], missing);
-        EXPECT_EQ(ToHost(done, 1)[0], 0u);
-        for (void* p : {(void*)dx, (void*)dnw, (void*)xn, (void*)logits, (void*)want_e, (void*)want_w,
-                        (void*)a.logits, (void*)a.chosen, (void*)a.weights})
-          CUDA_CHECK(cudaFree(p));
+        EXPECT_EQ(ToHost(lookups, 1)[0], 3ull * k);
+        for (void* p : {(void*)dw, (void*)ds, (void*)buf, (void*)lookups, (void*)done}) CUDA_CHECK(cudaFree(p));
       }
-      EXPECT_EQ(ToHost(lookups, 1)[0], 3ull * k);
-      for (void* p : {(void*)dw, (void*)ds, (void*)buf, (void*)lookups, (void*)done}) CUDA_CHECK(cudaFree(p));
     }
-  }
 }
 
 // The argmax kernel against Sampler::Argmax: distinct values, ties (the lowest index), NaNs (never
@@ -438,7 +439,8 @@ TEST(CudaKernels, MoeGroupPartitionsPairs) {
   const auto pairs_of = [&](int32_t e) { return std::count(chosen.begin(), chosen.end(), e); };
   std::stable_sort(distinct.begin(), distinct.end(), [&](int32_t a, int32_t b) { return pairs_of(a) > pairs_of(b); });
   ASSERT_EQ(n_used, static_cast<int>(distinct.size()));
-  EXPECT_EQ(h[1], int(std::count(distinct.begin(), distinct.end(), 4) + std::count(distinct.begin(), distinct.end(), 6)));
+  EXPECT_EQ(h[1],
+            int(std::count(distinct.begin(), distinct.end(), 4) + std::count(distinct.begin(), distinct.end(), 6)));
   std::vector<int> seen(n_pairs, 0);
   for (int u = 0; u < n_used; ++u) {
     EXPECT_EQ(h[2 + u], distinct[u]);
@@ -455,7 +457,9 @@ TEST(CudaKernels, MoeGroupPartitionsPairs) {
 
 // Q/K norm + RoPE + KV append, then attention over the cache, for GQA head layouts and
 // positions across sequences, against cpu_ops.h.
-struct AttentionShape { int n_head, n_head_kv, head_dim; };
+struct AttentionShape {
+  int n_head, n_head_kv, head_dim;
+};
 
 // Q/K norm + RoPE and attention of a batch (token t of sequence seq[t] at position pos[t]) against
 // a double-precision reference: the exact kernel after LaunchQkNormRope, the split-K path, or the
@@ -512,7 +516,8 @@ void CheckQkNormRopeAttention(AttentionShape sh, int max_ctx, const std::vector<
     int32_t *dseq = ToDevice(seq), *dpos = ToDevice(pos);
     float* scores = DeviceNaN<float>(int64_t(n) * sh.n_head * cuda::AttentionScoresStride(max_ctx));
     float* out = DeviceNaN<float>(n * QD);
-    cuda::QkNormRopeArgs r{dq, dk, dv, dqn, dkn, drc, drs, dseq, dpos, dkc, dvc, sh.n_head, sh.n_head_kv, HD, max_ctx, 1e-6f};
+    cuda::QkNormRopeArgs r{dq,   dk,  dv,  dqn,       dkn,          drc, drs,     dseq,
+                           dpos, dkc, dvc, sh.n_head, sh.n_head_kv, HD,  max_ctx, 1e-6f};
     if (!fused) cuda::LaunchQkNormRope(r, n, nullptr);
     cuda::AttentionArgs a{dq, dkc, dvc, dseq, dpos, scores, out, cuda::DevAct{}, sh.n_head, sh.n_head_kv, HD, max_ctx};
     a.split = split;
@@ -525,7 +530,9 @@ void CheckQkNormRopeAttention(AttentionShape sh, int max_ctx, const std::vector<
       a.rope = r;
     }
     cuda::LaunchAttention(a, n, nullptr);
-    const std::string what = std::string(split ? "split-K" : fused ? "fused Q/K norm + RoPE" : "exact") +
+    const std::string what = std::string(split   ? "split-K"
+                                         : fused ? "fused Q/K norm + RoPE"
+                                                 : "exact") +
                              ", head_dim " + std::to_string(HD) + ", max_ctx " + std::to_string(max_ctx);
     if (!fused) {  // fused: q stays raw
       EXPECT_LE(RelL2(ToHost(dq, n * QD), q_ref), 1e-6) << "q, " << what;
@@ -542,8 +549,14 @@ void CheckQkNormRopeAttention(AttentionShape sh, int max_ctx, const std::vector<
 TEST(CudaKernels, QkNormRopeAndAttentionMatchCpu) {
   // A batch continuing two sequences: seq 0 from position 0 (6 tokens), seq 1 from 250 (3 tokens).
   std::vector<int32_t> seq, pos;
-  for (int i = 0; i < 6; ++i) { seq.push_back(0); pos.push_back(i); }
-  for (int i = 0; i < 3; ++i) { seq.push_back(1); pos.push_back(250 + i); }
+  for (int i = 0; i < 6; ++i) {
+    seq.push_back(0);
+    pos.push_back(i);
+  }
+  for (int i = 0; i < 3; ++i) {
+    seq.push_back(1);
+    pos.push_back(250 + i);
+  }
   for (AttentionShape sh : {AttentionShape{4, 2, 16}, AttentionShape{12, 4, 64}, AttentionShape{32, 4, 128}})
     CheckQkNormRopeAttention(sh, 300, seq, pos, AttentionPath::kExact);
 }
@@ -562,7 +575,8 @@ TEST(CudaKernels, AttentionWithFusedQkNormRopeMatchesCpu) {
 TEST(CudaKernels, LongContextAttentionSplitK) {
   const std::vector<int32_t> seq = {0, 0, 1, 1}, pos = {4096, 4351, 100, 2999};
   for (AttentionShape sh : {AttentionShape{12, 4, 64}, AttentionShape{32, 4, 128}})
-    for (AttentionPath path : {AttentionPath::kExact, AttentionPath::kSplit}) CheckQkNormRopeAttention(sh, 4400, seq, pos, path);
+    for (AttentionPath path : {AttentionPath::kExact, AttentionPath::kSplit})
+      CheckQkNormRopeAttention(sh, 4400, seq, pos, path);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -640,7 +654,8 @@ TEST(CudaKernels, QuantizeQ8_KIsBitExact) {
           int16_t bsums[16];
           std::memcpy(bsums, &got[t * rb + cuda::Q8_KBsumsOffset(cols, b)], 32);
           for (int j = 0; j < 16; ++j)
-            ASSERT_EQ(want[b].bsums[j], bsums[j]) << "q8_k cols " << cols << " row " << t << " block " << b << " bsum " << j;
+            ASSERT_EQ(want[b].bsums[j], bsums[j])
+                << "q8_k cols " << cols << " row " << t << " block " << b << " bsum " << j;
           ASSERT_EQ(want[b].d, got_d[t * nb + b]) << "q8_k cols " << cols << " row " << t << " block " << b << " d";
         }
       }
@@ -653,7 +668,9 @@ TEST(CudaKernels, QuantizeQ8_KIsBitExact) {
 // without a residual, three matrices of different heights in one launch (as Q, K, V), against
 // VecDotRows on the CPU-converted activations.
 TEST(CudaKernels, KQuantMatvecMatchesCpuRowDots) {
-  struct Size { int64_t rows, cols; };
+  struct Size {
+    int64_t rows, cols;
+  };
   for (GgmlType type : kKQuantTypes) {
     for (Size sz : {Size{1, 256}, Size{7, 512}, Size{33, 768}, Size{256, 1024}, Size{100, 2048}, Size{1000, 4096},
                     Size{1000, 256}, Size{3, 4096}}) {
@@ -675,8 +692,10 @@ TEST(CudaKernels, KQuantMatvecMatchesCpuRowDots) {
         for (int i = 0; i < 4; ++i) want[i].resize(n * heights[i]);
         for (int t = 0; t < n; ++t) {
           QuantizeRowQ8_K(&x[t * sz.cols], act.data(), sz.cols);
-          for (int i = 0; i < 4; ++i) VecDotRows(type, w[i].data(), heights[i], act.data(), sz.cols, &want[i][t * heights[i]]);
-          for (int64_t r = 0; r < sz.rows; ++r) want[1][t * sz.rows + r] = res[t * sz.rows + r] + want[1][t * sz.rows + r];
+          for (int i = 0; i < 4; ++i)
+            VecDotRows(type, w[i].data(), heights[i], act.data(), sz.cols, &want[i][t * heights[i]]);
+          for (int64_t r = 0; r < sz.rows; ++r)
+            want[1][t * sz.rows + r] = res[t * sz.rows + r] + want[1][t * sz.rows + r];
         }
         float* dx = ToDevice(x);
         DeviceAct a(GgmlType::kQ8_K, sz.cols, n);
@@ -716,7 +735,10 @@ TEST(CudaKernels, KQuantMatvecMatchesCpuRowDots) {
 // engine's MoE: row dots, SwiGLU (cpu_ops.h), conversion of h, down row dots. One token also
 // goes through the decode path's down kernel, which converts h itself.
 TEST(CudaKernels, ExpertsMatchCpu) {
-  struct Mix { GgmlType gate, down; int64_t E, F; };
+  struct Mix {
+    GgmlType gate, down;
+    int64_t E, F;
+  };
   const int NE = 6, K = 2;
   auto align = [](int64_t b) { return (b + 255) / 256 * 256; };
   auto weights = [](GgmlType type, int64_t rows, int64_t cols, bool raw) {
@@ -829,8 +851,8 @@ TEST(CudaKernels, ExpertsMatchCpu) {
         CUDA_CHECK(cudaFree(out_f32));
       }
       for (void* p : sources) CUDA_CHECK(cudaFree(p));
-      for (void* p : {(void*)arena, (void*)d_slots, (void*)d_chosen, (void*)buf, (void*)lookups, (void*)dx, (void*)h,
-                      (void*)out})
+      for (void* p :
+           {(void*)arena, (void*)d_slots, (void*)d_chosen, (void*)buf, (void*)lookups, (void*)dx, (void*)h, (void*)out})
         CUDA_CHECK(cudaFree(p));
     }
   }

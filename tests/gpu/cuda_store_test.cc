@@ -28,27 +28,24 @@
 #include "services/compute/cuda/cuda_engine.h"
 #include "services/compute/cuda/host_memory.h"
 #include "services/compute/generation.h"
+#include "services/compute/residency_expert_source.h"
 #include "tests/gpu/corpus.h"
 #include "tests/gpu/test_models.h"
-#include "services/compute/residency_expert_source.h"
 #include "tests/unit/residency/daemon/daemon_fixture.h"
 
 namespace mer {
 namespace {
 
 using gpu_test::GreedyAndScore;
-using gpu_test::Outputs;
 using gpu_test::MakeStore;
+using gpu_test::Outputs;
 using gpu_test::StoreFiles;
 
 constexpr int kPrompts = 4;
-constexpr int kPromptTokens = 12;   // x top-k: a prompt layer routes to more experts than one acquire may pin
+constexpr int kPromptTokens = 12;  // x top-k: a prompt layer routes to more experts than one acquire may pin
 constexpr int kGenTokens = 32;
 constexpr double kLogitsBound = 1e-3;  // relative L2 per step, as cuda_engine_test
 constexpr double kRamFraction = 0.10;
-
-
-
 
 // Forwards to the residency source and checks the engine keeps to the ExpertSource contract: at
 // most max_experts_per_acquire() experts per acquire, a layer acquired once between releases, and
@@ -56,8 +53,7 @@ constexpr double kRamFraction = 0.10;
 class CheckedSource final : public ExpertSource {
  public:
   explicit CheckedSource(ExpertSource& inner) : inner_(inner) {}
-  absl::Status AcquireLayer(int layer, absl::Span<const int32_t> experts,
-                            absl::Span<ExpertWeights> out) override {
+  absl::Status AcquireLayer(int layer, absl::Span<const int32_t> experts, absl::Span<ExpertWeights> out) override {
     EXPECT_LE(static_cast<int>(experts.size()), inner_.max_experts_per_acquire()) << "layer " << layer;
     EXPECT_EQ(held_.count(layer), 0u) << "layer " << layer << " acquired twice without a release";
     // A layer's last demand group stays held until the next synchronisation, and the look-ahead
@@ -137,13 +133,13 @@ TEST_P(CudaFromResidency, GreedyIdsEqualTheCpuReference) {
     const int mismatches = cmp.id_mismatches;
     const double worst = cmp.worst_rel_l2;
     const BackendCounters s = (*gpu)->counters();
-    std::printf("[%s arena %.0f%% = %lld slots, RAM tier %u slots, %d per acquire] greedy id mismatches %d of %d, "
-                "worst forced-logits rel L2 %.3g, misses %lld, acquires %d (%d repeated layers), %s; residency %s\n",
-                tc.name.c_str(), arena * 100, (long long)s.arena_slots, daemon.daemon().ram_slots(),
-                checked.max_experts_per_acquire(), mismatches, kPrompts * kGenTokens, worst,
-                (long long)s.expert_misses, checked.acquires(), checked.repeats(),
-                (*source)->ram_tier_pinning().c_str(), (*source)->FormatStats().c_str());
-    EXPECT_EQ(checked.held(), 0u);  // every acquire released by the end of each step
+    std::printf(
+        "[%s arena %.0f%% = %lld slots, RAM tier %u slots, %d per acquire] greedy id mismatches %d of %d, "
+        "worst forced-logits rel L2 %.3g, misses %lld, acquires %d (%d repeated layers), %s; residency %s\n",
+        tc.name.c_str(), arena * 100, (long long)s.arena_slots, daemon.daemon().ram_slots(),
+        checked.max_experts_per_acquire(), mismatches, kPrompts * kGenTokens, worst, (long long)s.expert_misses,
+        checked.acquires(), checked.repeats(), (*source)->ram_tier_pinning().c_str(), (*source)->FormatStats().c_str());
+    EXPECT_EQ(checked.held(), 0u);    // every acquire released by the end of each step
     EXPECT_GT(checked.repeats(), 0);  // some layer needed more than one acquire
     if (arena < 1.0) {
       EXPECT_GT(s.expert_misses, 0);  // the miss path was exercised
@@ -157,11 +153,11 @@ TEST_P(CudaFromResidency, GreedyIdsEqualTheCpuReference) {
   EXPECT_GT(c.evictions, 0u);  // the RAM tier really was smaller than the model
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Store, CudaFromResidency,
-    ::testing::Values(Case{"tiny", SynthQuant::kQ8_0, "tiny_q8_0"}, Case{"tiny", SynthQuant::kF16, "tiny_f16"},
-                      Case{"small", SynthQuant::kQ8_0, "small_q8_0"}),
-    [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+INSTANTIATE_TEST_SUITE_P(Store, CudaFromResidency,
+                         ::testing::Values(Case{"tiny", SynthQuant::kQ8_0, "tiny_q8_0"},
+                                           Case{"tiny", SynthQuant::kF16, "tiny_f16"},
+                                           Case{"small", SynthQuant::kQ8_0, "small_q8_0"}),
+                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
 // The store's dense weights and a source that cannot say its experts' types: refused at Create,
 // not at the first miss.

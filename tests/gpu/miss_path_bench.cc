@@ -36,10 +36,14 @@ int Main(int argc, char** argv) {
   int reps = 50;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string f = argv[i];
-    if (f == "--embd") shape.embd = std::atoll(argv[i + 1]);
-    else if (f == "--ff") shape.ff = std::atoll(argv[i + 1]);
-    else if (f == "--types") types = argv[i + 1];
-    else if (f == "--reps") reps = std::atoi(argv[i + 1]);
+    if (f == "--embd")
+      shape.embd = std::atoll(argv[i + 1]);
+    else if (f == "--ff")
+      shape.ff = std::atoll(argv[i + 1]);
+    else if (f == "--types")
+      types = argv[i + 1];
+    else if (f == "--reps")
+      reps = std::atoi(argv[i + 1]);
   }
   const absl::Status parsed = perf::ParseExpertTypes(types, &shape);
   const absl::StatusOr<std::string> kernels = DescribeKernelVariant();
@@ -58,9 +62,9 @@ int Main(int argc, char** argv) {
   const int64_t expert_bytes = shape.bytes();
   constexpr int kCopies = 64;
   int next = 0;  // the copy the next repetition reads
-  std::printf("expert: gate/up %lld x %lld, down %lld x %lld, %s, %lld bytes; cpu kernels %s\n",
-              (long long)shape.ff, (long long)embd, (long long)embd, (long long)shape.ff,
-              shape.TypesName().c_str(), (long long)expert_bytes, kernels->c_str());
+  std::printf("expert: gate/up %lld x %lld, down %lld x %lld, %s, %lld bytes; cpu kernels %s\n", (long long)shape.ff,
+              (long long)embd, (long long)embd, (long long)shape.ff, shape.TypesName().c_str(), (long long)expert_bytes,
+              kernels->c_str());
 
   // Upload: from pinned and from pageable host memory.
   cudaStream_t stream;
@@ -104,9 +108,8 @@ int Main(int argc, char** argv) {
   perf::ExpertFfn ffn(shape, ActiveKernelVariant());
   for (int threads : {1, 2, 4, 8, 16}) {
     ThreadPool pool(threads);
-    const double t = perf::MedianMicros(reps, [&] {
-      ffn.Run(pool, pinned + (next++ % kCopies) * expert_bytes, x.data(), out.data());
-    });
+    const double t = perf::MedianMicros(
+        reps, [&] { ffn.Run(pool, pinned + (next++ % kCopies) * expert_bytes, x.data(), out.data()); });
     std::printf("cpu %2d threads   %8.1f us  (%.1f GB/s of weights)%s\n", threads, t, expert_bytes / t / 1e3,
                 t + round_trip < up_pinned ? "  faster than the pinned upload" : "");
   }

@@ -74,8 +74,7 @@ absl::Status Main(int argc, char** argv) {
       for (absl::string_view name : absl::StrSplit(value, ',')) {
         const absl::StatusOr<KernelVariant> v = KernelVariantNamed(std::string(name));
         if (!v.ok()) {
-          return absl::Status(v.status().code(),
-                              absl::StrCat("--kernels ", name, ": ", v.status().message()));
+          return absl::Status(v.status().code(), absl::StrCat("--kernels ", name, ": ", v.status().message()));
         }
         variants.push_back(*v);
       }
@@ -84,8 +83,7 @@ absl::Status Main(int argc, char** argv) {
     } else if (flag == "--copies" && absl::SimpleAtoi(value, &n) && n > 0) {
       copies = static_cast<int>(n);
     } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown flag or bad value: ", flag, " ", value));
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag or bad value: ", flag, " ", value));
     }
   }
   if (variants.empty()) {
@@ -101,11 +99,9 @@ absl::Status Main(int argc, char** argv) {
   }
   ASSIGN_OR_RETURN(const std::string chosen, DescribeKernelVariant());
   std::printf("cpu kernels chosen: %s\n", chosen.c_str());
-  std::printf("expert: gate/up %lld x %lld, down %lld x %lld; 1 token; %d copies; medians of %d\n",
-              (long long)base.ff, (long long)base.embd, (long long)base.embd, (long long)base.ff,
-              copies, reps);
-  std::printf("%-10s %10s %-7s %8s %10s %8s\n", "types", "bytes", "kernels", "threads", "us/expert",
-              "GB/s");
+  std::printf("expert: gate/up %lld x %lld, down %lld x %lld; 1 token; %d copies; medians of %d\n", (long long)base.ff,
+              (long long)base.embd, (long long)base.embd, (long long)base.ff, copies, reps);
+  std::printf("%-10s %10s %-7s %8s %10s %8s\n", "types", "bytes", "kernels", "threads", "us/expert", "GB/s");
 
   std::mt19937 rng(3);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -134,12 +130,10 @@ absl::Status Main(int argc, char** argv) {
       ThreadPool pool(t);
       for (KernelVariant v : variants) {
         perf::ExpertFfn ffn(shape, v);
-        const double us = perf::MedianMicros(reps, [&] {
-          ffn.Run(pool, experts.data() + (next++ % copies) * shape.bytes(), x.data(), out.data());
-        });
-        std::printf("%-10s %10lld %-7s %8d %10.1f %8.1f\n", shape.TypesName().c_str(),
-                    (long long)shape.bytes(), KernelVariantName(v), t, us,
-                    shape.bytes() / us / 1e3);
+        const double us = perf::MedianMicros(
+            reps, [&] { ffn.Run(pool, experts.data() + (next++ % copies) * shape.bytes(), x.data(), out.data()); });
+        std::printf("%-10s %10lld %-7s %8d %10.1f %8.1f\n", shape.TypesName().c_str(), (long long)shape.bytes(),
+                    KernelVariantName(v), t, us, shape.bytes() / us / 1e3);
       }
     }
   }

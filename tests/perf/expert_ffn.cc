@@ -27,15 +27,12 @@ absl::Status ParseExpertTypes(const std::string& spec, ExpertShape* shape) {
   const std::string down = plus == std::string::npos ? gate_up : spec.substr(plus + 1);
   const std::optional<GgmlType> g = ParseGgmlTypeName(gate_up), d = ParseGgmlTypeName(down);
   // F32 is left out: the engine's F32 dots take another path (cpu::DotF32Ggml).
-  const auto usable = [](std::optional<GgmlType> t) {
-    return t && *t != GgmlType::kQ8_K && *t != GgmlType::kF32;
-  };
+  const auto usable = [](std::optional<GgmlType> t) { return t && *t != GgmlType::kQ8_K && *t != GgmlType::kF32; };
   if (!usable(g) || !usable(d))
     return absl::InvalidArgumentError(
         absl::StrCat("expert types '", spec, "': each must be f16, bf16, q8_0, q4_k or q6_k"));
   if (!IsRowSizeValid(*g, shape->embd) || !IsRowSizeValid(*d, shape->ff))
-    return absl::InvalidArgumentError(absl::StrCat("expert types '", spec, "': rows of ",
-                                                   shape->embd, " / ", shape->ff,
+    return absl::InvalidArgumentError(absl::StrCat("expert types '", spec, "': rows of ", shape->embd, " / ", shape->ff,
                                                    " elements are not whole blocks"));
   shape->gate_up_type = *g;
   shape->down_type = *d;
@@ -81,9 +78,8 @@ void ExpertFfn::Run(ThreadPool& pool, const uint8_t* expert, const float* x, flo
     for (int64_t i = i0; i < i1; ++i) {
       const bool is_up = i >= ff_chunks;
       const int64_t r0 = (is_up ? i - ff_chunks : i) * kRowsPerChunk;
-      VecDotRowsWith(kernels_, shape_.gate_up_type, (is_up ? up : gate) + r0 * rb_gate,
-                     std::min(kRowsPerChunk, F - r0), x_act_.data(), E,
-                     (is_up ? up_ : gate_).data() + r0);
+      VecDotRowsWith(kernels_, shape_.gate_up_type, (is_up ? up : gate) + r0 * rb_gate, std::min(kRowsPerChunk, F - r0),
+                     x_act_.data(), E, (is_up ? up_ : gate_).data() + r0);
     }
   });
   cpu::SwiGlu(gate_.data(), up_.data(), F);
@@ -91,8 +87,8 @@ void ExpertFfn::Run(ThreadPool& pool, const uint8_t* expert, const float* x, flo
   pool.ParallelFor((E + kRowsPerChunk - 1) / kRowsPerChunk, 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t r0 = i * kRowsPerChunk;
-      VecDotRowsWith(kernels_, shape_.down_type, down + r0 * rb_down,
-                     std::min(kRowsPerChunk, E - r0), h_act_.data(), F, out + r0);
+      VecDotRowsWith(kernels_, shape_.down_type, down + r0 * rb_down, std::min(kRowsPerChunk, E - r0), h_act_.data(), F,
+                     out + r0);
     }
   });
 }

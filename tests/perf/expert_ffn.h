@@ -54,8 +54,8 @@ class ExpertFfn {
  private:
   ExpertShape shape_;
   KernelVariant kernels_;
-  std::vector<uint8_t> x_act_;  // x converted for gate/up
-  std::vector<uint8_t> h_act_;  // SwiGLU result converted for down
+  std::vector<uint8_t> x_act_;    // x converted for gate/up
+  std::vector<uint8_t> h_act_;    // SwiGLU result converted for down
   std::vector<float> gate_, up_;  // f32 [ff]
 };
 

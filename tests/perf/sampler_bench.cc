@@ -30,8 +30,7 @@ int main(int argc, char** argv) {
     sampler.Sample(logits, {});  // buffers grown
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < draws; ++i) sampler.Sample(logits, {});
-    const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / draws;
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / draws;
     std::printf("%-40s %8.3f ms per token\n", c.name, ms);
   }
   return 0;

@@ -164,8 +164,8 @@ bool CreateFile(const std::string& path, uint64_t bytes) {
   if (ftruncate(fd, static_cast<off_t>(bytes)) != 0 || fsync(fd) != 0) std::perror("fsync");
   close(fd);
   const double s = absl::ToDoubleSeconds(absl::Now() - start);
-  std::printf("created %s: %.2f GiB in %.1f s (%.2f GB/s, %s writes)\n", path.c_str(),
-              bytes / double(1ull << 30), s, bytes / s / 1e9, direct ? "O_DIRECT" : "buffered");
+  std::printf("created %s: %.2f GiB in %.1f s (%.2f GB/s, %s writes)\n", path.c_str(), bytes / double(1ull << 30), s,
+              bytes / s / 1e9, direct ? "O_DIRECT" : "buffered");
   return true;
 }
 
@@ -224,18 +224,16 @@ Result RunLoop(int fd, const std::vector<uint64_t>& offsets, uint64_t blob, bool
       }
       done += n;
     }
-    lat.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                      .count());
+    lat.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     r.bad_data += CheckBlob(buf.data(), off, blob, verify);
   }
-  const double s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   Finish(r, lat, blob * offsets.size(), s);
   return r;
 }
 
-bool RunEngine(const std::string& kind, int depth, const Args& args, int fd,
-               const std::vector<uint64_t>& offsets, uint64_t blob, bool verify, Result* out) {
+bool RunEngine(const std::string& kind, int depth, const Args& args, int fd, const std::vector<uint64_t>& offsets,
+               uint64_t blob, bool verify, Result* out) {
   IoEngineOptions options;
   options.io_inflight_max = depth;
   options.chunk_bytes = args.chunk_kib << 10;
@@ -257,8 +255,8 @@ bool RunEngine(const std::string& kind, int depth, const Args& args, int fd,
     engine = std::move(e).value();
   }
   const uint64_t chunks_per_blob = (blob + options.chunk_bytes - 1) / options.chunk_bytes;
-  const int blobs = static_cast<int>(
-      std::min<uint64_t>(offsets.size(), (depth + chunks_per_blob - 1) / chunks_per_blob));
+  const int blobs =
+      static_cast<int>(std::min<uint64_t>(offsets.size(), (depth + chunks_per_blob - 1) / chunks_per_blob));
   Result& r = *out;
   r = Result();
   r.engine = kind;
@@ -287,8 +285,7 @@ bool RunEngine(const std::string& kind, int depth, const Args& args, int fd,
   auto request = [&](int slot) {
     slot_offset[slot] = offsets[next++];
     submitted[slot] = std::chrono::steady_clock::now();
-    batch.push_back({fd, slot_offset[slot], blob, arena.data() + slot * blob,
-                     static_cast<uint64_t>(slot)});
+    batch.push_back({fd, slot_offset[slot], blob, arena.data() + slot * blob, static_cast<uint64_t>(slot)});
   };
   const auto start = std::chrono::steady_clock::now();
   for (int s = 0; s < blobs; ++s) request(s);
@@ -321,8 +318,7 @@ bool RunEngine(const std::string& kind, int depth, const Args& args, int fd,
       if (next < offsets.size()) request(slot);
     }
   }
-  const double s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   Finish(r, lat, blob * offsets.size(), s);
   const IoEngineStats st = engine->stats();
   if (kind == "uring" && r.fixed == "yes" && st.fixed_buffer_chunks != st.chunks_issued) {
@@ -333,14 +329,11 @@ bool RunEngine(const std::string& kind, int depth, const Args& args, int fd,
 
 int Main(int argc, char** argv) {
   const Args args = ParseArgs(argc, argv);
-  const uint64_t blob =
-      (static_cast<uint64_t>(args.blob_mib * (1 << 20)) + 4095) / 4096 * 4096;
-  if (args.create_gib > 0 &&
-      !CreateFile(args.file, static_cast<uint64_t>(args.create_gib * (1ull << 30)))) {
+  const uint64_t blob = (static_cast<uint64_t>(args.blob_mib * (1 << 20)) + 4095) / 4096 * 4096;
+  if (args.create_gib > 0 && !CreateFile(args.file, static_cast<uint64_t>(args.create_gib * (1ull << 30)))) {
     return 1;
   }
-  auto file = ReadOnlyFile::Open(args.file, args.allow_buffered ? DirectIo::kPrefer
-                                                                : DirectIo::kRequire);
+  auto file = ReadOnlyFile::Open(args.file, args.allow_buffered ? DirectIo::kPrefer : DirectIo::kRequire);
   if (!file.ok()) {
     std::fprintf(stderr, "store_read_bench: %s\n", file.status().ToString().c_str());
     return 1;
@@ -363,18 +356,17 @@ int Main(int argc, char** argv) {
     verify = tag == kMark;
   }
 
-  std::printf("file %s: %.2f GiB, %s; %d random reads of %.2f MiB (4 KiB aligned), chunks of "
-              "%" PRIu64 " KiB; data %s\n",
-              args.file.c_str(), file->size() / double(1ull << 30),
-              file->direct() ? "O_DIRECT" : "BUFFERED (page cache!)", args.reads,
-              blob / double(1 << 20), args.chunk_kib,
-              verify ? "verified" : "not verified (not a file this benchmark wrote)");
-  std::printf("%-6s %5s %6s %6s %8s %9s %9s %9s %s\n", "engine", "qd", "blobs", "fixed", "GB/s",
-              "p50 ms", "p99 ms", "max ms", "errors");
+  std::printf(
+      "file %s: %.2f GiB, %s; %d random reads of %.2f MiB (4 KiB aligned), chunks of "
+      "%" PRIu64 " KiB; data %s\n",
+      args.file.c_str(), file->size() / double(1ull << 30), file->direct() ? "O_DIRECT" : "BUFFERED (page cache!)",
+      args.reads, blob / double(1 << 20), args.chunk_kib,
+      verify ? "verified" : "not verified (not a file this benchmark wrote)");
+  std::printf("%-6s %5s %6s %6s %8s %9s %9s %9s %s\n", "engine", "qd", "blobs", "fixed", "GB/s", "p50 ms", "p99 ms",
+              "max ms", "errors");
   auto print = [](const Result& r) {
-    std::printf("%-6s %5d %6d %6s %8.3f %9.2f %9.2f %9.2f %d%s\n", r.engine.c_str(), r.depth,
-                r.blobs_in_flight, r.fixed.c_str(), r.gbps, r.p50_ms, r.p99_ms, r.max_ms,
-                r.errors, r.bad_data ? " BAD DATA" : "");
+    std::printf("%-6s %5d %6d %6s %8.3f %9.2f %9.2f %9.2f %d%s\n", r.engine.c_str(), r.depth, r.blobs_in_flight,
+                r.fixed.c_str(), r.gbps, r.p50_ms, r.p99_ms, r.max_ms, r.errors, r.bad_data ? " BAD DATA" : "");
     std::fflush(stdout);
   };
   int failures = 0;
@@ -395,10 +387,11 @@ int Main(int argc, char** argv) {
       failures += r.errors + r.bad_data;
     }
   }
-  std::printf("qd: chunk reads in flight; blobs: blobs kept submitted; latency: per blob, "
-              "submit to completion.\nbaseline by hand: dd if=%s of=/dev/null bs=5M "
-              "iflag=direct count=%d\n",
-              args.file.c_str(), args.reads);
+  std::printf(
+      "qd: chunk reads in flight; blobs: blobs kept submitted; latency: per blob, "
+      "submit to completion.\nbaseline by hand: dd if=%s of=/dev/null bs=5M "
+      "iflag=direct count=%d\n",
+      args.file.c_str(), args.reads);
   return failures == 0 ? 0 : 1;
 }
 

@@ -42,14 +42,13 @@ int main(int argc, char** argv) {
   for (auto& v : w) v = normal(rng) * 0.02f;
   for (auto& v : x) v = normal(rng);
 
-  std::printf("%lld x %lld weights, single thread, best of alternating batches\n",
-              static_cast<long long>(rows), static_cast<long long>(cols));
+  std::printf("%lld x %lld weights, single thread, best of alternating batches\n", static_cast<long long>(rows),
+              static_cast<long long>(cols));
   std::printf("%-5s %-7s %10s %12s %10s\n", "type", "kernels", "MiB", "us/matvec", "GB/s");
-  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0,
-                        GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1,
-                        GgmlType::kQ6_K, GgmlType::kQ5_K, GgmlType::kQ4_K, GgmlType::kQ3_K,
-                        GgmlType::kQ2_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS,
-                        GgmlType::kIQ2_XXS, GgmlType::kIQ3_XXS}) {
+  for (GgmlType type :
+       {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1,
+        GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ6_K, GgmlType::kQ5_K, GgmlType::kQ4_K, GgmlType::kQ3_K,
+        GgmlType::kQ2_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS, GgmlType::kIQ3_XXS}) {
     const int64_t row_bytes = mer::RowBytes(type, cols);
     std::vector<uint8_t> weights(row_bytes * rows);
     for (int64_t r = 0; r < rows; ++r) {
@@ -71,22 +70,19 @@ int main(int argc, char** argv) {
     // makes a batch slower.
     std::vector<double> best(variants.size(), 1e30);
     const auto start = std::chrono::steady_clock::now();
-    while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() <
-           seconds) {
+    while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < seconds) {
       for (size_t k = 0; k < variants.size(); ++k) {
         constexpr int kBatch = 10;
         const auto t0 = std::chrono::steady_clock::now();
         for (int i = 0; i < kBatch; ++i) run(variants[k]);
-        const double t =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         best[k] = std::min(best[k], t / kBatch);
       }
     }
     const double bytes = static_cast<double>(weights.size());
     for (size_t k = 0; k < variants.size(); ++k) {
       std::printf("%-5s %-7s %10.2f %12.2f %10.2f\n", std::string(mer::TypeName(type)).c_str(),
-                  mer::KernelVariantName(variants[k]), bytes / (1 << 20),
-                  best[k] * 1e6, bytes / best[k] / 1e9);
+                  mer::KernelVariantName(variants[k]), bytes / (1 << 20), best[k] * 1e6, bytes / best[k] / 1e9);
     }
     if (sink == 12345.678) std::printf(" ");  // keeps the results observable
   }

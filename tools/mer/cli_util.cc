@@ -13,8 +13,8 @@
 #include <filesystem>
 
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/base/status.h"
 #include "common/model/model_tokenizer.h"
 
@@ -54,8 +54,7 @@ absl::StatusOr<LoadedModel> LoadModel(const Flags& flags, int min_context_tokens
 
   std::string path;
   if (flags.Has("store") || flags.Has("residency")) {
-    if (flags.Has("model"))
-      return absl::InvalidArgumentError("give either --model or --store with --residency");
+    if (flags.Has("model")) return absl::InvalidArgumentError("give either --model or --store with --residency");
     ASSIGN_OR_RETURN(const std::string dir, flags.Required("store"));
     ASSIGN_OR_RETURN(const std::string instance, flags.Required("residency"));
     ASSIGN_OR_RETURN(m.store, ExpertStore::Open(dir));
@@ -112,16 +111,15 @@ absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(const Flags& f, con
   GenerationRequest req;
   ASSIGN_OR_RETURN(req.prompt, PromptTokens(f, tokenizer));
   ASSIGN_OR_RETURN(const int64_t max_tokens, f.Int("max-tokens", 64));
-  if (max_tokens < 1 || max_tokens > (1 << 24))
-    return absl::InvalidArgumentError("--max-tokens must be in [1, 2^24]");
+  if (max_tokens < 1 || max_tokens > (1 << 24)) return absl::InvalidArgumentError("--max-tokens must be in [1, 2^24]");
   req.max_new_tokens = static_cast<int32_t>(max_tokens);
   ASSIGN_OR_RETURN(const double temperature, f.Double("temperature", 0.0));
   ASSIGN_OR_RETURN(const int64_t top_k, f.Int("top-k", 0));
   ASSIGN_OR_RETURN(const double top_p, f.Double("top-p", 1.0));
   ASSIGN_OR_RETURN(const int64_t seed, f.Int("seed", 0));
   ASSIGN_OR_RETURN(const double penalty, f.Double("repetition-penalty", 1.0));
-  req.sampling = {static_cast<float>(temperature), static_cast<int32_t>(top_k),
-                  static_cast<float>(top_p), static_cast<uint64_t>(seed), static_cast<float>(penalty)};
+  req.sampling = {static_cast<float>(temperature), static_cast<int32_t>(top_k), static_cast<float>(top_p),
+                  static_cast<uint64_t>(seed), static_cast<float>(penalty)};
   // Every end-of-generation token of the vocabulary stops: EOS, <|im_end|>, <|endoftext|>, ...
   if (!f.Has("ignore-eos")) req.stop_ids = tokenizer.EndOfGenerationIds();
   return req;
@@ -134,7 +132,10 @@ std::string Gigabytes(uint64_t bytes) { return absl::StrFormat("%.2f GB", bytes 
 }  // namespace
 
 ProgressLine::ProgressLine(std::string label, uint64_t total_bytes)
-    : label_(std::move(label)), total_(total_bytes), tty_(isatty(STDERR_FILENO) == 1), start_(absl::Now()),
+    : label_(std::move(label)),
+      total_(total_bytes),
+      tty_(isatty(STDERR_FILENO) == 1),
+      start_(absl::Now()),
       last_(absl::InfinitePast()) {}
 
 void ProgressLine::Update(uint64_t done) {
@@ -198,8 +199,10 @@ absl::Status CheckPortFree(const std::string& host_port, const std::string& flag
   const int err = errno;
   close(fd);
   if (rc != 0 && err == EADDRINUSE)
-    return absl::FailedPreconditionError(absl::StrCat(host_port, " is already in use: stop what listens there or give another ", flag));
-  if (rc != 0) return absl::FailedPreconditionError(absl::StrCat("cannot bind ", host_port, " (", flag, "): ", strerror(err)));
+    return absl::FailedPreconditionError(
+        absl::StrCat(host_port, " is already in use: stop what listens there or give another ", flag));
+  if (rc != 0)
+    return absl::FailedPreconditionError(absl::StrCat("cannot bind ", host_port, " (", flag, "): ", strerror(err)));
   return absl::OkStatus();
 }
 

@@ -1,26 +1,26 @@
 // Helpers shared by the `mer` subcommands: error reporting, opening a model, building the engine.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <memory>
-#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/base/flags.h"
 #include "common/gguf/gguf_file.h"
 #include "common/model/expert_source.h"
 #include "common/model/model_weights.h"
 #include "common/store/expert_store.h"
-#include "services/compute/residency_expert_source.h"
 #include "common/tokenizer/tokenizer.h"
 #include "services/compute/backend.h"
 #include "services/compute/backend_factory.h"
 #include "services/compute/generation.h"
+#include "services/compute/residency_expert_source.h"
 #include "tools/mer/commands.h"
-#include "common/base/flags.h"
 
 namespace mer::cli {
 
@@ -35,13 +35,13 @@ bool MaybeHelp(const Args& args, const char* help);
 // the expert store's dense.gguf (dense weights and tokenizer) and experts served by mer-residency.
 struct LoadedModel {
   std::shared_ptr<const GgufFile> file;  // the model, or the store's dense.gguf
-  std::unique_ptr<ExpertStore> store;  // with --store
+  std::unique_ptr<ExpertStore> store;    // with --store
   std::unique_ptr<ModelWeights> weights;
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<ExpertSource> experts;
   ResidencyExpertSource* residency = nullptr;  // == experts.get() with --residency
   std::unique_ptr<ComputeBackend> engine;
-  int threads = 0;  // CPU threads the engine runs on
+  int threads = 0;              // CPU threads the engine runs on
   std::string backend = "cpu";  // --backend cpu|cuda
 };
 
@@ -54,9 +54,9 @@ struct LoadedModel {
 absl::StatusOr<LoadedModel> LoadModel(const Flags& flags, int min_context_tokens);
 
 // The common engine flags, for Flags::Parse.
-inline const std::vector<std::string> kEngineFlags = {"model", "store", "residency", "threads",
-                                                      "ctx", "batch", "backend",
-                                                      "vram-expert-budget", "pin-experts", "vram-prefetch"};
+inline const std::vector<std::string> kEngineFlags = {"model",       "store",        "residency", "threads",
+                                                      "ctx",         "batch",        "backend",   "vram-expert-budget",
+                                                      "pin-experts", "vram-prefetch"};
 
 // The prompt of --prompt TEXT (tokenized, BOS first where the vocabulary asks for it) or
 // --prompt-tokens 1,2,3 (exactly one of them), every id checked against the vocabulary.

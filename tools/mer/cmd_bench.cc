@@ -47,12 +47,12 @@ double Median(std::vector<double> v) {
 }
 
 absl::Status Bench(const Args& args) {
-  ASSIGN_OR_RETURN(Flags f, Flags::Parse(args,
-                                         {"model", "store", "residency", "threads", "ctx", "batch", "prompt-tokens",
-                                          "prompt-ids", "gen-tokens", "runs", "warmup", "backend",
-                                          "vram-expert-budget", "pin-experts", "vram-prefetch", "profile-kernels",
-                                          "attention-split-cells", "temperature", "seed"},
-                                         {}));
+  ASSIGN_OR_RETURN(
+      Flags f, Flags::Parse(args,
+                            {"model", "store", "residency", "threads", "ctx", "batch", "prompt-tokens", "prompt-ids",
+                             "gen-tokens", "runs", "warmup", "backend", "vram-expert-budget", "pin-experts",
+                             "vram-prefetch", "profile-kernels", "attention-split-cells", "temperature", "seed"},
+                            {}));
   ASSIGN_OR_RETURN(const int64_t n_prompt, f.Int("prompt-tokens", 31));
   ASSIGN_OR_RETURN(const int64_t n_gen, f.Int("gen-tokens", 128));
   ASSIGN_OR_RETURN(const int64_t runs, f.Int("runs", 3));
@@ -69,8 +69,7 @@ absl::Status Bench(const Args& args) {
     if (prompt.empty()) return absl::InvalidArgumentError("--prompt-ids is empty");
   } else {
     const std::vector<int32_t> text = m.tokenizer->Encode(kPromptText, false);
-    while (static_cast<int64_t>(prompt.size()) < n_prompt)
-      prompt.insert(prompt.end(), text.begin(), text.end());
+    while (static_cast<int64_t>(prompt.size()) < n_prompt) prompt.insert(prompt.end(), text.begin(), text.end());
     prompt.resize(n_prompt);
   }
 
@@ -105,9 +104,8 @@ absl::Status Bench(const Args& args) {
               c.n_layer, c.n_embd, c.n_expert, c.n_expert_used, c.n_ff_exp,
               types ? std::string(TypeName(types->gate)).c_str() : "?");
   std::printf("method           %s, %zu prompt + %lld generated tokens, %lld warm-up + %lld runs, %d threads\n",
-              temperature > 0 ? absl::StrCat("temperature ", temperature).c_str() : "greedy",
-              prompt.size(), (long long)n_gen, (long long)warmup, (long long)runs,
-              m.threads);
+              temperature > 0 ? absl::StrCat("temperature ", temperature).c_str() : "greedy", prompt.size(),
+              (long long)n_gen, (long long)warmup, (long long)runs, m.threads);
   std::printf("prompt_tps       %.1f\n", Median(prompt_tps));
   std::printf("decode_tps       %.1f\n", Median(decode_tps));
   std::printf("ttft_p50_ms      %.2f\n", Median(ttft) * 1e3);
@@ -124,11 +122,13 @@ absl::Status Bench(const Args& args) {
     std::printf("arena            %lld of %lld experts (%.1f%%), %.2f GiB, host experts %s\n",
                 (long long)after.arena_slots, (long long)after.total_experts,
                 100.0 * after.arena_slots / after.total_experts, after.arena_bytes / 1073741824.0,
-                m.residency != nullptr ? m.residency->ram_tier_pinning().c_str()
-                                       : after.host_experts_pinned ? "pinned" : "pageable");
+                m.residency != nullptr      ? m.residency->ram_tier_pinning().c_str()
+                : after.host_experts_pinned ? "pinned"
+                                            : "pageable");
     std::printf("vram_hit_rate    %.4f\n", lookups > 0 ? 1.0 - misses / lookups : 1.0);
     std::printf("misses_per_token %.2f\n", misses / tokens);
-    std::printf("upload_mib_per_token %.2f\n", (after.expert_upload_bytes - before.expert_upload_bytes) / tokens / 1048576.0);
+    std::printf("upload_mib_per_token %.2f\n",
+                (after.expert_upload_bytes - before.expert_upload_bytes) / tokens / 1048576.0);
     std::printf("host_syncs_per_token %.2f\n", (after.host_syncs - before.host_syncs) / tokens);
     const double issued = static_cast<double>(after.vram_prefetch_issued - before.vram_prefetch_issued);
     std::printf("prefetch_per_token %.2f issued, %.2f useful, %.2f wasted\n", issued / tokens,
@@ -137,7 +137,8 @@ absl::Status Bench(const Args& args) {
     std::printf("graph_steps      %lld\n", (long long)(after.graph_launches - before.graph_launches));
     std::printf("peak_vram_gib    %.2f\n", after.vram_used_peak_bytes / 1073741824.0);
     const std::string profile = m.engine->KernelProfile();
-    if (!profile.empty()) std::printf("kernel profile (all runs, events between launches, no graphs)\n%s", profile.c_str());
+    if (!profile.empty())
+      std::printf("kernel profile (all runs, events between launches, no graphs)\n%s", profile.c_str());
   }
   return absl::OkStatus();
 }

@@ -14,7 +14,8 @@
 namespace mer::cli {
 namespace {
 
-constexpr char kClientHelp[] = R"(usage: mer client --addr HOST:PORT (--prompt TEXT | --prompt-tokens 1,2,3) --max-tokens N
+constexpr char kClientHelp[] =
+    R"(usage: mer client --addr HOST:PORT (--prompt TEXT | --prompt-tokens 1,2,3) --max-tokens N
                   [--temperature T --top-k K --top-p P --seed S --repetition-penalty R]
                   [--stop S] [--priority N] [--ignore-eos] [--print-token-ids] [--timeout-ms N]
                   [--stats]
@@ -38,11 +39,16 @@ void SetDeadline(grpc::ClientContext* ctx, int64_t timeout_ms) {
 
 const char* FinishName(mer::v1::FinishReason r) {
   switch (r) {
-    case mer::v1::FINISH_REASON_LENGTH: return "length";
-    case mer::v1::FINISH_REASON_EOS: return "eos";
-    case mer::v1::FINISH_REASON_STOP: return "stop";
-    case mer::v1::FINISH_REASON_CANCELLED: return "cancelled";
-    default: return "unspecified";
+    case mer::v1::FINISH_REASON_LENGTH:
+      return "length";
+    case mer::v1::FINISH_REASON_EOS:
+      return "eos";
+    case mer::v1::FINISH_REASON_STOP:
+      return "stop";
+    case mer::v1::FINISH_REASON_CANCELLED:
+      return "cancelled";
+    default:
+      return "unspecified";
   }
 }
 
@@ -79,8 +85,8 @@ int RunInfo(const std::string& addr, int64_t timeout_ms) {
 int RunClient(const Args& args) {
   if (MaybeHelp(args, kClientHelp)) return 0;
   auto parsed = Flags::Parse(args,
-                             {"addr", "prompt", "prompt-tokens", "max-tokens", "temperature", "top-k",
-                              "top-p", "seed", "repetition-penalty", "stop", "priority", "timeout-ms"},
+                             {"addr", "prompt", "prompt-tokens", "max-tokens", "temperature", "top-k", "top-p", "seed",
+                              "repetition-penalty", "stop", "priority", "timeout-ms"},
                              {"print-token-ids", "ignore-eos", "health", "info", "stats"});
   if (!parsed.ok()) return Fail("client", parsed.status());
   const Flags& f = *parsed;
@@ -152,8 +158,8 @@ int RunClient(const Args& args) {
       std::fprintf(stderr,
                    "finish_reason=%s prompt_tokens=%d completion_tokens=%d queue_seconds=%.6f "
                    "ttft_seconds=%.6f total_seconds=%.6f\n",
-                   FinishName(final.finish_reason()), u.prompt_tokens(), u.completion_tokens(),
-                   u.queue_seconds(), u.ttft_seconds(), u.total_seconds());
+                   FinishName(final.finish_reason()), u.prompt_tokens(), u.completion_tokens(), u.queue_seconds(),
+                   u.ttft_seconds(), u.total_seconds());
     }
     return 0;
   };

@@ -49,30 +49,28 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 }
 
 absl::Status Generate(const Args& args) {
-  ASSIGN_OR_RETURN(Flags f,
-                   Flags::Parse(args,
-                                {"model", "store", "residency", "threads", "ctx", "batch", "backend",
-                                 "vram-expert-budget", "pin-experts", "vram-prefetch", "prompt",
-                                 "prompt-tokens",
-                                 "max-tokens", "temperature", "top-k", "top-p", "seed",
-                                 "repetition-penalty"},
-                                {"print-token-ids", "ignore-eos"}));
+  ASSIGN_OR_RETURN(
+      Flags f, Flags::Parse(args,
+                            {"model", "store", "residency", "threads", "ctx", "batch", "backend", "vram-expert-budget",
+                             "pin-experts", "vram-prefetch", "prompt", "prompt-tokens", "max-tokens", "temperature",
+                             "top-k", "top-p", "seed", "repetition-penalty"},
+                            {"print-token-ids", "ignore-eos"}));
   ASSIGN_OR_RETURN(LoadedModel m, LoadModel(f, 0));
   ASSIGN_OR_RETURN(const GenerationRequest req, GenerationRequestFromFlags(f, *m.tokenizer));
 
   const bool ids_only = f.Has("print-token-ids");
   const Tokenizer& tok = *m.tokenizer;
   GenerationStats stats;
-  auto generated = mer::Generate(*m.engine, 0, req,
-                                 [&](int32_t id) {
-                                   if (ids_only) return;
-                                   const std::string piece = tok.TokenBytes(id);
-                                   std::fwrite(piece.data(), 1, piece.size(), stdout);
-                                   std::fflush(stdout);
-                                 },
-                                 &stats);
-  if (m.residency != nullptr)
-    std::fprintf(stderr, "residency: %s\n", m.residency->FormatStats().c_str());
+  auto generated = mer::Generate(
+      *m.engine, 0, req,
+      [&](int32_t id) {
+        if (ids_only) return;
+        const std::string piece = tok.TokenBytes(id);
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+        std::fflush(stdout);
+      },
+      &stats);
+  if (m.residency != nullptr) std::fprintf(stderr, "residency: %s\n", m.residency->FormatStats().c_str());
   if (!generated.ok()) return generated.status();
   const std::vector<int32_t>& out = *generated;
   if (ids_only) std::printf("%s", absl::StrJoin(out, " ").c_str());
@@ -91,15 +89,13 @@ absl::Status Generate(const Args& args) {
 }
 
 absl::Status Score(const Args& args) {
-  ASSIGN_OR_RETURN(Flags f, Flags::Parse(args,
-                                         {"model", "threads", "ctx", "batch", "backend",
-                                          "vram-expert-budget", "pin-experts", "vram-prefetch", "prompt-tokens",
-                                          "continuation-tokens", "logits-out"},
-                                         {}));
-  ASSIGN_OR_RETURN(std::vector<int32_t> prompt,
-                   ParseIdList(f.String("prompt-tokens"), "--prompt-tokens"));
-  ASSIGN_OR_RETURN(std::vector<int32_t> cont,
-                   ParseIdList(f.String("continuation-tokens"), "--continuation-tokens"));
+  ASSIGN_OR_RETURN(Flags f,
+                   Flags::Parse(args,
+                                {"model", "threads", "ctx", "batch", "backend", "vram-expert-budget", "pin-experts",
+                                 "vram-prefetch", "prompt-tokens", "continuation-tokens", "logits-out"},
+                                {}));
+  ASSIGN_OR_RETURN(std::vector<int32_t> prompt, ParseIdList(f.String("prompt-tokens"), "--prompt-tokens"));
+  ASSIGN_OR_RETURN(std::vector<int32_t> cont, ParseIdList(f.String("continuation-tokens"), "--continuation-tokens"));
   ASSIGN_OR_RETURN(const std::string out_path, f.Required("logits-out"));
   ASSIGN_OR_RETURN(LoadedModel m, LoadModel(f, static_cast<int>(prompt.size() + cont.size())));
   const int64_t n_vocab = m.weights->config().n_vocab;

@@ -39,8 +39,8 @@ absl::Status Info(const Args& args) {
   std::printf("layers        %d\n", c.n_layer);
   std::printf("d_model       %d\n", c.n_embd);
   std::printf("heads         %d query / %d kv x %d dim\n", c.n_head, c.n_head_kv, c.head_dim);
-  std::printf("experts       %d, top-%d, ffn %d, norm_topk_prob %s\n", c.n_expert, c.n_expert_used,
-              c.n_ff_exp, c.norm_topk_prob ? "true" : "false");
+  std::printf("experts       %d, top-%d, ffn %d, norm_topk_prob %s\n", c.n_expert, c.n_expert_used, c.n_ff_exp,
+              c.norm_topk_prob ? "true" : "false");
   std::printf("vocab         %d\n", c.n_vocab);
   std::printf("context       %d\n", c.n_ctx_train);
   std::printf("rope base     %g, rms eps %g\n", c.rope_freq_base, c.rms_norm_eps);
@@ -64,9 +64,8 @@ absl::Status Info(const Args& args) {
   std::printf("cpu kernels   %s\n", kernels.c_str());
   if (f.Has("tensors")) {
     for (const GgufTensorInfo& t : file->tensors())
-      std::printf("  %-32s %-5s [%s] %s\n", std::string(t.name).c_str(),
-                  std::string(TypeName(t.type)).c_str(), absl::StrJoin(t.shape, ", ").c_str(),
-                  Bytes(t.size_bytes).c_str());
+      std::printf("  %-32s %-5s [%s] %s\n", std::string(t.name).c_str(), std::string(TypeName(t.type)).c_str(),
+                  absl::StrJoin(t.shape, ", ").c_str(), Bytes(t.size_bytes).c_str());
   }
   return absl::OkStatus();
 }

@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <map>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <mutex>
-#include <sstream>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -17,15 +17,16 @@
 #include "common/base/status.h"
 #include "grpcpp/grpcpp.h"
 #include "httplib.h"
-#include "nlohmann/json.hpp"
 #include "mer/v1/mer.grpc.pb.h"
+#include "nlohmann/json.hpp"
 #include "proto/grpc_status.h"
 #include "tools/mer/cli_util.h"
 
 namespace mer::cli {
 namespace {
 
-constexpr char kLoadgenHelp[] = R"(usage: mer loadgen --addr HOST:PORT [--http http://HOST:PORT] [--concurrency N] [--requests M]
+constexpr char kLoadgenHelp[] =
+    R"(usage: mer loadgen --addr HOST:PORT [--http http://HOST:PORT] [--concurrency N] [--requests M]
                    [--prompt-len L] [--prompt-bytes B] [--max-tokens T] [--temperature X] [--seed S]
                    [--timeout-ms MS] [--duration-seconds D] [--prompts K] [--record FILE | --expect FILE]
 
@@ -91,8 +92,7 @@ absl::StatusOr<std::map<int64_t, std::vector<int32_t>>> ReadIds(const std::strin
 
 absl::Status WriteIds(const std::string& path, const std::map<int64_t, std::vector<int32_t>>& ids) {
   std::ofstream out(path);
-  for (const auto& [index, v] : ids)
-    out << index << (v.empty() ? "" : " ") << absl::StrJoin(v, " ") << "\n";
+  for (const auto& [index, v] : ids) out << index << (v.empty() ? "" : " ") << absl::StrJoin(v, " ") << "\n";
   out.close();
   if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", path));
   return absl::OkStatus();
@@ -115,9 +115,13 @@ absl::Status HttpGenerate(const std::string& url, const mer::v1::GenerateRequest
   } else {
     prompt = std::vector<int32_t>(req.token_ids().ids().begin(), req.token_ids().ids().end());
   }
-  nlohmann::json body = {{"prompt", std::move(prompt)}, {"max_tokens", req.max_new_tokens()},
-                         {"temperature", req.temperature()}, {"seed", req.seed()}, {"ignore_eos", true},
-                         {"stream", true}, {"stream_options", {{"include_usage", true}}}};
+  nlohmann::json body = {{"prompt", std::move(prompt)},
+                         {"max_tokens", req.max_new_tokens()},
+                         {"temperature", req.temperature()},
+                         {"seed", req.seed()},
+                         {"ignore_eos", true},
+                         {"stream", true},
+                         {"stream_options", {{"include_usage", true}}}};
   const auto start = Clock::now();
   auto last = start;
   bool first = true;
@@ -139,8 +143,10 @@ absl::Status HttpGenerate(const std::string& url, const mer::v1::GenerateRequest
       if (!j.contains("choices") || j["choices"].empty()) continue;
       const auto now = Clock::now();
       const double gap = std::chrono::duration<double>(now - last).count();
-      if (first) ttft->push_back(gap);
-      else gaps->push_back(gap);
+      if (first)
+        ttft->push_back(gap);
+      else
+        gaps->push_back(gap);
       first = false;
       last = now;
     }
@@ -156,12 +162,24 @@ absl::Status HttpGenerate(const std::string& url, const mer::v1::GenerateRequest
     if (j.is_object() && j.contains("error") && j["error"].is_object()) message = j["error"].value("message", "");
     absl::StatusCode code = absl::StatusCode::kUnknown;  // the gateway's mapping, read back
     switch (res->status) {
-      case 400: code = absl::StatusCode::kInvalidArgument; break;
-      case 404: code = absl::StatusCode::kNotFound; break;
-      case 429: code = absl::StatusCode::kResourceExhausted; break;
-      case 499: code = absl::StatusCode::kCancelled; break;
-      case 503: code = absl::StatusCode::kUnavailable; break;
-      case 504: code = absl::StatusCode::kDeadlineExceeded; break;
+      case 400:
+        code = absl::StatusCode::kInvalidArgument;
+        break;
+      case 404:
+        code = absl::StatusCode::kNotFound;
+        break;
+      case 429:
+        code = absl::StatusCode::kResourceExhausted;
+        break;
+      case 499:
+        code = absl::StatusCode::kCancelled;
+        break;
+      case 503:
+        code = absl::StatusCode::kUnavailable;
+        break;
+      case 504:
+        code = absl::StatusCode::kDeadlineExceeded;
+        break;
     }
     return absl::Status(code, absl::StrCat("HTTP ", res->status, ": ", message));
   }
@@ -174,16 +192,17 @@ absl::Status HttpGenerate(const std::string& url, const mer::v1::GenerateRequest
 
 int RunLoadgen(const Args& args) {
   if (MaybeHelp(args, kLoadgenHelp)) return 0;
-  auto parsed = Flags::Parse(args, {"addr", "http", "concurrency", "requests", "prompt-len", "prompt-bytes",
-                                    "max-tokens", "temperature", "seed", "timeout-ms",
-                                    "duration-seconds", "prompts", "record", "expect"},
+  auto parsed = Flags::Parse(args,
+                             {"addr", "http", "concurrency", "requests", "prompt-len", "prompt-bytes", "max-tokens",
+                              "temperature", "seed", "timeout-ms", "duration-seconds", "prompts", "record", "expect"},
                              {});
   if (!parsed.ok()) return Fail("loadgen", parsed.status());
   const Flags& f = *parsed;
   auto body = [&]() -> absl::StatusOr<int> {
     ASSIGN_OR_RETURN(const std::string addr, f.Required("addr"));
     const std::string http = f.String("http");
-    if (!http.empty() && http.rfind("http://", 0) != 0) return absl::InvalidArgumentError("--http must be http://HOST:PORT");
+    if (!http.empty() && http.rfind("http://", 0) != 0)
+      return absl::InvalidArgumentError("--http must be http://HOST:PORT");
     ASSIGN_OR_RETURN(const int64_t concurrency, f.Int("concurrency", 8));
     ASSIGN_OR_RETURN(const int64_t requests, f.Int("requests", 4 * concurrency));
     ASSIGN_OR_RETURN(const int64_t prompt_len, f.Int("prompt-len", 31));
@@ -194,14 +213,14 @@ int RunLoadgen(const Args& args) {
     ASSIGN_OR_RETURN(const int64_t timeout_ms, f.Int("timeout-ms", 600000));
     if (concurrency < 1 || concurrency > 4096) return absl::InvalidArgumentError("--concurrency must be in [1, 4096]");
     if (requests < 1) return absl::InvalidArgumentError("--requests must be >= 1");
-    if (prompt_len < 1 || max_tokens < 1) return absl::InvalidArgumentError("--prompt-len and --max-tokens must be >= 1");
+    if (prompt_len < 1 || max_tokens < 1)
+      return absl::InvalidArgumentError("--prompt-len and --max-tokens must be >= 1");
     if (prompt_bytes < 0 || prompt_bytes > (int64_t{1} << 30))
       return absl::InvalidArgumentError("--prompt-bytes must be in [0, 1 GiB]");
     ASSIGN_OR_RETURN(const double duration_s, f.Double("duration-seconds", 0));
     ASSIGN_OR_RETURN(const int64_t prompts, f.Int("prompts", requests));
     if (prompts < 1) return absl::InvalidArgumentError("--prompts must be >= 1");
-    if (f.Has("record") && f.Has("expect"))
-      return absl::InvalidArgumentError("give --record or --expect, not both");
+    if (f.Has("record") && f.Has("expect")) return absl::InvalidArgumentError("give --record or --expect, not both");
     if (!http.empty() && (f.Has("record") || f.Has("expect")))
       return absl::InvalidArgumentError("--record and --expect compare token ids, which only the gRPC API returns");
     std::map<int64_t, std::vector<int32_t>> expected;
@@ -216,8 +235,9 @@ int RunLoadgen(const Args& args) {
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
       const grpc::Status s = stub->GetModelInfo(&ctx, {}, &info);
-      if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                                       absl::StrCat("GetModelInfo: ", s.error_message()));
+      if (!s.ok())
+        return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                            absl::StrCat("GetModelInfo: ", s.error_message()));
     }
 
     std::atomic<int64_t> next{0};
@@ -241,8 +261,7 @@ int RunLoadgen(const Args& args) {
           std::string* text = req.mutable_text();
           text->reserve(static_cast<size_t>(prompt_bytes));
           while (static_cast<int64_t>(text->size()) < prompt_bytes) {
-            const int64_t word =
-                std::min<int64_t>(1 + static_cast<int64_t>(rng() % 9), prompt_bytes - text->size());
+            const int64_t word = std::min<int64_t>(1 + static_cast<int64_t>(rng() % 9), prompt_bytes - text->size());
             for (int64_t k = 0; k + 1 < word; ++k) text->push_back(static_cast<char>('a' + rng() % 26));
             text->push_back(' ');
           }
@@ -306,8 +325,7 @@ int RunLoadgen(const Args& args) {
         }
         ++my_ok;
         if (f.Has("record")) my_recorded[p] = ids;
-        if (auto it = expected.find(p); f.Has("expect") && (it == expected.end() || it->second != ids))
-          ++my_mismatched;
+        if (auto it = expected.find(p); f.Has("expect") && (it == expected.end() || it->second != ids)) ++my_mismatched;
         my_tokens += n;
         my_itl.insert(my_itl.end(), gaps.begin(), gaps.end());
         my_latency.push_back(std::chrono::duration<double>(Clock::now() - start).count());
@@ -331,10 +349,10 @@ int RunLoadgen(const Args& args) {
 
     std::printf("loadgen: %s, %lld streams, %lld requests (%lld ok), prompt %lld + %lld generated tokens each, %s\n",
                 http.empty() ? "gRPC" : "HTTP", static_cast<long long>(concurrency), static_cast<long long>(requests),
-                static_cast<long long>(ok), static_cast<long long>(prompt_len),
-                static_cast<long long>(max_tokens), temperature > 0 ? "sampled" : "greedy");
-    std::printf("throughput: %.1f generated tokens/s, %.2f requests/s (%lld tokens in %.3f s)\n",
-                tokens / wall, ok / wall, static_cast<long long>(tokens), wall);
+                static_cast<long long>(ok), static_cast<long long>(prompt_len), static_cast<long long>(max_tokens),
+                temperature > 0 ? "sampled" : "greedy");
+    std::printf("throughput: %.1f generated tokens/s, %.2f requests/s (%lld tokens in %.3f s)\n", tokens / wall,
+                ok / wall, static_cast<long long>(tokens), wall);
     std::printf("ttft:       %s\n", Ms(ttft).c_str());
     std::printf("itl:        %s\n", Ms(itl).c_str());
     std::printf("latency:    %s\n", Ms(latency).c_str());
@@ -342,9 +360,10 @@ int RunLoadgen(const Args& args) {
     if (f.Has("expect"))
       std::printf("checked:    %lld ok calls against %s: %lld with other ids\n", static_cast<long long>(ok),
                   f.String("expect").c_str(), static_cast<long long>(mismatched));
-    std::printf("deadlines:  %lld calls ended more than 2 s past their deadline; %lld failures without a "
-                "message\n",
-                static_cast<long long>(overdue), static_cast<long long>(silent));
+    std::printf(
+        "deadlines:  %lld calls ended more than 2 s past their deadline; %lld failures without a "
+        "message\n",
+        static_cast<long long>(overdue), static_cast<long long>(silent));
     if (f.Has("record")) RETURN_IF_ERROR(WriteIds(f.String("record"), recorded));
     return failures.empty() && mismatched == 0 && overdue == 0 && silent == 0 ? 0 : 1;
   };

@@ -45,10 +45,26 @@ experts.bin through the page cache. --threads (default: all cores) generates the
 
 absl::Status Synth(const Args& args) {
   ASSIGN_OR_RETURN(Flags f, Flags::Parse(args,
-                                         {"preset", "layers", "embd", "experts", "experts-used",
-                                          "ff-exp", "heads", "kv-heads", "head-dim", "vocab", "ctx",
-                                          "quant", "seed", "router-skew", "threads", "out", "store-out",
-                                          "chat-template", "chat-template-file", "eos-token"},
+                                         {"preset",
+                                          "layers",
+                                          "embd",
+                                          "experts",
+                                          "experts-used",
+                                          "ff-exp",
+                                          "heads",
+                                          "kv-heads",
+                                          "head-dim",
+                                          "vocab",
+                                          "ctx",
+                                          "quant",
+                                          "seed",
+                                          "router-skew",
+                                          "threads",
+                                          "out",
+                                          "store-out",
+                                          "chat-template",
+                                          "chat-template-file",
+                                          "eos-token"},
                                          {"no-norm-topk", "force", "no-direct"}));
   const std::string preset = f.String("preset", "tiny");
   std::optional<SynthGeometry> g = SynthPreset(preset);
@@ -97,7 +113,8 @@ absl::Status Synth(const Args& args) {
     RETURN_IF_ERROR(ChatTemplate::Parse(o.chat_template).status());
   }
   o.eos_token = f.String("eos-token", o.eos_token);
-  if (f.Has("out") == f.Has("store-out")) return absl::InvalidArgumentError("give exactly one of --out and --store-out");
+  if (f.Has("out") == f.Has("store-out"))
+    return absl::InvalidArgumentError("give exactly one of --out and --store-out");
   if (f.Has("out")) return WriteSynthModel(o, f.String("out"));
   const std::string dir = f.String("store-out");
   PackOptions po;
@@ -105,15 +122,16 @@ absl::Status Synth(const Args& args) {
   po.overwrite = f.Has("force");
   po.direct_io = !f.Has("no-direct");
   po.progress = [](int done, int n_layer) {
-    if (done % 8 == 0 || done == n_layer) std::fprintf(stderr, "mer synth: %d of %d layers of experts\n", done, n_layer);
+    if (done % 8 == 0 || done == n_layer)
+      std::fprintf(stderr, "mer synth: %d of %d layers of experts\n", done, n_layer);
   };
   ASSIGN_OR_RETURN(const PackStats s, WriteSynthStore(o, dir, po));
-  std::printf("synthesized  %s: %llu blobs x %llu bytes = %.2f GiB%s, dense.gguf %.2f GiB, in %.1f s "
-              "(experts %.1f s, %.2f GB/s)\n",
-              dir.c_str(), static_cast<unsigned long long>(s.blob_count),
-              static_cast<unsigned long long>(s.blob_bytes), s.experts_bytes / 1073741824.0,
-              s.direct_io ? " (O_DIRECT)" : "", s.dense_bytes / 1073741824.0, s.seconds, s.experts_seconds,
-              s.experts_bytes / 1e9 / std::max(s.experts_seconds, 1e-9));
+  std::printf(
+      "synthesized  %s: %llu blobs x %llu bytes = %.2f GiB%s, dense.gguf %.2f GiB, in %.1f s "
+      "(experts %.1f s, %.2f GB/s)\n",
+      dir.c_str(), static_cast<unsigned long long>(s.blob_count), static_cast<unsigned long long>(s.blob_bytes),
+      s.experts_bytes / 1073741824.0, s.direct_io ? " (O_DIRECT)" : "", s.dense_bytes / 1073741824.0, s.seconds,
+      s.experts_seconds, s.experts_bytes / 1e9 / std::max(s.experts_seconds, 1e-9));
   return absl::OkStatus();
 }
 

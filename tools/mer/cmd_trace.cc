@@ -15,10 +15,10 @@
 #include "common/model/model_weights.h"
 #include "services/compute/generation.h"
 #include "services/residency/policy/replacement_policy.h"
+#include "tools/mer/cli_util.h"
 #include "tools/trace/replay.h"
 #include "tools/trace/routing_trace.h"
 #include "tools/trace/trace_writer.h"
-#include "tools/mer/cli_util.h"
 
 namespace mer::cli {
 namespace {
@@ -33,7 +33,8 @@ using trace::TraceGeometry;
 using trace::TracePhase;
 using trace::TraceWriter;
 
-constexpr char kHelp[] = R"(usage: mer trace record --model F.gguf (--prompt TEXT | --prompt-tokens 1,2,3) --max-tokens N
+constexpr char kHelp[] =
+    R"(usage: mer trace record --model F.gguf (--prompt TEXT | --prompt-tokens 1,2,3) --max-tokens N
                         --out T.trace [--threads N] [--ignore-eos]
                         [--temperature T --top-k K --top-p P --seed S --repetition-penalty R]
        mer trace replay --trace T.trace (--budget 25% | --slots N) [--policy lru|lfu|arc]
@@ -65,9 +66,8 @@ std::string Bytes(double b) {
 
 absl::Status Record(const Args& args) {
   ASSIGN_OR_RETURN(Flags f, Flags::Parse(args,
-                                         {"model", "threads", "ctx", "batch", "prompt", "prompt-tokens",
-                                          "max-tokens", "out", "temperature", "top-k", "top-p", "seed",
-                                          "repetition-penalty"},
+                                         {"model", "threads", "ctx", "batch", "prompt", "prompt-tokens", "max-tokens",
+                                          "out", "temperature", "top-k", "top-p", "seed", "repetition-penalty"},
                                          {"ignore-eos"}));
   ASSIGN_OR_RETURN(const int64_t max_tokens, f.Int("max-tokens", 64));
   if (max_tokens < 1 || max_tokens > (1 << 24)) return absl::InvalidArgumentError("--max-tokens must be >= 1");
@@ -77,14 +77,12 @@ absl::Status Record(const Args& args) {
 
   const ModelConfig& c = m.weights->config();
   const TraceGeometry g{c.n_layer, c.n_expert, c.n_expert_used, ExpertBytes(*m.weights, 0)};
-  ASSIGN_OR_RETURN(std::unique_ptr<TraceWriter> writer,
-                   TraceWriter::Create(out_path, g));
+  ASSIGN_OR_RETURN(std::unique_ptr<TraceWriter> writer, TraceWriter::Create(out_path, g));
   writer->set_phase(TraceWriter::Phase::kPrompt);
   m.engine->set_routing_observer(writer.get());
   GenerationStats stats;
-  auto out = mer::Generate(*m.engine, 0, req,
-                           [&](int32_t) { writer->set_phase(TraceWriter::Phase::kDecode); },
-                           &stats);
+  auto out = mer::Generate(
+      *m.engine, 0, req, [&](int32_t) { writer->set_phase(TraceWriter::Phase::kDecode); }, &stats);
   m.engine->set_routing_observer(nullptr);
   const absl::Status finished = writer->Finish();
   if (!out.ok()) return out.status();
@@ -94,8 +92,8 @@ absl::Status Record(const Args& args) {
                "%d layers x %d experts, top-%d, expert %s\n",
                static_cast<long long>(writer->records()), out_path.c_str(),
                static_cast<long long>(writer->tokens() - writer->decode_tokens()),
-               static_cast<long long>(writer->decode_tokens()), stats.generated_tokens, g.n_layer,
-               g.n_expert, g.top_k, Bytes(static_cast<double>(g.expert_bytes)).c_str());
+               static_cast<long long>(writer->decode_tokens()), stats.generated_tokens, g.n_layer, g.n_expert, g.top_k,
+               Bytes(static_cast<double>(g.expert_bytes)).c_str());
   return absl::OkStatus();
 }
 
@@ -131,8 +129,8 @@ std::string Describe(const RoutingTrace& t, const std::string& path, int64_t exp
   return absl::StrFormat(
       "trace %s: %d layers x %d experts, top-%d; %d tokens (%d prompt in %d records, %d decode); "
       "expert %s",
-      path, g.n_layer, g.n_expert, g.top_k, t.tokens(), t.prompt_tokens(), prompt_records,
-      t.decode_tokens(), Bytes(static_cast<double>(expert_bytes)));
+      path, g.n_layer, g.n_expert, g.top_k, t.tokens(), t.prompt_tokens(), prompt_records, t.decode_tokens(),
+      Bytes(static_cast<double>(expert_bytes)));
 }
 
 absl::StatusOr<RoutingTrace> LoadTrace(const Flags& f) {
@@ -142,8 +140,8 @@ absl::StatusOr<RoutingTrace> LoadTrace(const Flags& f) {
 
 absl::Status ReplayCommand(const Args& args) {
   ASSIGN_OR_RETURN(Flags f, Flags::Parse(args,
-                                         {"trace", "budget", "slots", "policy", "confidence",
-                                          "prefetch-budget", "expert-bytes", "bandwidth", "latency-us"},
+                                         {"trace", "budget", "slots", "policy", "confidence", "prefetch-budget",
+                                          "expert-bytes", "bandwidth", "latency-us"},
                                          {"prefetch", "decode-only"}));
   ASSIGN_OR_RETURN(const RoutingTrace trace, LoadTrace(f));
   ReplayOptions o;
@@ -162,19 +160,20 @@ absl::Status ReplayCommand(const Args& args) {
   ASSIGN_OR_RETURN(const ReplayStats s, Replay(trace, o));
 
   std::printf("%s\n", Describe(trace, f.String("trace"), s.expert_bytes).c_str());
-  std::printf("policy %s, %lld slots (%.1f%% of %lld experts), prefetch %s\n", o.policy.c_str(),
-              static_cast<long long>(o.slots), 100.0 * o.slots / all, static_cast<long long>(all),
-              o.prefetch ? absl::StrFormat("on (confidence >= %g, <= %d reads per layer step)",
-                                           o.confidence, o.prefetch_budget).c_str()
-                         : "off");
+  std::printf(
+      "policy %s, %lld slots (%.1f%% of %lld experts), prefetch %s\n", o.policy.c_str(),
+      static_cast<long long>(o.slots), 100.0 * o.slots / all, static_cast<long long>(all),
+      o.prefetch ? absl::StrFormat("on (confidence >= %g, <= %d reads per layer step)", o.confidence, o.prefetch_budget)
+                       .c_str()
+                 : "off");
   std::printf("lookups     %lld%s\n", static_cast<long long>(s.lookups), o.count_prompt ? "" : " (decode only)");
   std::printf("hits        %lld (hit rate %.1f%%)\n", static_cast<long long>(s.hits), 100 * s.hit_rate());
-  std::printf("misses      %lld (%lld read without caching: every slot pinned)\n",
-              static_cast<long long>(s.misses), static_cast<long long>(s.bypassed));
+  std::printf("misses      %lld (%lld read without caching: every slot pinned)\n", static_cast<long long>(s.misses),
+              static_cast<long long>(s.bypassed));
   std::printf("bytes read  %s (demand %s, prefetch %s)\n", Bytes(static_cast<double>(s.bytes_read())).c_str(),
               Bytes(static_cast<double>(s.demand_bytes)).c_str(), Bytes(static_cast<double>(s.prefetch_bytes)).c_str());
-  std::printf("stall       %.3f s modelled (%.2f ms per token; %g us + %s / %g GB/s per miss)\n",
-              s.stall_seconds, s.tokens > 0 ? 1e3 * s.stall_seconds / s.tokens : 0.0, o.latency_us,
+  std::printf("stall       %.3f s modelled (%.2f ms per token; %g us + %s / %g GB/s per miss)\n", s.stall_seconds,
+              s.tokens > 0 ? 1e3 * s.stall_seconds / s.tokens : 0.0, o.latency_us,
               Bytes(static_cast<double>(s.expert_bytes)).c_str(), o.bandwidth_gbps);
   std::printf("prefetch    issued %lld, useful %lld, wasted %lld\n", static_cast<long long>(s.prefetch_issued),
               static_cast<long long>(s.prefetch_useful), static_cast<long long>(s.prefetch_wasted));
@@ -183,8 +182,8 @@ absl::Status ReplayCommand(const Args& args) {
 
 absl::Status SweepCommand(const Args& args) {
   ASSIGN_OR_RETURN(Flags f, Flags::Parse(args,
-                                         {"trace", "budgets", "confidence", "prefetch-budget",
-                                          "expert-bytes", "bandwidth", "latency-us"},
+                                         {"trace", "budgets", "confidence", "prefetch-budget", "expert-bytes",
+                                          "bandwidth", "latency-us"},
                                          {"decode-only"}));
   ASSIGN_OR_RETURN(const RoutingTrace trace, LoadTrace(f));
   ReplayOptions base;
@@ -197,12 +196,17 @@ absl::Status SweepCommand(const Args& args) {
     budgets.push_back(fraction);
   }
   std::printf("%s\n", Describe(trace, f.String("trace"),
-                               base.expert_bytes > 0 ? base.expert_bytes : trace.geometry().expert_bytes).c_str());
+                               base.expert_bytes > 0 ? base.expert_bytes : trace.geometry().expert_bytes)
+                          .c_str());
   std::printf("prefetch: confidence >= %g, <= %d reads per layer step; stall: %g us + bytes / %g GB/s per miss%s\n\n",
               base.confidence, base.prefetch_budget, base.latency_us, base.bandwidth_gbps,
               base.count_prompt ? "" : "; decode tokens only");
-  std::printf("| policy | budget | slots | prefetch | hit rate | misses | read MB | stall ms/token | pf issued | pf useful | pf wasted |\n");
-  std::printf("|--------|-------:|------:|----------|---------:|-------:|--------:|---------------:|----------:|----------:|----------:|\n");
+  std::printf(
+      "| policy | budget | slots | prefetch | hit rate | misses | read MB | stall ms/token | pf issued | pf useful | "
+      "pf wasted |\n");
+  std::printf(
+      "|--------|-------:|------:|----------|---------:|-------:|--------:|---------------:|----------:|----------:|---"
+      "-------:|\n");
   for (const std::string& policy : residency::PolicyNames()) {
     for (double fraction : budgets) {
       for (bool prefetch : {false, true}) {
@@ -211,12 +215,11 @@ absl::Status SweepCommand(const Args& args) {
         o.slots = SlotsForFraction(trace.geometry(), fraction);
         o.prefetch = prefetch;
         ASSIGN_OR_RETURN(const ReplayStats s, Replay(trace, o));
-        std::printf("| %s | %g%% | %lld | %s | %.1f%% | %lld | %.1f | %.2f | %lld | %lld | %lld |\n",
-                    policy.c_str(), 100 * fraction, static_cast<long long>(o.slots), prefetch ? "on" : "off",
-                    100 * s.hit_rate(), static_cast<long long>(s.misses), s.bytes_read() / 1e6,
-                    s.tokens > 0 ? 1e3 * s.stall_seconds / s.tokens : 0.0,
-                    static_cast<long long>(s.prefetch_issued), static_cast<long long>(s.prefetch_useful),
-                    static_cast<long long>(s.prefetch_wasted));
+        std::printf("| %s | %g%% | %lld | %s | %.1f%% | %lld | %.1f | %.2f | %lld | %lld | %lld |\n", policy.c_str(),
+                    100 * fraction, static_cast<long long>(o.slots), prefetch ? "on" : "off", 100 * s.hit_rate(),
+                    static_cast<long long>(s.misses), s.bytes_read() / 1e6,
+                    s.tokens > 0 ? 1e3 * s.stall_seconds / s.tokens : 0.0, static_cast<long long>(s.prefetch_issued),
+                    static_cast<long long>(s.prefetch_useful), static_cast<long long>(s.prefetch_wasted));
       }
     }
   }
@@ -234,10 +237,14 @@ int RunTrace(const Args& args) {
   const std::string sub = args[0];
   const Args rest(args.begin() + 1, args.end());
   absl::Status s;
-  if (sub == "record") s = Record(rest);
-  else if (sub == "replay") s = ReplayCommand(rest);
-  else if (sub == "sweep") s = SweepCommand(rest);
-  else s = absl::InvalidArgumentError(absl::StrCat("unknown subcommand '", sub, "' (record, replay or sweep)"));
+  if (sub == "record")
+    s = Record(rest);
+  else if (sub == "replay")
+    s = ReplayCommand(rest);
+  else if (sub == "sweep")
+    s = SweepCommand(rest);
+  else
+    s = absl::InvalidArgumentError(absl::StrCat("unknown subcommand '", sub, "' (record, replay or sweep)"));
   return s.ok() ? 0 : Fail("trace", s);
 }
 

@@ -84,11 +84,11 @@ struct Daemon {
   int out_fd = -1;      // read end of its stdout+stderr
   std::string partial;  // an unfinished output line
   bool ready = false;
-  std::string metrics_url;  // from its "metrics: URL" line
-  std::string listening;    // from its "listening on ADDRESS" line
-  std::string http_url;     // from its "http: URL" line
-  std::string status;       // its last STATUS= (sd_notify)
-  absl::Time last_ping;     // its last WATCHDOG=1, or READY=1
+  std::string metrics_url;                      // from its "metrics: URL" line
+  std::string listening;                        // from its "listening on ADDRESS" line
+  std::string http_url;                         // from its "http: URL" line
+  std::string status;                           // its last STATUS= (sd_notify)
+  absl::Time last_ping;                         // its last WATCHDOG=1, or READY=1
   absl::Time kill_at = absl::InfiniteFuture();  // SIGKILL then, after a missed watchdog's SIGABRT
   std::vector<absl::Time> restarts;
 };
@@ -147,38 +147,38 @@ absl::Status Spawn(Daemon& d) {
 // kernel vouches for (SCM_CREDENTIALS).
 void ReadNotify() {
   for (;;) {
-  char buf[4096];
-  char control[CMSG_SPACE(sizeof(ucred))];
-  iovec iov{buf, sizeof buf - 1};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  const ssize_t n = recvmsg(g_supervision.notify_fd, &msg, MSG_DONTWAIT);
-  if (n <= 0) return;  // nothing more queued
-  pid_t sender = -1;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS) {
-      ucred cred;
-      std::memcpy(&cred, CMSG_DATA(c), sizeof cred);
-      sender = cred.pid;
+    char buf[4096];
+    char control[CMSG_SPACE(sizeof(ucred))];
+    iovec iov{buf, sizeof buf - 1};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    const ssize_t n = recvmsg(g_supervision.notify_fd, &msg, MSG_DONTWAIT);
+    if (n <= 0) return;  // nothing more queued
+    pid_t sender = -1;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS) {
+        ucred cred;
+        std::memcpy(&cred, CMSG_DATA(c), sizeof cred);
+        sender = cred.pid;
+      }
     }
-  }
-  Daemon* d = nullptr;
-  for (Daemon* x : g_daemons)
-    if (x->pid > 0 && x->pid == sender) d = x;
-  if (d == nullptr) continue;
-  for (absl::string_view line : absl::StrSplit(absl::string_view(buf, static_cast<size_t>(n)), '\n')) {
-    if (line == "READY=1") {
-      d->ready = true;
-      d->last_ping = absl::Now();
-    } else if (line == "WATCHDOG=1") {
-      d->last_ping = absl::Now();
-    } else if (absl::StartsWith(line, "STATUS=")) {
-      d->status = std::string(line.substr(7));
+    Daemon* d = nullptr;
+    for (Daemon* x : g_daemons)
+      if (x->pid > 0 && x->pid == sender) d = x;
+    if (d == nullptr) continue;
+    for (absl::string_view line : absl::StrSplit(absl::string_view(buf, static_cast<size_t>(n)), '\n')) {
+      if (line == "READY=1") {
+        d->ready = true;
+        d->last_ping = absl::Now();
+      } else if (line == "WATCHDOG=1") {
+        d->last_ping = absl::Now();
+      } else if (absl::StartsWith(line, "STATUS=")) {
+        d->status = std::string(line.substr(7));
+      }
     }
-  }
   }
 }
 
@@ -195,8 +195,7 @@ bool Drain(Daemon& d) {
     std::fprintf(stderr, "[%s] %s\n", d.name.c_str(), line.c_str());
     if (absl::StartsWith(line, "metrics: ")) d.metrics_url = line.substr(9);
     if (absl::StartsWith(line, "http: ")) d.http_url = line.substr(6);
-    if (const size_t at = line.find("listening on "); at != std::string::npos)
-      d.listening = line.substr(at + 13);
+    if (const size_t at = line.find("listening on "); at != std::string::npos) d.listening = line.substr(at + 13);
   }
   d.partial.erase(0, start);
   return true;
@@ -209,8 +208,7 @@ std::vector<Daemon*> Pump(std::vector<Daemon*> daemons, absl::Duration timeout) 
   for (Daemon* d : daemons) fds.push_back({d->out_fd, POLLIN, 0});
   fds.push_back({g_supervision.notify_fd, POLLIN, 0});
   std::vector<Daemon*> ended;
-  if (poll(fds.data(), fds.size(), static_cast<int>(absl::ToInt64Milliseconds(timeout))) <= 0)
-    return ended;
+  if (poll(fds.data(), fds.size(), static_cast<int>(absl::ToInt64Milliseconds(timeout))) <= 0) return ended;
   for (size_t i = 0; i < daemons.size(); ++i) {
     if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) && !Drain(*daemons[i])) ended.push_back(daemons[i]);
   }
@@ -237,9 +235,9 @@ absl::Status StartAndWait(Daemon& d, absl::Duration timeout) {
       return absl::DeadlineExceededError(absl::StrCat("mer-", d.name, " was not ready in time"));
     if (!Pump({&d}, absl::Milliseconds(100)).empty()) {
       const int status = Reap(d);
-      return absl::FailedPreconditionError(absl::StrCat(
-          "mer-", d.name, " exited before it was ready (status ",
-          WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), "); its output is above"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("mer-", d.name, " exited before it was ready (status ",
+                       WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), "); its output is above"));
     }
   }
   return absl::OkStatus();
@@ -290,8 +288,7 @@ void SweepStale(const std::string& tmp) {
     const std::string n = e.path().filename().string();
     struct stat st;
     const pid_t pid = InstancePid(n);
-    if (pid > 0 && !PidAlive(pid) && lstat(e.path().c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
-        st.st_uid == geteuid())
+    if (pid > 0 && !PidAlive(pid) && lstat(e.path().c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid())
       std::filesystem::remove_all(e.path(), ec);
   }
   for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
@@ -396,8 +393,8 @@ absl::StatusOr<std::string> EnsureStore(const Flags& f) {
   ASSIGN_OR_RETURN(const uint64_t free_bytes, FreeDiskBytes(dir));
   if (free_bytes < model_bytes + model_bytes / 50)
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "packing %s needs about %.2f GB in %s; the disk has %.2f GB free (give --store-dir on another disk)",
-        model, model_bytes / 1e9, dir, free_bytes / 1e9));
+        "packing %s needs about %.2f GB in %s; the disk has %.2f GB free (give --store-dir on another disk)", model,
+        model_bytes / 1e9, dir, free_bytes / 1e9));
   std::fprintf(stderr, "mer up: packing %s into %s (%.2f GB)\n", model.c_str(), dir.c_str(), model_bytes / 1e9);
   PackOptions o;
   o.overwrite = true;
@@ -410,13 +407,12 @@ absl::StatusOr<std::string> EnsureStore(const Flags& f) {
 }
 
 absl::Status Up(const Args& args) {
-  ASSIGN_OR_RETURN(Flags f, Flags::Parse(args,
-                                         {"model", "store", "store-dir", "listen", "http-listen",
-                                          "served-model-name", "metrics-listen",
-                                          "ram-budget", "policy", "backend", "vram-expert-budget",
-                                          "max-sequences", "max-batch-tokens", "ctx", "threads",
-                                          "max-queue", "watchdog-seconds"},
-                                         {"prefetch"}));
+  ASSIGN_OR_RETURN(
+      Flags f, Flags::Parse(args,
+                            {"model", "store", "store-dir", "listen", "http-listen", "served-model-name",
+                             "metrics-listen", "ram-budget", "policy", "backend", "vram-expert-budget", "max-sequences",
+                             "max-batch-tokens", "ctx", "threads", "max-queue", "watchdog-seconds"},
+                            {"prefetch"}));
   if (f.Has("model") == f.Has("store")) return absl::InvalidArgumentError("give exactly one of --model and --store");
   struct sigaction sa {};
   sa.sa_handler = OnStopSignal;
@@ -452,17 +448,16 @@ absl::Status Up(const Args& args) {
   (void)janitor_pipe;  // held open until mer up exits, by whatever means
   const std::string socket = absl::StrCat("unix:", run_dir, "/compute.sock");
 
-  Daemon residency{"residency",
-                   {bin + "/mer-residency", "--store", store, "--instance", instance, "--ram-budget",
-                    f.String("ram-budget", "25%"), "--policy", f.String("policy", "lfu"),
-                    "--metrics-listen", "127.0.0.1:0", "--warm"}};
+  Daemon residency{
+      "residency",
+      {bin + "/mer-residency", "--store", store, "--instance", instance, "--ram-budget", f.String("ram-budget", "25%"),
+       "--policy", f.String("policy", "lfu"), "--metrics-listen", "127.0.0.1:0", "--warm"}};
   if (f.Has("prefetch")) residency.argv.push_back("--prefetch");
   Daemon compute{"compute",
-                 {bin + "/mer-compute", "--store", store, "--residency", instance, "--listen", socket,
-                  "--backend", f.String("backend", "cpu"), "--max-sequences",
-                  f.String("max-sequences", "8"), "--max-batch-tokens", f.String("max-batch-tokens", "256"),
-                  "--ctx", f.String("ctx", "4096"), "--threads", f.String("threads", "0"),
-                  "--metrics-listen", "127.0.0.1:0"}};
+                 {bin + "/mer-compute", "--store", store, "--residency", instance, "--listen", socket, "--backend",
+                  f.String("backend", "cpu"), "--max-sequences", f.String("max-sequences", "8"), "--max-batch-tokens",
+                  f.String("max-batch-tokens", "256"), "--ctx", f.String("ctx", "4096"), "--threads",
+                  f.String("threads", "0"), "--metrics-listen", "127.0.0.1:0"}};
   if (f.Has("vram-expert-budget"))
     compute.argv.insert(compute.argv.end(), {"--vram-expert-budget", f.String("vram-expert-budget")});
   Daemon gateway{"gateway",
@@ -476,18 +471,19 @@ absl::Status Up(const Args& args) {
   absl::Status status = StartAndWait(residency, absl::Seconds(120));
   if (status.ok()) status = StartAndWait(compute, absl::Seconds(600));
   if (status.ok()) {
-    gateway.argv.insert(gateway.argv.end(), {"--compute-metrics", compute.metrics_url,
-                                             "--residency-metrics", residency.metrics_url});
+    gateway.argv.insert(gateway.argv.end(),
+                        {"--compute-metrics", compute.metrics_url, "--residency-metrics", residency.metrics_url});
     status = StartAndWait(gateway, absl::Seconds(60));
   }
   // Ready means a first request is served: the gateway says "serving" once it has seen
   // mer-compute answer and able to generate.
   const absl::Time serving_deadline = absl::Now() + absl::Seconds(60);
   while (status.ok() && gateway.status != "serving") {
-    if (g_stop.load()) status = absl::CancelledError("stopped");
+    if (g_stop.load())
+      status = absl::CancelledError("stopped");
     else if (absl::Now() > serving_deadline)
-      status = absl::DeadlineExceededError(absl::StrCat("mer-gateway did not start serving in 60 s (its status: ",
-                                                        gateway.status, ")"));
+      status = absl::DeadlineExceededError(
+          absl::StrCat("mer-gateway did not start serving in 60 s (its status: ", gateway.status, ")"));
     else if (!Pump(all, absl::Milliseconds(100)).empty())
       status = absl::FailedPreconditionError("a daemon exited before mer-gateway served; its output is above");
   }
@@ -499,8 +495,7 @@ absl::Status Up(const Args& args) {
       std::printf("  HTTP API   %s   (OpenAI-compatible: %s/v1/chat/completions)\n", gateway.http_url.c_str(),
                   gateway.http_url.c_str());
     std::printf("  metrics    %s   (all three daemons)\n", gateway.metrics_url.c_str());
-    std::printf("             compute %s, residency %s\n", compute.metrics_url.c_str(),
-                residency.metrics_url.c_str());
+    std::printf("             compute %s, residency %s\n", compute.metrics_url.c_str(), residency.metrics_url.c_str());
     std::printf("  Ctrl-C stops them.\n");
     std::fflush(stdout);
   }

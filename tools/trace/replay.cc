@@ -77,9 +77,8 @@ class Simulator {
     for (uint8_t p : prefetched_) stats_.prefetch_wasted += p;
     stats_.misses = stats_.lookups - stats_.hits;
     stats_.demand_bytes = stats_.misses * stats_.expert_bytes;
-    stats_.stall_seconds =
-        static_cast<double>(stats_.misses) * o_.latency_us * 1e-6 +
-        static_cast<double>(stats_.demand_bytes) / (o_.bandwidth_gbps * 1e9);
+    stats_.stall_seconds = static_cast<double>(stats_.misses) * o_.latency_us * 1e-6 +
+                           static_cast<double>(stats_.demand_bytes) / (o_.bandwidth_gbps * 1e9);
     return stats_;
   }
 
@@ -194,8 +193,7 @@ class Simulator {
 absl::StatusOr<ReplayStats> Replay(const RoutingTrace& trace, const ReplayOptions& options) {
   RETURN_IF_ERROR(ValidateTraceGeometry(trace.geometry()));
   const int64_t expert_bytes = options.expert_bytes > 0 ? options.expert_bytes : trace.geometry().expert_bytes;
-  if (expert_bytes <= 0)
-    return absl::InvalidArgumentError("the trace does not record the expert size; give it");
+  if (expert_bytes <= 0) return absl::InvalidArgumentError("the trace does not record the expert size; give it");
   if (!(options.bandwidth_gbps > 0) || !std::isfinite(options.bandwidth_gbps))
     return absl::InvalidArgumentError("bandwidth must be > 0");
   if (!(options.latency_us >= 0) || !std::isfinite(options.latency_us))

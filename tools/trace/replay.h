@@ -38,32 +38,32 @@
 namespace mer::trace {
 
 struct ReplayOptions {
-  int64_t slots = 0;               // >= 1
-  std::string policy = "lru";      // "lru", "lfu", "arc"
+  int64_t slots = 0;           // >= 1
+  std::string policy = "lru";  // "lru", "lfu", "arc"
   bool prefetch = false;
-  double confidence = 0.3;         // prefetch threshold on the predictor's confidence
-  int32_t prefetch_budget = 0;     // prefetch reads per layer step; 0 = the trace's top_k
+  double confidence = 0.3;      // prefetch threshold on the predictor's confidence
+  int32_t prefetch_budget = 0;  // prefetch reads per layer step; 0 = the trace's top_k
   residency::PrefetchPredictorOptions predictor;
-  int64_t expert_bytes = 0;        // 0 = the trace's header value
-  double bandwidth_gbps = 1.5;     // NVMe read bandwidth, GB/s
-  double latency_us = 100;         // per read
-  bool count_prompt = true;        // false: prompt records warm the cache but are not counted
+  int64_t expert_bytes = 0;     // 0 = the trace's header value
+  double bandwidth_gbps = 1.5;  // NVMe read bandwidth, GB/s
+  double latency_us = 100;      // per read
+  bool count_prompt = true;     // false: prompt records warm the cache but are not counted
 };
 
 struct ReplayStats {
   int64_t slots = 0;
   int64_t expert_bytes = 0;
-  int64_t tokens = 0;          // counted tokens
-  int64_t lookups = 0;         // distinct (layer, expert) per batch and layer
+  int64_t tokens = 0;   // counted tokens
+  int64_t lookups = 0;  // distinct (layer, expert) per batch and layer
   int64_t hits = 0;
-  int64_t misses = 0;          // lookups - hits
-  int64_t bypassed = 0;        // misses served without caching (every slot pinned)
-  int64_t demand_bytes = 0;    // misses x expert_bytes
+  int64_t misses = 0;        // lookups - hits
+  int64_t bypassed = 0;      // misses served without caching (every slot pinned)
+  int64_t demand_bytes = 0;  // misses x expert_bytes
   int64_t prefetch_issued = 0;
   int64_t prefetch_useful = 0;
-  int64_t prefetch_wasted = 0; // issued - useful (evicted or left unused)
+  int64_t prefetch_wasted = 0;  // issued - useful (evicted or left unused)
   int64_t prefetch_bytes = 0;
-  double stall_seconds = 0;    // modelled foreground stall of the demand misses
+  double stall_seconds = 0;  // modelled foreground stall of the demand misses
 
   double hit_rate() const { return lookups > 0 ? static_cast<double>(hits) / lookups : 0.0; }
   int64_t bytes_read() const { return demand_bytes + prefetch_bytes; }

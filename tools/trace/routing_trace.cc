@@ -18,8 +18,8 @@ void PutU64(uint64_t v, std::string* out) {
   for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
 }
 uint32_t GetU32(const uint8_t* p) {
-  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
-         static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
+  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 | static_cast<uint32_t>(p[2]) << 16 |
+         static_cast<uint32_t>(p[3]) << 24;
 }
 uint64_t GetU64(const uint8_t* p) {
   return static_cast<uint64_t>(GetU32(p)) | static_cast<uint64_t>(GetU32(p + 4)) << 32;
@@ -27,13 +27,13 @@ uint64_t GetU64(const uint8_t* p) {
 
 // Checks one token's top-k: ids in range and distinct. `seen` has n_expert entries, all != stamp.
 template <typename Id>
-absl::Status CheckRow(const Id* row, int32_t k, int32_t n_expert, std::vector<uint32_t>& seen,
-                      uint32_t stamp, const char* where_kind, int64_t where) {
+absl::Status CheckRow(const Id* row, int32_t k, int32_t n_expert, std::vector<uint32_t>& seen, uint32_t stamp,
+                      const char* where_kind, int64_t where) {
   for (int32_t j = 0; j < k; ++j) {
     const int64_t e = static_cast<int64_t>(row[j]);
     if (e < 0 || e >= n_expert)
-      return absl::InvalidArgumentError(absl::StrCat(where_kind, " ", where, ": expert id ", e,
-                                                     " outside [0, ", n_expert, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where_kind, " ", where, ": expert id ", e, " outside [0, ", n_expert, ")"));
     if (seen[e] == stamp)
       return absl::InvalidArgumentError(
           absl::StrCat(where_kind, " ", where, ": expert ", e, " chosen twice by one token"));
@@ -50,14 +50,14 @@ absl::Status ValidateTraceGeometry(const TraceGeometry& g) {
   if (g.n_expert < 1 || g.n_expert > kTraceMaxExperts)
     return absl::InvalidArgumentError(absl::StrCat("n_expert ", g.n_expert, " outside [1, ", kTraceMaxExperts, "]"));
   if (g.top_k < 1 || g.top_k > kTraceMaxTopK || g.top_k > g.n_expert)
-    return absl::InvalidArgumentError(absl::StrCat("top_k ", g.top_k, " outside [1, min(n_expert, ", kTraceMaxTopK, ")]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_k ", g.top_k, " outside [1, min(n_expert, ", kTraceMaxTopK, ")]"));
   if (g.expert_bytes < 0 || g.expert_bytes > kTraceMaxExpertBytes)
     return absl::InvalidArgumentError(absl::StrCat("expert_bytes ", g.expert_bytes, " out of range"));
   return absl::OkStatus();
 }
 
-absl::Status RoutingTrace::AddRecord(TracePhase phase, int32_t n_tokens,
-                                     absl::Span<const int32_t> ids) {
+absl::Status RoutingTrace::AddRecord(TracePhase phase, int32_t n_tokens, absl::Span<const int32_t> ids) {
   RETURN_IF_ERROR(ValidateTraceGeometry(geometry_));
   if (phase != TracePhase::kPrompt && phase != TracePhase::kDecode)
     return absl::InvalidArgumentError("unknown record phase");
@@ -69,8 +69,8 @@ absl::Status RoutingTrace::AddRecord(TracePhase phase, int32_t n_tokens,
   std::vector<uint32_t> seen(geometry_.n_expert, 0);
   const int64_t index = static_cast<int64_t>(records_.size());
   for (size_t row = 0; row < want / geometry_.top_k; ++row)
-    RETURN_IF_ERROR(CheckRow(ids.data() + row * geometry_.top_k, geometry_.top_k,
-                             geometry_.n_expert, seen, static_cast<uint32_t>(row + 1), "record", index));
+    RETURN_IF_ERROR(CheckRow(ids.data() + row * geometry_.top_k, geometry_.top_k, geometry_.n_expert, seen,
+                             static_cast<uint32_t>(row + 1), "record", index));
   records_.push_back({phase, n_tokens, static_cast<int64_t>(ids_.size())});
   ids_.insert(ids_.end(), ids.begin(), ids.end());
   tokens_ += n_tokens;
@@ -91,8 +91,7 @@ std::string EncodeTraceHeader(const TraceGeometry& g, uint64_t n_records) {
   return out;
 }
 
-void AppendTraceRecord(TracePhase phase, int32_t n_tokens, absl::Span<const int32_t> ids,
-                       std::string* out) {
+void AppendTraceRecord(TracePhase phase, int32_t n_tokens, absl::Span<const int32_t> ids, std::string* out) {
   PutU32(static_cast<uint32_t>(phase), out);
   PutU32(static_cast<uint32_t>(n_tokens), out);
   const size_t at = out->size();
@@ -121,16 +120,14 @@ std::string EncodeTrace(const RoutingTrace& trace) {
 
 absl::StatusOr<RoutingTrace> ParseTrace(absl::Span<const uint8_t> bytes) {
   if (bytes.size() < kTraceHeaderBytes)
-    return absl::DataLossError(absl::StrCat("routing trace of ", bytes.size(),
-                                            " bytes is shorter than its header"));
+    return absl::DataLossError(absl::StrCat("routing trace of ", bytes.size(), " bytes is shorter than its header"));
   const uint8_t* h = bytes.data();
   if (std::memcmp(h, kTraceMagic, sizeof(kTraceMagic)) != 0)
     return absl::InvalidArgumentError("not a routing trace (bad magic)");
   const uint32_t version = GetU32(h + 8);
   if (version != kTraceVersion)
-    return absl::InvalidArgumentError(absl::StrCat("routing trace version ", version,
-                                                   " is not supported (this build reads ",
-                                                   kTraceVersion, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("routing trace version ", version, " is not supported (this build reads ", kTraceVersion, ")"));
   if (GetU32(h + 12) != kTraceHeaderBytes)
     return absl::InvalidArgumentError(absl::StrCat("header size ", GetU32(h + 12), ", want ", kTraceHeaderBytes));
   const uint32_t n_layer = GetU32(h + 16), n_expert = GetU32(h + 20), top_k = GetU32(h + 24);
@@ -140,15 +137,15 @@ absl::StatusOr<RoutingTrace> ParseTrace(absl::Span<const uint8_t> bytes) {
   if (n_layer > static_cast<uint32_t>(kTraceMaxLayers) || n_expert > static_cast<uint32_t>(kTraceMaxExperts) ||
       top_k > static_cast<uint32_t>(kTraceMaxTopK) || expert_bytes > static_cast<uint64_t>(kTraceMaxExpertBytes))
     return absl::InvalidArgumentError("geometry out of range");
-  TraceGeometry g{static_cast<int32_t>(n_layer), static_cast<int32_t>(n_expert),
-                  static_cast<int32_t>(top_k), static_cast<int64_t>(expert_bytes)};
+  TraceGeometry g{static_cast<int32_t>(n_layer), static_cast<int32_t>(n_expert), static_cast<int32_t>(top_k),
+                  static_cast<int64_t>(expert_bytes)};
   RETURN_IF_ERROR(ValidateTraceGeometry(g));
 
   const size_t body = bytes.size() - kTraceHeaderBytes;
   const uint64_t min_record = kTraceRecordHeaderBytes + uint64_t{2} * n_layer * top_k;
   if (n_records > body / min_record)
-    return absl::DataLossError(absl::StrCat("header announces ", n_records, " records; ", body,
-                                            " bytes hold at most ", body / min_record));
+    return absl::DataLossError(
+        absl::StrCat("header announces ", n_records, " records; ", body, " bytes hold at most ", body / min_record));
   RoutingTrace trace(g);
   trace.records_.reserve(n_records);
   trace.ids_.reserve(body / 2);
@@ -160,8 +157,7 @@ absl::StatusOr<RoutingTrace> ParseTrace(absl::Span<const uint8_t> bytes) {
       return absl::DataLossError(absl::StrCat("record ", r, ": truncated header"));
     const uint32_t phase = GetU32(h + at), n_tokens = GetU32(h + at + 4);
     at += kTraceRecordHeaderBytes;
-    if (phase != static_cast<uint32_t>(TracePhase::kPrompt) &&
-        phase != static_cast<uint32_t>(TracePhase::kDecode))
+    if (phase != static_cast<uint32_t>(TracePhase::kPrompt) && phase != static_cast<uint32_t>(TracePhase::kDecode))
       return absl::InvalidArgumentError(absl::StrCat("record ", r, ": unknown phase ", phase));
     if (n_tokens < 1 || n_tokens > static_cast<uint32_t>(kTraceMaxRecordTokens))
       return absl::InvalidArgumentError(absl::StrCat("record ", r, ": ", n_tokens, " tokens"));
@@ -188,8 +184,8 @@ absl::StatusOr<RoutingTrace> ParseTrace(absl::Span<const uint8_t> bytes) {
     if (ph == TracePhase::kDecode) trace.decode_tokens_ += n_tokens;
   }
   if (at != bytes.size())
-    return absl::InvalidArgumentError(absl::StrCat(bytes.size() - at, " bytes after the last of ",
-                                                   n_records, " records"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(bytes.size() - at, " bytes after the last of ", n_records, " records"));
   return trace;
 }
 
@@ -199,8 +195,7 @@ absl::StatusOr<RoutingTrace> ReadTraceFile(const std::string& path) {
   const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (in.bad()) return absl::DataLossError(absl::StrCat("reading ", path, " failed"));
   auto trace = ParseTrace(bytes);
-  if (!trace.ok())
-    return absl::Status(trace.status().code(), absl::StrCat(path, ": ", trace.status().message()));
+  if (!trace.ok()) return absl::Status(trace.status().code(), absl::StrCat(path, ": ", trace.status().message()));
   return trace;
 }
 

@@ -82,8 +82,7 @@ class RoutingTrace {
 // The 48-byte header for `n_records` records (the writer patches the count at the end).
 std::string EncodeTraceHeader(const TraceGeometry& g, uint64_t n_records);
 // One record's bytes; ids are [n_layer][n_tokens][top_k], not validated here.
-void AppendTraceRecord(TracePhase phase, int32_t n_tokens, absl::Span<const int32_t> ids,
-                       std::string* out);
+void AppendTraceRecord(TracePhase phase, int32_t n_tokens, absl::Span<const int32_t> ids, std::string* out);
 // The whole file.
 std::string EncodeTrace(const RoutingTrace& trace);
 

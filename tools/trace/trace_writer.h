@@ -31,8 +31,7 @@ class TraceWriter final : public RoutingObserver {
   enum class Phase { kAuto, kPrompt, kDecode };
 
   // Writes to `path` (created or truncated).
-  static absl::StatusOr<std::unique_ptr<TraceWriter>> Create(const std::string& path,
-                                                             const TraceGeometry& geometry);
+  static absl::StatusOr<std::unique_ptr<TraceWriter>> Create(const std::string& path, const TraceGeometry& geometry);
   // Keeps the bytes in memory (bytes() after Finish).
   static absl::StatusOr<std::unique_ptr<TraceWriter>> CreateInMemory(const TraceGeometry& geometry);
   ~TraceWriter() override;

@@ -31,8 +31,7 @@ int64_t ActivationRowBytes(GgmlType weight_type, int64_t cols) {
 // other types by the quant kernels. llama.cpp takes that order for single-token decode and for
 // mul_mat_id (the experts); its batched F32 x F32 mat-muls go through llamafile's sgemm instead,
 // which mer does not copy, so that a batch stays bit-identical to feeding it token by token.
-void RowDots(GgmlType type, const uint8_t* rows, int64_t n_rows, const uint8_t* act, int64_t cols,
-             float* out) {
+void RowDots(GgmlType type, const uint8_t* rows, int64_t n_rows, const uint8_t* act, int64_t cols, float* out) {
   if (type != GgmlType::kF32) {
     VecDotRows(type, rows, n_rows, act, cols, out);
     return;
@@ -44,8 +43,7 @@ void RowDots(GgmlType type, const uint8_t* rows, int64_t n_rows, const uint8_t* 
 
 }  // namespace
 
-CpuEngine::CpuEngine(const ModelWeights& weights, ExpertSource& experts,
-                     const CpuEngineOptions& options)
+CpuEngine::CpuEngine(const ModelWeights& weights, ExpertSource& experts, const CpuEngineOptions& options)
     : weights_(weights),
       experts_(experts),
       config_(weights.config()),
@@ -54,8 +52,7 @@ CpuEngine::CpuEngine(const ModelWeights& weights, ExpertSource& experts,
 
 CpuEngine::~CpuEngine() = default;
 
-absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Create(const ModelWeights& weights,
-                                                             ExpertSource& experts,
+absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Create(const ModelWeights& weights, ExpertSource& experts,
                                                              const CpuEngineOptions& options) {
   CpuEngineOptions o = options;
   if (o.max_batch_tokens < 1 || o.max_batch_tokens > 65536)
@@ -111,8 +108,8 @@ absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Create(const ModelWeights&
 }
 
 int64_t CpuEngine::KvIndex(int layer, int sequence, int position) const {
-  return ((int64_t(layer) * options_.max_sequences + sequence) * options_.max_context_tokens +
-          position) * config_.kv_dim();
+  return ((int64_t(layer) * options_.max_sequences + sequence) * options_.max_context_tokens + position) *
+         config_.kv_dim();
 }
 
 void CpuEngine::ClearSequence(int sequence) {
@@ -123,9 +120,8 @@ void CpuEngine::ClearSequence(int sequence) {
 absl::Status CpuEngine::Validate(absl::Span<const BatchToken> batch) {
   if (batch.empty()) return absl::InvalidArgumentError("empty batch");
   if (batch.size() > static_cast<size_t>(options_.max_batch_tokens))
-    return absl::InvalidArgumentError(absl::StrCat("batch of ", batch.size(),
-                                                   " tokens exceeds max_batch_tokens ",
-                                                   options_.max_batch_tokens));
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch of ", batch.size(), " tokens exceeds max_batch_tokens ", options_.max_batch_tokens));
   // Positions of each sequence must continue its cache without gaps (a lower start rewinds it),
   // so attention never reads a KV entry that was not written.
   next_pos_.assign(seq_len_.begin(), seq_len_.end());
@@ -137,15 +133,14 @@ absl::Status CpuEngine::Validate(absl::Span<const BatchToken> batch) {
     if (b.sequence < 0 || b.sequence >= options_.max_sequences)
       return absl::InvalidArgumentError(absl::StrCat("sequence ", b.sequence, " out of range"));
     if (b.position < 0 || b.position >= options_.max_context_tokens)
-      return absl::InvalidArgumentError(absl::StrCat("position ", b.position,
-                                                     " is outside the context of ",
-                                                     options_.max_context_tokens, " tokens"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("position ", b.position, " is outside the context of ", options_.max_context_tokens, " tokens"));
     int32_t& next = next_pos_[b.sequence];
     if (!seen_[b.sequence]) {
       seen_[b.sequence] = 1;
       if (b.position > next)
-        return absl::InvalidArgumentError(absl::StrCat("sequence ", b.sequence, " position ",
-                                                       b.position, " skips ahead of ", next));
+        return absl::InvalidArgumentError(
+            absl::StrCat("sequence ", b.sequence, " position ", b.position, " skips ahead of ", next));
     } else if (b.position != next) {
       return absl::InvalidArgumentError(
           absl::StrCat("sequence ", b.sequence, " positions are not consecutive in the batch"));
@@ -155,9 +150,8 @@ absl::Status CpuEngine::Validate(absl::Span<const BatchToken> batch) {
   return absl::OkStatus();
 }
 
-const uint8_t* CpuEngine::PrepareActivations(GgmlType weight_type, const float* x, int64_t x_stride,
-                                             int64_t cols, int n_tokens, uint8_t* scratch,
-                                             int64_t* row_bytes) {
+const uint8_t* CpuEngine::PrepareActivations(GgmlType weight_type, const float* x, int64_t x_stride, int64_t cols,
+                                             int n_tokens, uint8_t* scratch, int64_t* row_bytes) {
   const GgmlType at = ActivationTypeFor(weight_type);
   if (at == GgmlType::kF32) {
     *row_bytes = x_stride * static_cast<int64_t>(sizeof(float));
@@ -171,21 +165,20 @@ const uint8_t* CpuEngine::PrepareActivations(GgmlType weight_type, const float* 
   return scratch;
 }
 
-void CpuEngine::MatMulPrepared(const MatrixView& w, const uint8_t* act, int64_t act_row_bytes,
-                               int n_tokens, float* out, int64_t out_stride) {
+void CpuEngine::MatMulPrepared(const MatrixView& w, const uint8_t* act, int64_t act_row_bytes, int n_tokens, float* out,
+                               int64_t out_stride) {
   pool_.ParallelFor(w.rows, kRowsPerChunk, [&](int64_t r0, int64_t r1) {
     for (int t = 0; t < n_tokens; ++t) {
-      RowDots(w.type, reinterpret_cast<const uint8_t*>(w.row(r0)), r1 - r0,
-              act + t * act_row_bytes, w.cols, out + t * out_stride + r0);
+      RowDots(w.type, reinterpret_cast<const uint8_t*>(w.row(r0)), r1 - r0, act + t * act_row_bytes, w.cols,
+              out + t * out_stride + r0);
     }
   });
 }
 
-void CpuEngine::MatMul(const MatrixView& w, const float* x, int64_t x_stride, int n_tokens,
-                       float* out, int64_t out_stride) {
+void CpuEngine::MatMul(const MatrixView& w, const float* x, int64_t x_stride, int n_tokens, float* out,
+                       int64_t out_stride) {
   int64_t act_row_bytes;
-  const uint8_t* act =
-      PrepareActivations(w.type, x, x_stride, w.cols, n_tokens, act_.data(), &act_row_bytes);
+  const uint8_t* act = PrepareActivations(w.type, x, x_stride, w.cols, n_tokens, act_.data(), &act_row_bytes);
   MatMulPrepared(w, act, act_row_bytes, n_tokens, out, out_stride);
 }
 
@@ -292,8 +285,8 @@ absl::Status CpuEngine::MoE(int layer, int n) {
           return absl::InvalidArgumentError(absl::StrCat("preselected route of layer ", layer, ", token ", t,
                                                          ": expert ", chosen[j], " is out of range or repeated"));
         if (given_weights && !std::isfinite(chosen_w_[t * K + j]))
-          return absl::InvalidArgumentError(absl::StrCat("preselected route of layer ", layer, ", token ", t,
-                                                         ": a weight is not finite"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("preselected route of layer ", layer, ", token ", t, ": a weight is not finite"));
       }
       if (given_weights) continue;
       for (int j = 0; j < K; ++j) chosen_w_[t * K + j] = p[chosen[j]];
@@ -315,8 +308,7 @@ absl::Status CpuEngine::MoE(int layer, int n) {
       for (int j = 0; j < K; ++j) chosen_w_[t * K + j] /= s;
     }
   }
-  if (routing_observer_ != nullptr)
-    routing_observer_->OnRouting(layer, absl::MakeConstSpan(chosen_.data(), n * K), K);
+  if (routing_observer_ != nullptr) routing_observer_->OnRouting(layer, absl::MakeConstSpan(chosen_.data(), n * K), K);
 
   // Group the (token, slot) pairs by expert: each expert's weights are read once for all its tokens.
   used_experts_.clear();
@@ -354,9 +346,8 @@ absl::Status CpuEngine::MoE(int layer, int n) {
 
   for (int u0 = 0; u0 < n_used; u0 += group_max) {
     const int n_group = std::min(group_max, n_used - u0);
-    absl::Status status = experts_.AcquireLayer(
-        layer, absl::MakeConstSpan(used_experts_.data() + u0, n_group),
-        absl::MakeSpan(expert_views_.data() + u0, n_group));
+    absl::Status status = experts_.AcquireLayer(layer, absl::MakeConstSpan(used_experts_.data() + u0, n_group),
+                                                absl::MakeSpan(expert_views_.data() + u0, n_group));
     if (!status.ok()) {
       experts_.ReleaseLayer(layer);
       return status;
@@ -382,10 +373,10 @@ absl::Status CpuEngine::MoE(int layer, int n) {
         for (int g = group_begin_[u]; g < group_begin_[u + 1]; ++g) {
           const int pair = group_pairs_[g];
           const int t = pair / K;
-          RowDots(w.gate.type, reinterpret_cast<const uint8_t*>(w.gate.row(r0)), rows,
-                  act_gate + t * rb_gate, E, &gate_[pair * F + r0]);
-          RowDots(w.up.type, reinterpret_cast<const uint8_t*>(w.up.row(r0)), rows,
-                  act_up + t * rb_up, E, &up_[pair * F + r0]);
+          RowDots(w.gate.type, reinterpret_cast<const uint8_t*>(w.gate.row(r0)), rows, act_gate + t * rb_gate, E,
+                  &gate_[pair * F + r0]);
+          RowDots(w.up.type, reinterpret_cast<const uint8_t*>(w.up.row(r0)), rows, act_up + t * rb_up, E,
+                  &up_[pair * F + r0]);
         }
       }
     });
@@ -414,8 +405,8 @@ absl::Status CpuEngine::MoE(int layer, int n) {
         const ExpertWeights& w = expert_views_[u];
         for (int g = group_begin_[u]; g < group_begin_[u + 1]; ++g) {
           const int pair = group_pairs_[g];
-          RowDots(w.down.type, reinterpret_cast<const uint8_t*>(w.down.row(r0)), rows,
-                  &act_down_[pair * rb_down], F, &expert_out_[pair * E + r0]);
+          RowDots(w.down.type, reinterpret_cast<const uint8_t*>(w.down.row(r0)), rows, &act_down_[pair * rb_down], F,
+                  &expert_out_[pair * E + r0]);
         }
       }
     });
@@ -466,8 +457,7 @@ absl::Status CpuEngine::Forward(absl::Span<const BatchToken> batch, float* logit
     }
   });
   for (int t = 0; t < n; ++t)
-    cpu::RopeCache(batch[t].position, c.rope_freq_base, c.head_dim, &rope_cos_[t * half],
-                   &rope_sin_[t * half]);
+    cpu::RopeCache(batch[t].position, c.rope_freq_base, c.head_dim, &rope_cos_[t * half], &rope_sin_[t * half]);
 
   for (int layer = 0; layer < c.n_layer; ++layer) {
     Attention(layer, batch);

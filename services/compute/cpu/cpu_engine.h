@@ -36,8 +36,7 @@ struct CpuEngineOptions {
 
 class CpuEngine final : public ComputeBackend {
  public:
-  static absl::StatusOr<std::unique_ptr<CpuEngine>> Create(const ModelWeights& weights,
-                                                           ExpertSource& experts,
+  static absl::StatusOr<std::unique_ptr<CpuEngine>> Create(const ModelWeights& weights, ExpertSource& experts,
                                                            const CpuEngineOptions& options);
   ~CpuEngine();
 
@@ -69,16 +68,14 @@ class CpuEngine final : public ComputeBackend {
   absl::Status MoE(int layer, int n_tokens);
   // out[t * out_stride + r] = dot(w row r, x row t) for all t < n_tokens, r < w.rows, with the
   // f32 rows of `x` (stride x_stride floats) first converted to w's activation type.
-  void MatMul(const MatrixView& w, const float* x, int64_t x_stride, int n_tokens, float* out,
-              int64_t out_stride);
+  void MatMul(const MatrixView& w, const float* x, int64_t x_stride, int n_tokens, float* out, int64_t out_stride);
   // The two halves of MatMul, for inputs shared by several matrices: converts n_tokens rows of x
   // to the activation type of `weight_type` in `scratch` (f32 needs no copy: returns x) and
   // returns them with their row stride in bytes.
-  const uint8_t* PrepareActivations(GgmlType weight_type, const float* x, int64_t x_stride,
-                                    int64_t cols, int n_tokens, uint8_t* scratch,
-                                    int64_t* row_bytes);
-  void MatMulPrepared(const MatrixView& w, const uint8_t* act, int64_t act_row_bytes, int n_tokens,
-                      float* out, int64_t out_stride);
+  const uint8_t* PrepareActivations(GgmlType weight_type, const float* x, int64_t x_stride, int64_t cols, int n_tokens,
+                                    uint8_t* scratch, int64_t* row_bytes);
+  void MatMulPrepared(const MatrixView& w, const uint8_t* act, int64_t act_row_bytes, int n_tokens, float* out,
+                      int64_t out_stride);
 
   const ModelWeights& weights_;
   ExpertSource& experts_;
@@ -98,35 +95,35 @@ class CpuEngine final : public ComputeBackend {
   int64_t KvIndex(int layer, int sequence, int position) const;
 
   // Workspaces, sized at Create for max_batch_tokens (T) tokens.
-  std::vector<float> x_;          // f32 [T, n_embd] residual stream
-  std::vector<float> xn_;         // f32 [T, n_embd] normed input of the current sub-layer
-  std::vector<float> q_;          // f32 [T, q_dim]
-  std::vector<float> k_;          // f32 [T, kv_dim]
-  std::vector<float> v_;          // f32 [T, kv_dim]
-  std::vector<float> attn_;       // f32 [T, q_dim] attention output, heads concatenated
+  std::vector<float> x_;              // f32 [T, n_embd] residual stream
+  std::vector<float> xn_;             // f32 [T, n_embd] normed input of the current sub-layer
+  std::vector<float> q_;              // f32 [T, q_dim]
+  std::vector<float> k_;              // f32 [T, kv_dim]
+  std::vector<float> v_;              // f32 [T, kv_dim]
+  std::vector<float> attn_;           // f32 [T, q_dim] attention output, heads concatenated
   std::vector<float> argmax_logits_;  // ForwardArgmax's rows, grown to the most rows asked for
-  std::vector<float> scores_;     // f32 [threads, max_context] attention scores per worker
-  std::vector<float> kqv_lanes_;  // f32 [threads, head_dim, 64] ggml's fma lanes of softmax . V
-  std::vector<float> proj_;       // f32 [T, n_embd] output of a projection before the residual add
-  std::vector<uint8_t> act_;      // activations in a weight's dot type, [T * k] rows of the widest
-  std::vector<uint8_t> act_b_;    // a second [T] rows, when gate and up want different types
-  std::vector<uint8_t> act_down_; // SwiGLU outputs in the down projection's dot type, [T * k] rows
-  std::vector<float> router_;     // f32 [T, n_expert]
-  std::vector<int32_t> chosen_;   // [T, k] expert ids
-  std::vector<float> chosen_w_;   // [T, k] their weights
-  std::vector<float> gate_;       // f32 [T * k, n_ff_exp]
-  std::vector<float> up_;         // f32 [T * k, n_ff_exp]
-  std::vector<float> expert_out_; // f32 [T * k, n_embd]
-  std::vector<float> rope_cos_;   // [T, head_dim / 2]
+  std::vector<float> scores_;         // f32 [threads, max_context] attention scores per worker
+  std::vector<float> kqv_lanes_;      // f32 [threads, head_dim, 64] ggml's fma lanes of softmax . V
+  std::vector<float> proj_;           // f32 [T, n_embd] output of a projection before the residual add
+  std::vector<uint8_t> act_;          // activations in a weight's dot type, [T * k] rows of the widest
+  std::vector<uint8_t> act_b_;        // a second [T] rows, when gate and up want different types
+  std::vector<uint8_t> act_down_;     // SwiGLU outputs in the down projection's dot type, [T * k] rows
+  std::vector<float> router_;         // f32 [T, n_expert]
+  std::vector<int32_t> chosen_;       // [T, k] expert ids
+  std::vector<float> chosen_w_;       // [T, k] their weights
+  std::vector<float> gate_;           // f32 [T * k, n_ff_exp]
+  std::vector<float> up_;             // f32 [T * k, n_ff_exp]
+  std::vector<float> expert_out_;     // f32 [T * k, n_embd]
+  std::vector<float> rope_cos_;       // [T, head_dim / 2]
   std::vector<float> rope_sin_;
   // Grouping of (token, slot) pairs by expert for the current layer.
-  std::vector<int32_t> used_experts_;     // distinct experts of the batch, ascending
-  std::vector<int32_t> expert_index_;     // [n_expert] -> index in used_experts_, -1 between layers
-  std::vector<int32_t> group_begin_;      // [used + 1] offsets into group_pairs_
-  std::vector<int32_t> group_pairs_;      // (t * k + j) sorted by expert
-  std::vector<int32_t> group_fill_;       // scratch of the grouping
+  std::vector<int32_t> used_experts_;  // distinct experts of the batch, ascending
+  std::vector<int32_t> expert_index_;  // [n_expert] -> index in used_experts_, -1 between layers
+  std::vector<int32_t> group_begin_;   // [used + 1] offsets into group_pairs_
+  std::vector<int32_t> group_pairs_;   // (t * k + j) sorted by expert
+  std::vector<int32_t> group_fill_;    // scratch of the grouping
   std::vector<ExpertWeights> expert_views_;
-  std::vector<int32_t> output_rows_;      // batch indices that want logits
+  std::vector<int32_t> output_rows_;  // batch indices that want logits
 };
 
 }  // namespace mer

@@ -31,9 +31,9 @@ inline float GgmlExpf(float x) {
   if (n != n) return n;  // NaN in, NaN out (scalef of NaN)
   if (std::fabs(n) > 192.0f) return n <= 0.0f ? 0.0f : INFINITY;
   const float u = b * b;
-  const float j = std::fma(std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
-                                    std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
-                           u, std::fma(0x1.ffffecp-1f, b, 1.0f));
+  const float j =
+      std::fma(std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)), u,
+               std::fma(0x1.ffffecp-1f, b, 1.0f));
   return std::ldexp(j, static_cast<int>(n));  // scalef: exact scaling by 2^n
 }
 
@@ -113,8 +113,7 @@ inline void SwiGlu(float* x, const float* g, int64_t n) {
 
 // cos/sin of NEOX RoPE for one position, as ggml's rope cache: theta starts at the position and is
 // multiplied by base^(-2/n_dims) once per pair, in f32.
-inline void RopeCache(int32_t position, float freq_base, int32_t n_dims, float* cos_out,
-                      float* sin_out) {
+inline void RopeCache(int32_t position, float freq_base, int32_t n_dims, float* cos_out, float* sin_out) {
   const float theta_scale = std::pow(freq_base, -2.0f / static_cast<float>(n_dims));
   float theta = static_cast<float>(position);
   for (int32_t i = 0; i < n_dims / 2; ++i) {

@@ -48,8 +48,8 @@ void ThreadPool::RunChunks(uint32_t generation, int thread) {
     const int64_t begin = static_cast<int64_t>(word & 0xffffffffu);
     if (begin >= n) return;
     const int64_t end = std::min(begin + grain, n);
-    if (!claim_.compare_exchange_weak(word, (word & ~uint64_t{0xffffffffu}) | uint64_t(end),
-                                      std::memory_order_acq_rel, std::memory_order_acquire))
+    if (!claim_.compare_exchange_weak(word, (word & ~uint64_t{0xffffffffu}) | uint64_t(end), std::memory_order_acq_rel,
+                                      std::memory_order_acquire))
       continue;  // `word` was reloaded
     invoke(ctx, begin, end, thread);
     done_.fetch_add(end - begin, std::memory_order_release);

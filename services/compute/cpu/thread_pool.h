@@ -54,11 +54,9 @@ class ThreadPool {
       fn(int64_t{0}, n, 0);
       return;
     }
-    Run(n, grain,
-        [](const void* ctx, int64_t b, int64_t e, int thread) {
-          (*static_cast<const Fn*>(ctx))(b, e, thread);
-        },
-        &fn);
+    Run(
+        n, grain,
+        [](const void* ctx, int64_t b, int64_t e, int thread) { (*static_cast<const Fn*>(ctx))(b, e, thread); }, &fn);
   }
 
  private:

@@ -29,9 +29,15 @@ __host__ __device__ inline bool StoreActWrites(int type) {
 __device__ inline void StoreAct(const DevAct& a, int64_t row, int64_t i, float v) {
   uint8_t* base = a.data + row * ActRowBytes(a.type, a.stride);
   switch (a.type) {
-    case kDevF32: reinterpret_cast<float*>(base)[i] = v; break;
-    case kDevF16: reinterpret_cast<__half*>(base)[i] = __float2half_rn(v); break;
-    case kDevBF16: reinterpret_cast<uint16_t*>(base)[i] = F32ToBF16Bits(v); break;
+    case kDevF32:
+      reinterpret_cast<float*>(base)[i] = v;
+      break;
+    case kDevF16:
+      reinterpret_cast<__half*>(base)[i] = __float2half_rn(v);
+      break;
+    case kDevBF16:
+      reinterpret_cast<uint16_t*>(base)[i] = F32ToBF16Bits(v);
+      break;
     case kDevQ8_0: {
       float amax = fabsf(v);
       for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));

@@ -37,8 +37,8 @@ __device__ inline Best WarpBest(Best best) {
 // then the block picks the largest of those, the lowest index on ties. The last block of the row
 // does the same over the chunks' candidates (Better orders (value, -index) totally, so the order
 // of the candidates does not matter): the lowest index of the row's largest non-NaN value.
-__global__ void __launch_bounds__(kThreads) ArgmaxRowsKernel(const float* logits, int64_t n, int32_t* ids,
-                                                             Best* partial, unsigned* tickets) {
+__global__ void __launch_bounds__(kThreads)
+    ArgmaxRowsKernel(const float* logits, int64_t n, int32_t* ids, Best* partial, unsigned* tickets) {
   __shared__ Best warp_best[kThreads / 32];
   __shared__ bool last;
   AllowDependents();
@@ -91,8 +91,7 @@ void LaunchArgmaxRows(const float* logits, int n_rows, int64_t n, int32_t* ids, 
   }
   Best* partial = static_cast<Best*>(scratch);
   unsigned* tickets = reinterpret_cast<unsigned*>(partial + int64_t(max_rows) * kArgmaxChunks);
-  LaunchPdl(ArgmaxRowsKernel, dim3(kArgmaxChunks, n_rows), dim3(kThreads), 0, stream, logits, n, ids, partial,
-            tickets);
+  LaunchPdl(ArgmaxRowsKernel, dim3(kArgmaxChunks, n_rows), dim3(kThreads), 0, stream, logits, n, ids, partial, tickets);
 }
 
 }  // namespace mer::cuda

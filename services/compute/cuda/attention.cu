@@ -42,9 +42,10 @@ __device__ __forceinline__ void LoadHeadQ(const float* q, int n_chunks, float (&
 // holding the CPU's lanes l and l + 32, ReduceAcc64 by shuffles); returns the largest, valid in
 // lane 0 of each warp. q_lo/q_hi: the head's q in the CPU's lane order.
 // k_new: the last cell's k (end - 1) from there instead of the cache (fused_rope), or nullptr.
-__device__ __forceinline__ float ScoreCells(const AttentionArgs& a, int64_t base, const float* q, const float (&q_lo)[kMaxChunks],
-                                   const float (&q_hi)[kMaxChunks], int n_chunks, int begin, int end, float scale,
-                                   float* x, const float* k_new = nullptr) {
+__device__ __forceinline__ float ScoreCells(const AttentionArgs& a, int64_t base, const float* q,
+                                            const float (&q_lo)[kMaxChunks], const float (&q_hi)[kMaxChunks],
+                                            int n_chunks, int begin, int end, float scale, float* x,
+                                            const float* k_new = nullptr) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int HD = a.head_dim, KD = a.n_head_kv * HD;
   // kCellsInFlight cells per warp per pass (j, j + kWarps, ...): their K loads are issued
@@ -54,8 +55,8 @@ __device__ __forceinline__ float ScoreCells(const AttentionArgs& a, int64_t base
     float lo[kCellsInFlight], hi[kCellsInFlight];  // the CPU's lanes `lane` and `lane + 32`
 #pragma unroll
     for (int u = 0; u < kCellsInFlight; ++u) lo[u] = hi[u] = 0.0f;
-    // Two chunks of every cell loaded before the first fma that needs one (an fma waiting on a
-    // load would hold back the loads behind it); per cell the fma chain is the CPU's, in order.
+      // Two chunks of every cell loaded before the first fma that needs one (an fma waiting on a
+      // load would hold back the loads behind it); per cell the fma chain is the CPU's, in order.
 #pragma unroll
     for (int c0 = 0; c0 < kMaxChunks; c0 += 2) {
       if (c0 >= n_chunks) break;
@@ -181,8 +182,10 @@ __device__ void NormRopeHead(const AttentionArgs& a, int t, int h, int kvh, cons
     (is_q ? q_new : k_new)[d] = out;
     if (h % (a.n_head / a.n_head_kv) == 0) {
       const int64_t cell = (int64_t(ri.seq) * r.max_ctx + ri.pos) * KD + kvh * HD + d;
-      if (is_q) r.v_cache[cell] = v_new[d];
-      else r.k_cache[cell] = out;
+      if (is_q)
+        r.v_cache[cell] = v_new[d];
+      else
+        r.k_cache[cell] = out;
     }
   }
   __syncthreads();
@@ -296,8 +299,7 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const AttentionArgs 
     // would wait for the fma before it), cells past n_pos leaving their lane as it is.
     float vv[64];
 #pragma unroll
-    for (int l = 0; l < 64; ++l)
-      vv[l] = j0 + l < cached ? v[int64_t(j0 + l) * KD] : j0 + l < n_pos ? v_new[d] : 0.0f;
+    for (int l = 0; l < 64; ++l) vv[l] = j0 + l < cached ? v[int64_t(j0 + l) * KD] : j0 + l < n_pos ? v_new[d] : 0.0f;
 #pragma unroll
     for (int l = 0; l < 64; ++l) {
       const bool in = j0 + l < n_pos;
@@ -306,8 +308,10 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const AttentionArgs 
     }
     const float o = ReduceAcc64(lanes);
     // With out_act, whole warps hold whole Q8_0 blocks of the row (AttentionConvertsOutput).
-    if (a.out_act.data != nullptr) StoreAct(a.out_act, t, int64_t(h) * HD + d, o);
-    else a.out[(int64_t(t) * a.n_head + h) * HD + d] = o;
+    if (a.out_act.data != nullptr)
+      StoreAct(a.out_act, t, int64_t(h) * HD + d, o);
+    else
+      a.out[(int64_t(t) * a.n_head + h) * HD + d] = o;
   }
 }
 
@@ -400,8 +404,10 @@ __global__ void AttentionCombineKernel(const AttentionArgs a) {
     o += f * p[s * stride + 2 + d];
   }
   const float out = static_cast<float>(o / sum);
-  if (a.out_act.data != nullptr) StoreAct(a.out_act, t, int64_t(h) * HD + d, out);  // whole warps: HD % 32 == 0
-  else a.out[(int64_t(t) * a.n_head + h) * HD + d] = out;
+  if (a.out_act.data != nullptr)
+    StoreAct(a.out_act, t, int64_t(h) * HD + d, out);  // whole warps: HD % 32 == 0
+  else
+    a.out[(int64_t(t) * a.n_head + h) * HD + d] = out;
 }
 
 }  // namespace
@@ -442,8 +448,8 @@ void LaunchAttention(const AttentionArgs& args, int n_tokens, cudaStream_t strea
   const size_t score_bytes = AttentionScoresStride(args.max_ctx) * sizeof(float);
   const bool in_smem = score_bytes <= kMaxSmemScoreBytes;
   LaunchPdl(args.fused_rope ? AttentionKernel<true> : AttentionKernel<false>,
-            dim3(n_tokens, args.n_head + (args.fused_rope ? args.n_head_kv : 0)),
-            dim3(kThreads), in_smem ? score_bytes : 0, stream, args, in_smem);
+            dim3(n_tokens, args.n_head + (args.fused_rope ? args.n_head_kv : 0)), dim3(kThreads),
+            in_smem ? score_bytes : 0, stream, args, in_smem);
 }
 
 }  // namespace mer::cuda

@@ -8,16 +8,15 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define CUDA_CHECK(expr)                                                                 \
-  do {                                                                                   \
-    const cudaError_t mer_cuda_err_ = (expr);                                            \
-    if (mer_cuda_err_ != cudaSuccess) {                                                  \
-      std::fprintf(stderr, "%s:%d: CUDA error %s (%s) in %s\n", __FILE__, __LINE__,      \
-                   cudaGetErrorName(mer_cuda_err_), cudaGetErrorString(mer_cuda_err_),   \
-                   #expr);                                                               \
-      std::fflush(stderr);                                                               \
-      std::abort();                                                                      \
-    }                                                                                    \
+#define CUDA_CHECK(expr)                                                                                             \
+  do {                                                                                                               \
+    const cudaError_t mer_cuda_err_ = (expr);                                                                        \
+    if (mer_cuda_err_ != cudaSuccess) {                                                                              \
+      std::fprintf(stderr, "%s:%d: CUDA error %s (%s) in %s\n", __FILE__, __LINE__, cudaGetErrorName(mer_cuda_err_), \
+                   cudaGetErrorString(mer_cuda_err_), #expr);                                                        \
+      std::fflush(stderr);                                                                                           \
+      std::abort();                                                                                                  \
+    }                                                                                                                \
   } while (0)
 
 // After every kernel launch: a bad configuration shows here, a fault at the next synchronisation.

@@ -5,12 +5,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <functional>
-#include <map>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <optional>
 #include <vector>
 
@@ -35,8 +35,8 @@
 #include "services/compute/cuda/repack.cuh"
 #include "services/compute/cuda/residency_vram.h"
 #include "services/compute/cuda/rms_norm.cuh"
-#include "services/compute/cuda/stream_memops.h"
 #include "services/compute/cuda/router_topk.cuh"
+#include "services/compute/cuda/stream_memops.h"
 #include "services/compute/cuda/timeline.h"
 #include "services/compute/cuda/vram_miss_service.h"
 
@@ -48,7 +48,6 @@ using cuda::DevMatrix;
 
 namespace {
 
-
 // A layer's expert types: from the source, or from the weights' merged expert tensors where the
 // source cannot tell and the file has them. Gate and up must share one type.
 absl::StatusOr<ExpertTypes> ExpertTypesOf(const ModelWeights& weights, const ExpertSource& experts, int l) {
@@ -56,8 +55,8 @@ absl::StatusOr<ExpertTypes> ExpertTypesOf(const ModelWeights& weights, const Exp
   const LayerWeights& L = weights.layers[l];
   if (!t && L.gate_exps.data != nullptr) t = ExpertTypes{L.gate_exps.type, L.up_exps.type, L.down_exps.type};
   if (!t)
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cuda backend: neither the expert source nor the model file gives layer ", l, "'s expert types"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("cuda backend: neither the expert source nor the model file gives layer ", l, "'s expert types"));
   for (GgmlType g : {t->gate, t->up, t->down})
     if (!SupportedType(g))
       return absl::UnimplementedError(absl::StrCat("cuda backend: expert tensor type ", TypeName(g),
@@ -100,7 +99,8 @@ bool GraphsTakeStreamMemOps(cudaStream_t stream) {
        cudaStreamSynchronize(stream) == cudaSuccess;
   if (!ok) {
     (void)cudaGetLastError();
-    std::fprintf(stderr, "cuda: graphs do not capture stream memory operations here: device-path steps run uncaptured\n");
+    std::fprintf(stderr,
+                 "cuda: graphs do not capture stream memory operations here: device-path steps run uncaptured\n");
   }
   if (exec != nullptr) CUDA_CHECK(cudaGraphExecDestroy(exec));
   if (graph != nullptr) CUDA_CHECK(cudaGraphDestroy(graph));
@@ -116,8 +116,7 @@ void DebugLog(const char* stage) {
 
 // Matrices that read the same activations (Q, K, V), in one launch per run of equal types
 // (LaunchMatvec takes one type; Q4_K_M files give V another type than Q and K).
-void LaunchMatvecRuns(const cuda::MatvecOutput* outputs, int n, const DevAct& act, int n_tokens,
-                      cudaStream_t stream) {
+void LaunchMatvecRuns(const cuda::MatvecOutput* outputs, int n, const DevAct& act, int n_tokens, cudaStream_t stream) {
   for (int i = 0; i < n;) {
     int j = i + 1;
     while (j < n && outputs[j].w.type == outputs[i].w.type) ++j;
@@ -142,7 +141,6 @@ void AddMoeGroups(cuda::DeviceBufferTable& table, int64_t n_expert, int64_t n_pa
 
 }  // namespace
 
-
 CudaEngine::Impl::~Impl() {
   if (stream != nullptr) CUDA_CHECK(cudaStreamSynchronize(stream));
   cuda::TimelineWrite();
@@ -160,12 +158,10 @@ CudaEngine::Impl::~Impl() {
   if (copy_stream != nullptr) CUDA_CHECK(cudaStreamSynchronize(copy_stream));
   if (pinned_base != nullptr) CUDA_CHECK(cudaHostUnregister(pinned_base));
   if (record_ring != nullptr) CUDA_CHECK(cudaFreeHost(record_ring));
-  for (void* p : {static_cast<void*>(host_input), static_cast<void*>(pipe_input[0]),
-                  static_cast<void*>(pipe_input[1]), static_cast<void*>(pipe_ids),
-                  static_cast<void*>(host_slot_table),
-                  static_cast<void*>(host_groups), static_cast<void*>(host_chosen),
-                  static_cast<void*>(host_lookups), static_cast<void*>(host_table_upload),
-                  static_cast<void*>(host_pred)})
+  for (void* p : {static_cast<void*>(host_input), static_cast<void*>(pipe_input[0]), static_cast<void*>(pipe_input[1]),
+                  static_cast<void*>(pipe_ids), static_cast<void*>(host_slot_table), static_cast<void*>(host_groups),
+                  static_cast<void*>(host_chosen), static_cast<void*>(host_lookups),
+                  static_cast<void*>(host_table_upload), static_cast<void*>(host_pred)})
     if (p != nullptr) CUDA_CHECK(cudaFreeHost(p));
   dense_pool.Free();
   work_pool.Free();
@@ -185,15 +181,13 @@ bool CudaEngine::DeviceAvailable() {
   return n > 0;
 }
 
-CudaEngine::CudaEngine(const ModelConfig& config, const CudaEngineOptions& options,
-                       std::unique_ptr<Impl> impl)
+CudaEngine::CudaEngine(const ModelConfig& config, const CudaEngineOptions& options, std::unique_ptr<Impl> impl)
     : config_(config), options_(options), impl_(std::move(impl)) {}
 
 CudaEngine::~CudaEngine() = default;
 
-absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeights& weights,
-                                                              ExpertSource& experts,
-                                                              const CudaEngineOptions& options) {
+absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeights& weights, ExpertSource& experts,
+                                                               const CudaEngineOptions& options) {
   CudaEngineOptions o = options;
   const ModelConfig& c = weights.config();
   if (o.max_batch_tokens < 1 || o.max_batch_tokens > 4096)
@@ -253,8 +247,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
     el.down_offset = el.up_offset + AlignUp(el.up_bytes);
     slot_end = std::max(slot_end, el.down_offset + el.down_bytes);
     // Over CUDA IPC a slot first receives the blob's bytes, converted in place (residency_vram.h).
-    if (o.vram_residency != nullptr)
-      slot_end = std::max<int64_t>(slot_end, o.vram_residency->raw_offsets(l).bytes);
+    if (o.vram_residency != nullptr) slot_end = std::max<int64_t>(slot_end, o.vram_residency->raw_offsets(l).bytes);
     m.expert_layout.push_back(el);
   }
   m.slot_bytes = AlignUp(slot_end);
@@ -272,8 +265,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   dense_tensors.reserve(3 + 9 * weights.layers.size());  // addresses stay put for the binds
   cuda::DeviceBufferTable dense;
   int64_t largest = 0;
-  auto add_dense = [&](const void* src, int64_t bytes, const MatrixView* matrix, const char* what,
-                       auto** field) {
+  auto add_dense = [&](const void* src, int64_t bytes, const MatrixView* matrix, const char* what, auto** field) {
     dense_tensors.push_back({src, bytes, matrix, nullptr});
     DenseTensor* t = &dense_tensors.back();
     dense.AddEntry(bytes, what, [t, field](uint8_t* p) {
@@ -336,8 +328,8 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   m.stats.dense_bytes = m.dense_pool.size();
 
   // KV cache and workspaces.
-  const int64_t T = o.max_batch_tokens, K = c.n_expert_used, E = c.n_embd, QD = c.q_dim(),
-                KD = c.kv_dim(), F = c.n_ff_exp, NE = c.n_expert, V = c.n_vocab;
+  const int64_t T = o.max_batch_tokens, K = c.n_expert_used, E = c.n_embd, QD = c.q_dim(), KD = c.kv_dim(),
+                F = c.n_ff_exp, NE = c.n_expert, V = c.n_vocab;
   const int64_t kv_bytes = int64_t(c.n_layer) * o.max_sequences * o.max_context_tokens * KD * 4;
   const int64_t act_a_elems = T * std::max(E, QD);
   const int64_t act_b_elems = std::max(T * K * F, T * E);
@@ -402,8 +394,8 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
       (void)cudaGetLastError();
       if (m.k_cache != nullptr) CUDA_CHECK(cudaFree(m.k_cache));
       m.k_cache = nullptr;
-      return absl::ResourceExhaustedError(absl::StrCat("KV cache of ", 2 * kv_bytes,
-                                                       " bytes does not fit; lower --ctx or sequences"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("KV cache of ", 2 * kv_bytes, " bytes does not fit; lower --ctx or sequences"));
     }
     m.stats.kv_bytes = 2 * kv_bytes;
   }
@@ -440,8 +432,8 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   m.o.vram_residency = o.vram_residency;
   if (o.vram_residency != nullptr) slots = std::min<int64_t>(slots, o.vram_residency->max_vram_slots());
   if (slots < 1)
-    return absl::ResourceExhaustedError(absl::StrCat("no VRAM left for the expert arena (", free_b,
-                                                     " bytes free, margin ", o.vram_margin_bytes, ")"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("no VRAM left for the expert arena (", free_b, " bytes free, margin ", o.vram_margin_bytes, ")"));
   m.n_slots = static_cast<int32_t>(slots);
   // The device decides hits and misses when mer-residency places the experts and a layer's every
   // expert fits beside the reserve (else the host serves each layer's misses: ServeFromResidency).
@@ -451,8 +443,9 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   if (m.device_misses && cuda::KernelsLoadLazily()) {
     // A step waits at a gate while later launches load their kernels: stream_memops.h says why
     // that never ends. mer-compute sets CUDA_MODULE_LOADING=EAGER for --miss-path device.
-    std::fprintf(stderr, "cuda: misses stay on the host path: kernels load lazily in this process (set "
-                         "CUDA_MODULE_LOADING=EAGER before the first CUDA call)\n");
+    std::fprintf(stderr,
+                 "cuda: misses stay on the host path: kernels load lazily in this process (set "
+                 "CUDA_MODULE_LOADING=EAGER before the first CUDA call)\n");
     m.device_misses = false;
   }
   m.device_graphs = m.device_misses && GraphsTakeStreamMemOps(m.stream);
@@ -461,8 +454,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   // placement points its experts at (vram_miss_service.h).
   arena_table.Add(&m.arena, (slots + (m.device_misses ? 1 : 0)) * m.slot_bytes, "arena");
   RETURN_IF_ERROR(m.arena_pool.Allocate(arena_table, "the expert arena"));
-  if (m.device_misses)
-    CUDA_CHECK(cudaMemsetAsync(m.arena + slots * m.slot_bytes, 0, m.slot_bytes, m.stream));
+  if (m.device_misses) CUDA_CHECK(cudaMemsetAsync(m.arena + slots * m.slot_bytes, 0, m.slot_bytes, m.stream));
   m.stats.arena_bytes = slots * m.slot_bytes;
   m.stats.arena_slots = slots;
   m.stats.arena_placed_by_residency = o.vram_residency != nullptr;
@@ -511,8 +503,9 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
     so.reserve_slots = reserve_slots;
     so.device = o.device;
     so.debug = std::getenv("MER_CUDA_DEBUG") != nullptr;
-    ASSIGN_OR_RETURN(m.miss_service, cuda::VramMissService::Create(*m.residency_vram, so, m.record_ring, m.ring_capacity,
-                                                                   m.record_bytes, m.slot_table, m.gates));
+    ASSIGN_OR_RETURN(m.miss_service,
+                     cuda::VramMissService::Create(*m.residency_vram, so, m.record_ring, m.ring_capacity,
+                                                   m.record_bytes, m.slot_table, m.gates));
     std::fprintf(stderr, "cuda: misses decided on the device (%d slots, %d reserved for placements)\n", m.n_slots,
                  reserve_slots);
   }
@@ -536,14 +529,13 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
     hi = (hi + page - 1) & ~(page - 1);
     DebugLog("registering the experts' host memory");
     const auto t0 = std::chrono::steady_clock::now();
-    const cudaError_t e = cudaHostRegister(reinterpret_cast<void*>(lo), hi - lo,
-                                           cudaHostRegisterPortable | cudaHostRegisterReadOnly);
+    const cudaError_t e =
+        cudaHostRegister(reinterpret_cast<void*>(lo), hi - lo, cudaHostRegisterPortable | cudaHostRegisterReadOnly);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (e == cudaSuccess) {
       m.pinned_base = reinterpret_cast<void*>(lo);
       m.stats.host_experts_pinned = true;
-      std::fprintf(stderr, "cuda: pinned %.2f GiB of expert host memory in %.2f s\n",
-                   (hi - lo) / 1073741824.0, secs);
+      std::fprintf(stderr, "cuda: pinned %.2f GiB of expert host memory in %.2f s\n", (hi - lo) / 1073741824.0, secs);
     } else {
       (void)cudaGetLastError();
       std::fprintf(stderr, "cuda: cudaHostRegister of the experts failed (%s); uploads are pageable\n",
@@ -565,13 +557,12 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   const double gib = 1073741824.0;
   engine->budget_report_ = absl::StrCat(
       "cuda: VRAM ", absl::StrFormat("%.2f", total_b / gib), " GiB total; dense ",
-      absl::StrFormat("%.2f", m.stats.dense_bytes / gib), " GiB, KV ",
-      absl::StrFormat("%.2f", m.stats.kv_bytes / gib), " GiB, workspaces ",
-      absl::StrFormat("%.2f", m.stats.workspace_bytes / gib), " GiB, margin ",
+      absl::StrFormat("%.2f", m.stats.dense_bytes / gib), " GiB, KV ", absl::StrFormat("%.2f", m.stats.kv_bytes / gib),
+      " GiB, workspaces ", absl::StrFormat("%.2f", m.stats.workspace_bytes / gib), " GiB, margin ",
       absl::StrFormat("%.2f", o.vram_margin_bytes / gib), " GiB, free before the arena ",
-      absl::StrFormat("%.2f", free_b / gib), " GiB; arena ", slots, " of ", m.total_experts,
-      " experts (", absl::StrFormat("%.1f", 100.0 * slots / m.total_experts), "%) x ",
-      m.slot_bytes, " B = ", absl::StrFormat("%.2f", m.stats.arena_bytes / gib), " GiB");
+      absl::StrFormat("%.2f", free_b / gib), " GiB; arena ", slots, " of ", m.total_experts, " experts (",
+      absl::StrFormat("%.1f", 100.0 * slots / m.total_experts), "%) x ", m.slot_bytes,
+      " B = ", absl::StrFormat("%.2f", m.stats.arena_bytes / gib), " GiB");
   std::fprintf(stderr, "%s\n", engine->budget_report_.c_str());
   // A full arena is filled here (above: never exported); a partial one exported over CUDA IPC is
   // filled by mer-residency, on demand and ahead of it.
@@ -588,8 +579,8 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
 absl::Status CudaEngine::Impl::Validate(absl::Span<const BatchToken> batch) {
   if (batch.empty()) return absl::InvalidArgumentError("empty batch");
   if (batch.size() > static_cast<size_t>(o.max_batch_tokens))
-    return absl::InvalidArgumentError(absl::StrCat("batch of ", batch.size(), " tokens exceeds max_batch_tokens ",
-                                                   o.max_batch_tokens));
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch of ", batch.size(), " tokens exceeds max_batch_tokens ", o.max_batch_tokens));
   next_pos.assign(seq_len.begin(), seq_len.end());
   seen.assign(o.max_sequences, 0);
   for (const BatchToken& b : batch) {
@@ -599,8 +590,8 @@ absl::Status CudaEngine::Impl::Validate(absl::Span<const BatchToken> batch) {
     if (b.sequence < 0 || b.sequence >= o.max_sequences)
       return absl::InvalidArgumentError(absl::StrCat("sequence ", b.sequence, " out of range"));
     if (b.position < 0 || b.position >= o.max_context_tokens)
-      return absl::InvalidArgumentError(absl::StrCat("position ", b.position, " is outside the context of ",
-                                                     o.max_context_tokens, " tokens"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("position ", b.position, " is outside the context of ", o.max_context_tokens, " tokens"));
     int32_t& next = next_pos[b.sequence];
     if (!seen[b.sequence]) {
       seen[b.sequence] = 1;
@@ -682,12 +673,21 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
   LaunchMatvecRuns(qkv, 3, xa, n, stream);
   Mark("qkv");
   cuda::QkNormRopeArgs r{};
-  r.q = q; r.k = k; r.v = v; r.q_norm = L.q_norm; r.k_norm = L.k_norm;
+  r.q = q;
+  r.k = k;
+  r.v = v;
+  r.q_norm = L.q_norm;
+  r.k_norm = L.k_norm;
   r.rope_cos = reinterpret_cast<const float*>(step_input + in.rope_cos);
   r.rope_sin = reinterpret_cast<const float*>(step_input + in.rope_sin);
-  r.seq = d_seq; r.pos = d_pos;
-  r.k_cache = k_cache + layer_kv; r.v_cache = v_cache + layer_kv;
-  r.n_head = c.n_head; r.n_head_kv = c.n_head_kv; r.head_dim = c.head_dim; r.max_ctx = o.max_context_tokens;
+  r.seq = d_seq;
+  r.pos = d_pos;
+  r.k_cache = k_cache + layer_kv;
+  r.v_cache = v_cache + layer_kv;
+  r.n_head = c.n_head;
+  r.n_head_kv = c.n_head_kv;
+  r.head_dim = c.head_dim;
+  r.max_ctx = o.max_context_tokens;
   r.eps = c.rms_norm_eps;
   const DevAct aa = ActA(ActType(L.wo_type), QD);
   cuda::AttentionArgs at{};
@@ -699,9 +699,17 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
     cuda::LaunchQkNormRope(r, n, stream);
     Mark("qk_norm_rope");
   }
-  at.q = q; at.k_cache = k_cache + layer_kv; at.v_cache = v_cache + layer_kv; at.seq = d_seq; at.pos = d_pos;
-  at.scores = scores; at.out = attn;
-  at.n_head = c.n_head; at.n_head_kv = c.n_head_kv; at.head_dim = c.head_dim; at.max_ctx = o.max_context_tokens;
+  at.q = q;
+  at.k_cache = k_cache + layer_kv;
+  at.v_cache = v_cache + layer_kv;
+  at.seq = d_seq;
+  at.pos = d_pos;
+  at.scores = scores;
+  at.out = attn;
+  at.n_head = c.n_head;
+  at.n_head_kv = c.n_head_kv;
+  at.head_dim = c.head_dim;
+  at.max_ctx = o.max_context_tokens;
   at.split = attention_split;
   const bool attention_converts = cuda::AttentionConvertsOutput(c.head_dim) && aa.type != cuda::kDevQ8_K;
   if (attention_converts) at.out_act = aa;
@@ -940,8 +948,8 @@ absl::Status CudaEngine::Run(absl::Span<const BatchToken> batch, float* logits, 
 absl::Status CudaEngine::DecodeGreedy(int sequence, int32_t token, int32_t position, int max_steps,
                                       const std::function<bool(int32_t)>& on_token) {
   Impl& m = *impl_;
-  const bool one_graph_per_step = (m.AllResident() || (m.device_misses && m.device_graphs)) &&
-                                  m.observer == nullptr && m.o.use_graphs && !m.o.profile_kernels;
+  const bool one_graph_per_step = (m.AllResident() || (m.device_misses && m.device_graphs)) && m.observer == nullptr &&
+                                  m.o.use_graphs && !m.o.profile_kernels;
   if (!one_graph_per_step || max_steps < 1)
     return ComputeBackend::DecodeGreedy(sequence, token, position, max_steps, on_token);
   return DecodePipelined(sequence, token, position, max_steps, on_token);
@@ -1038,8 +1046,7 @@ std::string CudaEngine::KernelProfile() const {
     std::vector<std::pair<double, std::string>> rows;
     for (const auto& [name, v] : table)
       rows.push_back({v.first, absl::StrFormat("  %-22s %9.3f ms %6.1f%% %7lld x %8.2f us\n", name, v.first,
-                                               100 * v.first / total, (long long)v.second,
-                                               1e3 * v.first / v.second)});
+                                               100 * v.first / total, (long long)v.second, 1e3 * v.first / v.second)});
     std::sort(rows.rbegin(), rows.rend());
     absl::StrAppend(&out, decode ? "decode steps" : "multi-token steps", absl::StrFormat(": %.3f ms\n", total));
     for (const auto& r : rows) absl::StrAppend(&out, r.second);

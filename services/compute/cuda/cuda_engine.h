@@ -42,20 +42,20 @@
 namespace mer {
 
 struct CudaEngineOptions {
-  int device = 0;                      // CUDA device ordinal
-  int max_batch_tokens = 256;          // tokens per Forward call (prompt chunk size), >= 1
-  int max_sequences = 1;               // KV cache slots
-  int max_context_tokens = 4096;       // KV positions per sequence; capped at the model's context_length
+  int device = 0;                 // CUDA device ordinal
+  int max_batch_tokens = 256;     // tokens per Forward call (prompt chunk size), >= 1
+  int max_sequences = 1;          // KV cache slots
+  int max_context_tokens = 4096;  // KV positions per sequence; capped at the model's context_length
   // Caps on the expert arena (the smaller applies); negative: no cap. The arena never exceeds all
   // of the model's experts, nor the free VRAM less vram_margin_bytes.
   int64_t vram_expert_budget_bytes = -1;
-  double vram_expert_budget_fraction = -1;  // of all n_layer * n_expert experts, in (0, 1]
+  double vram_expert_budget_fraction = -1;       // of all n_layer * n_expert experts, in (0, 1]
   int64_t vram_margin_bytes = int64_t{1} << 30;  // left free for the driver and libraries
   // cudaHostRegister the experts' host memory when it is the mapped model file (other sources pin
   // their own memory: ResidencyExpertSourceOptions::pin_ram_tier with CudaRegisterHostMemory).
   bool pin_host_experts = true;
-  bool use_graphs = true;              // CUDA graphs for single-token steps on the device path
-  int staging_experts = 16;            // device staging buffers for uploads (experts per repack launch)
+  bool use_graphs = true;    // CUDA graphs for single-token steps on the device path
+  int staging_experts = 16;  // device staging buffers for uploads (experts per repack launch)
   // Look-ahead prefetch into VRAM on decode steps that miss: the next layer's router applied to
   // the current hidden state picks experts to upload while this layer computes.
   bool vram_prefetch = true;
@@ -91,8 +91,7 @@ class CudaEngine final : public ComputeBackend {
   // False when no CUDA device is usable (no driver, no GPU): callers fall back or skip.
   static bool DeviceAvailable();
 
-  static absl::StatusOr<std::unique_ptr<CudaEngine>> Create(const ModelWeights& weights,
-                                                            ExpertSource& experts,
+  static absl::StatusOr<std::unique_ptr<CudaEngine>> Create(const ModelWeights& weights, ExpertSource& experts,
                                                             const CudaEngineOptions& options);
   ~CudaEngine();
 

@@ -32,9 +32,9 @@
 #include "services/compute/cuda/moe_experts.cuh"
 #include "services/compute/cuda/moe_group.cuh"
 #include "services/compute/cuda/repack.cuh"
+#include "services/compute/cuda/residency_vram.h"
 #include "services/compute/cuda/rms_norm.cuh"
 #include "services/compute/cuda/router_topk.cuh"
-#include "services/compute/cuda/residency_vram.h"
 #include "services/compute/cuda/stream_memops.h"
 #include "services/compute/cuda/vram_miss_service.h"
 
@@ -49,9 +49,7 @@ inline bool SupportedType(GgmlType t) {
 }
 
 // Types whose device layout differs from the file's (repack.cuh): uploaded through staging.
-inline bool NeedsRepack(GgmlType t) {
-  return t == GgmlType::kQ8_0 || t == GgmlType::kQ4_K || t == GgmlType::kQ6_K;
-}
+inline bool NeedsRepack(GgmlType t) { return t == GgmlType::kQ8_0 || t == GgmlType::kQ4_K || t == GgmlType::kQ6_K; }
 
 inline int DevTypeOf(GgmlType t) { return static_cast<int>(t); }  // DevType mirrors GgmlType's numbers
 
@@ -70,8 +68,8 @@ class DeviceAllocation {
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
       base_ = nullptr;
-      return absl::ResourceExhaustedError(absl::StrCat("cudaMalloc of ", size_, " bytes for ", what,
-                                                       " failed: ", cudaGetErrorString(e)));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cudaMalloc of ", size_, " bytes for ", what, " failed: ", cudaGetErrorString(e)));
     }
     table.Bind(static_cast<uint8_t*>(base_));
     return absl::OkStatus();
@@ -137,7 +135,7 @@ struct CudaEngine::Impl {
   int embd_type = 0;
   const uint8_t* embd = nullptr;  // GGUF layout [n_vocab, n_embd]
   int64_t embd_row_bytes = 0;
-  DevMatrix output;               // [n_vocab, n_embd]
+  DevMatrix output;  // [n_vocab, n_embd]
   GgmlType output_type = GgmlType::kF32;
   const float* output_norm = nullptr;
   std::vector<DevLayer> layers;
@@ -150,41 +148,41 @@ struct CudaEngine::Impl {
   float* v_cache = nullptr;
 
   // Workspaces for T = max_batch_tokens tokens (K = top-k, W = widest activation row).
-  float* x = nullptr;            // f32 [T, n_embd] residual stream
-  float* xn = nullptr;           // f32 [T, n_embd]
-  float* q = nullptr;            // f32 [T, q_dim]
-  float* k = nullptr;            // f32 [T, kv_dim]
-  float* v = nullptr;            // f32 [T, kv_dim]
-  float* attn = nullptr;         // f32 [T, q_dim]
-  float* scores = nullptr;       // f32 [T * n_head, AttentionScoresStride(max_ctx)]
-  float* router_logits = nullptr;// f32 [T, n_expert]
-  int32_t* chosen = nullptr;     // int32 [T, K]
-  float* chosen_w = nullptr;     // f32 [T, K]
-  float* h = nullptr;            // f32 [T * K, n_ff]
-  float* expert_out = nullptr;   // f32 [T * K, n_embd]
-  float* logits = nullptr;       // f32 [T, n_vocab]
-  int32_t* argmax_ids = nullptr; // int32 [T], ForwardArgmax's
-  void* argmax_scratch = nullptr; // cuda::ArgmaxScratchBytes(T), zeroed at Create
-  uint8_t* act_a = nullptr;      // activations [T, max(n_embd, q_dim)] (+ scales)
+  float* x = nullptr;              // f32 [T, n_embd] residual stream
+  float* xn = nullptr;             // f32 [T, n_embd]
+  float* q = nullptr;              // f32 [T, q_dim]
+  float* k = nullptr;              // f32 [T, kv_dim]
+  float* v = nullptr;              // f32 [T, kv_dim]
+  float* attn = nullptr;           // f32 [T, q_dim]
+  float* scores = nullptr;         // f32 [T * n_head, AttentionScoresStride(max_ctx)]
+  float* router_logits = nullptr;  // f32 [T, n_expert]
+  int32_t* chosen = nullptr;       // int32 [T, K]
+  float* chosen_w = nullptr;       // f32 [T, K]
+  float* h = nullptr;              // f32 [T * K, n_ff]
+  float* expert_out = nullptr;     // f32 [T * K, n_embd]
+  float* logits = nullptr;         // f32 [T, n_vocab]
+  int32_t* argmax_ids = nullptr;   // int32 [T], ForwardArgmax's
+  void* argmax_scratch = nullptr;  // cuda::ArgmaxScratchBytes(T), zeroed at Create
+  uint8_t* act_a = nullptr;        // activations [T, max(n_embd, q_dim)] (+ scales)
   float* act_a_scales = nullptr;
-  uint8_t* act_b = nullptr;      // activations [max(T * K * n_ff, T * n_embd)] (+ scales)
+  uint8_t* act_b = nullptr;  // activations [max(T * K * n_ff, T * n_embd)] (+ scales)
   float* act_b_scales = nullptr;
   cuda::MoeGroups groups{};
   unsigned long long* lookups_total = nullptr;
   unsigned int* router_blocks_done = nullptr;  // LaunchRouterTopK1's counter
-  uint8_t* step_input = nullptr; // StepInputLayout
-  uint8_t* staging = nullptr;    // raw GGUF expert bytes [staging_experts, slot_bytes]
-  uint8_t* prefetch_staging = nullptr;  // the same, for the look-ahead prefetch's copy stream
-  int32_t* slot_table = nullptr; // int32 [n_layer, n_expert] -> slot or -1
+  uint8_t* step_input = nullptr;               // StepInputLayout
+  uint8_t* staging = nullptr;                  // raw GGUF expert bytes [staging_experts, slot_bytes]
+  uint8_t* prefetch_staging = nullptr;         // the same, for the look-ahead prefetch's copy stream
+  int32_t* slot_table = nullptr;               // int32 [n_layer, n_expert] -> slot or -1
   StepInputLayout in{};
 
   // Pinned host mirrors.
-  uint8_t* host_input = nullptr;       // StepInputLayout
-  int32_t* host_slot_table = nullptr;  // [n_layer * n_expert], authoritative; uploaded after changes
-  int32_t* host_groups = nullptr;      // n_used, then used[n_expert]
-  int32_t* host_chosen = nullptr;      // [T * K], for the routing observer
+  uint8_t* host_input = nullptr;               // StepInputLayout
+  int32_t* host_slot_table = nullptr;          // [n_layer * n_expert], authoritative; uploaded after changes
+  int32_t* host_groups = nullptr;              // n_used, then used[n_expert]
+  int32_t* host_chosen = nullptr;              // [T * K], for the routing observer
   unsigned long long* host_lookups = nullptr;  // lookups_total, copied back with every step's logits
-  int32_t* host_table_upload = nullptr;  // snapshot of host_slot_table that an async upload reads
+  int32_t* host_table_upload = nullptr;        // snapshot of host_slot_table that an async upload reads
 
   // Look-ahead prefetch into VRAM (decode steps on the host path): layer l + 1's router applied to
   // layer l's normed hidden state (the input of layer l's own router, in the same launch) predicts
@@ -193,32 +191,32 @@ struct CudaEngine::Impl {
   // reads any slot of l + 1.
   cudaStream_t copy_stream = nullptr;
   cudaEvent_t prefetch_done = nullptr;
-  float* pred_logits = nullptr;        // f32 [n_expert]
-  int32_t* pred_chosen = nullptr;      // int32 [K]
-  float* pred_w = nullptr;             // f32 [K]
-  cuda::MoeGroups pred_groups{};       // its own arrays and lookup counter (predictions are not lookups)
-  int32_t* host_pred = nullptr;        // pinned [K]
-  int prefetch_layer = -1;             // the layer whose prefetch was issued and not yet consumed
-  int prefetch_held_layer = -1;        // the layer the source holds for a prefetch's copies, or -1
-  std::vector<int32_t> prefetched;     // its experts
-  bool table_dirty = false;            // host_slot_table changed since the last upload
+  float* pred_logits = nullptr;     // f32 [n_expert]
+  int32_t* pred_chosen = nullptr;   // int32 [K]
+  float* pred_w = nullptr;          // f32 [K]
+  cuda::MoeGroups pred_groups{};    // its own arrays and lookup counter (predictions are not lookups)
+  int32_t* host_pred = nullptr;     // pinned [K]
+  int prefetch_layer = -1;          // the layer whose prefetch was issued and not yet consumed
+  int prefetch_held_layer = -1;     // the layer the source holds for a prefetch's copies, or -1
+  std::vector<int32_t> prefetched;  // its experts
+  bool table_dirty = false;         // host_slot_table changed since the last upload
 
   // Arena bookkeeping (host side).
   uint8_t* arena = nullptr;
   int64_t slot_bytes = 0;
   int32_t n_slots = 0;
-  std::vector<int32_t> owner;      // [n_slots] key layer * n_expert + e, or -1
+  std::vector<int32_t> owner;  // [n_slots] key layer * n_expert + e, or -1
   struct LruNode {
     uint32_t prev = kNilIndex;
     uint32_t next = kNilIndex;
   };
-  std::vector<LruNode> lru_nodes;  // [n_slots]
-  IndexList<LruNode> lru;          // every slot; front = most recently used
-  std::vector<uint64_t> pin_epoch; // [n_slots]: == epoch while the current pass uses it
+  std::vector<LruNode> lru_nodes;   // [n_slots]
+  IndexList<LruNode> lru;           // every slot; front = most recently used
+  std::vector<uint64_t> pin_epoch;  // [n_slots]: == epoch while the current pass uses it
   uint64_t epoch = 0;
   int64_t resident = 0;
   int64_t total_experts = 0;
-  void* pinned_base = nullptr;     // cudaHostRegister'ed range of the experts' host memory
+  void* pinned_base = nullptr;  // cudaHostRegister'ed range of the experts' host memory
 
   // Sequences.
   std::vector<int32_t> seq_len, next_pos;
@@ -228,9 +226,9 @@ struct CudaEngine::Impl {
   // released after the next synchronisation (ReleaseHeld).
   std::vector<int> pending_release;
   // ServeLayerExperts' and Preload's lists, reserved at Create.
-  std::vector<int32_t> missing;          // experts of a pass not in the arena
-  std::vector<ExpertWeights> views;      // of the group acquired
-  std::vector<cuda::TypedRepackJob> jobs;       // repack jobs not launched yet
+  std::vector<int32_t> missing;            // experts of a pass not in the arena
+  std::vector<ExpertWeights> views;        // of the group acquired
+  std::vector<cuda::TypedRepackJob> jobs;  // repack jobs not launched yet
 
   // With o.vram_residency: the arena is exported to mer-residency, which fills it (docs/cuda.md,
   // "The arena over CUDA IPC"); the LRU above is unused then.
@@ -246,7 +244,7 @@ struct CudaEngine::Impl {
   uint8_t* record_ring = nullptr;             // host-mapped [ring_capacity, record_bytes]
   uint8_t* record_ring_device = nullptr;      // its device address
   int32_t ring_capacity = 0, record_bytes = 0;
-  uint32_t step_number = 0;                   // the last step's (a step input), from 1
+  uint32_t step_number = 0;  // the last step's (a step input), from 1
   std::unique_ptr<cuda::VramMissService> miss_service;
   // The stream waits until the layer's gate is open, then closes it for the next step.
   void WaitGate(int layer) {
@@ -308,8 +306,8 @@ struct CudaEngine::Impl {
   // head for n_out rows and, with argmax, their argmaxes into argmax_ids (ForwardArgmax). With
   // device_tokens the embedding reads the step's tokens there instead of from the input. A graph
   // captures it whole.
-  void EnqueueStep(int n, int n_out, bool host_path_allowed, bool argmax, absl::Status* status,
-                   const uint8_t* input, const int32_t* device_tokens = nullptr);
+  void EnqueueStep(int n, int n_out, bool host_path_allowed, bool argmax, absl::Status* status, const uint8_t* input,
+                   const int32_t* device_tokens = nullptr);
   // Captures what `enqueue` puts on the stream (the device path, which returns no errors) into *exec.
   void CaptureGraph(cudaGraphExec_t* exec, const std::function<void(absl::Status*)>& enqueue);
   absl::Status EnqueueLayer(int layer, int n, bool host_path);
@@ -410,6 +408,5 @@ struct CudaEngine::Impl {
            cuda::AttentionSplitSupported(c.head_dim, o.max_context_tokens);
   }
 };
-
 
 }  // namespace mer

@@ -6,8 +6,7 @@
 
 namespace mer::cuda {
 
-int64_t DeviceBufferTable::AddEntry(int64_t bytes, const char* what,
-                                    std::function<void(uint8_t*)> bind) {
+int64_t DeviceBufferTable::AddEntry(int64_t bytes, const char* what, std::function<void(uint8_t*)> bind) {
   CHECK_MSG(bytes >= 0, what);
   const int64_t offset = end_;
   entries_.push_back({offset, bytes, what, std::move(bind)});

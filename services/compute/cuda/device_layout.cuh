@@ -21,7 +21,15 @@
 namespace mer::cuda {
 
 // GgmlType values (common/tensor/ggml_type.h), repeated here so device code needs no host header.
-enum DevType : int { kDevF32 = 0, kDevF16 = 1, kDevQ8_0 = 8, kDevQ4_K = 12, kDevQ6_K = 14, kDevQ8_K = 15, kDevBF16 = 30 };
+enum DevType : int {
+  kDevF32 = 0,
+  kDevF16 = 1,
+  kDevQ8_0 = 8,
+  kDevQ4_K = 12,
+  kDevQ6_K = 14,
+  kDevQ8_K = 15,
+  kDevBF16 = 30
+};
 
 struct DevMatrix {
   int type = kDevF32;

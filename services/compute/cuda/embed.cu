@@ -2,21 +2,26 @@
 
 #include <cuda_fp16.h>
 
-#include "services/compute/cuda/cuda_check.cuh"
-#include "services/compute/cuda/pdl.cuh"
 #include "services/compute/cuda/act_store.cuh"
+#include "services/compute/cuda/cuda_check.cuh"
 #include "services/compute/cuda/kquant_dequant.cuh"
+#include "services/compute/cuda/pdl.cuh"
 
 namespace mer::cuda {
 namespace {
 
 __device__ __forceinline__ float EmbedValue(int type, const uint8_t* row, int64_t i) {
   switch (type) {
-    case kDevF32: return reinterpret_cast<const float*>(row)[i];
-    case kDevF16: return __half2float(reinterpret_cast<const __half*>(row)[i]);
-    case kDevBF16: return BF16BitsToF32(reinterpret_cast<const uint16_t*>(row)[i]);
-    case kDevQ4_K: return DequantQ4_K(row, i);
-    case kDevQ6_K: return DequantQ6_K(row, i);
+    case kDevF32:
+      return reinterpret_cast<const float*>(row)[i];
+    case kDevF16:
+      return __half2float(reinterpret_cast<const __half*>(row)[i]);
+    case kDevBF16:
+      return BF16BitsToF32(reinterpret_cast<const uint16_t*>(row)[i]);
+    case kDevQ4_K:
+      return DequantQ4_K(row, i);
+    case kDevQ6_K:
+      return DequantQ6_K(row, i);
     default: {  // Q8_0: block b = 2 bytes of f16 scale, then 32 int8
       const uint8_t* blk = row + (i / 32) * 34;
       const __half d = __ushort_as_half(static_cast<unsigned short>(blk[0] | (blk[1] << 8)));
@@ -27,8 +32,8 @@ __device__ __forceinline__ float EmbedValue(int type, const uint8_t* row, int64_
 
 // A block per token. Each thread loads kPerPass elements before it stores any: a store to x may
 // alias the table (as bytes), so a load after it would wait for it (a DRAM round trip per element).
-__global__ void EmbedKernel(int type, const uint8_t* table, int64_t row_bytes, const int32_t* tokens,
-                            int64_t n, float* x) {
+__global__ void EmbedKernel(int type, const uint8_t* table, int64_t row_bytes, const int32_t* tokens, int64_t n,
+                            float* x) {
   constexpr int kPerPass = 8;
   AllowDependents();
   WaitForPredecessor();
@@ -51,8 +56,8 @@ __global__ void EmbedKernel(int type, const uint8_t* table, int64_t row_bytes, c
 
 }  // namespace
 
-void LaunchEmbed(int type, const uint8_t* table, int64_t row_bytes, const int32_t* tokens, int n_tokens,
-                 int64_t n, float* x, cudaStream_t stream) {
+void LaunchEmbed(int type, const uint8_t* table, int64_t row_bytes, const int32_t* tokens, int n_tokens, int64_t n,
+                 float* x, cudaStream_t stream) {
   LaunchPdl(EmbedKernel, dim3(n_tokens), dim3(256), 0, stream, type, table, row_bytes, tokens, n, x);
 }
 

@@ -9,7 +9,7 @@
 
 namespace mer::cuda {
 
-void LaunchEmbed(int type, const uint8_t* table, int64_t row_bytes, const int32_t* tokens, int n_tokens,
-                 int64_t n, float* x, cudaStream_t stream);
+void LaunchEmbed(int type, const uint8_t* table, int64_t row_bytes, const int32_t* tokens, int n_tokens, int64_t n,
+                 float* x, cudaStream_t stream);
 
 }  // namespace mer::cuda

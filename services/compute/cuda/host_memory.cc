@@ -18,8 +18,8 @@ absl::StatusOr<std::shared_ptr<void>> CudaRegisterHostMemory(void* base, size_t 
   const cudaError_t e = cudaHostRegister(base, bytes, cudaHostRegisterPortable);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
-    return absl::ResourceExhaustedError(absl::StrCat("cudaHostRegister of ", bytes, " bytes failed: ",
-                                                     cudaGetErrorString(e), " (is LimitMEMLOCK high enough?)"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cudaHostRegister of ", bytes, " bytes failed: ", cudaGetErrorString(e), " (is LimitMEMLOCK high enough?)"));
   }
   return std::shared_ptr<void>(base, [](void* p) {
     // Unregistering is cleanup: a failure (a device already in a sticky error state) is logged,

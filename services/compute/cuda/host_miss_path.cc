@@ -17,12 +17,11 @@ namespace mer {
 
 using namespace cuda_engine_internal;  // NOLINT: this library's own internals
 
-
 void CudaEngine::Impl::Touch(int32_t s) { lru.MoveToFront(lru_nodes, s); }
 
 int32_t CudaEngine::Impl::TakeVictim() {
   for (uint32_t s = lru.back(); s != kNilIndex; s = lru_nodes[s].prev) {  // least recent first
-    if (pin_epoch[s] == epoch) continue;  // used by the pass being served
+    if (pin_epoch[s] == epoch) continue;                                  // used by the pass being served
     if (owner[s] >= 0) {
       host_slot_table[owner[s]] = -1;
       --resident;
@@ -78,10 +77,10 @@ absl::Status CudaEngine::Impl::CheckView(int layer, int expert, const ExpertWeig
   if (ok(w.gate, c.n_ff_exp, c.n_embd) && ok(w.up, c.n_ff_exp, c.n_embd) && ok(w.down, c.n_embd, c.n_ff_exp) &&
       w.gate.type == el.gate_type && w.up.type == el.gate_type && w.down.type == el.down_type)
     return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "cuda backend: layer ", layer, " expert ", expert, " from the expert source is not ", TypeName(el.gate_type),
-      " [", c.n_ff_exp, " x ", c.n_embd, "] x 2 + ", TypeName(el.down_type), " [", c.n_embd, " x ", c.n_ff_exp,
-      "], the arena's layout"));
+  return absl::FailedPreconditionError(absl::StrCat("cuda backend: layer ", layer, " expert ", expert,
+                                                    " from the expert source is not ", TypeName(el.gate_type), " [",
+                                                    c.n_ff_exp, " x ", c.n_embd, "] x 2 + ", TypeName(el.down_type),
+                                                    " [", c.n_embd, " x ", c.n_ff_exp, "], the arena's layout"));
 }
 
 absl::Status CudaEngine::Impl::AcquireGroup(int layer, absl::Span<const int32_t> group) {
@@ -123,8 +122,7 @@ absl::StatusOr<int64_t> CudaEngine::Preload() {
     for (int e = 0; e < c.n_expert && m.resident + int64_t(m.missing.size()) < m.n_slots; ++e)
       if (m.host_slot_table[l * c.n_expert + e] < 0) m.missing.push_back(e);
     for (size_t g0 = 0; g0 < m.missing.size() && status.ok(); g0 += group_max) {
-      const absl::Span<const int32_t> group(m.missing.data() + g0,
-                                            std::min<size_t>(group_max, m.missing.size() - g0));
+      const absl::Span<const int32_t> group(m.missing.data() + g0, std::min<size_t>(group_max, m.missing.size() - g0));
       status = m.AcquireGroup(l, group);
       if (status.ok()) {
         int staged = 0;
@@ -191,8 +189,10 @@ absl::Status CudaEngine::Impl::ServeLayerExperts(int layer, int n, const DevAct&
   if (had_prefetch) {
     CUDA_CHECK(cudaStreamWaitEvent(stream, prefetch_done, 0));
     for (int32_t e : prefetched) {
-      if (std::find(used, used + n_used, e) != used + n_used) ++stats.vram_prefetch_useful;
-      else ++stats.vram_prefetch_wasted;
+      if (std::find(used, used + n_used, e) != used + n_used)
+        ++stats.vram_prefetch_useful;
+      else
+        ++stats.vram_prefetch_wasted;
     }
     prefetch_layer = -1;
   }
@@ -245,8 +245,8 @@ absl::Status CudaEngine::Impl::ServeLayerExperts(int layer, int n, const DevAct&
     EnqueueExperts(layer, n, x_act, u0, count);
   }
   if (predicted && !multi_pass) PrefetchLayer(layer + 1);
-  stats.upload_seconds_x1e6 += static_cast<int64_t>(
-      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  stats.upload_seconds_x1e6 +=
+      static_cast<int64_t>(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
   return status;
 }
 
@@ -277,8 +277,8 @@ absl::Status CudaEngine::Impl::ServeFromResidency(int layer, int n, const DevAct
     Mark("serve: residency");
     EnqueueExperts(layer, n, x_act, u0, count);
   }
-  stats.upload_seconds_x1e6 += static_cast<int64_t>(
-      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  stats.upload_seconds_x1e6 +=
+      static_cast<int64_t>(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
   return status;
 }
 

@@ -44,7 +44,8 @@ __device__ inline float DequantQ6_K(const uint8_t* row, int64_t i) {
   const int low = group < 2 ? (ql & 0xF) : (ql >> 4);
   const int high = (blk[128 + 32 * half + l] >> (2 * group)) & 3;
   const int sc = static_cast<int8_t>(blk[192 + e / 16]);
-  return __fmul_rn(__fmul_rn(F16BitsAt(blk + 208), static_cast<float>(sc)), static_cast<float>((low | (high << 4)) - 32));
+  return __fmul_rn(__fmul_rn(F16BitsAt(blk + 208), static_cast<float>(sc)),
+                   static_cast<float>((low | (high << 4)) - 32));
 }
 
 }  // namespace mer::cuda

@@ -72,9 +72,9 @@ __device__ inline void KQuantGroupDots(const KQuantRowRef (&rows)[R], int64_t nb
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[r][t] = acc_m[r][t] = 0.0f;
   for (int64_t b0 = 0; b0 < nb; b0 += U) {
-    uint4 wq[U][R];     // Q4_K: qs words; Q6_K: ql words
-    uint4 wh[U][R];     // Q4_K: header; Q6_K: scales
-    uint2 wqh[U][R];    // Q6_K: qh words
+    uint4 wq[U][R];   // Q4_K: qs words; Q6_K: ql words
+    uint4 wh[U][R];   // Q4_K: header; Q6_K: scales
+    uint2 wqh[U][R];  // Q6_K: qh words
     float wd[U][R], wdmin[U][R];
 #pragma unroll
     for (int u = 0; u < U; ++u)

@@ -26,8 +26,8 @@ __device__ inline const uint8_t* SlotBase(const ExpertArgs& a, int u, int* n_pai
 // Row r of gate and up per lane group (gate r, up r) over the group's pairs, NT at a time, then
 // SwiGLU into h.
 template <int kType, int NT>
-__global__ void __launch_bounds__(kWarps * 32) KQuantGateUpKernel(const __grid_constant__ ExpertArgs a, DevAct act,
-                                                                  float* h) {
+__global__ void __launch_bounds__(kWarps * 32)
+    KQuantGateUpKernel(const __grid_constant__ ExpertArgs a, DevAct act, float* h) {
   WaitForPredecessor();
   AllowDependents();  // after the wait, as GateUpKernel: the down kernel may read the routing early
   const int u = a.u_begin + blockIdx.y;
@@ -40,7 +40,8 @@ __global__ void __launch_bounds__(kWarps * 32) KQuantGateUpKernel(const __grid_c
   const DevMatrix gate{kType, a.n_ff, a.n_embd, base};
   const DevMatrix up{kType, a.n_ff, a.n_embd, base + a.up_offset};
   const bool active = r < a.n_ff;  // inactive groups still join the warp's shuffles
-  const KQuantRowRef rows[2] = {active ? KQuantRow(gate, r) : KQuantRowRef{}, active ? KQuantRow(up, r) : KQuantRowRef{}};
+  const KQuantRowRef rows[2] = {active ? KQuantRow(gate, r) : KQuantRowRef{},
+                                active ? KQuantRow(up, r) : KQuantRowRef{}};
   for (int g = 0; g < n_pairs; g += NT) {
     KQuantActRef acts[NT];
     int pair[NT];
@@ -64,8 +65,8 @@ __global__ void __launch_bounds__(kWarps * 32) KQuantGateUpKernel(const __grid_c
 
 // Rows 2 * group, +1 of down per lane group over the group's pairs, NT at a time.
 template <int kType, int NT>
-__global__ void __launch_bounds__(kWarps * 32) KQuantDownKernel(const __grid_constant__ ExpertArgs a, DevAct act,
-                                                                float* out) {
+__global__ void __launch_bounds__(kWarps * 32)
+    KQuantDownKernel(const __grid_constant__ ExpertArgs a, DevAct act, float* out) {
   AllowDependents();
   WaitForPredecessor();
   constexpr int R = 2;
@@ -102,16 +103,20 @@ __global__ void __launch_bounds__(kWarps * 32) KQuantDownKernel(const __grid_con
 template <int kType>
 void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pairs, cudaStream_t s) {
   const dim3 grid((a.n_ff + kGroupsPerBlock - 1) / kGroupsPerBlock, a.u_count);
-  if (max_pairs <= 1) LaunchPdl(KQuantGateUpKernel<kType, 1>, grid, dim3(kWarps * 32), 0, s, a, act, h);
-  else LaunchPdl(KQuantGateUpKernel<kType, 8>, grid, dim3(kWarps * 32), 0, s, a, act, h);
+  if (max_pairs <= 1)
+    LaunchPdl(KQuantGateUpKernel<kType, 1>, grid, dim3(kWarps * 32), 0, s, a, act, h);
+  else
+    LaunchPdl(KQuantGateUpKernel<kType, 8>, grid, dim3(kWarps * 32), 0, s, a, act, h);
 }
 
 template <int kType>
 void LaunchDownT(const ExpertArgs& a, const DevAct& act, float* out, int max_pairs, cudaStream_t s) {
   constexpr int kRowsPerBlock = kGroupsPerBlock * 2;
   const dim3 grid((a.n_embd + kRowsPerBlock - 1) / kRowsPerBlock, a.u_count);
-  if (max_pairs <= 1) LaunchPdl(KQuantDownKernel<kType, 1>, grid, dim3(kWarps * 32), 0, s, a, act, out);
-  else LaunchPdl(KQuantDownKernel<kType, 8>, grid, dim3(kWarps * 32), 0, s, a, act, out);
+  if (max_pairs <= 1)
+    LaunchPdl(KQuantDownKernel<kType, 1>, grid, dim3(kWarps * 32), 0, s, a, act, out);
+  else
+    LaunchPdl(KQuantDownKernel<kType, 8>, grid, dim3(kWarps * 32), 0, s, a, act, out);
 }
 
 void CheckArgs(const char* what, int type, int64_t cols, const DevAct& act) {
@@ -128,16 +133,20 @@ void LaunchExpertGateUpKQuant(const ExpertArgs& a, const DevAct& x_act, float* h
                               cudaStream_t stream) {
   CheckArgs("gate/up", a.type, a.n_embd, x_act);
   if (a.u_count <= 0) return;
-  if (a.type == kDevQ4_K) LaunchGateUpT<kDevQ4_K>(a, x_act, h, max_group_pairs, stream);
-  else LaunchGateUpT<kDevQ6_K>(a, x_act, h, max_group_pairs, stream);
+  if (a.type == kDevQ4_K)
+    LaunchGateUpT<kDevQ4_K>(a, x_act, h, max_group_pairs, stream);
+  else
+    LaunchGateUpT<kDevQ6_K>(a, x_act, h, max_group_pairs, stream);
 }
 
 void LaunchExpertDownKQuant(const ExpertArgs& a, const DevAct& h_act, float* out, int max_group_pairs,
                             cudaStream_t stream) {
   CheckArgs("down", a.down_type, a.n_ff, h_act);
   if (a.u_count <= 0) return;
-  if (a.down_type == kDevQ4_K) LaunchDownT<kDevQ4_K>(a, h_act, out, max_group_pairs, stream);
-  else LaunchDownT<kDevQ6_K>(a, h_act, out, max_group_pairs, stream);
+  if (a.down_type == kDevQ4_K)
+    LaunchDownT<kDevQ4_K>(a, h_act, out, max_group_pairs, stream);
+  else
+    LaunchDownT<kDevQ6_K>(a, h_act, out, max_group_pairs, stream);
 }
 
 }  // namespace mer::cuda

@@ -44,13 +44,17 @@ __host__ __device__ constexpr int64_t Q4_KQsOffset(int64_t b, int lane) { return
 __host__ __device__ constexpr int64_t Q4_KHeaderOffset(int64_t n, int64_t b) { return 128 * n + 16 * b; }
 // Byte offsets in a Q6_K matrix of n blocks.
 __host__ __device__ constexpr int64_t Q6_KQlOffset(int64_t b, int lane) { return b * 128 + 16 * lane; }
-__host__ __device__ constexpr int64_t Q6_KQhOffset(int64_t n, int64_t b, int lane) { return 128 * n + 64 * b + 8 * lane; }
+__host__ __device__ constexpr int64_t Q6_KQhOffset(int64_t n, int64_t b, int lane) {
+  return 128 * n + 64 * b + 8 * lane;
+}
 __host__ __device__ constexpr int64_t Q6_KScalesOffset(int64_t n, int64_t b) { return 192 * n + 16 * b; }
 __host__ __device__ constexpr int64_t Q6_KDOffset(int64_t n, int64_t b) { return 208 * n + 2 * b; }
 
 // Q8_K activation rows: bytes per row, and offsets from the row start.
 __host__ __device__ constexpr int64_t Q8_KRowBytes(int64_t stride) { return stride + stride / 8; }
-__host__ __device__ constexpr int64_t Q8_KQuantOffset(int64_t e) { return e / kKBlock * kKBlock + LaneInterleave(int(e % kKBlock), 8); }
+__host__ __device__ constexpr int64_t Q8_KQuantOffset(int64_t e) {
+  return e / kKBlock * kKBlock + LaneInterleave(int(e % kKBlock), 8);
+}
 __host__ __device__ constexpr int64_t Q8_KLaneOffset(int64_t b, int lane) { return b * kKBlock + 32 * lane; }
 __host__ __device__ constexpr int64_t Q8_KBsumsOffset(int64_t stride, int64_t b) { return stride + 32 * b; }
 
@@ -148,7 +152,8 @@ __host__ __device__ inline int Q6_KLaneSum(uint4 ql, uint2 qh, uint4 sc, uint4 a
   const int word = lane >> 1;
   const uint32_t sw = word == 0 ? sc.x : word == 1 ? sc.y : word == 2 ? sc.z : sc.w;
   const int k = 2 * (lane & 1);
-  const int offset = ByteS(sw, k) * static_cast<int16_t>(bs & 0xffffu) + ByteS(sw, k + 1) * static_cast<int16_t>(bs >> 16);
+  const int offset =
+      ByteS(sw, k) * static_cast<int16_t>(bs & 0xffffu) + ByteS(sw, k + 1) * static_cast<int16_t>(bs >> 16);
   return sum - 32 * offset;
 }
 

@@ -10,7 +10,7 @@
 namespace mer::cuda {
 namespace {
 
-constexpr int kWarps = 4;  // warps per block
+constexpr int kWarps = 4;                                    // warps per block
 constexpr int kRowsPerBlock = kWarps * (32 / kKQuantGroup);  // one row per lane group
 constexpr int kMaxOutputs = 3;
 
@@ -58,7 +58,8 @@ void Launch(const KQuantMatvecArgs& args, int64_t total_rows, cudaStream_t strea
     LaunchPdl(KQuantMatvecKernel<kType, 1>, dim3(bx, 1), dim3(kWarps * 32), 0, stream, args);
   } else {
     constexpr int NT = 8;
-    LaunchPdl(KQuantMatvecKernel<kType, NT>, dim3(bx, (args.n_tokens + NT - 1) / NT), dim3(kWarps * 32), 0, stream, args);
+    LaunchPdl(KQuantMatvecKernel<kType, NT>, dim3(bx, (args.n_tokens + NT - 1) / NT), dim3(kWarps * 32), 0, stream,
+              args);
   }
 }
 
@@ -90,8 +91,10 @@ void LaunchMatvecKQuant(const MatvecOutput* outputs, int n_outputs, const DevAct
   }
   const int64_t total = args.row_begin[n_outputs];
   if (total == 0 || n_tokens == 0) return;
-  if (outputs[0].w.type == kDevQ4_K) Launch<kDevQ4_K>(args, total, stream);
-  else Launch<kDevQ6_K>(args, total, stream);
+  if (outputs[0].w.type == kDevQ4_K)
+    Launch<kDevQ4_K>(args, total, stream);
+  else
+    Launch<kDevQ6_K>(args, total, stream);
 }
 
 }  // namespace mer::cuda

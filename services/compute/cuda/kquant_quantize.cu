@@ -14,13 +14,13 @@ namespace {
 constexpr int kWarps = 4;  // one 256-block per warp
 
 // Lane l holds elements 8l .. 8l + 7 of the block: bsums[j] is lanes 2j and 2j + 1.
-__global__ void __launch_bounds__(kWarps * 32) QuantizeQ8_KKernel(const float* x, int64_t x_stride, int64_t n,
-                                                                  int64_t n_blocks_total, DevAct act) {
+__global__ void __launch_bounds__(kWarps * 32)
+    QuantizeQ8_KKernel(const float* x, int64_t x_stride, int64_t n, int64_t n_blocks_total, DevAct act) {
   AllowDependents();
   WaitForPredecessor();
   const int lane = threadIdx.x % 32;
   const int64_t q = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;  // block over all rows
-  if (q >= n_blocks_total) return;  // whole warps
+  if (q >= n_blocks_total) return;                                    // whole warps
   const int64_t nb = n / kKBlock, row = q / nb, b = q % nb;
   const float* xb = x + row * x_stride + b * kKBlock + 8 * lane;
   float v[8];
@@ -82,8 +82,8 @@ void LaunchQuantizeQ8_K(const float* x, int64_t x_stride, int n_rows, int64_t n,
   }
   const int64_t total = int64_t(n_rows) * (n / kKBlock);
   if (total == 0) return;
-  LaunchPdl(QuantizeQ8_KKernel, dim3(static_cast<unsigned>((total + kWarps - 1) / kWarps)), dim3(kWarps * 32), 0, stream,
-            x, x_stride, n, total, act);
+  LaunchPdl(QuantizeQ8_KKernel, dim3(static_cast<unsigned>((total + kWarps - 1) / kWarps)), dim3(kWarps * 32), 0,
+            stream, x, x_stride, n, total, act);
 }
 
 }  // namespace mer::cuda

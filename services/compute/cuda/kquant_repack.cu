@@ -21,8 +21,10 @@ __global__ void RepackKQuantKernel(const __grid_constant__ KQuantRepackArgs args
   const RepackJob& j = args.jobs[blockIdx.y];
   const int64_t n = j.bytes / kBytes;
   for (int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; b < n; b += int64_t(gridDim.x) * blockDim.x) {
-    if constexpr (kType == kDevQ4_K) RepackQ4_KBlock(j.src + b * kBytes, j.dst, n, b);
-    else RepackQ6_KBlock(j.src + b * kBytes, j.dst, n, b);
+    if constexpr (kType == kDevQ4_K)
+      RepackQ4_KBlock(j.src + b * kBytes, j.dst, n, b);
+    else
+      RepackQ6_KBlock(j.src + b * kBytes, j.dst, n, b);
   }
 }
 
@@ -45,8 +47,10 @@ void LaunchRepackKQuant(int type, const RepackJob* jobs, int n_jobs, cudaStream_
     args.jobs[i] = jobs[i];
   }
   const dim3 grid(64, n_jobs);
-  if (type == kDevQ4_K) RepackKQuantKernel<kDevQ4_K><<<grid, 256, 0, stream>>>(args);
-  else RepackKQuantKernel<kDevQ6_K><<<grid, 256, 0, stream>>>(args);
+  if (type == kDevQ4_K)
+    RepackKQuantKernel<kDevQ4_K><<<grid, 256, 0, stream>>>(args);
+  else
+    RepackKQuantKernel<kDevQ6_K><<<grid, 256, 0, stream>>>(args);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -9,8 +9,8 @@
 namespace mer::cuda {
 namespace {
 
-constexpr int kRows = 1;           // weight rows per lane group (more groups: more loads in flight)
-constexpr int kWarps = 4;          // warps per block
+constexpr int kRows = 1;   // weight rows per lane group (more groups: more loads in flight)
+constexpr int kWarps = 4;  // warps per block
 constexpr int kMaxOutputs = 3;
 
 struct MatvecArgs {
@@ -58,8 +58,7 @@ __global__ void __launch_bounds__(kWarps * 32) MatvecKernel(const __grid_constan
   const int64_t row0 = grow - args.row_begin[m];
   RowRef rows[kRows];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r)
-    rows[r] = active && row0 + r < o.w.rows ? MatrixRow<kType>(o.w, row0 + r) : RowRef{};
+  for (int r = 0; r < kRows; ++r) rows[r] = active && row0 + r < o.w.rows ? MatrixRow<kType>(o.w, row0 + r) : RowRef{};
   if (args.prefetch_l2) {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) PrefetchRowToL2<kType, G>(rows[r], o.w.cols);
@@ -126,7 +125,7 @@ __global__ void __launch_bounds__(kWarps * 32) MatvecStagedKernel(const __grid_c
         *q = args.act.data + int64_t(t) * rb;
         *s = args.act.scales + int64_t(t) * (args.act.stride / 32);
       },
-      [&](int t, const float (&sum)[2]) {
+      [&](int t, const float(&sum)[2]) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           if (rows[r].q == nullptr) continue;
@@ -143,7 +142,7 @@ bool LaunchStaged(const MatvecArgs& args, int64_t total_rows, cudaStream_t strea
   for (int i = 0; i < args.n_outputs; ++i)
     if (args.o[i].w.rows % 2 != 0) return false;
   const int threads = kWarps * 32;
-  constexpr int kRowsPerBlock = kWarps * (32 / kGroup<kDevQ8_0>) * 2;
+  constexpr int kRowsPerBlock = kWarps * (32 / kGroup<kDevQ8_0>)*2;
   const dim3 grid(static_cast<unsigned>((total_rows + kRowsPerBlock - 1) / kRowsPerBlock),
                   static_cast<unsigned>((args.n_tokens + kStagedTokens - 1) / kStagedTokens));
   if (!StagedFits(kDevQ8_0, cols, threads, kStagedNT)) return false;
@@ -187,7 +186,7 @@ void LaunchLaneGroups(MatvecArgs args, unsigned bx, cudaStream_t stream) {
 
 template <int kType>
 void Launch(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
-  constexpr int kRowsPerBlock = kWarps * (32 / kGroup<kType>) * kRows;
+  constexpr int kRowsPerBlock = kWarps * (32 / kGroup<kType>)*kRows;
   const unsigned bx = static_cast<unsigned>((total_rows + kRowsPerBlock - 1) / kRowsPerBlock);
   const int64_t cols = args.o[0].w.cols;
   // Measured on the H200 (30B geometry, in place): a warp per row pays off for long rows, whose chains the
@@ -217,8 +216,7 @@ void Launch(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
 
 }  // namespace
 
-void LaunchMatvec(const MatvecOutput* outputs, int n_outputs, const DevAct& act, int n_tokens,
-                  cudaStream_t stream) {
+void LaunchMatvec(const MatvecOutput* outputs, int n_outputs, const DevAct& act, int n_tokens, cudaStream_t stream) {
   if (n_outputs < 1 || n_outputs > kMaxOutputs) {
     std::fprintf(stderr, "matvec: %d outputs (1 to %d)\n", n_outputs, kMaxOutputs);
     std::abort();
@@ -235,16 +233,29 @@ void LaunchMatvec(const MatvecOutput* outputs, int n_outputs, const DevAct& act,
   }
   const int64_t total = args.row_begin[n_outputs];
   int64_t weight_bytes = 0;
-  for (int i = 0; i < n_outputs; ++i) weight_bytes += outputs[i].w.rows * ActRowBytes(outputs[i].w.type, outputs[i].w.cols);
+  for (int i = 0; i < n_outputs; ++i)
+    weight_bytes += outputs[i].w.rows * ActRowBytes(outputs[i].w.type, outputs[i].w.cols);
   args.prefetch_l2 = weight_bytes <= kL2PrefetchMaxBytes;
   switch (outputs[0].w.type) {
-    case kDevF32: Launch<kDevF32>(args, total, stream); break;
-    case kDevF16: Launch<kDevF16>(args, total, stream); break;
-    case kDevBF16: Launch<kDevBF16>(args, total, stream); break;
-    case kDevQ8_0: Launch<kDevQ8_0>(args, total, stream); break;
+    case kDevF32:
+      Launch<kDevF32>(args, total, stream);
+      break;
+    case kDevF16:
+      Launch<kDevF16>(args, total, stream);
+      break;
+    case kDevBF16:
+      Launch<kDevBF16>(args, total, stream);
+      break;
+    case kDevQ8_0:
+      Launch<kDevQ8_0>(args, total, stream);
+      break;
     case kDevQ4_K:
-    case kDevQ6_K: LaunchMatvecKQuant(outputs, n_outputs, act, n_tokens, stream); break;
-    default: std::fprintf(stderr, "matvec: unsupported type %d\n", outputs[0].w.type); std::abort();
+    case kDevQ6_K:
+      LaunchMatvecKQuant(outputs, n_outputs, act, n_tokens, stream);
+      break;
+    default:
+      std::fprintf(stderr, "matvec: unsupported type %d\n", outputs[0].w.type);
+      std::abort();
   }
 }
 

@@ -12,13 +12,12 @@
 namespace mer::cuda {
 
 struct MatvecOutput {
-  DevMatrix w;                     // [rows, cols]
-  float* out = nullptr;            // f32 [n_tokens, out_stride]
+  DevMatrix w;           // [rows, cols]
+  float* out = nullptr;  // f32 [n_tokens, out_stride]
   int64_t out_stride = 0;
-  const float* residual = nullptr; // f32 [n_tokens, out_stride] or nullptr; may equal out
+  const float* residual = nullptr;  // f32 [n_tokens, out_stride] or nullptr; may equal out
 };
 
-void LaunchMatvec(const MatvecOutput* outputs, int n_outputs, const DevAct& act, int n_tokens,
-                  cudaStream_t stream);
+void LaunchMatvec(const MatvecOutput* outputs, int n_outputs, const DevAct& act, int n_tokens, cudaStream_t stream);
 
 }  // namespace mer::cuda

@@ -17,15 +17,15 @@
 namespace mer::cuda {
 
 struct MissPostArgs {
-  MoeGroups groups;              // the layer's, written by the routing kernels
-  const int32_t* slot_table;     // the layer's row [n_expert]
-  const int32_t* pred_chosen;    // int32 [k]: the look-ahead's prediction for layer + 1, or null
-  const uint32_t* step;          // the step's number (a step input)
+  MoeGroups groups;                 // the layer's, written by the routing kernels
+  const int32_t* slot_table;        // the layer's row [n_expert]
+  const int32_t* pred_chosen;       // int32 [k]: the look-ahead's prediction for layer + 1, or null
+  const uint32_t* step;             // the step's number (a step input)
   unsigned long long* record_head;  // device: records posted so far (advanced by one per post)
-  uint8_t* ring;                 // host-mapped: ring_capacity records of record_bytes
+  uint8_t* ring;                    // host-mapped: ring_capacity records of record_bytes
   int32_t ring_capacity;
   int32_t record_bytes;
-  uint32_t* gate;                // device: the layer's gate, set to 1 here when nothing misses
+  uint32_t* gate;  // device: the layer's gate, set to 1 here when nothing misses
   int32_t layer, n_expert, k;
 };
 

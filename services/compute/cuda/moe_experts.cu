@@ -1,7 +1,7 @@
 #include "services/compute/cuda/moe_experts.cuh"
 
-#include "services/compute/cuda/cuda_check.cuh"
 #include "services/compute/cuda/act_store.cuh"
+#include "services/compute/cuda/cuda_check.cuh"
 #include "services/compute/cuda/ggml_math.cuh"
 #include "services/compute/cuda/kquant_experts.cuh"
 #include "services/compute/cuda/pdl.cuh"
@@ -67,8 +67,8 @@ __device__ inline bool GateUpGroupRows(const ExpertArgs& a, int64_t* r, bool* ac
 // At least 3 blocks per SM (<= 170 registers): a decode layer's 384 blocks on the 30B geometry
 // then fit in one wave. stage_act: the pairs' token rows in shared memory (StageActRows).
 template <int kType, int NT>
-__global__ void __launch_bounds__(kWarps * 32, 3) GateUpKernel(const __grid_constant__ ExpertArgs a, DevAct act,
-                                                            float* h, bool stage_act) {
+__global__ void __launch_bounds__(kWarps * 32, 3)
+    GateUpKernel(const __grid_constant__ ExpertArgs a, DevAct act, float* h, bool stage_act) {
   // Dependents start only once every block is past the wait, that is once the routing (this
   // kernel's predecessor) has completed: the down kernel reads the routing's choices and loads its
   // weights before it waits for this kernel.
@@ -119,8 +119,8 @@ __global__ void __launch_bounds__(kWarps * 32, 3) GateUpKernel(const __grid_cons
 // on the H200, 30B geometry. 8 runs in flight: at 80 registers (spilling) 295.1-295.2,
 // at 114 (1.5 waves) 282.8-283.4; 16 runs at 164 registers (2 waves) 284.7-285.5.
 constexpr int kGateUpRowRuns = 4;
-__global__ void __launch_bounds__(kWarps * 32, 6) GateUpRowKernel(const __grid_constant__ ExpertArgs a, DevAct act,
-                                                                  float* h) {
+__global__ void __launch_bounds__(kWarps * 32, 6)
+    GateUpRowKernel(const __grid_constant__ ExpertArgs a, DevAct act, float* h) {
   WaitForPredecessor();
   AllowDependents();  // after the wait, as GateUpKernel
   constexpr int G = kGroup<kDevQ8_0>;
@@ -172,13 +172,13 @@ __device__ inline bool DownGroupRows(const ExpertArgs& a, int64_t* r0, RowRef (&
 
 template <int kType>
 dim3 DownGrid(const ExpertArgs& a) {
-  constexpr int kRowsPerBlock = kWarps * (32 / kGroup<kType>) * kDownRows;
+  constexpr int kRowsPerBlock = kWarps * (32 / kGroup<kType>)*kDownRows;
   return dim3((a.n_embd + kRowsPerBlock - 1) / kRowsPerBlock, a.u_count);
 }
 
 template <int kType, int NT>
-__global__ void __launch_bounds__(kWarps * 32) DownKernel(const __grid_constant__ ExpertArgs a, DevAct act,
-                                                          float* out, bool stage_act) {
+__global__ void __launch_bounds__(kWarps * 32)
+    DownKernel(const __grid_constant__ ExpertArgs a, DevAct act, float* out, bool stage_act) {
   AllowDependents();
   WaitForPredecessor();
   constexpr int R = kDownRows, G = kGroup<kType>;
@@ -211,8 +211,7 @@ __global__ void __launch_bounds__(kWarps * 32) DownKernel(const __grid_constant_
     for (int r = 0; r < R; ++r)
 #pragma unroll
       for (int t = 0; t < NT; ++t)
-        if (pair[t] >= 0 && rows[r].q != nullptr)
-          out[int64_t(pair[t]) * a.n_embd + r0 + r] = acc[r][t];
+        if (pair[t] >= 0 && rows[r].q != nullptr) out[int64_t(pair[t]) * a.n_embd + r0 + r] = acc[r][t];
   }
 }
 
@@ -287,8 +286,8 @@ __global__ void __launch_bounds__(kWarps * 32, DownBlocksPerSm(kPreloadRuns))
 // instructions per dp4a. Down stages 8 (28 KB of rows and 7 KB of activations per block).
 constexpr int kGateUpStagedNT = 2, kDownStagedNT = 8;
 
-__global__ void __launch_bounds__(kWarps * 32) GateUpStagedKernel(const __grid_constant__ ExpertArgs a, DevAct act,
-                                                                  float* h) {
+__global__ void __launch_bounds__(kWarps * 32)
+    GateUpStagedKernel(const __grid_constant__ ExpertArgs a, DevAct act, float* h) {
   extern __shared__ uint4 staged[];
   WaitForPredecessor();
   AllowDependents();  // after the wait, as GateUpKernel
@@ -306,7 +305,7 @@ __global__ void __launch_bounds__(kWarps * 32) GateUpStagedKernel(const __grid_c
         *q = act.data + tok * rb;
         *s = act.scales + tok * (act.stride / 32);
       },
-      [&](int pair, const float (&sum)[2]) {
+      [&](int pair, const float(&sum)[2]) {
         if (active) h[int64_t(pair) * a.n_ff + r] = SwiGlu(sum[0], sum[1]);
       });
 }
@@ -314,8 +313,8 @@ __global__ void __launch_bounds__(kWarps * 32) GateUpStagedKernel(const __grid_c
 // The routing is final once this kernel starts (as for DownFromF32Kernel: gate/up lets its
 // dependents start only after its own wait), so the block stages its rows while gate/up and the
 // conversion of h still run, and waits only before reading h.
-__global__ void __launch_bounds__(kWarps * 32) DownStagedKernel(const __grid_constant__ ExpertArgs a, DevAct act,
-                                                                float* out) {
+__global__ void __launch_bounds__(kWarps * 32)
+    DownStagedKernel(const __grid_constant__ ExpertArgs a, DevAct act, float* out) {
   extern __shared__ uint4 staged[];
   AllowDependents();
   int64_t r0;
@@ -330,7 +329,7 @@ __global__ void __launch_bounds__(kWarps * 32) DownStagedKernel(const __grid_con
         *q = act.data + int64_t(pair) * rb;
         *s = act.scales + int64_t(pair) * (act.stride / 32);
       },
-      [&](int pair, const float (&sum)[2]) {
+      [&](int pair, const float(&sum)[2]) {
 #pragma unroll
         for (int m = 0; m < kDownRows; ++m)
           if (rows[m].q != nullptr) out[int64_t(pair) * a.n_embd + r0 + m] = sum[m];
@@ -350,8 +349,8 @@ void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pai
   } else if (StagedFits(kType, a.n_embd, kWarps * 32, kGateUpStagedNT)) {
     static const bool limit_set = (SetStagedSmemLimit(GateUpStagedKernel), true);
     (void)limit_set;
-    LaunchPdl(GateUpStagedKernel, grid, dim3(kWarps * 32), StagedSmemBytes(a.n_embd, kWarps * 32, kGateUpStagedNT), s, a,
-              act, h);
+    LaunchPdl(GateUpStagedKernel, grid, dim3(kWarps * 32), StagedSmemBytes(a.n_embd, kWarps * 32, kGateUpStagedNT), s,
+              a, act, h);
   } else {
     const int64_t smem = StagedActSmem<kType>(8, a.n_embd);
     LaunchPdl(GateUpKernel<kType, 8>, grid, dim3(kWarps * 32), smem, s, a, act, h, smem > 0);
@@ -370,8 +369,10 @@ void LaunchDownT(const ExpertArgs& a, const DevAct& act, float* out, int max_pai
   }
   const int nt = max_pairs <= 1 ? 1 : 8;
   const int64_t smem = StagedActSmem<kType>(nt, a.n_ff);
-  if (nt == 1) LaunchPdl(DownKernel<kType, 1>, grid, dim3(kWarps * 32), smem, s, a, act, out, smem > 0);
-  else LaunchPdl(DownKernel<kType, 8>, grid, dim3(kWarps * 32), smem, s, a, act, out, smem > 0);
+  if (nt == 1)
+    LaunchPdl(DownKernel<kType, 1>, grid, dim3(kWarps * 32), smem, s, a, act, out, smem > 0);
+  else
+    LaunchPdl(DownKernel<kType, 8>, grid, dim3(kWarps * 32), smem, s, a, act, out, smem > 0);
 }
 
 template <int kType>
@@ -395,37 +396,69 @@ bool ExpertDownConvertsInput(int down_type, int64_t n_ff) {
 
 void LaunchExpertDownFromF32(const ExpertArgs& a, const float* h, float* out, cudaStream_t stream) {
   switch (a.down_type) {
-    case kDevF32: LaunchDownFromF32T<kDevF32>(a, h, out, stream); break;
-    case kDevF16: LaunchDownFromF32T<kDevF16>(a, h, out, stream); break;
-    case kDevBF16: LaunchDownFromF32T<kDevBF16>(a, h, out, stream); break;
-    case kDevQ8_0: LaunchDownFromF32T<kDevQ8_0>(a, h, out, stream); break;
-    default: std::fprintf(stderr, "experts: down from f32: unsupported type %d\n", a.down_type); std::abort();
+    case kDevF32:
+      LaunchDownFromF32T<kDevF32>(a, h, out, stream);
+      break;
+    case kDevF16:
+      LaunchDownFromF32T<kDevF16>(a, h, out, stream);
+      break;
+    case kDevBF16:
+      LaunchDownFromF32T<kDevBF16>(a, h, out, stream);
+      break;
+    case kDevQ8_0:
+      LaunchDownFromF32T<kDevQ8_0>(a, h, out, stream);
+      break;
+    default:
+      std::fprintf(stderr, "experts: down from f32: unsupported type %d\n", a.down_type);
+      std::abort();
   }
 }
 
-void LaunchExpertGateUp(const ExpertArgs& a, const DevAct& x_act, float* h, int max_group_pairs,
-                        cudaStream_t stream) {
+void LaunchExpertGateUp(const ExpertArgs& a, const DevAct& x_act, float* h, int max_group_pairs, cudaStream_t stream) {
   switch (a.type) {
-    case kDevF32: LaunchGateUpT<kDevF32>(a, x_act, h, max_group_pairs, stream); break;
-    case kDevF16: LaunchGateUpT<kDevF16>(a, x_act, h, max_group_pairs, stream); break;
-    case kDevBF16: LaunchGateUpT<kDevBF16>(a, x_act, h, max_group_pairs, stream); break;
-    case kDevQ8_0: LaunchGateUpT<kDevQ8_0>(a, x_act, h, max_group_pairs, stream); break;
+    case kDevF32:
+      LaunchGateUpT<kDevF32>(a, x_act, h, max_group_pairs, stream);
+      break;
+    case kDevF16:
+      LaunchGateUpT<kDevF16>(a, x_act, h, max_group_pairs, stream);
+      break;
+    case kDevBF16:
+      LaunchGateUpT<kDevBF16>(a, x_act, h, max_group_pairs, stream);
+      break;
+    case kDevQ8_0:
+      LaunchGateUpT<kDevQ8_0>(a, x_act, h, max_group_pairs, stream);
+      break;
     case kDevQ4_K:
-    case kDevQ6_K: LaunchExpertGateUpKQuant(a, x_act, h, max_group_pairs, stream); break;
-    default: std::fprintf(stderr, "experts: unsupported type %d\n", a.type); std::abort();
+    case kDevQ6_K:
+      LaunchExpertGateUpKQuant(a, x_act, h, max_group_pairs, stream);
+      break;
+    default:
+      std::fprintf(stderr, "experts: unsupported type %d\n", a.type);
+      std::abort();
   }
 }
 
-void LaunchExpertDown(const ExpertArgs& a, const DevAct& h_act, float* out, int max_group_pairs,
-                      cudaStream_t stream) {
+void LaunchExpertDown(const ExpertArgs& a, const DevAct& h_act, float* out, int max_group_pairs, cudaStream_t stream) {
   switch (a.down_type) {
-    case kDevF32: LaunchDownT<kDevF32>(a, h_act, out, max_group_pairs, stream); break;
-    case kDevF16: LaunchDownT<kDevF16>(a, h_act, out, max_group_pairs, stream); break;
-    case kDevBF16: LaunchDownT<kDevBF16>(a, h_act, out, max_group_pairs, stream); break;
-    case kDevQ8_0: LaunchDownT<kDevQ8_0>(a, h_act, out, max_group_pairs, stream); break;
+    case kDevF32:
+      LaunchDownT<kDevF32>(a, h_act, out, max_group_pairs, stream);
+      break;
+    case kDevF16:
+      LaunchDownT<kDevF16>(a, h_act, out, max_group_pairs, stream);
+      break;
+    case kDevBF16:
+      LaunchDownT<kDevBF16>(a, h_act, out, max_group_pairs, stream);
+      break;
+    case kDevQ8_0:
+      LaunchDownT<kDevQ8_0>(a, h_act, out, max_group_pairs, stream);
+      break;
     case kDevQ4_K:
-    case kDevQ6_K: LaunchExpertDownKQuant(a, h_act, out, max_group_pairs, stream); break;
-    default: std::fprintf(stderr, "experts: unsupported down type %d\n", a.down_type); std::abort();
+    case kDevQ6_K:
+      LaunchExpertDownKQuant(a, h_act, out, max_group_pairs, stream);
+      break;
+    default:
+      std::fprintf(stderr, "experts: unsupported down type %d\n", a.down_type);
+      std::abort();
   }
 }
 

@@ -21,11 +21,11 @@
 namespace mer::cuda {
 
 struct ExpertArgs {
-  int type;                    // weight type of gate and up
-  int down_type;               // weight type of down
+  int type;       // weight type of gate and up
+  int down_type;  // weight type of down
   const uint8_t* arena;
   int64_t slot_bytes;
-  const int32_t* slot_table;   // this layer's [n_expert] -> slot or -1
+  const int32_t* slot_table;       // this layer's [n_expert] -> slot or -1
   int64_t up_offset, down_offset;  // bytes from the slot start
   int32_t n_embd, n_ff, k;
   const int32_t* n_used;

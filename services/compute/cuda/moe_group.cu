@@ -9,8 +9,8 @@ namespace {
 constexpr int kThreads = 1024;
 constexpr int kMaxExperts = 1024;
 
-__global__ void __launch_bounds__(kThreads) MoeGroupKernel(const int32_t* chosen, int n_pairs, int n_expert,
-                                                           const int32_t* slot_table, MoeGroups g) {
+__global__ void __launch_bounds__(kThreads)
+    MoeGroupKernel(const int32_t* chosen, int n_pairs, int n_expert, const int32_t* slot_table, MoeGroups g) {
   static_assert(kMaxExperts <= kThreads, "a thread per expert");
   __shared__ int count[kMaxExperts];
   __shared__ int fill[kMaxExperts];

@@ -12,11 +12,11 @@
 namespace mer::cuda {
 
 struct MoeGroups {
-  int32_t* n_used;     // [1]
-  int32_t* n_missing;  // [1]
-  int32_t* used;       // [n_expert]
-  int32_t* begin;      // [n_expert + 1]
-  int32_t* pairs;      // [n_pairs]
+  int32_t* n_used;                    // [1]
+  int32_t* n_missing;                 // [1]
+  int32_t* used;                      // [n_expert]
+  int32_t* begin;                     // [n_expert + 1]
+  int32_t* pairs;                     // [n_pairs]
   unsigned long long* lookups_total;  // [1] += *n_used (expert lookups, for the hit rate)
 };
 

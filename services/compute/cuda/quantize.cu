@@ -10,8 +10,7 @@ namespace {
 
 constexpr int kThreads = 128;
 
-__global__ void __launch_bounds__(kThreads) QuantizeKernel(const float* x, int64_t x_stride, int64_t n,
-                                                           DevAct act) {
+__global__ void __launch_bounds__(kThreads) QuantizeKernel(const float* x, int64_t x_stride, int64_t n, DevAct act) {
   AllowDependents();
   WaitForPredecessor();
   const int64_t row = blockIdx.y;
@@ -23,8 +22,7 @@ __global__ void __launch_bounds__(kThreads) QuantizeKernel(const float* x, int64
 
 }  // namespace
 
-void LaunchQuantize(const float* x, int64_t x_stride, int n_rows, int64_t n, const DevAct& act,
-                    cudaStream_t stream) {
+void LaunchQuantize(const float* x, int64_t x_stride, int n_rows, int64_t n, const DevAct& act, cudaStream_t stream) {
   if (n_rows == 0) return;
   if (act.type == kDevQ8_K) return LaunchQuantizeQ8_K(x, x_stride, n_rows, n, act, stream);
   LaunchPdl(QuantizeKernel, dim3((n + kThreads - 1) / kThreads, n_rows), dim3(kThreads), 0, stream, x, x_stride, n,

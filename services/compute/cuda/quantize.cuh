@@ -8,7 +8,6 @@
 
 namespace mer::cuda {
 
-void LaunchQuantize(const float* x, int64_t x_stride, int n_rows, int64_t n, const DevAct& act,
-                    cudaStream_t stream);
+void LaunchQuantize(const float* x, int64_t x_stride, int n_rows, int64_t n, const DevAct& act, cudaStream_t stream);
 
 }  // namespace mer::cuda

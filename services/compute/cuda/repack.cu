@@ -15,15 +15,14 @@ struct RepackArgs {
 __global__ void RepackQ8_0Kernel(const __grid_constant__ RepackArgs args) {
   const RepackJob& j = args.jobs[blockIdx.y];
   const int64_t n_blocks = j.bytes / 34;
-  for (int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; b < n_blocks;
-       b += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; b < n_blocks; b += int64_t(gridDim.x) * blockDim.x) {
     const uint8_t* s = j.src + b * 34;
     const int64_t nb = j.cols / 32, row = b / nb, bi = b % nb;
     uint8_t* q = j.dst + row * j.cols;
 #pragma unroll
     for (int i = 0; i < 32; i += 4) {
-      const uint32_t v = uint32_t{s[2 + i]} | uint32_t{s[3 + i]} << 8 | uint32_t{s[4 + i]} << 16 |
-                         uint32_t{s[5 + i]} << 24;
+      const uint32_t v =
+          uint32_t{s[2 + i]} | uint32_t{s[3 + i]} << 8 | uint32_t{s[4 + i]} << 16 | uint32_t{s[5 + i]} << 24;
       *reinterpret_cast<uint32_t*>(q + Q8_0QuantOffset(bi * 32 + i, nb)) = v;
     }
     reinterpret_cast<uint16_t*>(j.dst + n_blocks * 32)[b] = static_cast<uint16_t>(s[0] | (s[1] << 8));
@@ -71,8 +70,10 @@ void LaunchRepack(int type, const RepackJob* jobs, int n_jobs, cudaStream_t stre
   RepackArgs args{};
   for (int i = 0; i < n_jobs; ++i) args.jobs[i] = jobs[i];
   const dim3 grid(64, n_jobs);
-  if (type == kDevQ8_0) RepackQ8_0Kernel<<<grid, 256, 0, stream>>>(args);
-  else CopyKernel<<<grid, 256, 0, stream>>>(args);
+  if (type == kDevQ8_0)
+    RepackQ8_0Kernel<<<grid, 256, 0, stream>>>(args);
+  else
+    CopyKernel<<<grid, 256, 0, stream>>>(args);
   CUDA_CHECK_LAUNCH();
 }
 

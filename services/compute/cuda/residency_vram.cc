@@ -14,13 +14,15 @@
 
 namespace mer::cuda {
 
-absl::StatusOr<std::unique_ptr<ResidencyVram>> ResidencyVram::Create(
-    VramResidency& residency, int device, uint8_t* arena, int64_t slot_bytes, int32_t slot_count,
-    std::vector<VramLayerLayout> layouts, uint8_t* staging, int staging_slots) {
+absl::StatusOr<std::unique_ptr<ResidencyVram>> ResidencyVram::Create(VramResidency& residency, int device,
+                                                                     uint8_t* arena, int64_t slot_bytes,
+                                                                     int32_t slot_count,
+                                                                     std::vector<VramLayerLayout> layouts,
+                                                                     uint8_t* staging, int staging_slots) {
   for (size_t l = 0; l < layouts.size(); ++l)
     if (static_cast<int64_t>(layouts[l].raw.bytes) > slot_bytes)
-      return absl::FailedPreconditionError(absl::StrCat("layer ", l, "'s experts (",
-                                                        layouts[l].raw.bytes, " bytes) exceed a slot"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("layer ", l, "'s experts (", layouts[l].raw.bytes, " bytes) exceed a slot"));
   VramArenaDescriptor d;
   cudaIpcMemHandle_t handle;
   static_assert(sizeof(handle) == sizeof(d.ipc_handle));
@@ -42,8 +44,8 @@ absl::StatusOr<std::unique_ptr<ResidencyVram>> ResidencyVram::Create(
   r->placements_.reserve(slot_count);
   r->fresh_.reserve(slot_count);
   r->repack_jobs_.reserve(3 * static_cast<size_t>(staging_slots));
-  std::fprintf(stderr, "cuda: arena exported to mer-residency over CUDA IPC (%s, %d slots x %lld B)\n",
-               bus, slot_count, static_cast<long long>(slot_bytes));
+  std::fprintf(stderr, "cuda: arena exported to mer-residency over CUDA IPC (%s, %d slots x %lld B)\n", bus, slot_count,
+               static_cast<long long>(slot_bytes));
   return r;
 }
 
@@ -54,11 +56,10 @@ ResidencyVram::~ResidencyVram() {
   residency_.WithdrawArena();
 }
 
-absl::StatusOr<int> ResidencyVram::Acquire(int layer, absl::Span<const int32_t> experts,
-                                           int32_t* table_row, CUstream_st* stream) {
+absl::StatusOr<int> ResidencyVram::Acquire(int layer, absl::Span<const int32_t> experts, int32_t* table_row,
+                                           CUstream_st* stream) {
   placements_.resize(experts.size());
-  ASSIGN_OR_RETURN(const int demanded,
-                   residency_.AcquireVram(layer, experts, absl::MakeSpan(placements_)));
+  ASSIGN_OR_RETURN(const int demanded, residency_.AcquireVram(layer, experts, absl::MakeSpan(placements_)));
   held_ = true;
   ++stats_.acquires;
   stats_.demanded += demanded;
@@ -76,8 +77,7 @@ absl::StatusOr<int> ResidencyVram::Place(int layer, absl::Span<const int32_t> ex
   return demanded;
 }
 
-void ResidencyVram::Convert(int layer, absl::Span<const int32_t> experts, int32_t* table_row,
-                            CUstream_st* stream) {
+void ResidencyVram::Convert(int layer, absl::Span<const int32_t> experts, int32_t* table_row, CUstream_st* stream) {
   fresh_.clear();
   for (size_t i = 0; i < experts.size(); ++i) {
     table_row[experts[i]] = placements_[i].slot;
@@ -105,8 +105,8 @@ void ResidencyVram::Convert(int layer, absl::Span<const int32_t> experts, int32_
         if (repack[m]) {
           repack_jobs_.push_back({types[m], {stage + src_off[m], slot + dst_off[m], sizes[m], cols[m]}});
         } else {
-          CUDA_CHECK(cudaMemcpyAsync(slot + dst_off[m], stage + src_off[m], sizes[m],
-                                     cudaMemcpyDeviceToDevice, stream));
+          CUDA_CHECK(
+              cudaMemcpyAsync(slot + dst_off[m], stage + src_off[m], sizes[m], cudaMemcpyDeviceToDevice, stream));
         }
       }
     }

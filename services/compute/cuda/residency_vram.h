@@ -29,7 +29,7 @@ namespace mer::cuda {
 
 // One layer's expert matrices in a slot (the engine's ExpertLayout) and in the raw bytes.
 struct VramLayerLayout {
-  int gate_type = 0, down_type = 0;  // DevType of gate/up and of down
+  int gate_type = 0, down_type = 0;               // DevType of gate/up and of down
   bool gate_repack = false, down_repack = false;  // the device layout differs (repack.cuh)
   int64_t gate_bytes = 0, up_bytes = 0, down_bytes = 0;
   int64_t up_offset = 0, down_offset = 0;  // in the slot, as the kernels read it
@@ -39,10 +39,10 @@ struct VramLayerLayout {
 
 struct ResidencyVramStats {
   int64_t acquires = 0;
-  int64_t demanded = 0;          // experts not in VRAM when acquired (mer-residency uploaded them)
-  int64_t converted = 0;         // fresh fills converted to the device layout
-  int64_t predicted = 0;         // look-ahead predictions scored
-  int64_t predicted_used = 0;    // of those, routed to by the layer they were made for
+  int64_t demanded = 0;        // experts not in VRAM when acquired (mer-residency uploaded them)
+  int64_t converted = 0;       // fresh fills converted to the device layout
+  int64_t predicted = 0;       // look-ahead predictions scored
+  int64_t predicted_used = 0;  // of those, routed to by the layer they were made for
 };
 
 class ResidencyVram {
@@ -50,22 +50,19 @@ class ResidencyVram {
   // Exports [arena, arena + slot_count * slot_bytes) (the start of a cudaMalloc allocation on
   // `device`) and waits for mer-residency to import it. `staging` holds staging_slots slots of
   // slot_bytes for the conversion.
-  static absl::StatusOr<std::unique_ptr<ResidencyVram>> Create(VramResidency& residency, int device,
-                                                               uint8_t* arena, int64_t slot_bytes,
-                                                               int32_t slot_count,
-                                                               std::vector<VramLayerLayout> layouts,
-                                                               uint8_t* staging, int staging_slots);
+  static absl::StatusOr<std::unique_ptr<ResidencyVram>> Create(VramResidency& residency, int device, uint8_t* arena,
+                                                               int64_t slot_bytes, int32_t slot_count,
+                                                               std::vector<VramLayerLayout> layouts, uint8_t* staging,
+                                                               int staging_slots);
   ~ResidencyVram();
 
   // Pins experts of `layer` in VRAM, writes their slots into table_row[expert] (the host slot
   // table's row of the layer) and enqueues on `stream` the conversion of fresh fills, which the
   // kernels launched after it on the stream see. Returns the experts that were demanded.
-  absl::StatusOr<int> Acquire(int layer, absl::Span<const int32_t> experts, int32_t* table_row,
-                              CUstream_st* stream);
+  absl::StatusOr<int> Acquire(int layer, absl::Span<const int32_t> experts, int32_t* table_row, CUstream_st* stream);
   // Acquire with long-lived pins (VramResidency::PinVram), for the miss service of the device
   // path: each expert stays pinned until Unpin. The conversions go on `stream` likewise.
-  absl::StatusOr<int> Place(int layer, absl::Span<const int32_t> experts, int32_t* table_row,
-                            CUstream_st* stream);
+  absl::StatusOr<int> Place(int layer, absl::Span<const int32_t> experts, int32_t* table_row, CUstream_st* stream);
   void Unpin(int layer, int32_t expert) { residency_.UnpinVram(layer, expert); }
   uint64_t attachment() const { return residency_.attachment(); }
   // After a synchronisation that saw every kernel reading the slots acquired.
@@ -78,10 +75,14 @@ class ResidencyVram {
   const ResidencyVramStats& stats() const { return stats_; }
 
  private:
-  ResidencyVram(VramResidency& residency, uint8_t* arena, int64_t slot_bytes,
-                std::vector<VramLayerLayout> layouts, uint8_t* staging, int staging_slots)
-      : residency_(residency), arena_(arena), slot_bytes_(slot_bytes), layouts_(std::move(layouts)),
-        staging_(staging), staging_slots_(staging_slots) {}
+  ResidencyVram(VramResidency& residency, uint8_t* arena, int64_t slot_bytes, std::vector<VramLayerLayout> layouts,
+                uint8_t* staging, int staging_slots)
+      : residency_(residency),
+        arena_(arena),
+        slot_bytes_(slot_bytes),
+        layouts_(std::move(layouts)),
+        staging_(staging),
+        staging_slots_(staging_slots) {}
 
   // Writes table_row from placements_ and enqueues the conversion of the fresh fills on stream.
   void Convert(int layer, absl::Span<const int32_t> experts, int32_t* table_row, CUstream_st* stream);

@@ -18,9 +18,9 @@ constexpr int kCombineInFlight = 8;
 // a load after it would wait for the chain before it (one L2 round trip per element of a thread).
 // The norm's weights depend on nothing and are loaded before the wait.
 template <int kPerThread>
-__global__ void __launch_bounds__(kThreads) RmsNormKernel(float* x, int64_t x_stride, const int32_t* rows,
-                                                          MoeCombine combine, const float* w, float eps,
-                                                          int64_t n, float* y, int64_t y_stride, DevAct act) {
+__global__ void __launch_bounds__(kThreads)
+    RmsNormKernel(float* x, int64_t x_stride, const int32_t* rows, MoeCombine combine, const float* w, float eps,
+                  int64_t n, float* y, int64_t y_stride, DevAct act) {
   AllowDependents();
   // Up to 2,048 columns every load is issued ahead; beyond, the 64 registers of a 1,024-thread
   // block would spill, and the loads go one element at a time after the wait.

@@ -119,11 +119,17 @@ __device__ void TopKWarp(float* p, float* group_sum, int t, int n_expert, int k,
     float best = -2.0f;
     int best_e = n_expert;
     for (int e = lane; e < n_expert; e += 32)
-      if (p[e] > best) { best = p[e]; best_e = e; }
+      if (p[e] > best) {
+        best = p[e];
+        best_e = e;
+      }
     for (int o = 16; o > 0; o >>= 1) {
       const float ov = __shfl_xor_sync(kAll, best, o);
       const int oe = __shfl_xor_sync(kAll, best_e, o);
-      if (ov > best || (ov == best && oe < best_e)) { best = ov; best_e = oe; }
+      if (ov > best || (ov == best && oe < best_e)) {
+        best = ov;
+        best_e = oe;
+      }
     }
     if (lane == j) {
       my_w = best;
@@ -172,9 +178,9 @@ __device__ void WriteChoices(float my_w, int32_t my_e, int t, int k, bool norm_t
 }
 
 // One warp per token (no block barriers: routing is on the decode step's critical path).
-__global__ void __launch_bounds__(32) RouterTopKKernel(const float* logits, int n_expert, int k, bool norm_topk,
-                                                      int32_t* chosen, float* weights, const int32_t* slot_table,
-                                                      MoeGroups groups) {
+__global__ void __launch_bounds__(32)
+    RouterTopKKernel(const float* logits, int n_expert, int k, bool norm_topk, int32_t* chosen, float* weights,
+                     const int32_t* slot_table, MoeGroups groups) {
   __shared__ float p[kMaxExperts];
   __shared__ float group_sum[kMaxExperts / 16];
   AllowDependents();
@@ -267,7 +273,7 @@ __global__ void __launch_bounds__(kRouterWarps * 32) RouterTopK1Kernel(const __g
   if (!last) return;
   __threadfence();
   const int n_tables = a.next.router != nullptr ? 2 : 1;  // 0: this layer, 1: the prediction
-  if (threadIdx.x == 0) *a.blocks_done = 0;  // ready for the next launch (graph replays reuse it)
+  if (threadIdx.x == 0) *a.blocks_done = 0;               // ready for the next launch (graph replays reuse it)
   if (a.n_expert % 16 == 0) {
     __shared__ float red[kRouterWarps];
     __shared__ float sel_w[2][32];
@@ -282,7 +288,8 @@ __global__ void __launch_bounds__(kRouterWarps * 32) RouterTopK1Kernel(const __g
     const bool in = lane < a.k;
     const float my_w = in ? sel_w[warp][lane] : 0.0f;
     const int32_t my_e = in ? sel_e[warp][lane] : -1;
-    if (warp == 0) WriteChoices(my_w, my_e, 0, a.k, a.norm_topk, a.chosen, a.weights, slot_table, a.groups);
+    if (warp == 0)
+      WriteChoices(my_w, my_e, 0, a.k, a.norm_topk, a.chosen, a.weights, slot_table, a.groups);
     else
       WriteChoices(my_w, my_e, 0, a.k, a.norm_topk, a.next.chosen, a.next.weights, next_slot_table, a.next.groups);
     return;

@@ -15,9 +15,8 @@
 
 namespace mer::cuda {
 
-void LaunchRouterTopK(const float* logits, int n_tokens, int n_expert, int k, bool norm_topk,
-                      int32_t* chosen, float* weights, const int32_t* slot_table, const MoeGroups* groups,
-                      cudaStream_t stream);
+void LaunchRouterTopK(const float* logits, int n_tokens, int n_expert, int k, bool norm_topk, int32_t* chosen,
+                      float* weights, const int32_t* slot_table, const MoeGroups* groups, cudaStream_t stream);
 
 // The decode step's routing in one launch: the f32 router mat-vec of one token (x: f32 [n_embd],
 // router: f32 [n_expert, n_embd]) fused with LaunchRouterTopK's work for that token, the groups
@@ -39,18 +38,18 @@ struct Router1Norm {
   const float* residual = nullptr;  // f32 [n_embd], or nullptr: x is already normalised
   const float* w = nullptr;         // f32 [n_embd], the norm's weights
   float eps = 0.0f;
-  DevAct act{};                     // F32/F16/BF16/Q8_0 (not Q8_K: RouterTopK1NormSupported)
+  DevAct act{};  // F32/F16/BF16/Q8_0 (not Q8_K: RouterTopK1NormSupported)
 };
 struct Router1Args {
   const float* router;
   const float* x;  // f32 [n_embd], unused with norm.residual
   int32_t n_embd, n_expert, k;
   bool norm_topk;
-  float* logits;               // f32 [n_expert] scratch
+  float* logits;  // f32 [n_expert] scratch
   unsigned int* blocks_done;
   int32_t* chosen;
   float* weights;
-  const int32_t* slot_table;   // this layer's
+  const int32_t* slot_table;  // this layer's
   MoeGroups groups;
   Router1Next next;
   Router1Norm norm;

@@ -25,7 +25,7 @@
 namespace mer::cuda {
 
 struct RoutingRecordHeader {
-  uint64_t ready;      // p + 1 once the record at position p is complete
+  uint64_t ready;  // p + 1 once the record at position p is complete
   uint32_t layer;
   uint32_t step;       // the step's number (host-assigned, a step input)
   uint32_t n_used;     // distinct experts the layer routes to (used[0, n_used))
@@ -58,10 +58,9 @@ struct RoutingRecord {
 // layers out of range are dropped and counted).
 class RoutingRecordReader {
  public:
-  RoutingRecordReader(const uint8_t* ring, int32_t capacity, int32_t record_bytes, int32_t n_layer,
-                      int32_t n_expert, int32_t k)
-      : ring_(ring), capacity_(capacity), record_bytes_(record_bytes), n_layer_(n_layer),
-        n_expert_(n_expert), k_(k) {}
+  RoutingRecordReader(const uint8_t* ring, int32_t capacity, int32_t record_bytes, int32_t n_layer, int32_t n_expert,
+                      int32_t k)
+      : ring_(ring), capacity_(capacity), record_bytes_(record_bytes), n_layer_(n_layer), n_expert_(n_expert), k_(k) {}
 
   // The next complete record, copied into *out; false when the device has written none since.
   bool Next(RoutingRecord* out) {
@@ -70,7 +69,7 @@ class RoutingRecordReader {
       const uint64_t ready = reinterpret_cast<const volatile RoutingRecordHeader*>(rec)->ready;
       std::atomic_thread_fence(std::memory_order_acquire);
       if (ready < next_ + 1) return false;  // not written yet (or an older lap's record)
-      if (ready > next_ + 1) {  // a lap behind: what was here is gone (hits only, see above)
+      if (ready > next_ + 1) {              // a lap behind: what was here is gone (hits only, see above)
         skipped_ += ready - 1 - next_;
         next_ = ready - 1;
       }
@@ -78,8 +77,8 @@ class RoutingRecordReader {
       std::memcpy(&out->header, rec, sizeof(RoutingRecordHeader));
       const RoutingRecordHeader& h = out->header;
       // A slot rewritten while it was copied would show another `ready` now: read it again.
-      const bool bad = h.layer >= uint32_t(n_layer_) || h.n_used > uint32_t(n_expert_) ||
-                       h.n_missing > h.n_used || h.n_pred > uint32_t(k_);
+      const bool bad = h.layer >= uint32_t(n_layer_) || h.n_used > uint32_t(n_expert_) || h.n_missing > h.n_used ||
+                       h.n_pred > uint32_t(k_);
       if (!bad) {
         const int32_t* used = reinterpret_cast<const int32_t*>(rec + sizeof(RoutingRecordHeader));
         out->used.assign(used, used + h.n_used);

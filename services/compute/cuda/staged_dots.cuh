@@ -42,7 +42,8 @@ inline bool StagedFits(int type, int64_t cols, int threads, int nt) {
 
 template <typename Kernel>
 void SetStagedSmemLimit(Kernel kernel) {
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kStagedMaxSmem)));
+  CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kStagedMaxSmem)));
 }
 
 __device__ inline void CpAsync16(void* smem, const void* global) {
@@ -60,8 +61,8 @@ __device__ inline void CpAsyncWaitAll() {
 // loads), and T is exact: no per-token branch in the loop. acc[m][t] is lane g's chain for
 // row m and activation row t0 + t, Q8_0RunStep over the runs in order, as GroupDots'.
 template <int T>
-__device__ __forceinline__ void StagedPass(const uint4* staged, const uint4* act, int nr, int sc, int t0, int act_chunks,
-                                           int act_scale_chunk0, float (&acc)[2][T]) {
+__device__ __forceinline__ void StagedPass(const uint4* staged, const uint4* act, int nr, int sc, int t0,
+                                           int act_chunks, int act_scale_chunk0, float (&acc)[2][T]) {
   constexpr int G = kGroup<kDevQ8_0>;
   const int tid = threadIdx.x, g = tid % G, nthreads = blockDim.x;
   const uint4* w_row[2] = {staged + tid, staged + int64_t(nr) * nthreads + tid};
@@ -104,8 +105,8 @@ __device__ __forceinline__ void StagedPass(const uint4* staged, const uint4* act
 // NT rows are staged at a time and computed in passes of 8, 4, 2 and 1 (StagedPass), so that a
 // group of n rows costs no work for absent ones; the sums do not depend on how rows are grouped.
 template <int NT, typename AfterCopies, typename ItemOf, typename ActOf, typename Epilogue>
-__device__ void StagedDots(uint4* staged, const RowRef (&rows)[2], int64_t cols, AfterCopies after_copies,
-                           int n_items, ItemOf item_of, ActOf act_of, Epilogue epilogue) {
+__device__ void StagedDots(uint4* staged, const RowRef (&rows)[2], int64_t cols, AfterCopies after_copies, int n_items,
+                           ItemOf item_of, ActOf act_of, Epilogue epilogue) {
   static_assert(NT == 1 || NT == 2 || NT == 4 || NT == 8, "passes of 8, 4, 2 and 1 rows");
   constexpr int G = kGroup<kDevQ8_0>;
   const int tid = threadIdx.x, g = tid % G, nthreads = blockDim.x;
@@ -114,7 +115,8 @@ __device__ void StagedDots(uint4* staged, const RowRef (&rows)[2], int64_t cols,
 #pragma unroll
   for (int m = 0; m < 2; ++m) {
     if (rows[m].q == nullptr) continue;
-    for (int i = 0; i < nr; ++i) CpAsync16(chunk(m * nr + i, tid), reinterpret_cast<const uint4*>(rows[m].q + int64_t(i) * 128) + g);
+    for (int i = 0; i < nr; ++i)
+      CpAsync16(chunk(m * nr + i, tid), reinterpret_cast<const uint4*>(rows[m].q + int64_t(i) * 128) + g);
     const uint8_t* s = reinterpret_cast<const uint8_t*>(rows[m].s);
     for (int c = 0; c < sc; ++c)
       if ((c * G + g) * 16 < nr * 8) CpAsync16(chunk(2 * nr + m * sc + c, tid), s + (c * G + g) * 16);
@@ -154,9 +156,21 @@ __device__ void StagedDots(uint4* staged, const RowRef (&rows)[2], int64_t cols,
       }
     };
     int t0 = 0;  // block-uniform branches
-    if constexpr (NT >= 8) if (n - t0 >= 8) { pass(std::integral_constant<int, 8>{}, t0); t0 += 8; }
-    if constexpr (NT >= 4) if (n - t0 >= 4) { pass(std::integral_constant<int, 4>{}, t0); t0 += 4; }
-    if constexpr (NT >= 2) if (n - t0 >= 2) { pass(std::integral_constant<int, 2>{}, t0); t0 += 2; }
+    if constexpr (NT >= 8)
+      if (n - t0 >= 8) {
+        pass(std::integral_constant<int, 8>{}, t0);
+        t0 += 8;
+      }
+    if constexpr (NT >= 4)
+      if (n - t0 >= 4) {
+        pass(std::integral_constant<int, 4>{}, t0);
+        t0 += 4;
+      }
+    if constexpr (NT >= 2)
+      if (n - t0 >= 2) {
+        pass(std::integral_constant<int, 2>{}, t0);
+        t0 += 2;
+      }
     if (n - t0 >= 1) pass(std::integral_constant<int, 1>{}, t0);
   }
 }

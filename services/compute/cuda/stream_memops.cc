@@ -21,8 +21,7 @@ const Entries& Lookup() {
     void* write = nullptr;
     cudaDriverEntryPointQueryResult q1 = cudaDriverEntryPointSymbolNotFound, q2 = q1;
     // The 11.7 ABI of both (the v2 stream memory operations, enabled on every platform).
-    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &wait, 11070, cudaEnableDefault, &q1) ==
-            cudaSuccess &&
+    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &wait, 11070, cudaEnableDefault, &q1) == cudaSuccess &&
         q1 == cudaDriverEntryPointSuccess &&
         cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &write, 11070, cudaEnableDefault, &q2) ==
             cudaSuccess &&
@@ -44,8 +43,7 @@ bool KernelsLoadLazily() {
   static const bool lazy = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuModuleGetLoadingMode", &fn, 11070, cudaEnableDefault, &q) !=
-            cudaSuccess ||
+    if (cudaGetDriverEntryPointByVersion("cuModuleGetLoadingMode", &fn, 11070, cudaEnableDefault, &q) != cudaSuccess ||
         q != cudaDriverEntryPointSuccess) {
       (void)cudaGetLastError();
       return true;  // cannot tell: assume the driver's default (lazy since CUDA 12.2)

@@ -15,13 +15,15 @@
 
 namespace mer::cuda {
 
-absl::StatusOr<std::unique_ptr<VramMissService>> VramMissService::Create(
-    ResidencyVram& residency, const VramMissServiceOptions& options, const uint8_t* ring, int32_t capacity,
-    int32_t record_bytes, int32_t* slot_table, uint32_t* gates) {
+absl::StatusOr<std::unique_ptr<VramMissService>> VramMissService::Create(ResidencyVram& residency,
+                                                                         const VramMissServiceOptions& options,
+                                                                         const uint8_t* ring, int32_t capacity,
+                                                                         int32_t record_bytes, int32_t* slot_table,
+                                                                         uint32_t* gates) {
   if (options.n_slots < options.n_expert + options.reserve_slots)
-    return absl::FailedPreconditionError(absl::StrCat(
-        "an arena of ", options.n_slots, " slots cannot take every expert of a layer (", options.n_expert,
-        ") beside ", options.reserve_slots, " reserved slots"));
+    return absl::FailedPreconditionError(absl::StrCat("an arena of ", options.n_slots,
+                                                      " slots cannot take every expert of a layer (", options.n_expert,
+                                                      ") beside ", options.reserve_slots, " reserved slots"));
   std::unique_ptr<VramMissService> s(
       new VramMissService(residency, options, ring, capacity, record_bytes, slot_table, gates));
   s->thread_ = std::thread([p = s.get()] { p->Loop(); });
@@ -29,9 +31,8 @@ absl::StatusOr<std::unique_ptr<VramMissService>> VramMissService::Create(
   return s;
 }
 
-VramMissService::VramMissService(ResidencyVram& residency, const VramMissServiceOptions& options,
-                                 const uint8_t* ring, int32_t capacity, int32_t record_bytes,
-                                 int32_t* slot_table, uint32_t* gates)
+VramMissService::VramMissService(ResidencyVram& residency, const VramMissServiceOptions& options, const uint8_t* ring,
+                                 int32_t capacity, int32_t record_bytes, int32_t* slot_table, uint32_t* gates)
     : residency_(residency),
       o_(options),
       reader_(ring, capacity, record_bytes, options.n_layer, options.n_expert, options.k),
@@ -127,8 +128,7 @@ void VramMissService::Watchdog() {
                    "cuda: miss service: %d step(s) in flight and no routing record for %.1f s (records read %llu, "
                    "next position %llu)\n",
                    inflight_.load(), (now - last_record_ns_.load()) * 1e-9,
-                   static_cast<unsigned long long>(stats().records),
-                   static_cast<unsigned long long>(position_.load()));
+                   static_cast<unsigned long long>(stats().records), static_cast<unsigned long long>(position_.load()));
     }
   }
 }
@@ -211,8 +211,10 @@ void VramMissService::Serve(const RoutingRecord& r) {
   serving_since_ns_.store(0);
   const auto us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   if (o_.debug || us > 1e6)
-    std::fprintf(stderr, "cuda: miss service: step %u layer %d: %zu missing of %u used, %zu retired, %lld published, "
-                 "%.0f us%s%s\n", r.header.step, layer, missing_.size(), r.header.n_used, retirees_.size(),
+    std::fprintf(stderr,
+                 "cuda: miss service: step %u layer %d: %zu missing of %u used, %zu retired, %lld published, "
+                 "%.0f us%s%s\n",
+                 r.header.step, layer, missing_.size(), r.header.n_used, retirees_.size(),
                  static_cast<long long>(published_.published()), us, status.ok() ? "" : ": ",
                  status.ok() ? "" : status.ToString().c_str());
   std::lock_guard<std::mutex> l(stats_mu_);

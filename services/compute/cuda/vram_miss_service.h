@@ -49,14 +49,14 @@ struct VramMissServiceOptions {
 };
 
 struct VramMissServiceStats {
-  uint64_t records = 0;         // routing records read
-  uint64_t layers_served = 0;   // records with misses, served
-  uint64_t placed = 0;          // experts placed for misses (pinned and published)
-  uint64_t demanded = 0;        // of those, not in VRAM when asked (mer-residency uploaded them)
-  uint64_t retired = 0;         // published experts unpinned to make room
-  uint64_t failures = 0;        // layers whose placement failed (the step returned an error)
+  uint64_t records = 0;                 // routing records read
+  uint64_t layers_served = 0;           // records with misses, served
+  uint64_t placed = 0;                  // experts placed for misses (pinned and published)
+  uint64_t demanded = 0;                // of those, not in VRAM when asked (mer-residency uploaded them)
+  uint64_t retired = 0;                 // published experts unpinned to make room
+  uint64_t failures = 0;                // layers whose placement failed (the step returned an error)
   uint64_t skipped = 0, malformed = 0;  // records lost to a lap, or rejected as invalid
-  uint64_t serve_us = 0;        // wall time from reading a miss record to opening its gate
+  uint64_t serve_us = 0;                // wall time from reading a miss record to opening its gate
 };
 
 class VramMissService {
@@ -76,10 +76,10 @@ class VramMissService {
   void StepLaunched() {
     // The watchdog's clock starts with the first step in flight, not at an idle spell's start.
     if (inflight_.fetch_add(1, std::memory_order_relaxed) == 0)
-      last_record_ns_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                std::chrono::steady_clock::now().time_since_epoch())
-                                .count(),
-                            std::memory_order_relaxed);
+      last_record_ns_.store(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+              .count(),
+          std::memory_order_relaxed);
   }
   void StepDone() { inflight_.fetch_sub(1, std::memory_order_relaxed); }
   // Routing records read so far (one per layer of every step the device ran, in order): how far
@@ -115,8 +115,8 @@ class VramMissService {
   std::mutex mu_;  // held while a record is served and while TakeError resets
   PublishedExperts published_;
   uint64_t attachment_ = 0;
-  std::vector<int64_t> poisoned_;   // keys pointed at the poison slot by a failed placement
-  absl::Status error_;              // the first failure not yet taken
+  std::vector<int64_t> poisoned_;  // keys pointed at the poison slot by a failed placement
+  absl::Status error_;             // the first failure not yet taken
   std::atomic<bool> has_error_{false};
   std::vector<int32_t> missing_, placed_rows_, place_row_;
   std::vector<int64_t> retirees_;

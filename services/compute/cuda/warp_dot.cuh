@@ -73,8 +73,10 @@ __device__ __forceinline__ void Q8_0RunScales(const uint2& s, float (&out)[4]) {
 
 template <int kType>
 __device__ inline float HalfToF32(uint16_t v) {
-  if constexpr (kType == kDevF16) return __half2float(__ushort_as_half(v));
-  else return BF16BitsToF32(v);
+  if constexpr (kType == kDevF16)
+    return __half2float(__ushort_as_half(v));
+  else
+    return BF16BitsToF32(v);
 }
 
 // Sum over the group's lanes in the CPU's tree (see above); the result is valid in the group's
@@ -119,9 +121,12 @@ __device__ inline void GroupDots(const RowRef (&rows)[R], int64_t cols, const ui
           if (ok && aligned) {
             // (Q8_0RunScales's conversion, written out: the call changes this loop's machine code)
             const uint2 sv = *reinterpret_cast<const uint2*>(rows[r].s + b);
-            const __half2 s01 = *reinterpret_cast<const __half2*>(&sv.x), s23 = *reinterpret_cast<const __half2*>(&sv.y);
-            ws[u][r][0] = __low2float(s01); ws[u][r][1] = __high2float(s01);
-            ws[u][r][2] = __low2float(s23); ws[u][r][3] = __high2float(s23);
+            const __half2 s01 = *reinterpret_cast<const __half2*>(&sv.x),
+                          s23 = *reinterpret_cast<const __half2*>(&sv.y);
+            ws[u][r][0] = __low2float(s01);
+            ws[u][r][1] = __high2float(s01);
+            ws[u][r][2] = __low2float(s23);
+            ws[u][r][3] = __high2float(s23);
           } else {
 #pragma unroll
             for (int k = 0; k < 4; ++k) ws[u][r][k] = ok ? __half2float(rows[r].s[b + k]) : 0.0f;
@@ -138,7 +143,10 @@ __device__ inline void GroupDots(const RowRef (&rows)[R], int64_t cols, const ui
           float as[4];
           if (aligned) {
             const float4 a4 = *reinterpret_cast<const float4*>(act_scales[t] + b);
-            as[0] = a4.x; as[1] = a4.y; as[2] = a4.z; as[3] = a4.w;
+            as[0] = a4.x;
+            as[1] = a4.y;
+            as[2] = a4.z;
+            as[3] = a4.w;
           } else {
 #pragma unroll
             for (int k = 0; k < 4; ++k) as[k] = act_scales[t][b + k];
@@ -243,7 +251,6 @@ __device__ inline void GroupDots(const RowRef (&rows)[R], int64_t cols, const ui
   }
 }
 
-
 // Bytes of shared memory StageActRows needs per activation row of cols elements (16-byte rows).
 template <int kType>
 __host__ __device__ inline int64_t StagedActBytes(int64_t cols) {
@@ -317,7 +324,8 @@ struct GroupQ8_0Preload {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         const bool ok = rows[r].q != nullptr;
-        wq[i][r] = ok ? __ldcs(reinterpret_cast<const uint4*>(rows[r].q + int64_t(i) * 128) + g) : make_uint4(0, 0, 0, 0);
+        wq[i][r] =
+            ok ? __ldcs(reinterpret_cast<const uint4*>(rows[r].q + int64_t(i) * 128) + g) : make_uint4(0, 0, 0, 0);
         ws[i][r] = ok ? *reinterpret_cast<const uint2*>(rows[r].s + 4 * i) : make_uint2(0, 0);
       }
     }
@@ -384,8 +392,8 @@ struct WarpQ8_0Rows {
     }
   }
 
-  __device__ void Finish(const RowRef (&rows)[NR], int64_t nb, const uint8_t* act_q, const float* act_s,
-                         float* smem, float (&out)[NR]) {
+  __device__ void Finish(const RowRef (&rows)[NR], int64_t nb, const uint8_t* act_q, const float* act_s, float* smem,
+                         float (&out)[NR]) {
     const int lane = threadIdx.x % 32, g = lane / 8, l = lane % 8;
     const int nr = static_cast<int>(nb / 4);
     // Per row: isum [nb][8], each run of 4 blocks followed by 8 floats of padding (the 4 lane groups
@@ -416,7 +424,8 @@ struct WarpQ8_0Rows {
       const float as[4] = {a4.x, a4.y, a4.z, a4.w};
       float w_s[4];
       Q8_0RunScales(ws[i], w_s);
-      const int a_int[4] = {static_cast<int>(aq.x), static_cast<int>(aq.y), static_cast<int>(aq.z), static_cast<int>(aq.w)};
+      const int a_int[4] = {static_cast<int>(aq.x), static_cast<int>(aq.y), static_cast<int>(aq.z),
+                            static_cast<int>(aq.w)};
       const int w_int[4] = {static_cast<int>(wq[i].x), static_cast<int>(wq[i].y), static_cast<int>(wq[i].z),
                             static_cast<int>(wq[i].w)};
 #pragma unroll

@@ -9,8 +9,7 @@
 
 namespace mer::compute {
 
-bool SequenceStream::Next(absl::Duration timeout, std::vector<int32_t>* out,
-                          std::vector<TokenLogprobs>* logprobs) {
+bool SequenceStream::Next(absl::Duration timeout, std::vector<int32_t>* out, std::vector<TokenLogprobs>* logprobs) {
   absl::MutexLock lock(&mu_);
   auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return done_ || !tokens_.empty() || cancelled_.load(std::memory_order_relaxed);
@@ -58,12 +57,10 @@ Batcher::Batcher(ComputeBackend& backend, const BatcherOptions& options, Compute
       options_(options),
       metrics_(metrics),
       max_sequences_(backend.max_sequences()),
-      max_batch_tokens_(options.max_batch_tokens > 0
-                            ? std::min(options.max_batch_tokens, backend.max_batch_tokens())
-                            : backend.max_batch_tokens()),
-      kv_budget_tokens_(options.kv_budget_tokens > 0
-                            ? options.kv_budget_tokens
-                            : int64_t(backend.max_sequences()) * backend.max_context_tokens()),
+      max_batch_tokens_(options.max_batch_tokens > 0 ? std::min(options.max_batch_tokens, backend.max_batch_tokens())
+                                                     : backend.max_batch_tokens()),
+      kv_budget_tokens_(options.kv_budget_tokens > 0 ? options.kv_budget_tokens
+                                                     : int64_t(backend.max_sequences()) * backend.max_context_tokens()),
       n_vocab_(backend.config().n_vocab),
       slot_used_(backend.max_sequences(), false),
       free_slots_(backend.max_sequences()),
@@ -95,17 +92,15 @@ Batcher::~Batcher() {
   incoming_.clear();
 }
 
-absl::StatusOr<std::shared_ptr<SequenceStream>> Batcher::Submit(const GenerationRequest& request,
-                                                                absl::Time deadline) {
+absl::StatusOr<std::shared_ptr<SequenceStream>> Batcher::Submit(const GenerationRequest& request, absl::Time deadline) {
   if (request.prompt.empty()) return absl::InvalidArgumentError("prompt: empty");
   for (size_t i = 0; i < request.prompt.size(); ++i) {
     const int32_t id = request.prompt[i];
     if (id < 0 || id >= n_vocab_)
-      return absl::InvalidArgumentError(absl::StrCat("prompt: token ", id, " at index ", i,
-                                                     " is outside the vocabulary [0, ", n_vocab_, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt: token ", id, " at index ", i, " is outside the vocabulary [0, ", n_vocab_, ")"));
   }
-  if (request.max_new_tokens < 1)
-    return absl::InvalidArgumentError("max_new_tokens: must be >= 1");
+  if (request.max_new_tokens < 1) return absl::InvalidArgumentError("max_new_tokens: must be >= 1");
   if (auto s = ValidateSamplingParams(request.sampling); !s.ok()) return s;
   for (const auto& [id, bias] : request.sampling.logit_bias) {
     if (id >= n_vocab_)
@@ -119,28 +114,26 @@ absl::StatusOr<std::shared_ptr<SequenceStream>> Batcher::Submit(const Generation
   const int64_t need = int64_t(request.prompt.size()) + request.max_new_tokens - 1;
   if (need > backend_.max_context_tokens())
     return absl::InvalidArgumentError(absl::StrCat(
-        "max_new_tokens: prompt (", request.prompt.size(), " tokens) + max_new_tokens (",
-        request.max_new_tokens, ") - 1 = ", need, " positions; the context holds ",
-        backend_.max_context_tokens()));
+        "max_new_tokens: prompt (", request.prompt.size(), " tokens) + max_new_tokens (", request.max_new_tokens,
+        ") - 1 = ", need, " positions; the context holds ", backend_.max_context_tokens()));
   if (need > kv_budget_tokens_)
-    return absl::InvalidArgumentError(absl::StrCat("max_new_tokens: the sequence needs ", need,
-                                                   " KV positions; the budget is ", kv_budget_tokens_));
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_new_tokens: the sequence needs ", need, " KV positions; the budget is ", kv_budget_tokens_));
 
-  auto r = std::make_unique<Running>(Running{nullptr, request, Sampler(request.sampling), {}, 0,
-                                             Running::Phase::kPrefill, 0, FinishReason::kNone, 0, need});
+  auto r = std::make_unique<Running>(Running{
+      nullptr, request, Sampler(request.sampling), {}, 0, Running::Phase::kPrefill, 0, FinishReason::kNone, 0, need});
   r->history.reserve(request.prompt.size() + request.max_new_tokens);
   r->history = request.prompt;
 
   const absl::Time until = std::min(deadline, absl::Now() + options_.admission_wait);
   absl::MutexLock lock(&mu_);
-  auto admissible = [this, need]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stop_ || (free_slots_ > 0 && kv_free_ >= need);
-  };
+  auto admissible = [this, need]()
+                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || (free_slots_ > 0 && kv_free_ >= need); };
   if (!mu_.AwaitWithDeadline(absl::Condition(&admissible), until)) {
     if (deadline <= until) return absl::DeadlineExceededError("deadline passed waiting for a sequence slot");
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "no free sequence slot or KV budget (", free_slots_, " of ", max_sequences_,
-        " slots free, ", kv_free_, " of ", kv_budget_tokens_, " KV positions free, ", need, " needed)"));
+    return absl::ResourceExhaustedError(absl::StrCat("no free sequence slot or KV budget (", free_slots_, " of ",
+                                                     max_sequences_, " slots free, ", kv_free_, " of ",
+                                                     kv_budget_tokens_, " KV positions free, ", need, " needed)"));
   }
   if (stop_) return absl::UnavailableError("mer-compute is shutting down");
   int slot = 0;
@@ -229,8 +222,7 @@ bool Batcher::SoloGreedyDecode() {
         ++r.fed;  // the token fed for this step is in the KV cache now
         const bool done = Finishes(r, token, {}, &reason);
         const auto now = std::chrono::steady_clock::now();
-        if (metrics_ != nullptr)
-          metrics_->OnStep(std::chrono::duration<double>(now - t_last).count(), 1, 1, 0, 1);
+        if (metrics_ != nullptr) metrics_->OnStep(std::chrono::duration<double>(now - t_last).count(), 1, 1, 0, 1);
         t_last = now;
         if (options_.after_step) options_.after_step(false);
         bool join;
@@ -326,8 +318,7 @@ bool Batcher::Step() {
     // needed by some of them only: each runs again alone, and only those that need it fail.
     // Any other error (mer-residency gone: Unavailable) fails them all. The others keep running.
     size_t in_batch = 0;
-    for (size_t i = 0; i < n; ++i)
-      in_batch += running_[i]->phase == Running::Phase::kDecode || prefill_n_[i] > 0;
+    for (size_t i = 0; i < n; ++i) in_batch += running_[i]->phase == Running::Phase::kDecode || prefill_n_[i] > 0;
     if (absl::IsDataLoss(s) && in_batch > 1) {
       RunEachAlone(all_argmax);
     } else {
@@ -337,8 +328,7 @@ bool Batcher::Step() {
     }
   }
   for (size_t i = 0; i < n; ++i) {
-    if (running_[i]->phase == Running::Phase::kPrefill && errors_[i].ok())
-      running_[i]->fed += prefill_n_[i];
+    if (running_[i]->phase == Running::Phase::kPrefill && errors_[i].ok()) running_[i]->fed += prefill_n_[i];
   }
   // Sample; then advance, finish or keep each sequence with a logits row.
   std::vector<size_t>& leaving = leaving_;

@@ -95,7 +95,7 @@ class SequenceStream {
   const int slot_;
   std::atomic<bool> cancelled_{false};
   mutable absl::Mutex mu_;
-  std::vector<int32_t> tokens_ ABSL_GUARDED_BY(mu_);  // produced, not yet taken
+  std::vector<int32_t> tokens_ ABSL_GUARDED_BY(mu_);          // produced, not yet taken
   std::vector<TokenLogprobs> logprobs_ ABSL_GUARDED_BY(mu_);  // theirs, when the request asks
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
@@ -138,7 +138,7 @@ class Batcher {
     // saying how.
     enum class Phase : uint8_t { kPrefill, kDecode, kFinished };
     Phase phase = Phase::kPrefill;
-    int32_t pending = 0;           // kDecode: the last sampled token, not yet fed
+    int32_t pending = 0;  // kDecode: the last sampled token, not yet fed
     FinishReason finished_by = FinishReason::kNone;
     int32_t generated = 0;
     int64_t reserved_kv = 0;
@@ -178,16 +178,16 @@ class Batcher {
 
   // Step thread only.
   std::vector<std::unique_ptr<Running>> running_;
-  std::vector<BatchToken> batch_;    // [max_batch_tokens]
-  std::vector<int32_t> rows_;        // running_ index of each logits row
-  std::vector<int32_t> prefill_n_;   // prompt tokens of running_[i] in this batch
-  std::vector<float> logits_;        // f32 [max_batch_tokens, n_vocab]
-  std::vector<int32_t> greedy_;      // [max_batch_tokens]: each row's argmax, when every row is greedy
-  TokenLogprobs logprobs_;           // a row's, when its request asks
-  std::vector<size_t> leaving_;      // running_ indices that finish in this step
+  std::vector<BatchToken> batch_;     // [max_batch_tokens]
+  std::vector<int32_t> rows_;         // running_ index of each logits row
+  std::vector<int32_t> prefill_n_;    // prompt tokens of running_[i] in this batch
+  std::vector<float> logits_;         // f32 [max_batch_tokens, n_vocab]
+  std::vector<int32_t> greedy_;       // [max_batch_tokens]: each row's argmax, when every row is greedy
+  TokenLogprobs logprobs_;            // a row's, when its request asks
+  std::vector<size_t> leaving_;       // running_ indices that finish in this step
   std::vector<absl::Status> errors_;  // per running_ index: why it failed in this step
-  std::vector<BatchToken> alone_;    // [max_batch_tokens]: one sequence's tokens (RunEachAlone)
-  size_t decode_rotation_ = 0;       // where decodes start when they do not all fit
+  std::vector<BatchToken> alone_;     // [max_batch_tokens]: one sequence's tokens (RunEachAlone)
+  size_t decode_rotation_ = 0;        // where decodes start when they do not all fit
 
   std::thread thread_;
 };

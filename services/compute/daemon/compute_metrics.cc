@@ -106,21 +106,12 @@ ComputeMetrics::ComputeMetrics(const std::string& version, const std::string& ba
                            .Help("Tokens in one step's batch (decodes and prompt chunks).")
                            .Register(r)
                            .Add({}, Exponential(1, 2, 11));
-  impl_->prompt_tokens = &prometheus::BuildCounter()
-                              .Name("mer_prompt_tokens_total")
-                              .Help("Prompt tokens prefilled.")
-                              .Register(r)
-                              .Add({});
-  impl_->generated_tokens = &prometheus::BuildCounter()
-                                 .Name("mer_generated_tokens_total")
-                                 .Help("Tokens sampled.")
-                                 .Register(r)
-                                 .Add({});
-  impl_->steps = &prometheus::BuildCounter()
-                      .Name("mer_steps_total")
-                      .Help("Batched forward steps run.")
-                      .Register(r)
-                      .Add({});
+  impl_->prompt_tokens =
+      &prometheus::BuildCounter().Name("mer_prompt_tokens_total").Help("Prompt tokens prefilled.").Register(r).Add({});
+  impl_->generated_tokens =
+      &prometheus::BuildCounter().Name("mer_generated_tokens_total").Help("Tokens sampled.").Register(r).Add({});
+  impl_->steps =
+      &prometheus::BuildCounter().Name("mer_steps_total").Help("Batched forward steps run.").Register(r).Add({});
   auto& seqs = prometheus::BuildCounter()
                    .Name("mer_sequences_total")
                    .Help("Sequences that left the batch, by result (ok, cancelled, error).")
@@ -144,21 +135,19 @@ void ComputeMetrics::Impl::AddDeviceFamilies() {
   auto counter = [&r](const char* name, const char* help) -> prometheus::Family<prometheus::Counter>& {
     return prometheus::BuildCounter().Name(name).Help(help).Register(r);
   };
-  vram_lookups =
-      &counter("mer_expert_lookups_total", "Distinct (layer, expert) a batch needed, summed over layers.")
-           .Add({{"tier", "vram"}});
-  vram_misses =
-      &counter("mer_expert_misses_total", "Expert lookups not in the VRAM arena (uploaded from the host).")
-           .Add({{"tier", "vram"}});
+  vram_lookups = &counter("mer_expert_lookups_total", "Distinct (layer, expert) a batch needed, summed over layers.")
+                      .Add({{"tier", "vram"}});
+  vram_misses = &counter("mer_expert_misses_total", "Expert lookups not in the VRAM arena (uploaded from the host).")
+                     .Add({{"tier", "vram"}});
   upload_bytes = &counter("mer_expert_upload_bytes_total", "Bytes of expert uploads host -> VRAM.").Add({});
   vram_evictions =
       &counter("mer_evictions_total", "VRAM arena slots reused for another expert.").Add({{"tier", "vram"}});
-  host_syncs =
-      &counter("mer_host_syncs_total", "Host synchronisations with the GPU inside forward passes.").Add({});
+  host_syncs = &counter("mer_host_syncs_total", "Host synchronisations with the GPU inside forward passes.").Add({});
   auto& vram = prometheus::BuildGauge()
                    .Name("mer_vram_bytes")
-                   .Help("Device memory by use: dense weights, KV cache, workspaces, expert arena; "
-                         "used: device-wide at the last sample.")
+                   .Help(
+                       "Device memory by use: dense weights, KV cache, workspaces, expert arena; "
+                       "used: device-wide at the last sample.")
                    .Register(r);
   const char* uses[6] = {"dense", "kv", "workspace", "arena", "used", "peak"};
   for (int i = 0; i < 6; ++i) vram_bytes[i] = &vram.Add({{"use", uses[i]}});
@@ -205,14 +194,13 @@ void ComputeMetrics::OnBackendCounters(const BackendCounters& s) {
     m.vram_slots[0]->Set(static_cast<double>(s.arena_resident));
     m.vram_slots[1]->Set(static_cast<double>(s.arena_slots - s.arena_resident));
   }
-  const int64_t bytes[6] = {s.dense_bytes, s.kv_bytes, s.workspace_bytes, s.arena_bytes, s.vram_used_bytes,
-                            s.vram_used_peak_bytes};
+  const int64_t bytes[6] = {s.dense_bytes, s.kv_bytes,        s.workspace_bytes,
+                            s.arena_bytes, s.vram_used_bytes, s.vram_used_peak_bytes};
   for (int i = 0; i < 6; ++i) m.vram_bytes[i]->Set(static_cast<double>(bytes[i]));
   m.last = s;
 }
 
-void ComputeMetrics::OnStep(double seconds, int batch_tokens, int sequences, int prompt_tokens,
-                            int generated) {
+void ComputeMetrics::OnStep(double seconds, int batch_tokens, int sequences, int prompt_tokens, int generated) {
   impl_->step_seconds->Observe(seconds);
   impl_->batch_size->Observe(batch_tokens);
   impl_->prompt_tokens->Increment(prompt_tokens);
@@ -230,9 +218,7 @@ void ComputeMetrics::OnSequenceEnd(const absl::Status& status, int generated) {
   }
 }
 
-void ComputeMetrics::set_capacity(std::function<Capacity()> capacity) {
-  impl_->capacity->set(std::move(capacity));
-}
+void ComputeMetrics::set_capacity(std::function<Capacity()> capacity) { impl_->capacity->set(std::move(capacity)); }
 
 std::vector<std::shared_ptr<prometheus::Collectable>> ComputeMetrics::collectables() const {
   return {impl_->registry, impl_->capacity};

@@ -36,8 +36,7 @@ struct Capacity {
 class ComputeMetrics {
  public:
   // `backend` labels mer_build_info; `capacity` (may be empty) is read at every scrape.
-  ComputeMetrics(const std::string& version, const std::string& backend,
-                 std::function<Capacity()> capacity);
+  ComputeMetrics(const std::string& version, const std::string& backend, std::function<Capacity()> capacity);
   ~ComputeMetrics();
 
   // One step: its duration, tokens in the batch, sequences running, prompt tokens fed and tokens

@@ -86,8 +86,7 @@ grpc::Status ComputeService::Generate(grpc::ServerContext* context, const pb::Ge
     tokens.clear();
     logprobs.clear();
     const bool done = stream->Next(
-        std::min(options_.deadline_poll, std::max(absl::ZeroDuration(), deadline - absl::Now())), &tokens,
-        &logprobs);
+        std::min(options_.deadline_poll, std::max(absl::ZeroDuration(), deadline - absl::Now())), &tokens, &logprobs);
     if (!tokens.empty()) {
       response.Clear();
       response.mutable_token_ids()->Add(tokens.begin(), tokens.end());
@@ -107,9 +106,8 @@ grpc::Status ComputeService::Generate(grpc::ServerContext* context, const pb::Ge
       if (!status.ok()) return ToGrpcStatus(status);
       response.Clear();
       response.set_done(true);
-      response.set_finish_reason(stream->finish_reason() == FinishReason::kStopToken
-                                     ? pb::FINISH_REASON_STOP_TOKEN
-                                     : pb::FINISH_REASON_LENGTH);
+      response.set_finish_reason(stream->finish_reason() == FinishReason::kStopToken ? pb::FINISH_REASON_STOP_TOKEN
+                                                                                     : pb::FINISH_REASON_LENGTH);
       writer->Write(response);
       return grpc::Status::OK;
     }

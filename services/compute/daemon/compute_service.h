@@ -41,17 +41,15 @@ class ComputeService final : public mer::internal::v1::Compute::Service {
  public:
   // `info` holds the static fields (the capacity fields are filled per call); `vocab` is what
   // GetTokenizer returns. `batcher` outlives the service.
-  ComputeService(Batcher& batcher, mer::internal::v1::Info info,
-                 mer::internal::v1::TokenizerVocab vocab, const ComputeServiceOptions& options = {});
+  ComputeService(Batcher& batcher, mer::internal::v1::Info info, mer::internal::v1::TokenizerVocab vocab,
+                 const ComputeServiceOptions& options = {});
   ~ComputeService() override;  // stops the watcher
 
-  grpc::Status Generate(grpc::ServerContext* context,
-                        const mer::internal::v1::GenerateRequest* request,
+  grpc::Status Generate(grpc::ServerContext* context, const mer::internal::v1::GenerateRequest* request,
                         grpc::ServerWriter<mer::internal::v1::GenerateResponse>* writer) override;
   grpc::Status GetInfo(grpc::ServerContext* context, const mer::internal::v1::GetInfoRequest* request,
                        mer::internal::v1::Info* response) override;
-  grpc::Status GetTokenizer(grpc::ServerContext* context,
-                            const mer::internal::v1::GetTokenizerRequest* request,
+  grpc::Status GetTokenizer(grpc::ServerContext* context, const mer::internal::v1::GetTokenizerRequest* request,
                             mer::internal::v1::TokenizerVocab* response) override;
 
  private:
@@ -63,8 +61,7 @@ class ComputeService final : public mer::internal::v1::Compute::Service {
   const ComputeServiceOptions options_;
 
   absl::Mutex mu_;
-  std::map<uint64_t, std::pair<grpc::ServerContext*, std::shared_ptr<SequenceStream>>> watched_
-      ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::pair<grpc::ServerContext*, std::shared_ptr<SequenceStream>>> watched_ ABSL_GUARDED_BY(mu_);
   uint64_t next_watch_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread watcher_;

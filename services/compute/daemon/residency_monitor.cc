@@ -37,10 +37,9 @@ absl::Status ResidencyMonitor::status() const {
 
 void ResidencyMonitor::Probe() {
   const absl::Status probe = shm::ShmSegment::Probe(name_, expected_, options_.liveness_timeout);
-  const absl::Status now =
-      probe.ok() ? absl::OkStatus()
-                 : absl::UnavailableError(absl::StrCat("mer-residency instance '", name_,
-                                                       "' is unreachable: ", probe.message()));
+  const absl::Status now = probe.ok() ? absl::OkStatus()
+                                      : absl::UnavailableError(absl::StrCat("mer-residency instance '", name_,
+                                                                            "' is unreachable: ", probe.message()));
   absl::MutexLock lock(&mu_);
   if (now.ok() != status_.ok()) {
     if (now.ok()) {

@@ -20,8 +20,8 @@
 namespace mer::compute {
 
 struct ResidencyMonitorOptions {
-  absl::Duration poll = absl::Milliseconds(200);            // between probes
-  absl::Duration liveness_timeout = absl::Seconds(2);      // a heartbeat older than this is down
+  absl::Duration poll = absl::Milliseconds(200);       // between probes
+  absl::Duration liveness_timeout = absl::Seconds(2);  // a heartbeat older than this is down
 };
 
 class ResidencyMonitor {

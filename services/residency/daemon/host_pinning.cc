@@ -39,8 +39,8 @@ HostPinning HostPinning::Register(void* base, size_t bytes) {
     return p;
   }
   if (const int rc = reg(base, bytes, kCudaHostRegisterPortable); rc != 0) {
-    p.reason_ = absl::StrCat("cudaHostRegister of ", bytes, " bytes failed: ", error(rc),
-                             " (is LimitMEMLOCK high enough?)");
+    p.reason_ =
+        absl::StrCat("cudaHostRegister of ", bytes, " bytes failed: ", error(rc), " (is LimitMEMLOCK high enough?)");
     return p;
   }
   p.base_ = base;
@@ -50,8 +50,7 @@ HostPinning HostPinning::Register(void* base, size_t bytes) {
 }
 
 HostPinning::HostPinning(HostPinning&& other) noexcept
-    : base_(other.base_), runtime_(other.runtime_), pinned_(other.pinned_),
-      reason_(std::move(other.reason_)) {
+    : base_(other.base_), runtime_(other.runtime_), pinned_(other.pinned_), reason_(std::move(other.reason_)) {
   other.base_ = nullptr;
   other.runtime_ = nullptr;
   other.pinned_ = false;
@@ -59,8 +58,7 @@ HostPinning::HostPinning(HostPinning&& other) noexcept
 
 HostPinning::~HostPinning() {
   if (pinned_ && runtime_ != nullptr) {
-    if (auto unreg = reinterpret_cast<HostUnregisterFn>(dlsym(runtime_, "cudaHostUnregister")))
-      unreg(base_);
+    if (auto unreg = reinterpret_cast<HostUnregisterFn>(dlsym(runtime_, "cudaHostUnregister"))) unreg(base_);
   }
   // The runtime stays loaded: unloading libcudart while its threads may run is not safe.
 }

@@ -113,8 +113,7 @@ std::optional<uint32_t> RamTier::AllocateSlot(ExpertKey incoming, bool for_prefe
         [&](ExpertKey key) {
           const RamExpert& v = experts_[ctx_.Index(KeyLayer(key), KeyExpert(key))];
           // A copy into VRAM reads the RAM slot until it completes.
-          return v.state == RamState::kResident && !v.copying &&
-                 !pins.InUse(v.slot, compute.incarnation, compute.gone);
+          return v.state == RamState::kResident && !v.copying && !pins.InUse(v.slot, compute.incarnation, compute.gone);
         },
         for_prefetch ? kNoKey : incoming);
     if (!victim.has_value()) return std::nullopt;
@@ -132,7 +131,7 @@ std::optional<uint32_t> RamTier::AllocateSlot(ExpertKey incoming, bool for_prefe
     v.state = RamState::kAbsent;
     slot_owner_[k] = kFreeOwner;
     if (ctx_.ep.SlotReusable(shm::Pool::kRam, k)) return k;  // R3
-    free_slots_.push_back(k);  // pinned in between: reusable once unpinned
+    free_slots_.push_back(k);                                // pinned in between: reusable once unpinned
   }
   return std::nullopt;
 }
@@ -141,8 +140,7 @@ absl::Status RamTier::SubmitRead(uint32_t index) {
   const RamExpert& e = experts_[index];
   ReadRequest r;
   r.fd = fd_;
-  r.offset = ctx_.store.BlobOffset(static_cast<int>(ctx_.LayerOf(index)),
-                                   static_cast<int>(ctx_.ExpertOf(index)));
+  r.offset = ctx_.store.BlobOffset(static_cast<int>(ctx_.LayerOf(index)), static_cast<int>(ctx_.ExpertOf(index)));
   r.length = ctx_.store.blob_bytes();
   r.dest = ctx_.segment->ram_slot(e.slot).data();
   r.tag = index;
@@ -162,9 +160,8 @@ absl::Status RamTier::Submit(uint32_t index) {
 
 uint64_t RamTier::TakeComputeHits(uint32_t index) {
   RamExpert& e = experts_[index];
-  const uint64_t hits = ctx_.ep.table()
-                            .entry(ctx_.LayerOf(index), ctx_.ExpertOf(index))
-                            .hits.load(std::memory_order_relaxed);
+  const uint64_t hits =
+      ctx_.ep.table().entry(ctx_.LayerOf(index), ctx_.ExpertOf(index)).hits.load(std::memory_order_relaxed);
   if (hits <= e.hits_seen) return 0;
   const uint64_t fresh = hits - e.hits_seen;
   e.hits_seen = hits;
@@ -182,8 +179,8 @@ void RamTier::SyncComputeHits() {
     const uint64_t new_hits = TakeComputeHits(i);
     if (new_hits == 0) continue;
     const shm::ResidencyEntry& entry = ctx_.ep.table().entry(ctx_.LayerOf(i), ctx_.ExpertOf(i));
-    touched_.push_back({entry.last_use_epoch.load(std::memory_order_relaxed), i,
-                        std::min<uint64_t>(new_hits, kMaxTouchesPerSync)});
+    touched_.push_back(
+        {entry.last_use_epoch.load(std::memory_order_relaxed), i, std::min<uint64_t>(new_hits, kMaxTouchesPerSync)});
     if (e.prefetched) {
       e.prefetched = false;
       ++ctx_.c.prefetch_useful;
@@ -223,8 +220,7 @@ bool RamTier::StartLoads() {
 
 void RamTier::Prefetch(uint32_t layer, uint32_t expert) {
   if (!ctx_.ep.table().Contains(layer, expert)) return;
-  if (prefetch_inflight_ >= options_.prefetch_inflight_max || inflight_ >= options_.io_inflight_max)
-    return;
+  if (prefetch_inflight_ >= options_.prefetch_inflight_max || inflight_ >= options_.io_inflight_max) return;
   const uint32_t i = ctx_.Index(layer, expert);
   RamExpert& e = experts_[i];
   if (e.state != RamState::kAbsent) return;
@@ -341,16 +337,14 @@ absl::Status RamTier::Reap() {
     const double seconds = absl::ToDoubleSeconds(latency);
     c.read_latency_seconds_total += seconds;
     size_t bucket = 0;
-    while (bucket < kReadLatencyBucketsSeconds.size() && seconds > kReadLatencyBucketsSeconds[bucket])
-      ++bucket;
+    while (bucket < kReadLatencyBucketsSeconds.size() && seconds > kReadLatencyBucketsSeconds[bucket]) ++bucket;
     ++c.read_latency_buckets[bucket];
     c.read_latency_us_total += us;
     c.read_latency_us_max = std::max(c.read_latency_us_max, us);
     absl::Status s = rc.status;
     if (!s.ok()) {
       ++c.read_errors;
-      s = absl::Status(s.code(), absl::StrCat("reading layer ", layer, " expert ", expert, ": ",
-                                              s.message()));
+      s = absl::Status(s.code(), absl::StrCat("reading layer ", layer, " expert ", expert, ": ", s.message()));
     } else {
       s = ctx_.store.VerifyBlob(layer, expert, ctx_.segment->ram_slot(e.slot).data());
       if (!s.ok()) ++c.checksum_failures;

@@ -151,7 +151,7 @@ class RamTier {
   absl::Time warm_start_;
   uint64_t warm_bytes_start_ = 0;
   std::vector<ReadCompletion> reaped_;
-  std::vector<TouchedExpert> touched_;   // SyncComputeHits' scratch, reserved for every slot
+  std::vector<TouchedExpert> touched_;  // SyncComputeHits' scratch, reserved for every slot
 };
 
 }  // namespace mer::residency

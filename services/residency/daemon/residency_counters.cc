@@ -4,8 +4,7 @@
 
 namespace mer::residency {
 
-void ForEachCounter(const ResidencyCounters& c,
-                    const std::function<void(const char*, uint64_t)>& fn) {
+void ForEachCounter(const ResidencyCounters& c, const std::function<void(const char*, uint64_t)>& fn) {
   fn("lookups", c.lookups);
   fn("hits", c.hits);
   fn("misses", c.misses);
@@ -59,9 +58,7 @@ void ForEachCounter(const ResidencyCounters& c,
 
 std::string FormatCounters(const ResidencyCounters& c) {
   std::string s;
-  ForEachCounter(c, [&](const char* name, uint64_t v) {
-    absl::StrAppend(&s, s.empty() ? "" : " ", name, "=", v);
-  });
+  ForEachCounter(c, [&](const char* name, uint64_t v) { absl::StrAppend(&s, s.empty() ? "" : " ", name, "=", v); });
   if (c.reads > 0) absl::StrAppend(&s, " read_latency_us_mean=", c.read_latency_us_total / c.reads);
   return s;
 }

@@ -12,32 +12,31 @@ namespace mer::residency {
 
 // Upper bounds (seconds) of the read latency histogram's buckets; one more bucket (+Inf) follows.
 inline constexpr std::array<double, 14> kReadLatencyBucketsSeconds = {
-    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
-    0.01,    0.025,  0.05,    0.1,    0.25,  0.5,    1.0};
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0};
 
 // Everything the daemon counts since it started (times in microseconds unless the name says
 // otherwise), and a few gauges of its state at the last publication.
 struct ResidencyCounters {
-  uint64_t lookups = 0;            // DemandRequests handled
-  uint64_t hits = 0;               // of those, resident in RAM already
-  uint64_t misses = 0;             // of those, not resident (a load started or joined)
-  uint64_t compute_hits = 0;       // acquisitions compute found resident and pinned without a
-                                   // demand (read from the table's hit counts, every census)
-  uint64_t coalesced = 0;          // misses that joined a load already in flight
-  uint64_t loads = 0;              // blobs published resident
-  uint64_t load_failures = 0;      // loads failed for good (DataLoss or an I/O error)
-  uint64_t reads = 0;              // blob reads completed (refetches included)
-  uint64_t bytes_read = 0;         // bytes of those reads
-  uint64_t read_errors = 0;        // reads the engine failed
-  uint64_t checksum_failures = 0;  // blobs whose CRC did not match
-  uint64_t refetches = 0;          // reads issued again after a failure
-  uint64_t evictions = 0;          // residents removed to free a slot
-  uint64_t slot_waits = 0;         // times a load waited for an unpinned slot
-  uint64_t hints = 0;              // hints consumed
-  uint64_t prefetch_issued = 0;    // prefetch reads started
-  uint64_t warm_loads = 0;         // reads started to warm the RAM tier (ResidencyOptions::warm)
-  uint64_t prefetch_useful = 0;    // prefetched experts used (demanded, or hit by compute) before eviction
-  uint64_t prefetch_wasted = 0;    // prefetched experts evicted (or failed) unused
+  uint64_t lookups = 0;                // DemandRequests handled
+  uint64_t hits = 0;                   // of those, resident in RAM already
+  uint64_t misses = 0;                 // of those, not resident (a load started or joined)
+  uint64_t compute_hits = 0;           // acquisitions compute found resident and pinned without a
+                                       // demand (read from the table's hit counts, every census)
+  uint64_t coalesced = 0;              // misses that joined a load already in flight
+  uint64_t loads = 0;                  // blobs published resident
+  uint64_t load_failures = 0;          // loads failed for good (DataLoss or an I/O error)
+  uint64_t reads = 0;                  // blob reads completed (refetches included)
+  uint64_t bytes_read = 0;             // bytes of those reads
+  uint64_t read_errors = 0;            // reads the engine failed
+  uint64_t checksum_failures = 0;      // blobs whose CRC did not match
+  uint64_t refetches = 0;              // reads issued again after a failure
+  uint64_t evictions = 0;              // residents removed to free a slot
+  uint64_t slot_waits = 0;             // times a load waited for an unpinned slot
+  uint64_t hints = 0;                  // hints consumed
+  uint64_t prefetch_issued = 0;        // prefetch reads started
+  uint64_t warm_loads = 0;             // reads started to warm the RAM tier (ResidencyOptions::warm)
+  uint64_t prefetch_useful = 0;        // prefetched experts used (demanded, or hit by compute) before eviction
+  uint64_t prefetch_wasted = 0;        // prefetched experts evicted (or failed) unused
   uint64_t read_latency_us_total = 0;  // sum over reads, submit to completion
   uint64_t read_latency_us_max = 0;
   uint64_t completions_sent = 0;
@@ -67,13 +66,13 @@ struct ResidencyCounters {
   // first (the RAM tier's misses on the served GPU path; mer_expert_misses_total{tier="ram"}).
   uint64_t vram_fills_from_ram = 0;
   uint64_t vram_fills_from_store = 0;
-  uint64_t vram_uploads = 0;         // RAM -> VRAM copies completed and published
-  uint64_t vram_upload_bytes = 0;    // bytes of those copies
-  uint64_t vram_evictions = 0;       // VRAM residents unpublished to free a slot
-  uint64_t vram_slot_waits = 0;      // times an upload waited for an unpinned VRAM slot
-  uint64_t vram_prefetch_issued = 0; // uploads started for a prediction
-  uint64_t vram_prefetch_useful = 0; // of those, demanded or pinned by compute before eviction
-  uint64_t vram_prefetch_wasted = 0; // of those, evicted (or dropped) unused
+  uint64_t vram_uploads = 0;          // RAM -> VRAM copies completed and published
+  uint64_t vram_upload_bytes = 0;     // bytes of those copies
+  uint64_t vram_evictions = 0;        // VRAM residents unpublished to free a slot
+  uint64_t vram_slot_waits = 0;       // times an upload waited for an unpinned VRAM slot
+  uint64_t vram_prefetch_issued = 0;  // uploads started for a prediction
+  uint64_t vram_prefetch_useful = 0;  // of those, demanded or pinned by compute before eviction
+  uint64_t vram_prefetch_wasted = 0;  // of those, evicted (or dropped) unused
   // Gauges: the arena's slots by state (they sum to vram_slots): pinned by a compute step,
   // filling (a copy in flight), resident (published, unpinned), free.
   uint64_t vram_slots = 0;
@@ -84,8 +83,7 @@ struct ResidencyCounters {
 };
 
 // Calls fn(name, value) for every counter (names in snake_case; for exporters and printing).
-void ForEachCounter(const ResidencyCounters& c,
-                    const std::function<void(const char* name, uint64_t value)>& fn);
+void ForEachCounter(const ResidencyCounters& c, const std::function<void(const char* name, uint64_t value)>& fn);
 // "lookups=… hits=… …" on one line.
 std::string FormatCounters(const ResidencyCounters& c);
 

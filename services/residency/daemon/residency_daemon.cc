@@ -30,55 +30,49 @@ shm::SegmentGeometry DaemonGeometry(const ExpertStore& store, const ResidencyOpt
   g.ram_slot_count = RamSlotCount(store, options);
   g.ram_slot_bytes = store.blob_bytes();
   // Pins for an arena of every expert (16 bytes a slot): compute sizes its arena, up to this.
-  g.vram_slot_count = static_cast<uint32_t>(
-      std::min<uint64_t>(uint64_t(store.n_layer()) * store.n_expert(), shm::kMaxSlots));
+  g.vram_slot_count =
+      static_cast<uint32_t>(std::min<uint64_t>(uint64_t(store.n_layer()) * store.n_expert(), shm::kMaxSlots));
   return g;
 }
 
-absl::StatusOr<std::unique_ptr<ResidencyDaemon>> ResidencyDaemon::Create(
-    const ExpertStore& store, shm::ShmSegment* segment, std::unique_ptr<IoEngine> io,
-    int experts_fd, const ResidencyOptions& options, const Clock* clock) {
+absl::StatusOr<std::unique_ptr<ResidencyDaemon>> ResidencyDaemon::Create(const ExpertStore& store,
+                                                                         shm::ShmSegment* segment,
+                                                                         std::unique_ptr<IoEngine> io, int experts_fd,
+                                                                         const ResidencyOptions& options,
+                                                                         const Clock* clock) {
   const shm::SegmentHeader& h = segment->header();
   if (segment->role() != shm::Role::kResidency)
     return absl::InvalidArgumentError("the segment is not held as the residency role");
-  if (h.n_layer != static_cast<uint32_t>(store.n_layer()) ||
-      h.n_expert != static_cast<uint32_t>(store.n_expert()))
+  if (h.n_layer != static_cast<uint32_t>(store.n_layer()) || h.n_expert != static_cast<uint32_t>(store.n_expert()))
     return absl::InvalidArgumentError("the segment's geometry is not the store's");
   if (h.ram_slot_count == 0 || h.ram_slot_bytes < store.blob_bytes())
-    return absl::InvalidArgumentError(absl::StrCat("the segment's RAM slots (", h.ram_slot_count,
-                                                   " x ", h.ram_slot_bytes,
-                                                   " bytes) cannot hold blobs of ",
+    return absl::InvalidArgumentError(absl::StrCat("the segment's RAM slots (", h.ram_slot_count, " x ",
+                                                   h.ram_slot_bytes, " bytes) cannot hold blobs of ",
                                                    store.blob_bytes(), " bytes"));
-  if (options.io_inflight_max < 1 || options.prefetch_inflight_max < 0 ||
-      options.max_refetches < 0 || options.vram_upload_inflight_max < 1 ||
-      options.vram_prefetch_inflight_max < 0)
+  if (options.io_inflight_max < 1 || options.prefetch_inflight_max < 0 || options.max_refetches < 0 ||
+      options.vram_upload_inflight_max < 1 || options.vram_prefetch_inflight_max < 0)
     return absl::InvalidArgumentError(
         "io_inflight_max and vram_upload_inflight_max must be >= 1, the other limits >= 0");
-  ASSIGN_OR_RETURN(std::unique_ptr<ReplacementPolicy> policy,
-                   CreatePolicy(options.policy, h.ram_slot_count));
+  ASSIGN_OR_RETURN(std::unique_ptr<ReplacementPolicy> policy, CreatePolicy(options.policy, h.ram_slot_count));
   uint64_t max_used_bytes = 0;
-  for (const StoreLayer& l : store.manifest().layers)
-    max_used_bytes = std::max(max_used_bytes, l.used_bytes());
+  for (const StoreLayer& l : store.manifest().layers) max_used_bytes = std::max(max_used_bytes, l.used_bytes());
   void* pool = segment->ram_slot(0).data();
   const uint64_t pool_bytes = uint64_t{h.ram_slot_count} * h.ram_slot_bytes;
   const int inflight = options.vram_upload_inflight_max;
   VramUploaderFactory vram_factory = [pool, pool_bytes, inflight] {
     return CreateCudaVramUploader(pool, pool_bytes, inflight);
   };
-  std::unique_ptr<ResidencyDaemon> d(
-      new ResidencyDaemon(store, segment, std::move(io), experts_fd, options, *clock,
-                          std::move(policy), max_used_bytes, std::move(vram_factory)));
-  if (options.prefetch)
-    d->predictor_ = std::make_unique<PrefetchPredictor>(store.n_layer(), store.n_expert());
+  std::unique_ptr<ResidencyDaemon> d(new ResidencyDaemon(store, segment, std::move(io), experts_fd, options, *clock,
+                                                         std::move(policy), max_used_bytes, std::move(vram_factory)));
+  if (options.prefetch) d->predictor_ = std::make_unique<PrefetchPredictor>(store.n_layer(), store.n_expert());
   d->buffers_registered_ = d->ram_.RegisterBuffers();
   return d;
 }
 
-ResidencyDaemon::ResidencyDaemon(const ExpertStore& store, shm::ShmSegment* segment,
-                                 std::unique_ptr<IoEngine> io, int experts_fd,
-                                 const ResidencyOptions& options, const Clock& clock,
-                                 std::unique_ptr<ReplacementPolicy> policy,
-                                 uint64_t max_used_bytes, VramUploaderFactory vram_factory)
+ResidencyDaemon::ResidencyDaemon(const ExpertStore& store, shm::ShmSegment* segment, std::unique_ptr<IoEngine> io,
+                                 int experts_fd, const ResidencyOptions& options, const Clock& clock,
+                                 std::unique_ptr<ReplacementPolicy> policy, uint64_t max_used_bytes,
+                                 VramUploaderFactory vram_factory)
     : options_(options),
       io_(std::move(io)),
       ctx_(store, segment, clock),
@@ -172,8 +166,7 @@ void ResidencyDaemon::HandleHints() {
     if (demand_waiting) continue;
     for (int ahead = 1; ahead <= options_.prefetch_lookahead_layers; ++ahead) {
       const int next = (last_hint_layer_ + ahead) % static_cast<int>(n_layer);
-      predictor_->Predict(next, options_.prefetch_threshold, options_.prefetch_max_per_hint,
-                          &predictions_);
+      predictor_->Predict(next, options_.prefetch_threshold, options_.prefetch_max_per_hint, &predictions_);
       for (const ExpertPrediction& p : predictions_) {
         ram_.Prefetch(next, static_cast<uint32_t>(p.expert));
         if (vram && ahead == 1 && p.confidence >= options_.vram_prefetch_threshold)
@@ -247,8 +240,7 @@ absl::Status ResidencyDaemon::Run(const std::atomic<bool>& stop) {
       }
     }
     if (clock.Now() - last_census_ >= kCensusInterval) Publish();  // pins change while idle too
-    if (options_.stats_interval > absl::ZeroDuration() &&
-        clock.Now() - last_stats_print_ >= options_.stats_interval) {
+    if (options_.stats_interval > absl::ZeroDuration() && clock.Now() - last_stats_print_ >= options_.stats_interval) {
       last_stats_print_ = clock.Now();
       std::fprintf(stderr, "mer-residency: %s\n", FormatCounters(ctx_.c).c_str());
     }

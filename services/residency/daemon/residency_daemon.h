@@ -62,10 +62,8 @@ class ResidencyDaemon {
   // `segment` was created by this process (Role::kResidency) with DaemonGeometry's layout, and
   // outlives the daemon; `experts_fd` is the descriptor of experts.bin that `io` reads (the
   // store's own, or a MemIoEngine's in tests). `clock` (the real one unless given) outlives it.
-  static absl::StatusOr<std::unique_ptr<ResidencyDaemon>> Create(const ExpertStore& store,
-                                                                 shm::ShmSegment* segment,
-                                                                 std::unique_ptr<IoEngine> io,
-                                                                 int experts_fd,
+  static absl::StatusOr<std::unique_ptr<ResidencyDaemon>> Create(const ExpertStore& store, shm::ShmSegment* segment,
+                                                                 std::unique_ptr<IoEngine> io, int experts_fd,
                                                                  const ResidencyOptions& options,
                                                                  const Clock* clock = RealClock());
 
@@ -90,16 +88,13 @@ class ResidencyDaemon {
   bool buffers_registered() const { return buffers_registered_; }
   // How VRAM uploaders are made (default: CreateCudaVramUploader over the RAM tier, which is
   // Unimplemented without CUDA). Call before Run; tests give a fake.
-  void set_vram_uploader_factory(VramUploaderFactory factory) {
-    vram_.set_uploader_factory(std::move(factory));
-  }
+  void set_vram_uploader_factory(VramUploaderFactory factory) { vram_.set_uploader_factory(std::move(factory)); }
   bool vram_arena_open() const { return vram_.open(); }
 
  private:
-  ResidencyDaemon(const ExpertStore& store, shm::ShmSegment* segment, std::unique_ptr<IoEngine> io,
-                  int experts_fd, const ResidencyOptions& options, const Clock& clock,
-                  std::unique_ptr<ReplacementPolicy> policy, uint64_t max_used_bytes,
-                  VramUploaderFactory vram_factory);
+  ResidencyDaemon(const ExpertStore& store, shm::ShmSegment* segment, std::unique_ptr<IoEngine> io, int experts_fd,
+                  const ResidencyOptions& options, const Clock& clock, std::unique_ptr<ReplacementPolicy> policy,
+                  uint64_t max_used_bytes, VramUploaderFactory vram_factory);
 
   void HandleDemand(const shm::DemandRequest& d, int64_t now_ns);
   void HandleHints();

@@ -16,8 +16,8 @@ TierContext::TierContext(const ExpertStore& store, shm::ShmSegment* segment, con
       n_layer(segment->header().n_layer),
       n_expert(segment->header().n_expert) {}
 
-void TierContext::Complete(const shm::DemandRequest& d, uint32_t slot, uint64_t generation,
-                           absl::StatusCode code, int64_t arrival_ns, shm::Pool pool) {
+void TierContext::Complete(const shm::DemandRequest& d, uint32_t slot, uint64_t generation, absl::StatusCode code,
+                           int64_t arrival_ns, shm::Pool pool) {
   shm::Completion done{};
   done.layer = d.layer;
   done.expert = d.expert;
@@ -52,8 +52,8 @@ void TierContext::FlushCompletions() {
 }
 
 uint64_t TierContext::PublishEntry(uint32_t index) {
-  return ep.PublishResident(LayerOf(index), ExpertOf(index), ram->resident_slot(index),
-                            vram->resident_slot(index), vram->fill(index));
+  return ep.PublishResident(LayerOf(index), ExpertOf(index), ram->resident_slot(index), vram->resident_slot(index),
+                            vram->fill(index));
 }
 
 uint64_t TierContext::ResidentGeneration(uint32_t index, shm::Pool pool, uint32_t slot) {

@@ -43,8 +43,8 @@ class TierContext {
 
   // Queues the Completion of demand `d` (FlushCompletions pushes it). `arrival_ns` is when a
   // demand that missed was popped (its stall is counted when the completion is pushed), else 0.
-  void Complete(const shm::DemandRequest& d, uint32_t slot, uint64_t generation,
-                absl::StatusCode code, int64_t arrival_ns = 0, shm::Pool pool = shm::Pool::kRam);
+  void Complete(const shm::DemandRequest& d, uint32_t slot, uint64_t generation, absl::StatusCode code,
+                int64_t arrival_ns = 0, shm::Pool pool = shm::Pool::kRam);
   // Pushes queued completions while the ring has room; the rest wait for the next call.
   void FlushCompletions();
   bool completions_waiting() const { return !out_.empty(); }

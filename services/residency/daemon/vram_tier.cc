@@ -78,8 +78,8 @@ void VramTier::PollArena() {
   // An arena dies with the compute that exported it (its memory is freed with the process).
   if (open_ && (compute.incarnation != incarnation_ || compute.gone))
     Drop("the compute that exported it is gone or restarted");
-  const std::optional<shm::VramArenaRead> r = shm::ReadVramArena(
-      ctx_.ep.vram_arena(), compute.incarnation, ctx_.segment->header().vram_slot_count);
+  const std::optional<shm::VramArenaRead> r =
+      shm::ReadVramArena(ctx_.ep.vram_arena(), compute.incarnation, ctx_.segment->header().vram_slot_count);
   if (!r.has_value()) return;
   if (r->sequence == acted_sequence_ && compute.incarnation == acted_incarnation_) return;
   acted_sequence_ = r->sequence;
@@ -93,8 +93,8 @@ void VramTier::PollArena() {
   absl::Status s = r->info.status();
   if (s.ok() && r->info->slot_bytes < max_used_bytes_)
     s = absl::InvalidArgumentError(absl::StrCat("its slots of ", r->info->slot_bytes,
-                                                " bytes are smaller than the store's experts (",
-                                                max_used_bytes_, " bytes)"));
+                                                " bytes are smaller than the store's experts (", max_used_bytes_,
+                                                " bytes)"));
   if (s.ok() && uploader_ == nullptr) {
     absl::StatusOr<std::unique_ptr<VramUploader>> u = factory_();
     if (u.ok()) {
@@ -191,8 +191,7 @@ bool VramTier::PrefetchUsed(uint32_t index) const {
 bool VramTier::StartUpload(uint32_t index, bool prefetch) {
   ResidencyCounters& c = ctx_.c;
   VramExpert& e = experts_[index];
-  const uint64_t used_before =
-      prefetch ? ctx_.ep.MinInflightEpoch() : std::numeric_limits<uint64_t>::max();
+  const uint64_t used_before = prefetch ? ctx_.ep.MinInflightEpoch() : std::numeric_limits<uint64_t>::max();
   const std::optional<uint32_t> slot = AllocateSlot(used_before);
   if (!slot.has_value()) {
     if (!prefetch) ++c.vram_slot_waits;
@@ -203,8 +202,8 @@ bool VramTier::StartUpload(uint32_t index, bool prefetch) {
   const uint32_t ram_slot = ctx_.ram->resident_slot(index);
   const absl::Status s = uploader_->Start(*slot, ctx_.segment->ram_slot(ram_slot).data(), bytes, index);
   if (!s.ok()) {
-    std::fprintf(stderr, "mer-residency: upload of layer %u expert %u into VRAM: %s\n", layer,
-                 ctx_.ExpertOf(index), s.ToString().c_str());
+    std::fprintf(stderr, "mer-residency: upload of layer %u expert %u into VRAM: %s\n", layer, ctx_.ExpertOf(index),
+                 s.ToString().c_str());
     if (!prefetch) FailWaiters(index, s.code());
     return !prefetch;  // a demand is answered (with the error); a prefetch just does not happen
   }
@@ -274,8 +273,7 @@ void VramTier::PollUploads() {
     ++c.vram_uploads;
     c.vram_upload_bytes += ctx_.store.manifest().layers[ctx_.LayerOf(i)].used_bytes();
     for (size_t w = 0; w < e.waiters.size(); ++w)
-      ctx_.Complete(e.waiters[w], e.slot, g, absl::StatusCode::kOk, e.waiter_arrival_ns[w],
-                    shm::Pool::kVram);
+      ctx_.Complete(e.waiters[w], e.slot, g, absl::StatusCode::kOk, e.waiter_arrival_ns[w], shm::Pool::kVram);
     e.waiters.clear();
     e.waiter_arrival_ns.clear();
   }
@@ -283,8 +281,8 @@ void VramTier::PollUploads() {
 
 void VramTier::Prefetch(uint32_t layer, uint32_t expert) {
   if (!open_ || !ctx_.ep.table().Contains(layer, expert)) return;
-  if (prefetch_inflight_ >= options_.vram_prefetch_inflight_max ||
-      uploader_->inflight() >= uploader_->max_inflight() || ctx_.DemandWaiting())
+  if (prefetch_inflight_ >= options_.vram_prefetch_inflight_max || uploader_->inflight() >= uploader_->max_inflight() ||
+      ctx_.DemandWaiting())
     return;
   const uint32_t i = ctx_.Index(layer, expert);
   // Only what RAM holds already: a guess never costs a storage read here (the RAM prefetch

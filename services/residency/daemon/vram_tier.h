@@ -46,8 +46,7 @@ class VramTier {
  public:
   // `max_used_bytes`: the largest expert payload of the store (what one upload copies); an arena
   // of smaller slots is refused. `factory` makes the uploader at the first import.
-  VramTier(TierContext& ctx, const ResidencyOptions& options, uint64_t max_used_bytes,
-           VramUploaderFactory factory);
+  VramTier(TierContext& ctx, const ResidencyOptions& options, uint64_t max_used_bytes, VramUploaderFactory factory);
   // Closes the uploader: copies from the RAM slots end first.
   ~VramTier();
 
@@ -110,9 +109,9 @@ class VramTier {
   VramUploaderFactory factory_;
   std::unique_ptr<VramUploader> uploader_;
   bool open_ = false;
-  bool closed_ = false;           // Close() dropped the copies in flight
-  uint64_t incarnation_ = 0;      // the compute incarnation whose arena is open
-  uint64_t acted_sequence_ = 0;   // the last export acted on
+  bool closed_ = false;          // Close() dropped the copies in flight
+  uint64_t incarnation_ = 0;     // the compute incarnation whose arena is open
+  uint64_t acted_sequence_ = 0;  // the last export acted on
   uint64_t acted_incarnation_ = 0;
   absl::StatusCode refusal_ = absl::StatusCode::kFailedPrecondition;  // for demands without arena
   VramSlotMap map_;

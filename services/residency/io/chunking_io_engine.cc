@@ -26,9 +26,9 @@ absl::Status ReadErrnoStatus(int err, const std::string& message) {
     case ENODATA:  // newer kernels' "critical medium error"
       return absl::DataLossError(message);
     case EINVAL:
-      return absl::InvalidArgumentError(
-          absl::StrCat(message, " (with O_DIRECT, offset, length and destination must be aligned "
-                                "to the logical block size)"));
+      return absl::InvalidArgumentError(absl::StrCat(message,
+                                                     " (with O_DIRECT, offset, length and destination must be aligned "
+                                                     "to the logical block size)"));
     default:
       return absl::Status(absl::ErrnoToStatusCode(err), message);
   }
@@ -48,8 +48,7 @@ ChunkingIoEngine::ChunkingIoEngine(const IoEngineOptions& options)
 absl::StatusOr<uint64_t> ChunkingIoEngine::FileSize(int fd) {
   struct stat st;
   if (fstat(fd, &st) != 0) {
-    return absl::Status(absl::ErrnoToStatusCode(errno),
-                        absl::StrCat("fstat of fd ", fd, ": ", ErrnoName(errno)));
+    return absl::Status(absl::ErrnoToStatusCode(errno), absl::StrCat("fstat of fd ", fd, ": ", ErrnoName(errno)));
   }
   if (S_ISBLK(st.st_mode)) {
     uint64_t bytes = 0;
@@ -65,32 +64,27 @@ absl::StatusOr<uint64_t> ChunkingIoEngine::FileSize(int fd) {
 absl::Status ChunkingIoEngine::RegisterBuffers(absl::Span<const IoBuffer> buffers) {
   RETURN_IF_ERROR(broken_);
   if (inflight_ > 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("RegisterBuffers with ", inflight_, " reads in flight"));
+    return absl::FailedPreconditionError(absl::StrCat("RegisterBuffers with ", inflight_, " reads in flight"));
   }
   if (buffers.size() > kMaxRegisteredBuffers) {
-    return absl::InvalidArgumentError(absl::StrCat("RegisterBuffers: ", buffers.size(),
-                                                   " buffers, at most ", kMaxRegisteredBuffers));
+    return absl::InvalidArgumentError(
+        absl::StrCat("RegisterBuffers: ", buffers.size(), " buffers, at most ", kMaxRegisteredBuffers));
   }
   std::vector<Registered> sorted;
   sorted.reserve(buffers.size());
   for (size_t i = 0; i < buffers.size(); ++i) {
-    if (buffers[i].data == nullptr || buffers[i].size == 0 ||
-        buffers[i].size > kMaxRegisteredBuffer) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("RegisterBuffers: buffer ", i, " of ", buffers[i].size,
-                       " bytes (must be non-null, 1 byte .. 1 GiB)"));
+    if (buffers[i].data == nullptr || buffers[i].size == 0 || buffers[i].size > kMaxRegisteredBuffer) {
+      return absl::InvalidArgumentError(absl::StrCat("RegisterBuffers: buffer ", i, " of ", buffers[i].size,
+                                                     " bytes (must be non-null, 1 byte .. 1 GiB)"));
     }
     const auto begin = reinterpret_cast<uintptr_t>(buffers[i].data);
     sorted.push_back({begin, begin + buffers[i].size, static_cast<int>(i)});
   }
-  std::sort(sorted.begin(), sorted.end(),
-            [](const Registered& a, const Registered& b) { return a.begin < b.begin; });
+  std::sort(sorted.begin(), sorted.end(), [](const Registered& a, const Registered& b) { return a.begin < b.begin; });
   for (size_t i = 1; i < sorted.size(); ++i) {
     if (sorted[i].begin < sorted[i - 1].end) {
-      return absl::InvalidArgumentError(absl::StrCat("RegisterBuffers: buffers ",
-                                                     sorted[i - 1].index, " and ",
-                                                     sorted[i].index, " overlap"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("RegisterBuffers: buffers ", sorted[i - 1].index, " and ", sorted[i].index, " overlap"));
     }
   }
   buffers_.clear();  // reads queued meanwhile must not name a stale registration
@@ -102,8 +96,7 @@ absl::Status ChunkingIoEngine::RegisterBuffers(absl::Span<const IoBuffer> buffer
 absl::Status ChunkingIoEngine::RegisterFiles(absl::Span<const int> fds) {
   RETURN_IF_ERROR(broken_);
   if (inflight_ > 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("RegisterFiles with ", inflight_, " reads in flight"));
+    return absl::FailedPreconditionError(absl::StrCat("RegisterFiles with ", inflight_, " reads in flight"));
   }
   std::unordered_map<int, int> index;
   for (size_t i = 0; i < fds.size(); ++i) {
@@ -123,9 +116,9 @@ absl::Status ChunkingIoEngine::Submit(absl::Span<const ReadRequest> requests) {
   for (size_t i = 0; i < requests.size(); ++i) {
     const ReadRequest& q = requests[i];
     if (q.fd < 0 || q.dest == nullptr || q.length == 0 || q.offset + q.length < q.offset) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Submit: request ", i, " (fd ", q.fd, ", offset ", q.offset, ", length ", q.length,
-          ", tag ", q.tag, ") needs fd >= 0, a destination and a length > 0"));
+      return absl::InvalidArgumentError(absl::StrCat("Submit: request ", i, " (fd ", q.fd, ", offset ", q.offset,
+                                                     ", length ", q.length, ", tag ", q.tag,
+                                                     ") needs fd >= 0, a destination and a length > 0"));
     }
   }
   for (const ReadRequest& q : requests) {
@@ -212,8 +205,7 @@ absl::StatusOr<int> ChunkingIoEngine::Wait(int min_completions, absl::Duration t
     }
     const bool need = returned < target;
     result_scratch_.clear();
-    absl::Status status =
-        ReapOps(need ? 1 : 0, need ? deadline : absl::InfinitePast(), &result_scratch_);
+    absl::Status status = ReapOps(need ? 1 : 0, need ? deadline : absl::InfinitePast(), &result_scratch_);
     if (!status.ok()) {
       broken_ = status;
       return status;
@@ -238,8 +230,7 @@ void ChunkingIoEngine::Process(const ChunkResult& result) {
     return;
   }
   if (!result.status.ok()) {  // from an engine below: keep its code, add the request
-    Fail(c.request, absl::Status(result.status.code(),
-                                 absl::StrCat(Describe(r, c), ": ", result.status.message())));
+    Fail(c.request, absl::Status(result.status.code(), absl::StrCat(Describe(r, c), ": ", result.status.message())));
     FinishChunk(c.request);
     return;
   }
@@ -257,8 +248,7 @@ void ChunkingIoEngine::Process(const ChunkResult& result) {
     return;
   }
   if (static_cast<uint64_t>(n) > c.length) {
-    Fail(c.request, absl::InternalError(absl::StrCat(Describe(r, c), ": the OS returned ", n,
-                                                     " bytes")));
+    Fail(c.request, absl::InternalError(absl::StrCat(Describe(r, c), ": the OS returned ", n, " bytes")));
     FinishChunk(c.request);
     return;
   }
@@ -272,10 +262,9 @@ void ChunkingIoEngine::Process(const ChunkResult& result) {
   absl::StatusOr<uint64_t> size = n == 0 ? absl::StatusOr<uint64_t>(end) : FileSize(r.fd);
   if (n == 0 || (size.ok() && end >= *size)) {
     Fail(c.request,
-         absl::OutOfRangeError(absl::StrCat(
-             "read of ", r.length, " bytes at offset ", r.offset, " (fd ", r.fd, ", tag ", r.tag,
-             "): end of file at offset ", end,
-             size.ok() && n != 0 ? absl::StrCat(" (file size ", *size, ")") : "")));
+         absl::OutOfRangeError(absl::StrCat("read of ", r.length, " bytes at offset ", r.offset, " (fd ", r.fd,
+                                            ", tag ", r.tag, "): end of file at offset ", end,
+                                            size.ok() && n != 0 ? absl::StrCat(" (file size ", *size, ")") : "")));
     FinishChunk(c.request);
     return;
   }
@@ -293,9 +282,9 @@ void ChunkingIoEngine::Fail(uint32_t request, absl::Status status) {
   // Drop the request's chunks not yet issued. The caller's FinishChunk (for the chunk that
   // failed) keeps chunks_left above zero here.
   const size_t before = queued_.size();
-  queued_.erase(std::remove_if(queued_.begin(), queued_.end(),
-                               [request](const Chunk& c) { return c.request == request; }),
-                queued_.end());
+  queued_.erase(
+      std::remove_if(queued_.begin(), queued_.end(), [request](const Chunk& c) { return c.request == request; }),
+      queued_.end());
   r.chunks_left -= static_cast<int>(before - queued_.size());
   CHECK(r.chunks_left >= 1);
 }
@@ -325,8 +314,8 @@ int ChunkingIoEngine::BufferIndex(const uint8_t* dest, uint64_t length) const {
 }
 
 std::string ChunkingIoEngine::Describe(const Request& r, const Chunk& c) const {
-  return absl::StrCat("read of ", r.length, " bytes at offset ", r.offset, " (fd ", r.fd, ", tag ",
-                      r.tag, "): ", c.length, " bytes at file offset ", c.offset);
+  return absl::StrCat("read of ", r.length, " bytes at offset ", r.offset, " (fd ", r.fd, ", tag ", r.tag,
+                      "): ", c.length, " bytes at file offset ", c.offset);
 }
 
 void ChunkingIoEngine::DrainForShutdown(absl::Duration timeout) {

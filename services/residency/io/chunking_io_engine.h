@@ -28,8 +28,7 @@ class ChunkingIoEngine : public IoEngine {
   absl::Status RegisterBuffers(absl::Span<const IoBuffer> buffers) final;
   absl::Status RegisterFiles(absl::Span<const int> fds) final;
   absl::Status Submit(absl::Span<const ReadRequest> requests) final;
-  absl::StatusOr<int> Wait(int min_completions, absl::Duration timeout,
-                           std::vector<ReadCompletion>* out) final;
+  absl::StatusOr<int> Wait(int min_completions, absl::Duration timeout, std::vector<ReadCompletion>* out) final;
   int64_t outstanding() const final { return outstanding_; }
   int inflight() const final { return inflight_; }
   IoEngineStats stats() const final { return stats_; }
@@ -64,12 +63,9 @@ class ChunkingIoEngine : public IoEngine {
   virtual absl::Status StartOps(absl::Span<const ChunkOp> ops) = 0;
   // Appends results of issued ops; with min_results > 0 waits until that many were appended or
   // `deadline` passed (returning OK with fewer), with 0 only takes what is there.
-  virtual absl::Status ReapOps(int min_results, absl::Time deadline,
-                               std::vector<ChunkResult>* out) = 0;
+  virtual absl::Status ReapOps(int min_results, absl::Time deadline, std::vector<ChunkResult>* out) = 0;
   // Called with validated arguments and nothing in flight.
-  virtual absl::Status OnRegisterBuffers(absl::Span<const IoBuffer> buffers) {
-    return absl::OkStatus();
-  }
+  virtual absl::Status OnRegisterBuffers(absl::Span<const IoBuffer> buffers) { return absl::OkStatus(); }
   virtual absl::Status OnRegisterFiles(absl::Span<const int> fds) { return absl::OkStatus(); }
 
   // For the destructors of concrete engines (before they tear down what ReapOps uses): waits up

@@ -19,8 +19,7 @@ absl::StatusOr<FaultInjectionOptions> ParseFaultInjectionSpec(absl::string_view 
     if (!absl::SimpleAtod(kv.second, &v) || v < 0)
       return absl::InvalidArgumentError(absl::StrCat("fault spec: '", item, "' is not NAME=NUMBER >= 0"));
     const auto probability = [&](double* p) -> absl::Status {
-      if (v > 1)
-        return absl::InvalidArgumentError(absl::StrCat("fault spec: '", item, "': a probability is <= 1"));
+      if (v > 1) return absl::InvalidArgumentError(absl::StrCat("fault spec: '", item, "': a probability is <= 1"));
       *p = v;
       return absl::OkStatus();
     };
@@ -38,15 +37,14 @@ absl::StatusOr<FaultInjectionOptions> ParseFaultInjectionSpec(absl::string_view 
     } else if (kv.first == "delay_ms") {
       o.delay = absl::Milliseconds(v);
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "fault spec: unknown '", kv.first, "' (seed, eio, short, flip, delay, delay_ms)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("fault spec: unknown '", kv.first, "' (seed, eio, short, flip, delay, delay_ms)"));
     }
   }
   return o;
 }
 
-FaultInjectingIoEngine::FaultInjectingIoEngine(std::unique_ptr<IoEngine> inner,
-                                               const FaultInjectionOptions& options)
+FaultInjectingIoEngine::FaultInjectingIoEngine(std::unique_ptr<IoEngine> inner, const FaultInjectionOptions& options)
     : ChunkingIoEngine(inner->options()),
       inner_(std::move(inner)),
       faults_(options),
@@ -60,8 +58,7 @@ absl::StatusOr<std::unique_ptr<FaultInjectingIoEngine>> FaultInjectingIoEngine::
   if (inner->outstanding() != 0) {
     return absl::FailedPreconditionError("FaultInjectingIoEngine: inner engine has reads");
   }
-  return std::unique_ptr<FaultInjectingIoEngine>(
-      new FaultInjectingIoEngine(std::move(inner), options));
+  return std::unique_ptr<FaultInjectingIoEngine>(new FaultInjectingIoEngine(std::move(inner), options));
 }
 
 FaultInjectingIoEngine::~FaultInjectingIoEngine() { DrainForShutdown(absl::Seconds(30)); }
@@ -179,8 +176,7 @@ absl::Status FaultInjectingIoEngine::StartOps(absl::Span<const ChunkOp> ops) {
 
 absl::Status FaultInjectingIoEngine::CollectInner(absl::Duration timeout) {
   inner_done_.clear();
-  ASSIGN_OR_RETURN(int n, inner_->Wait(timeout > absl::ZeroDuration() ? 1 : 0, timeout,
-                                       &inner_done_));
+  ASSIGN_OR_RETURN(int n, inner_->Wait(timeout > absl::ZeroDuration() ? 1 : 0, timeout, &inner_done_));
   (void)n;
   for (ReadCompletion& c : inner_done_) {
     CHECK(c.tag < ops_.size());
@@ -215,8 +211,7 @@ int FaultInjectingIoEngine::ReleaseDue(std::vector<ChunkResult>* out) {
   return n;
 }
 
-absl::Status FaultInjectingIoEngine::ReapOps(int min_results, absl::Time deadline,
-                                             std::vector<ChunkResult>* out) {
+absl::Status FaultInjectingIoEngine::ReapOps(int min_results, absl::Time deadline, std::vector<ChunkResult>* out) {
   RETURN_IF_ERROR(CollectInner(absl::ZeroDuration()));
   int got = ReleaseDue(out);
   while (got < min_results) {

@@ -32,10 +32,10 @@ struct FaultRule {
   int fd = -1;
   uint64_t offset_begin = 0;
   uint64_t offset_end = UINT64_MAX;
-  double probability = 1.0;  // per matching read
-  int64_t times = -1;        // how many times it fires; -1: every time
-  int error = EIO;           // kError: the errno the read fails with
-  uint64_t short_bytes = 0;  // kShortRead: bytes the read returns; 0: half, aligned down
+  double probability = 1.0;                       // per matching read
+  int64_t times = -1;                             // how many times it fires; -1: every time
+  int error = EIO;                                // kError: the errno the read fails with
+  uint64_t short_bytes = 0;                       // kShortRead: bytes the read returns; 0: half, aligned down
   absl::Duration delay = absl::Milliseconds(10);  // kDelay: the read completes no sooner
   int bit_flips = 1;  // kBitFlip: bits flipped, inside [offset_begin, offset_end) and the read
 };
@@ -71,8 +71,8 @@ struct FaultStats {
 class FaultInjectingIoEngine final : public ChunkingIoEngine {
  public:
   // Uses the inner engine's options (chunk size, queue depth).
-  static absl::StatusOr<std::unique_ptr<FaultInjectingIoEngine>> Create(
-      std::unique_ptr<IoEngine> inner, const FaultInjectionOptions& options);
+  static absl::StatusOr<std::unique_ptr<FaultInjectingIoEngine>> Create(std::unique_ptr<IoEngine> inner,
+                                                                        const FaultInjectionOptions& options);
   ~FaultInjectingIoEngine() override;
 
   std::string name() const override { return "fault(" + inner_->name() + ")"; }
@@ -99,14 +99,11 @@ class FaultInjectingIoEngine final : public ChunkingIoEngine {
   FaultInjectingIoEngine(std::unique_ptr<IoEngine> inner, const FaultInjectionOptions& options);
 
   absl::Status StartOps(absl::Span<const ChunkOp> ops) override;
-  absl::Status ReapOps(int min_results, absl::Time deadline,
-                       std::vector<ChunkResult>* out) override;
+  absl::Status ReapOps(int min_results, absl::Time deadline, std::vector<ChunkResult>* out) override;
   absl::Status OnRegisterBuffers(absl::Span<const IoBuffer> buffers) override {
     return inner_->RegisterBuffers(buffers);
   }
-  absl::Status OnRegisterFiles(absl::Span<const int> fds) override {
-    return inner_->RegisterFiles(fds);
-  }
+  absl::Status OnRegisterFiles(absl::Span<const int> fds) override { return inner_->RegisterFiles(fds); }
   bool Roll(double probability);
   void AddFlips(uint64_t begin, uint64_t end, int count, OpState* s);
   // Decides the faults of one read; returns the errno to fail it with, or 0.

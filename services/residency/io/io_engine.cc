@@ -25,23 +25,19 @@ absl::StatusOr<IoEngineKind> ParseIoEngineKind(absl::string_view name) {
   for (IoEngineKind kind : {IoEngineKind::kAuto, IoEngineKind::kUring, IoEngineKind::kPread}) {
     if (name == IoEngineKindName(kind)) return kind;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown I/O engine \"", name, "\" (auto, uring or pread)"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown I/O engine \"", name, "\" (auto, uring or pread)"));
 }
 
 absl::Status ValidateIoEngineOptions(const IoEngineOptions& options) {
   if (options.io_inflight_max < 1 || options.io_inflight_max > 4096) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("io_inflight_max ", options.io_inflight_max, " is not in 1..4096"));
+    return absl::InvalidArgumentError(absl::StrCat("io_inflight_max ", options.io_inflight_max, " is not in 1..4096"));
   }
-  if (options.chunk_bytes == 0 || options.chunk_bytes % 4096 != 0 ||
-      options.chunk_bytes > (uint64_t{1} << 30)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "chunk_bytes ", options.chunk_bytes, " is not a multiple of 4096 in 4 KiB .. 1 GiB"));
+  if (options.chunk_bytes == 0 || options.chunk_bytes % 4096 != 0 || options.chunk_bytes > (uint64_t{1} << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_bytes ", options.chunk_bytes, " is not a multiple of 4096 in 4 KiB .. 1 GiB"));
   }
   if (options.pread_threads < 0 || options.pread_threads > 4096) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pread_threads ", options.pread_threads, " is not in 0..4096"));
+    return absl::InvalidArgumentError(absl::StrCat("pread_threads ", options.pread_threads, " is not in 0..4096"));
   }
   return absl::OkStatus();
 }

@@ -120,8 +120,7 @@ class IoEngine {
   // available (capped at outstanding(), so it cannot wait for completions that cannot come) or
   // until `timeout` has passed (then it returns fewer; not an error). min_completions = 0 polls.
   // Read errors come in the completions; an error returned here means the engine itself broke.
-  virtual absl::StatusOr<int> Wait(int min_completions, absl::Duration timeout,
-                                   std::vector<ReadCompletion>* out) = 0;
+  virtual absl::StatusOr<int> Wait(int min_completions, absl::Duration timeout, std::vector<ReadCompletion>* out) = 0;
 
   // Requests submitted whose completion Wait has not returned yet.
   virtual int64_t outstanding() const = 0;
@@ -142,7 +141,7 @@ absl::StatusOr<IoEngineKind> ParseIoEngineKind(absl::string_view name);
 struct CreatedIoEngine {
   std::unique_ptr<IoEngine> engine;
   IoEngineKind kind = IoEngineKind::kPread;  // what was created: kUring or kPread
-  std::string fallback_reason;  // with kAuto, why io_uring was not used; empty otherwise
+  std::string fallback_reason;               // with kAuto, why io_uring was not used; empty otherwise
 };
 
 // kUring: io_uring or its error (Unavailable when io_uring cannot be used here, e.g. ENOSYS or

@@ -17,8 +17,7 @@ namespace mer {
 namespace {
 
 absl::Status OpenError(const std::string& path, const char* what, int err) {
-  return absl::Status(absl::ErrnoToStatusCode(err),
-                      absl::StrCat(what, " ", path, ": ", ErrnoName(err)));
+  return absl::Status(absl::ErrnoToStatusCode(err), absl::StrCat(what, " ", path, ": ", ErrnoName(err)));
 }
 
 }  // namespace
@@ -59,10 +58,7 @@ absl::StatusOr<ReadOnlyFile> ReadOnlyFile::Open(const std::string& path, DirectI
 }
 
 ReadOnlyFile::ReadOnlyFile(ReadOnlyFile&& other) noexcept
-    : fd_(std::exchange(other.fd_, -1)),
-      direct_(other.direct_),
-      size_(other.size_),
-      path_(std::move(other.path_)) {}
+    : fd_(std::exchange(other.fd_, -1)), direct_(other.direct_), size_(other.size_), path_(std::move(other.path_)) {}
 
 ReadOnlyFile& ReadOnlyFile::operator=(ReadOnlyFile&& other) noexcept {
   if (this != &other) {

@@ -46,8 +46,7 @@ absl::Status MemIoEngine::StartOps(absl::Span<const ChunkOp> ops) {
     const uint64_t a = mem_.alignment;
     if (it == files_.end()) {
       r.result = -EBADF;
-    } else if (a != 0 && (op.offset % a != 0 || op.length % a != 0 ||
-                          reinterpret_cast<uintptr_t>(op.dest) % a != 0)) {
+    } else if (a != 0 && (op.offset % a != 0 || op.length % a != 0 || reinterpret_cast<uintptr_t>(op.dest) % a != 0)) {
       r.result = -EINVAL;
     } else {
       const std::string& file = it->second;
@@ -61,8 +60,7 @@ absl::Status MemIoEngine::StartOps(absl::Span<const ChunkOp> ops) {
   return absl::OkStatus();
 }
 
-absl::Status MemIoEngine::ReapOps(int min_results, absl::Time deadline,
-                                  std::vector<ChunkResult>* out) {
+absl::Status MemIoEngine::ReapOps(int min_results, absl::Time deadline, std::vector<ChunkResult>* out) {
   // Every issued read completed in StartOps, so there is never anything to wait for.
   for (ChunkResult& r : done_) out->push_back(std::move(r));
   done_.clear();

@@ -43,8 +43,7 @@ class MemIoEngine final : public ChunkingIoEngine {
   MemIoEngine(const IoEngineOptions& options, const MemIoOptions& mem);
 
   absl::Status StartOps(absl::Span<const ChunkOp> ops) override;
-  absl::Status ReapOps(int min_results, absl::Time deadline,
-                       std::vector<ChunkResult>* out) override;
+  absl::Status ReapOps(int min_results, absl::Time deadline, std::vector<ChunkResult>* out) override;
 
   const MemIoOptions mem_;
   std::map<int, std::string> files_;

@@ -12,13 +12,11 @@ namespace mer {
 
 PreadIoEngine::PreadIoEngine(const IoEngineOptions& options) : ChunkingIoEngine(options) {}
 
-absl::StatusOr<std::unique_ptr<PreadIoEngine>> PreadIoEngine::Create(
-    const IoEngineOptions& options) {
+absl::StatusOr<std::unique_ptr<PreadIoEngine>> PreadIoEngine::Create(const IoEngineOptions& options) {
   RETURN_IF_ERROR(ValidateIoEngineOptions(options));
   std::unique_ptr<PreadIoEngine> engine(new PreadIoEngine(options));
-  const int threads = options.pread_threads > 0
-                          ? std::min(options.pread_threads, options.io_inflight_max)
-                          : std::min(options.io_inflight_max, 8);
+  const int threads = options.pread_threads > 0 ? std::min(options.pread_threads, options.io_inflight_max)
+                                                : std::min(options.io_inflight_max, 8);
   engine->workers_.reserve(threads);
   for (int i = 0; i < threads; ++i) engine->workers_.emplace_back([e = engine.get()] { e->Work(); });
   return engine;
@@ -68,8 +66,7 @@ void PreadIoEngine::Work() {
   }
 }
 
-absl::Status PreadIoEngine::ReapOps(int min_results, absl::Time deadline,
-                                    std::vector<ChunkResult>* out) {
+absl::Status PreadIoEngine::ReapOps(int min_results, absl::Time deadline, std::vector<ChunkResult>* out) {
   std::unique_lock<std::mutex> lock(mu_);
   auto enough = [&] { return static_cast<int>(done_.size()) >= min_results; };
   if (!enough()) {

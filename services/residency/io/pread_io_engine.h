@@ -30,8 +30,7 @@ class PreadIoEngine final : public ChunkingIoEngine {
   explicit PreadIoEngine(const IoEngineOptions& options);
 
   absl::Status StartOps(absl::Span<const ChunkOp> ops) override;
-  absl::Status ReapOps(int min_results, absl::Time deadline,
-                       std::vector<ChunkResult>* out) override;
+  absl::Status ReapOps(int min_results, absl::Time deadline, std::vector<ChunkResult>* out) override;
   void Work();
 
   std::mutex mu_;

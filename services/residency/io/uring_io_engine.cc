@@ -19,8 +19,7 @@ namespace {
 constexpr int kSubmitAttempts = 100;
 
 absl::Status UringError(const char* what, int err) {
-  return absl::Status(absl::ErrnoToStatusCode(err),
-                      absl::StrCat("io_uring: ", what, ": ", ErrnoName(err)));
+  return absl::Status(absl::ErrnoToStatusCode(err), absl::StrCat("io_uring: ", what, ": ", ErrnoName(err)));
 }
 
 }  // namespace
@@ -28,8 +27,7 @@ absl::Status UringError(const char* what, int err) {
 UringIoEngine::UringIoEngine(const IoEngineOptions& options)
     : ChunkingIoEngine(options), ring_(std::make_unique<io_uring>()) {}
 
-absl::StatusOr<std::unique_ptr<UringIoEngine>> UringIoEngine::Create(
-    const IoEngineOptions& options) {
+absl::StatusOr<std::unique_ptr<UringIoEngine>> UringIoEngine::Create(const IoEngineOptions& options) {
   RETURN_IF_ERROR(ValidateIoEngineOptions(options));
   std::unique_ptr<UringIoEngine> engine(new UringIoEngine(options));
   unsigned entries = 1;
@@ -41,12 +39,12 @@ absl::StatusOr<std::unique_ptr<UringIoEngine>> UringIoEngine::Create(
   const int rc = io_uring_queue_init_params(entries, engine->ring_.get(), &params);
   if (rc < 0) {
     const int err = -rc;
-    const std::string what =
-        absl::StrCat("io_uring_setup(", entries, " entries) failed: ", ErrnoName(err));
+    const std::string what = absl::StrCat("io_uring_setup(", entries, " entries) failed: ", ErrnoName(err));
     if (err == ENOSYS || err == EPERM || err == EACCES || err == EINVAL) {
-      return absl::UnavailableError(absl::StrCat(
-          what, "; io_uring is not available here (old kernel, kernel.io_uring_disabled, or a "
-                "container's seccomp profile); use the pread engine"));
+      return absl::UnavailableError(
+          absl::StrCat(what,
+                       "; io_uring is not available here (old kernel, kernel.io_uring_disabled, or a "
+                       "container's seccomp profile); use the pread engine"));
     }
     if (err == ENOMEM) {
       return absl::ResourceExhaustedError(
@@ -106,8 +104,7 @@ absl::Status UringIoEngine::StartOps(absl::Span<const ChunkOp> ops) {
       std::this_thread::sleep_for(std::chrono::microseconds(100));
       continue;
     }
-    return UringError(absl::StrCat("io_uring_submit of ", ops.size() - submitted, " reads").c_str(),
-                      err);
+    return UringError(absl::StrCat("io_uring_submit of ", ops.size() - submitted, " reads").c_str(), err);
   }
   return absl::OkStatus();
 }
@@ -129,8 +126,7 @@ int UringIoEngine::TakeCompletions(std::vector<ChunkResult>* out) {
   }
 }
 
-absl::Status UringIoEngine::ReapOps(int min_results, absl::Time deadline,
-                                    std::vector<ChunkResult>* out) {
+absl::Status UringIoEngine::ReapOps(int min_results, absl::Time deadline, std::vector<ChunkResult>* out) {
   int got = TakeCompletions(out);
   while (got < min_results) {
     __kernel_timespec ts = {};
@@ -171,15 +167,14 @@ absl::Status UringIoEngine::OnRegisterBuffers(absl::Span<const IoBuffer> buffers
   const int rc = io_uring_register_buffers(ring_.get(), iov.data(), iov.size());
   if (rc < 0) {
     const int err = -rc;
-    const std::string what = absl::StrCat("io_uring_register_buffers of ", buffers.size(),
-                                          " buffers, ", total, " bytes: ", ErrnoName(err));
+    const std::string what =
+        absl::StrCat("io_uring_register_buffers of ", buffers.size(), " buffers, ", total, " bytes: ", ErrnoName(err));
     if (err == ENOMEM) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          what, "; pinning them exceeds RLIMIT_MEMLOCK (ulimit -l; LimitMEMLOCK= in systemd)"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat(what, "; pinning them exceeds RLIMIT_MEMLOCK (ulimit -l; LimitMEMLOCK= in systemd)"));
     }
     if (err == EFAULT || err == EOPNOTSUPP) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, "; buffers must be anonymous or hugetlbfs memory"));
+      return absl::InvalidArgumentError(absl::StrCat(what, "; buffers must be anonymous or hugetlbfs memory"));
     }
     return absl::Status(absl::ErrnoToStatusCode(err), what);
   }
@@ -196,8 +191,7 @@ absl::Status UringIoEngine::OnRegisterFiles(absl::Span<const int> fds) {
   if (fds.empty()) return absl::OkStatus();
   const int rc = io_uring_register_files(ring_.get(), fds.data(), fds.size());
   if (rc < 0) {
-    return UringError(absl::StrCat("io_uring_register_files of ", fds.size(), " files").c_str(),
-                      -rc);
+    return UringError(absl::StrCat("io_uring_register_files of ", fds.size(), " files").c_str(), -rc);
   }
   files_registered_ = true;
   return absl::OkStatus();

@@ -29,8 +29,7 @@ class UringIoEngine final : public ChunkingIoEngine {
   explicit UringIoEngine(const IoEngineOptions& options);
 
   absl::Status StartOps(absl::Span<const ChunkOp> ops) override;
-  absl::Status ReapOps(int min_results, absl::Time deadline,
-                       std::vector<ChunkResult>* out) override;
+  absl::Status ReapOps(int min_results, absl::Time deadline, std::vector<ChunkResult>* out) override;
   absl::Status OnRegisterBuffers(absl::Span<const IoBuffer> buffers) override;
   absl::Status OnRegisterFiles(absl::Span<const int> fds) override;
   int TakeCompletions(std::vector<ChunkResult>* out);

@@ -58,9 +58,7 @@ class SnapshotCollectable : public prometheus::Collectable {
  public:
   SnapshotCollectable(std::function<ResidencyCounters()> snapshot, std::string version)
       : snapshot_(std::move(snapshot)), version_(std::move(version)) {}
-  std::vector<MetricFamily> Collect() const override {
-    return ResidencyMetricFamilies(snapshot_(), version_);
-  }
+  std::vector<MetricFamily> Collect() const override { return ResidencyMetricFamilies(snapshot_(), version_); }
 
  private:
   std::function<ResidencyCounters()> snapshot_;
@@ -71,8 +69,7 @@ class SnapshotCollectable : public prometheus::Collectable {
 
 const char* MerVersion() { return MER_VERSION; }
 
-std::vector<MetricFamily> ResidencyMetricFamilies(const ResidencyCounters& c,
-                                                  const std::string& version) {
+std::vector<MetricFamily> ResidencyMetricFamilies(const ResidencyCounters& c, const std::string& version) {
   constexpr MetricType kCounter = MetricType::Counter;
   constexpr MetricType kGauge = MetricType::Gauge;
   const std::vector<ClientMetric::Label> ram = {L("tier", "ram")};
@@ -94,18 +91,16 @@ std::vector<MetricFamily> ResidencyMetricFamilies(const ResidencyCounters& c,
     out.push_back(std::move(f));
   }
   out.push_back(Scalar("mer_expert_upload_bytes_total",
-                       "Bytes copied from the RAM tier into compute's VRAM arena (CUDA IPC).",
-                       kCounter, double(c.vram_upload_bytes)));
+                       "Bytes copied from the RAM tier into compute's VRAM arena (CUDA IPC).", kCounter,
+                       double(c.vram_upload_bytes)));
   out.push_back(Scalar("mer_expert_uploads_total",
-                       "Experts copied from the RAM tier into compute's VRAM arena and published.",
-                       kCounter, double(c.vram_uploads)));
-  out.push_back(Scalar("mer_expert_read_bytes_total",
-                       "Bytes of expert blobs read from the store (refetches included).", kCounter,
-                       double(c.bytes_read)));
+                       "Experts copied from the RAM tier into compute's VRAM arena and published.", kCounter,
+                       double(c.vram_uploads)));
+  out.push_back(Scalar("mer_expert_read_bytes_total", "Bytes of expert blobs read from the store (refetches included).",
+                       kCounter, double(c.bytes_read)));
   {
-    MetricFamily h = Family("mer_io_read_seconds",
-                            "Latency of expert blob reads, submit to completion.",
-                            MetricType::Histogram);
+    MetricFamily h =
+        Family("mer_io_read_seconds", "Latency of expert blob reads, submit to completion.", MetricType::Histogram);
     ClientMetric m;
     uint64_t cumulative = 0;
     for (size_t b = 0; b < kReadLatencyBucketsSeconds.size(); ++b) {
@@ -119,8 +114,7 @@ std::vector<MetricFamily> ResidencyMetricFamilies(const ResidencyCounters& c,
     h.metric.push_back(std::move(m));
     out.push_back(std::move(h));
   }
-  out.push_back(Scalar("mer_io_inflight", "Expert blob reads in flight.", kGauge,
-                       double(c.io_inflight)));
+  out.push_back(Scalar("mer_io_inflight", "Expert blob reads in flight.", kGauge, double(c.io_inflight)));
   {
     MetricFamily f = Family("mer_evictions_total", "Resident experts evicted to free a slot.", kCounter);
     Add(&f, double(c.evictions), ram);
@@ -139,12 +133,12 @@ std::vector<MetricFamily> ResidencyMetricFamilies(const ResidencyCounters& c,
     out.push_back(std::move(f));
   };
   prefetch("mer_prefetch_issued_total",
-           "Prefetches started: storage reads into RAM, and (tier=\"vram\") uploads into VRAM.",
-           c.prefetch_issued, c.vram_prefetch_issued);
-  prefetch("mer_prefetch_useful_total", "Prefetched experts used before their eviction.",
-           c.prefetch_useful, c.vram_prefetch_useful);
-  prefetch("mer_prefetch_wasted_total", "Prefetched experts evicted (or failed) unused.",
-           c.prefetch_wasted, c.vram_prefetch_wasted);
+           "Prefetches started: storage reads into RAM, and (tier=\"vram\") uploads into VRAM.", c.prefetch_issued,
+           c.vram_prefetch_issued);
+  prefetch("mer_prefetch_useful_total", "Prefetched experts used before their eviction.", c.prefetch_useful,
+           c.vram_prefetch_useful);
+  prefetch("mer_prefetch_wasted_total", "Prefetched experts evicted (or failed) unused.", c.prefetch_wasted,
+           c.vram_prefetch_wasted);
   {
     MetricFamily f = Family("mer_tier_slots", "Slots of the tier by state (last census).", kGauge);
     Add(&f, double(c.slots_free), {L("state", "free"), L("tier", "ram")});
@@ -159,11 +153,9 @@ std::vector<MetricFamily> ResidencyMetricFamilies(const ResidencyCounters& c,
     }
     out.push_back(std::move(f));
   }
-  out.push_back(Scalar("mer_checksum_failures_total",
-                       "Expert blobs read whose CRC did not match.", kCounter,
+  out.push_back(Scalar("mer_checksum_failures_total", "Expert blobs read whose CRC did not match.", kCounter,
                        double(c.checksum_failures)));
-  out.push_back(Scalar("mer_build_info", "Build of mer-residency; always 1.", kGauge, 1.0,
-                       {L("version", version)}));
+  out.push_back(Scalar("mer_build_info", "Build of mer-residency; always 1.", kGauge, 1.0, {L("version", version)}));
   return out;
 }
 
@@ -173,21 +165,20 @@ std::string RenderResidencyMetrics(const ResidencyCounters& c, const std::string
   return os.str();
 }
 
-absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
-    const std::string& listen, std::function<ResidencyCounters()> snapshot, std::string version) {
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& listen,
+                                                                    std::function<ResidencyCounters()> snapshot,
+                                                                    std::string version) {
   const size_t colon = listen.rfind(':');
   int port;
-  if (colon == std::string::npos || colon == 0 ||
-      !absl::SimpleAtoi(listen.substr(colon + 1), &port) || port < 0 || port > 65535)
-    return absl::InvalidArgumentError(
-        absl::StrCat("--metrics-listen: want HOST:PORT (or off), got '", listen, "'"));
+  if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(listen.substr(colon + 1), &port) || port < 0 ||
+      port > 65535)
+    return absl::InvalidArgumentError(absl::StrCat("--metrics-listen: want HOST:PORT (or off), got '", listen, "'"));
   std::unique_ptr<MetricsServer> s(new MetricsServer());
   s->host_ = listen.substr(0, colon);
   try {
     s->exposer_ = std::make_unique<prometheus::Exposer>(listen, /*num_threads=*/1);
   } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("metrics: cannot listen on ", listen, ": ", e.what()));
+    return absl::UnavailableError(absl::StrCat("metrics: cannot listen on ", listen, ": ", e.what()));
   }
   const std::vector<int> ports = s->exposer_->GetListeningPorts();
   if (ports.empty()) return absl::UnavailableError(absl::StrCat("metrics: not listening on ", listen));
@@ -202,8 +193,6 @@ MetricsServer::~MetricsServer() {
   exposer_.reset();
 }
 
-std::string MetricsServer::url() const {
-  return absl::StrCat("http://", host_, ":", port_, "/metrics");
-}
+std::string MetricsServer::url() const { return absl::StrCat("http://", host_, ":", port_, "/metrics"); }
 
 }  // namespace mer::residency

@@ -24,8 +24,7 @@ namespace mer::residency {
 const char* MerVersion();
 
 // The families of docs/metrics.md for one snapshot.
-std::vector<prometheus::MetricFamily> ResidencyMetricFamilies(const ResidencyCounters& c,
-                                                              const std::string& version);
+std::vector<prometheus::MetricFamily> ResidencyMetricFamilies(const ResidencyCounters& c, const std::string& version);
 // The same in the Prometheus text exposition format (what /metrics serves).
 std::string RenderResidencyMetrics(const ResidencyCounters& c, const std::string& version);
 
@@ -33,9 +32,9 @@ class MetricsServer {
  public:
   // Listens on `listen` ("HOST:PORT"; port 0 picks a free one) and serves /metrics from
   // `snapshot()` (called on the server's threads; must be thread-safe and outlive the server).
-  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
-      const std::string& listen, std::function<ResidencyCounters()> snapshot,
-      std::string version = MerVersion());
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& listen,
+                                                              std::function<ResidencyCounters()> snapshot,
+                                                              std::string version = MerVersion());
   ~MetricsServer();
 
   const std::string& host() const { return host_; }

@@ -40,9 +40,12 @@ double ArcPolicy::AdaptedTarget(ExpertKey incoming) const {
   const double b1 = static_cast<double>(lists_[kB1].size());
   const double b2 = static_cast<double>(lists_[kB2].size());
   switch (ListOf(incoming)) {
-    case kB1: return std::min(static_cast<double>(capacity()), p_ + std::max(1.0, b2 / b1));
-    case kB2: return std::max(0.0, p_ - std::max(1.0, b1 / b2));
-    default: return p_;
+    case kB1:
+      return std::min(static_cast<double>(capacity()), p_ + std::max(1.0, b2 / b1));
+    case kB2:
+      return std::max(0.0, p_ - std::max(1.0, b1 / b2));
+    default:
+      return p_;
   }
 }
 
@@ -84,9 +87,12 @@ void ArcPolicy::Insert(ExpertKey key, bool prefetched) {
   // Case IV of the paper: bound the directory at |T1| + |B1| <= c and everything at 2c.
   while (lists_[kT1].size() + lists_[kB1].size() >= c && !lists_[kB1].empty()) DropLru(kB1);
   while (size() + lists_[kB1].size() + lists_[kB2].size() >= 2 * c) {
-    if (!lists_[kB2].empty()) DropLru(kB2);
-    else if (!lists_[kB1].empty()) DropLru(kB1);
-    else break;
+    if (!lists_[kB2].empty())
+      DropLru(kB2);
+    else if (!lists_[kB1].empty())
+      DropLru(kB1);
+    else
+      break;
   }
   const uint32_t i = pool_.Allocate();
   Node& n = pool_[i];
@@ -95,8 +101,10 @@ void ArcPolicy::Insert(ExpertKey key, bool prefetched) {
   n.prefetched = prefetched;
   index_.emplace(key, i);
   // A prefetched key waits at T1's eviction end until a reference moves it up.
-  if (prefetched) lists_[kT1].PushBack(pool_.nodes(), i);
-  else lists_[kT1].PushFront(pool_.nodes(), i);
+  if (prefetched)
+    lists_[kT1].PushBack(pool_.nodes(), i);
+  else
+    lists_[kT1].PushFront(pool_.nodes(), i);
 }
 
 bool ArcPolicy::Remove(ExpertKey key) {
@@ -117,8 +125,7 @@ bool ArcPolicy::Remove(ExpertKey key) {
   return true;
 }
 
-std::optional<ExpertKey> ArcPolicy::DoChooseVictim(absl::FunctionRef<bool(ExpertKey)> evictable,
-                                                   ExpertKey incoming) {
+std::optional<ExpertKey> ArcPolicy::DoChooseVictim(absl::FunctionRef<bool(ExpertKey)> evictable, ExpertKey incoming) {
   const double p = AdaptedTarget(incoming);
   pending_key_ = incoming;
   pending_p_ = p;

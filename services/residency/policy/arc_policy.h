@@ -43,8 +43,7 @@ class ArcPolicy final : public ReplacementPolicy {
   bool IsGhost(ExpertKey key) const { return ListOf(key) == kB1 || ListOf(key) == kB2; }
 
  protected:
-  std::optional<ExpertKey> DoChooseVictim(absl::FunctionRef<bool(ExpertKey)> evictable,
-                                          ExpertKey incoming) override;
+  std::optional<ExpertKey> DoChooseVictim(absl::FunctionRef<bool(ExpertKey)> evictable, ExpertKey incoming) override;
 
  private:
   enum ListId : uint8_t { kT1 = 0, kT2 = 1, kB1 = 2, kB2 = 3, kNone = 4 };
@@ -63,10 +62,10 @@ class ArcPolicy final : public ReplacementPolicy {
   void Move(uint32_t node, ListId to);
 
   NodePool<Node> pool_;
-  IndexList<Node> lists_[4];  // front = most recent
+  IndexList<Node> lists_[4];                        // front = most recent
   absl::flat_hash_map<ExpertKey, uint32_t> index_;  // keys of all four lists
-  double p_ = 0;                     // target size of T1
-  ExpertKey pending_key_ = kNoKey;   // the key ChooseVictim adapted for
+  double p_ = 0;                                    // target size of T1
+  ExpertKey pending_key_ = kNoKey;                  // the key ChooseVictim adapted for
   double pending_p_ = 0;
 };
 

@@ -83,8 +83,10 @@ void LfuPolicy::Insert(ExpertKey key, bool reference) {
   while (b != kNilIndex && buckets_[b].count < count) b = buckets_[b].next;
   if (b == kNilIndex || buckets_[b].count != count) {
     const uint32_t nb = NewBucket(count);
-    if (b == kNilIndex) order_.PushBack(buckets_.nodes(), nb);
-    else order_.InsertBefore(buckets_.nodes(), b, nb);
+    if (b == kNilIndex)
+      order_.PushBack(buckets_.nodes(), nb);
+    else
+      order_.InsertBefore(buckets_.nodes(), b, nb);
     b = nb;
   }
   buckets_[b].items.PushFront(items_.nodes(), i);
@@ -100,8 +102,7 @@ bool LfuPolicy::Remove(ExpertKey key) {
   Item& item = items_[i];
   buckets_[item.bucket].items.Unlink(items_.nodes(), i);
   FreeBucketIfEmpty(item.bucket);
-  if (item.count > 0 && static_cast<int64_t>(history_.size()) < history_limit_)
-    history_[key] = item.count;
+  if (item.count > 0 && static_cast<int64_t>(history_.size()) < history_limit_) history_[key] = item.count;
   item.bucket = kNilIndex;
   items_.Free(i);
   return true;
@@ -131,8 +132,10 @@ void LfuPolicy::Age() {
   }
   for (auto it = history_.begin(); it != history_.end();) {
     it->second >>= 1;
-    if (it->second == 0) history_.erase(it++);
-    else ++it;
+    if (it->second == 0)
+      history_.erase(it++);
+    else
+      ++it;
   }
 }
 
@@ -150,8 +153,7 @@ std::vector<ExpertKey> LfuPolicy::ResidentKeys() const {
   std::vector<ExpertKey> keys;
   keys.reserve(index_.size());
   for (uint32_t b = order_.back(); b != kNilIndex; b = buckets_[b].prev) {
-    for (uint32_t i = buckets_[b].items.front(); i != kNilIndex; i = items_[i].next)
-      keys.push_back(items_[i].key);
+    for (uint32_t i = buckets_[b].items.front(); i != kNilIndex; i = items_[i].next) keys.push_back(items_[i].key);
   }
   return keys;
 }

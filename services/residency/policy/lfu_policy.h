@@ -45,8 +45,7 @@ class LfuPolicy final : public ReplacementPolicy {
   int64_t history_size() const { return static_cast<int64_t>(history_.size()); }
 
  protected:
-  std::optional<ExpertKey> DoChooseVictim(absl::FunctionRef<bool(ExpertKey)> evictable,
-                                          ExpertKey incoming) override;
+  std::optional<ExpertKey> DoChooseVictim(absl::FunctionRef<bool(ExpertKey)> evictable, ExpertKey incoming) override;
 
  private:
   struct Item {

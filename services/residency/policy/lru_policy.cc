@@ -4,9 +4,7 @@
 
 namespace mer::residency {
 
-LruPolicy::LruPolicy(int64_t capacity) : ReplacementPolicy(capacity), pool_(capacity) {
-  index_.reserve(capacity);
-}
+LruPolicy::LruPolicy(int64_t capacity) : ReplacementPolicy(capacity), pool_(capacity) { index_.reserve(capacity); }
 
 void LruPolicy::Touch(ExpertKey key) {
   auto it = index_.find(key);
@@ -19,8 +17,10 @@ void LruPolicy::Insert(ExpertKey key, bool prefetched) {
   const uint32_t i = pool_.Allocate();
   CHECK_MSG(index_.emplace(key, i).second, "Admit of a resident key");
   pool_[i].key = key;
-  if (prefetched) list_.PushBack(pool_.nodes(), i);
-  else list_.PushFront(pool_.nodes(), i);
+  if (prefetched)
+    list_.PushBack(pool_.nodes(), i);
+  else
+    list_.PushFront(pool_.nodes(), i);
 }
 
 bool LruPolicy::Remove(ExpertKey key) {

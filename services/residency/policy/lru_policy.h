@@ -24,8 +24,7 @@ class LruPolicy final : public ReplacementPolicy {
   std::vector<ExpertKey> ResidentKeys() const override;
 
  protected:
-  std::optional<ExpertKey> DoChooseVictim(absl::FunctionRef<bool(ExpertKey)> evictable,
-                                          ExpertKey incoming) override;
+  std::optional<ExpertKey> DoChooseVictim(absl::FunctionRef<bool(ExpertKey)> evictable, ExpertKey incoming) override;
 
  private:
   void Insert(ExpertKey key, bool prefetched);

@@ -6,8 +6,7 @@
 
 namespace mer::residency {
 
-PrefetchPredictor::PrefetchPredictor(int n_layer, int n_expert,
-                                     const PrefetchPredictorOptions& options)
+PrefetchPredictor::PrefetchPredictor(int n_layer, int n_expert, const PrefetchPredictorOptions& options)
     : n_layer_(n_layer), n_expert_(n_expert), options_(options) {
   CHECK(n_layer >= 1 && n_expert >= 1);
   CHECK(options.count_limit >= 2);
@@ -79,8 +78,7 @@ double PrefetchPredictor::ReuseShare(int layer, int expert) const {
   return static_cast<double>(reused_[LE(layer, expert)]) / u;
 }
 
-void PrefetchPredictor::Predict(int layer, double threshold, int max_predictions,
-                                std::vector<ExpertPrediction>* out) {
+void PrefetchPredictor::Predict(int layer, double threshold, int max_predictions, std::vector<ExpertPrediction>* out) {
   CHECK(layer >= 0 && layer < n_layer_);
   out->clear();
   if (max_predictions <= 0) return;
@@ -100,8 +98,7 @@ void PrefetchPredictor::Predict(int layer, double threshold, int max_predictions
     for (int32_t b : Recent(layer)) score_[b] = std::max(score_[b], ReuseShare(layer, b));
   }
   for (int b = 0; b < n_expert_; ++b) {
-    if (score_[b] >= threshold && score_[b] > 0)
-      out->push_back({b, static_cast<float>(score_[b])});
+    if (score_[b] >= threshold && score_[b] > 0) out->push_back({b, static_cast<float>(score_[b])});
   }
   const auto better = [](const ExpertPrediction& x, const ExpertPrediction& y) {
     return x.confidence != y.confidence ? x.confidence > y.confidence : x.expert < y.expert;

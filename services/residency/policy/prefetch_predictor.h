@@ -66,29 +66,26 @@ class PrefetchPredictor {
 
  private:
   int PrevLayer(int layer) const { return layer == 0 ? n_layer_ - 1 : layer - 1; }
-  uint32_t& T(int layer, int a, int b) {
-    return trans_[(static_cast<size_t>(layer) * n_expert_ + a) * n_expert_ + b];
-  }
+  uint32_t& T(int layer, int a, int b) { return trans_[(static_cast<size_t>(layer) * n_expert_ + a) * n_expert_ + b]; }
   uint32_t T(int layer, int a, int b) const {
     return trans_[(static_cast<size_t>(layer) * n_expert_ + a) * n_expert_ + b];
   }
   size_t LE(int layer, int e) const { return static_cast<size_t>(layer) * n_expert_ + e; }
   absl::Span<const int32_t> Recent(int layer) const {
-    return absl::MakeConstSpan(recent_.data() + static_cast<size_t>(layer) * n_expert_,
-                               recent_n_[layer]);
+    return absl::MakeConstSpan(recent_.data() + static_cast<size_t>(layer) * n_expert_, recent_n_[layer]);
   }
 
   const int n_layer_;
   const int n_expert_;
   const PrefetchPredictorOptions options_;
-  std::vector<uint32_t> trans_;       // T [layer][a][b]
-  std::vector<uint32_t> source_;      // S [layer][a]
-  std::vector<uint32_t> reused_;      // R [layer][b]
-  std::vector<uint32_t> followed_;    // U [layer][b]
-  std::vector<int32_t> recent_;       // [layer][n_expert]: the latest token's experts at each layer
-  std::vector<int32_t> recent_n_;     // [layer]
-  std::vector<uint8_t> mark_;         // [n_expert] scratch
-  std::vector<double> score_;         // [n_expert] scratch
+  std::vector<uint32_t> trans_;     // T [layer][a][b]
+  std::vector<uint32_t> source_;    // S [layer][a]
+  std::vector<uint32_t> reused_;    // R [layer][b]
+  std::vector<uint32_t> followed_;  // U [layer][b]
+  std::vector<int32_t> recent_;     // [layer][n_expert]: the latest token's experts at each layer
+  std::vector<int32_t> recent_n_;   // [layer]
+  std::vector<uint8_t> mark_;       // [n_expert] scratch
+  std::vector<double> score_;       // [n_expert] scratch
 };
 
 }  // namespace mer::residency

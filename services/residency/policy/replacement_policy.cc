@@ -12,16 +12,14 @@ ReplacementPolicy::ReplacementPolicy(int64_t capacity) : capacity_(capacity) {
   CHECK_MSG(capacity >= 1 && capacity <= kMaxCapacity, "policy capacity out of range");
 }
 
-absl::StatusOr<std::unique_ptr<ReplacementPolicy>> CreatePolicy(absl::string_view name,
-                                                                 int64_t capacity) {
+absl::StatusOr<std::unique_ptr<ReplacementPolicy>> CreatePolicy(absl::string_view name, int64_t capacity) {
   if (capacity < 1 || capacity > ReplacementPolicy::kMaxCapacity)
-    return absl::InvalidArgumentError(absl::StrCat("cache capacity ", capacity, " is outside [1, ",
-                                                   ReplacementPolicy::kMaxCapacity, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cache capacity ", capacity, " is outside [1, ", ReplacementPolicy::kMaxCapacity, "]"));
   if (name == "lru") return std::make_unique<LruPolicy>(capacity);
   if (name == "lfu") return std::make_unique<LfuPolicy>(capacity);
   if (name == "arc") return std::make_unique<ArcPolicy>(capacity);
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown replacement policy '", name, "' (lru, lfu or arc)"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown replacement policy '", name, "' (lru, lfu or arc)"));
 }
 
 const std::vector<std::string>& PolicyNames() {

@@ -75,8 +75,7 @@ class ReplacementPolicy {
 
   // The resident key to evict next among those `evictable` accepts; nullopt when there is none.
   // `incoming` is the key the slot is wanted for (kNoKey: unknown); ARC uses it to adapt.
-  std::optional<ExpertKey> ChooseVictim(absl::FunctionRef<bool(ExpertKey)> evictable,
-                                        ExpertKey incoming = kNoKey) {
+  std::optional<ExpertKey> ChooseVictim(absl::FunctionRef<bool(ExpertKey)> evictable, ExpertKey incoming = kNoKey) {
     return DoChooseVictim(evictable, incoming);
   }
   // The victim when nothing is pinned.
@@ -89,8 +88,7 @@ class ReplacementPolicy {
   virtual std::vector<ExpertKey> ResidentKeys() const = 0;
 
  protected:
-  virtual std::optional<ExpertKey> DoChooseVictim(absl::FunctionRef<bool(ExpertKey)> evictable,
-                                                  ExpertKey incoming) = 0;
+  virtual std::optional<ExpertKey> DoChooseVictim(absl::FunctionRef<bool(ExpertKey)> evictable, ExpertKey incoming) = 0;
 
  private:
   const int64_t capacity_;
@@ -98,8 +96,7 @@ class ReplacementPolicy {
 
 // The policies by flag name: "lru", "lfu" (LFU with ageing, default options) and "arc".
 // InvalidArgument for an unknown name or a capacity outside [1, kMaxCapacity].
-absl::StatusOr<std::unique_ptr<ReplacementPolicy>> CreatePolicy(absl::string_view name,
-                                                                 int64_t capacity);
+absl::StatusOr<std::unique_ptr<ReplacementPolicy>> CreatePolicy(absl::string_view name, int64_t capacity);
 // {"lru", "lfu", "arc"}.
 const std::vector<std::string>& PolicyNames();
 

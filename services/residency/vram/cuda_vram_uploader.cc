@@ -13,8 +13,7 @@ namespace {
 
 absl::Status CudaError(const char* what, cudaError_t e) {
   (void)cudaGetLastError();  // clear a non-sticky error so later calls are not blamed for it
-  return absl::FailedPreconditionError(absl::StrCat(what, ": ", cudaGetErrorName(e), " (",
-                                                    cudaGetErrorString(e), ")"));
+  return absl::FailedPreconditionError(absl::StrCat(what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
 }
 
 class CudaVramUploader final : public VramUploader {
@@ -34,8 +33,8 @@ class CudaVramUploader final : public VramUploader {
     if (cudaError_t e = cudaDeviceGetByPCIBusId(&device, info.pci_bus_id.c_str()); e != cudaSuccess)
       return CudaError(absl::StrCat("cudaDeviceGetByPCIBusId(", info.pci_bus_id, ")").c_str(), e);
     if (stream_ != nullptr && device != device_)
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the arena is on device ", info.pci_bus_id, ", an earlier one was on another device"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("the arena is on device ", info.pci_bus_id, ", an earlier one was on another device"));
     if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) return CudaError("cudaSetDevice", e);
     device_ = device;
     if (stream_ == nullptr) {
@@ -66,8 +65,7 @@ class CudaVramUploader final : public VramUploader {
     static_assert(sizeof(handle) == shm::kIpcHandleBytes);
     std::memcpy(&handle, info.ipc_handle.data(), sizeof(handle));
     void* base = nullptr;
-    if (cudaError_t e = cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess);
-        e != cudaSuccess)
+    if (cudaError_t e = cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess); e != cudaSuccess)
       return CudaError("cudaIpcOpenMemHandle", e);
     arena_ = static_cast<uint8_t*>(base);
     slot_bytes_ = info.slot_bytes;
@@ -91,17 +89,14 @@ class CudaVramUploader final : public VramUploader {
   absl::Status Start(uint32_t slot, const void* src, uint64_t bytes, uint64_t tag) override {
     if (arena_ == nullptr) return absl::FailedPreconditionError("no VRAM arena is open");
     if (slot >= slot_count_ || bytes > slot_bytes_)
-      return absl::InvalidArgumentError(absl::StrCat("upload of ", bytes, " bytes into slot ", slot,
-                                                     " of an arena of ", slot_count_, " x ",
-                                                     slot_bytes_, " bytes"));
+      return absl::InvalidArgumentError(absl::StrCat("upload of ", bytes, " bytes into slot ", slot, " of an arena of ",
+                                                     slot_count_, " x ", slot_bytes_, " bytes"));
     if (free_events_.empty()) return absl::ResourceExhaustedError("every upload event is in flight");
     const int ev = free_events_.front();
     uint8_t* dst = arena_ + uint64_t{slot} * slot_bytes_;
-    if (cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_);
-        e != cudaSuccess)
+    if (cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_); e != cudaSuccess)
       return CudaError("cudaMemcpyAsync into the VRAM arena", e);
-    if (cudaError_t e = cudaEventRecord(events_[ev], stream_); e != cudaSuccess)
-      return CudaError("cudaEventRecord", e);
+    if (cudaError_t e = cudaEventRecord(events_[ev], stream_); e != cudaSuccess) return CudaError("cudaEventRecord", e);
     free_events_.pop_front();
     inflight_.push_back({ev, tag});
     return absl::OkStatus();
@@ -126,8 +121,8 @@ class CudaVramUploader final : public VramUploader {
   int inflight() const override { return static_cast<int>(inflight_.size()); }
   int max_inflight() const override { return max_inflight_; }
   std::string Describe() const override {
-    return absl::StrCat("CUDA IPC arena on ", bus_id_, ": ", slot_count_, " slots x ", slot_bytes_,
-                        " bytes; ", pinning_);
+    return absl::StrCat("CUDA IPC arena on ", bus_id_, ": ", slot_count_, " slots x ", slot_bytes_, " bytes; ",
+                        pinning_);
   }
 
  private:
@@ -153,8 +148,7 @@ class CudaVramUploader final : public VramUploader {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<VramUploader>> CreateCudaVramUploader(void* ram_pool,
-                                                                     uint64_t ram_pool_bytes,
+absl::StatusOr<std::unique_ptr<VramUploader>> CreateCudaVramUploader(void* ram_pool, uint64_t ram_pool_bytes,
                                                                      int max_inflight) {
   if (max_inflight < 1) return absl::InvalidArgumentError("max_inflight must be >= 1");
   int n = 0;

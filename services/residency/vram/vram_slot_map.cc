@@ -15,15 +15,19 @@ void VramSlotMap::Order(uint32_t k) {
   // Uses arrive mostly in epoch order: the walk from the front ends at once.
   uint32_t pos = by_use_.front();
   while (pos != kNilIndex && slots_[pos].use_epoch > slots_[k].use_epoch) pos = slots_[pos].next;
-  if (pos == kNilIndex) by_use_.PushBack(slots_, k);
-  else by_use_.InsertBefore(slots_, pos, k);
+  if (pos == kNilIndex)
+    by_use_.PushBack(slots_, k);
+  else
+    by_use_.InsertBefore(slots_, pos, k);
 }
 
 void VramSlotMap::Fill(uint32_t slot, uint32_t owner, uint64_t epoch) {
   Slot& s = slots_[slot];
   CHECK(!s.filling && owner != kFree);
-  if (s.owner == kFree) --free_;
-  else by_use_.Unlink(slots_, slot);
+  if (s.owner == kFree)
+    --free_;
+  else
+    by_use_.Unlink(slots_, slot);
   s.owner = owner;
   s.filling = true;
   s.use_epoch = epoch;

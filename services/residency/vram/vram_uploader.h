@@ -51,8 +51,7 @@ using VramUploaderFactory = std::function<absl::StatusOr<std::unique_ptr<VramUpl
 // the RAM pool is registered for DMA (cudaHostRegister) at the first Import unless it is already.
 // Unimplemented in a build without CUDA (MER_CUDA=OFF): such a mer-residency refuses arenas and
 // VRAM demands, saying so.
-absl::StatusOr<std::unique_ptr<VramUploader>> CreateCudaVramUploader(void* ram_pool,
-                                                                     uint64_t ram_pool_bytes,
+absl::StatusOr<std::unique_ptr<VramUploader>> CreateCudaVramUploader(void* ram_pool, uint64_t ram_pool_bytes,
                                                                      int max_inflight);
 
 }  // namespace mer::residency

@@ -24,9 +24,9 @@ struct TestModel {
 };
 
 TestModel MakeModel(SynthOptions o, const std::string& tag) {
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("mer_engine_test_" + std::to_string(getpid()) + "_" + tag + ".gguf"))
-                               .string();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("mer_engine_test_" + std::to_string(getpid()) + "_" + tag + ".gguf"))
+          .string();
   o.threads = 2;
   EXPECT_TRUE(WriteSynthModel(o, path).ok());
   auto file = GgufFile::Open(path);
@@ -48,8 +48,8 @@ SynthOptions SmallGeometry(SynthQuant quant) {
   return o;
 }
 
-std::unique_ptr<CpuEngine> MakeEngine(const ModelWeights& w, ExpertSource& src, int threads,
-                                      int batch = 64, int sequences = 2) {
+std::unique_ptr<CpuEngine> MakeEngine(const ModelWeights& w, ExpertSource& src, int threads, int batch = 64,
+                                      int sequences = 2) {
   CpuEngineOptions o;
   o.threads = threads;
   o.max_batch_tokens = batch;
@@ -118,10 +118,8 @@ TEST_P(EngineVsReference, F32LogitsMatchDoubleReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Routing, EngineVsReference,
-                         ::testing::Values(ReferenceCase{"top1_norm", 1, true},
-                                           ReferenceCase{"top2_norm", 2, true},
-                                           ReferenceCase{"top2_raw", 2, false},
-                                           ReferenceCase{"top8_raw", 8, false}),
+                         ::testing::Values(ReferenceCase{"top1_norm", 1, true}, ReferenceCase{"top2_norm", 2, true},
+                                           ReferenceCase{"top2_raw", 2, false}, ReferenceCase{"top8_raw", 8, false}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // Quantized weights: the engine rounds activations as llama.cpp does, so it is close to, not
@@ -151,18 +149,17 @@ TEST(CpuEngine, AnyPerTensorMixOfTypes) {
   o.seed = 11;
   o.quant = SynthQuant::kF32;
   const std::map<std::string, GgmlType> types = {
-      {"token_embd.weight", GgmlType::kQ5_1},         {"output.weight", GgmlType::kQ4_K},
-      {"blk.0.attn_q.weight", GgmlType::kQ2_K},       {"blk.0.attn_k.weight", GgmlType::kQ3_K},
-      {"blk.0.attn_v.weight", GgmlType::kQ6_K},       {"blk.0.attn_output.weight", GgmlType::kQ4_0},
+      {"token_embd.weight", GgmlType::kQ5_1},          {"output.weight", GgmlType::kQ4_K},
+      {"blk.0.attn_q.weight", GgmlType::kQ2_K},        {"blk.0.attn_k.weight", GgmlType::kQ3_K},
+      {"blk.0.attn_v.weight", GgmlType::kQ6_K},        {"blk.0.attn_output.weight", GgmlType::kQ4_0},
       {"blk.0.ffn_gate_exps.weight", GgmlType::kQ4_0}, {"blk.0.ffn_up_exps.weight", GgmlType::kQ5_K},
       {"blk.0.ffn_down_exps.weight", GgmlType::kQ4_1}, {"blk.1.attn_q.weight", GgmlType::kQ5_1},
-      {"blk.1.attn_k.weight", GgmlType::kQ8_0},       {"blk.1.attn_v.weight", GgmlType::kQ4_K},
-      {"blk.1.attn_output.weight", GgmlType::kQ5_0},  {"blk.1.ffn_gate_exps.weight", GgmlType::kQ3_K},
-      {"blk.1.ffn_up_exps.weight", GgmlType::kQ5_1},  {"blk.1.ffn_down_exps.weight", GgmlType::kQ2_K},
+      {"blk.1.attn_k.weight", GgmlType::kQ8_0},        {"blk.1.attn_v.weight", GgmlType::kQ4_K},
+      {"blk.1.attn_output.weight", GgmlType::kQ5_0},   {"blk.1.ffn_gate_exps.weight", GgmlType::kQ3_K},
+      {"blk.1.ffn_up_exps.weight", GgmlType::kQ5_1},   {"blk.1.ffn_down_exps.weight", GgmlType::kQ2_K},
   };
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("mer_engine_test_" + std::to_string(getpid()) + "_mix.gguf"))
-                               .string();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("mer_engine_test_" + std::to_string(getpid()) + "_mix.gguf")).string();
   {
     GgufWriter w;
     auto plan = PlanSynthModel(o, w);
@@ -334,8 +331,7 @@ TEST(CpuEngine, ForwardArgmaxIsTheArgmaxOfEachRow) {
 class GroupLimitedSource final : public ExpertSource {
  public:
   GroupLimitedSource(const ModelWeights& w, int limit) : inner_(w), limit_(limit) {}
-  absl::Status AcquireLayer(int layer, absl::Span<const int32_t> experts,
-                            absl::Span<ExpertWeights> out) override {
+  absl::Status AcquireLayer(int layer, absl::Span<const int32_t> experts, absl::Span<ExpertWeights> out) override {
     EXPECT_LE(static_cast<int>(experts.size()), limit_);
     EXPECT_EQ(held_, -1) << "layer " << held_ << " still held";
     held_ = layer;
@@ -413,8 +409,8 @@ TEST(CpuEngine, RejectsBadBatches) {
   EXPECT_EQ(run({}).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(run({{300, 0, 0, true}}).code(), absl::StatusCode::kInvalidArgument);  // vocab is 300
   EXPECT_EQ(run({{-1, 0, 0, true}}).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(run({{1, 0, 2, true}}).code(), absl::StatusCode::kInvalidArgument);   // no sequence 2
-  EXPECT_EQ(run({{1, 1, 0, true}}).code(), absl::StatusCode::kInvalidArgument);   // skips position 0
+  EXPECT_EQ(run({{1, 0, 2, true}}).code(), absl::StatusCode::kInvalidArgument);  // no sequence 2
+  EXPECT_EQ(run({{1, 1, 0, true}}).code(), absl::StatusCode::kInvalidArgument);  // skips position 0
   EXPECT_EQ(run({{1, 0, 0, true}, {1, 2, 0, true}}).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(run({{1, 256, 0, true}}).code(), absl::StatusCode::kInvalidArgument);  // past context
   EXPECT_EQ(run({{1, 0, 0, 1}, {1, 1, 0, 1}, {1, 2, 0, 1}, {1, 3, 0, 1}, {1, 4, 0, 1}}).code(),
@@ -428,8 +424,7 @@ TEST(CpuEngine, RejectsBadBatches) {
 class FlakyExpertSource : public ExpertSource {
  public:
   explicit FlakyExpertSource(const ModelWeights& w) : inner_(w) {}
-  absl::Status AcquireLayer(int layer, absl::Span<const int32_t> experts,
-                            absl::Span<ExpertWeights> out) override {
+  absl::Status AcquireLayer(int layer, absl::Span<const int32_t> experts, absl::Span<ExpertWeights> out) override {
     if (fail_next_ && layer == 1) {
       fail_next_ = false;
       return absl::UnavailableError("residency is down");
@@ -452,8 +447,7 @@ TEST(CpuEngine, ExpertSourceErrorsPropagateAndRecover) {
   const int V = engine->config().n_vocab;
   std::vector<float> logits(V);
   const BatchToken b{kTokens[0], 0, 0, true};
-  EXPECT_EQ(engine->Forward(absl::MakeConstSpan(&b, 1), logits.data()).code(),
-            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(engine->Forward(absl::MakeConstSpan(&b, 1), logits.data()).code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(engine->sequence_length(0), 0);
   EXPECT_EQ(StepByStep(*engine, 0, kTokens), StepByStep(*reference, 0, kTokens));
 }

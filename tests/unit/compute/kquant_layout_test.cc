@@ -74,8 +74,10 @@ std::vector<uint8_t> Repack(GgmlType type, const std::vector<uint8_t>& w) {
   const int64_t n = w.size() / BlockBytes(type);
   std::vector<uint8_t> dev(w.size(), 0xAB);
   for (int64_t b = 0; b < n; ++b) {
-    if (type == GgmlType::kQ4_K) cuda::RepackQ4_KBlock(&w[b * cuda::kQ4_KBlockBytes], dev.data(), n, b);
-    else cuda::RepackQ6_KBlock(&w[b * cuda::kQ6_KBlockBytes], dev.data(), n, b);
+    if (type == GgmlType::kQ4_K)
+      cuda::RepackQ4_KBlock(&w[b * cuda::kQ4_KBlockBytes], dev.data(), n, b);
+    else
+      cuda::RepackQ6_KBlock(&w[b * cuda::kQ6_KBlockBytes], dev.data(), n, b);
   }
   return dev;
 }
@@ -84,7 +86,8 @@ std::vector<uint8_t> Repack(GgmlType type, const std::vector<uint8_t>& w) {
 void ToDeviceQ8_K(const std::vector<BlockQ8_K>& a, int64_t cols, std::vector<uint8_t>* row, std::vector<float>* d) {
   row->assign(cuda::Q8_KRowBytes(cols), 0xAB);
   d->assign(cols / kKBlock, NAN);
-  for (int64_t e = 0; e < cols; ++e) (*row)[cuda::Q8_KQuantOffset(e)] = static_cast<uint8_t>(a[e / kKBlock].qs[e % kKBlock]);
+  for (int64_t e = 0; e < cols; ++e)
+    (*row)[cuda::Q8_KQuantOffset(e)] = static_cast<uint8_t>(a[e / kKBlock].qs[e % kKBlock]);
   for (int64_t b = 0; b < cols / kKBlock; ++b) {
     std::memcpy(&(*row)[cuda::Q8_KBsumsOffset(cols, b)], a[b].bsums, 32);
     (*d)[b] = a[b].d;
@@ -133,7 +136,8 @@ float EmulateRowDot(GgmlType type, const uint8_t* m, int64_t n, int64_t b_row, i
     const int64_t b = b_row + bi;
     const float ad = act_d[bi];
     for (int g = 0; g < 8; ++g) {
-      const uint4 a0 = Load<uint4>(act + cuda::Q8_KLaneOffset(bi, g)), a1 = Load<uint4>(act + cuda::Q8_KLaneOffset(bi, g) + 16);
+      const uint4 a0 = Load<uint4>(act + cuda::Q8_KLaneOffset(bi, g)),
+                  a1 = Load<uint4>(act + cuda::Q8_KLaneOffset(bi, g) + 16);
       const uint8_t* bsums = act + cuda::Q8_KBsumsOffset(stride, bi);
       if (type == GgmlType::kQ4_K) {
         const uint4 header = Load<uint4>(m + cuda::Q4_KHeaderOffset(n, b));
@@ -150,10 +154,9 @@ float EmulateRowDot(GgmlType type, const uint8_t* m, int64_t n, int64_t b_row, i
         }
       } else {
         const float dw = F16ToF32(Load<f16_bits>(m + cuda::Q6_KDOffset(n, b)));
-        const int isum = cuda::Q6_KLaneSum(Load<uint4>(m + cuda::Q6_KQlOffset(b, g)),
-                                           Load<uint2>(m + cuda::Q6_KQhOffset(n, b, g)),
-                                           Load<uint4>(m + cuda::Q6_KScalesOffset(n, b)), a0, a1, g,
-                                           Load<uint32_t>(bsums + 4 * g));
+        const int isum =
+            cuda::Q6_KLaneSum(Load<uint4>(m + cuda::Q6_KQlOffset(b, g)), Load<uint2>(m + cuda::Q6_KQhOffset(n, b, g)),
+                              Load<uint4>(m + cuda::Q6_KScalesOffset(n, b)), a0, a1, g, Load<uint32_t>(bsums + 4 * g));
         const float dd = dw * ad;
         acc[g] = std::fma(dd, static_cast<float>(isum), acc[g]);
       }
@@ -174,7 +177,7 @@ TEST(KQuantLayout, RowBytesAndAlignment) {
   for (int64_t cols = 256; cols <= 8192; cols += 256) {
     EXPECT_EQ(cuda::ActRowBytes(cuda::kDevQ8_K, cols), cuda::Q8_KRowBytes(cols));
     EXPECT_EQ(cuda::Q8_KRowBytes(cols) % 16, 0) << cols;  // rows start 16-byte aligned
-    EXPECT_LE(cuda::Q8_KRowBytes(cols), 4 * cols);         // fits where f32 activations fit
+    EXPECT_LE(cuda::Q8_KRowBytes(cols), 4 * cols);        // fits where f32 activations fit
   }
   // Every byte of a block lands in one place: the interleaves are permutations.
   for (int words : {2, 4, 8}) {
@@ -197,9 +200,18 @@ TEST(KQuantLayout, Q8_KConversionMatchesCpu) {
     for (int variant = 0; variant < 5; ++variant) {
       std::vector<float> x = Random(cols, 3.0f);
       if (variant == 1) std::fill(x.begin(), x.begin() + 256, 0.0f);  // an all-zero block
-      if (variant == 2) { x[17] = -39.9f; x[200] = 40.0f; }          // the largest is positive
-      if (variant == 3) { x[5] = 60.0f; x[9] = -60.0f; }             // ties: the first wins
-      if (variant == 4) { x[3] = -70.0f; x[8] = 70.0f; }
+      if (variant == 2) {
+        x[17] = -39.9f;
+        x[200] = 40.0f;
+      }  // the largest is positive
+      if (variant == 3) {
+        x[5] = 60.0f;
+        x[9] = -60.0f;
+      }  // ties: the first wins
+      if (variant == 4) {
+        x[3] = -70.0f;
+        x[8] = 70.0f;
+      }
       std::vector<BlockQ8_K> cpu(cols / kKBlock);
       QuantizeRowQ8_K(x.data(), cpu.data(), cols);
       std::vector<uint8_t> want_row;
@@ -239,8 +251,10 @@ TEST(KQuantLayout, LaneDotsMatchCpuKernels) {
             }
             std::vector<float> want(rows), want_avx2(rows);
             VecDotRows(type, w.data(), rows, a.data(), cols, want.data());
-            if (type == GgmlType::kQ4_K) VecDotRowsQ4_KAvx2(reinterpret_cast<const BlockQ4_K*>(w.data()), rows, a.data(), cols, want_avx2.data());
-            else VecDotRowsQ6_KAvx2(reinterpret_cast<const BlockQ6_K*>(w.data()), rows, a.data(), cols, want_avx2.data());
+            if (type == GgmlType::kQ4_K)
+              VecDotRowsQ4_KAvx2(reinterpret_cast<const BlockQ4_K*>(w.data()), rows, a.data(), cols, want_avx2.data());
+            else
+              VecDotRowsQ6_KAvx2(reinterpret_cast<const BlockQ6_K*>(w.data()), rows, a.data(), cols, want_avx2.data());
             std::vector<uint8_t> act;
             std::vector<float> act_d;
             ToDeviceQ8_K(a, cols, &act, &act_d);
@@ -248,7 +262,8 @@ TEST(KQuantLayout, LaneDotsMatchCpuKernels) {
               ASSERT_EQ(want[r], want_avx2[r]) << "CPU variants differ: " << TypeName(type) << " row " << r;
               const float got = EmulateRowDot(type, dev.data(), n, r * nb, nb, act.data(), act_d.data(), cols);
               ASSERT_EQ(got, want[r]) << TypeName(type) << " " << rows << "x" << cols << (raw ? " raw" : "")
-                                      << " token " << t << " row " << r << " (CPU row dot " << VecDot(type, &w[r * rb], a.data(), cols) << ")";
+                                      << " token " << t << " row " << r << " (CPU row dot "
+                                      << VecDot(type, &w[r * rb], a.data(), cols) << ")";
               ++checked;
             }
           }
@@ -288,8 +303,10 @@ TEST(KQuantLayout, EmbeddingDequantMatchesCpu) {
           } else {
             const int half = e / 128, group = (e % 128) / 32, l = e % 32;
             const uint8_t ql = blk[64 * half + l + 32 * (group & 1)];
-            const int code = (group < 2 ? (ql & 0xF) : (ql >> 4)) | (((blk[128 + 32 * half + l] >> (2 * group)) & 3) << 4);
-            const float dsc = F16ToF32(Load<f16_bits>(blk + 208)) * static_cast<float>(static_cast<int8_t>(blk[192 + e / 16]));
+            const int code =
+                (group < 2 ? (ql & 0xF) : (ql >> 4)) | (((blk[128 + 32 * half + l] >> (2 * group)) & 3) << 4);
+            const float dsc =
+                F16ToF32(Load<f16_bits>(blk + 208)) * static_cast<float>(static_cast<int8_t>(blk[192 + e / 16]));
             got = dsc * static_cast<float>(code - 32);
           }
           ASSERT_EQ(got, want[i]) << TypeName(type) << (raw ? " raw" : "") << " row " << r << " element " << i;

@@ -16,10 +16,10 @@
 namespace mer {
 namespace {
 
-using ::testing::HasSubstr;
 using residency::DaemonFixture;
 using residency::SynthStoreDir;
 using residency::UniqueName;
+using ::testing::HasSubstr;
 
 TEST(ResidencyExpertSourceTest, ViewsOverPinnedSlotsAndRelease) {
   DaemonFixture f;

@@ -2,13 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
-#include <utility>
-#include <vector>
-#include <algorithm>
 #include <random>
 #include <set>
+#include <utility>
+#include <vector>
 
 namespace mer {
 namespace {
@@ -128,9 +128,8 @@ TEST(Sampler, LargeVocabularyTruncationMatchesAFullSort) {
   for (float& l : logits) l = normal(gen);
   std::vector<int32_t> order(n);
   for (int i = 0; i < n; ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  });
+  std::sort(order.begin(), order.end(),
+            [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
   for (const auto& [top_k, top_p] : std::vector<std::pair<int, float>>{{0, 0.9f}, {50, 1.0f}, {500, 0.5f}}) {
     const float t = 0.7f;
     // The reference candidate set: top-k of the sorted order, then the smallest prefix reaching top_p.
@@ -174,7 +173,6 @@ TEST(Sampler, LargeVocabularyTruncationMatchesAFullSort) {
   for (int i = 0; i < draws; ++i) hits += s.Sample(logits, {}) == order[0];
   EXPECT_NEAR(hits / double(draws), want, 5 * std::sqrt(want / draws) + 1e-3);
 }
-
 
 // kLogits with a temperature of 1: p(1) = p(3) = e^2 / Z, p(2) = e / Z, so min_p = 0.5 keeps 1
 // and 3 only (e / e^2 = 0.37), with or without top-k (both sampling paths).

@@ -2,10 +2,10 @@
 
 #include <gtest/gtest.h>
 #include <algorithm>
-#include <thread>
-#include <cstdlib>
-#include <cstdio>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
 
 #include <atomic>
 #include <vector>
@@ -38,7 +38,6 @@ TEST(ThreadPool, ThreadIndexInRangeAndManyJobsInARow) {
   }
   EXPECT_EQ(sum.load(), 20000 * 64);
 }
-
 
 // Many small jobs of changing sizes on more threads than cores, so that workers are descheduled
 // between seeing a job and reading it: a late worker must never run a chunk of the next job with

@@ -33,8 +33,7 @@ namespace fs = std::filesystem;
 class SlowExpertSource final : public ExpertSource {
  public:
   explicit SlowExpertSource(const ModelWeights& w) : mapped_(w) {}
-  absl::Status AcquireLayer(int layer, absl::Span<const int32_t> experts,
-                            absl::Span<ExpertWeights> out) override {
+  absl::Status AcquireLayer(int layer, absl::Span<const int32_t> experts, absl::Span<ExpertWeights> out) override {
     if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms.load()));
     return mapped_.AcquireLayer(layer, experts, out);
   }
@@ -167,8 +166,10 @@ class GatewayApiTest : public ::testing::Test {
     co.target = "unix:" + socket_;
     co.poll_interval = absl::Milliseconds(50);
     client_ = std::make_unique<ComputeClient>(co, [this](std::shared_ptr<const ServedModel> m) {
-      if (m) scheduler_->SetCapacity(m->info.max_sequences(), m->info.kv_budget_tokens());
-      else scheduler_->SetUnavailable();
+      if (m)
+        scheduler_->SetCapacity(m->info.max_sequences(), m->info.kv_budget_tokens());
+      else
+        scheduler_->SetUnavailable();
     });
     service_ = std::make_unique<GatewayService>(*client_, *scheduler_, nullptr);
     // As mer-gateway's main does.
@@ -273,8 +274,8 @@ TEST_F(GatewayApiTest, HealthAndReflection) {
 
   // grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo with list_services = "*"
   // (field 7), over a generic stub: the answer names the public service.
-  const RawResult r = RawCall(channel_, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
-                              std::string("\x3a\x01*", 3));
+  const RawResult r =
+      RawCall(channel_, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", std::string("\x3a\x01*", 3));
   EXPECT_NE(r.response.find("mer.v1.Mer"), std::string::npos) << r.status.error_message();
 }
 
@@ -318,7 +319,8 @@ TEST_F(GatewayApiTest, TextPromptsTokenizeAndGetModelInfo) {
   tr.set_text("hello world");
   mer::v1::TokenizeResponse tresp;
   ASSERT_TRUE(stub_->Tokenize(&ctx, tr, &tresp).ok());
-  EXPECT_EQ(std::vector<int32_t>(tresp.token_ids().begin(), tresp.token_ids().end()), tokenizer_->Encode("hello world"));
+  EXPECT_EQ(std::vector<int32_t>(tresp.token_ids().begin(), tresp.token_ids().end()),
+            tokenizer_->Encode("hello world"));
   grpc::ClientContext ictx;
   mer::v1::ModelInfo info;
   ASSERT_TRUE(stub_->GetModelInfo(&ictx, {}, &info).ok());

@@ -79,11 +79,11 @@ TEST(OpenAiRequestTest, ToolCallsAreParsedWhenToolsAreOfferedAndNotRefused) {
     std::string extra;
     bool parse;
   };
-  for (const Case& c : {Case{"", false}, Case{", " + tools, true}, Case{", " + tools + R"(, "tool_choice": "auto")", true},
-                        Case{", " + tools + R"(, "tool_choice": "required")", true},
-                        Case{", " + tools + R"(, "tool_choice": {"type": "function", "function": {"name": "f"}})", true},
-                        Case{", " + tools + R"(, "tool_choice": "none")", false},
-                        Case{R"(, "tools": [])", false}}) {
+  for (const Case& c :
+       {Case{"", false}, Case{", " + tools, true}, Case{", " + tools + R"(, "tool_choice": "auto")", true},
+        Case{", " + tools + R"(, "tool_choice": "required")", true},
+        Case{", " + tools + R"(, "tool_choice": {"type": "function", "function": {"name": "f"}})", true},
+        Case{", " + tools + R"(, "tool_choice": "none")", false}, Case{R"(, "tools": [])", false}}) {
     auto r = ParseRequest(Endpoint::kChatCompletions, "{" + user + c.extra + "}");
     ASSERT_TRUE(r.ok()) << c.extra << ": " << r.status();
     EXPECT_EQ(r->parse_tool_calls, c.parse) << c.extra;

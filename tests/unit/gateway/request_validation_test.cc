@@ -178,8 +178,7 @@ TEST_F(RequestValidationTest, TheWireIsCheckedBeforeItIsParsed) {
       "prompt: both text and token_ids are set; set one of them");
   bad(ParseGenerateRequest(ids.SerializeAsString() + Field(1, "hi")),
       "prompt: both text and token_ids are set; set one of them");
-  bad(ParseGenerateRequest(std::string("\x0a\x7f", 2)),
-      "request: 2 bytes that are not a mer.v1.GenerateRequest");
+  bad(ParseGenerateRequest(std::string("\x0a\x7f", 2)), "request: 2 bytes that are not a mer.v1.GenerateRequest");
   // A good one parses as itself.
   auto ok = ParseGenerateRequest(Field(1, "h\xc3\xa9llo") + rest);
   ASSERT_TRUE(ok.ok()) << ok.status();

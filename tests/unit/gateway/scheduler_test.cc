@@ -111,12 +111,9 @@ TEST(SchedulerTest, DeadlineCancelAndComputeLoss) {
   Scheduler s({});
   s.SetCapacity(1, 100);
   ASSERT_TRUE(s.Admit(0, 1, kNever, nullptr).ok());
-  EXPECT_EQ(s.Admit(0, 1, absl::Now() + absl::Milliseconds(20), nullptr).code(),
-            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(s.Admit(0, 1, absl::Now() + absl::Milliseconds(20), nullptr).code(), absl::StatusCode::kDeadlineExceeded);
   std::atomic<bool> cancel{false};
-  std::thread t([&] {
-    EXPECT_EQ(s.Admit(0, 1, kNever, &cancel).code(), absl::StatusCode::kCancelled);
-  });
+  std::thread t([&] { EXPECT_EQ(s.Admit(0, 1, kNever, &cancel).code(), absl::StatusCode::kCancelled); });
   WaitForWaiting(s, 1);
   cancel = true;
   s.Poke();

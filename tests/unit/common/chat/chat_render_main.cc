@@ -22,8 +22,10 @@ int main() {
     in.eos_token = c.value("eos_token", "");
     const absl::StatusOr<mer::ChatTemplate> t = mer::ChatTemplate::Parse(c.at("template").get<std::string>());
     const absl::StatusOr<std::string> text = t.ok() ? t->Render(in) : absl::StatusOr<std::string>(t.status());
-    if (text.ok()) out.push_back({{"ok", true}, {"text", *text}});
-    else out.push_back({{"ok", false}, {"error", std::string(text.status().message())}});
+    if (text.ok())
+      out.push_back({{"ok", true}, {"text", *text}});
+    else
+      out.push_back({{"ok", false}, {"error", std::string(text.status().message())}});
   }
   std::cout << out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
   return 0;

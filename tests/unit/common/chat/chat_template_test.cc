@@ -25,16 +25,12 @@ struct Case {
 };
 
 const Case kCases[] = {
-    {"OneUserTurn",
-     R"JSON([{"role": "user", "content": "What is 2+2?"}])JSON",
-     "", std::nullopt, true,
+    {"OneUserTurn", R"JSON([{"role": "user", "content": "What is 2+2?"}])JSON", "", std::nullopt, true,
      R"EXP(<|im_start|>user
 What is 2+2?<|im_end|>
 <|im_start|>assistant
 )EXP"},
-    {"OneUserTurnThinkingOff",
-     R"JSON([{"role": "user", "content": "What is 2+2?"}])JSON",
-     "", false, true,
+    {"OneUserTurnThinkingOff", R"JSON([{"role": "user", "content": "What is 2+2?"}])JSON", "", false, true,
      R"EXP(<|im_start|>user
 What is 2+2?<|im_end|>
 <|im_start|>assistant
@@ -43,9 +39,7 @@ What is 2+2?<|im_end|>
 </think>
 
 )EXP"},
-    {"ThinkingOnExplicitly",
-     R"JSON([{"role": "user", "content": "Hi"}])JSON",
-     "", true, true,
+    {"ThinkingOnExplicitly", R"JSON([{"role": "user", "content": "Hi"}])JSON", "", true, true,
      R"EXP(<|im_start|>user
 Hi<|im_end|>
 <|im_start|>assistant
@@ -60,8 +54,7 @@ Hello<|im_end|>
 <|im_start|>assistant
 )EXP"},
     {"SystemAndUserThinkingOff",
-     R"JSON([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}])JSON",
-     "", false, true,
+     R"JSON([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}])JSON", "", false, true,
      R"EXP(<|im_start|>system
 Be brief.<|im_end|>
 <|im_start|>user
@@ -128,8 +121,8 @@ steps
 A<|im_end|>
 )EXP"},
     {"LastAssistantReasoningFromContent",
-     R"JSON([{"role": "user", "content": "Q"}, {"role": "assistant", "content": "<think>\nR\n</think>\n\nA"}])JSON",
-     "", std::nullopt, false,
+     R"JSON([{"role": "user", "content": "Q"}, {"role": "assistant", "content": "<think>\nR\n</think>\n\nA"}])JSON", "",
+     std::nullopt, false,
      R"EXP(<|im_start|>user
 Q<|im_end|>
 <|im_start|>assistant
@@ -140,8 +133,7 @@ R
 A<|im_end|>
 )EXP"},
     {"LastAssistantWithoutReasoning",
-     R"JSON([{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}])JSON",
-     "", std::nullopt, false,
+     R"JSON([{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}])JSON", "", std::nullopt, false,
      R"EXP(<|im_start|>user
 Q<|im_end|>
 <|im_start|>assistant
@@ -164,9 +156,8 @@ second<|im_end|>
 v<|im_end|>
 <|im_start|>assistant
 )EXP"},
-    {"UnicodeAndNewlines",
-     R"JSON([{"role": "user", "content": "Grüße, 你好 ✓\n\nTwo lines\n"}])JSON",
-     "", std::nullopt, true,
+    {"UnicodeAndNewlines", R"JSON([{"role": "user", "content": "Grüße, 你好 ✓\n\nTwo lines\n"}])JSON", "", std::nullopt,
+     true,
      R"EXP(<|im_start|>user
 Grüße, 你好 ✓
 
@@ -174,16 +165,15 @@ Two lines
 <|im_end|>
 <|im_start|>assistant
 )EXP"},
-    {"EmptyUserContent",
-     R"JSON([{"role": "user", "content": ""}])JSON",
-     "", std::nullopt, true,
+    {"EmptyUserContent", R"JSON([{"role": "user", "content": ""}])JSON", "", std::nullopt, true,
      R"EXP(<|im_start|>user
 <|im_end|>
 <|im_start|>assistant
 )EXP"},
     {"ToolsCallsAndResponses",
      R"JSON([{"role": "system", "content": "Use tools."}, {"role": "user", "content": "Weather in Paris?"}, {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}}]}, {"role": "tool", "content": "{\"t\": 21}"}, {"role": "tool", "content": "{\"rain\": false}"}])JSON",
-     R"JSON([{"type": "function", "function": {"name": "get_weather", "description": "Current weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])JSON", std::nullopt, true,
+     R"JSON([{"type": "function", "function": {"name": "get_weather", "description": "Current weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])JSON",
+     std::nullopt, true,
      R"EXP(<|im_start|>system
 Use tools.
 
@@ -265,12 +255,15 @@ std::pair<std::string, std::string> Split(std::string_view text, size_t step, bo
 TEST(ReasoningStreamTest, SplitsThinkBlocksWhateverTheChunking) {
   for (size_t step : {1, 2, 3, 7, 100}) {
     EXPECT_EQ(Split("<think>\nI should add.\n</think>\n\n4", step),
-              (std::pair<std::string, std::string>{"I should add.", "4"})) << step;
+              (std::pair<std::string, std::string>{"I should add.", "4"}))
+        << step;
     EXPECT_EQ(Split("  \n<think></think>\n\nHello", step), (std::pair<std::string, std::string>{"", "Hello"})) << step;
     EXPECT_EQ(Split("Plain answer <think> later", step),
-              (std::pair<std::string, std::string>{"", "Plain answer <think> later"})) << step;
+              (std::pair<std::string, std::string>{"", "Plain answer <think> later"}))
+        << step;
     EXPECT_EQ(Split("<think>\ncut off mid-thought\n", step),
-              (std::pair<std::string, std::string>{"cut off mid-thought", ""})) << step;
+              (std::pair<std::string, std::string>{"cut off mid-thought", ""}))
+        << step;
     EXPECT_EQ(Split("<thin", step), (std::pair<std::string, std::string>{"", "<thin"})) << step;
     EXPECT_EQ(Split("a </thi b</think>c", step, true), (std::pair<std::string, std::string>{"a </thi b", "c"})) << step;
     EXPECT_EQ(Split("<think>x\n\ny</think>", step), (std::pair<std::string, std::string>{"x\n\ny", ""})) << step;

@@ -62,9 +62,10 @@ TEST(ToolCallStream, WhatIsNotACallStaysText) {
 }
 
 TEST(ToolCallStream, ArgumentsGivenAsTextOrLeftOut) {
-  const Split s = Stream("<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}</tool_call>"
-                         "<tool_call>{\"name\": \"g\"}</tool_call>after",
-                         5);
+  const Split s = Stream(
+      "<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}</tool_call>"
+      "<tool_call>{\"name\": \"g\"}</tool_call>after",
+      5);
   ASSERT_EQ(s.calls.size(), 2u);
   EXPECT_EQ(s.calls[0].arguments, "{\"a\": 1}");
   EXPECT_EQ(s.calls[1].arguments, "{}");

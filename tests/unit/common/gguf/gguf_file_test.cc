@@ -90,12 +90,11 @@ class FileBuilder {
   }
   FileBuilder& Alignment(uint32_t a) { return Scalar("general.alignment", GgufValueType::kUint32, a); }
 
-  FileBuilder& Tensor(absl::string_view name, uint32_t type, const std::vector<uint64_t>& dims,
-                      uint64_t offset) {
+  FileBuilder& Tensor(absl::string_view name, uint32_t type, const std::vector<uint64_t>& dims, uint64_t offset) {
     return TensorRaw(name, static_cast<uint32_t>(dims.size()), dims, type, offset);
   }
-  FileBuilder& TensorRaw(absl::string_view name, uint32_t n_dims, const std::vector<uint64_t>& dims,
-                         uint32_t type, uint64_t offset) {
+  FileBuilder& TensorRaw(absl::string_view name, uint32_t n_dims, const std::vector<uint64_t>& dims, uint32_t type,
+                         uint64_t offset) {
     infos_.Str(name).U32(n_dims);
     for (uint64_t d : dims) infos_.U64(d);
     infos_.U32(type).U64(offset);
@@ -139,11 +138,10 @@ absl::StatusOr<std::unique_ptr<GgufFile>> ParseBytes(std::vector<uint8_t>&& byte
 ::testing::AssertionResult RejectsWith(const std::vector<uint8_t>& bytes, absl::string_view needle) {
   auto file = ParseBytes(bytes);
   if (file.ok()) return ::testing::AssertionFailure() << "parsed, expected an error with '" << needle << "'";
-  if (!absl::IsInvalidArgument(file.status()))
-    return ::testing::AssertionFailure() << "wrong code: " << file.status();
+  if (!absl::IsInvalidArgument(file.status())) return ::testing::AssertionFailure() << "wrong code: " << file.status();
   if (!absl::StrContains(file.status().message(), needle))
-    return ::testing::AssertionFailure() << "message '" << file.status().message()
-                                         << "' does not contain '" << needle << "'";
+    return ::testing::AssertionFailure() << "message '" << file.status().message() << "' does not contain '" << needle
+                                         << "'";
   return ::testing::AssertionSuccess() << file.status();
 }
 
@@ -156,8 +154,8 @@ std::vector<uint8_t> SmallValidFile(uint32_t version = 3) {
   f.Kv("a.ints", T(GgufValueType::kArray), ArrayHeader(GgufValueType::kInt16, 2).Put(int16_t{-1}).Put(int16_t{2}));
   f.Kv("a.strs", T(GgufValueType::kArray), ArrayHeader(GgufValueType::kString, 2).Str("x").Str("yz"));
   f.Kv("a.nested", T(GgufValueType::kArray), NestedArrays(2));
-  f.Tensor("a", T(GgmlType::kF32), {4}, 0);        // 16 bytes
-  f.Tensor("b", T(GgmlType::kF16), {8, 2}, 32);    // 32 bytes, ends the file
+  f.Tensor("a", T(GgmlType::kF32), {4}, 0);      // 16 bytes
+  f.Tensor("b", T(GgmlType::kF16), {8, 2}, 32);  // 32 bytes, ends the file
   return f.Build(32, 64);
 }
 
@@ -166,8 +164,7 @@ std::vector<uint8_t> SmallValidFile(uint32_t version = 3) {
 
 std::string TempPath(absl::string_view tag) {
   const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  return absl::StrCat(::testing::TempDir(), "/gguf_file_test_", getpid(), "_", info->name(), "_", tag,
-                      ".gguf");
+  return absl::StrCat(::testing::TempDir(), "/gguf_file_test_", getpid(), "_", info->name(), "_", tag, ".gguf");
 }
 
 std::vector<uint8_t> ReadAll(const std::string& path) {
@@ -217,10 +214,8 @@ TEST(GgufWriterTest, RoundTripsEveryMetadataTypeAndTensorType) {
   const std::vector<Spec> specs = {
       {"t.f32", GgmlType::kF32, {2, 3, 4, 5}, 480},  // 4-D
       {"t.f16", GgmlType::kF16, {3, 5}, 30},         // not a multiple of 32: padded
-      {"t.bf16", GgmlType::kBF16, {4}, 8},
-      {"t.q8_0", GgmlType::kQ8_0, {64, 2}, 2 * 2 * 34},
-      {"t.q4_k", GgmlType::kQ4_K, {256, 1}, 144},
-      {"t.q6_k", GgmlType::kQ6_K, {256, 2}, 420},
+      {"t.bf16", GgmlType::kBF16, {4}, 8},          {"t.q8_0", GgmlType::kQ8_0, {64, 2}, 2 * 2 * 34},
+      {"t.q4_k", GgmlType::kQ4_K, {256, 1}, 144},   {"t.q6_k", GgmlType::kQ6_K, {256, 2}, 420},
   };
   for (size_t i = 0; i < specs.size(); ++i) {
     const int index = w.AddTensor(specs[i].name, specs[i].type, specs[i].shape);
@@ -561,8 +556,8 @@ TEST(GgufFileTest, RejectsStringLengthPastTheEnd) {
 }
 
 TEST(GgufFileTest, RejectsArrayCountPastTheEnd) {
-  for (GgufValueType elem : {GgufValueType::kUint8, GgufValueType::kFloat64, GgufValueType::kString,
-                             GgufValueType::kArray}) {
+  for (GgufValueType elem :
+       {GgufValueType::kUint8, GgufValueType::kFloat64, GgufValueType::kString, GgufValueType::kArray}) {
     SCOPED_TRACE(GgufValueTypeName(elem));
     for (uint64_t count : {uint64_t{1000}, uint64_t{1} << 61, ~uint64_t{0}}) {
       FileBuilder b;
@@ -601,8 +596,8 @@ TEST(GgufFileTest, RejectsBadDimensionCount) {
   for (uint32_t n_dims : {0u, 5u, 0x80000000u}) {
     FileBuilder b;
     b.TensorRaw("t", n_dims, {4, 4, 4, 4, 4}, T(GgmlType::kF32), 0);
-    EXPECT_TRUE(RejectsWith(b.Build(32, 4096), absl::StrCat("GGUF tensor 't' has ", n_dims,
-                                                            " dimensions (1 to 4 allowed)")));
+    EXPECT_TRUE(
+        RejectsWith(b.Build(32, 4096), absl::StrCat("GGUF tensor 't' has ", n_dims, " dimensions (1 to 4 allowed)")));
   }
 }
 
@@ -618,8 +613,8 @@ TEST(GgufFileTest, RejectsDimensionProductOverflow) {
       {uint64_t{1} << 32, uint64_t{1} << 32},
       {uint64_t{1} << 20, uint64_t{1} << 20, uint64_t{1} << 20},
       {uint64_t{1} << 16, uint64_t{1} << 16, uint64_t{1} << 16, uint64_t{1} << 16},
-      {uint64_t{1} << 41},          // one huge dimension
-      {~uint64_t{0}},               // -1 as int64
+      {uint64_t{1} << 41},  // one huge dimension
+      {~uint64_t{0}},       // -1 as int64
       {8, uint64_t{1} << 63},
   };
   for (const auto& dims : cases) {
@@ -636,8 +631,7 @@ TEST(GgufFileTest, RejectsUnsupportedTensorTypes) {
     FileBuilder b;
     b.Tensor("w", type, {256}, 0);
     EXPECT_TRUE(RejectsWith(b.Build(32, 1024),
-                            absl::StrCat("GGUF tensor 'w' has tensor type ", type,
-                                         ", which mer does not support")));
+                            absl::StrCat("GGUF tensor 'w' has tensor type ", type, ", which mer does not support")));
   }
 }
 

@@ -49,12 +49,12 @@ struct ModelSpec {
       {"expert_feed_forward_length", 8},
   };
   int64_t n_vocab = 16;
-  bool with_output = false;             // false: tied embeddings
-  std::set<std::string> omit_keys;      // full key names
+  bool with_output = false;         // false: tied embeddings
+  std::set<std::string> omit_keys;  // full key names
   std::set<std::string> omit_tensors;
-  std::map<std::string, std::vector<int64_t>> shapes;  // overrides
-  std::map<std::string, GgmlType> types;               // overrides (default f32)
-  std::function<void(GgufWriter&)> extra;              // more metadata
+  std::map<std::string, std::vector<int64_t>> shapes;                       // overrides
+  std::map<std::string, GgmlType> types;                                    // overrides (default f32)
+  std::function<void(GgufWriter&)> extra;                                   // more metadata
   std::vector<std::pair<std::string, std::vector<int64_t>>> extra_tensors;  // f32, after the rest
 
   int64_t Get(const std::string& key) const {
@@ -66,8 +66,8 @@ struct ModelSpec {
 std::string TempPath() {
   static int counter = 0;
   const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  return absl::StrCat(::testing::TempDir(), "/model_config_test_", getpid(), "_", info->name(), "_",
-                      counter++, ".gguf");
+  return absl::StrCat(::testing::TempDir(), "/model_config_test_", getpid(), "_", info->name(), "_", counter++,
+                      ".gguf");
 }
 
 // The value of element i of tensor t: lets the tests check that views point at the right bytes.
@@ -90,8 +90,8 @@ std::string WriteModel(const ModelSpec& spec) {
   const int64_t embd = spec.Get("embedding_length"), head = spec.Get("attention.head_count"),
                 head_kv = spec.Get("attention.head_count_kv"), n_exp = spec.Get("expert_count"),
                 ff = spec.Get("expert_feed_forward_length"), layers = spec.Get("block_count");
-  const int64_t head_dim = spec.u32.count("attention.key_length") ? spec.Get("attention.key_length")
-                                                                  : embd / std::max<int64_t>(head, 1);
+  const int64_t head_dim =
+      spec.u32.count("attention.key_length") ? spec.Get("attention.key_length") : embd / std::max<int64_t>(head, 1);
   using S = std::vector<int64_t>;
   std::vector<std::pair<std::string, S>> tensors = {{"token_embd.weight", {embd, spec.n_vocab}},
                                                     {"output_norm.weight", {embd}}};
@@ -155,11 +155,10 @@ Loaded Load(const ModelSpec& spec) {
 template <typename T>
 ::testing::AssertionResult FailsWith(const absl::StatusOr<T>& v, absl::string_view needle) {
   if (v.ok()) return ::testing::AssertionFailure() << "succeeded, expected an error with '" << needle << "'";
-  if (!absl::IsInvalidArgument(v.status()))
-    return ::testing::AssertionFailure() << "wrong code: " << v.status();
+  if (!absl::IsInvalidArgument(v.status())) return ::testing::AssertionFailure() << "wrong code: " << v.status();
   if (!absl::StrContains(v.status().message(), needle))
-    return ::testing::AssertionFailure() << "message '" << v.status().message()
-                                         << "' does not contain '" << needle << "'";
+    return ::testing::AssertionFailure() << "message '" << v.status().message() << "' does not contain '" << needle
+                                         << "'";
   return ::testing::AssertionSuccess();
 }
 
@@ -252,11 +251,10 @@ TEST(ModelConfigTest, UntiedOutputAndOptionalKeys) {
 }
 
 TEST(ModelConfigTest, MissingKeyIsNamed) {
-  for (const char* key :
-       {"general.architecture", "qwen3moe.context_length", "qwen3moe.embedding_length",
-        "qwen3moe.block_count", "qwen3moe.attention.head_count", "qwen3moe.attention.head_count_kv",
-        "qwen3moe.expert_count", "qwen3moe.expert_used_count",
-        "qwen3moe.expert_feed_forward_length", "qwen3moe.attention.layer_norm_rms_epsilon"}) {
+  for (const char* key : {"general.architecture", "qwen3moe.context_length", "qwen3moe.embedding_length",
+                          "qwen3moe.block_count", "qwen3moe.attention.head_count", "qwen3moe.attention.head_count_kv",
+                          "qwen3moe.expert_count", "qwen3moe.expert_used_count", "qwen3moe.expert_feed_forward_length",
+                          "qwen3moe.attention.layer_norm_rms_epsilon"}) {
     SCOPED_TRACE(key);
     ModelSpec spec;
     spec.omit_keys.insert(key);
@@ -278,8 +276,7 @@ TEST(ModelConfigTest, HeadCountNotAMultipleOfKvHeads) {
   ModelSpec spec;
   spec.u32["attention.head_count"] = 6;
   spec.u32["attention.head_count_kv"] = 4;
-  EXPECT_TRUE(FailsWith(Load(spec).config,
-                        "attention.head_count 6 is not a multiple of head_count_kv 4"));
+  EXPECT_TRUE(FailsWith(Load(spec).config, "attention.head_count 6 is not a multiple of head_count_kv 4"));
 }
 
 TEST(ModelConfigTest, MoreExpertsUsedThanExist) {
@@ -343,8 +340,7 @@ TEST(ModelConfigTest, MissingTensorIsNamed) {
     EXPECT_TRUE(FailsWith(m.weights, "tensor 'token_embd.weight' is missing"));
   }
   for (const char* name : {"output_norm.weight", "blk.0.attn_norm.weight", "blk.1.attn_q.weight",
-                           "blk.1.attn_k_norm.weight", "blk.0.ffn_gate_inp.weight",
-                           "blk.1.ffn_down_exps.weight"}) {
+                           "blk.1.attn_k_norm.weight", "blk.0.ffn_gate_inp.weight", "blk.1.ffn_down_exps.weight"}) {
     SCOPED_TRACE(name);
     ModelSpec spec;
     spec.omit_tensors.insert(name);
@@ -358,14 +354,13 @@ TEST(ModelConfigTest, WrongTensorShapeIsNamed) {
   {
     ModelSpec spec;
     spec.shapes["blk.0.ffn_gate_exps.weight"] = {8, 4, 8};  // experts and rows swapped
-    EXPECT_TRUE(FailsWith(Load(spec).weights,
-                          "tensor 'blk.0.ffn_gate_exps.weight' has shape [8, 4, 8], expected [8, 8, 4]"));
+    EXPECT_TRUE(
+        FailsWith(Load(spec).weights, "tensor 'blk.0.ffn_gate_exps.weight' has shape [8, 4, 8], expected [8, 8, 4]"));
   }
   {
     ModelSpec spec;
     spec.shapes["blk.1.attn_k.weight"] = {8, 16};  // q_dim rows instead of kv_dim
-    EXPECT_TRUE(FailsWith(Load(spec).weights,
-                          "tensor 'blk.1.attn_k.weight' has shape [8, 16], expected [8, 8]"));
+    EXPECT_TRUE(FailsWith(Load(spec).weights, "tensor 'blk.1.attn_k.weight' has shape [8, 16], expected [8, 8]"));
   }
   {
     ModelSpec spec;
@@ -384,8 +379,7 @@ TEST(ModelConfigTest, NormTensorOfWrongTypeIsNamed) {
     ModelSpec spec;
     spec.types["blk.0.attn_norm.weight"] = type;
     EXPECT_TRUE(FailsWith(Load(spec).weights,
-                          absl::StrCat("tensor 'blk.0.attn_norm.weight' is ", TypeName(type),
-                                       ", expected f32")));
+                          absl::StrCat("tensor 'blk.0.attn_norm.weight' is ", TypeName(type), ", expected f32")));
   }
   ModelSpec spec;
   spec.types["blk.1.attn_q_norm.weight"] = GgmlType::kF16;
@@ -462,10 +456,9 @@ TEST(ModelConfigTest, IncoherentMetadataAndTensorsAreRefused) {
     // A vocabulary of another size than the embeddings: ids past the tokenizer, or tokens past
     // the embeddings.
     ModelSpec spec;
-    spec.extra = [](GgufWriter& w) {
-      w.AddStringArray("tokenizer.ggml.tokens", std::vector<std::string>(15, "x"));
-    };
-    EXPECT_TRUE(FailsWith(Load(spec).config, "tokenizer.ggml.tokens holds 15 tokens but 'token_embd.weight' has 16 rows"));
+    spec.extra = [](GgufWriter& w) { w.AddStringArray("tokenizer.ggml.tokens", std::vector<std::string>(15, "x")); };
+    EXPECT_TRUE(
+        FailsWith(Load(spec).config, "tokenizer.ggml.tokens holds 15 tokens but 'token_embd.weight' has 16 rows"));
   }
   {
     // A tensor retyped without moving the next one: its bytes run into its neighbour's.

@@ -91,15 +91,15 @@ uint64_t Fnv1a64(const std::string& bytes) {
 // the hashes here.
 TEST(SynthModel, TinyPresetBytesArePinned) {
   const std::pair<SynthQuant, uint64_t> cases[] = {
-      {SynthQuant::kF32, 0x29bb13dec7ae7fc6}, {SynthQuant::kF16, 0xf0bde4e9e0be7f9a},
-      {SynthQuant::kBF16, 0x05a5ea97dcdfe966}, {SynthQuant::kQ8_0, 0x6184eca1edd89585},
-      {SynthQuant::kQ4_K, 0xd6baed476ecc9138}, {SynthQuant::kQ5_K, 0x602732f48e51b3ab},
-      {SynthQuant::kQ3_K, 0x238c678e71c38476}, {SynthQuant::kQ2_K, 0x4df958d7c95020b4},
-      {SynthQuant::kQ4_0, 0xa0bd2faae3926153}, {SynthQuant::kQ4_1, 0x364c27bfb498bcec},
-      {SynthQuant::kQ5_0, 0x1a6de7e3cbec230a}, {SynthQuant::kQ5_1, 0xb6ca23076ef4f8cd},
-      {SynthQuant::kQ3_K_M, 0x99df03a37a7bbf2b}, {SynthQuant::kQ4_K_M, 0x9c53b6d695d3d05f},
-      {SynthQuant::kQ5_K_M, 0xafd84eb635f5a5c5}, {SynthQuant::kIQ4_NL, 0xfd23bc8b1a317a7c},
-      {SynthQuant::kIQ4_XS, 0xbf85ff0462d51d1c}, {SynthQuant::kIQ2_XXS, 0x811cd80aae39615f},
+      {SynthQuant::kF32, 0x29bb13dec7ae7fc6},     {SynthQuant::kF16, 0xf0bde4e9e0be7f9a},
+      {SynthQuant::kBF16, 0x05a5ea97dcdfe966},    {SynthQuant::kQ8_0, 0x6184eca1edd89585},
+      {SynthQuant::kQ4_K, 0xd6baed476ecc9138},    {SynthQuant::kQ5_K, 0x602732f48e51b3ab},
+      {SynthQuant::kQ3_K, 0x238c678e71c38476},    {SynthQuant::kQ2_K, 0x4df958d7c95020b4},
+      {SynthQuant::kQ4_0, 0xa0bd2faae3926153},    {SynthQuant::kQ4_1, 0x364c27bfb498bcec},
+      {SynthQuant::kQ5_0, 0x1a6de7e3cbec230a},    {SynthQuant::kQ5_1, 0xb6ca23076ef4f8cd},
+      {SynthQuant::kQ3_K_M, 0x99df03a37a7bbf2b},  {SynthQuant::kQ4_K_M, 0x9c53b6d695d3d05f},
+      {SynthQuant::kQ5_K_M, 0xafd84eb635f5a5c5},  {SynthQuant::kIQ4_NL, 0xfd23bc8b1a317a7c},
+      {SynthQuant::kIQ4_XS, 0xbf85ff0462d51d1c},  {SynthQuant::kIQ2_XXS, 0x811cd80aae39615f},
       {SynthQuant::kIQ3_XXS, 0xfde299903db8d3d9},
   };
   for (const auto& [quant, want] : cases) {
@@ -132,8 +132,8 @@ TEST(SynthModel, RecipesFollowLlamaCppsRules) {
     EXPECT_EQ(type(SynthQuant::kQ4_K_M, SynthMatrix::kDownExps, layer), GgmlType::kQ4_K) << layer;
     EXPECT_EQ(type(SynthQuant::kQ5_K_M, SynthMatrix::kAttnV, layer), GgmlType::kQ5_K) << layer;
   }
-  for (SynthMatrix m : {SynthMatrix::kTokenEmbd, SynthMatrix::kAttnQ, SynthMatrix::kAttnK,
-                        SynthMatrix::kAttnOutput, SynthMatrix::kGateExps, SynthMatrix::kUpExps}) {
+  for (SynthMatrix m : {SynthMatrix::kTokenEmbd, SynthMatrix::kAttnQ, SynthMatrix::kAttnK, SynthMatrix::kAttnOutput,
+                        SynthMatrix::kGateExps, SynthMatrix::kUpExps}) {
     EXPECT_EQ(type(SynthQuant::kQ4_K_M, m, 3), GgmlType::kQ4_K);
     EXPECT_EQ(type(SynthQuant::kQ5_K_M, m, 3), GgmlType::kQ5_K);
   }
@@ -197,12 +197,11 @@ TEST(SynthModel, RandomGeometriesAreValidVariedAndRun) {
   EXPECT_FALSE(SynthPreset("random:12x").has_value());
 
   // Every quantized type once, K-quants falling back to q8_0 where rows are not multiples of 256.
-  constexpr SynthQuant kQuants[] = {SynthQuant::kQ8_0, SynthQuant::kQ4_K, SynthQuant::kQ5_K,
-                                    SynthQuant::kQ3_K, SynthQuant::kQ2_K, SynthQuant::kQ4_0,
-                                    SynthQuant::kQ4_1, SynthQuant::kQ5_0, SynthQuant::kQ5_1,
-                                    SynthQuant::kQ3_K_M, SynthQuant::kQ4_K_M, SynthQuant::kQ5_K_M,
-                                    SynthQuant::kIQ4_NL, SynthQuant::kIQ4_XS, SynthQuant::kIQ2_XXS,
-                                    SynthQuant::kIQ3_XXS};
+  constexpr SynthQuant kQuants[] = {
+      SynthQuant::kQ8_0,   SynthQuant::kQ4_K,   SynthQuant::kQ5_K,    SynthQuant::kQ3_K,
+      SynthQuant::kQ2_K,   SynthQuant::kQ4_0,   SynthQuant::kQ4_1,    SynthQuant::kQ5_0,
+      SynthQuant::kQ5_1,   SynthQuant::kQ3_K_M, SynthQuant::kQ4_K_M,  SynthQuant::kQ5_K_M,
+      SynthQuant::kIQ4_NL, SynthQuant::kIQ4_XS, SynthQuant::kIQ2_XXS, SynthQuant::kIQ3_XXS};
   for (uint64_t seed = 1; seed <= std::size(kQuants); ++seed) {
     SynthOptions o;
     o.geometry = RandomSynthGeometry(seed);
@@ -226,7 +225,7 @@ TEST(SynthModel, RandomGeometriesAreValidVariedAndRun) {
 }
 
 struct RoutingResult {
-  double lru_hit_rate_25 = 0;    // LRU over 25% of all experts, prompt and decode counted
+  double lru_hit_rate_25 = 0;  // LRU over 25% of all experts, prompt and decode counted
   int distinct_generated = 0;
   int generated = 0;
 };
@@ -237,8 +236,16 @@ RoutingResult Route(double skew) {
   SynthOptions o;
   o.geometry = *SynthPreset("micro");
   SynthGeometry& g = o.geometry;
-  g.n_layer = 24; g.n_embd = 128; g.n_head = 4; g.n_head_kv = 1; g.head_dim = 32;
-  g.n_expert = 32; g.n_expert_used = 4; g.n_ff_exp = 64; g.n_vocab = 4096; g.n_ctx = 256;
+  g.n_layer = 24;
+  g.n_embd = 128;
+  g.n_head = 4;
+  g.n_head_kv = 1;
+  g.head_dim = 32;
+  g.n_expert = 32;
+  g.n_expert_used = 4;
+  g.n_ff_exp = 64;
+  g.n_vocab = 4096;
+  g.n_ctx = 256;
   o.router_skew = skew;
   o.threads = 2;
   RoutingResult r;
@@ -268,8 +275,7 @@ RoutingResult Route(double skew) {
   r.distinct_generated = static_cast<int>(std::set<int32_t>(out->begin(), out->end()).size());
 
   const std::string& bytes = (*writer)->bytes();
-  auto parsed = trace::ParseTrace(
-      absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+  auto parsed = trace::ParseTrace(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
   EXPECT_TRUE(parsed.ok()) << parsed.status();
   if (!parsed.ok()) return r;
   trace::ReplayOptions ro;

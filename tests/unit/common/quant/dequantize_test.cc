@@ -46,7 +46,7 @@ TEST(DequantizeLegacy, HandBuiltBlocks) {
   BlockQ5_0 q5_0;
   BlockQ5_1 q5_1;
   q4_0.d = q4_1.d = q5_0.d = q5_1.d = 0x3800;  // 0.5
-  q4_1.m = q5_1.m = 0xC200;                     // -3
+  q4_1.m = q5_1.m = 0xC200;                    // -3
   std::memcpy(q4_0.qs, qs, 16);
   std::memcpy(q4_1.qs, qs, 16);
   std::memcpy(q5_0.qs, qs, 16);
@@ -64,19 +64,18 @@ TEST(DequantizeLegacy, HandBuiltBlocks) {
     EXPECT_EQ(out[2][e], 0.5f * (code5(e) - 16)) << e;
     EXPECT_EQ(out[3][e], 0.5f * code5(e) - 3.0f) << e;
   }
-  EXPECT_EQ(out[0][0], 3.5f);    // code 15: 0.5 * (15 - 8)
-  EXPECT_EQ(out[1][31], 4.5f);   // code 15: 0.5 * 15 - 3
-  EXPECT_EQ(out[2][4], -2.5f);   // code 11, qh bit 4 clear: 0.5 * (11 - 16)
-  EXPECT_EQ(out[3][16], 5.0f);   // code 0 | 16 (qh bit 16 set): 0.5 * 16 - 3
-  EXPECT_EQ(out[2][31], 7.5f);   // code 15 | 16 (qh bit 31 set): 0.5 * (31 - 16)
+  EXPECT_EQ(out[0][0], 3.5f);   // code 15: 0.5 * (15 - 8)
+  EXPECT_EQ(out[1][31], 4.5f);  // code 15: 0.5 * 15 - 3
+  EXPECT_EQ(out[2][4], -2.5f);  // code 11, qh bit 4 clear: 0.5 * (11 - 16)
+  EXPECT_EQ(out[3][16], 5.0f);  // code 0 | 16 (qh bit 16 set): 0.5 * 16 - 3
+  EXPECT_EQ(out[2][31], 7.5f);  // code 15 | 16 (qh bit 31 set): 0.5 * (31 - 16)
 }
 
 // IQ4_NL with qs[i] = 16 i + (15 - i) and d = 0.5: element j < 16 is 0.5 * value[15 - j],
 // element 16 + j 0.5 * value[j]. IQ4_XS with the same codes in every sub-block and hand-packed
 // scale codes {0, 63, 31, 32, 1, 40, 17, 48} (scales_l nibbles, scales_h bit pairs), d = 0.25.
 TEST(DequantizeIQ4, HandBuiltBlocks) {
-  constexpr int kValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                               1,    13,   25,  38,  53,  69,  89,  113};
+  constexpr int kValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
   const auto code = [](int e) { return e < 16 ? 15 - e : e - 16; };
   BlockIQ4_NL nl;
   nl.d = 0x3800;  // 0.5
@@ -89,7 +88,7 @@ TEST(DequantizeIQ4, HandBuiltBlocks) {
 
   constexpr int kCodes[8] = {0, 63, 31, 32, 1, 40, 17, 48};
   BlockIQ4_XS xs;
-  xs.d = 0x3400;  // 0.25
+  xs.d = 0x3400;          // 0.25
   xs.scales_l[0] = 0xF0;  // codes 0, 63: low nibbles 0x0, 0xF
   xs.scales_l[1] = 0x0F;  // 31, 32: 0xF, 0x0
   xs.scales_l[2] = 0x81;  // 1, 40: 0x1, 0x8
@@ -102,9 +101,8 @@ TEST(DequantizeIQ4, HandBuiltBlocks) {
   }
   float out_xs[256];
   DequantizeRow(GgmlType::kIQ4_XS, &xs, out_xs, 256);
-  for (int e = 0; e < 256; ++e)
-    EXPECT_EQ(out_xs[e], 0.25f * (kCodes[e / 32] - 32) * kValues[code(e % 32)]) << e;
-  EXPECT_EQ(out_xs[32], 875.75f);  // sub-block 1 (scale 31), value 113: 0.25 * 31 * 113
+  for (int e = 0; e < 256; ++e) EXPECT_EQ(out_xs[e], 0.25f * (kCodes[e / 32] - 32) * kValues[code(e % 32)]) << e;
+  EXPECT_EQ(out_xs[32], 875.75f);    // sub-block 1 (scale 31), value 113: 0.25 * 31 * 113
   EXPECT_EQ(out_xs[96 + 16], 0.0f);  // sub-block 3 (scale 0)
 }
 
@@ -179,8 +177,7 @@ TEST(DequantizeQ4_K, HandBuiltBlockWithAllEightScalesAndMins) {
   BlockQ4_K block;
   block.d = 0x3800;     // 0.5
   block.dmin = 0x3400;  // 0.25
-  const uint8_t scales[12] = {0x41, 0x82, 0xC3, 0xFF, 0x00, 0x45,
-                              0xA8, 0xFF, 0x91, 0x41, 0x40, 0xEF};
+  const uint8_t scales[12] = {0x41, 0x82, 0xC3, 0xFF, 0x00, 0x45, 0xA8, 0xFF, 0x91, 0x41, 0x40, 0xEF};
   std::memcpy(block.scales, scales, 12);
   // Low nibble of byte i: i % 16; high nibble: 15 - i % 16.
   for (int i = 0; i < 128; ++i) block.qs[i] = static_cast<uint8_t>((i % 16) | ((15 - i % 16) << 4));
@@ -216,8 +213,7 @@ TEST(DequantizeQ5_K, HandBuiltBlockWithFifthBits) {
   BlockQ5_K block;
   block.d = 0x3800;     // 0.5
   block.dmin = 0x3400;  // 0.25
-  const uint8_t scales[12] = {0x41, 0x82, 0xC3, 0xFF, 0x00, 0x45,
-                              0xA8, 0xFF, 0x91, 0x41, 0x40, 0xEF};
+  const uint8_t scales[12] = {0x41, 0x82, 0xC3, 0xFF, 0x00, 0x45, 0xA8, 0xFF, 0x91, 0x41, 0x40, 0xEF};
   std::memcpy(block.scales, scales, 12);
   for (int i = 0; i < 128; ++i) block.qs[i] = static_cast<uint8_t>((i % 16) | ((15 - i % 16) << 4));
   for (int l = 0; l < 32; ++l) block.qh[l] = static_cast<uint8_t>(0x5A ^ l);
@@ -267,8 +263,7 @@ TEST(DequantizeQ2_K, HandBuiltBlock) {
 TEST(DequantizeQ3_K, HandBuiltBlock) {
   constexpr int kCodes[16] = {15, 62, 61, 12, 27, 42, 9, 56, 33, 18, 19, 36, 53, 6, 39, 24};
   BlockQ3_K block;
-  const uint8_t scales[12] = {0x1F, 0x2E, 0x3D, 0x4C, 0x5B, 0x6A,
-                              0x79, 0x88, 0xE4, 0x1B, 0x93, 0x6C};
+  const uint8_t scales[12] = {0x1F, 0x2E, 0x3D, 0x4C, 0x5B, 0x6A, 0x79, 0x88, 0xE4, 0x1B, 0x93, 0x6C};
   std::memcpy(block.scales, scales, 12);
   for (int i = 0; i < 64; ++i) block.qs[i] = static_cast<uint8_t>((11 * i + 5) & 0xFF);
   for (int l = 0; l < 32; ++l) block.hmask[l] = static_cast<uint8_t>((29 * l + 3) & 0xFF);
@@ -308,13 +303,11 @@ TEST(DequantizeQ6_K, HandBuiltBlock) {
     EXPECT_EQ(out[e], 0.5f * kScales[e / 16] * ((low | high << 4) - 32)) << e;
   }
   EXPECT_EQ(out[0], -16.0f);  // ql 0, qh 0: q = 0 -> 0.5 * 1 * -32
-  EXPECT_EQ(
-      out[200],
-      -280.0f);  // half 1, group 2, l 8: ql[72] = 0x48 -> 4, qh[40] = 0xC8 -> 0: 0.5*20*(4-32)
+  EXPECT_EQ(out[200],
+            -280.0f);        // half 1, group 2, l 8: ql[72] = 0x48 -> 4, qh[40] = 0xC8 -> 0: 0.5*20*(4-32)
   EXPECT_EQ(out[5], -5.5f);  // ql[5] = 5, qh[5] = 0xB9 -> bits 0,1 = 1: q = 21 -> 0.5*1*(21-32)
-  EXPECT_EQ(
-      out[39],
-      -37.5f);  // group 1, l 7: ql[39] = 0x27 -> 7, qh[7] = 0x03 -> bits 2,3 = 0: 0.5*3*(7-32)
+  EXPECT_EQ(out[39],
+            -37.5f);           // group 1, l 7: ql[39] = 0x27 -> 7, qh[7] = 0x03 -> bits 2,3 = 0: 0.5*3*(7-32)
   EXPECT_EQ(out[127], 52.0f);  // group 3, l 31: ql[63] = 0x3F -> 3, qh[31] = 0x7B -> bits 6,7 = 1:
                                // q = 19 -> 0.5*-8*(19-32)
 }

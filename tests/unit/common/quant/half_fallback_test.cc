@@ -65,9 +65,7 @@ TEST(F16Portable, NarrowsLikeF16c) {
     const uint16_t got = portable::mer::F32ToF16(f);
     // NaN payloads may differ; both must be NaNs.
     const bool ok = std::isnan(f) ? (got & 0x7C00) == 0x7C00 && (got & 0x03FF) != 0 : got == want;
-    if (!ok)
-      ADD_FAILURE() << std::hex << "f32 bits 0x" << bits << ": got 0x" << got << ", F16C 0x"
-                    << want;
+    if (!ok) ADD_FAILURE() << std::hex << "f32 bits 0x" << bits << ": got 0x" << got << ", F16C 0x" << want;
     return ok;
   };
   for (uint32_t e = 127 - 26; e <= 127 - 14; ++e) {

@@ -87,10 +87,9 @@ TEST(QuantizeQ8_K, BytesMatchGgml) {
     for (auto [i, v] : bsums) s[i] = static_cast<int16_t>(v);
     for (int i = 0; i < 16; ++i) EXPECT_EQ(b.bsums[i], s[i]) << i;
   };
-  expect_block(
-      y[0], 1.0f / 63.5f,
-      {{0, 64}, {1, 32}, {2, -127}, {3, 13}, {4, -64}, {5, 127}, {16, -2}, {17, 1}, {31, 127}},
-      {{0, 45}, {1, 126}});
+  expect_block(y[0], 1.0f / 63.5f,
+               {{0, 64}, {1, 32}, {2, -127}, {3, 13}, {4, -64}, {5, 127}, {16, -2}, {17, 1}, {31, 127}},
+               {{0, 45}, {1, 126}});
   expect_block(y[1], 0.0f, {}, {});
   expect_block(y[2], 1.0f / 127.0f, {{0, -127}, {1, 32}}, {{0, -95}});
   expect_block(y[3], 1.0f / -31.75f, {{10, -127}, {11, 127}, {12, -32}}, {{0, -32}});
@@ -193,9 +192,9 @@ TEST(RoundTrip, QuantizerErrorBounds) {
   const struct {
     GgmlType type;
     double bound;
-  } cases[] = {{GgmlType::kQ2_K, 0.32}, {GgmlType::kQ3_K, 0.21}, {GgmlType::kQ4_K, 0.10},
-               {GgmlType::kQ5_K, 0.05}, {GgmlType::kQ6_K, 0.025}, {GgmlType::kQ4_0, 0.13},
-               {GgmlType::kQ4_1, 0.10}, {GgmlType::kQ5_0, 0.065}, {GgmlType::kQ5_1, 0.05},
+  } cases[] = {{GgmlType::kQ2_K, 0.32},   {GgmlType::kQ3_K, 0.21},   {GgmlType::kQ4_K, 0.10},
+               {GgmlType::kQ5_K, 0.05},   {GgmlType::kQ6_K, 0.025},  {GgmlType::kQ4_0, 0.13},
+               {GgmlType::kQ4_1, 0.10},   {GgmlType::kQ5_0, 0.065},  {GgmlType::kQ5_1, 0.05},
                {GgmlType::kIQ4_NL, 0.10}, {GgmlType::kIQ4_XS, 0.10}, {GgmlType::kIQ2_XXS, 0.40},
                {GgmlType::kIQ3_XXS, 0.22}};
   for (const auto& c : cases) {
@@ -206,12 +205,12 @@ TEST(RoundTrip, QuantizerErrorBounds) {
 }
 
 TEST(RoundTrip, KQuantsOfDegenerateBlocks) {
-  std::vector<float> x(1024, 0.0f);              // block 0: zeros
-  for (int i = 256; i < 512; ++i) x[i] = 0.75f;  // block 1: constant positive
-  for (int i = 512; i < 768; ++i) x[i] = -0.5f;  // block 2: constant negative
+  std::vector<float> x(1024, 0.0f);                                            // block 0: zeros
+  for (int i = 256; i < 512; ++i) x[i] = 0.75f;                                // block 1: constant positive
+  for (int i = 512; i < 768; ++i) x[i] = -0.5f;                                // block 2: constant negative
   for (int i = 768; i < 1024; ++i) x[i] = i == 900 ? 50.0f : 0.01f * (i % 5);  // one outlier
-  for (GgmlType type : {GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K,
-                        GgmlType::kQ6_K, GgmlType::kIQ4_XS}) {
+  for (GgmlType type :
+       {GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_XS}) {
     const std::vector<float> y = RoundTrip(type, x);
     for (int i = 0; i < 256; ++i) EXPECT_EQ(y[i], 0.0f) << TypeName(type) << " " << i;
     for (int i = 256; i < 768; ++i) EXPECT_NEAR(y[i], x[i], 0.02f) << TypeName(type) << " " << i;

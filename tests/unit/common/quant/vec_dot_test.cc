@@ -20,10 +20,9 @@ namespace mer {
 namespace {
 
 constexpr GgmlType kWeightTypes[] = {
-    GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ4_0, GgmlType::kQ4_1,
-    GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ2_K, GgmlType::kQ3_K,
-    GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS,
-    GgmlType::kIQ2_XXS, GgmlType::kIQ3_XXS};
+    GgmlType::kF32,  GgmlType::kF16,    GgmlType::kBF16,   GgmlType::kQ4_0,    GgmlType::kQ4_1,   GgmlType::kQ5_0,
+    GgmlType::kQ5_1, GgmlType::kQ8_0,   GgmlType::kQ2_K,   GgmlType::kQ3_K,    GgmlType::kQ4_K,   GgmlType::kQ5_K,
+    GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS, GgmlType::kIQ3_XXS};
 constexpr int64_t kSizes[] = {1, 7, 16, 33, 32, 64, 96, 160, 256, 512, 768, 1024, 2048, 4096};
 constexpr int64_t kRows = 11;  // groups of 8, 4 and 2 rows, and single rows
 
@@ -80,8 +79,7 @@ double MinTermDifference(const DotCase& c, int64_t r) {
   for (int64_t b = 0; b < nb; ++b) {
     int sum = 0;
     for (int i = 0; i < kQ8_0BlockSize; ++i) sum += a[b].qs[i];
-    diff += double(F16ToF32(w[b].m)) *
-            (double(F16ToF32(a[b].s)) - double(F16ToF32(a[b].d)) * sum);
+    diff += double(F16ToF32(w[b].m)) * (double(F16ToF32(a[b].s)) - double(F16ToF32(a[b].d)) * sum);
   }
   return diff;
 }
@@ -117,15 +115,14 @@ TEST(VecDot, MatchesDoubleReferenceOnDequantizedOperands) {
         const Reference ref = Ref(c, r);
         const double err = std::fabs(out[r] - ref.dot) / (ref.abs_sum + 1e-30);
         worst = std::max(worst, err);
-        EXPECT_LE(err, Tolerance(type))
-            << TypeName(type) << " n=" << n << " row " << r << ": " << out[r] << " vs " << ref.dot;
+        EXPECT_LE(err, Tolerance(type)) << TypeName(type) << " n=" << n << " row " << r << ": " << out[r] << " vs "
+                                        << ref.dot;
         // The single-row entry point is the same kernel, bit for bit.
         EXPECT_EQ(VecDot(type, c.weights.data() + r * row_bytes, c.activation.data(), n), out[r])
             << TypeName(type) << " n=" << n << " row " << r;
       }
     }
-    std::printf("%-5s worst |dot - ref| / sum|w*a| = %.2e\n", std::string(TypeName(type)).c_str(),
-                worst);
+    std::printf("%-5s worst |dot - ref| / sum|w*a| = %.2e\n", std::string(TypeName(type)).c_str(), worst);
   }
 }
 
@@ -138,8 +135,7 @@ TEST(VecDot, RowGroupingDoesNotChangeResults) {
     VecDotRows(type, c.weights.data(), kRows, c.activation.data(), n, all);
     for (int64_t start = 0; start < kRows; ++start) {
       float part[kRows];
-      VecDotRows(type, c.weights.data() + start * row_bytes, kRows - start, c.activation.data(), n,
-                 part);
+      VecDotRows(type, c.weights.data() + start * row_bytes, kRows - start, c.activation.data(), n, part);
       for (int64_t r = start; r < kRows; ++r) EXPECT_EQ(part[r - start], all[r]) << TypeName(type);
     }
   }
@@ -172,10 +168,8 @@ TEST(VecDot, EverySimdVariantMatchesScalarAndTheOthersBitForBit) {
       if (!Applies(type, n)) continue;
       const DotCase c = MakeCase(type, n, 1234 + static_cast<uint32_t>(n));
       float scalar[kRows], avx2[kRows];
-      VecDotRowsWith(KernelVariant::kScalar, type, c.weights.data(), kRows, c.activation.data(), n,
-                     scalar);
-      VecDotRowsWith(KernelVariant::kAvx2, type, c.weights.data(), kRows, c.activation.data(), n,
-                     avx2);
+      VecDotRowsWith(KernelVariant::kScalar, type, c.weights.data(), kRows, c.activation.data(), n, scalar);
+      VecDotRowsWith(KernelVariant::kAvx2, type, c.weights.data(), kRows, c.activation.data(), n, avx2);
       for (KernelVariant v : variants) {
         float out[kRows];
         VecDotRowsWith(v, type, c.weights.data(), kRows, c.activation.data(), n, out);
@@ -184,8 +178,7 @@ TEST(VecDot, EverySimdVariantMatchesScalarAndTheOthersBitForBit) {
           EXPECT_LE(std::fabs(out[r] - scalar[r]) / scale, Tolerance(type))
               << KernelVariantName(v) << " " << TypeName(type) << " n=" << n << " row " << r;
           // The SIMD variants form the same exact integer lanes and the same f32 operations.
-          EXPECT_EQ(out[r], avx2[r])
-              << KernelVariantName(v) << " " << TypeName(type) << " n=" << n << " row " << r;
+          EXPECT_EQ(out[r], avx2[r]) << KernelVariantName(v) << " " << TypeName(type) << " n=" << n << " row " << r;
         }
       }
     }
@@ -242,8 +235,7 @@ TEST(KernelVariantFromEnvironment, NamesAndRefusals) {
       EXPECT_EQ(MissingCpuFeatures(v), "");
     } else {
       EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition);
-      EXPECT_NE(got.status().message().find(MissingCpuFeatures(v)), std::string::npos)
-          << got.status();
+      EXPECT_NE(got.status().message().find(MissingCpuFeatures(v)), std::string::npos) << got.status();
       EXPECT_NE(MissingCpuFeatures(v), "");
     }
   }

@@ -44,8 +44,7 @@ const ExpectedIdentity kId{77, 4, 32};
 // A residency segment with a FakeResidency thread, and a compute segment + client.
 class Fixture {
  public:
-  explicit Fixture(uint32_t ram_slots, FakeResidencyOptions fake = {}, bool serve = true)
-      : name_(UniqueName("fx")) {
+  explicit Fixture(uint32_t ram_slots, FakeResidencyOptions fake = {}, bool serve = true) : name_(UniqueName("fx")) {
     res_ = std::move(ShmSegment::Create(name_, Options(ram_slots)).value());
     res_->StartHeartbeat(absl::Milliseconds(5));
     comp_ = std::move(ShmSegment::Attach(name_, kId).value());
@@ -187,9 +186,7 @@ TEST(ClientTest, UnavailableWhenResidencyIsReplacedThenReconnect) {
   const int32_t experts[] = {1};
   std::vector<PinnedExpert> pinned;
   absl::Status st;
-  std::thread waiter([&] {
-    st = f.client().Acquire(step, 0, experts, absl::Now() + absl::Seconds(20), &pinned);
-  });
+  std::thread waiter([&] { st = f.client().Acquire(step, 0, experts, absl::Now() + absl::Seconds(20), &pinned); });
   absl::SleepFor(absl::Milliseconds(30));
   // A new mer-residency creates the segment again: the old one is superseded.
   auto fresh = ShmSegment::Create(f.name(), Options(4));

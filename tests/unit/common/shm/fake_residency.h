@@ -45,9 +45,9 @@ inline bool CheckPattern(absl::Span<const uint8_t> bytes, uint32_t layer, uint32
 }
 
 struct FakeResidencyOptions {
-  int fail_layer = -1;       // (fail_layer, fail_expert) completes with DataLoss
+  int fail_layer = -1;  // (fail_layer, fail_expert) completes with DataLoss
   int fail_expert = -1;
-  bool churn = false;        // after each load, also evict one other resident expert
+  bool churn = false;  // after each load, also evict one other resident expert
 };
 
 class FakeResidency {
@@ -94,8 +94,7 @@ class FakeResidency {
     c.expert = d.expert;
     c.request_id = d.request_id;
     c.pool = static_cast<uint8_t>(Pool::kRam);
-    if (static_cast<int>(d.layer) == options_.fail_layer &&
-        static_cast<int>(d.expert) == options_.fail_expert) {
+    if (static_cast<int>(d.layer) == options_.fail_layer && static_cast<int>(d.expert) == options_.fail_expert) {
       c.generation = ep_.PublishFailed(d.layer, d.expert, absl::StatusCode::kDataLoss);
       c.status = static_cast<uint16_t>(absl::StatusCode::kDataLoss);
       c.slot = kNoSlot;

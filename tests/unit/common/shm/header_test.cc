@@ -43,9 +43,8 @@ TEST(HeaderTest, BuildHeaderLaysOutAlignedRegions) {
   EXPECT_EQ(h->ram_pool_offset % kPageBytes, 0u);
   EXPECT_EQ(h->segment_bytes % kPageBytes, 0u);
   EXPECT_EQ(h->control_offset, sizeof(SegmentHeader));
-  for (uint64_t off : {h->control_offset, h->demand_ring_offset, h->hint_ring_offset,
-                       h->completion_ring_offset, h->table_offset, h->ram_pins_offset,
-                       h->vram_pins_offset}) {
+  for (uint64_t off : {h->control_offset, h->demand_ring_offset, h->hint_ring_offset, h->completion_ring_offset,
+                       h->table_offset, h->ram_pins_offset, h->vram_pins_offset}) {
     EXPECT_EQ(off % kCacheLine, 0u) << off;
   }
   EXPECT_LT(h->control_offset, h->demand_ring_offset);
@@ -85,7 +84,8 @@ TEST(HeaderTest, BuildHeaderRejectsBadGeometry) {
       {"vram_slot_count", [](SegmentGeometry& g) { g.vram_slot_count = kMaxSlots + 1; }},
       {"ram_slot_bytes", [](SegmentGeometry& g) { g.ram_slot_bytes = 0; }},
       {"ram_slot_bytes", [](SegmentGeometry& g) { g.ram_slot_bytes = kMaxRamSlotBytes + 1; }},
-      {"ram_slot_count x ram_slot_bytes", [](SegmentGeometry& g) {
+      {"ram_slot_count x ram_slot_bytes",
+       [](SegmentGeometry& g) {
          g.ram_slot_count = kMaxSlots;
          g.ram_slot_bytes = kMaxRamSlotBytes;
        }},
@@ -146,8 +146,7 @@ TEST(HeaderTest, EachBadFieldIsNamed) {
     const absl::StatusOr<SegmentHeader> v = ValidateHeader(Bytes(h), good.segment_bytes, nullptr);
     ASSERT_FALSE(v.ok()) << c.field;
     EXPECT_EQ(v.status().code(), c.code) << c.field << ": " << v.status();
-    EXPECT_NE(v.status().message().find(c.field), absl::string_view::npos)
-        << c.field << ": " << v.status();
+    EXPECT_NE(v.status().message().find(c.field), absl::string_view::npos) << c.field << ": " << v.status();
   }
 }
 
@@ -165,8 +164,7 @@ TEST(HeaderTest, GeometryThatMovesTheSizeIsCaughtBySize) {
 
 TEST(HeaderTest, MappingSmallerThanAHeaderIsUnavailable) {
   const SegmentHeader good = *BuildHeader(TinyGeometry());
-  const absl::StatusOr<SegmentHeader> v =
-      ValidateHeader(Bytes(good).subspan(0, 100), good.segment_bytes, nullptr);
+  const absl::StatusOr<SegmentHeader> v = ValidateHeader(Bytes(good).subspan(0, 100), good.segment_bytes, nullptr);
   EXPECT_TRUE(absl::IsUnavailable(v.status())) << v.status();
   EXPECT_TRUE(absl::IsUnavailable(ValidateHeader(Bytes(good), 200, nullptr).status()));
   EXPECT_TRUE(absl::IsUnavailable(ValidateHeader({}, 0, nullptr).status()));
@@ -180,8 +178,7 @@ TEST(HeaderTest, IdentityMismatchIsFailedPrecondition) {
     const char* field;
     ExpectedIdentity id;
   };
-  for (const Case& c : {Case{"model_identity", {0x1234abceULL, 2, 8}},
-                        Case{"n_layer", {0x1234abcdULL, 3, 8}},
+  for (const Case& c : {Case{"model_identity", {0x1234abceULL, 2, 8}}, Case{"n_layer", {0x1234abcdULL, 3, 8}},
                         Case{"n_expert", {0x1234abcdULL, 2, 16}}}) {
     const absl::StatusOr<SegmentHeader> v = ValidateHeader(Bytes(good), good.segment_bytes, &c.id);
     ASSERT_FALSE(v.ok()) << c.field;
@@ -191,8 +188,7 @@ TEST(HeaderTest, IdentityMismatchIsFailedPrecondition) {
 }
 
 // The fuzz target reads [8-byte little-endian mapping size][header bytes]; see shm_header_fuzz.cc.
-void WriteSeed(const std::string& dir, const std::string& name, const SegmentHeader& h,
-               uint64_t mapped) {
+void WriteSeed(const std::string& dir, const std::string& name, const SegmentHeader& h, uint64_t mapped) {
   std::ofstream out(dir + "/" + name + ".seed", std::ios::binary);
   out.write(reinterpret_cast<const char*>(&mapped), 8);
   out.write(reinterpret_cast<const char*>(&h), sizeof(h));

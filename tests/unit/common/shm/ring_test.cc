@@ -25,8 +25,7 @@ Msg Make(uint64_t seq) { return Msg{seq, Check(seq)}; }
 class LocalRing {
  public:
   explicit LocalRing(uint32_t capacity)
-      : bytes_(static_cast<uint8_t*>(std::aligned_alloc(
-            64, RingRegionBytes(capacity, sizeof(Msg))))) {
+      : bytes_(static_cast<uint8_t*>(std::aligned_alloc(64, RingRegionBytes(capacity, sizeof(Msg))))) {
     new (bytes_) RingControl();
     region_.control = reinterpret_cast<RingControl*>(bytes_);
     region_.slots = reinterpret_cast<Msg*>(bytes_ + sizeof(RingControl));

@@ -184,7 +184,8 @@ TEST(SegmentTest, AnotherUsersSegmentIsNeverMappedNorReclaimed) {
   absl::Status st = ShmSegment::Attach(name, Identity()).status();
   EXPECT_TRUE(absl::IsUnavailable(st)) << st;  // retried: a real residency may still come
   EXPECT_NE(st.message().find(geteuid() == 0 ? "belongs to uid 65534" : "open to other users (mode 0666)"),
-            absl::string_view::npos) << st;
+            absl::string_view::npos)
+      << st;
   if (geteuid() != 0) {
     ASSERT_TRUE(ShmSegment::Remove(name).ok());
     GTEST_SKIP() << "making an object of another user needs root";

@@ -143,7 +143,7 @@ class ChildGuard {
     if (*pid_ <= 0) return;
     siginfo_t info{};
     if (waitid(P_PID, *pid_, &info, WEXITED | WNOHANG | WNOWAIT) != 0) return;  // reaped already
-    if (info.si_pid == 0) kill(*pid_, SIGKILL);  // still running
+    if (info.si_pid == 0) kill(*pid_, SIGKILL);                                 // still running
     waitpid(*pid_, nullptr, 0);
   }
 
@@ -167,8 +167,8 @@ struct StreamResult {
 // Pushes `count` items made by make(seq) while popping `count` items checked by check(item, seq),
 // in one thread (so the two processes use two cores, not four spinning threads).
 template <typename Out, typename In, typename Make, typename Check>
-StreamResult Stream(RingProducer<Out>& out, RingConsumer<In>& in, uint64_t count, Make make,
-                    Check check, absl::Duration limit, pid_t peer = 0) {
+StreamResult Stream(RingProducer<Out>& out, RingConsumer<In>& in, uint64_t count, Make make, Check check,
+                    absl::Duration limit, pid_t peer = 0) {
   StreamResult r;
   std::vector<Out> batch(256);
   std::vector<In> got(256);
@@ -224,8 +224,7 @@ int ChildEcho(const std::string& name, uint64_t count) {
   RingConsumer<Completion> in((*seg)->completion_ring());
   const StreamResult r = Stream(
       out, in, count, [](uint64_t seq) { return MakeDemand(0, seq); },
-      [](const Completion& c, uint64_t seq) { return c.request_id == seq && CheckCompletion(c); },
-      absl::Seconds(60));
+      [](const Completion& c, uint64_t seq) { return c.request_id == seq && CheckCompletion(c); }, absl::Seconds(60));
   if (r.timed_out) return 11;
   if (r.bad != 0) {
     std::fprintf(stderr, "child: %llu bad completions\n", static_cast<unsigned long long>(r.bad));
@@ -310,14 +309,13 @@ TEST(ShmIpcTest, RingsCarryMillionsOfMessagesBothWays) {
   RingConsumer<DemandRequest> in((*seg)->demand_ring());
 
   const absl::Time start = absl::Now();
-  pid_t child = SpawnPeer({"--shm_peer=echo", "--shm_name=" + name,
-                           absl::StrCat("--count=", kCount)});
+  pid_t child = SpawnPeer({"--shm_peer=echo", "--shm_name=" + name, absl::StrCat("--count=", kCount)});
   ASSERT_GT(child, 0);
   ChildGuard guard(&child);
   const StreamResult r = Stream(
       out, in, kCount, [](uint64_t seq) { return MakeCompletion(seq); },
-      [](const DemandRequest& d, uint64_t seq) { return d.request_id == seq && CheckDemand(d); },
-      absl::Seconds(60), child);
+      [](const DemandRequest& d, uint64_t seq) { return d.request_id == seq && CheckDemand(d); }, absl::Seconds(60),
+      child);
   const int code = WaitChild(child, absl::Seconds(30));
   const double secs = absl::ToDoubleSeconds(absl::Now() - start);
   EXPECT_FALSE(r.timed_out);
@@ -328,9 +326,10 @@ TEST(ShmIpcTest, RingsCarryMillionsOfMessagesBothWays) {
   EXPECT_FALSE(in.corrupted() || out.corrupted());
   const double rate = 2.0 * kCount / secs;
   const double steady = 2.0 * kCount / absl::ToDoubleSeconds(r.last - r.first);
-  std::printf("[ rings    ] %llu messages each way in %.3f s: %.1f M messages/s with the peer's "
-              "start, %.1f M/s from first to last message\n",
-              static_cast<unsigned long long>(kCount), secs, rate / 1e6, steady / 1e6);
+  std::printf(
+      "[ rings    ] %llu messages each way in %.3f s: %.1f M messages/s with the peer's "
+      "start, %.1f M/s from first to last message\n",
+      static_cast<unsigned long long>(kCount), secs, rate / 1e6, steady / 1e6);
   RecordProperty("messages_per_second", static_cast<int>(rate));
 }
 
@@ -342,8 +341,7 @@ TEST(ShmIpcTest, ComputeKilledMidStream) {
   ShmSegment& s = **seg;
   RingProducer<Completion> out(s.completion_ring());
   RingConsumer<DemandRequest> in(s.demand_ring());
-  const std::atomic<uint64_t>& compute_inc =
-      s.control().process[static_cast<int>(Role::kCompute)].incarnation;
+  const std::atomic<uint64_t>& compute_inc = s.control().process[static_cast<int>(Role::kCompute)].incarnation;
 
   // Echoes every demand of the current compute incarnation; checks per-incarnation order.
   std::vector<uint64_t> next_seq(8, 0);
@@ -414,11 +412,11 @@ TEST(ShmIpcTest, ComputeKilledMidStream) {
   EXPECT_EQ(bad, 0u);
   EXPECT_GE(next_seq[2], kSecond);
   EXPECT_GE(next_seq[1], first_total);  // what it had pushed before dying, in order (bad == 0)
-  std::printf("[ kill     ] compute killed after %llu messages (%llu in all), noticed in %s; "
-              "restarted compute streamed %llu more\n",
-              static_cast<unsigned long long>(first_total),
-              static_cast<unsigned long long>(next_seq[1]), absl::FormatDuration(detect).c_str(),
-              static_cast<unsigned long long>(next_seq[2]));
+  std::printf(
+      "[ kill     ] compute killed after %llu messages (%llu in all), noticed in %s; "
+      "restarted compute streamed %llu more\n",
+      static_cast<unsigned long long>(first_total), static_cast<unsigned long long>(next_seq[1]),
+      absl::FormatDuration(detect).c_str(), static_cast<unsigned long long>(next_seq[2]));
 }
 
 TEST(ShmIpcTest, ResidencyKilledMidStream) {

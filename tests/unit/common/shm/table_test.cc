@@ -14,8 +14,7 @@ namespace {
 class LocalTable {
  public:
   LocalTable(uint32_t n_layer, uint32_t n_expert)
-      : entries_(new ResidencyEntry[uint64_t{n_layer} * n_expert]()),
-        table_(entries_.get(), n_layer, n_expert) {
+      : entries_(new ResidencyEntry[uint64_t{n_layer} * n_expert]()), table_(entries_.get(), n_layer, n_expert) {
     for (uint64_t i = 0; i < uint64_t{n_layer} * n_expert; ++i) {
       entries_[i].ram_slot = kNoSlot;
       entries_[i].vram_slot = kNoSlot;
@@ -100,8 +99,7 @@ TEST(TableTest, SeqlockReadsAreConsistentUnderConcurrentWrites) {
         reads.fetch_add(1, std::memory_order_relaxed);
         if (s->generation == 0) continue;
         const uint32_t v = s->ram_slot;
-        if (s->tiers != (v & 0xff) || s->vram_slot != (v ^ 0xabcdef) || s->error != v * 3 ||
-            (s->generation & 1) != 0) {
+        if (s->tiers != (v & 0xff) || s->vram_slot != (v ^ 0xabcdef) || s->error != v * 3 || (s->generation & 1) != 0) {
           torn.fetch_add(1, std::memory_order_relaxed);
         }
       }
@@ -135,7 +133,7 @@ TEST(PinsTest, CountsPerIncarnation) {
   EXPECT_TRUE(pins.InUse(1, 1, false));
   EXPECT_FALSE(pins.InUse(1, 1, /*compute_gone=*/true));
   EXPECT_FALSE(pins.InUse(1, 2, false));  // a restarted compute: the old pins are void
-  pins.Unpin(1, 2);                        // not ours: ignored
+  pins.Unpin(1, 2);                       // not ours: ignored
   EXPECT_EQ(pins.RawCount(1), 2u);
   pins.Unpin(1, 1);
   EXPECT_TRUE(pins.InUse(1, 1, false));

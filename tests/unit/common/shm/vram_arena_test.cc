@@ -49,9 +49,9 @@ TEST(VramArenaTest, IgnoresAnotherIncarnationsAndHalfWrittenExports) {
   VramArenaExport x{};
   ASSERT_TRUE(WriteVramArena(x, Info(3), 1024).ok());
   EXPECT_FALSE(ReadVramArena(x, 4, 1024).has_value());  // a dead compute's arena
-  x.sequence.fetch_add(1);                               // a writer killed mid-write
+  x.sequence.fetch_add(1);                              // a writer killed mid-write
   EXPECT_FALSE(ReadVramArena(x, 3, 1024).has_value());
-  ASSERT_TRUE(WriteVramArena(x, Info(3), 1024).ok());    // its successor writes over it
+  ASSERT_TRUE(WriteVramArena(x, Info(3), 1024).ok());  // its successor writes over it
   EXPECT_TRUE(ReadVramArena(x, 3, 1024).has_value());
 }
 
@@ -123,8 +123,7 @@ TEST(VramArenaTest, ClientWaitsForTheImportAndGetsItsCode) {
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   // Too many slots for the segment's pins: refused before anything is written.
   i.slot_count = 9;
-  EXPECT_EQ(client.ExportVramArena(i, absl::Now() + absl::Seconds(1)).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client.ExportVramArena(i, absl::Now() + absl::Seconds(1)).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(VramArenaTest, ClientGivesUpWhenResidencyIsGone) {

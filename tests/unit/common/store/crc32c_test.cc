@@ -58,9 +58,7 @@ TEST(Crc32c, ExtendComposes) {
   for (size_t split : {0u, 1u, 7u, 4096u, 30000u, 99999u, 100000u}) {
     const uint32_t a = Crc32c(data.data(), split);
     EXPECT_EQ(Crc32cExtend(a, data.data() + split, data.size() - split), whole) << split;
-    EXPECT_EQ(Crc32cPortable(Crc32cPortable(0, data.data(), split), data.data() + split,
-                             data.size() - split),
-              whole);
+    EXPECT_EQ(Crc32cPortable(Crc32cPortable(0, data.data(), split), data.data() + split, data.size() - split), whole);
   }
 }
 
@@ -88,8 +86,8 @@ TEST(Crc32c, Throughput) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return reps * static_cast<double>(n) / s / 1e9;
   };
-  std::printf("crc32c portable: %.2f GB/s from memory, %.2f GB/s in cache\n",
-              gbps(&Crc32cPortable, data.size(), 3), gbps(&Crc32cPortable, 256 << 10, 768));
+  std::printf("crc32c portable: %.2f GB/s from memory, %.2f GB/s in cache\n", gbps(&Crc32cPortable, data.size(), 3),
+              gbps(&Crc32cPortable, 256 << 10, 768));
   if (!Crc32cHasHardware()) GTEST_SKIP() << "no SSE4.2";
   const double hardware = gbps(&Crc32cHardware, data.size(), 3);
   std::printf("crc32c sse4.2:   %.2f GB/s from memory, %.2f GB/s in cache\n", hardware,

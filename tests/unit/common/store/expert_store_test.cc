@@ -3,9 +3,9 @@
 #include "common/store/expert_store.h"
 
 #include <fcntl.h>
-#include <sys/wait.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -265,7 +265,10 @@ TEST_P(StoreTest, VerifyAllAndSourceIdentity) {
   uint64_t progress = 0;
   StoreVerifyOptions o;
   o.threads = 2;
-  o.progress = [&](uint64_t done, uint64_t total) { progress = done; EXPECT_LE(done, total); };
+  o.progress = [&](uint64_t done, uint64_t total) {
+    progress = done;
+    EXPECT_LE(done, total);
+  };
   auto v = store->VerifyAll(o);
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_EQ(v->blobs, static_cast<uint64_t>(store->n_layer() * store->n_expert()));
@@ -282,14 +285,17 @@ TEST_P(StoreTest, VerifyAllAndSourceIdentity) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Quants, StoreTest,
-                         ::testing::Values(SynthQuant::kQ8_0, SynthQuant::kF16, SynthQuant::kQ4_K,
-                                           SynthQuant::kQ3_K_M),
+                         ::testing::Values(SynthQuant::kQ8_0, SynthQuant::kF16, SynthQuant::kQ4_K, SynthQuant::kQ3_K_M),
                          [](const auto& info) {
                            switch (info.param) {
-                             case SynthQuant::kQ8_0: return std::string("Q8_0");
-                             case SynthQuant::kF16: return std::string("F16");
-                             case SynthQuant::kQ3_K_M: return std::string("Q3_K_M");
-                             default: return std::string("Q4_K_M");
+                             case SynthQuant::kQ8_0:
+                               return std::string("Q8_0");
+                             case SynthQuant::kF16:
+                               return std::string("F16");
+                             case SynthQuant::kQ3_K_M:
+                               return std::string("Q3_K_M");
+                             default:
+                               return std::string("Q4_K_M");
                            }
                          });
 
@@ -402,8 +408,7 @@ TEST(ExpertStore, FlippedByteInABlob) {
   EXPECT_THAT(s.message(), HasSubstr("(layer 1, expert 3)"));
   source.ReleaseLayer(1);
   const int32_t out_of_range[] = {8};
-  EXPECT_EQ(source.AcquireLayer(0, out_of_range, absl::MakeSpan(out)).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(source.AcquireLayer(0, out_of_range, absl::MakeSpan(out)).code(), absl::StatusCode::kInvalidArgument);
 
   // The engine passes the error on when a token is routed to the damaged expert.
   auto dense = store->LoadDenseWeights();
@@ -467,7 +472,11 @@ TEST(ExpertStore, PackRefusesToOverwriteUnlessAsked) {
   o.overwrite = true;
   o.direct_io = false;  // the buffered path, too
   int calls = 0;
-  o.progress = [&](int done, int n) { ++calls; EXPECT_EQ(done, calls); EXPECT_EQ(n, 2); };
+  o.progress = [&](int done, int n) {
+    ++calls;
+    EXPECT_EQ(done, calls);
+    EXPECT_EQ(n, 2);
+  };
   s = PackExpertStore(p.gguf, dir, o);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_FALSE(s->direct_io);

@@ -68,8 +68,7 @@ void Reseal(std::string& s) {
 TEST(StoreManifest, RoundTrips) {
   const StoreManifest m = MakeManifest();
   const std::string bytes = SerializeManifest(m);
-  EXPECT_EQ(bytes.size(), kStoreHeaderBytes + 2 * kStoreLayerBytes + 6 * kStoreBlobEntryBytes +
-                              m.source_name.size());
+  EXPECT_EQ(bytes.size(), kStoreHeaderBytes + 2 * kStoreLayerBytes + 6 * kStoreBlobEntryBytes + m.source_name.size());
   EXPECT_EQ(bytes.substr(0, 8), "MERSTORE");
   auto p = Parse(bytes);
   ASSERT_TRUE(p.ok()) << p.status();
@@ -151,13 +150,25 @@ TEST(StoreManifest, RefusesImpossibleStores) {
     const char* message;
   };
   const Case cases[] = {
-      {"no layers", [](StoreManifest& m) { m.n_layer = 0; m.layers.clear(); m.blobs.clear(); m.experts_bytes = 0; },
+      {"no layers",
+       [](StoreManifest& m) {
+         m.n_layer = 0;
+         m.layers.clear();
+         m.blobs.clear();
+         m.experts_bytes = 0;
+       },
        "n_layer = 0"},
       {"huge n_embd", [](StoreManifest& m) { m.n_embd = 1 << 20; }, "n_embd"},
       {"unaligned blob", [](StoreManifest& m) { m.blob_bytes = 8000; }, "blob size 8000"},
-      {"stride below blob", [](StoreManifest& m) { m.blob_stride = 8192; m.experts_bytes = 6 * 8192; }, "blob stride"},
+      {"stride below blob",
+       [](StoreManifest& m) {
+         m.blob_stride = 8192;
+         m.experts_bytes = 6 * 8192;
+       },
+       "blob stride"},
       {"experts size", [](StoreManifest& m) { m.experts_bytes += 4096; }, "experts.bin size"},
-      {"bad type", [](StoreManifest& m) { m.layers[0].gate_type = static_cast<GgmlType>(19); }, "unsupported tensor type 19"},
+      {"bad type", [](StoreManifest& m) { m.layers[0].gate_type = static_cast<GgmlType>(19); },
+       "unsupported tensor type 19"},
       {"q8_1 type", [](StoreManifest& m) { m.layers[0].gate_type = GgmlType::kQ8_1; }, "unsupported tensor type 9"},
       {"q8_k type", [](StoreManifest& m) { m.layers[0].gate_type = GgmlType::kQ8_K; }, "unsupported tensor type 15"},
       {"block", [](StoreManifest& m) { m.layers[1].up_type = GgmlType::kQ4_K; }, "not a multiple of the q4_k block"},
@@ -166,11 +177,13 @@ TEST(StoreManifest, RefusesImpossibleStores) {
       {"overlap", [](StoreManifest& m) { m.layers[0].up_offset = 2112; }, "not in order"},
       {"past blob", [](StoreManifest& m) { m.layers[1].down_offset = kBlob - 64; }, "not in order"},
       {"huge offset", [](StoreManifest& m) { m.layers[1].down_offset = ~uint64_t{63}; }, "not in order"},
-      {"oversized blob", [](StoreManifest& m) {
+      {"oversized blob",
+       [](StoreManifest& m) {
          m.blob_bytes = m.blob_stride = 16384;  // 7936 bytes above the largest expert
          m.experts_bytes = 6 * 16384;
          for (int i = 0; i < 6; ++i) m.blobs[i].offset = i * 16384;
-       }, "more than one block above"},
+       },
+       "more than one block above"},
       {"blob offset", [](StoreManifest& m) { m.blobs[4].offset = 0; }, "blob (layer 1, expert 1) at offset 0"},
       {"dense header", [](StoreManifest& m) { m.dense.header_bytes = m.dense.size + 1; }, "dense.gguf header size"},
       {"source header", [](StoreManifest& m) { m.source.header_bytes = 3; }, "source header size"},

@@ -1,9 +1,9 @@
 #include "common/systemd/sd_notify.h"
 
-#include <filesystem>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
+#include <filesystem>
 
 #include <cstdlib>
 #include <cstring>
@@ -25,8 +25,10 @@ class NotifySocket {
     name_ = (abstract ? "@mer-sd-notify-test-" : std::string(testing::TempDir()) + "/mer-sd-notify-") +
             std::to_string(getpid());
     std::memcpy(addr.sun_path, name_.data(), name_.size());
-    if (abstract) addr.sun_path[0] = '\0';
-    else unlink(name_.c_str());
+    if (abstract)
+      addr.sun_path[0] = '\0';
+    else
+      unlink(name_.c_str());
     const socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name_.size());
     EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&addr), len), 0);
     timeval tv{2, 0};
@@ -72,8 +74,8 @@ TEST(SdNotify, AbstractNamespaceSocket) {
 // Without a socket, or with a socket path systemd would never give (relative), a notification
 // does nothing: it returns at once and creates nothing where the path points.
 TEST(SdNotify, NoSocketIsANoOp) {
-  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) /
-                                    ("sd_notify_noop_" + std::to_string(getpid()));
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) / ("sd_notify_noop_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   const std::filesystem::path cwd = std::filesystem::current_path();
   std::filesystem::current_path(dir);
@@ -113,18 +115,30 @@ TEST(SdNotify, WatchdogPacerPingsOncePerIntervalAndOnlyWhenAlive) {
   WatchdogPacer pacer;
   EXPECT_EQ(pacer.interval(), absl::Milliseconds(100));
   int asked = 0;
-  pacer.MaybePing([&] { ++asked; return true; });
+  pacer.MaybePing([&] {
+    ++asked;
+    return true;
+  });
   EXPECT_EQ(sock.Receive(), "WATCHDOG=1");
-  pacer.MaybePing([&] { ++asked; return true; });  // not due yet: not even asked
+  pacer.MaybePing([&] {
+    ++asked;
+    return true;
+  });  // not due yet: not even asked
   EXPECT_EQ(asked, 1);
   absl::SleepFor(absl::Milliseconds(120));
-  pacer.MaybePing([&] { ++asked; return false; });  // due, but the work is stuck: no ping
+  pacer.MaybePing([&] {
+    ++asked;
+    return false;
+  });  // due, but the work is stuck: no ping
   EXPECT_EQ(asked, 2);
   NotifyStatus("after");
   EXPECT_EQ(sock.Receive(), "STATUS=after");  // the next datagram: nothing was pinged in between
   unsetenv("WATCHDOG_USEC");
   WatchdogPacer off;
-  off.MaybePing([&] { ++asked; return true; });  // no watchdog: never asks
+  off.MaybePing([&] {
+    ++asked;
+    return true;
+  });  // no watchdog: never asks
   EXPECT_EQ(asked, 2);
 }
 

@@ -45,7 +45,9 @@ TEST(PreTokenizeQwen2Test, NumbersAreSingleDigits) {
   EXPECT_THAT(PreTokenizeQwen2("a 1b"), ElementsAre("a", " ", "1", "b"));
   EXPECT_THAT(PreTokenizeQwen2("3.14"), ElementsAre("3", ".", "1", "4"));
   EXPECT_THAT(PreTokenizeQwen2("\xEF\xBC\x91\xEF\xBC\x92"), ElementsAre("\xEF\xBC\x91", "\xEF\xBC\x92"));  // １２
-  EXPECT_THAT(PreTokenizeQwen2("\xC2\xBD" "cup"), ElementsAre("\xC2\xBD", "cup"));  // ½ is \p{N}
+  EXPECT_THAT(PreTokenizeQwen2("\xC2\xBD"
+                               "cup"),
+              ElementsAre("\xC2\xBD", "cup"));  // ½ is \p{N}
 }
 
 TEST(PreTokenizeQwen2Test, WhitespaceRunsLeaveTheirLastCharacterToTheNextWord) {
@@ -98,12 +100,24 @@ TEST(PreTokenizeQwen2Test, NonAscii) {
   // A combining mark is not \p{L} in qwen2's regex: it splits from its base letter.
   EXPECT_THAT(PreTokenizeQwen2("e\xCC\x81t\xC3\xA9"), ElementsAre("e", "\xCC\x81t\xC3\xA9"));
   // NO-BREAK SPACE is whitespace and, like a space, leads a word.
-  EXPECT_THAT(PreTokenizeQwen2("a\xC2\xA0" "b"), ElementsAre("a", "\xC2\xA0" "b"));
-  EXPECT_THAT(PreTokenizeQwen2("a\xC2\xA0\xC2\xA0" "b"), ElementsAre("a", "\xC2\xA0", "\xC2\xA0" "b"));
+  EXPECT_THAT(PreTokenizeQwen2("a\xC2\xA0"
+                               "b"),
+              ElementsAre("a",
+                          "\xC2\xA0"
+                          "b"));
+  EXPECT_THAT(PreTokenizeQwen2("a\xC2\xA0\xC2\xA0"
+                               "b"),
+              ElementsAre("a", "\xC2\xA0",
+                          "\xC2\xA0"
+                          "b"));
 }
 
 TEST(PreTokenizeQwen2Test, InvalidUtf8BecomesReplacementCharacters) {
-  EXPECT_THAT(PreTokenizeQwen2("a\xFF" "b"), ElementsAre("a", "\xEF\xBF\xBD" "b"));
+  EXPECT_THAT(PreTokenizeQwen2("a\xFF"
+                               "b"),
+              ElementsAre("a",
+                          "\xEF\xBF\xBD"
+                          "b"));
   EXPECT_THAT(PreTokenizeQwen2("\xC3"), ElementsAre("\xEF\xBF\xBD"));
   EXPECT_THAT(PreTokenizeQwen2("\x80\x80 x"), ElementsAre("\xEF\xBF\xBD\xEF\xBF\xBD", " x"));
 }

@@ -1,10 +1,10 @@
 #include <set>
 #include <string>
 
-#include "gmock/gmock.h"
-#include "gtest/gtest.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/tokenizer/unicode.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
 
 namespace mer {
 namespace {

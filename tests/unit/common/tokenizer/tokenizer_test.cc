@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "common/tokenizer/unicode.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "common/tokenizer/unicode.h"
 
 namespace mer {
 namespace {
@@ -96,7 +96,7 @@ TEST(BpeTest, EqualRanksMergeLeftmostFirst) {
 
 TEST(BpeTest, MergesUseByteLevelNames) {
   TokenizerVocab vocab = ByteVocab();
-  const int32_t space_t = AddToken(vocab, "\xC4\xA0t");     // "Ġt"
+  const int32_t space_t = AddToken(vocab, "\xC4\xA0t");      // "Ġt"
   const int32_t space_the = AddToken(vocab, "\xC4\xA0the");  // "Ġthe"
   const int32_t he = AddToken(vocab, "he");
   const int32_t newline2 = AddToken(vocab, "\xC4\x8A\xC4\x8A");  // "ĊĊ"
@@ -120,9 +120,9 @@ TEST(BpeTest, MergesNeverCrossPreTokenizerPieces) {
 TEST(BpeTest, BadMergesAreSkipped) {
   TokenizerVocab vocab = ByteVocab();
   const int32_t ab = AddToken(vocab, "ab");
-  vocab.merges = {"x y",      // result "xy" is not a token
-                  "nospace",  // no separator
-                  "a q",      // result "aq" is not a token
+  vocab.merges = {"x y",          // result "xy" is not a token
+                  "nospace",      // no separator
+                  "a q",          // result "aq" is not a token
                   "a b", "a b"};  // a duplicate: the first rank stays
   const Tokenizer tokenizer = MustCreate(vocab);
   EXPECT_EQ(tokenizer.num_merges(), 1);
@@ -161,8 +161,7 @@ TEST(SpecialTokenTest, SplitsControlAndUserDefinedTokens) {
   SpecialVocab v;
   const Tokenizer tokenizer = MustCreate(v.vocab);
   EXPECT_THAT(tokenizer.Encode("<|im_start|>hi<|im_end|>"), ElementsAre(v.im_start, 'h', 'i', v.im_end));
-  EXPECT_THAT(tokenizer.Encode("<think>x</think>"),
-              ElementsAre(v.think, 'x', '<', '/', 't', 'h', 'i', 'n', 'k', '>'));
+  EXPECT_THAT(tokenizer.Encode("<think>x</think>"), ElementsAre(v.think, 'x', '<', '/', 't', 'h', 'i', 'n', 'k', '>'));
   EXPECT_THAT(tokenizer.Encode("<|im_end|><|im_end|>"), ElementsAre(v.im_end, v.im_end));
   EXPECT_THAT(tokenizer.Encode("<|im_end|"), ElementsAre('<', '|', 'i', 'm', '_', 'e', 'n', 'd', '|'));
   // UNUSED tokens are never matched in text.
@@ -178,7 +177,7 @@ TEST(SpecialTokenTest, WithoutParseSpecialOnlyUserDefinedTokensSplit) {
 
 TEST(SpecialTokenTest, TextBetweenSpecialTokensIsPreTokenizedSeparately) {
   SpecialVocab v;
-  const int32_t space_x = AddToken(v.vocab, "\xC4\xA0x");               // "Ġx"
+  const int32_t space_x = AddToken(v.vocab, "\xC4\xA0x");            // "Ġx"
   const int32_t two_spaces = AddToken(v.vocab, "\xC4\xA0\xC4\xA0");  // "ĠĠ"
   v.vocab.merges = {"\xC4\xA0 x", "\xC4\xA0 \xC4\xA0"};
   const Tokenizer tokenizer = MustCreate(v.vocab);
@@ -377,8 +376,8 @@ TEST(RoundTripTest, SpecialTokensRenderWhenAsked) {
 TEST(RoundTripTest, RandomValidUtf8) {
   const Tokenizer& tokenizer = Synthetic();
   std::mt19937 rng(1234);
-  const uint32_t pool[] = {'a', 'Z', ' ', ' ', '\n', '\t', '\r', '7', '\'', 's', '.', '!', 0xE9, 0xA0, 0x3000,
-                           0x4E2D, 0x1F642, 0x301, 0xFF11, 0x85, 0x2028};
+  const uint32_t pool[] = {'a', 'Z',  ' ',  ' ',    '\n',   '\t',    '\r',  '7',    '\'', 's',   '.',
+                           '!', 0xE9, 0xA0, 0x3000, 0x4E2D, 0x1F642, 0x301, 0xFF11, 0x85, 0x2028};
   for (int round = 0; round < 300; ++round) {
     std::string text;
     const int len = static_cast<int>(rng() % 64);

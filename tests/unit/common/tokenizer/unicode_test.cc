@@ -24,7 +24,7 @@ TEST(ByteToUnicodeTest, MatchesGpt2Mapping) {
   EXPECT_EQ(ByteToUnicode(0xA1), 0xA1u);
   EXPECT_EQ(ByteToUnicode(0xFF), 0xFFu);
   EXPECT_EQ(ByteToUnicode(0x00), 0x100u);
-  EXPECT_EQ(ByteToUnicode(' '), 0x120u);  // 'Ġ'
+  EXPECT_EQ(ByteToUnicode(' '), 0x120u);   // 'Ġ'
   EXPECT_EQ(ByteToUnicode('\n'), 0x10Au);  // 'Ċ'
   EXPECT_EQ(ByteToUnicode(0x7F), 0x121u);
   EXPECT_EQ(ByteToUnicode(0xA0), 0x142u);
@@ -54,8 +54,8 @@ TEST(Utf8Test, DecodesValidSequences) {
 TEST(Utf8Test, EachInvalidByteBecomesOneReplacementChar) {
   EXPECT_THAT(DecodeAll("\x80"), ElementsAre(kReplacementChar));
   EXPECT_THAT(DecodeAll("\xFF\xFE"), ElementsAre(kReplacementChar, kReplacementChar));
-  EXPECT_THAT(DecodeAll("\xF8\x88\x80\x80\x80"), ElementsAre(kReplacementChar, kReplacementChar, kReplacementChar,
-                                                            kReplacementChar, kReplacementChar));
+  EXPECT_THAT(DecodeAll("\xF8\x88\x80\x80\x80"),
+              ElementsAre(kReplacementChar, kReplacementChar, kReplacementChar, kReplacementChar, kReplacementChar));
   // Truncated sequences, at the end and before an ASCII byte.
   EXPECT_THAT(DecodeAll("\xE4\xB8"), ElementsAre(kReplacementChar, kReplacementChar));
   EXPECT_THAT(DecodeAll("a\xC3"), ElementsAre('a', kReplacementChar));

@@ -31,8 +31,8 @@ const Model& MicroModel() {
     o.geometry = *SynthPreset("micro");
     o.seed = 11;
     o.threads = 2;
-    const std::string path = (std::filesystem::temp_directory_path() /
-                              ("mer_batcher_test_" + std::to_string(getpid()) + ".gguf")).string();
+    const std::string path =
+        (std::filesystem::temp_directory_path() / ("mer_batcher_test_" + std::to_string(getpid()) + ".gguf")).string();
     EXPECT_TRUE(WriteSynthModel(o, path).ok());
     auto file = GgufFile::Open(path);
     EXPECT_TRUE(file.ok()) << file.status();
@@ -51,8 +51,7 @@ const Model& MicroModel() {
 class FlakyExpertSource final : public ExpertSource {
  public:
   explicit FlakyExpertSource(const ModelWeights& w) : mapped_(w) {}
-  absl::Status AcquireLayer(int layer, absl::Span<const int32_t> experts,
-                            absl::Span<ExpertWeights> out) override {
+  absl::Status AcquireLayer(int layer, absl::Span<const int32_t> experts, absl::Span<ExpertWeights> out) override {
     if (fail.load()) return absl::UnavailableError("residency is gone");
     if (delay_ms.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms.load()));
     return mapped_.AcquireLayer(layer, experts, out);
@@ -82,7 +81,7 @@ GenerationRequest Request(int i) {
   for (int k = 0; k < len; ++k) r.prompt.push_back((i * 31 + k * 17) % 300);
   r.max_new_tokens = 3 + i % 9;
   if (i % 4 == 0) r.stop_ids = {276};  // requests 8 and 20 stop early at it, 16 at its last token
-  if (i % 5 == 1) {                // and some sample, which must be reproducible too
+  if (i % 5 == 1) {                    // and some sample, which must be reproducible too
     r.sampling.temperature = 0.8f;
     r.sampling.top_k = 20;
     r.sampling.top_p = 0.9f;
@@ -390,8 +389,7 @@ TEST(BatcherTest, BackendFailureFailsTheBatchAndServesAgain) {
 class DamagedExpertSource final : public ExpertSource {
  public:
   explicit DamagedExpertSource(const ModelWeights& w) : mapped_(w) {}
-  absl::Status AcquireLayer(int layer, absl::Span<const int32_t> experts,
-                            absl::Span<ExpertWeights> out) override {
+  absl::Status AcquireLayer(int layer, absl::Span<const int32_t> experts, absl::Span<ExpertWeights> out) override {
     for (int32_t e : experts) {
       used.insert({layer, e});
       if (bad == std::make_pair(layer, e)) {

@@ -15,16 +15,16 @@
 #include <utility>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "common/base/check.h"
 #include "common/base/clock.h"
 #include "common/model/synth_model.h"
-#include "absl/time/clock.h"
 #include "common/shm/client.h"
 #include "common/shm/segment.h"
+#include "common/shm/store_identity.h"
 #include "common/store/expert_store.h"
 #include "common/store/packer.h"
 #include "services/residency/daemon/residency_daemon.h"
-#include "common/shm/store_identity.h"
 #include "services/residency/io/fault_injecting_io_engine.h"
 
 namespace mer::residency {
@@ -71,8 +71,8 @@ class DaemonFixture {
   // Serves `store_dir` (default: the micro Q8_0 store); with `faults` non-empty (rules or
   // probabilities), reads go through a FaultInjectingIoEngine over pread. The daemon CHECKs its
   // invariants at every census, and reads the time from `clock`.
-  explicit DaemonFixture(ResidencyOptions o = {}, std::vector<FaultRule> rules = {},
-                         bool thread = true, FaultInjectionOptions faults = {},
+  explicit DaemonFixture(ResidencyOptions o = {}, std::vector<FaultRule> rules = {}, bool thread = true,
+                         FaultInjectionOptions faults = {},
                          const std::string& store_dir = SynthStoreDir("micro", SynthQuant::kQ8_0),
                          VramUploaderFactory vram = {}, const Clock* clock = RealClock())
       : name_(UniqueName("d")) {
@@ -147,8 +147,8 @@ inline absl::Status AcquireOne(shm::ResidencyClient& client, int layer, int32_t 
   if (!step.ok()) return step.status();
   std::vector<shm::PinnedExpert> pinned;
   const int32_t experts[] = {expert};
-  const absl::Status s = client.Acquire(*step, static_cast<uint32_t>(layer), experts,
-                                        absl::Now() + absl::Seconds(10), &pinned);
+  const absl::Status s =
+      client.Acquire(*step, static_cast<uint32_t>(layer), experts, absl::Now() + absl::Seconds(10), &pinned);
   if (s.ok()) {
     if (check) check(pinned[0].bytes);
     client.Release(pinned);

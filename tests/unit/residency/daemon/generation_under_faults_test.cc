@@ -102,20 +102,19 @@ class GenerationUnderFaults : public ::testing::TestWithParam<SynthQuant> {
   }
   // Either the reference ids, or a clear error; and in bounded time.
   void ExpectCorrectOrClearError(const Outcome& o) {
-    std::printf("  outcome: %s in %.2f s; faults: %llu errors, %llu short, %llu slow, %llu flips; "
-                "daemon: %llu refetches, %llu checksum failures, %llu load failures\n",
-                o.ids.ok() ? "the reference ids" : std::string(o.ids.status().ToString()).c_str(),
-                o.seconds, (unsigned long long)o.faults.errors,
-                (unsigned long long)o.faults.short_reads, (unsigned long long)o.faults.delays,
-                (unsigned long long)o.faults.bit_flips, (unsigned long long)o.counters.refetches,
-                (unsigned long long)o.counters.checksum_failures,
-                (unsigned long long)o.counters.load_failures);
+    std::printf(
+        "  outcome: %s in %.2f s; faults: %llu errors, %llu short, %llu slow, %llu flips; "
+        "daemon: %llu refetches, %llu checksum failures, %llu load failures\n",
+        o.ids.ok() ? "the reference ids" : std::string(o.ids.status().ToString()).c_str(), o.seconds,
+        (unsigned long long)o.faults.errors, (unsigned long long)o.faults.short_reads,
+        (unsigned long long)o.faults.delays, (unsigned long long)o.faults.bit_flips,
+        (unsigned long long)o.counters.refetches, (unsigned long long)o.counters.checksum_failures,
+        (unsigned long long)o.counters.load_failures);
     EXPECT_LT(o.seconds, 60.0);
     if (o.ids.ok()) {
       EXPECT_EQ(*o.ids, want());
     } else {
-      EXPECT_THAT(o.ids.status().code(),
-                  AnyOf(absl::StatusCode::kDataLoss, absl::StatusCode::kUnavailable))
+      EXPECT_THAT(o.ids.status().code(), AnyOf(absl::StatusCode::kDataLoss, absl::StatusCode::kUnavailable))
           << o.ids.status();
       EXPECT_THAT(std::string(o.ids.status().message()), HasSubstr("expert")) << o.ids.status();
     }
@@ -224,8 +223,7 @@ TEST_P(GenerationUnderFaults, APersistentlyBadBlobFailsWithDataLossNamingIt) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Quant, GenerationUnderFaults,
-                         ::testing::Values(SynthQuant::kQ8_0, SynthQuant::kF16),
+INSTANTIATE_TEST_SUITE_P(Quant, GenerationUnderFaults, ::testing::Values(SynthQuant::kQ8_0, SynthQuant::kF16),
                          [](const auto& info) {
                            return info.param == SynthQuant::kQ8_0 ? std::string("Q8_0") : "F16";
                          });

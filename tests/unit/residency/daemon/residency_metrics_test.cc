@@ -29,9 +29,9 @@ ResidencyCounters Sample() {
   c.prefetch_issued = 3;
   c.prefetch_useful = 2;
   c.prefetch_wasted = 1;
-  c.stall_ns_total = 1500000000;  // 1.5 s
-  c.read_latency_buckets[0] = 2;  // <= 50 us
-  c.read_latency_buckets[4] = 2;  // <= 1 ms
+  c.stall_ns_total = 1500000000;      // 1.5 s
+  c.read_latency_buckets[0] = 2;      // <= 50 us
+  c.read_latency_buckets[4] = 2;      // <= 1 ms
   c.read_latency_buckets.back() = 1;  // > 1 s
   c.read_latency_seconds_total = 2.5;
   c.io_inflight = 1;
@@ -101,10 +101,8 @@ TEST(ResidencyMetricsTest, RendersTheVramTier) {
 
 TEST(ResidencyMetricsTest, RejectsABadListenAddress) {
   auto none = [] { return ResidencyCounters{}; };
-  EXPECT_EQ(MetricsServer::Start("nonsense", none).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(MetricsServer::Start("127.0.0.1:99999", none).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MetricsServer::Start("nonsense", none).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MetricsServer::Start("127.0.0.1:99999", none).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // GET `path` from 127.0.0.1:port; the whole response (headers and body).

@@ -27,7 +27,7 @@ struct FakeArena {
   std::vector<uint8_t> bytes;  // slot_count * slot_bytes
   uint64_t slot_bytes = 0;
   int imports = 0, closes = 0, copies = 0;
-  bool hold = false;           // copies stay in flight while set
+  bool hold = false;  // copies stay in flight while set
   std::vector<uint32_t> slots_written;
 };
 
@@ -128,12 +128,12 @@ TEST(VramTierTest, ImportsTheArenaAndUploadsDemandedExperts) {
   // The slot holds the blob's payload, byte for byte (what the store reads for it).
   const uint32_t vram_slot = pinned[0].slot;
   ASSERT_TRUE(AcquireOne(client, 1, 2, [&](absl::Span<const uint8_t> ram) {
-    ASSERT_TRUE(f.store().VerifyBlob(1, 2, ram.data()).ok());
-    std::lock_guard<std::mutex> l(arena->mu);
-    EXPECT_EQ(std::memcmp(arena->bytes.data() + vram_slot * slot_bytes, ram.data(),
-                          f.store().manifest().layers[1].used_bytes()),
-              0);
-  }).ok());
+                ASSERT_TRUE(f.store().VerifyBlob(1, 2, ram.data()).ok());
+                std::lock_guard<std::mutex> l(arena->mu);
+                EXPECT_EQ(std::memcmp(arena->bytes.data() + vram_slot * slot_bytes, ram.data(),
+                                      f.store().manifest().layers[1].used_bytes()),
+                          0);
+              }).ok());
   const auto entry = seg->table().Read(1, 2);
   ASSERT_TRUE(entry.has_value());
   EXPECT_TRUE(entry->in(Pool::kVram));
@@ -164,10 +164,9 @@ TEST(VramTierTest, ImportsTheArenaAndUploadsDemandedExperts) {
 }
 
 TEST(VramTierTest, WithoutAnUploaderTheArenaAndVramDemandsAreRefused) {
-  DaemonFixture f({}, {}, true, {}, SynthStoreDir("micro", SynthQuant::kQ8_0),
-                  []() -> absl::StatusOr<std::unique_ptr<VramUploader>> {
-                    return absl::UnimplementedError("built without CUDA");
-                  });
+  DaemonFixture f(
+      {}, {}, true, {}, SynthStoreDir("micro", SynthQuant::kQ8_0),
+      []() -> absl::StatusOr<std::unique_ptr<VramUploader>> { return absl::UnimplementedError("built without CUDA"); });
   auto seg = AttachCompute(f);
   shm::ResidencyClient client(seg.get());
   // Before any export: a VRAM demand is answered, not left waiting.
@@ -190,8 +189,7 @@ TEST(VramTierTest, RefusesAnArenaWhoseSlotsAreTooSmall) {
   DaemonFixture f({}, {}, true, {}, SynthStoreDir("micro", SynthQuant::kQ8_0), FakeFactory(arena));
   auto seg = AttachCompute(f);
   shm::ResidencyClient client(seg.get());
-  const absl::Status s = client.ExportVramArena(Arena(4, SlotBytes(f.store()) - 256),
-                                                absl::Now() + absl::Seconds(10));
+  const absl::Status s = client.ExportVramArena(Arena(4, SlotBytes(f.store()) - 256), absl::Now() + absl::Seconds(10));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_EQ(arena->imports, 0);
 }
@@ -398,9 +396,15 @@ TEST_P(VramTierSmallRam, AnAcquireLargerThanTheRamTierStillFillsTheArena) {
   std::atomic<bool> done{false};
   std::thread slow([&] {  // copies complete only in the gaps
     while (!done) {
-      { std::lock_guard<std::mutex> l(arena->mu); arena->hold = true; }
+      {
+        std::lock_guard<std::mutex> l(arena->mu);
+        arena->hold = true;
+      }
       absl::SleepFor(absl::Milliseconds(2));
-      { std::lock_guard<std::mutex> l(arena->mu); arena->hold = false; }
+      {
+        std::lock_guard<std::mutex> l(arena->mu);
+        arena->hold = false;
+      }
       absl::SleepFor(absl::Microseconds(200));
     }
   });

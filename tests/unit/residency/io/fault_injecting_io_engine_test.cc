@@ -42,8 +42,7 @@ struct Fixture {
 };
 
 // A fault injector over a MemIoEngine holding `contents`.
-Fixture OverMem(const FaultInjectionOptions& faults, IoEngineOptions options = {},
-                MemIoOptions mem = {}) {
+Fixture OverMem(const FaultInjectionOptions& faults, IoEngineOptions options = {}, MemIoOptions mem = {}) {
   Fixture f;
   auto inner = MemIoEngine::Create(options, mem);
   CHECK(inner.ok());
@@ -147,8 +146,8 @@ TEST(FaultInjectingIoEngine, EioFailsTheReadCoveringItWithItsOffset) {
   EXPECT_EQ(done[0].bytes, 0u);
   for (int t : {1, 2}) {
     ASSERT_TRUE(done[t].status.ok()) << done[t].status;
-    EXPECT_EQ(0, std::memcmp(dest.data() + (t == 1 ? 1 << 20 : 2 << 20),
-                             f.contents.data() + (t == 1 ? 0 : 2 << 20), 1 << 20));
+    EXPECT_EQ(0, std::memcmp(dest.data() + (t == 1 ? 1 << 20 : 2 << 20), f.contents.data() + (t == 1 ? 0 : 2 << 20),
+                             1 << 20));
   }
   // The failed read's chunks not yet issued were dropped: fewer than 48 chunks went out.
   EXPECT_LT(f.engine->stats().chunks_issued, 48u);
@@ -159,8 +158,7 @@ TEST(FaultInjectingIoEngine, EioFailsTheReadCoveringItWithItsOffset) {
 TEST(FaultInjectingIoEngine, TransientEagainIsRetriedPersistentFails) {
   FaultInjectionOptions faults;
   faults.rules.push_back(
-      {.kind = FaultKind::kError, .offset_begin = 0, .offset_end = 4096, .times = 3,
-       .error = EAGAIN});
+      {.kind = FaultKind::kError, .offset_begin = 0, .offset_end = 4096, .times = 3, .error = EAGAIN});
   Fixture f = OverMem(faults);
   AlignedBuffer dest(8192);
   std::vector<ReadCompletion> done = ReadAll(*f.engine, {{f.fd, 0, 8192, dest.data(), 0}});
@@ -169,8 +167,7 @@ TEST(FaultInjectingIoEngine, TransientEagainIsRetriedPersistentFails) {
   EXPECT_EQ(f.engine->stats().retries, 3u);
   EXPECT_EQ(0, std::memcmp(dest.data(), f.contents.data(), 8192));
 
-  f.engine->AddRule({.kind = FaultKind::kError, .offset_begin = 0, .offset_end = 4096,
-                     .error = EAGAIN});
+  f.engine->AddRule({.kind = FaultKind::kError, .offset_begin = 0, .offset_end = 4096, .error = EAGAIN});
   done = ReadAll(*f.engine, {{f.fd, 0, 8192, dest.data(), 0}});
   ASSERT_EQ(done.size(), 1u);
   EXPECT_TRUE(absl::IsUnavailable(done[0].status)) << done[0].status;
@@ -182,8 +179,7 @@ TEST(FaultInjectingIoEngine, EndOfFileIsOutOfRange) {
   faults.short_read_probability = 1.0;
   Fixture f = OverMem(faults);
   AlignedBuffer dest(1 << 20);
-  std::vector<ReadCompletion> done =
-      ReadAll(*f.engine, {{f.fd, kFileBytes - 65536, 1 << 20, dest.data(), 0}});
+  std::vector<ReadCompletion> done = ReadAll(*f.engine, {{f.fd, kFileBytes - 65536, 1 << 20, dest.data(), 0}});
   ASSERT_EQ(done.size(), 1u);
   EXPECT_TRUE(absl::IsOutOfRange(done[0].status)) << done[0].status;
   EXPECT_THAT(done[0].status.message(), HasSubstr(absl::StrCat("offset ", kFileBytes - 65536)));
@@ -193,8 +189,7 @@ TEST(FaultInjectingIoEngine, EndOfFileIsOutOfRange) {
 TEST(FaultInjectingIoEngine, BitFlipsAreDeliveredAndChecksumsCatchThem) {
   FaultInjectionOptions faults;
   const uint64_t byte = 123457;
-  faults.rules.push_back({.kind = FaultKind::kBitFlip, .offset_begin = byte,
-                          .offset_end = byte + 1, .times = 1});
+  faults.rules.push_back({.kind = FaultKind::kBitFlip, .offset_begin = byte, .offset_end = byte + 1, .times = 1});
   Fixture f = OverMem(faults);
   const uint64_t offset = 100 << 10, length = 200 << 10;
   AlignedBuffer dest(length);
@@ -252,8 +247,7 @@ std::set<uint64_t> FailedTags(uint64_t seed) {
   AlignedBuffer dest(200 * 8192);
   std::vector<ReadRequest> batch;
   for (int i = 0; i < 200; ++i) {
-    batch.push_back({f.fd, static_cast<uint64_t>(i) * 8192, 8192, dest.data() + i * 8192,
-                     static_cast<uint64_t>(i)});
+    batch.push_back({f.fd, static_cast<uint64_t>(i) * 8192, 8192, dest.data() + i * 8192, static_cast<uint64_t>(i)});
   }
   std::set<uint64_t> failed;
   for (const ReadCompletion& c : ReadAll(*f.engine, batch)) {
@@ -293,8 +287,7 @@ TEST(FaultInjectingIoEngine, OverARealEngine) {
   faults.delay = absl::Milliseconds(5);
   auto e = FaultInjectingIoEngine::Create(std::move(inner->engine), faults);
   ASSERT_TRUE(e.ok());
-  std::printf("%s over %s, %s\n", (*e)->name().c_str(), dir.c_str(),
-              open->direct() ? "O_DIRECT" : "buffered");
+  std::printf("%s over %s, %s\n", (*e)->name().c_str(), dir.c_str(), open->direct() ? "O_DIRECT" : "buffered");
   RandomReadSpec spec;
   spec.reads = 200;
   spec.align = 4096;
@@ -304,11 +297,9 @@ TEST(FaultInjectingIoEngine, OverARealEngine) {
 
   // Then an EIO on one chunk.
   (*e)->ClearFaults();
-  (*e)->AddRule({.kind = FaultKind::kError, .fd = open->fd(), .offset_begin = 3 << 20,
-                 .offset_end = (3 << 20) + 4096});
+  (*e)->AddRule({.kind = FaultKind::kError, .fd = open->fd(), .offset_begin = 3 << 20, .offset_end = (3 << 20) + 4096});
   AlignedBuffer dest(1 << 20);
-  std::vector<ReadCompletion> done =
-      ReadAll(**e, {{open->fd(), (3 << 20) - (64 << 10), 256 << 10, dest.data(), 0}});
+  std::vector<ReadCompletion> done = ReadAll(**e, {{open->fd(), (3 << 20) - (64 << 10), 256 << 10, dest.data(), 0}});
   ASSERT_EQ(done.size(), 1u);
   EXPECT_TRUE(absl::IsDataLoss(done[0].status)) << done[0].status;
   EXPECT_THAT(done[0].status.message(), HasSubstr(absl::StrCat("file offset ", 3 << 20)));

@@ -4,9 +4,9 @@
 // error is an error naming the offset; the queue depth is respected; nothing hangs.
 #include "services/residency/io/io_engine.h"
 
-#include <algorithm>
 #include <fcntl.h>
 #include <unistd.h>
+#include <algorithm>
 
 #include <cstring>
 #include <memory>
@@ -44,9 +44,7 @@ struct Param {
 };
 
 std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
-  const char* e = info.param.engine == Engine::kMem     ? "Mem"
-                  : info.param.engine == Engine::kPread ? "Pread"
-                                                        : "Uring";
+  const char* e = info.param.engine == Engine::kMem ? "Mem" : info.param.engine == Engine::kPread ? "Pread" : "Uring";
   return absl::StrCat(e, info.param.mode == Mode::kDirect ? "Direct" : "Buffered");
 }
 
@@ -68,8 +66,7 @@ class IoEngineTest : public ::testing::TestWithParam<Param> {
       }
       file_ = std::make_unique<TempFile>(dir, contents_);
       ASSERT_TRUE(file_->ok()) << "cannot write a test file in " << dir;
-      absl::StatusOr<ReadOnlyFile> f =
-          ReadOnlyFile::Open(file_->path(), direct_ ? DirectIo::kRequire : DirectIo::kOff);
+      absl::StatusOr<ReadOnlyFile> f = ReadOnlyFile::Open(file_->path(), direct_ ? DirectIo::kRequire : DirectIo::kOff);
       ASSERT_TRUE(f.ok()) << f.status();
       ASSERT_EQ(f->direct(), direct_);
       ASSERT_EQ(f->size(), kFileBytes);
@@ -131,11 +128,11 @@ class IoEngineTest : public ::testing::TestWithParam<Param> {
   int fd_ = -1;
 };
 
-#define MAKE_ENGINE_OR_SKIP(engine, options)                          \
-  std::unique_ptr<IoEngine> engine = MakeEngine(options);             \
-  if (engine == nullptr) {                                            \
-    if (!HasFailure()) GTEST_SKIP() << "io_uring unavailable here";   \
-    return;                                                           \
+#define MAKE_ENGINE_OR_SKIP(engine, options)                        \
+  std::unique_ptr<IoEngine> engine = MakeEngine(options);           \
+  if (engine == nullptr) {                                          \
+    if (!HasFailure()) GTEST_SKIP() << "io_uring unavailable here"; \
+    return;                                                         \
   }
 
 TEST_P(IoEngineTest, RandomReadsWithManyInFlightMatchTheFile) {
@@ -193,8 +190,7 @@ TEST_P(IoEngineTest, EndOfFileBeforeTheLengthIsOutOfRange) {
   EXPECT_THAT(c.status.message(), HasSubstr(absl::StrCat("end of file at offset ", kFileBytes)));
   EXPECT_EQ(c.bytes, 0u);
   // Wholly past the end.
-  c = ReadOne(*engine, fd_, kAlignedBytes + 16 * kDirectIoAlignment, kDirectIoAlignment,
-              dest.data());
+  c = ReadOne(*engine, fd_, kAlignedBytes + 16 * kDirectIoAlignment, kDirectIoAlignment, dest.data());
   EXPECT_TRUE(absl::IsOutOfRange(c.status)) << c.status;
   // A multi-chunk read whose last chunk meets the end.
   c = ReadOne(*engine, fd_, kAlignedBytes - (256 << 10), 512 << 10, dest.data());
@@ -203,8 +199,7 @@ TEST_P(IoEngineTest, EndOfFileBeforeTheLengthIsOutOfRange) {
   if (!direct_) {
     c = ReadOne(*engine, fd_, kAlignedBytes, kFileBytes - kAlignedBytes, dest.data());
     ASSERT_TRUE(c.status.ok()) << c.status;
-    EXPECT_EQ(0, std::memcmp(dest.data(), contents_.data() + kAlignedBytes,
-                             kFileBytes - kAlignedBytes));
+    EXPECT_EQ(0, std::memcmp(dest.data(), contents_.data() + kAlignedBytes, kFileBytes - kAlignedBytes));
   } else {
     c = ReadOne(*engine, fd_, kAlignedBytes, kDirectIoAlignment, dest.data());
     EXPECT_TRUE(absl::IsOutOfRange(c.status)) << c.status;
@@ -251,8 +246,7 @@ TEST_P(IoEngineTest, FarMoreRequestsThanTheQueueDepth) {
   AlignedBuffer dest(kReads * kLen);
   std::vector<ReadRequest> batch;
   for (int i = 0; i < kReads; ++i) {
-    batch.push_back({fd_, static_cast<uint64_t>(i) * kLen, kLen, dest.data() + i * kLen,
-                     static_cast<uint64_t>(i)});
+    batch.push_back({fd_, static_cast<uint64_t>(i) * kLen, kLen, dest.data() + i * kLen, static_cast<uint64_t>(i)});
   }
   ASSERT_TRUE(engine->Submit(batch).ok());  // never blocks, whatever the depth
   EXPECT_EQ(engine->outstanding(), kReads);
@@ -411,8 +405,7 @@ TEST(ReadOnlyFile, OpensDirectWherePossible) {
   absl::StatusOr<ReadOnlyFile> prefer = ReadOnlyFile::Open(f.path(), DirectIo::kPrefer);
   ASSERT_TRUE(prefer.ok());
   EXPECT_EQ(prefer->direct(), !DirectIoDir().empty() && DirectIoDir() == AnyTempDir());
-  absl::StatusOr<ReadOnlyFile> missing =
-      ReadOnlyFile::Open(f.path() + ".missing", DirectIo::kPrefer);
+  absl::StatusOr<ReadOnlyFile> missing = ReadOnlyFile::Open(f.path() + ".missing", DirectIo::kPrefer);
   EXPECT_TRUE(absl::IsNotFound(missing.status())) << missing.status();
   EXPECT_THAT(missing.status().message(), HasSubstr(".missing"));
 }

@@ -111,14 +111,13 @@ struct RandomReadSpec {
 // Drives `engine` with random reads of `contents` (the file `fd`) with up to max_outstanding
 // requests in flight and checks every completion: status OK, every byte, and the guard bytes
 // after the destination untouched. Half the destinations lie in a registered arena, half not.
-inline void CheckRandomReads(IoEngine& engine, int fd, const std::string& contents,
-                             const RandomReadSpec& spec) {
+inline void CheckRandomReads(IoEngine& engine, int fd, const std::string& contents, const RandomReadSpec& spec) {
   const uint64_t chunk = engine.options().chunk_bytes;
   const uint64_t max_len = spec.max_length ? spec.max_length : 6 * chunk + 3 * kDirectIoAlignment;
   const uint64_t readable = spec.readable ? spec.readable : contents.size();
   ASSERT_GE(readable, max_len);
-  const uint64_t slot_bytes = (max_len + kDirectIoAlignment) / kDirectIoAlignment *
-                                  kDirectIoAlignment + kDirectIoAlignment;  // + guard
+  const uint64_t slot_bytes =
+      (max_len + kDirectIoAlignment) / kDirectIoAlignment * kDirectIoAlignment + kDirectIoAlignment;  // + guard
   const int slots = spec.max_outstanding;
   AlignedBuffer registered(slot_bytes * slots), plain(slot_bytes * slots);
   if (spec.register_buffers) {
@@ -151,9 +150,15 @@ inline void CheckRandomReads(IoEngine& engine, int fd, const std::string& conten
       free_slots.pop_back();
       uint64_t length;
       switch (rng() % 4) {
-        case 0: length = pick(1, 3 * kDirectIoAlignment); break;     // small
-        case 1: length = chunk * (1 + rng() % 6); break;              // whole chunks
-        default: length = pick(1, max_len); break;                    // anything, often split
+        case 0:
+          length = pick(1, 3 * kDirectIoAlignment);
+          break;  // small
+        case 1:
+          length = chunk * (1 + rng() % 6);
+          break;  // whole chunks
+        default:
+          length = pick(1, max_len);
+          break;  // anything, often split
       }
       length = std::min(length, max_len);
       uint64_t offset = std::uniform_int_distribution<uint64_t>(0, readable - length)(rng);
@@ -178,14 +183,12 @@ inline void CheckRandomReads(IoEngine& engine, int fd, const std::string& conten
       ASSERT_LT(c.tag, slot.size());
       Slot& s = slot[c.tag];
       ASSERT_TRUE(s.busy);
-      ASSERT_TRUE(c.status.ok()) << c.status << " (offset " << s.offset << ", length "
-                                 << s.length << ")";
+      ASSERT_TRUE(c.status.ok()) << c.status << " (offset " << s.offset << ", length " << s.length << ")";
       ASSERT_EQ(c.bytes, s.length);
       ASSERT_EQ(0, std::memcmp(s.dest, contents.data() + s.offset, s.length))
           << engine.name() << ": data differ at offset " << s.offset << " length " << s.length;
       for (uint64_t i = s.length; i < slot_bytes; ++i) {
-        ASSERT_EQ(s.dest[i], 0xAB) << "written past the destination, offset " << s.offset
-                                   << " length " << s.length;
+        ASSERT_EQ(s.dest[i], 0xAB) << "written past the destination, offset " << s.offset << " length " << s.length;
       }
       s.busy = false;
       free_slots.push_back(static_cast<int>(c.tag));

@@ -50,8 +50,7 @@ bool BlockIoUringSetup(int err) {
       BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
   };
   sock_fprog prog = {static_cast<unsigned short>(sizeof(filter) / sizeof(filter[0])), filter};
-  return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
-         prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0;
+  return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 && prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0;
 }
 
 // In a child where io_uring_setup fails with `err`: the uring engine reports Unavailable and
@@ -63,8 +62,7 @@ int RunBlockedChild(int err, const std::string& path, const std::string& content
     alarm(20);  // never hang
     if (!BlockIoUringSetup(err)) _exit(77);
     auto uring = UringIoEngine::Create(IoEngineOptions());
-    if (uring.ok() || !absl::IsUnavailable(uring.status()) ||
-        !absl::StrContains(uring.status().message(), "pread")) {
+    if (uring.ok() || !absl::IsUnavailable(uring.status()) || !absl::StrContains(uring.status().message(), "pread")) {
       std::fprintf(stderr, "uring: %s\n", uring.ok() ? "ok" : uring.status().ToString().c_str());
       _exit(1);
     }
@@ -73,8 +71,7 @@ int RunBlockedChild(int err, const std::string& path, const std::string& content
     if (!created.ok() || created->kind != IoEngineKind::kPread ||
         !absl::StrContains(created->fallback_reason, strerrorname_np(err))) {
       std::fprintf(stderr, "auto: %s\n",
-                   created.ok() ? created->fallback_reason.c_str()
-                                : created.status().ToString().c_str());
+                   created.ok() ? created->fallback_reason.c_str() : created.status().ToString().c_str());
       _exit(2);
     }
     auto file = ReadOnlyFile::Open(path, DirectIo::kPrefer);
@@ -140,8 +137,8 @@ TEST_F(UringTest, RegisteredBuffersAndFilesUseFixedReads) {
   ASSERT_TRUE(reg.ok()) << reg;
   std::vector<ReadRequest> batch;
   for (int i = 0; i < 8; ++i) {
-    batch.push_back({fd, static_cast<uint64_t>(i) * (3 << 20) / 2 / 4096 * 4096, 5 << 20,
-                     arena.data() + i * (5 << 20), static_cast<uint64_t>(i)});
+    batch.push_back({fd, static_cast<uint64_t>(i) * (3 << 20) / 2 / 4096 * 4096, 5 << 20, arena.data() + i * (5 << 20),
+                     static_cast<uint64_t>(i)});
   }
   ASSERT_TRUE(engine_->Submit(batch).ok());
   EXPECT_EQ(engine_->inflight(), 40);

@@ -113,9 +113,9 @@ TEST(LfuPolicy, HandCheckedSequence) {
   LfuOptions o;
   o.halve_every = 1000;
   LfuPolicy p(3, o);
-  p.Admit(10);  // counts: 10:1
-  p.Admit(20);  // 20:1
-  p.Admit(30);  // 30:1
+  p.Admit(10);                       // counts: 10:1
+  p.Admit(20);                       // 20:1
+  p.Admit(30);                       // 30:1
   EXPECT_EQ(p.ChooseVictim(), 10u);  // equal counts: least recent first
   p.Touch(10);
   p.Touch(10);  // 10:3
@@ -157,14 +157,14 @@ TEST(LfuPolicy, AgeingHalvesCountsAndKeepsOrder) {
   LfuOptions o;
   o.halve_every = 10;
   LfuPolicy p(4, o);
-  p.Admit(1);                                 // ref 1
-  p.Admit(2);                                 // ref 2
-  p.Admit(3);                                 // ref 3
-  for (int i = 0; i < 4; ++i) p.Touch(1);     // refs 4-7: 1:5
-  p.Touch(2);                                 // ref 8: 2:2
-  p.Touch(3);                                 // ref 9: 3:2, counted after 2
+  p.Admit(1);                              // ref 1
+  p.Admit(2);                              // ref 2
+  p.Admit(3);                              // ref 3
+  for (int i = 0; i < 4; ++i) p.Touch(1);  // refs 4-7: 1:5
+  p.Touch(2);                              // ref 8: 2:2
+  p.Touch(3);                              // ref 9: 3:2, counted after 2
   EXPECT_EQ(p.CountOf(1), 5u);
-  p.Touch(3);                                 // ref 10: 3:3, then everything halves
+  p.Touch(3);  // ref 10: 3:3, then everything halves
   EXPECT_EQ(p.CountOf(1), 2u);
   EXPECT_EQ(p.CountOf(2), 1u);
   EXPECT_EQ(p.CountOf(3), 1u);
@@ -212,15 +212,15 @@ TEST(ArcPolicy, HandCheckedSequence) {
   p.Touch(1);  // T1 = [2], T2 = [1]
   EXPECT_TRUE(p.InT2(1));
   EXPECT_EQ(p.ChooseVictim([](ExpertKey) { return true; }, 3), 2u);  // p = 0 < |T1|: T1 LRU
-  EXPECT_TRUE(p.Remove(2));             // B1 = [2]
+  EXPECT_TRUE(p.Remove(2));                                          // B1 = [2]
   EXPECT_TRUE(p.IsGhost(2));
   EXPECT_FALSE(p.Contains(2));
-  p.Admit(3);                           // T1 = [3], T2 = [1], B1 = [2]
+  p.Admit(3);  // T1 = [3], T2 = [1], B1 = [2]
   EXPECT_EQ(p.target_t1(), 0);
   // 2 returns: a B1 hit, so T1 should have been larger: p becomes 1 and the victim comes from T2.
   EXPECT_EQ(p.ChooseVictim([](ExpertKey) { return true; }, 2), 1u);
-  EXPECT_TRUE(p.Remove(1));             // B2 = [1]
-  p.Admit(2);                           // ghost hit: T2 = [2]
+  EXPECT_TRUE(p.Remove(1));  // B2 = [1]
+  p.Admit(2);                // ghost hit: T2 = [2]
   EXPECT_EQ(p.target_t1(), 1);
   EXPECT_TRUE(p.InT2(2));
   EXPECT_EQ(p.t1_size(), 1);
@@ -266,7 +266,7 @@ TEST(ArcPolicy, PrefetchedKeyNeedsTwoReferencesForT2AndLeavesNoGhost) {
   p.Admit(4);
   p.AdmitPrefetched(5);
   EXPECT_EQ(p.ChooseVictim(), 5u);  // at T1's eviction end until used
-  p.Touch(5);  // the first reference
+  p.Touch(5);                       // the first reference
   EXPECT_EQ(p.ChooseVictim(), 4u);
   EXPECT_FALSE(p.InT2(5));
   p.Touch(5);
@@ -309,8 +309,10 @@ TEST(AllPolicies, InvariantsUnderRandomOperations) {
             EXPECT_TRUE(p.Remove(*v));
             resident.erase(*v);
           }
-          if (op == 1) p.AdmitPrefetched(key);
-          else p.Admit(key);
+          if (op == 1)
+            p.AdmitPrefetched(key);
+          else
+            p.Admit(key);
           resident.insert(key);
         }
         ASSERT_EQ(p.size(), static_cast<int64_t>(resident.size())) << name;

@@ -63,8 +63,10 @@ TEST(VramSlotMapTest, NeverOffersAPinnedOrFillingSlot) {
     ASSERT_FALSE(m.filling(*k)) << "round " << round;
     if (m.owner(*k) != VramSlotMap::kFree) m.Release(*k);
     m.Fill(*k, 100 + round, round);
-    if (round % 3 != 0) m.Filled(*k);
-    else m.Release(*k);  // a failed copy
+    if (round % 3 != 0)
+      m.Filled(*k);
+    else
+      m.Release(*k);  // a failed copy
   }
 }
 
@@ -82,7 +84,7 @@ TEST(VramSlotMapTest, APrefetchTakesOnlySlotsUnusedByStepsInFlight) {
   EXPECT_EQ(m.Candidate(in_use, pe, /*used_before=*/10), 1u);
   pin_epoch[1] = 11;
   EXPECT_FALSE(m.Candidate(in_use, pe, 10).has_value());  // both used by steps from 10 on
-  EXPECT_EQ(m.Candidate(in_use, pe, kAny), 1u);            // a demand takes the older
+  EXPECT_EQ(m.Candidate(in_use, pe, kAny), 1u);           // a demand takes the older
 }
 
 // The map against a plain scan of every slot (what Candidate returns by its contract), under
@@ -120,7 +122,7 @@ TEST(VramSlotMapTest, MatchesAScanOfEverySlot) {
   };
   uint64_t epoch = 10;
   for (int step = 0; step < 20000; ++step) {
-    epoch += rng() % 8 == 0;                // many uses share an epoch: ties go to the lowest index
+    epoch += rng() % 8 == 0;               // many uses share an epoch: ties go to the lowest index
     const uint64_t e = epoch - rng() % 3;  // mostly in order, sometimes older
     const uint32_t k = rng() % kSlots;
     switch (rng() % 6) {

@@ -64,10 +64,10 @@ TEST(RoutingTrace, EmptyTraceIsValid) {
 
 TEST(RoutingTrace, AddRecordValidates) {
   RoutingTrace t(TraceGeometry{2, 4, 2, 0});
-  EXPECT_FALSE(t.AddRecord(TracePhase::kDecode, 1, {0, 1, 2}).ok());           // wrong count
-  EXPECT_FALSE(t.AddRecord(TracePhase::kDecode, 1, {0, 1, 2, 4}).ok());        // id out of range
-  EXPECT_FALSE(t.AddRecord(TracePhase::kDecode, 1, {0, 1, 2, 2}).ok());        // duplicate
-  EXPECT_FALSE(t.AddRecord(TracePhase::kDecode, 0, {}).ok());                  // no tokens
+  EXPECT_FALSE(t.AddRecord(TracePhase::kDecode, 1, {0, 1, 2}).ok());     // wrong count
+  EXPECT_FALSE(t.AddRecord(TracePhase::kDecode, 1, {0, 1, 2, 4}).ok());  // id out of range
+  EXPECT_FALSE(t.AddRecord(TracePhase::kDecode, 1, {0, 1, 2, 2}).ok());  // duplicate
+  EXPECT_FALSE(t.AddRecord(TracePhase::kDecode, 0, {}).ok());            // no tokens
   EXPECT_FALSE(t.AddRecord(static_cast<TracePhase>(7), 1, {0, 1, 2, 3}).ok());
   EXPECT_TRUE(t.AddRecord(TracePhase::kDecode, 1, {0, 1, 2, 3}).ok());
   // The same id in two tokens of a batch is fine.
@@ -97,31 +97,76 @@ TEST(RoutingTrace, ParseRejectsEveryCorruption) {
   using C = absl::StatusCode;
   rejects("", C::kDataLoss, "empty");
   rejects(good.substr(0, 47), C::kDataLoss, "short header");
-  std::string s = good; s[0] = 'X';                 rejects(s, C::kInvalidArgument, "magic");
-  s = good; PutU32(s, 8, 2);                        rejects(s, C::kInvalidArgument, "version");
-  s = good; PutU32(s, 12, 56);                      rejects(s, C::kInvalidArgument, "header size");
-  s = good; PutU32(s, 16, 0);                       rejects(s, C::kInvalidArgument, "n_layer 0");
-  s = good; PutU32(s, 16, 70000);                   rejects(s, C::kInvalidArgument, "n_layer big");
-  s = good; PutU32(s, 20, 0);                       rejects(s, C::kInvalidArgument, "n_expert 0");
-  s = good; PutU32(s, 20, 3);                       rejects(s, C::kInvalidArgument, "id >= n_expert");
-  s = good; PutU32(s, 24, 0);                       rejects(s, C::kInvalidArgument, "top_k 0");
-  s = good; PutU32(s, 24, 5);                       rejects(s, C::kInvalidArgument, "top_k > n_expert");
-  s = good; PutU32(s, 28, 1);                       rejects(s, C::kInvalidArgument, "flags");
-  s = good; PutU64(s, 32, uint64_t{1} << 50);       rejects(s, C::kInvalidArgument, "expert bytes");
-  s = good; PutU64(s, 40, 4);                       rejects(s, C::kDataLoss, "one record too many");
-  s = good; PutU64(s, 40, ~uint64_t{0});            rejects(s, C::kDataLoss, "absurd record count");
-  s = good; PutU64(s, 40, 2);                       rejects(s, C::kInvalidArgument, "trailing record");
+  std::string s = good;
+  s[0] = 'X';
+  rejects(s, C::kInvalidArgument, "magic");
+  s = good;
+  PutU32(s, 8, 2);
+  rejects(s, C::kInvalidArgument, "version");
+  s = good;
+  PutU32(s, 12, 56);
+  rejects(s, C::kInvalidArgument, "header size");
+  s = good;
+  PutU32(s, 16, 0);
+  rejects(s, C::kInvalidArgument, "n_layer 0");
+  s = good;
+  PutU32(s, 16, 70000);
+  rejects(s, C::kInvalidArgument, "n_layer big");
+  s = good;
+  PutU32(s, 20, 0);
+  rejects(s, C::kInvalidArgument, "n_expert 0");
+  s = good;
+  PutU32(s, 20, 3);
+  rejects(s, C::kInvalidArgument, "id >= n_expert");
+  s = good;
+  PutU32(s, 24, 0);
+  rejects(s, C::kInvalidArgument, "top_k 0");
+  s = good;
+  PutU32(s, 24, 5);
+  rejects(s, C::kInvalidArgument, "top_k > n_expert");
+  s = good;
+  PutU32(s, 28, 1);
+  rejects(s, C::kInvalidArgument, "flags");
+  s = good;
+  PutU64(s, 32, uint64_t{1} << 50);
+  rejects(s, C::kInvalidArgument, "expert bytes");
+  s = good;
+  PutU64(s, 40, 4);
+  rejects(s, C::kDataLoss, "one record too many");
+  s = good;
+  PutU64(s, 40, ~uint64_t{0});
+  rejects(s, C::kDataLoss, "absurd record count");
+  s = good;
+  PutU64(s, 40, 2);
+  rejects(s, C::kInvalidArgument, "trailing record");
   rejects(good + "x", C::kInvalidArgument, "trailing byte");
   rejects(good.substr(0, good.size() - 1), C::kDataLoss, "truncated ids");
   rejects(good.substr(0, good.size() - 14), C::kDataLoss, "truncated record header");
-  s = good; PutU32(s, 48, 0);                       rejects(s, C::kInvalidArgument, "phase 0");
-  s = good; PutU32(s, 48, 3);                       rejects(s, C::kInvalidArgument, "phase 3");
-  s = good; PutU32(s, 52, 0);                       rejects(s, C::kInvalidArgument, "zero tokens");
-  s = good; PutU32(s, 52, 256);                     rejects(s, C::kDataLoss, "more tokens than bytes");
-  s = good; PutU32(s, 52, 0x7FFFFFFF);              rejects(s, C::kInvalidArgument, "huge token count");
-  s = good; s[56] = 9;                              rejects(s, C::kInvalidArgument, "id 9");
-  s = good; s[56] = 1; s[57] = 0;                   rejects(s, C::kInvalidArgument, "duplicate id");
-  s = good; s[57] = 1;                              rejects(s, C::kInvalidArgument, "id 256");
+  s = good;
+  PutU32(s, 48, 0);
+  rejects(s, C::kInvalidArgument, "phase 0");
+  s = good;
+  PutU32(s, 48, 3);
+  rejects(s, C::kInvalidArgument, "phase 3");
+  s = good;
+  PutU32(s, 52, 0);
+  rejects(s, C::kInvalidArgument, "zero tokens");
+  s = good;
+  PutU32(s, 52, 256);
+  rejects(s, C::kDataLoss, "more tokens than bytes");
+  s = good;
+  PutU32(s, 52, 0x7FFFFFFF);
+  rejects(s, C::kInvalidArgument, "huge token count");
+  s = good;
+  s[56] = 9;
+  rejects(s, C::kInvalidArgument, "id 9");
+  s = good;
+  s[56] = 1;
+  s[57] = 0;
+  rejects(s, C::kInvalidArgument, "duplicate id");
+  s = good;
+  s[57] = 1;
+  rejects(s, C::kInvalidArgument, "id 256");
 }
 
 TEST(RoutingTrace, FileRoundTripAndErrors) {

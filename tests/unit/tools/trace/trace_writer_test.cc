@@ -62,13 +62,16 @@ TEST(TraceWriter, ErrorsAreStickyAndReportedByFinish) {
     EXPECT_EQ((*w)->status().ok(), !at_once);
     EXPECT_FALSE((*w)->Finish().ok());
   };
-  fails([](TraceWriter& w) { w.OnRouting(1, {0, 1}, 2); });                        // layer 0 not first
-  fails([](TraceWriter& w) { w.OnRouting(0, {0, 1, 2}, 3); });                     // k mismatch
-  fails([](TraceWriter& w) { w.OnRouting(0, {0, 1, 2}, 2); });                     // partial token
-  fails([](TraceWriter& w) { w.OnRouting(0, {0, 4}, 2); });                        // id out of range
-  fails([](TraceWriter& w) { w.OnRouting(0, {1, 1}, 2); });                        // duplicate
-  fails([](TraceWriter& w) { w.OnRouting(0, {0, 1}, 2); w.OnRouting(1, {0, 1, 2, 3}, 2); });  // tokens differ
-  fails([](TraceWriter& w) { w.OnRouting(0, {0, 1}, 2); }, false);                 // unfinished batch
+  fails([](TraceWriter& w) { w.OnRouting(1, {0, 1}, 2); });     // layer 0 not first
+  fails([](TraceWriter& w) { w.OnRouting(0, {0, 1, 2}, 3); });  // k mismatch
+  fails([](TraceWriter& w) { w.OnRouting(0, {0, 1, 2}, 2); });  // partial token
+  fails([](TraceWriter& w) { w.OnRouting(0, {0, 4}, 2); });     // id out of range
+  fails([](TraceWriter& w) { w.OnRouting(0, {1, 1}, 2); });     // duplicate
+  fails([](TraceWriter& w) {
+    w.OnRouting(0, {0, 1}, 2);
+    w.OnRouting(1, {0, 1, 2, 3}, 2);
+  });                                                               // tokens differ
+  fails([](TraceWriter& w) { w.OnRouting(0, {0, 1}, 2); }, false);  // unfinished batch
   EXPECT_FALSE(TraceWriter::CreateInMemory({0, 4, 2, 0}).ok());
   EXPECT_FALSE(TraceWriter::Create("/nonexistent-dir/x.trace", {2, 4, 2, 0}).ok());
 }
