@@ -150,7 +150,8 @@ constexpr QuantName kQuantNames[] = {
     {SynthQuant::kQ3_K_M, "q3_k_m", 12}, {SynthQuant::kQ4_K_M, "q4_k_m", 15},
     {SynthQuant::kQ5_K_M, "q5_k_m", 17},
     {SynthQuant::kIQ4_NL, "iq4_nl", 25}, {SynthQuant::kIQ4_XS, "iq4_xs", 30},
-    {SynthQuant::kIQ2_XXS, "iq2_xxs", 19}, {SynthQuant::kIQ3_XXS, "iq3_xxs", 23},
+    {SynthQuant::kIQ2_XXS, "iq2_xxs", 19}, {SynthQuant::kIQ2_XS, "iq2_xs", 20},
+    {SynthQuant::kIQ3_XXS, "iq3_xxs", 23},
 };
 
 const QuantName& NameOf(SynthQuant q) {
@@ -175,6 +176,7 @@ GgmlType Fallback(GgmlType type) {
       return GgmlType::kQ8_0;
     case GgmlType::kIQ4_XS:
     case GgmlType::kIQ2_XXS:
+    case GgmlType::kIQ2_XS:
     case GgmlType::kIQ3_XXS:
       return GgmlType::kIQ4_NL;
     default:
@@ -239,6 +241,7 @@ std::optional<GgmlType> SingleType(SynthQuant quant) {
     case SynthQuant::kIQ4_XS: return GgmlType::kIQ4_XS;
     case SynthQuant::kIQ2_XXS: return GgmlType::kIQ2_XXS;
     case SynthQuant::kIQ3_XXS: return GgmlType::kIQ3_XXS;
+    case SynthQuant::kIQ2_XS: return GgmlType::kIQ2_XS;
     case SynthQuant::kQ4_K:
     case SynthQuant::kQ3_K_M:
     case SynthQuant::kQ4_K_M:

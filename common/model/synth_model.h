@@ -61,7 +61,7 @@ SynthGeometry RandomSynthGeometry(uint64_t seed);
 // simpler Q4_K_M-like mix (q6_k for output and for attn_v and ffn_down of the even layers).
 enum class SynthQuant {
   kF32, kF16, kBF16, kQ8_0, kQ4_K, kQ5_K, kQ3_K, kQ2_K, kQ4_0, kQ4_1, kQ5_0, kQ5_1,
-  kQ3_K_M, kQ4_K_M, kQ5_K_M, kIQ4_NL, kIQ4_XS, kIQ2_XXS, kIQ3_XXS,
+  kQ3_K_M, kQ4_K_M, kQ5_K_M, kIQ4_NL, kIQ4_XS, kIQ2_XXS, kIQ3_XXS, kIQ2_XS,
 };
 std::optional<SynthQuant> ParseSynthQuant(const std::string& name);  // "f32", "q4_k", ...
 // The names ParseSynthQuant takes, comma-separated.
@@ -87,8 +87,8 @@ enum class SynthMatrix { kTokenEmbd, kAttnQ, kAttnK, kAttnV, kAttnOutput, kGateE
 // The tensor type of `matrix` (of layer `layer`, where it has one) under `quant` in a model of
 // geometry `g`. Where the chosen type's block does not divide the row length, kQ4_K falls back
 // to q8_0 and the others as llama.cpp's quantizer does (q2_k, q3_k -> q4_0, q4_k -> q5_0,
-// q5_k -> q5_1, q6_k -> q8_0, iq4_xs, iq2_xxs, iq3_xxs -> iq4_nl; f16 where that does not divide
-// it either).
+// q5_k -> q5_1, q6_k -> q8_0, iq4_xs, iq2_xxs, iq2_xs, iq3_xxs -> iq4_nl; f16 where that does not
+// divide it either).
 GgmlType SynthTensorType(SynthQuant quant, SynthMatrix matrix, int layer, const SynthGeometry& g);
 
 // Writes the model to `path`. Validates the geometry first (InvalidArgument naming the field).

@@ -33,6 +33,7 @@ struct RowKernels {
   RowsFn<BlockIQ4_NL, BlockQ8_0> iq4_nl;
   RowsFn<BlockIQ4_XS, BlockQ8_K> iq4_xs;
   RowsFn<BlockIQ2_XXS, BlockQ8_K> iq2_xxs;
+  RowsFn<BlockIQ2_XS, BlockQ8_K> iq2_xs;
   RowsFn<BlockIQ3_XXS, BlockQ8_K> iq3_xxs;
 };
 
@@ -63,7 +64,9 @@ const RowKernels& ActiveRowKernels();
   void IQ2_XXSRows(const BlockIQ2_XXS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,        \
                    float* out);                                                                    \
   void IQ3_XXSRows(const BlockIQ3_XXS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,        \
-                   float* out);
+                   float* out);                                                                    \
+  void IQ2_XSRows(const BlockIQ2_XS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,          \
+                  float* out);
 
 namespace avx2 {
 MER_QUANT_DECLARE_ROW_KERNELS

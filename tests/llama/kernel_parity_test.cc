@@ -61,7 +61,8 @@ std::vector<float> Random(int64_t n, std::mt19937& rng, float scale, float offse
 constexpr GgmlType kVecDotTypes[] = {GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1,
                                      GgmlType::kQ8_0, GgmlType::kQ2_K, GgmlType::kQ3_K,
                                      GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
-                                     GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS, GgmlType::kIQ3_XXS};
+                                     GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS, GgmlType::kIQ2_XS,
+                                     GgmlType::kIQ3_XXS};
 constexpr GgmlType kGemvTypes[] = {GgmlType::kQ4_0, GgmlType::kIQ4_NL};
 constexpr int64_t kRows = 16;  // two groups of 8 rows for the gemv
 

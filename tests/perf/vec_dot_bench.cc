@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
                         GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1,
                         GgmlType::kQ6_K, GgmlType::kQ5_K, GgmlType::kQ4_K, GgmlType::kQ3_K,
                         GgmlType::kQ2_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS,
-                        GgmlType::kIQ2_XXS, GgmlType::kIQ3_XXS}) {
+                        GgmlType::kIQ2_XXS, GgmlType::kIQ2_XS, GgmlType::kIQ3_XXS}) {
     const int64_t row_bytes = mer::RowBytes(type, cols);
     std::vector<uint8_t> weights(row_bytes * rows);
     for (int64_t r = 0; r < rows; ++r) {

@@ -100,7 +100,7 @@ TEST(SynthModel, TinyPresetBytesArePinned) {
       {SynthQuant::kQ3_K_M, 0x99df03a37a7bbf2b}, {SynthQuant::kQ4_K_M, 0x9c53b6d695d3d05f},
       {SynthQuant::kQ5_K_M, 0xafd84eb635f5a5c5}, {SynthQuant::kIQ4_NL, 0xfd23bc8b1a317a7c},
       {SynthQuant::kIQ4_XS, 0xbf85ff0462d51d1c}, {SynthQuant::kIQ2_XXS, 0x811cd80aae39615f},
-      {SynthQuant::kIQ3_XXS, 0xfde299903db8d3d9},
+      {SynthQuant::kIQ3_XXS, 0xfde299903db8d3d9}, {SynthQuant::kIQ2_XS, 0x09837b801d874bf8},
   };
   for (const auto& [quant, want] : cases) {
     SynthOptions o;
@@ -202,7 +202,7 @@ TEST(SynthModel, RandomGeometriesAreValidVariedAndRun) {
                                     SynthQuant::kQ4_1, SynthQuant::kQ5_0, SynthQuant::kQ5_1,
                                     SynthQuant::kQ3_K_M, SynthQuant::kQ4_K_M, SynthQuant::kQ5_K_M,
                                     SynthQuant::kIQ4_NL, SynthQuant::kIQ4_XS, SynthQuant::kIQ2_XXS,
-                                    SynthQuant::kIQ3_XXS};
+                                    SynthQuant::kIQ3_XXS, SynthQuant::kIQ2_XS};
   for (uint64_t seed = 1; seed <= std::size(kQuants); ++seed) {
     SynthOptions o;
     o.geometry = RandomSynthGeometry(seed);
