@@ -459,13 +459,14 @@ absl::StatusOr<std::vector<SynthTensor>> PlanSynthModel(const SynthOptions& opti
                        std::copy(weights.begin(), weights.end(), out);
                      }});
   };
+  using M = SynthMatrix;
   const auto type_for = [&](SynthMatrix matrix, int layer) {
     return SynthTensorType(options.quant, matrix, layer, g);
   };
 
   {
     const uint64_t h = HashName("token_embd.weight", seed);
-    plans.push_back({"token_embd.weight", type_for(SynthMatrix::kTokenEmbd, -1), {n_embd, g.n_vocab},
+    plans.push_back({"token_embd.weight", type_for(M::kTokenEmbd, -1), {n_embd, g.n_vocab},
                      [h, n_embd, skewed, c_embd, c_hat](int64_t row, float* out) {
                        Rng rng{h ^ (static_cast<uint64_t>(row) * 0xd1342543de82ef95ull)};
                        FillNoise(rng, 1.0f, out, n_embd);
@@ -478,11 +479,11 @@ absl::StatusOr<std::vector<SynthTensor>> PlanSynthModel(const SynthOptions& opti
     const float* attn_blind = direction_after(b + "attn_norm.weight");
     const float* ffn_blind = direction_after(b + "ffn_norm.weight");
     norm_vector(b + "attn_norm.weight", n_embd);
-    noise_matrix(b + "attn_q.weight", type_for(SynthMatrix::kAttnQ, il), {n_embd, q_dim}, 1.0f / std::sqrt(float(n_embd)));
-    noise_matrix(b + "attn_k.weight", type_for(SynthMatrix::kAttnK, il), {n_embd, kv_dim}, 1.0f / std::sqrt(float(n_embd)));
-    noise_matrix(b + "attn_v.weight", type_for(SynthMatrix::kAttnV, il), {n_embd, kv_dim}, 1.0f / std::sqrt(float(n_embd)),
+    noise_matrix(b + "attn_q.weight", type_for(M::kAttnQ, il), {n_embd, q_dim}, 1.0f / std::sqrt(float(n_embd)));
+    noise_matrix(b + "attn_k.weight", type_for(M::kAttnK, il), {n_embd, kv_dim}, 1.0f / std::sqrt(float(n_embd)));
+    noise_matrix(b + "attn_v.weight", type_for(M::kAttnV, il), {n_embd, kv_dim}, 1.0f / std::sqrt(float(n_embd)),
                  attn_blind);
-    noise_matrix(b + "attn_output.weight", type_for(SynthMatrix::kAttnOutput, il), {q_dim, n_embd},
+    noise_matrix(b + "attn_output.weight", type_for(M::kAttnOutput, il), {q_dim, n_embd},
                  attn_out_scale / std::sqrt(float(q_dim)));
     norm_vector(b + "attn_q_norm.weight", g.head_dim);
     norm_vector(b + "attn_k_norm.weight", g.head_dim);
@@ -511,16 +512,16 @@ absl::StatusOr<std::vector<SynthTensor>> PlanSynthModel(const SynthOptions& opti
                          }
                        }});
     }
-    noise_matrix(b + "ffn_gate_exps.weight", type_for(SynthMatrix::kGateExps, il), {n_embd, g.n_ff_exp, g.n_expert},
+    noise_matrix(b + "ffn_gate_exps.weight", type_for(M::kGateExps, il), {n_embd, g.n_ff_exp, g.n_expert},
                  1.0f / std::sqrt(float(n_embd)), ffn_blind);
-    noise_matrix(b + "ffn_up_exps.weight", type_for(SynthMatrix::kUpExps, il), {n_embd, g.n_ff_exp, g.n_expert},
+    noise_matrix(b + "ffn_up_exps.weight", type_for(M::kUpExps, il), {n_embd, g.n_ff_exp, g.n_expert},
                  1.0f / std::sqrt(float(n_embd)), ffn_blind);
-    noise_matrix(b + "ffn_down_exps.weight", type_for(SynthMatrix::kDownExps, il), {g.n_ff_exp, n_embd, g.n_expert},
+    noise_matrix(b + "ffn_down_exps.weight", type_for(M::kDownExps, il), {g.n_ff_exp, n_embd, g.n_expert},
                  1.0f / std::sqrt(float(g.n_ff_exp)));
   }
   const float* output_blind = direction_after("output_norm.weight");
   norm_vector("output_norm.weight", n_embd);
-  noise_matrix("output.weight", type_for(SynthMatrix::kOutput, -1), {n_embd, g.n_vocab}, 2.0f / std::sqrt(float(n_embd)),
+  noise_matrix("output.weight", type_for(M::kOutput, -1), {n_embd, g.n_vocab}, 2.0f / std::sqrt(float(n_embd)),
                output_blind);
 
   return plans;

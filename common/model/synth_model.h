@@ -82,7 +82,9 @@ struct SynthOptions {
 };
 
 // The matrices of a model whose type a SynthQuant chooses.
-enum class SynthMatrix { kTokenEmbd, kAttnQ, kAttnK, kAttnV, kAttnOutput, kGateExps, kUpExps, kDownExps, kOutput };
+enum class SynthMatrix {
+  kTokenEmbd, kAttnQ, kAttnK, kAttnV, kAttnOutput, kGateExps, kUpExps, kDownExps, kOutput,
+};
 
 // The tensor type of `matrix` (of layer `layer`, where it has one) under `quant` in a model of
 // geometry `g`. Where the chosen type's block does not divide the row length, kQ4_K falls back

@@ -35,7 +35,8 @@ int Grid::Map(const float* m, float scale, float* err) const {
   for (int i = width_ - 1; i >= 0; --i) {
     const float v = m[i] / scale;
     level[i] = 0;
-    while (level[i] + 1 < n_levels && v >= (levels_[level[i]] + levels_[level[i] + 1]) / 2) ++level[i];
+    while (level[i] + 1 < n_levels && v >= (levels_[level[i]] + levels_[level[i] + 1]) / 2)
+      ++level[i];
     pattern = n_levels * pattern + level[i];
   }
   const auto error = [&](int g) {

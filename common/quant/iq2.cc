@@ -88,8 +88,10 @@ void QuantizeBlock(const float* x, BlockIQ2_XS* y) {
   const float d = F16ToF32(y->d);
   for (int h = 0; h < 16; ++h) {
     const int ls = ScaleCode(scales[h], d);
-    if (h % 2 == 0) y->scales[h / 2] = static_cast<uint8_t>(ls);
-    else y->scales[h / 2] |= static_cast<uint8_t>(ls << 4);
+    if (h % 2 == 0)
+      y->scales[h / 2] = static_cast<uint8_t>(ls);
+    else
+      y->scales[h / 2] |= static_cast<uint8_t>(ls << 4);
     const float db = d * (0.5f + ls) * 0.25f;
     for (int l = 0; l < 2; ++l) {
       const int group = 2 * h + l;
@@ -130,7 +132,8 @@ void DequantizeRowIQ2_XS(const BlockIQ2_XS* src, float* dst, int64_t n) {
       const uint8_t signs = IQSignBits(q >> 9);
       for (int i = 0; i < 8; ++i) {
         const int code = static_cast<int>((kIQ2_XSGrid[q & 511] >> (8 * i)) & 0xFF);
-        dst[b * kQK + 8 * group + i] = db * static_cast<float>(code) * ((signs >> i) & 1 ? -1.0f : 1.0f);
+        dst[b * kQK + 8 * group + i] =
+            db * static_cast<float>(code) * ((signs >> i) & 1 ? -1.0f : 1.0f);
       }
     }
   }
@@ -142,8 +145,8 @@ void VecDotRowsIQ2_XS(const BlockIQ2_XS* rows, int64_t n_rows, const BlockQ8_K* 
   quant_internal::ActiveRowKernels().iq2_xs(rows, n_rows, a, n, out);
 }
 
-void VecDotRowsIQ2_XSScalar(const BlockIQ2_XS* rows, int64_t n_rows, const BlockQ8_K* a,
-                            int64_t n, float* out) {
+void VecDotRowsIQ2_XSScalar(const BlockIQ2_XS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
+                            float* out) {
   CHECK(n % kQK == 0);
   const int64_t nb = n / kQK;
   for (int64_t r = 0; r < n_rows; ++r) {

@@ -16,9 +16,10 @@ extern const uint64_t kIQ2_XSGrid[512];
 // Per 32-element sub-block: each group of 8 takes the signs of its elements (the smallest one's
 // flipped where their number is odd); its magnitudes go to the grid point closest to them among
 // those nearest to the pattern of nearest levels (8, 25, 43) and to the patterns one level away
-// in one element; the sub-block scale is the best of a few trial scales; the 8 scales become 4-bit codes under one f16 d, and the groups are mapped again
-// against the decoded scales. IQ2_XS the same with a scale per 16 elements. Meant for writing
-// synthetic model files; the bytes need not match ggml's.
+// in one element; the sub-block scale is the best of a few trial scales; the 8 scales become 4-bit
+// codes under one f16 d, and the groups are mapped again against the decoded scales. IQ2_XS the
+// same with a scale per 16 elements. Meant for writing synthetic model files; the bytes need not
+// match ggml's.
 void QuantizeRowIQ2_XXS(const float* src, BlockIQ2_XXS* dst, int64_t n);
 void QuantizeRowIQ2_XS(const float* src, BlockIQ2_XS* dst, int64_t n);
 void DequantizeRowIQ2_XXS(const BlockIQ2_XXS* src, float* dst, int64_t n);
@@ -37,7 +38,7 @@ void VecDotRowsIQ2_XS(const BlockIQ2_XS* rows, int64_t n_rows, const BlockQ8_K* 
 // A plain reference: per block the integer sums times the f32 scales, added in block order.
 void VecDotRowsIQ2_XXSScalar(const BlockIQ2_XXS* rows, int64_t n_rows, const BlockQ8_K* a,
                              int64_t n, float* out);
-void VecDotRowsIQ2_XSScalar(const BlockIQ2_XS* rows, int64_t n_rows, const BlockQ8_K* a,
-                            int64_t n, float* out);
+void VecDotRowsIQ2_XSScalar(const BlockIQ2_XS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
+                            float* out);
 
 }  // namespace mer

@@ -1,5 +1,5 @@
-// IQ2_XXS and IQ2_XS x Q8_K row kernels, compiled once per SIMD variant (row_kernels.h); the avx512 variant
-// differs only in vpdpwssd for the scale multiply-adds. iq2.h states the order.
+// IQ2_XXS and IQ2_XS x Q8_K row kernels, compiled once per SIMD variant (row_kernels.h); the avx512
+// variant differs only in vpdpwssd for the scale multiply-adds. iq2.h states the order.
 #include "common/quant/iq2.h"
 #include "common/quant/row_kernels.h"
 #include "common/quant/simd_internal.h"
@@ -23,16 +23,16 @@ void IQ2_XXSRowsKernel(const BlockIQ2_XXS* w, int64_t nb, const BlockQ8_K* a, fl
       __m256i sums[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
       for (int j = 0; j < 8; ++j) {
         const uint32_t a0 = LoadU32(wb.qs + 4 * j), a1 = LoadU32(wb.qs + 4 * j + 2);
-        const __m256i grid = _mm256_setr_epi64x(
-            static_cast<int64_t>(kIQ2_XXSGrid[a0 & 0xFF]),
-            static_cast<int64_t>(kIQ2_XXSGrid[(a0 >> 8) & 0xFF]),
-            static_cast<int64_t>(kIQ2_XXSGrid[(a0 >> 16) & 0xFF]),
-            static_cast<int64_t>(kIQ2_XXSGrid[a0 >> 24]));
-        const __m256i signs = _mm256_setr_epi64x(
-            static_cast<int64_t>(kIQSignBytes.bytes[a1 & 127]),
-            static_cast<int64_t>(kIQSignBytes.bytes[(a1 >> 7) & 127]),
-            static_cast<int64_t>(kIQSignBytes.bytes[(a1 >> 14) & 127]),
-            static_cast<int64_t>(kIQSignBytes.bytes[(a1 >> 21) & 127]));
+        const __m256i grid =
+            _mm256_setr_epi64x(static_cast<int64_t>(kIQ2_XXSGrid[a0 & 0xFF]),
+                               static_cast<int64_t>(kIQ2_XXSGrid[(a0 >> 8) & 0xFF]),
+                               static_cast<int64_t>(kIQ2_XXSGrid[(a0 >> 16) & 0xFF]),
+                               static_cast<int64_t>(kIQ2_XXSGrid[a0 >> 24]));
+        const __m256i signs =
+            _mm256_setr_epi64x(static_cast<int64_t>(kIQSignBytes.bytes[a1 & 127]),
+                               static_cast<int64_t>(kIQSignBytes.bytes[(a1 >> 7) & 127]),
+                               static_cast<int64_t>(kIQSignBytes.bytes[(a1 >> 14) & 127]),
+                               static_cast<int64_t>(kIQSignBytes.bytes[(a1 >> 21) & 127]));
         const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab.qs + 32 * j));
         const __m256i pairs = _mm256_maddubs_epi16(grid, _mm256_sign_epi8(av, signs));
         sums[j % 2] =
@@ -56,6 +56,16 @@ void IQ2_XSRowsKernel(const BlockIQ2_XS* w, int64_t nb, const BlockQ8_K* a, floa
     const BlockQ8_K& ab = a[b];
     ForEachRow<R>([&](auto r) {
       const BlockIQ2_XS& wb = w[r * nb + b];
+      // The 16 scales 2 ls + 1 as int16 in element order (sub-block j's first 16 elements, then
+      // its last 16), then per sub-block its two in the low and high 128 bits.
+      const __m128i packed = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb.scales));
+      const __m128i codes =
+          _mm_unpacklo_epi8(_mm_and_si128(packed, _mm_set1_epi8(0xF)),
+                            _mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(0xF)));
+      const __m256i all_scales =
+          _mm256_cvtepu8_epi16(_mm_add_epi8(_mm_add_epi8(codes, codes), _mm_set1_epi8(1)));
+      const __m256i half_scales[2] = {_mm256_permute2x128_si256(all_scales, all_scales, 0x00),
+                                      _mm256_permute2x128_si256(all_scales, all_scales, 0x11)};
       __m256i sums[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
       for (int j = 0; j < 8; ++j) {
         const uint16_t* q = wb.qs + 4 * j;
@@ -63,16 +73,16 @@ void IQ2_XSRowsKernel(const BlockIQ2_XS* w, int64_t nb, const BlockQ8_K* a, floa
                                                 static_cast<int64_t>(kIQ2_XSGrid[q[1] & 511]),
                                                 static_cast<int64_t>(kIQ2_XSGrid[q[2] & 511]),
                                                 static_cast<int64_t>(kIQ2_XSGrid[q[3] & 511]));
-        const __m256i signs = _mm256_setr_epi64x(static_cast<int64_t>(kIQSignBytes.bytes[q[0] >> 9]),
-                                                 static_cast<int64_t>(kIQSignBytes.bytes[q[1] >> 9]),
-                                                 static_cast<int64_t>(kIQSignBytes.bytes[q[2] >> 9]),
-                                                 static_cast<int64_t>(kIQSignBytes.bytes[q[3] >> 9]));
+        const __m256i signs =
+            _mm256_setr_epi64x(static_cast<int64_t>(kIQSignBytes.bytes[q[0] >> 9]),
+                               static_cast<int64_t>(kIQSignBytes.bytes[q[1] >> 9]),
+                               static_cast<int64_t>(kIQSignBytes.bytes[q[2] >> 9]),
+                               static_cast<int64_t>(kIQSignBytes.bytes[q[3] >> 9]));
         const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab.qs + 32 * j));
         const __m256i pairs = _mm256_maddubs_epi16(grid, _mm256_sign_epi8(av, signs));
-        // 2 ls + 1 of the first 16 elements in the low 128 bits, of the last 16 in the high.
-        const __m256i scales =
-            _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(2 * (wb.scales[j] >> 4) + 1)),
-                             _mm_set1_epi16(static_cast<int16_t>(2 * (wb.scales[j] & 0xF) + 1)));
+        const __m256i scales = _mm256_shuffle_epi8(
+            half_scales[j / 4],
+            _mm256_load_si256(reinterpret_cast<const __m256i*>(kRunScaleShuffles.bytes[j % 4])));
         sums[j % 2] = DotI16(sums[j % 2], pairs, scales);
       }
       acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(F16ToF32(wb.d) * ab.d),

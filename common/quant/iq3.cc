@@ -48,7 +48,8 @@ void QuantizeBlock(const float* x, BlockIQ3_XXS* y) {
   y->d = F32ToF16(max_scale * 4.0f / 31.0f);
   const float d = F16ToF32(y->d);
   for (int j = 0; j < 8; ++j) {
-    const int ls = d == 0.0f ? 0 : std::clamp(NearestInt((4.0f * scales[j] / d - 1.0f) / 2.0f), 0, 15);
+    const int ls =
+        d == 0.0f ? 0 : std::clamp(NearestInt((4.0f * scales[j] / d - 1.0f) / 2.0f), 0, 15);
     const float db = d * (0.5f + ls) * 0.5f;
     uint32_t word = static_cast<uint32_t>(ls) << 28;
     for (int l = 0; l < 4; ++l) {
@@ -117,7 +118,8 @@ void VecDotRowsIQ3_XXSScalar(const BlockIQ3_XXS* rows, int64_t n_rows, const Blo
         for (int l = 0; l < 4; ++l) {
           const uint8_t signs = IQSignBits((word >> (7 * l)) & 127);
           for (int i = 0; i < 8; ++i) {
-            const int v = GridByte(x.qs[8 * j + 2 * l + i / 4], i % 4) * a[b].qs[kSub * j + 8 * l + i];
+            const int v =
+                GridByte(x.qs[8 * j + 2 * l + i / 4], i % 4) * a[b].qs[kSub * j + 8 * l + i];
             s += (signs >> i) & 1 ? -v : v;
           }
         }

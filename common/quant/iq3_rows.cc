@@ -27,15 +27,15 @@ void IQ3_XXSRowsKernel(const BlockIQ3_XXS* w, int64_t nb, const BlockQ8_K* a, fl
             reinterpret_cast<const int*>(kIQ3_XXSGrid),
             _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))), 4);
         const uint32_t word = LoadU32(wb.qs + 64 + 4 * j);
-        const __m256i signs = _mm256_setr_epi64x(
-            static_cast<int64_t>(kIQSignBytes.bytes[word & 127]),
-            static_cast<int64_t>(kIQSignBytes.bytes[(word >> 7) & 127]),
-            static_cast<int64_t>(kIQSignBytes.bytes[(word >> 14) & 127]),
-            static_cast<int64_t>(kIQSignBytes.bytes[(word >> 21) & 127]));
+        const __m256i signs =
+            _mm256_setr_epi64x(static_cast<int64_t>(kIQSignBytes.bytes[word & 127]),
+                               static_cast<int64_t>(kIQSignBytes.bytes[(word >> 7) & 127]),
+                               static_cast<int64_t>(kIQSignBytes.bytes[(word >> 14) & 127]),
+                               static_cast<int64_t>(kIQSignBytes.bytes[(word >> 21) & 127]));
         const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab.qs + 32 * j));
         const __m256i pairs = _mm256_maddubs_epi16(grid, _mm256_sign_epi8(av, signs));
-        sums[j % 2] =
-            DotI16(sums[j % 2], pairs, _mm256_set1_epi16(static_cast<int16_t>(2 * (word >> 28) + 1)));
+        sums[j % 2] = DotI16(sums[j % 2], pairs,
+                             _mm256_set1_epi16(static_cast<int16_t>(2 * (word >> 28) + 1)));
       }
       acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(F16ToF32(wb.d) * ab.d),
                                _mm256_cvtepi32_ps(_mm256_add_epi32(sums[0], sums[1])), acc[r]);

@@ -77,7 +77,8 @@ float FitCodebook(const float* x, uint8_t* codes) {
 
 // Codes of x against the decoded scale dl (as the dequantizer will multiply).
 void MapToCodes(const float* x, float dl, uint8_t* codes) {
-  for (int i = 0; i < kQK; ++i) codes[i] = static_cast<uint8_t>(dl == 0.0f ? 8 : NearestCode(x[i] / dl));
+  for (int i = 0; i < kQK; ++i)
+    codes[i] = static_cast<uint8_t>(dl == 0.0f ? 8 : NearestCode(x[i] / dl));
 }
 
 }  // namespace
@@ -157,8 +158,8 @@ void VecDotRowsIQ4_XS(const BlockIQ4_XS* rows, int64_t n_rows, const BlockQ8_K* 
   quant_internal::ActiveRowKernels().iq4_xs(rows, n_rows, a, n, out);
 }
 
-void VecDotRowsIQ4_NLScalar(const BlockIQ4_NL* rows, int64_t n_rows, const BlockQ8_0* a,
-                            int64_t n, float* out) {
+void VecDotRowsIQ4_NLScalar(const BlockIQ4_NL* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n,
+                            float* out) {
   CHECK(n % kQK == 0);
   const int64_t nb = n / kQK;
   for (int64_t r = 0; r < n_rows; ++r) {
@@ -173,8 +174,8 @@ void VecDotRowsIQ4_NLScalar(const BlockIQ4_NL* rows, int64_t n_rows, const Block
   }
 }
 
-void VecDotRowsIQ4_XSScalar(const BlockIQ4_XS* rows, int64_t n_rows, const BlockQ8_K* a,
-                            int64_t n, float* out) {
+void VecDotRowsIQ4_XSScalar(const BlockIQ4_XS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n,
+                            float* out) {
   CHECK(n % kKBlockSize == 0);
   const int64_t nb = n / kKBlockSize;
   for (int64_t r = 0; r < n_rows; ++r) {
@@ -184,7 +185,8 @@ void VecDotRowsIQ4_XSScalar(const BlockIQ4_XS* rows, int64_t n_rows, const Block
       int32_t sumi = 0;
       for (int j = 0; j < 8; ++j) {
         int32_t s = 0;
-        for (int i = 0; i < kQK; ++i) s += kIQ4Values[Code(x.qs + 16 * j, i)] * a[b].qs[kQK * j + i];
+        for (int i = 0; i < kQK; ++i)
+          s += kIQ4Values[Code(x.qs + 16 * j, i)] * a[b].qs[kQK * j + i];
         sumi += (IQ4_XSScale(x, j) - 32) * s;
       }
       sum += F16ToF32(x.d) * a[b].d * static_cast<float>(sumi);

@@ -25,7 +25,8 @@ inline int Code5(const uint8_t* qs, const uint8_t* qh, int i) {
 
 void PackCodes(const int* q, int bits, uint8_t* qs, uint8_t* qh) {
   uint32_t h = 0;
-  for (int i = 0; i < 16; ++i) qs[i] = static_cast<uint8_t>((q[i] & 0xF) | ((q[i + 16] & 0xF) << 4));
+  for (int i = 0; i < 16; ++i)
+    qs[i] = static_cast<uint8_t>((q[i] & 0xF) | ((q[i + 16] & 0xF) << 4));
   if (bits == 5) {
     for (int i = 0; i < kQK; ++i) h |= static_cast<uint32_t>(q[i] >> 4) << i;
     std::memcpy(qh, &h, 4);
@@ -105,7 +106,8 @@ void DequantizeRowQ4_0(const BlockQ4_0* src, float* dst, int64_t n) {
   CHECK(n % kQK == 0);
   for (int64_t b = 0; b < n / kQK; ++b) {
     const float d = F16ToF32(src[b].d);
-    for (int i = 0; i < kQK; ++i) dst[b * kQK + i] = static_cast<float>(Code4(src[b].qs, i) - 8) * d;
+    for (int i = 0; i < kQK; ++i)
+      dst[b * kQK + i] = static_cast<float>(Code4(src[b].qs, i) - 8) * d;
   }
 }
 
@@ -113,7 +115,8 @@ void DequantizeRowQ4_1(const BlockQ4_1* src, float* dst, int64_t n) {
   CHECK(n % kQK == 0);
   for (int64_t b = 0; b < n / kQK; ++b) {
     const float d = F16ToF32(src[b].d), m = F16ToF32(src[b].m);
-    for (int i = 0; i < kQK; ++i) dst[b * kQK + i] = static_cast<float>(Code4(src[b].qs, i)) * d + m;
+    for (int i = 0; i < kQK; ++i)
+      dst[b * kQK + i] = static_cast<float>(Code4(src[b].qs, i)) * d + m;
   }
 }
 
@@ -181,31 +184,37 @@ void ScalarRows(const W* rows, int64_t n_rows, const A* a, int64_t n, float* out
 }
 
 constexpr auto kNoMin = [](const auto&, const auto&) { return 0.0f; };
-constexpr auto kMin = [](const auto& x, const BlockQ8_1& y) { return F16ToF32(x.m) * F16ToF32(y.s); };
+constexpr auto kMin = [](const auto& x, const BlockQ8_1& y) {
+  return F16ToF32(x.m) * F16ToF32(y.s);
+};
 
 }  // namespace
 
 void VecDotRowsQ4_0Scalar(const BlockQ4_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n,
                           float* out) {
-  ScalarRows(rows, n_rows, a, n, out, [](const BlockQ4_0& x, int i) { return Code4(x.qs, i) - 8; },
-             kNoMin);
+  ScalarRows(
+      rows, n_rows, a, n, out, [](const BlockQ4_0& x, int i) { return Code4(x.qs, i) - 8; },
+      kNoMin);
 }
 
 void VecDotRowsQ4_1Scalar(const BlockQ4_1* rows, int64_t n_rows, const BlockQ8_1* a, int64_t n,
                           float* out) {
-  ScalarRows(rows, n_rows, a, n, out, [](const BlockQ4_1& x, int i) { return Code4(x.qs, i); }, kMin);
+  ScalarRows(
+      rows, n_rows, a, n, out, [](const BlockQ4_1& x, int i) { return Code4(x.qs, i); }, kMin);
 }
 
 void VecDotRowsQ5_0Scalar(const BlockQ5_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n,
                           float* out) {
-  ScalarRows(rows, n_rows, a, n, out,
-             [](const BlockQ5_0& x, int i) { return Code5(x.qs, x.qh, i) - 16; }, kNoMin);
+  ScalarRows(
+      rows, n_rows, a, n, out, [](const BlockQ5_0& x, int i) { return Code5(x.qs, x.qh, i) - 16; },
+      kNoMin);
 }
 
 void VecDotRowsQ5_1Scalar(const BlockQ5_1* rows, int64_t n_rows, const BlockQ8_1* a, int64_t n,
                           float* out) {
-  ScalarRows(rows, n_rows, a, n, out, [](const BlockQ5_1& x, int i) { return Code5(x.qs, x.qh, i); },
-             kMin);
+  ScalarRows(
+      rows, n_rows, a, n, out, [](const BlockQ5_1& x, int i) { return Code5(x.qs, x.qh, i); },
+      kMin);
 }
 
 }  // namespace mer

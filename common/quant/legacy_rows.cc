@@ -13,10 +13,10 @@ namespace {
 // 0x10 in byte i where bit i of the little-endian u32 at qh is set, else 0: the codes' bit 4.
 inline __m256i Bit4s(const uint8_t* qh) {
   // Byte i of the broadcast word moved to lane i, then tested against bit i % 8.
-  const __m256i spread = _mm256_shuffle_epi8(
-      _mm256_set1_epi32(static_cast<int>(LoadU32(qh))),
-      _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202,
-                         0x0303030303030303));
+  const __m256i spread =
+      _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(LoadU32(qh))),
+                          _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101,
+                                             0x0202020202020202, 0x0303030303030303));
   const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201));
   return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit),
                           _mm256_set1_epi8(0x10));
@@ -62,8 +62,8 @@ void AsymmetricRowsKernel(const W* w, int64_t nb, const BlockQ8_1* a, float* out
       // q <= 31, |a| <= 127: maddubs's int16 pair sums stay below 2^13.
       const __m256i sums = DotU8S8(_mm256_setzero_si256(), q, av);
       acc_m[r] = std::fma(F16ToF32(wb.m), sa, acc_m[r]);
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(F16ToF32(wb.d) * da), _mm256_cvtepi32_ps(sums),
-                               acc[r]);
+      acc[r] =
+          _mm256_fmadd_ps(_mm256_set1_ps(F16ToF32(wb.d) * da), _mm256_cvtepi32_ps(sums), acc[r]);
     });
   }
   for (int r = 0; r < R; ++r) out[r] = HorizontalSum(acc[r]) + acc_m[r];
@@ -73,8 +73,8 @@ void AsymmetricRowsKernel(const W* w, int64_t nb, const BlockQ8_1* a, float* out
 
 void Q4_0Rows(const BlockQ4_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out) {
   const int64_t nb = n / kQ8_0BlockSize;
-  const __m256i table = _mm256_setr_epi8(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7,
-                                         -8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i table = _mm256_setr_epi8(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7, -8,
+                                         -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
   ForRowGroups<8>(n_rows, [&](auto group, int64_t r) {
     Table4RowsKernel<group>(rows + r * nb, nb, a, table, out + r);
   });
@@ -89,9 +89,8 @@ void Q4_1Rows(const BlockQ4_1* rows, int64_t n_rows, const BlockQ8_1* a, int64_t
 
 void Q5_0Rows(const BlockQ5_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out) {
   const int64_t nb = n / kQ8_0BlockSize;
-  ForRowGroups<4>(n_rows, [&](auto group, int64_t r) {
-    Q5_0RowsKernel<group>(rows + r * nb, nb, a, out + r);
-  });
+  ForRowGroups<4>(
+      n_rows, [&](auto group, int64_t r) { Q5_0RowsKernel<group>(rows + r * nb, nb, a, out + r); });
 }
 
 void Q5_1Rows(const BlockQ5_1* rows, int64_t n_rows, const BlockQ8_1* a, int64_t n, float* out) {

@@ -53,9 +53,9 @@ void Q2_KRowsKernel(const BlockQ2_K* w, int64_t nb, const BlockQ8_K* a, float* o
         }
         half_sums[h] = sum;
       }
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(ab.d * F16ToF32(wb.d)),
-                               _mm256_cvtepi32_ps(_mm256_add_epi32(half_sums[0], half_sums[1])),
-                               acc[r]);
+      acc[r] =
+          _mm256_fmadd_ps(_mm256_set1_ps(ab.d * F16ToF32(wb.d)),
+                          _mm256_cvtepi32_ps(_mm256_add_epi32(half_sums[0], half_sums[1])), acc[r]);
     });
   }
   for (int r = 0; r < R; ++r) out[r] = HorizontalSum(acc[r]);
@@ -65,9 +65,8 @@ void Q2_KRowsKernel(const BlockQ2_K* w, int64_t nb, const BlockQ8_K* a, float* o
 
 void Q2_KRows(const BlockQ2_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
   const int64_t nb = n / kKBlockSize;
-  ForRowGroups<2>(n_rows, [&](auto group, int64_t r) {
-    Q2_KRowsKernel<group>(rows + r * nb, nb, a, out + r);
-  });
+  ForRowGroups<2>(
+      n_rows, [&](auto group, int64_t r) { Q2_KRowsKernel<group>(rows + r * nb, nb, a, out + r); });
 }
 
 }  // namespace mer::quant_internal::MER_QUANT_VARIANT

@@ -50,9 +50,10 @@ void QuantizeBlock(const float* x, BlockQ3_K* y) {
     for (int j = 0; j < kQK / kSub; ++j) {
       const float dj = d * (codes[j] - 32);
       for (int i = 0; i < kSub; ++i) {
-        L[kSub * j + i] = dj == 0.0f ? 4
-                                     : static_cast<uint8_t>(
-                                           4 + std::clamp(NearestInt(x[kSub * j + i] / dj), -4, 3));
+        L[kSub * j + i] =
+            dj == 0.0f
+                ? 4
+                : static_cast<uint8_t>(4 + std::clamp(NearestInt(x[kSub * j + i] / dj), -4, 3));
       }
     }
   }

@@ -19,11 +19,11 @@ inline __m256i DecodeScales(const uint8_t* packed) {
   uint32_t u[3];
   std::memcpy(u, packed, 12);
   const uint32_t low4 = 0x0F0F0F0F, low2 = 0x03030303;
-  const __m128i codes = _mm_setr_epi32(
-      static_cast<int>((u[0] & low4) | ((u[2] & low2) << 4)),
-      static_cast<int>((u[1] & low4) | (((u[2] >> 2) & low2) << 4)),
-      static_cast<int>(((u[0] >> 4) & low4) | (((u[2] >> 4) & low2) << 4)),
-      static_cast<int>(((u[1] >> 4) & low4) | (((u[2] >> 6) & low2) << 4)));
+  const __m128i codes =
+      _mm_setr_epi32(static_cast<int>((u[0] & low4) | ((u[2] & low2) << 4)),
+                     static_cast<int>((u[1] & low4) | (((u[2] >> 2) & low2) << 4)),
+                     static_cast<int>(((u[0] >> 4) & low4) | (((u[2] >> 4) & low2) << 4)),
+                     static_cast<int>(((u[1] >> 4) & low4) | (((u[2] >> 6) & low2) << 4)));
   return _mm256_cvtepi8_epi16(_mm_sub_epi8(codes, _mm_set1_epi8(32)));
 }
 
@@ -66,16 +66,16 @@ void Q3_KRowsKernel(const BlockQ3_K* w, int64_t nb, const BlockQ8_K* a, float* o
           const __m256i av =
               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(aq + 128 * h + 32 * s));
           const __m256i low = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * s), low2);
-          const __m256i p = _mm256_sub_epi16(
-              _mm256_maddubs_epi16(low, av),
-              _mm256_maddubs_epi16(ClearedBitTimes4(hmask, 4 * h + s), av));
+          const __m256i p =
+              _mm256_sub_epi16(_mm256_maddubs_epi16(low, av),
+                               _mm256_maddubs_epi16(ClearedBitTimes4(hmask, 4 * h + s), av));
           sum = DotI16(sum, p, _mm256_shuffle_epi8(half_scales, shuffles[s]));
         }
         half_sums[h] = sum;
       }
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(ab.d * F16ToF32(wb.d)),
-                               _mm256_cvtepi32_ps(_mm256_add_epi32(half_sums[0], half_sums[1])),
-                               acc[r]);
+      acc[r] =
+          _mm256_fmadd_ps(_mm256_set1_ps(ab.d * F16ToF32(wb.d)),
+                          _mm256_cvtepi32_ps(_mm256_add_epi32(half_sums[0], half_sums[1])), acc[r]);
     });
   }
   for (int r = 0; r < R; ++r) out[r] = HorizontalSum(acc[r]);
@@ -85,9 +85,8 @@ void Q3_KRowsKernel(const BlockQ3_K* w, int64_t nb, const BlockQ8_K* a, float* o
 
 void Q3_KRows(const BlockQ3_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
   const int64_t nb = n / kKBlockSize;
-  ForRowGroups<2>(n_rows, [&](auto group, int64_t r) {
-    Q3_KRowsKernel<group>(rows + r * nb, nb, a, out + r);
-  });
+  ForRowGroups<2>(
+      n_rows, [&](auto group, int64_t r) { Q3_KRowsKernel<group>(rows + r * nb, nb, a, out + r); });
 }
 
 }  // namespace mer::quant_internal::MER_QUANT_VARIANT

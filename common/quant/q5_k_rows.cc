@@ -17,8 +17,8 @@ namespace {
 // pshufb mask: byte j of the decoded scales -> dword j holding sc[j] in both int16 halves
 // (sc[0..3] from the low 128 bits, sc[4..7] from the high).
 inline __m256i ScalePairsMask() {
-  return _mm256_setr_epi8(0, -128, 0, -128, 1, -128, 1, -128, 2, -128, 2, -128, 3, -128, 3, -128,
-                          4, -128, 4, -128, 5, -128, 5, -128, 6, -128, 6, -128, 7, -128, 7, -128);
+  return _mm256_setr_epi8(0, -128, 0, -128, 1, -128, 1, -128, 2, -128, 2, -128, 3, -128, 3, -128, 4,
+                          -128, 4, -128, 5, -128, 5, -128, 6, -128, 6, -128, 7, -128, 7, -128);
 }
 
 // Bit 4 of every byte of x taken from bit `bit` (0..7) of the same byte, the other bits zero.
@@ -41,10 +41,10 @@ inline __m256i ScaledSums(const BlockQ5_K& wb, __m128i sm, const int8_t* aq, __m
   for (int c = 0; c < 4; ++c) {
     const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb.qs + 32 * c));
     const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, low4), BitToBit4(qh, 2 * c));
-    const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low4),
-                                       BitToBit4(qh, 2 * c + 1));
-    const __m256i p_lo = _mm256_maddubs_epi16(
-        lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(aq + 64 * c)));
+    const __m256i hi =
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low4), BitToBit4(qh, 2 * c + 1));
+    const __m256i p_lo =
+        _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(aq + 64 * c)));
     const __m256i p_hi = _mm256_maddubs_epi16(
         hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(aq + 64 * c + 32)));
     chunk_sums[c] = DotI16(_mm256_madd_epi16(p_lo, _mm256_set1_epi32(pairs[2 * c])), p_hi,
@@ -95,9 +95,8 @@ void Q5_KRowsKernel(const BlockQ5_K* w, int64_t nb, const BlockQ8_K* a, float* o
 
 void Q5_KRows(const BlockQ5_K* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
   const int64_t nb = n / kKBlockSize;
-  ForRowGroups<2>(n_rows, [&](auto group, int64_t r) {
-    Q5_KRowsKernel<group>(rows + r * nb, nb, a, out + r);
-  });
+  ForRowGroups<2>(
+      n_rows, [&](auto group, int64_t r) { Q5_KRowsKernel<group>(rows + r * nb, nb, a, out + r); });
 }
 
 }  // namespace mer::quant_internal::MER_QUANT_VARIANT

@@ -1,9 +1,9 @@
 // The row kernels of one variant as a table of function pointers (internal to common/quant).
 //
 // The *_rows.cc files define them in namespace quant_internal::<variant> and are compiled once per
-// SIMD variant (simd_internal.h); kernel_variant.cc builds the tables and picks the active one. Every kernel computes
-// out[r] = dot(row r, a) for r in [0, n_rows) with rows of n elements, n valid for the type
-// (checked by the public entry points, not here).
+// SIMD variant (simd_internal.h); kernel_variant.cc builds the tables and picks the active one.
+// Every kernel computes out[r] = dot(row r, a) for r in [0, n_rows) with rows of n elements, n
+// valid for the type (checked by the public entry points, not here).
 #pragma once
 
 #include <cstdint>

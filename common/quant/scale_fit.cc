@@ -153,9 +153,9 @@ void QuantizeScaleMinBlock(const float* x, int nmax, uint8_t* packed, f16_bits* 
     const float mj = dmin * m;
     for (int i = 0; i < kSub; ++i) {
       L[kSub * j + i] =
-          dj == 0.0f ? 0
-                     : static_cast<uint8_t>(
-                           std::clamp(NearestInt((x[kSub * j + i] + mj) / dj), 0, nmax));
+          dj == 0.0f
+              ? 0
+              : static_cast<uint8_t>(std::clamp(NearestInt((x[kSub * j + i] + mj) / dj), 0, nmax));
     }
   }
 }

@@ -58,11 +58,10 @@ std::vector<float> Random(int64_t n, std::mt19937& rng, float scale, float offse
 
 // The types whose kernels follow ggml's vec_dot, and those that follow the 8-row gemv ggml runs
 // on them after repacking (legacy.h).
-constexpr GgmlType kVecDotTypes[] = {GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1,
-                                     GgmlType::kQ8_0, GgmlType::kQ2_K, GgmlType::kQ3_K,
-                                     GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
-                                     GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS, GgmlType::kIQ2_XS,
-                                     GgmlType::kIQ3_XXS};
+constexpr GgmlType kVecDotTypes[] = {
+    GgmlType::kQ4_1,    GgmlType::kQ5_0,   GgmlType::kQ5_1,   GgmlType::kQ8_0, GgmlType::kQ2_K,
+    GgmlType::kQ3_K,    GgmlType::kQ4_K,   GgmlType::kQ5_K,   GgmlType::kQ6_K, GgmlType::kIQ4_XS,
+    GgmlType::kIQ2_XXS, GgmlType::kIQ2_XS, GgmlType::kIQ3_XXS};
 constexpr GgmlType kGemvTypes[] = {GgmlType::kQ4_0, GgmlType::kIQ4_NL};
 constexpr int64_t kRows = 16;  // two groups of 8 rows for the gemv
 
@@ -132,24 +131,25 @@ TEST(KernelParity, DotProductsEqualGgmlVecDotBitForBit) {
     const auto vec_dot = Symbol<GgmlVecDot>(
         g_cpu, "ggml_vec_dot_" + GgmlName(type) + "_" + GgmlName(ActivationTypeFor(type)));
     if (vec_dot == nullptr) continue;
-    const int64_t compared = ForRandomRows(type, kSizes, [&](const std::vector<uint8_t>& w,
-                                                             const std::vector<uint8_t>& act,
-                                                             int64_t n, uint32_t seed) {
-      const int64_t row_bytes = RowBytes(type, n);
-      int64_t count = 0;
-      for (KernelVariant v : SimdVariantsHere()) {
-        float out[kRows];
-        VecDotRowsWith(v, type, w.data(), kRows, act.data(), n, out);
-        for (int64_t r = 0; r < kRows; ++r) {
-          float want;
-          vec_dot(static_cast<int>(n), &want, 0, w.data() + r * row_bytes, 0, act.data(), 0, 1);
-          EXPECT_EQ(out[r], want) << KernelVariantName(v) << " " << TypeName(type) << " n=" << n
-                                  << " seed " << seed << " row " << r;
-          ++count;
-        }
-      }
-      return count;
-    });
+    const int64_t compared = ForRandomRows(
+        type, kSizes,
+        [&](const std::vector<uint8_t>& w, const std::vector<uint8_t>& act, int64_t n,
+            uint32_t seed) {
+          const int64_t row_bytes = RowBytes(type, n);
+          int64_t count = 0;
+          for (KernelVariant v : SimdVariantsHere()) {
+            float out[kRows];
+            VecDotRowsWith(v, type, w.data(), kRows, act.data(), n, out);
+            for (int64_t r = 0; r < kRows; ++r) {
+              float want;
+              vec_dot(static_cast<int>(n), &want, 0, w.data() + r * row_bytes, 0, act.data(), 0, 1);
+              EXPECT_EQ(out[r], want) << KernelVariantName(v) << " " << TypeName(type) << " n=" << n
+                                      << " seed " << seed << " row " << r;
+              ++count;
+            }
+          }
+          return count;
+        });
     std::printf("%-7s %lld dot products equal to ggml's vec_dot\n",
                 std::string(TypeName(type)).c_str(), static_cast<long long>(compared));
   }
@@ -159,29 +159,31 @@ TEST(KernelParity, DotProductsEqualGgmlGemvBitForBit) {
   for (GgmlType type : kGemvTypes) {
     const auto gemv = Symbol<GgmlGemv>(g_cpu, "ggml_gemv_" + GgmlName(type) + "_8x8_q8_0");
     if (gemv == nullptr) continue;
-    const int64_t compared = ForRandomRows(type, kSizes, [&](const std::vector<uint8_t>& w,
-                                                             const std::vector<uint8_t>& act,
-                                                             int64_t n, uint32_t seed) {
-      const int64_t row_bytes = RowBytes(type, n);
-      float want[kRows];
-      for (int64_t r = 0; r < kRows; r += 8) Gemv8(gemv, type, w.data() + r * row_bytes, n, act.data(), want + r);
-      int64_t count = 0;
-      for (KernelVariant v : SimdVariantsHere()) {
-        // All rows (groups of 8), then each row alone (mer's kernel for rows left over).
-        float out[kRows];
-        VecDotRowsWith(v, type, w.data(), kRows, act.data(), n, out);
-        for (int64_t r = 0; r < kRows; ++r) {
-          float one;
-          VecDotRowsWith(v, type, w.data() + r * row_bytes, 1, act.data(), n, &one);
-          EXPECT_EQ(out[r], want[r]) << KernelVariantName(v) << " " << TypeName(type) << " n=" << n
-                                     << " seed " << seed << " row " << r;
-          EXPECT_EQ(one, want[r]) << KernelVariantName(v) << " " << TypeName(type) << " n=" << n
-                                  << " seed " << seed << " row " << r << " alone";
-          count += 2;
-        }
-      }
-      return count;
-    });
+    const int64_t compared = ForRandomRows(
+        type, kSizes,
+        [&](const std::vector<uint8_t>& w, const std::vector<uint8_t>& act, int64_t n,
+            uint32_t seed) {
+          const int64_t row_bytes = RowBytes(type, n);
+          float want[kRows];
+          for (int64_t r = 0; r < kRows; r += 8)
+            Gemv8(gemv, type, w.data() + r * row_bytes, n, act.data(), want + r);
+          int64_t count = 0;
+          for (KernelVariant v : SimdVariantsHere()) {
+            // All rows (groups of 8), then each row alone (mer's kernel for rows left over).
+            float out[kRows];
+            VecDotRowsWith(v, type, w.data(), kRows, act.data(), n, out);
+            for (int64_t r = 0; r < kRows; ++r) {
+              float one;
+              VecDotRowsWith(v, type, w.data() + r * row_bytes, 1, act.data(), n, &one);
+              EXPECT_EQ(out[r], want[r]) << KernelVariantName(v) << " " << TypeName(type)
+                                         << " n=" << n << " seed " << seed << " row " << r;
+              EXPECT_EQ(one, want[r]) << KernelVariantName(v) << " " << TypeName(type) << " n=" << n
+                                      << " seed " << seed << " row " << r << " alone";
+              count += 2;
+            }
+          }
+          return count;
+        });
     std::printf("%-7s %lld dot products equal to ggml's gemv\n",
                 std::string(TypeName(type)).c_str(), static_cast<long long>(compared));
   }
@@ -233,8 +235,9 @@ int main(int argc, char** argv) {
   const std::string cpu = mer::CpuLibrary(dir);
   mer::g_base = dlopen((dir + "/libggml-base.so").c_str(), RTLD_NOW | RTLD_GLOBAL);
   if (mer::g_base == nullptr || cpu.empty()) {
-    std::printf("SKIP: the llama.cpp reference is not installed in %s (run scripts/install-llama-ref)\n",
-                dir.c_str());
+    std::printf(
+        "SKIP: the llama.cpp reference is not installed in %s (run scripts/install-llama-ref)\n",
+        dir.c_str());
     return 77;
   }
   mer::g_cpu = dlopen((dir + "/" + cpu).c_str(), RTLD_NOW);

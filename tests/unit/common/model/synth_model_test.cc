@@ -121,7 +121,9 @@ TEST(SynthModel, TinyPresetBytesArePinned) {
 // 42-47; Q3_K_M's first two attn_v and first three (48 / 16) ffn_down get q5_k.
 TEST(SynthModel, RecipesFollowLlamaCppsRules) {
   const SynthGeometry g = *SynthPreset("qwen3-30b-a3b");
-  const auto type = [&](SynthQuant q, SynthMatrix m, int layer) { return SynthTensorType(q, m, layer, g); };
+  const auto type = [&](SynthQuant q, SynthMatrix m, int layer) {
+    return SynthTensorType(q, m, layer, g);
+  };
   for (int layer : {0, 5, 8, 11, 38, 41, 42, 47}) {
     EXPECT_EQ(type(SynthQuant::kQ4_K_M, SynthMatrix::kAttnV, layer), GgmlType::kQ6_K) << layer;
     EXPECT_EQ(type(SynthQuant::kQ4_K_M, SynthMatrix::kDownExps, layer), GgmlType::kQ6_K) << layer;
@@ -150,21 +152,25 @@ TEST(SynthModel, RecipesFollowLlamaCppsRules) {
   // Eight experts (Mixtral's rule): attn_v and attn_k q8_0, attn_output q5_k.
   SynthGeometry eight = g;
   eight.n_expert = 8;
-  EXPECT_EQ(SynthTensorType(SynthQuant::kQ4_K_M, SynthMatrix::kAttnV, 7, eight), GgmlType::kQ8_0);
-  EXPECT_EQ(SynthTensorType(SynthQuant::kQ3_K_M, SynthMatrix::kAttnK, 7, eight), GgmlType::kQ8_0);
-  EXPECT_EQ(SynthTensorType(SynthQuant::kQ4_K_M, SynthMatrix::kAttnOutput, 7, eight), GgmlType::kQ5_K);
-  EXPECT_EQ(SynthTensorType(SynthQuant::kQ5_K_M, SynthMatrix::kAttnOutput, 7, eight), GgmlType::kQ5_K);
+  const auto type8 = [&](SynthQuant q, SynthMatrix m) { return SynthTensorType(q, m, 7, eight); };
+  EXPECT_EQ(type8(SynthQuant::kQ4_K_M, SynthMatrix::kAttnV), GgmlType::kQ8_0);
+  EXPECT_EQ(type8(SynthQuant::kQ3_K_M, SynthMatrix::kAttnK), GgmlType::kQ8_0);
+  EXPECT_EQ(type8(SynthQuant::kQ4_K_M, SynthMatrix::kAttnOutput), GgmlType::kQ5_K);
+  EXPECT_EQ(type8(SynthQuant::kQ5_K_M, SynthMatrix::kAttnOutput), GgmlType::kQ5_K);
 
   // Rows that are not whole blocks fall back as llama.cpp's quantizer does: the tiny preset's
   // ffn_down rows are 128 long.
   const SynthGeometry tiny = *SynthPreset("tiny");
-  EXPECT_EQ(SynthTensorType(SynthQuant::kQ4_K_M, SynthMatrix::kDownExps, 3, tiny), GgmlType::kQ8_0);
-  EXPECT_EQ(SynthTensorType(SynthQuant::kQ4_K_M, SynthMatrix::kDownExps, 1, tiny), GgmlType::kQ5_0);
-  EXPECT_EQ(SynthTensorType(SynthQuant::kQ5_K_M, SynthMatrix::kDownExps, 1, tiny), GgmlType::kQ5_1);
-  EXPECT_EQ(SynthTensorType(SynthQuant::kQ3_K, SynthMatrix::kDownExps, 1, tiny), GgmlType::kQ4_0);
-  EXPECT_EQ(SynthTensorType(SynthQuant::kQ4_K, SynthMatrix::kDownExps, 1, tiny), GgmlType::kQ8_0);
-  EXPECT_EQ(SynthTensorType(SynthQuant::kIQ4_XS, SynthMatrix::kDownExps, 1, tiny), GgmlType::kIQ4_NL);
-  EXPECT_EQ(SynthTensorType(SynthQuant::kIQ2_XXS, SynthMatrix::kDownExps, 1, tiny), GgmlType::kIQ4_NL);
+  const auto down = [&](SynthQuant q, int layer) {
+    return SynthTensorType(q, SynthMatrix::kDownExps, layer, tiny);
+  };
+  EXPECT_EQ(down(SynthQuant::kQ4_K_M, 3), GgmlType::kQ8_0);
+  EXPECT_EQ(down(SynthQuant::kQ4_K_M, 1), GgmlType::kQ5_0);
+  EXPECT_EQ(down(SynthQuant::kQ5_K_M, 1), GgmlType::kQ5_1);
+  EXPECT_EQ(down(SynthQuant::kQ3_K, 1), GgmlType::kQ4_0);
+  EXPECT_EQ(down(SynthQuant::kQ4_K, 1), GgmlType::kQ8_0);
+  EXPECT_EQ(down(SynthQuant::kIQ4_XS, 1), GgmlType::kIQ4_NL);
+  EXPECT_EQ(down(SynthQuant::kIQ2_XXS, 1), GgmlType::kIQ4_NL);
   SynthGeometry odd = tiny;
   odd.n_embd = 48;  // not whole blocks of 32 either
   EXPECT_EQ(SynthTensorType(SynthQuant::kQ2_K, SynthMatrix::kAttnQ, 0, odd), GgmlType::kF16);

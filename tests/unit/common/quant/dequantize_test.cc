@@ -95,7 +95,8 @@ TEST(DequantizeIQ4, HandBuiltBlocks) {
   xs.scales_l[2] = 0x81;  // 1, 40: 0x1, 0x8
   xs.scales_l[3] = 0x01;  // 17, 48: 0x1, 0x0
   // High bit pairs 0, 3, 1, 2, 0, 2, 1, 3 for sub-blocks 0..7.
-  xs.scales_h = static_cast<uint16_t>(0 | 3 << 2 | 1 << 4 | 2 << 6 | 0 << 8 | 2 << 10 | 1 << 12 | 3 << 14);
+  xs.scales_h =
+      static_cast<uint16_t>(0 | 3 << 2 | 1 << 4 | 2 << 6 | 0 << 8 | 2 << 10 | 1 << 12 | 3 << 14);
   for (int j = 0; j < 8; ++j) {
     std::memcpy(xs.qs + 16 * j, nl.qs, 16);
     EXPECT_EQ(IQ4_XSScale(xs, j), kCodes[j]) << j;
