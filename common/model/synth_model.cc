@@ -137,15 +137,15 @@ struct QuantName {
   uint32_t file_type;  // llama_ftype numbering, written as general.file_type
 };
 constexpr QuantName kQuantNames[] = {
-    {SynthQuant::kF32, "f32", 0},          {SynthQuant::kF16, "f16", 1},          {SynthQuant::kBF16, "bf16", 32},
+    {SynthQuant::kF32, "f32", 0},          {SynthQuant::kF16, "f16", 1},        {SynthQuant::kBF16, "bf16", 32},
     {SynthQuant::kQ8_0, "q8_0", 7},        {SynthQuant::kQ4_K, "q4_k", 15},  // Q4_K_M
     {SynthQuant::kQ5_K, "q5_k", 16},                                         // Q5_K_S
     {SynthQuant::kQ3_K, "q3_k", 11},                                         // Q3_K_S
     {SynthQuant::kQ2_K, "q2_k", 10},                                         // Q2_K
-    {SynthQuant::kQ4_0, "q4_0", 2},        {SynthQuant::kQ4_1, "q4_1", 3},        {SynthQuant::kQ5_0, "q5_0", 8},
-    {SynthQuant::kQ5_1, "q5_1", 9},        {SynthQuant::kQ3_K_M, "q3_k_m", 12},   {SynthQuant::kQ4_K_M, "q4_k_m", 15},
-    {SynthQuant::kQ5_K_M, "q5_k_m", 17},   {SynthQuant::kIQ4_NL, "iq4_nl", 25},   {SynthQuant::kIQ4_XS, "iq4_xs", 30},
-    {SynthQuant::kIQ2_XXS, "iq2_xxs", 19}, {SynthQuant::kIQ3_XXS, "iq3_xxs", 23},
+    {SynthQuant::kQ4_0, "q4_0", 2},        {SynthQuant::kQ4_1, "q4_1", 3},      {SynthQuant::kQ5_0, "q5_0", 8},
+    {SynthQuant::kQ5_1, "q5_1", 9},        {SynthQuant::kQ3_K_M, "q3_k_m", 12}, {SynthQuant::kQ4_K_M, "q4_k_m", 15},
+    {SynthQuant::kQ5_K_M, "q5_k_m", 17},   {SynthQuant::kIQ4_NL, "iq4_nl", 25}, {SynthQuant::kIQ4_XS, "iq4_xs", 30},
+    {SynthQuant::kIQ2_XXS, "iq2_xxs", 19}, {SynthQuant::kIQ2_XS, "iq2_xs", 20}, {SynthQuant::kIQ3_XXS, "iq3_xxs", 23},
 };
 
 const QuantName& NameOf(SynthQuant q) {
@@ -170,6 +170,7 @@ GgmlType Fallback(GgmlType type) {
       return GgmlType::kQ8_0;
     case GgmlType::kIQ4_XS:
     case GgmlType::kIQ2_XXS:
+    case GgmlType::kIQ2_XS:
     case GgmlType::kIQ3_XXS:
       return GgmlType::kIQ4_NL;
     default:
@@ -247,6 +248,8 @@ std::optional<GgmlType> SingleType(SynthQuant quant) {
       return GgmlType::kIQ2_XXS;
     case SynthQuant::kIQ3_XXS:
       return GgmlType::kIQ3_XXS;
+    case SynthQuant::kIQ2_XS:
+      return GgmlType::kIQ2_XS;
     case SynthQuant::kQ4_K:
     case SynthQuant::kQ3_K_M:
     case SynthQuant::kQ4_K_M:
@@ -496,12 +499,13 @@ absl::StatusOr<std::vector<SynthTensor>> PlanSynthModel(const SynthOptions& opti
                        std::copy(weights.begin(), weights.end(), out);
                      }});
   };
+  using M = SynthMatrix;
   const auto type_for = [&](SynthMatrix matrix, int layer) { return SynthTensorType(options.quant, matrix, layer, g); };
 
   {
     const uint64_t h = HashName("token_embd.weight", seed);
     plans.push_back({"token_embd.weight",
-                     type_for(SynthMatrix::kTokenEmbd, -1),
+                     type_for(M::kTokenEmbd, -1),
                      {n_embd, g.n_vocab},
                      [h, n_embd, skewed, c_embd, c_hat](int64_t row, float* out) {
                        Rng rng{h ^ (static_cast<uint64_t>(row) * 0xd1342543de82ef95ull)};
@@ -515,13 +519,11 @@ absl::StatusOr<std::vector<SynthTensor>> PlanSynthModel(const SynthOptions& opti
     const float* attn_blind = direction_after(b + "attn_norm.weight");
     const float* ffn_blind = direction_after(b + "ffn_norm.weight");
     norm_vector(b + "attn_norm.weight", n_embd);
-    noise_matrix(b + "attn_q.weight", type_for(SynthMatrix::kAttnQ, il), {n_embd, q_dim},
-                 1.0f / std::sqrt(float(n_embd)));
-    noise_matrix(b + "attn_k.weight", type_for(SynthMatrix::kAttnK, il), {n_embd, kv_dim},
-                 1.0f / std::sqrt(float(n_embd)));
-    noise_matrix(b + "attn_v.weight", type_for(SynthMatrix::kAttnV, il), {n_embd, kv_dim},
-                 1.0f / std::sqrt(float(n_embd)), attn_blind);
-    noise_matrix(b + "attn_output.weight", type_for(SynthMatrix::kAttnOutput, il), {q_dim, n_embd},
+    noise_matrix(b + "attn_q.weight", type_for(M::kAttnQ, il), {n_embd, q_dim}, 1.0f / std::sqrt(float(n_embd)));
+    noise_matrix(b + "attn_k.weight", type_for(M::kAttnK, il), {n_embd, kv_dim}, 1.0f / std::sqrt(float(n_embd)));
+    noise_matrix(b + "attn_v.weight", type_for(M::kAttnV, il), {n_embd, kv_dim}, 1.0f / std::sqrt(float(n_embd)),
+                 attn_blind);
+    noise_matrix(b + "attn_output.weight", type_for(M::kAttnOutput, il), {q_dim, n_embd},
                  attn_out_scale / std::sqrt(float(q_dim)));
     norm_vector(b + "attn_q_norm.weight", g.head_dim);
     norm_vector(b + "attn_k_norm.weight", g.head_dim);
@@ -550,17 +552,17 @@ absl::StatusOr<std::vector<SynthTensor>> PlanSynthModel(const SynthOptions& opti
                          }
                        }});
     }
-    noise_matrix(b + "ffn_gate_exps.weight", type_for(SynthMatrix::kGateExps, il), {n_embd, g.n_ff_exp, g.n_expert},
+    noise_matrix(b + "ffn_gate_exps.weight", type_for(M::kGateExps, il), {n_embd, g.n_ff_exp, g.n_expert},
                  1.0f / std::sqrt(float(n_embd)), ffn_blind);
-    noise_matrix(b + "ffn_up_exps.weight", type_for(SynthMatrix::kUpExps, il), {n_embd, g.n_ff_exp, g.n_expert},
+    noise_matrix(b + "ffn_up_exps.weight", type_for(M::kUpExps, il), {n_embd, g.n_ff_exp, g.n_expert},
                  1.0f / std::sqrt(float(n_embd)), ffn_blind);
-    noise_matrix(b + "ffn_down_exps.weight", type_for(SynthMatrix::kDownExps, il), {g.n_ff_exp, n_embd, g.n_expert},
+    noise_matrix(b + "ffn_down_exps.weight", type_for(M::kDownExps, il), {g.n_ff_exp, n_embd, g.n_expert},
                  1.0f / std::sqrt(float(g.n_ff_exp)));
   }
   const float* output_blind = direction_after("output_norm.weight");
   norm_vector("output_norm.weight", n_embd);
-  noise_matrix("output.weight", type_for(SynthMatrix::kOutput, -1), {n_embd, g.n_vocab},
-               2.0f / std::sqrt(float(n_embd)), output_blind);
+  noise_matrix("output.weight", type_for(M::kOutput, -1), {n_embd, g.n_vocab}, 2.0f / std::sqrt(float(n_embd)),
+               output_blind);
 
   return plans;
 }

@@ -79,6 +79,7 @@ enum class SynthQuant {
   kIQ4_XS,
   kIQ2_XXS,
   kIQ3_XXS,
+  kIQ2_XS,
 };
 std::optional<SynthQuant> ParseSynthQuant(const std::string& name);  // "f32", "q4_k", ...
 // The names ParseSynthQuant takes, comma-separated.
@@ -99,13 +100,23 @@ struct SynthOptions {
 };
 
 // The matrices of a model whose type a SynthQuant chooses.
-enum class SynthMatrix { kTokenEmbd, kAttnQ, kAttnK, kAttnV, kAttnOutput, kGateExps, kUpExps, kDownExps, kOutput };
+enum class SynthMatrix {
+  kTokenEmbd,
+  kAttnQ,
+  kAttnK,
+  kAttnV,
+  kAttnOutput,
+  kGateExps,
+  kUpExps,
+  kDownExps,
+  kOutput,
+};
 
 // The tensor type of `matrix` (of layer `layer`, where it has one) under `quant` in a model of
 // geometry `g`. Where the chosen type's block does not divide the row length, kQ4_K falls back
 // to q8_0 and the others as llama.cpp's quantizer does (q2_k, q3_k -> q4_0, q4_k -> q5_0,
-// q5_k -> q5_1, q6_k -> q8_0, iq4_xs, iq2_xxs, iq3_xxs -> iq4_nl; f16 where that does not divide
-// it either).
+// q5_k -> q5_1, q6_k -> q8_0, iq4_xs, iq2_xxs, iq2_xs, iq3_xxs -> iq4_nl; f16 where that does not
+// divide it either).
 GgmlType SynthTensorType(SynthQuant quant, SynthMatrix matrix, int layer, const SynthGeometry& g);
 
 // Writes the model to `path`. Validates the geometry first (InvalidArgument naming the field).

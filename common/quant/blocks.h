@@ -94,6 +94,16 @@ struct BlockIQ2_XXS {
   uint16_t qs[kKBlockSize / 8];
 };
 
+// IQ2_XS: 8 sub-blocks of 32, each of 4 groups of 8 elements on a grid of 512 points
+// (kIQ2_XSGrid, iq2.h). qs[4j + l] is sub-block j's group l: bits 0-8 its grid index, bits 9-15
+// its sign index (IQSignBits). scales[j] holds the scale codes of groups 0, 1 (low nibble) and
+// 2, 3 (high nibble). x = d * (0.5 + ls) / 4 * grid byte * sign.
+struct BlockIQ2_XS {
+  f16_bits d;
+  uint16_t qs[kKBlockSize / 8];
+  uint8_t scales[kKBlockSize / 32];
+};
+
 // IQ3_XXS: 8 sub-blocks of 32, each of 4 groups of 8 elements, each group two points of a grid
 // of 256 points of 4 elements (kIQ3_XXSGrid, iq3.h). qs[8j + 2l] and qs[8j + 2l + 1] are the grid
 // indices of sub-block j's group l (its elements 0-3 and 4-7); the little-endian u32 at
@@ -181,6 +191,7 @@ static_assert(sizeof(BlockIQ4_NL) == 18);
 static_assert(sizeof(BlockIQ4_XS) == 136);
 static_assert(sizeof(BlockIQ2_XXS) == 66);
 static_assert(sizeof(BlockIQ3_XXS) == 98);
+static_assert(sizeof(BlockIQ2_XS) == 74);
 static_assert(sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ3_K) == 110);

@@ -19,15 +19,19 @@ constexpr int kSub = 32;  // elements per sub-block
 
 inline int GridByte(int index, int i) { return (kIQ2_XXSGrid[index] >> (8 * i)) & 0xFF; }
 
-// The grid's codes in memory order (byte i of an entry is code i).
-const quant_internal::Grid& TheGrid() {
+// The grids' codes in memory order (byte i of an entry is code i).
+const quant_internal::Grid& XxsGrid() {
   static const quant_internal::Grid grid(reinterpret_cast<const uint8_t*>(kIQ2_XXSGrid), 256, 8, {8, 25, 43});
   return grid;
 }
+const quant_internal::Grid& XsGrid() {
+  static const quant_internal::Grid grid(reinterpret_cast<const uint8_t*>(kIQ2_XSGrid), 512, 8, {8, 25, 43});
+  return grid;
+}
 
-void QuantizeBlock(const float* x, BlockIQ2_XXS* y) {
-  float m[kQK];
-  uint8_t signs[kQK / 8];  // per group, bit i = element i negative
+// The magnitudes m[256] of a block and per group of 8 its signs (bit i: element i negative),
+// the smallest element's flipped where their number is odd (which cannot be stored).
+void MagnitudesAndSigns(const float* x, float* m, uint8_t* signs) {
   for (int g = 0; g < kQK / 8; ++g) {
     int mask = 0, smallest = 0;
     for (int i = 0; i < 8; ++i) {
@@ -36,28 +40,61 @@ void QuantizeBlock(const float* x, BlockIQ2_XXS* y) {
       if (v < 0) mask |= 1 << i;
       if (m[8 * g + i] < m[8 * g + smallest]) smallest = i;
     }
-    // An odd number of negatives cannot be stored: flip the sign that costs least.
     if (__builtin_popcount(static_cast<unsigned>(mask)) & 1) mask ^= 1 << smallest;
     signs[g] = static_cast<uint8_t>(mask);
   }
+}
+
+// The 4-bit code ls of a scale s = d * (2 ls + 1) / 8.
+int ScaleCode(float s, float d) { return d == 0.0f ? 0 : std::clamp(NearestInt((8.0f * s / d - 1.0f) / 2.0f), 0, 15); }
+
+void QuantizeBlock(const float* x, BlockIQ2_XXS* y) {
+  float m[kQK];
+  uint8_t signs[kQK / 8];
+  MagnitudesAndSigns(x, m, signs);
   float scales[8];
-  for (int j = 0; j < 8; ++j) scales[j] = TheGrid().FitScale(m + kSub * j, kSub);
+  for (int j = 0; j < 8; ++j) scales[j] = XxsGrid().FitScale(m + kSub * j, kSub);
   const float max_scale = *std::max_element(scales, scales + 8);
   // Sub-block j's scale is d * (2 ls + 1) / 8 with ls in [0, 15]: the largest gets ls = 15.
   y->d = F32ToF16(max_scale * 8.0f / 31.0f);
   const float d = F16ToF32(y->d);
   for (int j = 0; j < 8; ++j) {
-    const int ls = d == 0.0f ? 0 : std::clamp(NearestInt((8.0f * scales[j] / d - 1.0f) / 2.0f), 0, 15);
+    const int ls = ScaleCode(scales[j], d);
     const float db = d * (0.5f + ls) * 0.25f;
     uint32_t a0 = 0, a1 = static_cast<uint32_t>(ls) << 28;
     for (int l = 0; l < 4; ++l) {
       float unused;
-      const int g = db == 0.0f ? 0 : TheGrid().Map(m + kSub * j + 8 * l, db, &unused);
+      const int g = db == 0.0f ? 0 : XxsGrid().Map(m + kSub * j + 8 * l, db, &unused);
       a0 |= static_cast<uint32_t>(g) << (8 * l);
       a1 |= static_cast<uint32_t>(signs[4 * j + l] & 127) << (7 * l);
     }
     std::memcpy(y->qs + 4 * j, &a0, 4);
     std::memcpy(y->qs + 4 * j + 2, &a1, 4);
+  }
+}
+
+void QuantizeBlock(const float* x, BlockIQ2_XS* y) {
+  float m[kQK];
+  uint8_t signs[kQK / 8];
+  MagnitudesAndSigns(x, m, signs);
+  float scales[16];  // per 16 elements
+  for (int h = 0; h < 16; ++h) scales[h] = XsGrid().FitScale(m + 16 * h, 16);
+  const float max_scale = *std::max_element(scales, scales + 16);
+  y->d = F32ToF16(max_scale * 8.0f / 31.0f);
+  const float d = F16ToF32(y->d);
+  for (int h = 0; h < 16; ++h) {
+    const int ls = ScaleCode(scales[h], d);
+    if (h % 2 == 0)
+      y->scales[h / 2] = static_cast<uint8_t>(ls);
+    else
+      y->scales[h / 2] |= static_cast<uint8_t>(ls << 4);
+    const float db = d * (0.5f + ls) * 0.25f;
+    for (int l = 0; l < 2; ++l) {
+      const int group = 2 * h + l;
+      float unused;
+      const int g = db == 0.0f ? 0 : XsGrid().Map(m + 8 * group, db, &unused);
+      y->qs[group] = static_cast<uint16_t>(g | (signs[group] & 127) << 9);
+    }
   }
 }
 
@@ -72,6 +109,58 @@ inline void Words(const BlockIQ2_XXS& x, int j, uint32_t* a0, uint32_t* a1) {
 void QuantizeRowIQ2_XXS(const float* src, BlockIQ2_XXS* dst, int64_t n) {
   CHECK(n % kQK == 0);
   for (int64_t b = 0; b < n / kQK; ++b) QuantizeBlock(src + b * kQK, dst + b);
+}
+
+void QuantizeRowIQ2_XS(const float* src, BlockIQ2_XS* dst, int64_t n) {
+  CHECK(n % kQK == 0);
+  for (int64_t b = 0; b < n / kQK; ++b) QuantizeBlock(src + b * kQK, dst + b);
+}
+
+// As ggml's dequantize_row_iq2_xs: IQ2_XXS's with the scale of each half sub-block.
+void DequantizeRowIQ2_XS(const BlockIQ2_XS* src, float* dst, int64_t n) {
+  CHECK(n % kQK == 0);
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    const float d = F16ToF32(src[b].d);
+    for (int group = 0; group < kQK / 8; ++group) {
+      const int ls = (src[b].scales[group / 4] >> (4 * ((group / 2) % 2))) & 0xF;
+      const float db = d * (0.5f + static_cast<float>(ls)) * 0.25f;
+      const uint16_t q = src[b].qs[group];
+      const uint8_t signs = IQSignBits(q >> 9);
+      for (int i = 0; i < 8; ++i) {
+        const int code = static_cast<int>((kIQ2_XSGrid[q & 511] >> (8 * i)) & 0xFF);
+        dst[b * kQK + 8 * group + i] = db * static_cast<float>(code) * ((signs >> i) & 1 ? -1.0f : 1.0f);
+      }
+    }
+  }
+}
+
+void VecDotRowsIQ2_XS(const BlockIQ2_XS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
+  CHECK(n % kQK == 0);
+  quant_internal::ActiveRowKernels().iq2_xs(rows, n_rows, a, n, out);
+}
+
+void VecDotRowsIQ2_XSScalar(const BlockIQ2_XS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
+  CHECK(n % kQK == 0);
+  const int64_t nb = n / kQK;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    float sum = 0.0f;
+    for (int64_t b = 0; b < nb; ++b) {
+      const BlockIQ2_XS& x = rows[r * nb + b];
+      int32_t sumi = 0;
+      for (int group = 0; group < kQK / 8; ++group) {
+        const int ls = (x.scales[group / 4] >> (4 * ((group / 2) % 2))) & 0xF;
+        const uint8_t signs = IQSignBits(x.qs[group] >> 9);
+        int32_t s = 0;
+        for (int i = 0; i < 8; ++i) {
+          const int v = static_cast<int>((kIQ2_XSGrid[x.qs[group] & 511] >> (8 * i)) & 0xFF) * a[b].qs[8 * group + i];
+          s += (signs >> i) & 1 ? -v : v;
+        }
+        sumi += (2 * ls + 1) * s;
+      }
+      sum += F16ToF32(x.d) * a[b].d * static_cast<float>(sumi);
+    }
+    out[r] = 0.125f * sum;
+  }
 }
 
 // As ggml's dequantize_row_iq2_xxs: d * (0.5 + ls) * 0.25, times the grid byte, times the sign.

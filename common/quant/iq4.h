@@ -24,7 +24,8 @@ void DequantizeRowIQ4_XS(const BlockIQ4_XS* src, float* dst, int64_t n);
 //           the order of the 8-row gemv ggml runs on repacked IQ4_NL matrices.
 //   IQ4_XS: per block 8 int32 lanes, lane k the sum over the 8 sub-blocks j of (ls[j] - 32) times
 //           the products of bytes 4k .. 4k + 3 of j's 32 elements, into an 8-lane f32 accumulator
-//           by one fused multiply-add with d_w * d_a; then its horizontal sum (ggml's AVX2 vec_dot).
+//           by one fused multiply-add with d_w * d_a; then its horizontal sum (ggml's AVX2
+//           vec_dot).
 // out[r] does not depend on n_rows.
 void VecDotRowsIQ4_NL(const BlockIQ4_NL* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out);
 void VecDotRowsIQ4_XS(const BlockIQ4_XS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);

@@ -139,7 +139,7 @@ namespace quant_internal {
     .f32 = NS::F32Rows, .f16 = NS::F16Rows, .bf16 = NS::BF16Rows, .q8_0 = NS::Q8_0Rows, .q4_0 = NS::Q4_0Rows,     \
     .q4_1 = NS::Q4_1Rows, .q5_0 = NS::Q5_0Rows, .q5_1 = NS::Q5_1Rows, .q2_k = NS::Q2_KRows, .q3_k = NS::Q3_KRows, \
     .q4_k = NS::Q4_KRows, .q5_k = NS::Q5_KRows, .q6_k = NS::Q6_KRows, .iq4_nl = NS::IQ4_NLRows,                   \
-    .iq4_xs = NS::IQ4_XSRows, .iq2_xxs = NS::IQ2_XXSRows, .iq3_xxs = NS::IQ3_XXSRows,                             \
+    .iq4_xs = NS::IQ4_XSRows, .iq2_xxs = NS::IQ2_XXSRows, .iq2_xs = NS::IQ2_XSRows, .iq3_xxs = NS::IQ3_XXSRows,   \
   }
 
 const RowKernels& RowKernelsOf(KernelVariant v) {
@@ -162,6 +162,7 @@ const RowKernels& RowKernelsOf(KernelVariant v) {
       .iq4_nl = VecDotRowsIQ4_NLScalar,
       .iq4_xs = VecDotRowsIQ4_XSScalar,
       .iq2_xxs = VecDotRowsIQ2_XXSScalar,
+      .iq2_xs = VecDotRowsIQ2_XSScalar,
       .iq3_xxs = VecDotRowsIQ3_XXSScalar,
   };
   switch (v) {

@@ -42,6 +42,7 @@ GgmlType ActivationTypeFor(GgmlType weight_type) {
     case GgmlType::kQ6_K:
     case GgmlType::kIQ4_XS:
     case GgmlType::kIQ2_XXS:
+    case GgmlType::kIQ2_XS:
     case GgmlType::kIQ3_XXS:
       return GgmlType::kQ8_K;
     default:
@@ -92,6 +93,8 @@ void QuantizeRow(GgmlType type, const float* src, void* dst, int64_t n) {
       return QuantizeRowIQ2_XXS(src, static_cast<BlockIQ2_XXS*>(dst), n);
     case GgmlType::kIQ3_XXS:
       return QuantizeRowIQ3_XXS(src, static_cast<BlockIQ3_XXS*>(dst), n);
+    case GgmlType::kIQ2_XS:
+      return QuantizeRowIQ2_XS(src, static_cast<BlockIQ2_XS*>(dst), n);
     default:
       break;
   }
@@ -140,6 +143,8 @@ void DequantizeRow(GgmlType type, const void* src, float* dst, int64_t n) {
       return DequantizeRowIQ2_XXS(static_cast<const BlockIQ2_XXS*>(src), dst, n);
     case GgmlType::kIQ3_XXS:
       return DequantizeRowIQ3_XXS(static_cast<const BlockIQ3_XXS*>(src), dst, n);
+    case GgmlType::kIQ2_XS:
+      return DequantizeRowIQ2_XS(static_cast<const BlockIQ2_XS*>(src), dst, n);
     default:
       break;
   }
@@ -209,6 +214,9 @@ void DotRows(const quant_internal::RowKernels& k, GgmlType weight_type, const vo
     case GgmlType::kIQ3_XXS:
       return k.iq3_xxs(static_cast<const BlockIQ3_XXS*>(weight_rows), n_rows,
                        static_cast<const BlockQ8_K*>(activation_row), n, out);
+    case GgmlType::kIQ2_XS:
+      return k.iq2_xs(static_cast<const BlockIQ2_XS*>(weight_rows), n_rows,
+                      static_cast<const BlockQ8_K*>(activation_row), n, out);
     default:
       break;
   }

@@ -1,9 +1,9 @@
 // The row kernels of one variant as a table of function pointers (internal to common/quant).
 //
 // The *_rows.cc files define them in namespace quant_internal::<variant> and are compiled once per
-// SIMD variant (simd_internal.h); kernel_variant.cc builds the tables and picks the active one. Every kernel computes
-// out[r] = dot(row r, a) for r in [0, n_rows) with rows of n elements, n valid for the type
-// (checked by the public entry points, not here).
+// SIMD variant (simd_internal.h); kernel_variant.cc builds the tables and picks the active one.
+// Every kernel computes out[r] = dot(row r, a) for r in [0, n_rows) with rows of n elements, n
+// valid for the type (checked by the public entry points, not here).
 #pragma once
 
 #include <cstdint>
@@ -33,6 +33,7 @@ struct RowKernels {
   RowsFn<BlockIQ4_NL, BlockQ8_0> iq4_nl;
   RowsFn<BlockIQ4_XS, BlockQ8_K> iq4_xs;
   RowsFn<BlockIQ2_XXS, BlockQ8_K> iq2_xxs;
+  RowsFn<BlockIQ2_XS, BlockQ8_K> iq2_xs;
   RowsFn<BlockIQ3_XXS, BlockQ8_K> iq3_xxs;
 };
 
@@ -59,7 +60,8 @@ const RowKernels& ActiveRowKernels();
   void IQ4_NLRows(const BlockIQ4_NL* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out);   \
   void IQ4_XSRows(const BlockIQ4_XS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);   \
   void IQ2_XXSRows(const BlockIQ2_XXS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out); \
-  void IQ3_XXSRows(const BlockIQ3_XXS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);
+  void IQ3_XXSRows(const BlockIQ3_XXS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out); \
+  void IQ2_XSRows(const BlockIQ2_XS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);
 
 namespace avx2 {
 MER_QUANT_DECLARE_ROW_KERNELS

@@ -27,6 +27,7 @@ constexpr Entry kTypes[] = {
     {GgmlType::kQ6_K, {"q6_k", 256, 210, true}},
     {GgmlType::kQ8_K, {"q8_k", 256, 292, false}},
     {GgmlType::kIQ2_XXS, {"iq2_xxs", 256, 66, true}},
+    {GgmlType::kIQ2_XS, {"iq2_xs", 256, 74, true}},
     {GgmlType::kIQ3_XXS, {"iq3_xxs", 256, 98, true}},
     {GgmlType::kIQ4_NL, {"iq4_nl", 32, 18, true}},
     {GgmlType::kIQ4_XS, {"iq4_xs", 256, 136, true}},

@@ -26,14 +26,14 @@ geometry, the other flags override parts of it; random:SEED is a small geometry 
 (1-4 layers, widths not always multiples of 64, 2-128 experts, top-1 to top-8, GQA 1-8, contexts
 of 128-1024), for testing on shapes nobody tuned for. --quant picks the tensor types
 (docs/quant.md): f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q5_k, q3_k, q2_k, iq4_nl, iq4_xs,
-iq2_xxs and iq3_xxs put every matrix but the router in that type; q3_k_m, q4_k_m and q5_k_m are llama.cpp's recipes of those names;
-where a row is not whole blocks of the chosen type, the type falls back as llama.cpp's quantizer
-does. q4_k is Q4_K with q6_k for the LM head and half the layers' attn_v and ffn_down (q8_0
-where rows are not whole blocks). --router-skew X > 0 makes expert popularity
-Zipf-like: the router logit of the expert of popularity rank r gets -X * ln(r + 1) in every token.
-Greedy, 31 prompt + 128 generated tokens, an LRU cache of 25% of the experts hits 73% at 0.675 on
-the qwen3-30b-a3b geometry (real Qwen3 routing: ~72%), from ~23% at 0 to ~97% at 2
-(docs/benchmarks.md). --no-norm-topk writes expert_weights_norm = false.
+iq2_xxs, iq2_xs and iq3_xxs put every matrix but the router in that type; q3_k_m, q4_k_m and
+q5_k_m are llama.cpp's recipes of those names; where a row is not whole blocks of the chosen
+type, the type falls back as llama.cpp's quantizer does. q4_k is Q4_K with q6_k for the LM head
+and half the layers' attn_v and ffn_down (q8_0 where rows are not whole blocks). --router-skew
+X > 0 makes expert popularity Zipf-like: the router logit of the expert of popularity rank r gets
+-X * ln(r + 1) in every token. Greedy, 31 prompt + 128 generated tokens, an LRU cache of 25% of
+the experts hits 73% at 0.675 on the qwen3-30b-a3b geometry (real Qwen3 routing: ~72%), from ~23%
+at 0 to ~97% at 2 (docs/benchmarks.md). --no-norm-topk writes expert_weights_norm = false.
 --chat-template qwen3 writes Qwen3's chat template as tokenizer.chat_template (--chat-template-file
 the Jinja text of F). --eos-token names the token written as the end-of-sequence token:
 <|endoftext|> (the default) or <|im_end|>; generation stops at both either way.

@@ -100,7 +100,7 @@ TEST(SynthModel, TinyPresetBytesArePinned) {
       {SynthQuant::kQ3_K_M, 0x99df03a37a7bbf2b},  {SynthQuant::kQ4_K_M, 0x9c53b6d695d3d05f},
       {SynthQuant::kQ5_K_M, 0xafd84eb635f5a5c5},  {SynthQuant::kIQ4_NL, 0xfd23bc8b1a317a7c},
       {SynthQuant::kIQ4_XS, 0xbf85ff0462d51d1c},  {SynthQuant::kIQ2_XXS, 0x811cd80aae39615f},
-      {SynthQuant::kIQ3_XXS, 0xfde299903db8d3d9},
+      {SynthQuant::kIQ3_XXS, 0xfde299903db8d3d9}, {SynthQuant::kIQ2_XS, 0x09837b801d874bf8},
   };
   for (const auto& [quant, want] : cases) {
     SynthOptions o;
@@ -150,21 +150,23 @@ TEST(SynthModel, RecipesFollowLlamaCppsRules) {
   // Eight experts (Mixtral's rule): attn_v and attn_k q8_0, attn_output q5_k.
   SynthGeometry eight = g;
   eight.n_expert = 8;
-  EXPECT_EQ(SynthTensorType(SynthQuant::kQ4_K_M, SynthMatrix::kAttnV, 7, eight), GgmlType::kQ8_0);
-  EXPECT_EQ(SynthTensorType(SynthQuant::kQ3_K_M, SynthMatrix::kAttnK, 7, eight), GgmlType::kQ8_0);
-  EXPECT_EQ(SynthTensorType(SynthQuant::kQ4_K_M, SynthMatrix::kAttnOutput, 7, eight), GgmlType::kQ5_K);
-  EXPECT_EQ(SynthTensorType(SynthQuant::kQ5_K_M, SynthMatrix::kAttnOutput, 7, eight), GgmlType::kQ5_K);
+  const auto type8 = [&](SynthQuant q, SynthMatrix m) { return SynthTensorType(q, m, 7, eight); };
+  EXPECT_EQ(type8(SynthQuant::kQ4_K_M, SynthMatrix::kAttnV), GgmlType::kQ8_0);
+  EXPECT_EQ(type8(SynthQuant::kQ3_K_M, SynthMatrix::kAttnK), GgmlType::kQ8_0);
+  EXPECT_EQ(type8(SynthQuant::kQ4_K_M, SynthMatrix::kAttnOutput), GgmlType::kQ5_K);
+  EXPECT_EQ(type8(SynthQuant::kQ5_K_M, SynthMatrix::kAttnOutput), GgmlType::kQ5_K);
 
   // Rows that are not whole blocks fall back as llama.cpp's quantizer does: the tiny preset's
   // ffn_down rows are 128 long.
   const SynthGeometry tiny = *SynthPreset("tiny");
-  EXPECT_EQ(SynthTensorType(SynthQuant::kQ4_K_M, SynthMatrix::kDownExps, 3, tiny), GgmlType::kQ8_0);
-  EXPECT_EQ(SynthTensorType(SynthQuant::kQ4_K_M, SynthMatrix::kDownExps, 1, tiny), GgmlType::kQ5_0);
-  EXPECT_EQ(SynthTensorType(SynthQuant::kQ5_K_M, SynthMatrix::kDownExps, 1, tiny), GgmlType::kQ5_1);
-  EXPECT_EQ(SynthTensorType(SynthQuant::kQ3_K, SynthMatrix::kDownExps, 1, tiny), GgmlType::kQ4_0);
-  EXPECT_EQ(SynthTensorType(SynthQuant::kQ4_K, SynthMatrix::kDownExps, 1, tiny), GgmlType::kQ8_0);
-  EXPECT_EQ(SynthTensorType(SynthQuant::kIQ4_XS, SynthMatrix::kDownExps, 1, tiny), GgmlType::kIQ4_NL);
-  EXPECT_EQ(SynthTensorType(SynthQuant::kIQ2_XXS, SynthMatrix::kDownExps, 1, tiny), GgmlType::kIQ4_NL);
+  const auto down = [&](SynthQuant q, int layer) { return SynthTensorType(q, SynthMatrix::kDownExps, layer, tiny); };
+  EXPECT_EQ(down(SynthQuant::kQ4_K_M, 3), GgmlType::kQ8_0);
+  EXPECT_EQ(down(SynthQuant::kQ4_K_M, 1), GgmlType::kQ5_0);
+  EXPECT_EQ(down(SynthQuant::kQ5_K_M, 1), GgmlType::kQ5_1);
+  EXPECT_EQ(down(SynthQuant::kQ3_K, 1), GgmlType::kQ4_0);
+  EXPECT_EQ(down(SynthQuant::kQ4_K, 1), GgmlType::kQ8_0);
+  EXPECT_EQ(down(SynthQuant::kIQ4_XS, 1), GgmlType::kIQ4_NL);
+  EXPECT_EQ(down(SynthQuant::kIQ2_XXS, 1), GgmlType::kIQ4_NL);
   SynthGeometry odd = tiny;
   odd.n_embd = 48;  // not whole blocks of 32 either
   EXPECT_EQ(SynthTensorType(SynthQuant::kQ2_K, SynthMatrix::kAttnQ, 0, odd), GgmlType::kF16);
@@ -198,10 +200,10 @@ TEST(SynthModel, RandomGeometriesAreValidVariedAndRun) {
 
   // Every quantized type once, K-quants falling back to q8_0 where rows are not multiples of 256.
   constexpr SynthQuant kQuants[] = {
-      SynthQuant::kQ8_0,   SynthQuant::kQ4_K,   SynthQuant::kQ5_K,    SynthQuant::kQ3_K,
-      SynthQuant::kQ2_K,   SynthQuant::kQ4_0,   SynthQuant::kQ4_1,    SynthQuant::kQ5_0,
-      SynthQuant::kQ5_1,   SynthQuant::kQ3_K_M, SynthQuant::kQ4_K_M,  SynthQuant::kQ5_K_M,
-      SynthQuant::kIQ4_NL, SynthQuant::kIQ4_XS, SynthQuant::kIQ2_XXS, SynthQuant::kIQ3_XXS};
+      SynthQuant::kQ8_0,    SynthQuant::kQ4_K,   SynthQuant::kQ5_K,   SynthQuant::kQ3_K,   SynthQuant::kQ2_K,
+      SynthQuant::kQ4_0,    SynthQuant::kQ4_1,   SynthQuant::kQ5_0,   SynthQuant::kQ5_1,   SynthQuant::kQ3_K_M,
+      SynthQuant::kQ4_K_M,  SynthQuant::kQ5_K_M, SynthQuant::kIQ4_NL, SynthQuant::kIQ4_XS, SynthQuant::kIQ2_XXS,
+      SynthQuant::kIQ3_XXS, SynthQuant::kIQ2_XS};
   for (uint64_t seed = 1; seed <= std::size(kQuants); ++seed) {
     SynthOptions o;
     o.geometry = RandomSynthGeometry(seed);

@@ -138,6 +138,29 @@ TEST(DequantizeIQ2_XXS, HandBuiltBlock) {
   EXPECT_LT(out[7], 0.0f);
 }
 
+// IQ2_XS with d = 0.5: group g (of 32) on grid point 17 g + 3 (mod 512) with sign index 11 g + 2
+// (mod 128),
+// scales[j] = 0x3A + j: element i of group g is d * (0.5 + ls) / 4 * (byte i of the point) * sign
+// i, ls the low nibble of scales[g / 4] for g % 4 < 2, else the high one.
+TEST(DequantizeIQ2_XS, HandBuiltBlock) {
+  BlockIQ2_XS block;
+  block.d = 0x3800;  // 0.5
+  for (int g = 0; g < 32; ++g) block.qs[g] = static_cast<uint16_t>((17 * g + 3) % 512 | ((11 * g + 2) % 128) << 9);
+  for (int j = 0; j < 8; ++j) block.scales[j] = static_cast<uint8_t>(0x3A + j);
+  float out[256];
+  DequantizeRow(GgmlType::kIQ2_XS, &block, out, 256);
+  for (int e = 0; e < 256; ++e) {
+    const int g = e / 8, i = e % 8;
+    const int ls = g % 4 < 2 ? (0x3A + g / 4) & 0xF : (0x3A + g / 4) >> 4;
+    const int grid = static_cast<int>((kIQ2_XSGrid[(17 * g + 3) % 512] >> (8 * i)) & 0xFF);
+    const int signs7 = (11 * g + 2) % 128;
+    int parity = 0;
+    for (int b = 0; b < 7; ++b) parity ^= (signs7 >> b) & 1;
+    const bool negative = i < 7 ? (signs7 >> i) & 1 : parity;
+    EXPECT_EQ(out[e], 0.5f * (0.5f + ls) * 0.25f * grid * (negative ? -1.0f : 1.0f)) << e;
+  }
+}
+
 // IQ3_XXS with d = 0.5: sub-block j's grid indices qs[8j + k] = 29 j + 13 k, its word holding
 // scale code 15 - j and sign indices 9 j + 5 l + 1 for groups l. Element i of group l is
 // d * (0.5 + ls) / 2 * (byte i % 4 of grid point qs[8j + 2l + i / 4]) * sign i.

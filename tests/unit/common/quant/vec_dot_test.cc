@@ -22,7 +22,7 @@ namespace {
 constexpr GgmlType kWeightTypes[] = {
     GgmlType::kF32,  GgmlType::kF16,    GgmlType::kBF16,   GgmlType::kQ4_0,    GgmlType::kQ4_1,   GgmlType::kQ5_0,
     GgmlType::kQ5_1, GgmlType::kQ8_0,   GgmlType::kQ2_K,   GgmlType::kQ3_K,    GgmlType::kQ4_K,   GgmlType::kQ5_K,
-    GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS, GgmlType::kIQ3_XXS};
+    GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS, GgmlType::kIQ2_XS, GgmlType::kIQ3_XXS};
 constexpr int64_t kSizes[] = {1, 7, 16, 33, 32, 64, 96, 160, 256, 512, 768, 1024, 2048, 4096};
 constexpr int64_t kRows = 11;  // groups of 8, 4 and 2 rows, and single rows
 
@@ -390,6 +390,12 @@ TEST(VecDot, ExtremeQuantsAreExact) {
       std::memcpy(w3.qs + 64 + 4 * j, &word, 4);
     }
     ExpectNearDequantizedDot(GgmlType::kIQ3_XXS, &w3);
+    // IQ2_XS: grid point 511, sign indices 127 and 85 in turn, scale codes 15 and 0.
+    BlockIQ2_XS wx{};
+    wx.d = 0x3C00;
+    for (int g = 0; g < 32; ++g) wx.qs[g] = static_cast<uint16_t>(511 | (g % 2 ? 127 : 85) << 9);
+    std::memset(wx.scales, 0x0F, sizeof(wx.scales));
+    ExpectNearDequantizedDot(GgmlType::kIQ2_XS, &wx);
   }
   {
     // IQ4_NL: every code 0 (-127) or 15 (113) against activations of +-127; the exact integer
@@ -453,6 +459,7 @@ TEST(ActivationType, PairsAsGgml) {
   EXPECT_EQ(ActivationTypeFor(GgmlType::kIQ4_XS), GgmlType::kQ8_K);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kIQ2_XXS), GgmlType::kQ8_K);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kIQ3_XXS), GgmlType::kQ8_K);
+  EXPECT_EQ(ActivationTypeFor(GgmlType::kIQ2_XS), GgmlType::kQ8_K);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kQ4_1), GgmlType::kQ8_1);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kQ5_1), GgmlType::kQ8_1);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kQ2_K), GgmlType::kQ8_K);
