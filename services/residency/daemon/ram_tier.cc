@@ -169,6 +169,12 @@ uint64_t RamTier::TakeComputeHits(uint32_t index) {
   return fresh;
 }
 
+void RamTier::NoteFillDemand(uint32_t index) {
+  if (experts_[index].state != RamState::kResident) return;
+  const ExpertKey key = PackExpertKey(ctx_.LayerOf(index), ctx_.ExpertOf(index));
+  if (policy_->Contains(key)) policy_->Touch(key);
+}
+
 void RamTier::SyncComputeHits() {
   touched_.clear();
   for (uint32_t k = 0; k < n_slots_; ++k) {
@@ -243,7 +249,7 @@ void RamTier::StartLoadAhead(uint32_t index, uint32_t slot, bool guess) {
 
 bool RamTier::Warm() {
   const uint32_t total = static_cast<uint32_t>(experts_.size());
-  if (warm_next_ >= total) return false;
+  if (warm_reported_) return false;
   if (warm_next_ == 0 && !warm_started_) {
     warm_started_ = true;
     warm_start_ = ctx_.clock.Now();
@@ -261,7 +267,8 @@ bool RamTier::Warm() {
     started = true;
   }
   if (free_slots_.empty()) warm_next_ = total;  // the tier is full
-  if (warm_next_ >= total && !warm_reported_ && io_.outstanding() == 0) {
+  // Reported once the last warming read has completed (later turns come back here for that).
+  if (warm_next_ >= total && io_.outstanding() == 0) {
     warm_reported_ = true;
     const double secs = absl::ToDoubleSeconds(ctx_.clock.Now() - warm_start_);
     const double gb = double(ctx_.c.bytes_read - warm_bytes_start_) / 1e9;

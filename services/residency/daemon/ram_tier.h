@@ -89,6 +89,9 @@ class RamTier {
   bool has_waiters(uint32_t index) const { return !experts_[index].waiters.empty(); }
   // Queues the load of an absent expert that has no RAM waiter of its own.
   void QueueLoad(uint32_t index);
+  // A VRAM fill was demanded from the resident expert's copy: a use the policy counts. Under LFU
+  // the RAM tier then keeps the experts that miss VRAM most often, not the ones VRAM holds.
+  void NoteFillDemand(uint32_t index);
   // A copy into VRAM reads the resident expert's slot from HoldForCopy to ReleaseCopy: the slot
   // is not evicted meanwhile.
   void HoldForCopy(uint32_t index);

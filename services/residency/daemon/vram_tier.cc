@@ -152,8 +152,14 @@ void VramTier::HandleDemand(const shm::DemandRequest& d, int64_t now_ns) {
   }
   e.state = VramState::kQueued;
   queue_.push_back(i);
-  // The fill reads the RAM tier: a hit there, or a read from the store first.
-  ++(ctx_.ram->resident_slot(i) != shm::kNoSlot ? c.vram_fills_from_ram : c.vram_fills_from_store);
+  // The fill reads the RAM tier: a hit there (a use its policy counts), or a read from the store
+  // first.
+  if (ctx_.ram->resident_slot(i) != shm::kNoSlot) {
+    ++c.vram_fills_from_ram;
+    ctx_.ram->NoteFillDemand(i);
+  } else {
+    ++c.vram_fills_from_store;
+  }
 }
 
 std::optional<uint32_t> VramTier::AllocateSlot(uint64_t used_before) {

@@ -437,6 +437,42 @@ TEST_P(VramTierSmallRam, AnAcquireLargerThanTheRamTierStillFillsTheArena) {
 
 INSTANTIATE_TEST_SUITE_P(RamSlots, VramTierSmallRam, ::testing::Values(3, 6));
 
+// A VRAM fill demanded from an expert's RAM copy is a use the RAM tier's policy counts: under LFU
+// the RAM tier keeps what misses VRAM often. A (loaded first) and B are in RAM once each; A is
+// then filled into VRAM from RAM, so when C needs a RAM slot, B (one use) goes and A (two) stays.
+// Without the count, A (as often used, less recently) would go.
+TEST(VramTierTest, AFillFromRamCountsForTheRamPolicy) {
+  auto arena = std::make_shared<FakeArena>();
+  const std::string dir = SynthStoreDir("micro", SynthQuant::kQ8_0);
+  uint64_t blob = 0;
+  {
+    auto store = ExpertStore::Open(dir);
+    ASSERT_TRUE(store.ok()) << store.status();
+    blob = (*store)->blob_bytes();
+  }
+  ResidencyOptions o;
+  o.ram_budget_bytes = 2 * blob;  // two RAM slots
+  o.policy = "lfu";
+  DaemonFixture f(o, {}, true, {}, dir, FakeFactory(arena));
+  auto seg = AttachCompute(f);
+  shm::ResidencyClient client(seg.get());
+  ASSERT_TRUE(client.ExportVramArena(Arena(8, SlotBytes(f.store())), absl::Now() + absl::Seconds(10)).ok());
+  ASSERT_TRUE(AcquireOne(client, 1, 0, [](absl::Span<const uint8_t>) {}).ok());  // A
+  ASSERT_TRUE(AcquireOne(client, 1, 1, [](absl::Span<const uint8_t>) {}).ok());  // B
+  std::vector<shm::PinnedExpert> pinned;
+  shm::Step step;
+  ASSERT_TRUE(AcquireVram(client, 1, 0, &pinned, &step).ok());  // A's fill, from RAM
+  client.Release(pinned);
+  client.EndStep(step);
+  ASSERT_TRUE(AcquireOne(client, 1, 2, [](absl::Span<const uint8_t>) {}).ok());  // C
+  const auto a = seg->table().Read(1, 0), b = seg->table().Read(1, 1);
+  ASSERT_TRUE(a.has_value() && b.has_value());
+  EXPECT_TRUE(a->in(Pool::kRam));
+  EXPECT_FALSE(b->in(Pool::kRam));
+  const ResidencyCounters c = f.Stop();
+  EXPECT_EQ(c.vram_fills_from_ram, 1u);
+}
+
 // ResidencyExpertSource's VRAM side: fresh exactly once per fill.
 TEST(VramTierTest, SourceReportsAFillFreshOnce) {
   auto arena = std::make_shared<FakeArena>();
