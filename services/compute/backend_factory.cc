@@ -50,6 +50,9 @@ absl::StatusOr<CreatedBackend> CreateBackend(const ModelWeights& weights, Expert
     if (o.attention_split_min_cells.has_value()) co.attention_split_min_cells = *o.attention_split_min_cells;
     co.vram_residency = o.vram_residency;
     co.device_misses = o.device_misses;
+    if (o.arena_policy != "lfu" && o.arena_policy != "lru")
+      return absl::InvalidArgumentError(absl::StrCat("unknown arena policy '", o.arena_policy, "' (lfu or lru)"));
+    co.arena_policy = o.arena_policy == "lru" ? cuda::ArenaPolicy::kLru : cuda::ArenaPolicy::kLfu;
     RETURN_IF_ERROR(ParseVramBudget(o.vram_expert_budget, &co));
     ASSIGN_OR_RETURN(out.engine, CudaEngine::Create(weights, experts, co));
     out.threads = 1;

@@ -38,6 +38,9 @@ struct BackendOptions {
   // cuda with vram_residency: the device decides each layer's hits and misses (CudaEngineOptions::
   // device_misses); false: the host reads each layer's routing and serves its misses.
   bool device_misses = false;
+  // cuda with device_misses: "lfu" or "lru", the order in which published experts make room for a
+  // layer's misses (cuda/published_experts.h).
+  std::string arena_policy = "lfu";
 };
 
 struct CreatedBackend {

@@ -47,6 +47,7 @@ constexpr char kHelp[] =
     R"(usage: mer-compute (--model F.gguf | --store STORE_DIR --residency NAME) --listen unix:PATH
                    [--backend cpu|cuda] [--vram-expert-budget BYTES|PERCENT%] [--pin-experts 0|1]
                    [--vram-prefetch 0|1] [--vram-arena residency|compute] [--miss-path device|host]
+                   [--arena-policy lfu|lru]
                    [--max-sequences N] [--max-batch-tokens N] [--ctx N] [--kv-budget-tokens N]
                    [--threads N] [--admission-wait-ms N] [--metrics-listen HOST:PORT|off]
                    [--verify-model SHA256]
@@ -76,7 +77,9 @@ is filled once at start and never exported. Over CUDA IPC the host reads each la
 serves its misses (--miss-path host, the default); --miss-path device has the device decide each
 layer's hits and misses and wait for its misses on the device (no host round trip per layer;
 where the arena has room for a layer's experts; it loads every CUDA kernel at start,
-CUDA_MODULE_LOADING=EAGER; docs/cuda.md says how far it has been checked). Prometheus metrics are served on http://HOST:PORT/metrics (default
+CUDA_MODULE_LOADING=EAGER; docs/cuda.md says how far it has been checked); there --arena-policy
+picks which published experts make room for a layer's misses: the least frequently used with
+ageing (lfu, the default) or the least recently used (lru). Prometheus metrics are served on http://HOST:PORT/metrics (default
 127.0.0.1:0: a free port, printed on stderr as "metrics: http://127.0.0.1:PORT/metrics"); off
 serves none.
 )";
@@ -91,6 +94,7 @@ struct Args {
   std::string vram_arena;    // "residency" or "compute"
   std::string verify_model;  // expected SHA-256 of --model, hex
   std::string miss_path;     // "device" or "host"
+  std::string arena_policy;  // "lfu" or "lru"
 };
 
 absl::Status ParseArgs(int argc, char** argv, Args* a) {
@@ -99,7 +103,7 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
                        argc, argv,
                        {"model", "store", "residency", "listen", "backend", "vram-expert-budget", "metrics-listen",
                         "max-sequences", "max-batch-tokens", "ctx", "kv-budget-tokens", "threads", "admission-wait-ms",
-                        "pin-experts", "vram-prefetch", "vram-arena", "miss-path", "verify-model"},
+                        "pin-experts", "vram-prefetch", "vram-arena", "miss-path", "arena-policy", "verify-model"},
                        {}));
   a->model = f.String("model");
   a->store = f.String("store");
@@ -125,6 +129,7 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
                    f.OneOf("vram-arena", !a->store.empty() && a->backend == "cuda" ? "residency" : "compute",
                            {"residency", "compute"}));
   ASSIGN_OR_RETURN(a->miss_path, f.OneOf("miss-path", "host", {"device", "host"}));
+  ASSIGN_OR_RETURN(a->arena_policy, f.OneOf("arena-policy", "lfu", {"lfu", "lru"}));
   // Before the first CUDA call: the device path needs every kernel loaded when the context is
   // made (services/compute/cuda/stream_memops.h, KernelsLoadLazily).
   if (a->miss_path == "device") setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/1);
@@ -197,6 +202,7 @@ absl::Status Main(const Args& a) {
   bo_engine.pin_host_experts = a.pin_experts;
   bo_engine.vram_prefetch = a.vram_prefetch;
   bo_engine.device_misses = a.miss_path == "device";
+  bo_engine.arena_policy = a.arena_policy;
   if (store) {
     systemd::NotifyStatus(absl::StrCat("waiting for mer-residency instance ", a.residency));
     ResidencyExpertSourceOptions so;

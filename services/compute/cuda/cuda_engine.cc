@@ -503,11 +503,12 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
     so.reserve_slots = reserve_slots;
     so.device = o.device;
     so.debug = std::getenv("MER_CUDA_DEBUG") != nullptr;
+    so.policy = o.arena_policy;
     ASSIGN_OR_RETURN(m.miss_service,
                      cuda::VramMissService::Create(*m.residency_vram, so, m.record_ring, m.ring_capacity,
                                                    m.record_bytes, m.slot_table, m.gates));
-    std::fprintf(stderr, "cuda: misses decided on the device (%d slots, %d reserved for placements)\n", m.n_slots,
-                 reserve_slots);
+    std::fprintf(stderr, "cuda: misses decided on the device (%d slots, %d reserved for placements; %s)\n", m.n_slots,
+                 reserve_slots, o.arena_policy == cuda::ArenaPolicy::kLfu ? "lfu" : "lru");
   }
   std::fill(m.host_slot_table, m.host_slot_table + m.total_experts, -1);
   CUDA_CHECK(cudaMemcpyAsync(m.slot_table, m.host_slot_table, m.total_experts * 4, cudaMemcpyHostToDevice, m.stream));

@@ -37,6 +37,7 @@
 #include "common/model/expert_source.h"
 #include "common/model/model_weights.h"
 #include "services/compute/backend.h"
+#include "services/compute/cuda/published_experts.h"
 #include "services/compute/vram_residency.h"
 
 namespace mer {
@@ -84,6 +85,8 @@ struct CudaEngineOptions {
   // false, the host reads each layer's routing and serves its misses. Off by default until it has
   // run the daemons on the 30B geometry (docs/cuda.md says what was checked).
   bool device_misses = false;
+  // With device_misses: which published experts make room for a layer's misses (published_experts.h).
+  cuda::ArenaPolicy arena_policy = cuda::ArenaPolicy::kLfu;
 };
 
 class CudaEngine final : public ComputeBackend {

@@ -6,17 +6,26 @@
 
 namespace mer::cuda {
 
-PublishedExperts::PublishedExperts(int n_layer, int n_expert)
+PublishedExperts::PublishedExperts(int n_layer, int n_expert, ArenaPolicy policy, int64_t capacity)
     : n_layer_(n_layer),
       n_expert_(n_expert),
+      policy_(policy),
+      halve_every_(16 * std::max<int64_t>(capacity > 0 ? capacity : int64_t(n_layer) * n_expert, 1)),
       table_(int64_t(n_layer) * n_expert, -1),
-      last_use_(int64_t(n_layer) * n_expert, 0) {}
+      last_use_(int64_t(n_layer) * n_expert, 0),
+      uses_(int64_t(n_layer) * n_expert, 0) {}
 
 void PublishedExperts::Used(int layer, const int32_t* experts, int n, uint32_t step) {
   CHECK(layer >= 0 && layer < n_layer_);
   for (int i = 0; i < n; ++i) {
     if (experts[i] < 0 || experts[i] >= n_expert_) continue;  // device data: checked, not trusted
-    last_use_[Key(layer, experts[i])] = step;
+    const int64_t key = Key(layer, experts[i]);
+    last_use_[key] = step;
+    if (uses_[key] < UINT32_MAX) ++uses_[key];
+    if (++uses_since_halving_ >= halve_every_) {
+      for (uint32_t& u : uses_) u >>= 1;
+      uses_since_halving_ = 0;
+    }
   }
 }
 
@@ -35,9 +44,9 @@ void PublishedExperts::Clear() {
 void PublishedExperts::ChooseRetirees(int n, int keep_layer, const int32_t* keep, int n_keep,
                                       std::vector<int64_t>* out) const {
   if (n <= 0) return;
-  // The n oldest by last use, among the published ones outside `keep`: a bounded max-heap of
-  // (last_use, key) kept in `best` (O(published * log n); retirements are rare next to steps).
-  std::vector<std::pair<uint32_t, int64_t>> best;
+  // The n of lowest rank, among the published ones outside `keep`: a bounded max-heap of
+  // (rank, key) kept in `best` (O(published * log n); retirements are rare next to steps).
+  std::vector<std::pair<uint64_t, int64_t>> best;
   best.reserve(n + 1);
   const int64_t keep_base = Key(keep_layer, 0);
   for (int64_t k = 0; k < static_cast<int64_t>(table_.size()); ++k) {
@@ -45,7 +54,7 @@ void PublishedExperts::ChooseRetirees(int n, int keep_layer, const int32_t* keep
     if (k >= keep_base && k < keep_base + n_expert_ &&
         std::find(keep, keep + n_keep, static_cast<int32_t>(k - keep_base)) != keep + n_keep)
       continue;
-    const std::pair<uint32_t, int64_t> c{last_use_[k], k};
+    const std::pair<uint64_t, int64_t> c{Rank(k), k};
     if (static_cast<int>(best.size()) < n) {
       best.push_back(c);
       std::push_heap(best.begin(), best.end());

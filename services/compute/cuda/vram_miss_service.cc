@@ -38,7 +38,7 @@ VramMissService::VramMissService(ResidencyVram& residency, const VramMissService
       reader_(ring, capacity, record_bytes, options.n_layer, options.n_expert, options.k),
       slot_table_(slot_table),
       gates_(gates),
-      published_(options.n_layer, options.n_expert),
+      published_(options.n_layer, options.n_expert, options.policy, options.n_slots),
       attachment_(residency.attachment()) {
   CUDA_CHECK(cudaSetDevice(o_.device));
   CUDA_CHECK(cudaStreamCreateWithFlags(reinterpret_cast<cudaStream_t*>(&stream_), cudaStreamNonBlocking));

@@ -45,7 +45,8 @@ struct VramMissServiceOptions {
   // Unpinned slots kept beyond a layer's misses (mer-residency's VRAM prefetches land there).
   int reserve_slots = 0;
   int device = 0;
-  bool debug = false;  // log every layer it serves (MER_CUDA_DEBUG)
+  bool debug = false;                      // log every layer it serves (MER_CUDA_DEBUG)
+  ArenaPolicy policy = ArenaPolicy::kLfu;  // the retirement order
 };
 
 struct VramMissServiceStats {

@@ -11,8 +11,8 @@
 namespace mer::cuda {
 namespace {
 
-TEST(PublishedExperts, RetiresTheLeastRecentlyUsedOutsideTheWaitingLayer) {
-  PublishedExperts p(3, 8);
+TEST(PublishedExperts, LruRetiresTheLeastRecentlyUsedOutsideTheWaitingLayer) {
+  PublishedExperts p(3, 8, ArenaPolicy::kLru);
   for (int l = 0; l < 3; ++l)
     for (int e = 0; e < 4; ++e) p.Publish(l, e, l * 4 + e);
   EXPECT_EQ(p.published(), 12);
@@ -38,6 +38,38 @@ TEST(PublishedExperts, RetiresTheLeastRecentlyUsedOutsideTheWaitingLayer) {
   out.clear();
   p.ChooseRetirees(5, 0, nullptr, 0, &out);
   EXPECT_TRUE(out.empty());
+}
+
+TEST(PublishedExperts, LfuRetiresTheLeastOftenUsedThenTheLeastRecentlyUsed) {
+  PublishedExperts p(2, 8, ArenaPolicy::kLfu, /*capacity=*/64);
+  for (int e = 0; e < 5; ++e) p.Publish(0, e, e);
+  const int32_t hot[] = {0}, warm[] = {1, 2}, late[] = {2, 4};
+  for (uint32_t step = 1; step <= 5; ++step) p.Used(0, hot, 1, step);
+  p.Used(0, warm, 2, 6);
+  p.Used(0, late, 2, 7);
+  // Counts: expert 0 five (last used at step 5), 2 two, 1 and 4 one (steps 6 and 7), 3 none.
+  std::vector<int64_t> out;
+  p.ChooseRetirees(4, 1, nullptr, 0, &out);
+  EXPECT_EQ(out, (std::vector<int64_t>{3, 1, 4, 2}));
+  // Keeping the waiting layer's experts: layer 0's 3 and 1 stay; expert 0, used most, goes last.
+  out.clear();
+  const int32_t keep[] = {3, 1};
+  p.ChooseRetirees(4, 0, keep, 2, &out);
+  EXPECT_EQ(out, (std::vector<int64_t>{4, 2, 0}));
+  // An expert that is not published keeps its count: published again, it resumes it.
+  p.Unpublish(0, 0);
+  EXPECT_EQ(p.uses(0, 0), 5u);
+  EXPECT_EQ(p.uses(1, 0), 0u);
+}
+
+TEST(PublishedExperts, LfuHalvesEveryCountEvery16TimesCapacityUses) {
+  PublishedExperts p(1, 4, ArenaPolicy::kLfu, /*capacity=*/1);  // halves every 16 uses
+  const int32_t a[] = {0}, b[] = {1};
+  for (uint32_t step = 1; step <= 6; ++step) p.Used(0, b, 1, step);
+  for (uint32_t step = 7; step <= 20; ++step) p.Used(0, a, 1, step);
+  // The 16th use (expert 0's tenth) halved 6 -> 3 and 10 -> 5; four more uses of expert 0 since.
+  EXPECT_EQ(p.uses(0, 1), 3u);
+  EXPECT_EQ(p.uses(0, 0), 9u);
 }
 
 // Writes a record the way miss_post.cu does: the lists, the header, then `ready`.
