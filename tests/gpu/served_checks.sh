@@ -12,6 +12,13 @@
 #               DecodeGreedy), and the three daemons with one stream (tests/gpu/batch_bench.sh
 #               STREAMS=1) for each of MISS_PATHS (mer-compute --miss-path; CUDA_DEBUG=1 logs
 #               the device path's layers): decode tokens/s, host syncs per token, side by side;
+#   served:     the same store through the three daemons, one stream, for each of SERVED_RUNS
+#               ("VRAM:RAM:MISS_PATH:ARENA_POLICY:RAM_POLICY" each, e.g. 25%:25%:device:lfu:lfu for
+#               a quarter of the experts in VRAM, another quarter in RAM and the rest read from
+#               the store): decode tokens/s, hit rates, disk MiB per generated token;
+#   faults:     tests/integration/system_integration_test.sh with mer-compute on the GPU
+#               (FAULT_COMPUTE_FLAGS): streams, invalid requests, cancels, SIGKILL of
+#               mer-residency and of mer-compute mid-stream, against the CPU reference's ids;
 #   cpu:        expert_cpu_bench (one missed expert on the host's cores, 1-16 threads) and
 #               miss_path_bench (the same expert over PCIe beside the CPU path);
 #   batch:      tests/gpu/batch_bench.sh with 64 streams, every expert in VRAM.
@@ -28,6 +35,8 @@ SKEW=${SKEW:-0.675}
 STORE=${STORE:-/tmp/mer-30b-q8_0-skew$SKEW.store}
 BUDGETS=${BUDGETS:-"100%"}
 MISS_PATHS=${MISS_PATHS:-"host"}
+SERVED_RUNS=${SERVED_RUNS:-"25%:100%:device:lfu:lfu 25%:25%:device:lfu:lfu"}
+FAULT_COMPUTE_FLAGS=${FAULT_COMPUTE_FLAGS:-"--backend cuda --vram-expert-budget 50% --miss-path device"}
 ONE_PROCESS=${ONE_PROCESS:-1}  # 0: skip the one-process mer bench of the bench step
 DEADLINE=${DEADLINE:-560}
 START=$(date +%s)
@@ -77,7 +86,7 @@ if has_step geometries; then
   grep -E '^FAIL|refused|served geometries' "$OUT/geometries.log" | head -30 | tee -a "$summary"
 fi
 
-if has_step bench || has_step batch; then
+if has_step bench || has_step batch || has_step served; then
   if [ ! -s "$STORE/manifest" ]; then
     t0=$SECONDS
     timeout "$(left 300)" "$BUNDLE/run" mer synth --preset qwen3-30b-a3b --quant q8_0 --router-skew "$SKEW" \
@@ -109,6 +118,33 @@ if has_step bench; then
       note "served, 1 stream, VRAM $b, miss path $mp: $(grep -E '^(warm-up|throughput|itl)' "$OUT/served_${b}_$mp/summary.txt" | tr '\n' ' ')"
       grep -E 'host syncs|VRAM hit|FAILED|^residency' "$OUT/served_${b}_$mp/summary.txt" | tee -a "$summary"
     done
+  done
+fi
+
+if has_step served; then
+  for run in $SERVED_RUNS; do
+    IFS=: read -r v r mp ap rp <<< "$run"
+    d="$OUT/served_${v}_${r}_${mp}_${ap}_${rp}"
+    OUT="$d" STORE="$STORE" STREAMS=1 REQUESTS=3 VRAM_BUDGET="$v" RAM_BUDGET="$r" POLICY="$rp" \
+      EXTRA_COMPUTE_FLAGS="--miss-path $mp --arena-policy $ap" DEADLINE=$(left 200) timeout "$(left 210)" \
+      bash "$here/batch_bench.sh" > /dev/null 2>&1
+    note "served, 1 stream, VRAM $v, RAM $r ($rp), miss path $mp (arena $ap):" \
+         "$(grep -E '^(throughput|itl)' "$d/summary.txt" | tr '\n' ' ')"
+    grep -E 'host syncs|VRAM hit|FAILED|^residency' "$d/summary.txt" | tee -a "$summary"
+  done
+fi
+
+if has_step faults; then
+  # FAULT_COMPUTE_FLAGS: runs separated by ';', each a set of mer-compute flags.
+  IFS=';' read -r -a fault_runs <<< "$FAULT_COMPUTE_FLAGS"
+  for k in "${!fault_runs[@]}"; do
+    t0=$SECONDS
+    COMPUTE_FLAGS="${fault_runs[$k]}" KEEP_LOGS_DIR="$OUT/faults_$k" timeout "$(left 300)" "$BUNDLE/run" bash \
+      "$here/../integration/system_integration_test.sh" "$BUNDLE/bin/mer" "$BUNDLE/bin/mer-residency" \
+      "$BUNDLE/bin/mer-compute" "$BUNDLE/bin/mer-gateway" > "$OUT/faults_$k.log" 2>&1
+    note "system_integration_test with mer-compute ${fault_runs[$k]}: rc=$? in $((SECONDS - t0)) s"
+    grep -E 'FAIL|SIGKILL|residency killed|all passed' "$OUT/faults_$k.log" | head -20 | tee -a "$summary"
+    grep -hiE 'check failed|abort|terminate|fatal|error|cuda: |segfault' "$OUT/faults_$k"/c*.log 2>/dev/null | head -20 | tee -a "$summary"
   done
 fi
 

@@ -18,6 +18,9 @@
 #     and removes its socket; under a fake $NOTIFY_SOCKET both send READY=1, watchdog pings and
 #     STOPPING=1.
 # Every command runs under a timeout; processes and /dev/shm segments are always cleaned up.
+# COMPUTE_FLAGS adds mer-compute flags (tests/gpu/served_checks.sh runs the test on the GPU with
+# "--backend cuda --vram-expert-budget 50% --miss-path device": the same ids as the CPU reference).
+# KEEP_LOGS_DIR keeps the daemons' logs.
 set -u
 MER=$1
 RES=$2
@@ -33,6 +36,8 @@ cleanup() {
   sleep 0.2
   for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
   rm -f /dev/shm/${TAG}* 2>/dev/null
+  # KEEP_LOGS_DIR: the daemons' logs are copied there first (tests/gpu/served_checks.sh).
+  [ -n "${KEEP_LOGS_DIR:-}" ] && mkdir -p "$KEEP_LOGS_DIR" && cp "$WORK"/*.log "$KEEP_LOGS_DIR"/ 2>/dev/null
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -47,7 +52,7 @@ start_residency() {
 }
 start_compute() {
   ( exec "$COMP" --store "$WORK/store" --residency "$TAG" --listen "unix:$WORK/compute.sock" \
-      --max-sequences 8 --max-batch-tokens 64 --ctx 4096 --threads 2 >"$1" 2>&1 ) &
+      --max-sequences 8 --max-batch-tokens 64 --ctx 4096 --threads 2 ${COMPUTE_FLAGS:-} >"$1" 2>&1 ) &
   CPID=$!; PIDS+=("$CPID")
   wait_log "$1" "ready" "$CPID"
 }
