@@ -73,11 +73,11 @@ next layer's predicted experts are uploaded ahead of demand unless --vram-prefet
 mer-residency over CUDA IPC and filled by it (--vram-arena residency: mer-residency uploads
 from its RAM tier, evicts and prefetches into VRAM); --vram-arena compute keeps the arena's
 uploads in this process, from its own mapping of the RAM tier. An arena that holds every expert
-is filled once at start and never exported. Over CUDA IPC the host reads each layer's routing and
-serves its misses (--miss-path host, the default); --miss-path device has the device decide each
-layer's hits and misses and wait for its misses on the device (no host round trip per layer;
-where the arena has room for a layer's experts; it loads every CUDA kernel at start,
-CUDA_MODULE_LOADING=EAGER; docs/cuda.md says how far it has been checked); there --arena-policy
+is filled once at start and never exported. Over CUDA IPC the device decides each layer's hits
+and misses and waits for its misses on the device, with no host round trip per layer
+(--miss-path device, the default, where the arena has room for a layer's experts beside 2 x
+top-k slots; it loads every CUDA kernel at start, CUDA_MODULE_LOADING=EAGER); --miss-path host
+has the host read each layer's routing and serve its misses. On the device path --arena-policy
 picks which published experts make room for a layer's misses: the least frequently used with
 ageing (lfu, the default) or the least recently used (lru). Prometheus metrics are served on http://HOST:PORT/metrics (default
 127.0.0.1:0: a free port, printed on stderr as "metrics: http://127.0.0.1:PORT/metrics"); off
@@ -128,11 +128,11 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
   ASSIGN_OR_RETURN(a->vram_arena,
                    f.OneOf("vram-arena", !a->store.empty() && a->backend == "cuda" ? "residency" : "compute",
                            {"residency", "compute"}));
-  ASSIGN_OR_RETURN(a->miss_path, f.OneOf("miss-path", "host", {"device", "host"}));
+  ASSIGN_OR_RETURN(a->miss_path, f.OneOf("miss-path", "device", {"device", "host"}));
   ASSIGN_OR_RETURN(a->arena_policy, f.OneOf("arena-policy", "lfu", {"lfu", "lru"}));
   // Before the first CUDA call: the device path needs every kernel loaded when the context is
   // made (services/compute/cuda/stream_memops.h, KernelsLoadLazily).
-  if (a->miss_path == "device") setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/1);
+  if (a->backend == "cuda" && a->miss_path == "device") setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/1);
   if (a->vram_arena == "residency" && (a->store.empty() || a->backend != "cuda"))
     return absl::InvalidArgumentError("--vram-arena residency needs --backend cuda and --store/--residency");
   if (a->model.empty() == a->store.empty())

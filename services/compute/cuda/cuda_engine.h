@@ -82,8 +82,8 @@ struct CudaEngineOptions {
   // on the device (a miss service thread has mer-residency place them), so no host thread blocks
   // between layers and steps run as graphs (docs/cuda.md, "Misses decided on the device"). Needs
   // an arena of at least n_expert + 2 * top-k slots and stream memory operations; otherwise, or
-  // false, the host reads each layer's routing and serves its misses. Off by default until it has
-  // run the daemons on the 30B geometry (docs/cuda.md says what was checked).
+  // false, the host reads each layer's routing and serves its misses. mer-compute turns it on
+  // unless --miss-path host.
   bool device_misses = false;
   // With device_misses: which published experts make room for a layer's misses (published_experts.h).
   cuda::ArenaPolicy arena_policy = cuda::ArenaPolicy::kLfu;

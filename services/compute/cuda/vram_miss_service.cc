@@ -182,12 +182,24 @@ void VramMissService::Serve(const RoutingRecord& r) {
     std::fill(place_row_.begin(), place_row_.end(), -1);
     absl::StatusOr<int> demanded = residency_.Place(layer, missing_, place_row_.data(), stream_);
     if (residency_.attachment() != attachment_) {
-      // A new mer-residency: what was pinned in the old one is void. Forget it all (every other
-      // expert misses again), then publish what was just placed in the new one.
+      // A new mer-residency: what was pinned in the old one is void, and the new one may fill any
+      // slot. Forget it all (every other expert misses again) and publish what is placed in the
+      // new one: this layer's misses and also its hits, which the device decided on the old table
+      // and reads after the gate from the row uploaded below.
       attachment_ = residency_.attachment();
       published_.Clear();
       placed_rows_.clear();
       for (int l = 0; l < o_.n_layer; ++l) placed_rows_.push_back(l);
+      const size_t n_missing = missing_.size();
+      for (int32_t e : r.used)
+        if (e >= 0 && e < o_.n_expert &&
+            std::find(missing_.begin(), missing_.begin() + n_missing, e) == missing_.begin() + n_missing)
+          missing_.push_back(e);
+      if (demanded.ok() && missing_.size() > n_missing) {
+        const absl::StatusOr<int> hits =
+            residency_.Place(layer, absl::MakeConstSpan(missing_).subspan(n_missing), place_row_.data(), stream_);
+        demanded = hits.ok() ? absl::StatusOr<int>(*demanded + *hits) : hits.status();
+      }
     }
     if (demanded.ok()) {
       for (int32_t e : missing_) published_.Publish(layer, e, place_row_[e]);
