@@ -117,6 +117,7 @@ bool ResidencyClient::PinOne(uint32_t layer, uint32_t expert, Pool pool, uint64_
   out->slot = slot;
   out->generation = s->generation;
   out->vram_fill = pool == Pool::kVram ? s->vram_fill : 0;
+  out->converted = pool == Pool::kVram && (s->tiers & kTierVramConverted) != 0;
   out->bytes = pool == Pool::kRam ? absl::Span<const uint8_t>(segment_->ram_slot(slot)) : absl::Span<const uint8_t>();
   return true;
 }
@@ -321,25 +322,25 @@ ResidencyEndpoint::ResidencyEndpoint(ShmSegment* segment)
 }
 
 uint64_t ResidencyEndpoint::PublishResident(uint32_t layer, uint32_t expert, uint32_t ram_slot, uint32_t vram_slot,
-                                            uint64_t vram_fill) {
+                                            uint64_t vram_fill, bool ram_device_layout, bool vram_converted) {
   uint32_t tiers = kTierNvme;
-  if (ram_slot != kNoSlot) tiers |= kTierRam;
-  if (vram_slot != kNoSlot) tiers |= kTierVram;
+  if (ram_slot != kNoSlot) tiers |= ram_device_layout ? kTierRamDevice : kTierRam;
+  if (vram_slot != kNoSlot) tiers |= kTierVram | (vram_converted ? kTierVramConverted : 0u);
   return table_.Write(layer, expert, tiers, ram_slot, vram_slot, 0, vram_slot != kNoSlot ? vram_fill : 0);
 }
 
 uint64_t ResidencyEndpoint::EvictRam(uint32_t layer, uint32_t expert) {
   const std::optional<EntryState> s = table_.Read(layer, expert);
-  const uint32_t vram = s.has_value() && s->in(Pool::kVram) ? s->vram_slot : kNoSlot;
-  const uint32_t tiers = kTierNvme | (vram != kNoSlot ? kTierVram : 0u);
-  return table_.Write(layer, expert, tiers, kNoSlot, vram, 0, vram != kNoSlot ? s->vram_fill : 0);
+  const bool vram = s.has_value() && s->in(Pool::kVram);
+  const uint32_t tiers = kTierNvme | (vram ? s->tiers & (kTierVram | kTierVramConverted) : 0u);
+  return table_.Write(layer, expert, tiers, kNoSlot, vram ? s->vram_slot : kNoSlot, 0, vram ? s->vram_fill : 0);
 }
 
 uint64_t ResidencyEndpoint::EvictVram(uint32_t layer, uint32_t expert) {
   const std::optional<EntryState> s = table_.Read(layer, expert);
-  const uint32_t ram = s.has_value() && s->in(Pool::kRam) ? s->ram_slot : kNoSlot;
-  const uint32_t tiers = kTierNvme | (ram != kNoSlot ? kTierRam : 0u);
-  return table_.Write(layer, expert, tiers, ram, kNoSlot);
+  const uint32_t ram_bits = s.has_value() ? s->tiers & (kTierRam | kTierRamDevice) : 0u;
+  const uint32_t tiers = kTierNvme | ram_bits;
+  return table_.Write(layer, expert, tiers, ram_bits != 0 ? s->ram_slot : kNoSlot, kNoSlot);
 }
 
 uint64_t ResidencyEndpoint::PublishFailed(uint32_t layer, uint32_t expert, absl::StatusCode code) {

@@ -53,6 +53,7 @@ struct PinnedExpert {
   uint32_t slot = kNoSlot;
   uint64_t generation = 0;
   uint64_t vram_fill = 0;           // VRAM: the upload that filled the slot (ResidencyEntry)
+  bool converted = false;           // VRAM: that fill is in the device layout already (kTierVramConverted)
   absl::Span<const uint8_t> bytes;  // the RAM slot (empty for VRAM: the arena is compute's)
 };
 
@@ -159,8 +160,10 @@ class ResidencyEndpoint {
 
   // Publishes (layer, expert) resident in RAM slot `ram_slot` (and/or VRAM), then returns the new
   // generation to put in the Completion. The slot's bytes must be complete before this call.
+  // `ram_device_layout`: the RAM slot holds the arena's device layout (kTierRamDevice);
+  // `vram_converted`: the VRAM fill was copied from such a slot (kTierVramConverted).
   uint64_t PublishResident(uint32_t layer, uint32_t expert, uint32_t ram_slot, uint32_t vram_slot = kNoSlot,
-                           uint64_t vram_fill = 0);
+                           uint64_t vram_fill = 0, bool ram_device_layout = false, bool vram_converted = false);
   // Removes (layer, expert) from the RAM tier (R1-R2): the slot becomes reusable once
   // SlotReusable says so.
   uint64_t EvictRam(uint32_t layer, uint32_t expert);

@@ -28,7 +28,7 @@ namespace mer::shm {
 
 // "merSHM01" read as a little-endian uint64.
 inline constexpr uint64_t kMagic = 0x31304D485372656DULL;
-inline constexpr uint32_t kProtocolVersion = 2;
+inline constexpr uint32_t kProtocolVersion = 3;
 
 inline constexpr uint32_t kCacheLine = 64;
 inline constexpr uint32_t kPageBytes = 4096;  // RAM slot size and pool alignment (O_DIRECT)
@@ -172,6 +172,13 @@ enum TierBits : uint32_t {
   kTierVram = 1u << 2,     // bytes valid in VRAM slot `vram_slot`
   kTierLoading = 1u << 3,  // a load is in progress
   kTierFailed = 1u << 4,   // the last load failed with absl::StatusCode `error`
+  // RAM slot `ram_slot` holds the expert in the VRAM arena's device layout (demoted from VRAM
+  // with exclusive tiers), not its blob: only a copy back into the arena reads it. kTierRam is
+  // clear then, so compute never takes it for a blob.
+  kTierRamDevice = 1u << 5,
+  // The fill in `vram_slot` was copied from such a RAM slot: it is in the device layout already
+  // and compute does not convert it.
+  kTierVramConverted = 1u << 6,
 };
 
 struct alignas(kCacheLine) ResidencyEntry {

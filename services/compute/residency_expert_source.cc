@@ -176,7 +176,8 @@ absl::StatusOr<int> ResidencyExpertSource::AcquireVramInto(int layer, absl::Span
                                               " outside the arena of ", converted_fill_.size()));
     }
     out[i].slot = static_cast<int32_t>(p.slot);
-    out[i].fresh = converted_fill_[p.slot] != p.vram_fill;
+    // A fill copied from a demoted RAM copy is in the device layout already (kTierVramConverted).
+    out[i].fresh = converted_fill_[p.slot] != p.vram_fill && !p.converted;
     converted_fill_[p.slot] = p.vram_fill;
   }
   ++layers_;

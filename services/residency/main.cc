@@ -27,6 +27,7 @@ namespace {
 constexpr char kHelp[] =
     R"(usage: mer-residency --store STORE_DIR --instance NAME --ram-budget BYTES|PERCENT%
                      [--io auto|uring|pread] [--policy lru|lfu|arc] [--prefetch] [--warm]
+                     [--tiers auto|exclusive|inclusive]
                      [--check-invariants]
                      [--io-inflight N] [--prefetch-inflight N] [--stats-interval SECONDS]
                      [--take-over] [--metrics-listen HOST:PORT|off] [--pin auto|off]
@@ -45,7 +46,10 @@ the CUDA runtime are present (uploads to VRAM then run at the pinned rate); the 
 it was. When mer-compute exports its VRAM expert arena over CUDA IPC (--vram-arena residency,
 its default with --backend cuda), this daemon fills it: uploads from the RAM tier on demand and
 for confident predictions, evicting only unpinned slots (a build without CUDA refuses the arena,
-saying so). Under systemd (Type=notify) it reports READY once serving and pings WatchdogSec= while
+saying so). --tiers: with exclusive tiers the RAM tier holds what the arena does not (an expert's
+RAM copy goes once it is in VRAM; an expert evicted from VRAM is copied back into RAM), so the
+two budgets add up; inclusive keeps every arena resident's RAM copy too; auto (the default) is
+exclusive while the RAM tier cannot hold every expert. Under systemd (Type=notify) it reports READY once serving and pings WatchdogSec= while
 its loop turns. Counters go to stderr at exit and,
 with --stats-interval, periodically. Prometheus metrics (docs/metrics.md) are served on
 http://HOST:PORT/metrics (default 127.0.0.1:0: a free port, printed on stderr as
@@ -56,7 +60,7 @@ what fired is printed at exit.
 )";
 
 struct Args {
-  std::string store, instance, budget, io = "auto", policy = "lru";
+  std::string store, instance, budget, io = "auto", policy = "lru", tiers = "auto";
   std::string metrics_listen = "127.0.0.1:0";
   std::string pin = "auto";
   std::string io_faults;
@@ -68,14 +72,15 @@ struct Args {
 absl::Status ParseArgs(int argc, char** argv, Args* a) {
   ASSIGN_OR_RETURN(const mer::Flags f,
                    mer::Flags::ParseMain(argc, argv,
-                                         {"store", "instance", "ram-budget", "io", "policy", "metrics-listen", "pin",
-                                          "io-inflight", "prefetch-inflight", "stats-interval", "io-faults"},
+                                         {"store", "instance", "ram-budget", "io", "policy", "tiers", "metrics-listen",
+                                          "pin", "io-inflight", "prefetch-inflight", "stats-interval", "io-faults"},
                                          {"prefetch", "take-over", "warm", "check-invariants"}));
   a->store = f.String("store");
   a->instance = f.String("instance");
   a->budget = f.String("ram-budget");
   a->io = f.String("io", a->io);
   a->policy = f.String("policy", a->policy);
+  ASSIGN_OR_RETURN(a->tiers, f.OneOf("tiers", a->tiers, {"auto", "exclusive", "inclusive"}));
   a->metrics_listen = f.String("metrics-listen", a->metrics_listen);
   ASSIGN_OR_RETURN(a->pin, f.OneOf("pin", a->pin, {"auto", "off"}));
   a->prefetch = f.Has("prefetch");
@@ -122,6 +127,7 @@ absl::Status Main(const Args& a) {
   const uint64_t total = uint64_t(store->n_layer()) * store->n_expert() * store->blob_bytes();
   ASSIGN_OR_RETURN(o.ram_budget_bytes, ParseBudget(a.budget, total));
   o.policy = a.policy;
+  o.tiers = a.tiers;
   o.prefetch = a.prefetch;
   o.warm = a.warm;
   o.check_invariants = a.check_invariants;
@@ -155,13 +161,14 @@ absl::Status Main(const Args& a) {
                    ResidencyDaemon::Create(*store, segment.get(), std::move(engine.engine), store->experts_fd(), o));
   std::fprintf(stderr,
                "mer-residency: instance %s, store %s: %d layers x %d experts of %llu bytes; "
-               "RAM tier %u slots (%.1f MiB), io %s%s%s, %s, policy %s%s\n",
+               "RAM tier %u slots (%.1f MiB), io %s%s%s, %s, policy %s%s, %s tiers\n",
                a.instance.c_str(), a.store.c_str(), store->n_layer(), store->n_expert(),
                static_cast<unsigned long long>(store->blob_bytes()), daemon->ram_slots(),
                daemon->ram_slots() * double(store->blob_bytes()) / (1 << 20), daemon->io().name().c_str(),
                engine.fallback_reason.empty() ? "" : " (io_uring unavailable: ",
                engine.fallback_reason.empty() ? "" : (engine.fallback_reason + ")").c_str(),
-               store->direct_io() ? "O_DIRECT" : "buffered", o.policy.c_str(), o.prefetch ? ", prefetch" : "");
+               store->direct_io() ? "O_DIRECT" : "buffered", o.policy.c_str(), o.prefetch ? ", prefetch" : "",
+               daemon->exclusive_tiers() ? "exclusive" : "inclusive");
   std::optional<HostPinning> pinning;
   if (a.pin == "auto" && daemon->ram_slots() > 0) {
     pinning.emplace(HostPinning::Register(segment->ram_slot(0).data(),

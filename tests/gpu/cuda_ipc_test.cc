@@ -2,7 +2,8 @@
 // process (`mer-compute --backend cuda --store DIR --residency NAME`, --vram-arena residency; CUDA
 // IPC does not work within one process, so the daemon is the mer-residency binary, started here).
 // A synthetic model is packed into an expert store; mer-residency serves it with a RAM tier of
-// 10% of the experts; CudaEngine runs over the store's dense weights with
+// 10% of the experts (exclusive tiers: experts evicted from VRAM come back into RAM in the device
+// layout and are uploaded from there again); CudaEngine runs over the store's dense weights with
 // CudaEngineOptions::vram_residency set, with an arena of every expert (filled at Create, not
 // exported), of 50% (exported, misses decided on the device) and of 10% (exported, misses served
 // by the host; mer-residency evicts there, never a pinned slot). On a corpus
@@ -208,13 +209,17 @@ TEST_P(CudaIpcArena, GreedyIdsEqualTheCpuReference) {
                 imports = Counter(log, "vram_arena_imports"), refused = Counter(log, "vram_refused");
   std::printf(
       "[%s] mer-residency exit %d: vram_arena_imports %lld, vram_uploads %lld, vram_evictions %lld, "
-      "vram_refused %lld, checksum_failures %lld\n",
+      "vram_refused %lld, checksum_failures %lld, vram_demotions %lld, reads %lld\n",
       tc.name.c_str(), rc, (long long)imports, (long long)uploads, (long long)evictions, (long long)refused,
-      (long long)Counter(log, "checksum_failures"));
+      (long long)Counter(log, "checksum_failures"), (long long)Counter(log, "vram_demotions"),
+      (long long)Counter(log, "reads"));
   EXPECT_EQ(rc, 0) << log;
   EXPECT_EQ(imports, 2) << log;             // one arena per engine that exports one (not the full one)
   EXPECT_GE(uploads, total_misses) << log;  // the host-served arena's misses at least
   EXPECT_GT(evictions, 0) << log;           // the 10% arena really was smaller than the model
+  // A RAM tier of 10% makes the tiers exclusive: experts evicted from VRAM went back into RAM in
+  // the device layout, and the ids above were computed from them too.
+  EXPECT_GT(Counter(log, "vram_demotions"), 0) << log;
   EXPECT_EQ(refused, 0) << log;
   EXPECT_EQ(Counter(log, "checksum_failures"), 0) << log;
 }

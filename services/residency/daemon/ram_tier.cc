@@ -23,6 +23,8 @@ RamTier::RamTier(TierContext& ctx, IoEngine& io, int experts_fd, const Residency
       fd_(experts_fd),
       options_(options),
       n_slots_(ctx.segment->header().ram_slot_count),
+      exclusive_(options.tiers == "exclusive" ||
+                 (options.tiers == "auto" && uint64_t{n_slots_} < uint64_t{ctx.n_layer} * ctx.n_expert)),
       policy_(std::move(policy)),
       experts_(size_t{ctx.n_layer} * ctx.n_expert),
       slot_owner_(n_slots_, kFreeOwner),
@@ -47,7 +49,9 @@ void RamTier::HandleDemand(const shm::DemandRequest& d, int64_t now_ns) {
   ResidencyCounters& c = ctx_.c;
   const uint32_t i = ctx_.Index(d.layer, d.expert);
   RamExpert& e = experts_[i];
-  if (e.state == RamState::kResident) {
+  // A device-layout copy is no blob: a RAM demand reads the blob again.
+  if (e.state == RamState::kResident && e.device_layout && !e.copying) Evict(i);
+  if (e.state == RamState::kResident && !e.device_layout) {
     const uint64_t generation = ctx_.ResidentGeneration(i, shm::Pool::kRam, e.slot);
     ++c.hits;
     const ExpertKey key = PackExpertKey(d.layer, d.expert);
@@ -66,7 +70,9 @@ void RamTier::HandleDemand(const shm::DemandRequest& d, int64_t now_ns) {
   }
   e.waiters.push_back(d);
   e.waiter_arrival_ns.push_back(now_ns);
-  if (e.state == RamState::kLoading || e.state == RamState::kQueued) {
+  // Loading, queued, or a device copy on its way or being read into VRAM: FinishLoad,
+  // FinishDemotion or the copy's end answers it (the latter two by queueing a read).
+  if (e.state != RamState::kAbsent) {
     ++c.coalesced;
     return;
   }
@@ -118,22 +124,85 @@ std::optional<uint32_t> RamTier::AllocateSlot(ExpertKey incoming, bool for_prefe
         for_prefetch ? kNoKey : incoming);
     if (!victim.has_value()) return std::nullopt;
     const uint32_t vi = ctx_.Index(KeyLayer(*victim), KeyExpert(*victim));
-    RamExpert& v = experts_[vi];
-    const uint32_t k = v.slot;
-    ctx_.ep.EvictRam(KeyLayer(*victim), KeyExpert(*victim));  // R1 (and R2)
-    policy_->Remove(*victim);
+    const uint32_t k = experts_[vi].slot;
     ++c.evictions;
-    // The hits compute made since the last sync still count, and tell whether a prefetch was used.
-    const bool hit_since_sync = TakeComputeHits(vi) > 0;
-    if (v.prefetched) ++(hit_since_sync ? c.prefetch_useful : c.prefetch_wasted);
-    v.prefetched = false;
-    v.slot = shm::kNoSlot;
-    v.state = RamState::kAbsent;
-    slot_owner_[k] = kFreeOwner;
-    if (ctx_.ep.SlotReusable(shm::Pool::kRam, k)) return k;  // R3
-    free_slots_.push_back(k);                                // pinned in between: reusable once unpinned
+    if (Evict(vi)) {
+      free_slots_.pop_back();  // Evict listed it; it is this caller's now
+      return k;
+    }
   }
   return std::nullopt;
+}
+
+bool RamTier::Evict(uint32_t index) {
+  ResidencyCounters& c = ctx_.c;
+  RamExpert& v = experts_[index];
+  CHECK(v.state == RamState::kResident && !v.copying);
+  const uint32_t k = v.slot;
+  ctx_.ep.EvictRam(ctx_.LayerOf(index), ctx_.ExpertOf(index));  // R1 (and R2)
+  policy_->Remove(PackExpertKey(ctx_.LayerOf(index), ctx_.ExpertOf(index)));
+  // The hits compute made since the last sync still count, and tell whether a prefetch was used.
+  const bool hit_since_sync = TakeComputeHits(index) > 0;
+  if (v.prefetched) ++(hit_since_sync ? c.prefetch_useful : c.prefetch_wasted);
+  v.prefetched = false;
+  v.device_layout = false;
+  v.slot = shm::kNoSlot;
+  v.state = RamState::kAbsent;
+  slot_owner_[k] = kFreeOwner;
+  free_slots_.push_back(k);
+  return ctx_.ep.SlotReusable(shm::Pool::kRam, k);  // R3
+}
+
+std::optional<uint32_t> RamTier::StartDemotion(uint32_t index) {
+  RamExpert& e = experts_[index];
+  CHECK(exclusive_ && e.state == RamState::kAbsent);
+  const std::optional<uint32_t> slot =
+      AllocateSlot(PackExpertKey(ctx_.LayerOf(index), ctx_.ExpertOf(index)), /*for_prefetch=*/false);
+  if (!slot.has_value()) return std::nullopt;
+  e.slot = *slot;
+  e.state = RamState::kDemoting;
+  slot_owner_[*slot] = index;
+  return slot;
+}
+
+void RamTier::FinishDemotion(uint32_t index, bool ok) {
+  RamExpert& e = experts_[index];
+  CHECK(e.state == RamState::kDemoting);
+  if (!ok) {
+    slot_owner_[e.slot] = kFreeOwner;
+    free_slots_.push_back(e.slot);
+    e.slot = shm::kNoSlot;
+    e.state = RamState::kAbsent;
+  } else {
+    e.state = RamState::kResident;
+    e.device_layout = true;
+    e.hits_seen = ctx_.ep.table().entry(ctx_.LayerOf(index), ctx_.ExpertOf(index)).hits.load(std::memory_order_relaxed);
+    policy_->Admit(PackExpertKey(ctx_.LayerOf(index), ctx_.ExpertOf(index)));
+    ctx_.PublishEntry(index);
+    if (e.waiters.empty()) return;
+    Evict(index);  // RAM demands came meanwhile: they need the blob
+  }
+  if (!e.waiters.empty()) {
+    e.attempts = 0;
+    e.state = RamState::kQueued;
+    queued_.push_back(index);
+  }
+}
+
+void RamTier::DropAfterPromotion(uint32_t index) {
+  RamExpert& e = experts_[index];
+  if (!exclusive_ || e.state != RamState::kResident || e.copying) return;
+  Evict(index);
+  if (!e.waiters.empty()) {  // a RAM demand for a device copy waited for the copy into VRAM
+    e.attempts = 0;
+    e.state = RamState::kQueued;
+    queued_.push_back(index);
+  }
+}
+
+void RamTier::DropDeviceCopies() {
+  for (uint32_t i = 0; i < experts_.size(); ++i)
+    if (experts_[i].state == RamState::kResident && experts_[i].device_layout && !experts_[i].copying) Evict(i);
 }
 
 absl::Status RamTier::SubmitRead(uint32_t index) {
@@ -181,7 +250,7 @@ void RamTier::SyncComputeHits() {
     const uint32_t i = slot_owner_[k];
     if (i == kFreeOwner) continue;
     RamExpert& e = experts_[i];
-    if (e.state == RamState::kLoading) continue;
+    if (e.state == RamState::kLoading || e.state == RamState::kDemoting) continue;
     const uint64_t new_hits = TakeComputeHits(i);
     if (new_hits == 0) continue;
     const shm::ResidencyEntry& entry = ctx_.ep.table().entry(ctx_.LayerOf(i), ctx_.ExpertOf(i));
@@ -378,7 +447,7 @@ void RamTier::Census() {
       ++pinned;
     } else if (owner == kFreeOwner) {
       ++free;
-    } else if (experts_[owner].state == RamState::kLoading) {
+    } else if (experts_[owner].state == RamState::kLoading || experts_[owner].state == RamState::kDemoting) {
       ++loading;
     } else {
       ++resident;
@@ -420,12 +489,15 @@ void RamTier::CheckInvariants() const {
   int64_t queued = 0, resident = 0;
   for (uint32_t i = 0; i < experts_.size(); ++i) {
     const RamExpert& e = experts_[i];
-    const bool has_slot = e.state == RamState::kLoading || e.state == RamState::kResident;
+    const bool has_slot =
+        e.state == RamState::kLoading || e.state == RamState::kResident || e.state == RamState::kDemoting;
     CHECK_MSG(has_slot == (e.slot != shm::kNoSlot), "an expert's slot does not match its state");
     if (has_slot) CHECK_MSG(e.slot < n_slots_ && slot_owner_[e.slot] == i, "an expert's slot is not its own");
     CHECK_MSG(e.waiters.size() == e.waiter_arrival_ns.size(), "waiters and arrival times differ");
-    if (e.state == RamState::kAbsent || e.state == RamState::kResident)
+    if (e.state == RamState::kAbsent || (e.state == RamState::kResident && !e.device_layout))
       CHECK_MSG(e.waiters.empty(), "an expert with no load in progress has waiters");
+    CHECK_MSG(!e.device_layout || (exclusive_ && e.state == RamState::kResident),
+              "a device-layout copy without exclusive tiers, or not resident");
     CHECK_MSG(!e.prefetch_load || e.state == RamState::kLoading, "a prefetch load is not in flight");
     CHECK_MSG(!e.copying || e.state == RamState::kResident, "a copy into VRAM reads a slot not resident");
     const bool in_policy = policy_->Contains(PackExpertKey(ctx_.LayerOf(i), ctx_.ExpertOf(i)));

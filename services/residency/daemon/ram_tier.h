@@ -20,6 +20,13 @@
 // goes from kAbsent to kLoading directly. A resident expert is never evicted while a compute step
 // pins its slot or a copy into VRAM reads it (HoldForCopy).
 //
+// Exclusive tiers (ResidencyOptions::tiers): the RAM tier holds what the VRAM arena does not. An
+// expert's RAM copy goes once a copy of it into VRAM has completed (DropAfterPromotion), and an
+// expert the VRAM tier evicts comes back into a RAM slot (kAbsent -> kDemoting, its copy out of
+// the arena in flight -> kResident), in the arena's device layout: such a copy only ever goes back
+// into the arena (compute's table shows it as kTierRamDevice, never as a blob), and a RAM demand
+// for it reads the blob again.
+//
 // Thread-safety: the loop's thread only.
 #pragma once
 
@@ -44,6 +51,7 @@ enum class RamState : uint8_t {
   kQueued,    // in the queue of loads, waiting for a slot or a read (no slot yet)
   kLoading,   // its read into its slot is in flight
   kResident,  // published in its slot
+  kDemoting,  // exclusive tiers: its copy out of the VRAM arena into its slot is in flight
 };
 
 class RamTier {
@@ -53,6 +61,9 @@ class RamTier {
           std::unique_ptr<ReplacementPolicy> policy);
 
   uint32_t slots() const { return n_slots_; }
+  // Whether the tiers are exclusive (ResidencyOptions::tiers; "auto": while the RAM tier cannot
+  // hold every expert).
+  bool exclusive() const { return exclusive_; }
   // Offers the slot pool to the engine as registered buffers (READ_FIXED on io_uring), in pieces
   // of at most 1 GiB cut at slot boundaries; whether the engine took them (shared memory may be
   // refused: then plain reads).
@@ -97,6 +108,20 @@ class RamTier {
   void HoldForCopy(uint32_t index);
   void ReleaseCopy(uint32_t index);
   bool copying(uint32_t index) const { return experts_[index].copying; }
+  // Whether the resident copy is in the arena's device layout (demoted from VRAM).
+  bool device_layout(uint32_t index) const {
+    return experts_[index].state == RamState::kResident && experts_[index].device_layout;
+  }
+
+  // Exclusive tiers. StartDemotion: a RAM slot for absent expert `index`, evicted from VRAM, whose
+  // copy out of the arena the caller starts next (kDemoting); nullopt if no slot can be had.
+  // FinishDemotion: that copy completed (the copy is published in the device layout) or failed.
+  std::optional<uint32_t> StartDemotion(uint32_t index);
+  void FinishDemotion(uint32_t index, bool ok);
+  // A copy of resident `index` into VRAM completed: with exclusive tiers its RAM copy goes.
+  void DropAfterPromotion(uint32_t index);
+  // The arena closed: device-layout copies are another arena's layout, so they go.
+  void DropDeviceCopies();
 
   bool loads_queued() const { return !queued_.empty(); }
   int reads_in_flight() const { return inflight_; }
@@ -109,6 +134,7 @@ class RamTier {
     bool prefetched = false;       // admitted by a prefetch, not demanded since
     bool prefetch_load = false;    // the load in flight is a prefetch
     bool copying = false;          // a copy into VRAM reads the slot
+    bool device_layout = false;    // kResident: the slot holds the arena's device layout
     uint64_t hits_seen = 0;        // the entry's compute-side hit count the policy has been told of
     int attempts = 0;              // reads again after a failure, of the load in progress
     std::vector<shm::DemandRequest> waiters;
@@ -123,6 +149,9 @@ class RamTier {
   static constexpr uint64_t kMaxTouchesPerSync = 64;  // bounds the work a hostile count can cause
 
   std::optional<uint32_t> AllocateSlot(ExpertKey incoming, bool for_prefetch);
+  // Unpublishes resident `index` and takes it out of the policy (R1-R2); its slot is free, and
+  // reusable at once if this returns true (R3), else once unpinned (it joins the free list).
+  bool Evict(uint32_t index);
   // Submits the read of `index`'s blob into its slot; kLoading once it is in flight.
   absl::Status Submit(uint32_t index);
   // The read alone (a refetch of a load in flight goes through here).
@@ -140,6 +169,7 @@ class RamTier {
   const int fd_;
   const ResidencyOptions& options_;
   const uint32_t n_slots_;
+  const bool exclusive_;
   std::unique_ptr<ReplacementPolicy> policy_;
 
   std::vector<RamExpert> experts_;       // [n_layer * n_expert]

@@ -45,6 +45,8 @@ void ForEachCounter(const ResidencyCounters& c, const std::function<void(const c
   fn("vram_uploads", c.vram_uploads);
   fn("vram_upload_bytes", c.vram_upload_bytes);
   fn("vram_evictions", c.vram_evictions);
+  fn("vram_demotions", c.vram_demotions);
+  fn("vram_demotion_bytes", c.vram_demotion_bytes);
   fn("vram_slot_waits", c.vram_slot_waits);
   fn("vram_prefetch_issued", c.vram_prefetch_issued);
   fn("vram_prefetch_useful", c.vram_prefetch_useful);

@@ -66,9 +66,13 @@ struct ResidencyCounters {
   // first (the RAM tier's misses on the served GPU path; mer_expert_misses_total{tier="ram"}).
   uint64_t vram_fills_from_ram = 0;
   uint64_t vram_fills_from_store = 0;
-  uint64_t vram_uploads = 0;          // RAM -> VRAM copies completed and published
-  uint64_t vram_upload_bytes = 0;     // bytes of those copies
-  uint64_t vram_evictions = 0;        // VRAM residents unpublished to free a slot
+  uint64_t vram_uploads = 0;       // RAM -> VRAM copies completed and published
+  uint64_t vram_upload_bytes = 0;  // bytes of those copies
+  uint64_t vram_evictions = 0;     // VRAM residents unpublished to free a slot
+  // Exclusive tiers: evicted VRAM residents copied back into a RAM slot (device layout), and
+  // the bytes of those copies.
+  uint64_t vram_demotions = 0;
+  uint64_t vram_demotion_bytes = 0;
   uint64_t vram_slot_waits = 0;       // times an upload waited for an unpinned VRAM slot
   uint64_t vram_prefetch_issued = 0;  // uploads started for a prediction
   uint64_t vram_prefetch_useful = 0;  // of those, demanded or pinned by compute before eviction

@@ -81,6 +81,7 @@ class ResidencyDaemon {
   const ResidencyOptions& options() const { return options_; }
   IoEngine& io() { return *io_; }
   uint32_t ram_slots() const { return ram_.slots(); }
+  bool exclusive_tiers() const { return ram_.exclusive(); }
   // Turns of Run's loop so far (any thread): the liveness that the systemd watchdog pings
   // follow. The loop turns at least every idle_wait while idle.
   uint64_t loop_turns() const { return loop_turns_.load(std::memory_order_relaxed); }

@@ -53,6 +53,12 @@ struct ResidencyOptions {
   int vram_prefetch_inflight_max = 1;
   // Predictions below this confidence (0..1) are not moved into VRAM.
   double vram_prefetch_threshold = 0.5;
+  // How the RAM tier relates to the VRAM arena: "inclusive" (an expert in VRAM keeps its RAM
+  // copy), "exclusive" (RAM holds what VRAM does not: an expert's RAM copy goes once it is in
+  // VRAM, and an expert evicted from VRAM is copied back into RAM in the arena's device layout,
+  // so that the two budgets add up), or "auto": exclusive while the RAM tier cannot hold every
+  // expert.
+  std::string tiers = "auto";
   // CHECK the loop's bookkeeping (slot owners, the free list, loads and copies in flight, the
   // policy's keys, VRAM placements against the slot map) at every census: O(experts + slots) a
   // census. Tests turn it on.

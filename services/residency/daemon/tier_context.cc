@@ -53,7 +53,7 @@ void TierContext::FlushCompletions() {
 
 uint64_t TierContext::PublishEntry(uint32_t index) {
   return ep.PublishResident(LayerOf(index), ExpertOf(index), ram->resident_slot(index), vram->resident_slot(index),
-                            vram->fill(index));
+                            vram->fill(index), ram->device_layout(index), vram->converted(index));
 }
 
 uint64_t TierContext::ResidentGeneration(uint32_t index, shm::Pool pool, uint32_t slot) {

@@ -1,5 +1,6 @@
 #include "services/residency/daemon/vram_tier.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <limits>
 
@@ -70,6 +71,11 @@ void VramTier::Drop(const char* why) {
   }
   queue_.clear();
   map_.Reset(0);
+  // Copies out of an arena that is gone did not complete (Close dropped them); device-layout
+  // copies are that arena's layout.
+  for (const uint32_t i : demoting_) ctx_.ram->FinishDemotion(i, false);
+  demoting_.clear();
+  ctx_.ram->DropDeviceCopies();
 }
 
 void VramTier::PollArena() {
@@ -113,6 +119,17 @@ void VramTier::PollArena() {
     return;
   }
   map_.Reset(r->info->slot_count);
+  demote_bytes_ = 0;
+  if (ctx_.ram->exclusive()) {
+    if (r->info->slot_bytes <= ctx_.segment->header().ram_slot_bytes) {
+      demote_bytes_ = r->info->slot_bytes;
+    } else {
+      std::fprintf(stderr,
+                   "mer-residency: the arena's slots (%llu bytes) are larger than a RAM slot: experts evicted "
+                   "from VRAM are not copied back (inclusive tiers)\n",
+                   static_cast<unsigned long long>(r->info->slot_bytes));
+    }
+  }
   open_ = true;
   incarnation_ = compute.incarnation;
   ++c.vram_arena_imports;
@@ -179,13 +196,33 @@ std::optional<uint32_t> VramTier::AllocateSlot(uint64_t used_before) {
     v.state = VramState::kAbsent;
     v.slot = shm::kNoSlot;
     v.fill = 0;
+    v.converted = false;
     ctx_.PublishEntry(owner);  // R1, R2 (Write ends with a seq_cst fence)
     map_.Release(*k);
     ++c.vram_evictions;
+    Demote(owner, *k);
     if (!in_use(*k)) return k;  // R3
     // Pinned in between: free now, reusable once unpinned.
   }
   return std::nullopt;
+}
+
+void VramTier::Demote(uint32_t index, uint32_t slot) {
+  // Room for the copy out and the upload that follows it into the slot.
+  if (demote_bytes_ == 0 || ctx_.ram->state(index) != RamState::kAbsent ||
+      uploader_->inflight() + 2 > uploader_->max_inflight())
+    return;
+  const std::optional<uint32_t> ram_slot = ctx_.ram->StartDemotion(index);
+  if (!ram_slot.has_value()) return;
+  const absl::Status s =
+      uploader_->StartDownload(slot, ctx_.segment->ram_slot(*ram_slot).data(), demote_bytes_, index | kDemotionTag);
+  if (!s.ok()) {
+    ctx_.ram->FinishDemotion(index, false);
+    return;
+  }
+  demoting_.push_back(index);
+  ++ctx_.c.vram_demotions;
+  ctx_.c.vram_demotion_bytes += demote_bytes_;
 }
 
 bool VramTier::PrefetchUsed(uint32_t index) const {
@@ -198,25 +235,31 @@ bool VramTier::StartUpload(uint32_t index, bool prefetch) {
   ResidencyCounters& c = ctx_.c;
   VramExpert& e = experts_[index];
   const uint64_t used_before = prefetch ? ctx_.ep.MinInflightEpoch() : std::numeric_limits<uint64_t>::max();
+  // Held from here: making room may demote another expert into a RAM slot, never this one's.
+  ctx_.ram->HoldForCopy(index);
   const std::optional<uint32_t> slot = AllocateSlot(used_before);
   if (!slot.has_value()) {
+    ctx_.ram->ReleaseCopy(index);
     if (!prefetch) ++c.vram_slot_waits;
     return false;
   }
   const uint32_t layer = ctx_.LayerOf(index);
-  const uint64_t bytes = ctx_.store.manifest().layers[layer].used_bytes();
+  // A demoted copy is the arena's slot in its device layout; a blob is the store's payload.
+  const bool converted = ctx_.ram->device_layout(index);
+  const uint64_t bytes = converted ? demote_bytes_ : ctx_.store.manifest().layers[layer].used_bytes();
   const uint32_t ram_slot = ctx_.ram->resident_slot(index);
   const absl::Status s = uploader_->Start(*slot, ctx_.segment->ram_slot(ram_slot).data(), bytes, index);
   if (!s.ok()) {
+    ctx_.ram->ReleaseCopy(index);
     std::fprintf(stderr, "mer-residency: upload of layer %u expert %u into VRAM: %s\n", layer, ctx_.ExpertOf(index),
                  s.ToString().c_str());
     if (!prefetch) FailWaiters(index, s.code());
     return !prefetch;  // a demand is answered (with the error); a prefetch just does not happen
   }
   map_.Fill(*slot, index, ComputeEpoch());
-  ctx_.ram->HoldForCopy(index);
   e.state = VramState::kFilling;
   e.slot = *slot;
+  e.converted = converted;
   e.prefetch_load = prefetch;
   e.prefetched = prefetch;
   if (prefetch) {
@@ -230,7 +273,9 @@ bool VramTier::StartUploads() {
   if (!open_ || queue_.empty()) return false;
   bool progress = false;
   // Demand order, skipping (and keeping) experts whose RAM copy is not there yet.
-  for (size_t j = 0; j < queue_.size() && uploader_->inflight() < uploader_->max_inflight();) {
+  // With demotions, room for an upload and the copy out of the slot it may take.
+  const int room = demote_bytes_ > 0 ? 2 : 1;
+  for (size_t j = 0; j < queue_.size() && uploader_->inflight() + room <= uploader_->max_inflight();) {
     const uint32_t i = queue_[j];
     if (experts_[i].state != VramState::kQueued) {  // answered meanwhile (a failed load)
       queue_.erase(queue_.begin() + j);
@@ -264,6 +309,14 @@ void VramTier::PollUploads() {
   }
   const uint64_t epoch = ComputeEpoch();
   for (uint64_t tag : done_) {
+    if ((tag & kDemotionTag) != 0) {
+      const uint32_t i = static_cast<uint32_t>(tag & ~kDemotionTag);
+      const auto it = std::find(demoting_.begin(), demoting_.end(), i);
+      if (it == demoting_.end()) continue;
+      demoting_.erase(it);
+      ctx_.ram->FinishDemotion(i, true);
+      continue;
+    }
     const uint32_t i = static_cast<uint32_t>(tag);
     if (i >= experts_.size() || experts_[i].state != VramState::kFilling) continue;
     VramExpert& e = experts_[i];
@@ -282,13 +335,14 @@ void VramTier::PollUploads() {
       ctx_.Complete(e.waiters[w], e.slot, g, absl::StatusCode::kOk, e.waiter_arrival_ns[w], shm::Pool::kVram);
     e.waiters.clear();
     e.waiter_arrival_ns.clear();
+    ctx_.ram->DropAfterPromotion(i);  // exclusive tiers: RAM holds what VRAM does not
   }
 }
 
 void VramTier::Prefetch(uint32_t layer, uint32_t expert) {
   if (!open_ || !ctx_.ep.table().Contains(layer, expert)) return;
-  if (prefetch_inflight_ >= options_.vram_prefetch_inflight_max || uploader_->inflight() >= uploader_->max_inflight() ||
-      ctx_.DemandWaiting())
+  if (prefetch_inflight_ >= options_.vram_prefetch_inflight_max ||
+      uploader_->inflight() + (demote_bytes_ > 0 ? 2 : 1) > uploader_->max_inflight() || ctx_.DemandWaiting())
     return;
   const uint32_t i = ctx_.Index(layer, expert);
   // Only what RAM holds already: a guess never costs a storage read here (the RAM prefetch

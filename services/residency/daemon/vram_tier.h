@@ -15,7 +15,8 @@
 // An expert's VRAM state: kAbsent -> kQueued (demanded, waiting for its RAM copy or a slot) ->
 // kFilling (its copy in flight; the RAM tier keeps the source slot, HoldForCopy) -> kResident
 // (published) -> kAbsent (evicted, the arena closed, or its RAM load failed); a prefetch goes from
-// kAbsent to kFilling directly.
+// kAbsent to kFilling directly. With exclusive tiers (ram_tier.h) an evicted expert is copied
+// back into the RAM tier (Demote), and a completed fill lets go of its RAM copy.
 //
 // Thread-safety: the loop's thread only.
 #pragma once
@@ -77,6 +78,10 @@ class VramTier {
     return e.state == VramState::kResident ? e.slot : shm::kNoSlot;
   }
   uint64_t fill(uint32_t index) const { return experts_[index].fill; }
+  // Whether its published fill was copied from a device-layout RAM copy (kTierVramConverted).
+  bool converted(uint32_t index) const {
+    return experts_[index].state == VramState::kResident && experts_[index].converted;
+  }
   bool has_waiters(uint32_t index) const { return !experts_[index].waiters.empty(); }
   bool uploads_queued() const { return !queue_.empty(); }
   int copies_in_flight() const { return uploader_ != nullptr ? uploader_->inflight() : 0; }
@@ -87,14 +92,22 @@ class VramTier {
     uint32_t slot = shm::kNoSlot;  // kFilling, kResident
     bool prefetched = false;       // filled by a prediction, not used since
     bool prefetch_load = false;    // the copy in flight is a prefetch
+    bool converted = false;        // the fill's source was a device-layout RAM copy
     uint64_t fill = 0;             // the published fill number (ResidencyEntry::vram_fill)
     uint64_t fill_epoch = 0;       // compute_epoch when the fill was published
     std::vector<shm::DemandRequest> waiters;
     std::vector<int64_t> waiter_arrival_ns;
   };
 
+  // Tags of copies out of the arena (demotions) carry this bit; uploads' tags are expert indices.
+  static constexpr uint64_t kDemotionTag = uint64_t{1} << 63;
+
   void Drop(const char* why);
   std::optional<uint32_t> AllocateSlot(uint64_t used_before);
+  // Exclusive tiers: copies evicted expert `index`, just unpublished from arena slot `slot`, back
+  // into a RAM slot, when the RAM tier has none of it and a copy event is free (else it is simply
+  // dropped); an upload into the slot started after this is ordered after the copy.
+  void Demote(uint32_t index, uint32_t slot);
   // Starts the copy of expert `index` (RAM-resident) into a VRAM slot; false if no slot is free.
   bool StartUpload(uint32_t index, bool prefetch);
   void FailWaiters(uint32_t index, absl::StatusCode code);
@@ -121,6 +134,10 @@ class VramTier {
   // kQueued (its waiters were failed) is dropped when reached.
   std::deque<uint32_t> queue_;
   int prefetch_inflight_ = 0;
+  // Exclusive tiers: bytes copied back per demotion (the arena's slot; 0: no demotions, as with
+  // inclusive tiers or slots larger than a RAM slot), and the experts whose copy is in flight.
+  uint64_t demote_bytes_ = 0;
+  std::vector<uint32_t> demoting_;
   std::vector<uint64_t> done_;
 };
 

@@ -121,6 +121,12 @@ std::vector<MetricFamily> ResidencyMetricFamilies(const ResidencyCounters& c, co
     Add(&f, double(c.vram_evictions), vram);
     out.push_back(std::move(f));
   }
+  out.push_back(Scalar("mer_vram_demotions_total",
+                       "Experts evicted from the VRAM arena and copied back into the RAM tier (exclusive "
+                       "tiers).",
+                       kCounter, double(c.vram_demotions)));
+  out.push_back(Scalar("mer_vram_demotion_bytes_total", "Bytes of those copies (VRAM -> RAM).", kCounter,
+                       double(c.vram_demotion_bytes)));
   out.push_back(Scalar("mer_expert_stall_seconds_total",
                        "Time demanded experts waited for their reads: demand received to "
                        "completion pushed, summed over demands that missed.",

@@ -87,19 +87,10 @@ class CudaVramUploader final : public VramUploader {
   }
 
   absl::Status Start(uint32_t slot, const void* src, uint64_t bytes, uint64_t tag) override {
-    if (arena_ == nullptr) return absl::FailedPreconditionError("no VRAM arena is open");
-    if (slot >= slot_count_ || bytes > slot_bytes_)
-      return absl::InvalidArgumentError(absl::StrCat("upload of ", bytes, " bytes into slot ", slot, " of an arena of ",
-                                                     slot_count_, " x ", slot_bytes_, " bytes"));
-    if (free_events_.empty()) return absl::ResourceExhaustedError("every upload event is in flight");
-    const int ev = free_events_.front();
-    uint8_t* dst = arena_ + uint64_t{slot} * slot_bytes_;
-    if (cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_); e != cudaSuccess)
-      return CudaError("cudaMemcpyAsync into the VRAM arena", e);
-    if (cudaError_t e = cudaEventRecord(events_[ev], stream_); e != cudaSuccess) return CudaError("cudaEventRecord", e);
-    free_events_.pop_front();
-    inflight_.push_back({ev, tag});
-    return absl::OkStatus();
+    return Copy(slot, const_cast<void*>(src), bytes, tag, cudaMemcpyHostToDevice);
+  }
+  absl::Status StartDownload(uint32_t slot, void* dst, uint64_t bytes, uint64_t tag) override {
+    return Copy(slot, dst, bytes, tag, cudaMemcpyDeviceToHost);
   }
 
   absl::Status Poll(std::vector<uint64_t>* done) override {
@@ -110,7 +101,7 @@ class CudaVramUploader final : public VramUploader {
         (void)cudaGetLastError();
         break;
       }
-      if (e != cudaSuccess) return CudaError("an upload into the VRAM arena failed", e);
+      if (e != cudaSuccess) return CudaError("a copy into or out of the VRAM arena failed", e);
       done->push_back(inflight_.front().tag);
       free_events_.push_back(inflight_.front().event);
       inflight_.pop_front();
@@ -126,10 +117,32 @@ class CudaVramUploader final : public VramUploader {
   }
 
  private:
-  struct Copy {
+  struct InFlight {
     int event;
     uint64_t tag;
   };
+
+  // One copy between arena slot `slot` and host memory `host` on the stream (host to device: an
+  // upload; device to host: a demotion), followed by an event.
+  absl::Status Copy(uint32_t slot, void* host, uint64_t bytes, uint64_t tag, cudaMemcpyKind kind) {
+    if (arena_ == nullptr) return absl::FailedPreconditionError("no VRAM arena is open");
+    if (slot >= slot_count_ || bytes > slot_bytes_)
+      return absl::InvalidArgumentError(absl::StrCat("copy of ", bytes, " bytes with slot ", slot, " of an arena of ",
+                                                     slot_count_, " x ", slot_bytes_, " bytes"));
+    if (free_events_.empty()) return absl::ResourceExhaustedError("every copy event is in flight");
+    const int ev = free_events_.front();
+    uint8_t* arena_slot = arena_ + uint64_t{slot} * slot_bytes_;
+    const bool up = kind == cudaMemcpyHostToDevice;
+    if (cudaError_t e =
+            cudaMemcpyAsync(up ? static_cast<void*>(arena_slot) : host, up ? host : arena_slot, bytes, kind, stream_);
+        e != cudaSuccess)
+      return CudaError(up ? "cudaMemcpyAsync into the VRAM arena" : "cudaMemcpyAsync out of the VRAM arena", e);
+    if (cudaError_t e = cudaEventRecord(events_[ev], stream_); e != cudaSuccess) return CudaError("cudaEventRecord", e);
+    free_events_.pop_front();
+    inflight_.push_back({ev, tag});
+    return absl::OkStatus();
+  }
+
   void* const pool_;
   const uint64_t pool_bytes_;
   const int max_inflight_;
@@ -137,7 +150,7 @@ class CudaVramUploader final : public VramUploader {
   cudaStream_t stream_ = nullptr;
   std::vector<cudaEvent_t> events_;
   std::deque<int> free_events_;
-  std::deque<Copy> inflight_;
+  std::deque<InFlight> inflight_;
   bool registered_ = false;
   std::string pinning_ = "RAM tier not registered";
   uint8_t* arena_ = nullptr;

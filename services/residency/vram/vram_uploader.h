@@ -35,6 +35,10 @@ class VramUploader {
   // size outside the arena, FailedPrecondition with no arena open; ResourceExhausted when
   // max_inflight() copies are in flight.
   virtual absl::Status Start(uint32_t slot, const void* src, uint64_t bytes, uint64_t tag) = 0;
+  // Starts copying `bytes` bytes from the start of arena slot `slot` to `dst` (host memory, the
+  // RAM tier): an expert demoted from VRAM. In stream order with Start: a later upload into the
+  // slot overwrites it only after this copy has read it. The same limits and errors as Start.
+  virtual absl::Status StartDownload(uint32_t slot, void* dst, uint64_t bytes, uint64_t tag) = 0;
   // Appends the tags of the copies that completed since the last call. Never blocks. An error is
   // a failed copy (the arena is unusable then: the caller drops it).
   virtual absl::Status Poll(std::vector<uint64_t>* done) = 0;

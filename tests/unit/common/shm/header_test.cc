@@ -62,8 +62,8 @@ TEST(HeaderTest, BuildHeaderLaysOutAlignedRegions) {
 // The layout hash is the value docs/shm_protocol.md documents for this protocol version: a
 // change of any size or offset without a version bump (and a new documented value) fails here.
 TEST(HeaderTest, LayoutHashIsTheDocumentedOne) {
-  static_assert(kProtocolVersion == 2, "a new protocol version documents (and pins here) its own hash");
-  EXPECT_EQ(LayoutHash(), 0x1dcd83f5a288bb27u);
+  static_assert(kProtocolVersion == 3, "a new protocol version documents (and pins here) its own hash");
+  EXPECT_EQ(LayoutHash(), 0x716af3a5e9c470eeu);
 }
 
 TEST(HeaderTest, BuildHeaderRejectsBadGeometry) {

@@ -26,7 +26,7 @@ struct FakeArena {
   std::mutex mu;
   std::vector<uint8_t> bytes;  // slot_count * slot_bytes
   uint64_t slot_bytes = 0;
-  int imports = 0, closes = 0, copies = 0;
+  int imports = 0, closes = 0, copies = 0, downloads = 0;
   bool hold = false;  // copies stay in flight while set
   std::vector<uint32_t> slots_written;
 };
@@ -54,6 +54,14 @@ class FakeUploader final : public VramUploader {
     std::memcpy(a_->bytes.data() + slot * a_->slot_bytes, src, bytes);
     a_->slots_written.push_back(slot);
     ++a_->copies;
+    inflight_.push_back(tag);
+    return absl::OkStatus();
+  }
+  absl::Status StartDownload(uint32_t slot, void* dst, uint64_t bytes, uint64_t tag) override {
+    std::lock_guard<std::mutex> l(a_->mu);
+    if (slot >= slots_ || bytes > a_->slot_bytes) return absl::InvalidArgumentError("outside the arena");
+    std::memcpy(dst, a_->bytes.data() + slot * a_->slot_bytes, bytes);
+    ++a_->downloads;
     inflight_.push_back(tag);
     return absl::OkStatus();
   }
@@ -437,8 +445,8 @@ TEST_P(VramTierSmallRam, AnAcquireLargerThanTheRamTierStillFillsTheArena) {
 
 INSTANTIATE_TEST_SUITE_P(RamSlots, VramTierSmallRam, ::testing::Values(3, 6));
 
-// A VRAM fill demanded from an expert's RAM copy is a use the RAM tier's policy counts: under LFU
-// the RAM tier keeps what misses VRAM often. A (loaded first) and B are in RAM once each; A is
+// Inclusive tiers: a VRAM fill demanded from an expert's RAM copy is a use the RAM tier's policy
+// counts: under LFU the RAM tier keeps what misses VRAM often. A (loaded first) and B are in RAM once each; A is
 // then filled into VRAM from RAM, so when C needs a RAM slot, B (one use) goes and A (two) stays.
 // Without the count, A (as often used, less recently) would go.
 TEST(VramTierTest, AFillFromRamCountsForTheRamPolicy) {
@@ -453,6 +461,7 @@ TEST(VramTierTest, AFillFromRamCountsForTheRamPolicy) {
   ResidencyOptions o;
   o.ram_budget_bytes = 2 * blob;  // two RAM slots
   o.policy = "lfu";
+  o.tiers = "inclusive";
   DaemonFixture f(o, {}, true, {}, dir, FakeFactory(arena));
   auto seg = AttachCompute(f);
   shm::ResidencyClient client(seg.get());
@@ -471,6 +480,77 @@ TEST(VramTierTest, AFillFromRamCountsForTheRamPolicy) {
   EXPECT_FALSE(b->in(Pool::kRam));
   const ResidencyCounters c = f.Stop();
   EXPECT_EQ(c.vram_fills_from_ram, 1u);
+}
+
+// Exclusive tiers: RAM holds what VRAM does not. Three experts through an arena of two slots and
+// a RAM tier of two: each fill lets go of its RAM copy, the expert evicted from VRAM comes back
+// into RAM as the arena held it (device layout: here the fake arena's bytes, marked so in the
+// slot), and filling it again reads no blob and tells compute that the fill is converted.
+TEST(VramTierTest, ExclusiveTiersDemoteEvictedExpertsAndPromoteThemWithoutARead) {
+  auto arena = std::make_shared<FakeArena>();
+  const std::string dir = SynthStoreDir("micro", SynthQuant::kQ8_0);
+  uint64_t blob = 0;
+  {
+    auto store = ExpertStore::Open(dir);
+    ASSERT_TRUE(store.ok()) << store.status();
+    blob = (*store)->blob_bytes();
+  }
+  ResidencyOptions o;
+  o.ram_budget_bytes = 2 * blob;
+  o.tiers = "exclusive";
+  o.vram_prefetch = false;
+  DaemonFixture f(o, {}, true, {}, dir, FakeFactory(arena));
+  auto seg = AttachCompute(f);
+  shm::ResidencyClient client(seg.get());
+  const uint64_t slot_bytes = SlotBytes(f.store());
+  ASSERT_LE(slot_bytes, seg->header().ram_slot_bytes);
+  ASSERT_TRUE(client.ExportVramArena(Arena(2, slot_bytes), absl::Now() + absl::Seconds(10)).ok());
+  std::vector<shm::PinnedExpert> pinned;
+  shm::Step step;
+  const auto fill = [&](int32_t e) {
+    EXPECT_TRUE(AcquireVram(client, 1, e, &pinned, &step).ok());
+    const shm::PinnedExpert p = pinned[0];
+    client.Release(pinned);
+    client.EndStep(step);
+    return p;
+  };
+  const shm::PinnedExpert a = fill(0);
+  EXPECT_FALSE(a.converted);
+  auto entry = seg->table().Read(1, 0);
+  ASSERT_TRUE(entry.has_value());
+  EXPECT_TRUE(entry->in(Pool::kVram));
+  EXPECT_FALSE(entry->in(Pool::kRam));  // its RAM copy went once the fill completed
+  // What the arena holds for A (compute would convert it in place: mark the slot so).
+  std::vector<uint8_t> a_bytes;
+  {
+    std::lock_guard<std::mutex> l(arena->mu);
+    arena->bytes[a.slot * slot_bytes + slot_bytes - 1] ^= 0x5A;
+    a_bytes.assign(arena->bytes.begin() + a.slot * slot_bytes, arena->bytes.begin() + (a.slot + 1) * slot_bytes);
+  }
+  fill(1);
+  fill(2);                         // evicts A (least recently used): demoted into RAM
+  for (int i = 0; i < 200; ++i) {  // the copy out completes on a later turn
+    entry = seg->table().Read(1, 0);
+    if (entry.has_value() && (entry->tiers & shm::kTierRamDevice) != 0) break;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_TRUE(entry.has_value());
+  EXPECT_FALSE(entry->in(Pool::kVram));
+  EXPECT_FALSE(entry->in(Pool::kRam));  // not a blob: compute never reads it as one
+  ASSERT_NE(entry->tiers & shm::kTierRamDevice, 0u);
+  EXPECT_EQ(std::memcmp(seg->ram_slot(entry->ram_slot).data(), a_bytes.data(), slot_bytes), 0);
+  const uint64_t reads = f.daemon().Snapshot().reads;
+  const shm::PinnedExpert a2 = fill(0);  // back from RAM: no read, the arena's bytes, converted
+  EXPECT_TRUE(a2.converted);
+  {
+    std::lock_guard<std::mutex> l(arena->mu);
+    EXPECT_EQ(std::memcmp(arena->bytes.data() + a2.slot * slot_bytes, a_bytes.data(), slot_bytes), 0);
+  }
+  const ResidencyCounters c = f.Stop();
+  EXPECT_EQ(c.reads, reads);
+  EXPECT_EQ(c.reads, 3u);  // A, B and C, once each
+  EXPECT_GE(c.vram_demotions, 2u);
+  EXPECT_EQ(c.vram_demotion_bytes, c.vram_demotions * slot_bytes);
 }
 
 // ResidencyExpertSource's VRAM side: fresh exactly once per fill.
