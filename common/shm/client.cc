@@ -247,7 +247,9 @@ absl::Status ResidencyClient::Acquire(const Step& step, uint32_t layer, absl::Sp
     if (demand_.corrupted() || completions_.corrupted()) {
       return FailAll(absl::DataLossError("shm: a ring's counters are corrupt"), out, done);
     }
-    if (Spin([this] { return completions_.SizeApprox() > 0; }, 2000)) continue;
+    // A VRAM fill (an upload of ~100 us after the request's trip) outlasts the RAM spin: its
+    // caller waits on nothing else, so it spins ten times longer before the futex's wake-up cost.
+    if (Spin([this] { return completions_.SizeApprox() > 0; }, pool == Pool::kVram ? 20000 : 2000)) continue;
     absl::Status peer = CheckPeer();
     if (!peer.ok()) return FailAll(peer, out, done);
     if (now - last_scan >= options_.poll_interval) {

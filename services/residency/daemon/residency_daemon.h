@@ -31,6 +31,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -78,6 +79,8 @@ class ResidencyDaemon {
   static constexpr absl::Duration kCensusInterval = absl::Milliseconds(10);
   // How often Run looks for finished reads while it waits for demand with reads in flight.
   static constexpr absl::Duration kReadPollInterval = absl::Microseconds(50);
+  // With a GPU arena open, the loop spins this long after its last work before it sleeps (Run).
+  static constexpr std::chrono::microseconds kHotSpin{1000};
   const ResidencyOptions& options() const { return options_; }
   IoEngine& io() { return *io_; }
   uint32_t ram_slots() const { return ram_.slots(); }
@@ -121,6 +124,7 @@ class ResidencyDaemon {
   ResidencyCounters snapshot_;
   absl::Time last_stats_print_;
   absl::Time last_census_ = absl::InfinitePast();
+  std::chrono::steady_clock::time_point last_progress_;  // Run's last turn that did work
 };
 
 }  // namespace mer::residency
