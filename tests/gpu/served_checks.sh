@@ -76,6 +76,20 @@ if has_step ipc; then
   note "ipc: $((SECONDS - t0)) s"
 fi
 
+if has_step faults; then
+  # FAULT_COMPUTE_FLAGS: runs separated by ';', each a set of mer-compute flags.
+  IFS=';' read -r -a fault_runs <<< "$FAULT_COMPUTE_FLAGS"
+  for k in "${!fault_runs[@]}"; do
+    t0=$SECONDS
+    COMPUTE_FLAGS="${fault_runs[$k]}" KEEP_LOGS_DIR="$OUT/faults_$k" timeout "$(left 300)" "$BUNDLE/run" bash \
+      "$here/../integration/system_integration_test.sh" "$BUNDLE/bin/mer" "$BUNDLE/bin/mer-residency" \
+      "$BUNDLE/bin/mer-compute" "$BUNDLE/bin/mer-gateway" > "$OUT/faults_$k.log" 2>&1
+    note "system_integration_test with mer-compute ${fault_runs[$k]}: rc=$? in $((SECONDS - t0)) s"
+    grep -E 'FAIL|SIGKILL|residency killed|all passed' "$OUT/faults_$k.log" | head -20 | tee -a "$summary"
+    grep -hiE 'check failed|abort|terminate|fatal|error|cuda: |segfault' "$OUT/faults_$k"/c*.log 2>/dev/null | head -20 | tee -a "$summary"
+  done
+fi
+
 if has_step geometries; then
   t0=$SECONDS
   mkdir -p "$OUT/geom"
@@ -131,20 +145,6 @@ if has_step served; then
     note "served, 1 stream, VRAM $v, RAM $r ($rp), miss path $mp (arena $ap):" \
          "$(grep -E '^(throughput|itl)' "$d/summary.txt" | tr '\n' ' ')"
     grep -E 'host syncs|VRAM hit|FAILED|^residency' "$d/summary.txt" | tee -a "$summary"
-  done
-fi
-
-if has_step faults; then
-  # FAULT_COMPUTE_FLAGS: runs separated by ';', each a set of mer-compute flags.
-  IFS=';' read -r -a fault_runs <<< "$FAULT_COMPUTE_FLAGS"
-  for k in "${!fault_runs[@]}"; do
-    t0=$SECONDS
-    COMPUTE_FLAGS="${fault_runs[$k]}" KEEP_LOGS_DIR="$OUT/faults_$k" timeout "$(left 300)" "$BUNDLE/run" bash \
-      "$here/../integration/system_integration_test.sh" "$BUNDLE/bin/mer" "$BUNDLE/bin/mer-residency" \
-      "$BUNDLE/bin/mer-compute" "$BUNDLE/bin/mer-gateway" > "$OUT/faults_$k.log" 2>&1
-    note "system_integration_test with mer-compute ${fault_runs[$k]}: rc=$? in $((SECONDS - t0)) s"
-    grep -E 'FAIL|SIGKILL|residency killed|all passed' "$OUT/faults_$k.log" | head -20 | tee -a "$summary"
-    grep -hiE 'check failed|abort|terminate|fatal|error|cuda: |segfault' "$OUT/faults_$k"/c*.log 2>/dev/null | head -20 | tee -a "$summary"
   done
 fi
 
