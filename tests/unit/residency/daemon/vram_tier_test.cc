@@ -103,6 +103,13 @@ uint64_t SlotBytes(const ExpertStore& s) {
   return (b + 255) / 256 * 256;
 }
 
+// The store's blob size: a RAM budget of n blobs is n RAM slots.
+uint64_t BlobBytes(const std::string& dir) {
+  auto store = ExpertStore::Open(dir);
+  CHECK(store.ok());
+  return (*store)->blob_bytes();
+}
+
 // One expert into VRAM for a step of its own; the pinned placement (slot, fill) is returned and
 // stays pinned until the caller releases `pinned`.
 absl::Status AcquireVram(shm::ResidencyClient& client, uint32_t layer, int32_t expert,
@@ -446,18 +453,13 @@ TEST_P(VramTierSmallRam, AnAcquireLargerThanTheRamTierStillFillsTheArena) {
 INSTANTIATE_TEST_SUITE_P(RamSlots, VramTierSmallRam, ::testing::Values(3, 6));
 
 // Inclusive tiers: a VRAM fill demanded from an expert's RAM copy is a use the RAM tier's policy
-// counts: under LFU the RAM tier keeps what misses VRAM often. A (loaded first) and B are in RAM once each; A is
-// then filled into VRAM from RAM, so when C needs a RAM slot, B (one use) goes and A (two) stays.
-// Without the count, A (as often used, less recently) would go.
+// counts: under LFU the RAM tier keeps what misses VRAM often. A (loaded first) and B are in RAM
+// once each; A is then filled into VRAM from RAM, so when C needs a RAM slot, B (one use) goes and
+// A (two) stays. Without the count, A (as often used, less recently) would go.
 TEST(VramTierTest, AFillFromRamCountsForTheRamPolicy) {
   auto arena = std::make_shared<FakeArena>();
   const std::string dir = SynthStoreDir("micro", SynthQuant::kQ8_0);
-  uint64_t blob = 0;
-  {
-    auto store = ExpertStore::Open(dir);
-    ASSERT_TRUE(store.ok()) << store.status();
-    blob = (*store)->blob_bytes();
-  }
+  const uint64_t blob = BlobBytes(dir);
   ResidencyOptions o;
   o.ram_budget_bytes = 2 * blob;  // two RAM slots
   o.policy = "lfu";
@@ -489,12 +491,7 @@ TEST(VramTierTest, AFillFromRamCountsForTheRamPolicy) {
 TEST(VramTierTest, ExclusiveTiersDemoteEvictedExpertsAndPromoteThemWithoutARead) {
   auto arena = std::make_shared<FakeArena>();
   const std::string dir = SynthStoreDir("micro", SynthQuant::kQ8_0);
-  uint64_t blob = 0;
-  {
-    auto store = ExpertStore::Open(dir);
-    ASSERT_TRUE(store.ok()) << store.status();
-    blob = (*store)->blob_bytes();
-  }
+  const uint64_t blob = BlobBytes(dir);
   ResidencyOptions o;
   o.ram_budget_bytes = 2 * blob;
   o.tiers = "exclusive";
