@@ -29,7 +29,8 @@ constexpr char kHelp[] =
                      [--io auto|uring|pread] [--policy lru|lfu|arc] [--prefetch] [--warm]
                      [--tiers auto|exclusive|inclusive]
                      [--check-invariants]
-                     [--io-inflight N] [--prefetch-inflight N] [--stats-interval SECONDS]
+                     [--io-inflight N] [--prefetch-inflight N] [--vram-prefetch-inflight N]
+                     [--stats-interval SECONDS]
                      [--take-over] [--metrics-listen HOST:PORT|off] [--pin auto|off]
                      [--io-faults SPEC]
 
@@ -49,7 +50,8 @@ for confident predictions, evicting only unpinned slots (a build without CUDA re
 saying so). --tiers: with exclusive tiers the RAM tier holds what the arena does not (an expert's
 RAM copy goes once it is in VRAM; an expert evicted from VRAM is copied back into RAM), so the
 two budgets add up; inclusive keeps every arena resident's RAM copy too; auto (the default) is
-exclusive while the RAM tier cannot hold every expert. Under systemd (Type=notify) it reports READY once serving and pings WatchdogSec= while
+exclusive while the RAM tier cannot hold every expert. --vram-prefetch-inflight (default 1, at most
+3 of the 4 copies in flight) bounds the copies into the arena made for predictions. Under systemd (Type=notify) it reports READY once serving and pings WatchdogSec= while
 its loop turns. Counters go to stderr at exit and,
 with --stats-interval, periodically. Prometheus metrics (docs/metrics.md) are served on
 http://HOST:PORT/metrics (default 127.0.0.1:0: a free port, printed on stderr as
@@ -65,16 +67,17 @@ struct Args {
   std::string pin = "auto";
   std::string io_faults;
   bool prefetch = false, take_over = false, warm = false, check_invariants = false;
-  int64_t io_inflight = 16, prefetch_inflight = 2;
+  int64_t io_inflight = 16, prefetch_inflight = 2, vram_prefetch_inflight = 1;
   double stats_interval = 0;
 };
 
 absl::Status ParseArgs(int argc, char** argv, Args* a) {
   ASSIGN_OR_RETURN(const mer::Flags f,
-                   mer::Flags::ParseMain(argc, argv,
-                                         {"store", "instance", "ram-budget", "io", "policy", "tiers", "metrics-listen",
-                                          "pin", "io-inflight", "prefetch-inflight", "stats-interval", "io-faults"},
-                                         {"prefetch", "take-over", "warm", "check-invariants"}));
+                   mer::Flags::ParseMain(
+                       argc, argv,
+                       {"store", "instance", "ram-budget", "io", "policy", "tiers", "metrics-listen", "pin",
+                        "io-inflight", "prefetch-inflight", "vram-prefetch-inflight", "stats-interval", "io-faults"},
+                       {"prefetch", "take-over", "warm", "check-invariants"}));
   a->store = f.String("store");
   a->instance = f.String("instance");
   a->budget = f.String("ram-budget");
@@ -90,6 +93,7 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
   a->io_faults = f.String("io-faults");
   ASSIGN_OR_RETURN(a->io_inflight, f.IntInRange("io-inflight", a->io_inflight, 1, 4096));
   ASSIGN_OR_RETURN(a->prefetch_inflight, f.IntInRange("prefetch-inflight", a->prefetch_inflight, 0, 4096));
+  ASSIGN_OR_RETURN(a->vram_prefetch_inflight, f.IntInRange("vram-prefetch-inflight", a->vram_prefetch_inflight, 0, 3));
   ASSIGN_OR_RETURN(a->stats_interval, f.Double("stats-interval", a->stats_interval));
   if (a->stats_interval < 0) return absl::InvalidArgumentError("--stats-interval must be >= 0");
   if (a->store.empty() || a->instance.empty() || a->budget.empty())
@@ -128,6 +132,7 @@ absl::Status Main(const Args& a) {
   ASSIGN_OR_RETURN(o.ram_budget_bytes, ParseBudget(a.budget, total));
   o.policy = a.policy;
   o.tiers = a.tiers;
+  o.vram_prefetch_inflight_max = static_cast<int>(a.vram_prefetch_inflight);
   o.prefetch = a.prefetch;
   o.warm = a.warm;
   o.check_invariants = a.check_invariants;

@@ -126,8 +126,10 @@ if [[ "$RAM_BUDGET" == *% ]]; then
 fi
 
 # 2. The daemons.
+# EXTRA_RESIDENCY_FLAGS: more mer-residency flags (e.g. --vram-prefetch-inflight 2).
+# shellcheck disable=SC2086
 daemon mer-residency --store "$STORE" --instance "$TAG" --ram-budget "$RAM_BUDGET" --policy "$POLICY" \
-  --metrics-listen 127.0.0.1:0 --warm > "$WORK/residency.log" 2>&1 &
+  --metrics-listen 127.0.0.1:0 --warm ${EXTRA_RESIDENCY_FLAGS:-} > "$WORK/residency.log" 2>&1 &
 PIDS+=($!)
 wait_ready "$WORK/residency.log" $! "$(left 120)"
 compute_flags=(--store "$STORE" --residency "$TAG" --listen "unix:$WORK/compute.sock" --backend "$BACKEND"

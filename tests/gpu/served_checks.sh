@@ -13,7 +13,7 @@
 #               STREAMS=1) for each of MISS_PATHS (mer-compute --miss-path; CUDA_DEBUG=1 logs
 #               the device path's layers): decode tokens/s, host syncs per token, side by side;
 #   served:     the same store through the three daemons, one stream, for each of SERVED_RUNS
-#               ("VRAM:RAM:MISS_PATH:ARENA_POLICY:RAM_POLICY" each, e.g. 25%:25%:device:lfu:lfu for
+#               ("VRAM:RAM:MISS_PATH:ARENA_POLICY:RAM_POLICY[:VRAM_PREFETCH_COPIES]" each, e.g. 25%:25%:device:lfu:lfu for
 #               a quarter of the experts in VRAM, another quarter in RAM and the rest read from
 #               the store): decode tokens/s, hit rates, disk MiB per generated token;
 #   faults:     tests/integration/system_integration_test.sh with mer-compute on the GPU
@@ -137,12 +137,14 @@ fi
 
 if has_step served; then
   for run in $SERVED_RUNS; do
-    IFS=: read -r v r mp ap rp <<< "$run"
-    d="$OUT/served_${v}_${r}_${mp}_${ap}_${rp}"
+    # An optional sixth field: VRAM prefetch copies in flight (mer-residency --vram-prefetch-inflight).
+    IFS=: read -r v r mp ap rp vp <<< "$run"
+    vp=${vp:-1}
+    d="$OUT/served_${v}_${r}_${mp}_${ap}_${rp}_${vp}"
     OUT="$d" STORE="$STORE" STREAMS=1 REQUESTS=3 VRAM_BUDGET="$v" RAM_BUDGET="$r" POLICY="$rp" \
-      EXTRA_COMPUTE_FLAGS="--miss-path $mp --arena-policy $ap" DEADLINE=$(left 200) timeout "$(left 210)" \
-      bash "$here/batch_bench.sh" > /dev/null 2>&1
-    note "served, 1 stream, VRAM $v, RAM $r ($rp), miss path $mp (arena $ap):" \
+      EXTRA_COMPUTE_FLAGS="--miss-path $mp --arena-policy $ap" EXTRA_RESIDENCY_FLAGS="--vram-prefetch-inflight $vp" \
+      DEADLINE=$(left 200) timeout "$(left 210)" bash "$here/batch_bench.sh" > /dev/null 2>&1
+    note "served, 1 stream, VRAM $v, RAM $r ($rp), miss path $mp (arena $ap), VRAM prefetch copies $vp:" \
          "$(grep -E '^(throughput|itl)' "$d/summary.txt" | tr '\n' ' ')"
     grep -E 'host syncs|VRAM hit|FAILED|^residency' "$d/summary.txt" | tee -a "$summary"
   done
