@@ -2,8 +2,9 @@
 # The served GPU path on the GPU machine, in steps (STEPS, default "engine geometries bench"):
 #   ipc:        cuda_ipc_test (the arena over CUDA IPC filled by a mer-residency process: preloaded,
 #               device-decided misses, host-served misses) on tiny and small Q8_0;
-#   engine:     cuda_engine_test on random geometries (RandomGeometry: 24 of them, arena 100% and
-#               25%) and two corpus cases;
+#   kernels:    cuda_kernels_test, every kernel against its CPU reference;
+#   engine:     cuda_engine_test with ENGINE_FILTER (default: random geometries, RandomGeometry: 24
+#               of them, arena 100% and 25%, and two corpus cases);
 #   geometries: tests/integration/served_geometries_test.sh with --backend cuda on GEOM_SEEDS
 #               (engine alone, mer bench, and mer up + mer client, against the CPU reference);
 #   bench:      the Qwen3-30B-A3B geometry Q8_0 (--router-skew SKEW) as an expert store
@@ -36,6 +37,7 @@ STORE=${STORE:-/tmp/mer-30b-q8_0-skew$SKEW.store}
 BUDGETS=${BUDGETS:-"100%"}
 MISS_PATHS=${MISS_PATHS:-"host"}
 SERVED_RUNS=${SERVED_RUNS:-"25%:100%:device:lfu:lfu 25%:25%:device:lfu:lfu"}
+ENGINE_FILTER=${ENGINE_FILTER:-"Seeds/RandomGeometry.*:Corpus/CudaVsCpu.*/tiny_q8_0:Corpus/CudaVsCpu.*/small_q4_k"}
 FAULT_COMPUTE_FLAGS=${FAULT_COMPUTE_FLAGS:-"--backend cuda --vram-expert-budget 50% --miss-path device"}
 ONE_PROCESS=${ONE_PROCESS:-1}  # 0: skip the one-process mer bench of the bench step
 DEADLINE=${DEADLINE:-560}
@@ -54,13 +56,19 @@ note "cpus: $(nproc); disk free: $(df -h --output=avail /tmp | tail -1 | tr -d '
 
 if has_step engine; then
   t0=$SECONDS
-  timeout "$(left 240)" "$BUNDLE/run" cuda_engine_test \
-    --gtest_filter='Seeds/RandomGeometry.*:Corpus/CudaVsCpu.*/tiny_q8_0:Corpus/CudaVsCpu.*/small_q4_k' \
-    > "$OUT/engine.log" 2>&1
+  timeout "$(left 240)" "$BUNDLE/run" cuda_engine_test --gtest_filter="$ENGINE_FILTER" > "$OUT/engine.log" 2>&1
   note "cuda_engine_test random geometries + corpus: rc=$? in $((SECONDS - t0)) s," \
        "$(grep -c '^\[       OK' "$OUT/engine.log") ok, $(grep -c '^\[  FAILED' "$OUT/engine.log") failed"
   grep -E '^\[  FAILED|^\[random|^\[tiny|^\[small' "$OUT/engine.log" | head -60 >> "$summary"
   grep -E 'Failure|Expected|Which is|CHECK' "$OUT/engine.log" | head -10 | tee -a "$summary"
+fi
+
+if has_step kernels; then
+  t0=$SECONDS
+  timeout "$(left 120)" "$BUNDLE/run" cuda_kernels_test > "$OUT/kernels.log" 2>&1
+  note "cuda_kernels_test: rc=$? in $((SECONDS - t0)) s, $(grep -c '^\[       OK' "$OUT/kernels.log") ok," \
+       "$(grep -c '^\[  FAILED' "$OUT/kernels.log") failed"
+  grep -E '^\[  FAILED|Failure|Expected|Which is' "$OUT/kernels.log" | head -20 | tee -a "$summary"
 fi
 
 if has_step ipc; then
