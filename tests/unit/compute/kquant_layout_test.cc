@@ -1,4 +1,4 @@
-// The cuda backend's K-quant arithmetic run on the host (no GPU needed): the device layouts and
+// The cuda backend's K-quant and IQ (IQ4_XS, IQ2_XXS) arithmetic run on the host (no GPU needed): the device layouts and
 // per-lane integer sums of services/compute/cuda/kquant_layout.cuh, driven the way the kernels
 // drive them (kquant_dot.cuh: 8 lanes per row, an fma chain per lane over the blocks, the CPU's
 // reduction trees; kquant_quantize.cu: the Q8_K conversion; kquant_dequant.cuh: embedding rows),
@@ -14,11 +14,14 @@
 #include <random>
 #include <vector>
 
+#include "common/quant/iq2.h"
+#include "common/quant/kernel_variant.h"
 #include "common/quant/q4_k.h"
 #include "common/quant/q6_k.h"
 #include "common/quant/q8_k.h"
 #include "common/quant/quant.h"
 #include "services/compute/cuda/device_layout.cuh"
+#include "services/compute/cuda/kquant_dequant.cuh"
 
 namespace mer {
 namespace {
@@ -41,10 +44,31 @@ T Load(const uint8_t* p) {
   return v;
 }
 
-int BlockBytes(GgmlType type) { return type == GgmlType::kQ4_K ? cuda::kQ4_KBlockBytes : cuda::kQ6_KBlockBytes; }
+// The weight types of 256-element blocks the cuda backend computes on with Q8_K activations.
+constexpr GgmlType kTypes[] = {GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_XS,
+                               GgmlType::kIQ2_XXS};
+
+int BlockBytes(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_K:
+      return cuda::kQ4_KBlockBytes;
+    case GgmlType::kQ5_K:
+      return cuda::kQ5_KBlockBytes;
+    case GgmlType::kQ6_K:
+      return cuda::kQ6_KBlockBytes;
+    case GgmlType::kIQ4_XS:
+      return cuda::kIQ4_XSBlockBytes;
+    case GgmlType::kIQ2_XXS:
+      return cuda::kIQ2_XXSBlockBytes;
+    default:
+      ADD_FAILURE() << TypeName(type);
+      return 1;
+  }
+}
 
 // Weights of `rows` x `cols`: quantized from Gaussian floats, or (raw) random bytes with sane
-// f16 scales, which reach every 6-bit scale/min pattern and int8 scale (-128 included).
+// f16 scales, which reach every 6-bit scale/min pattern and int8 scale (-128 included), every
+// IQ4 code and scale, every IQ2_XXS grid point, sign pattern and scale.
 std::vector<uint8_t> RandomWeights(GgmlType type, int64_t rows, int64_t cols, bool raw) {
   const int64_t n = rows * cols / kKBlock;
   std::vector<uint8_t> w(n * BlockBytes(type));
@@ -59,11 +83,13 @@ std::vector<uint8_t> RandomWeights(GgmlType type, int64_t rows, int64_t cols, bo
   for (int64_t b = 0; b < n; ++b) {
     uint8_t* blk = &w[b * BlockBytes(type)];
     const f16_bits d = F32ToF16(scale(rng)), dmin = F32ToF16(scale(rng));
-    if (type == GgmlType::kQ4_K) {
+    if (type == GgmlType::kQ4_K || type == GgmlType::kQ5_K) {
       std::memcpy(blk, &d, 2);
       std::memcpy(blk + 2, &dmin, 2);
-    } else {
+    } else if (type == GgmlType::kQ6_K) {
       std::memcpy(blk + 208, &d, 2);
+    } else {  // IQ4_XS, IQ2_XXS: d first
+      std::memcpy(blk, &d, 2);
     }
   }
   return w;
@@ -74,10 +100,24 @@ std::vector<uint8_t> Repack(GgmlType type, const std::vector<uint8_t>& w) {
   const int64_t n = w.size() / BlockBytes(type);
   std::vector<uint8_t> dev(w.size(), 0xAB);
   for (int64_t b = 0; b < n; ++b) {
-    if (type == GgmlType::kQ4_K)
-      cuda::RepackQ4_KBlock(&w[b * cuda::kQ4_KBlockBytes], dev.data(), n, b);
-    else
-      cuda::RepackQ6_KBlock(&w[b * cuda::kQ6_KBlockBytes], dev.data(), n, b);
+    const uint8_t* src = &w[b * BlockBytes(type)];
+    switch (type) {
+      case GgmlType::kQ4_K:
+        cuda::RepackQ4_KBlock(src, dev.data(), n, b);
+        break;
+      case GgmlType::kQ5_K:
+        cuda::RepackQ5_KBlock(src, dev.data(), n, b);
+        break;
+      case GgmlType::kQ6_K:
+        cuda::RepackQ6_KBlock(src, dev.data(), n, b);
+        break;
+      case GgmlType::kIQ4_XS:
+        cuda::RepackIQ4_XSBlock(src, dev.data(), n, b);
+        break;
+      default:
+        cuda::RepackIQ2_XXSBlock(src, dev.data(), n, b);
+        break;
+    }
   }
   return dev;
 }
@@ -132,6 +172,7 @@ void EmulateQuantizeQ8_K(const float* x, int64_t cols, uint8_t* row, float* d) {
 float EmulateRowDot(GgmlType type, const uint8_t* m, int64_t n, int64_t b_row, int64_t nb, const uint8_t* act,
                     const float* act_d, int64_t stride) {
   float acc[8] = {}, acc_m[4] = {};
+  float acc_m1 = 0.0f;  // Q5_K's one dmin chain (lane 0)
   for (int64_t bi = 0; bi < nb; ++bi) {
     const int64_t b = b_row + bi;
     const float ad = act_d[bi];
@@ -152,6 +193,29 @@ float EmulateRowDot(GgmlType type, const uint8_t* m, int64_t n, int64_t b_row, i
           const int msum = cuda::Q4_KMinLaneSum(s, g, Load<uint2>(bsums + 8 * g));
           acc_m[g] = std::fma(ddmin, static_cast<float>(msum), acc_m[g]);
         }
+      } else if (type == GgmlType::kQ5_K) {
+        const uint4 header = Load<uint4>(m + cuda::Q5_KHeaderOffset(n, b));
+        const cuda::Q4_KScales s = cuda::DecodeQ4_KScales(header);
+        const float dw = F16ToF32(static_cast<f16_bits>(header.x & 0xffffu));
+        const float dmin = F16ToF32(static_cast<f16_bits>(header.x >> 16));
+        const int isum = cuda::Q5_KLaneSum(Load<uint4>(m + cuda::Q5_KQsOffset(b, g)),
+                                           Load<uint32_t>(m + cuda::Q5_KQhOffset(n, b, g)), s, a0, a1);
+        acc[g] = std::fma(dw * ad, static_cast<float>(isum), acc[g]);
+        if (g == 0) {
+          const int msum = cuda::Q5_KMinSum(s, Load<uint4>(bsums), Load<uint4>(bsums + 16));
+          acc_m1 = std::fma(-(dmin * ad), static_cast<float>(msum), acc_m1);
+        }
+      } else if (type == GgmlType::kIQ4_XS) {
+        const uint2 header = Load<uint2>(m + cuda::IQ4_XSHeaderOffset(n, b));
+        const float dw = F16ToF32(static_cast<f16_bits>(header.x & 0xffffu));
+        const int isum = cuda::IQ4_XSLaneSum(Load<uint4>(m + cuda::IQ4_XSQsOffset(b, g)), header, a0, a1);
+        acc[g] = std::fma(dw * ad, static_cast<float>(isum), acc[g]);
+      } else if (type == GgmlType::kIQ2_XXS) {
+        const float dw = F16ToF32(Load<f16_bits>(m + cuda::IQ2_XXSDOffset(n, b)));
+        const uint8_t* words = m + cuda::IQ2_XXSWordsOffset(n, b);
+        const int isum = cuda::IQ2_XXSLaneSum(Load<uint2>(m + cuda::IQ2_XXSIndexOffset(b, g)), Load<uint4>(words),
+                                              Load<uint4>(words + 16), g, kIQ2_XXSGrid, a0, a1);
+        acc[g] = std::fma(dw * ad, static_cast<float>(isum), acc[g]);
       } else {
         const float dw = F16ToF32(Load<f16_bits>(m + cuda::Q6_KDOffset(n, b)));
         const int isum =
@@ -167,7 +231,9 @@ float EmulateRowDot(GgmlType type, const uint8_t* m, int64_t n, int64_t b_row, i
   for (int i = 0; i < 4; ++i) s4[i] = acc[i] + acc[i + 4];
   for (int i = 0; i < 2; ++i) s2[i] = s4[i] + s4[i + 2];
   const float sum = s2[0] + s2[1];
-  if (type == GgmlType::kQ6_K) return sum;
+  if (type == GgmlType::kQ6_K || type == GgmlType::kIQ4_XS) return sum;
+  if (type == GgmlType::kQ5_K) return sum + acc_m1;
+  if (type == GgmlType::kIQ2_XXS) return 0.125f * sum;
   const float m0 = acc_m[0] + acc_m[2], m1 = acc_m[1] + acc_m[3];
   const float sum_m = m0 + m1;
   return sum - sum_m;
@@ -185,13 +251,38 @@ TEST(KQuantLayout, RowBytesAndAlignment) {
     for (int j = 0; j < 32 * words; ++j) ++seen[cuda::LaneInterleave(j, words)];
     for (int j = 0; j < 32 * words; ++j) EXPECT_EQ(seen[j], 1) << words << " words, byte " << j;
   }
-  for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+  for (GgmlType type : kTypes) {
     const std::vector<uint8_t> w = RandomWeights(type, 3, 512, true);
     const std::vector<uint8_t> dev = Repack(type, w);
     std::vector<uint8_t> a = w, b = dev;
     std::sort(a.begin(), a.end());
     std::sort(b.begin(), b.end());
+    if (type == GgmlType::kIQ4_XS) continue;  // moves nibbles, checked below
     EXPECT_EQ(a, b) << TypeName(type) << ": the repack keeps every byte";
+  }
+  // IQ4_XS: every code lands in one place: lane e / 4, word j / 2, byte e % 4, nibble j % 2.
+  const std::vector<uint8_t> w = RandomWeights(GgmlType::kIQ4_XS, 2, 512, true);
+  const std::vector<uint8_t> dev = Repack(GgmlType::kIQ4_XS, w);
+  const int64_t n = 4;
+  for (int64_t b = 0; b < n; ++b) {
+    const BlockIQ4_XS& x = reinterpret_cast<const BlockIQ4_XS*>(w.data())[b];
+    for (int e = 0; e < kKBlock; ++e) {
+      const int j = e / 32, k = e % 32;
+      const int want = (x.qs[16 * j + k % 16] >> (k < 16 ? 0 : 4)) & 0xF;
+      const uint8_t byte = dev[cuda::IQ4_XSQsOffset(b, k / 4) + 4 * (j / 2) + k % 4];
+      ASSERT_EQ((byte >> (4 * (j % 2))) & 0xF, want) << "block " << b << " element " << e;
+    }
+    ASSERT_EQ(std::memcmp(&dev[cuda::IQ4_XSHeaderOffset(n, b)], &x, 8), 0) << "header of block " << b;
+  }
+  // The codebook's words are blocks.h's values.
+  for (int q = 0; q < 16; ++q) {
+    EXPECT_EQ(static_cast<int8_t>(cuda::kIQ4Words[q / 4] >> (8 * (q % 4))), kIQ4Values[q]) << q;
+    const uint32_t codes = static_cast<uint32_t>(q) | ((15u - q) << 8) | (((q + 5) % 16u) << 16) | (7u << 24);
+    const uint32_t v = cuda::IQ4Lookup4(codes);
+    EXPECT_EQ(static_cast<int8_t>(v), kIQ4Values[q]);
+    EXPECT_EQ(static_cast<int8_t>(v >> 8), kIQ4Values[15 - q]);
+    EXPECT_EQ(static_cast<int8_t>(v >> 16), kIQ4Values[(q + 5) % 16]);
+    EXPECT_EQ(static_cast<int8_t>(v >> 24), kIQ4Values[7]);
   }
 }
 
@@ -230,7 +321,7 @@ TEST(KQuantLayout, Q8_KConversionMatchesCpu) {
 
 TEST(KQuantLayout, LaneDotsMatchCpuKernels) {
   int checked = 0;
-  for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+  for (GgmlType type : kTypes) {
     for (int64_t cols : {256, 512, 768, 1024, 2048, 4096}) {
       for (int64_t rows : {1, 5, 33}) {
         for (bool raw : {false, true}) {
@@ -251,10 +342,7 @@ TEST(KQuantLayout, LaneDotsMatchCpuKernels) {
             }
             std::vector<float> want(rows), want_avx2(rows);
             VecDotRows(type, w.data(), rows, a.data(), cols, want.data());
-            if (type == GgmlType::kQ4_K)
-              VecDotRowsQ4_KAvx2(reinterpret_cast<const BlockQ4_K*>(w.data()), rows, a.data(), cols, want_avx2.data());
-            else
-              VecDotRowsQ6_KAvx2(reinterpret_cast<const BlockQ6_K*>(w.data()), rows, a.data(), cols, want_avx2.data());
+            VecDotRowsWith(KernelVariant::kAvx2, type, w.data(), rows, a.data(), cols, want_avx2.data());
             std::vector<uint8_t> act;
             std::vector<float> act_d;
             ToDeviceQ8_K(a, cols, &act, &act_d);
@@ -313,6 +401,33 @@ TEST(KQuantLayout, EmbeddingDequantMatchesCpu) {
         }
       }
     }
+  }
+}
+
+// kquant_dequant.cuh's host/device functions for the other types, as they are.
+TEST(KQuantLayout, EmbeddingDequantMatchesCpuForQ5_KAndIQTypes) {
+  for (GgmlType type : {GgmlType::kQ5_K, GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS}) {
+    for (bool raw : {false, true}) {
+      const int64_t rows = 20, cols = 1024;
+      const std::vector<uint8_t> w = RandomWeights(type, rows, cols, raw);
+      const int64_t rb = RowBytes(type, cols);
+      for (int64_t r = 0; r < rows; ++r) {
+        std::vector<float> want(cols);
+        DequantizeRow(type, &w[r * rb], want.data(), cols);
+        for (int64_t i = 0; i < cols; ++i) {
+          const uint8_t* row = &w[r * rb];
+          const float got = type == GgmlType::kQ5_K     ? cuda::DequantQ5_K(row, i)
+                            : type == GgmlType::kIQ4_XS ? cuda::DequantIQ4_XS(row, i)
+                                                        : cuda::DequantIQ2_XXS(row, i, kIQ2_XXSGrid);
+          ASSERT_EQ(got, want[i]) << TypeName(type) << (raw ? " raw" : "") << " row " << r << " element " << i;
+        }
+      }
+    }
+  }
+  // f16 decoding on the host, every bit pattern but NaNs.
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0) continue;
+    ASSERT_EQ(cuda::HalfBitsToFloat(static_cast<uint16_t>(h)), F16ToF32(static_cast<f16_bits>(h))) << h;
   }
 }
 
