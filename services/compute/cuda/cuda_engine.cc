@@ -60,7 +60,7 @@ absl::StatusOr<ExpertTypes> ExpertTypesOf(const ModelWeights& weights, const Exp
   for (GgmlType g : {t->gate, t->up, t->down})
     if (!SupportedType(g))
       return absl::UnimplementedError(absl::StrCat("cuda backend: expert tensor type ", TypeName(g),
-                                                   " is not supported yet (F32, F16, BF16, Q8_0, Q4_K, Q6_K)"));
+                                                   " is not supported yet (", kSupportedTypeNames, ")"));
   if (t->up != t->gate) return absl::UnimplementedError("cuda backend: the gate and up experts must share one type");
   return *t;
 }
@@ -226,7 +226,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
     for (const MatrixView* mv : {&L.wq, &L.wk, &L.wv, &L.wo, &L.router})
       if (!SupportedType(mv->type))
         return absl::UnimplementedError(absl::StrCat("cuda backend: tensor type ", TypeName(mv->type),
-                                                     " is not supported yet (F32, F16, BF16, Q8_0, Q4_K, Q6_K)"));
+                                                     " is not supported yet (", kSupportedTypeNames, ")"));
     if (ActivationTypeFor(L.wk.type) != ActivationTypeFor(L.wq.type) ||
         ActivationTypeFor(L.wv.type) != ActivationTypeFor(L.wq.type))
       return absl::UnimplementedError("cuda backend: Q, K and V must share one activation type");

@@ -1,16 +1,19 @@
-// The inner loop of the K-quant matrix products (dense mat-vec and grouped experts), bit-exact
-// with the CPU engine's VecDotRowsQ4_K / VecDotRowsQ6_K (common/quant/q4_k_rows.cc, q6_k_rows.cc:
-// the avx2 and avx512 variants form the same integers and floats; the scalar one, run only where
-// MER_CPU_KERNELS=scalar forces it, sums in another order):
+// The inner loop of the matrix products of the 256-element block types with Q8_K activations
+// (dense mat-vec and grouped experts), bit-exact with the CPU engine's VecDotRowsQ4_K / Q5_K /
+// Q6_K / IQ4_XS / IQ2_XXS (common/quant/q4_k_rows.cc, q5_k_rows.cc, q6_k_rows.cc, iq4_rows.cc,
+// iq2_rows.cc: the avx2 and avx512 variants form the same integers and floats; the scalar one,
+// run only where MER_CPU_KERNELS=scalar forces it, sums in another order):
 //
 //   8 lanes per row (kquant_layout.cuh). Per block, in order, lane i forms the CPU's int32 lane i
-//   exactly (Q4_KLaneSum / Q6_KLaneSum) and accumulates acc_i = fma(d_w * d_a, (float)isum, acc_i);
-//   Q4_K lanes 0..3 also acc_m_i = fma(dmin_w * d_a, (float)prod_m, acc_m_i). Then
+//   exactly (Q4_KLaneSum, Q5_KLaneSum, ...) and accumulates acc_i = fma(d_w * d_a, (float)isum,
+//   acc_i); Q4_K lanes 0..3 also acc_m_i = fma(dmin_w * d_a, (float)prod_m, acc_m_i); Q5_K lane 0
+//   also the block's one mins integer, acc_m = fma(-(dmin_w * d_a), (float)prod_m, acc_m). Then
 //   HorizontalSum: ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)); for Q4_K minus the 4-lane
-//   (m0+m2) + (m1+m3).
+//   (m0+m2) + (m1+m3); for Q5_K plus acc_m; for IQ2_XXS times 0.125.
 //
-// Per lane and block: one 16-byte load of quants (plus 8 bytes of qh for Q6_K) and one 16-byte
-// header load shared by the group; per token 32 bytes of activation quants, d, and the bsums.
+// Per lane and block: one 16-byte load of quants (plus 8 bytes of qh for Q6_K, 4 for Q5_K; IQ2_XXS:
+// 8 bytes of grid indices and a grid point per sub-block) and one header load shared by the group;
+// per token 32 bytes of activation quants, d, and the bsums (Q4_K, Q6_K; Q5_K in lane 0 only).
 #pragma once
 
 #include <cuda_fp16.h>
@@ -18,6 +21,7 @@
 #include <cstdint>
 
 #include "services/compute/cuda/device_layout.cuh"
+#include "services/compute/cuda/iq_grids.cuh"
 #include "services/compute/cuda/kquant_layout.cuh"
 
 namespace mer::cuda {
@@ -63,7 +67,8 @@ __device__ inline float KQuantReduce4(float v) {
 template <int kType, int R, int NT, int U>
 __device__ inline void KQuantGroupDots(const KQuantRowRef (&rows)[R], int64_t nb, const KQuantActRef (&acts)[NT],
                                        int64_t act_stride, float (&out)[R][NT]) {
-  static_assert(kType == kDevQ4_K || kType == kDevQ6_K);
+  static_assert(kType == kDevQ4_K || kType == kDevQ5_K || kType == kDevQ6_K || kType == kDevIQ4_XS ||
+                kType == kDevIQ2_XXS);
   constexpr bool kQ4 = kType == kDevQ4_K;
   const int g = threadIdx.x % kKQuantGroup;
   float acc[R][NT], acc_m[R][NT];
@@ -72,9 +77,9 @@ __device__ inline void KQuantGroupDots(const KQuantRowRef (&rows)[R], int64_t nb
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[r][t] = acc_m[r][t] = 0.0f;
   for (int64_t b0 = 0; b0 < nb; b0 += U) {
-    uint4 wq[U][R];   // Q4_K: qs words; Q6_K: ql words
-    uint4 wh[U][R];   // Q4_K: header; Q6_K: scales
-    uint2 wqh[U][R];  // Q6_K: qh words
+    uint4 wq[U][R];   // Q4_K, Q5_K, IQ4_XS: qs words; Q6_K: ql words; IQ2_XXS: sign words 0..3
+    uint4 wh[U][R];   // Q4_K, Q5_K: header; Q6_K: scales; IQ2_XXS: sign words 4..7
+    uint2 wqh[U][R];  // Q6_K: qh words; Q5_K: qh word (x); IQ4_XS: header; IQ2_XXS: grid indices
     float wd[U][R], wdmin[U][R];
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -92,6 +97,22 @@ __device__ inline void KQuantGroupDots(const KQuantRowRef (&rows)[R], int64_t nb
           wh[u][r] = *reinterpret_cast<const uint4*>(m + Q4_KHeaderOffset(rows[r].n, b));
           wd[u][r] = __half2float(__ushort_as_half(static_cast<unsigned short>(wh[u][r].x & 0xffffu)));
           wdmin[u][r] = __half2float(__ushort_as_half(static_cast<unsigned short>(wh[u][r].x >> 16)));
+        } else if constexpr (kType == kDevQ5_K) {
+          wq[u][r] = __ldcs(reinterpret_cast<const uint4*>(m + Q5_KQsOffset(b, g)));
+          wqh[u][r].x = __ldcs(reinterpret_cast<const uint32_t*>(m + Q5_KQhOffset(rows[r].n, b, g)));
+          wh[u][r] = *reinterpret_cast<const uint4*>(m + Q5_KHeaderOffset(rows[r].n, b));
+          wd[u][r] = __half2float(__ushort_as_half(static_cast<unsigned short>(wh[u][r].x & 0xffffu)));
+          wdmin[u][r] = __half2float(__ushort_as_half(static_cast<unsigned short>(wh[u][r].x >> 16)));
+        } else if constexpr (kType == kDevIQ4_XS) {
+          wq[u][r] = __ldcs(reinterpret_cast<const uint4*>(m + IQ4_XSQsOffset(b, g)));
+          wqh[u][r] = *reinterpret_cast<const uint2*>(m + IQ4_XSHeaderOffset(rows[r].n, b));
+          wd[u][r] = __half2float(__ushort_as_half(static_cast<unsigned short>(wqh[u][r].x & 0xffffu)));
+        } else if constexpr (kType == kDevIQ2_XXS) {
+          wqh[u][r] = __ldcs(reinterpret_cast<const uint2*>(m + IQ2_XXSIndexOffset(b, g)));
+          const uint4* words = reinterpret_cast<const uint4*>(m + IQ2_XXSWordsOffset(rows[r].n, b));
+          wq[u][r] = words[0];
+          wh[u][r] = words[1];
+          wd[u][r] = __half2float(*reinterpret_cast<const __half*>(m + IQ2_XXSDOffset(rows[r].n, b)));
         } else {
           wq[u][r] = __ldcs(reinterpret_cast<const uint4*>(m + Q6_KQlOffset(b, g)));
           wqh[u][r] = __ldcs(reinterpret_cast<const uint2*>(m + Q6_KQhOffset(rows[r].n, b, g)));
@@ -104,7 +125,7 @@ __device__ inline void KQuantGroupDots(const KQuantRowRef (&rows)[R], int64_t nb
       const int64_t b = b0 + u;  // block within the row
       if (b >= nb) break;
       Q4_KScales s[R];
-      if constexpr (kQ4) {
+      if constexpr (kQ4 || kType == kDevQ5_K) {
 #pragma unroll
         for (int r = 0; r < R; ++r) s[r] = DecodeQ4_KScales(wh[u][r]);
       }
@@ -123,6 +144,34 @@ __device__ inline void KQuantGroupDots(const KQuantRowRef (&rows)[R], int64_t nb
             acc[r][t] = fmaf(__fmul_rn(wd[u][r], ad), __int2float_rn(Q4_KLaneSum(wq[u][r], s[r], a0, a1)), acc[r][t]);
             if (g < 4)
               acc_m[r][t] = fmaf(__fmul_rn(wdmin[u][r], ad), __int2float_rn(Q4_KMinLaneSum(s[r], g, bs)), acc_m[r][t]);
+          }
+        } else if constexpr (kType == kDevQ5_K) {
+          uint4 bs0 = make_uint4(0, 0, 0, 0), bs1 = make_uint4(0, 0, 0, 0);
+          if (g == 0) {
+            bs0 = *reinterpret_cast<const uint4*>(bsums);
+            bs1 = *reinterpret_cast<const uint4*>(bsums + 16);
+          }
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            if (rows[r].m == nullptr) continue;
+            acc[r][t] = fmaf(__fmul_rn(wd[u][r], ad), __int2float_rn(Q5_KLaneSum(wq[u][r], wqh[u][r].x, s[r], a0, a1)),
+                             acc[r][t]);
+            if (g == 0)
+              acc_m[r][t] = fmaf(-__fmul_rn(wdmin[u][r], ad), __int2float_rn(Q5_KMinSum(s[r], bs0, bs1)), acc_m[r][t]);
+          }
+        } else if constexpr (kType == kDevIQ4_XS) {
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            if (rows[r].m == nullptr) continue;
+            const int isum = IQ4_XSLaneSum(wq[u][r], wqh[u][r], a0, a1);
+            acc[r][t] = fmaf(__fmul_rn(wd[u][r], ad), __int2float_rn(isum), acc[r][t]);
+          }
+        } else if constexpr (kType == kDevIQ2_XXS) {
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            if (rows[r].m == nullptr) continue;
+            const int isum = IQ2_XXSLaneSum(wqh[u][r], wq[u][r], wh[u][r], g, kDevIQ2_XXSGrid, a0, a1);
+            acc[r][t] = fmaf(__fmul_rn(wd[u][r], ad), __int2float_rn(isum), acc[r][t]);
           }
         } else {
           const uint32_t bs = *reinterpret_cast<const uint32_t*>(bsums + 4 * g);
@@ -143,6 +192,10 @@ __device__ inline void KQuantGroupDots(const KQuantRowRef (&rows)[R], int64_t nb
       const float sum = KQuantReduce8(acc[r][t]);
       if constexpr (kQ4) {
         out[r][t] = __fsub_rn(sum, KQuantReduce4(acc_m[r][t]));
+      } else if constexpr (kType == kDevQ5_K) {
+        out[r][t] = __fadd_rn(sum, acc_m[r][t]);  // lane 0's chain
+      } else if constexpr (kType == kDevIQ2_XXS) {
+        out[r][t] = __fmul_rn(0.125f, sum);
       } else {
         out[r][t] = sum;
       }

@@ -120,7 +120,8 @@ void LaunchDownT(const ExpertArgs& a, const DevAct& act, float* out, int max_pai
 }
 
 void CheckArgs(const char* what, int type, int64_t cols, const DevAct& act) {
-  if ((type != kDevQ4_K && type != kDevQ6_K) || cols % kKBlock != 0 || act.type != kDevQ8_K) {
+  if ((type != kDevQ4_K && type != kDevQ5_K && type != kDevQ6_K && type != kDevIQ4_XS && type != kDevIQ2_XXS) ||
+      cols % kKBlock != 0 || act.type != kDevQ8_K) {
     std::fprintf(stderr, "experts (k-quant) %s: type %d, %lld cols, activation type %d\n", what, type,
                  static_cast<long long>(cols), act.type);
     std::abort();
@@ -133,20 +134,46 @@ void LaunchExpertGateUpKQuant(const ExpertArgs& a, const DevAct& x_act, float* h
                               cudaStream_t stream) {
   CheckArgs("gate/up", a.type, a.n_embd, x_act);
   if (a.u_count <= 0) return;
-  if (a.type == kDevQ4_K)
-    LaunchGateUpT<kDevQ4_K>(a, x_act, h, max_group_pairs, stream);
-  else
-    LaunchGateUpT<kDevQ6_K>(a, x_act, h, max_group_pairs, stream);
+  switch (a.type) {
+    case kDevQ4_K:
+      LaunchGateUpT<kDevQ4_K>(a, x_act, h, max_group_pairs, stream);
+      break;
+    case kDevQ5_K:
+      LaunchGateUpT<kDevQ5_K>(a, x_act, h, max_group_pairs, stream);
+      break;
+    case kDevQ6_K:
+      LaunchGateUpT<kDevQ6_K>(a, x_act, h, max_group_pairs, stream);
+      break;
+    case kDevIQ4_XS:
+      LaunchGateUpT<kDevIQ4_XS>(a, x_act, h, max_group_pairs, stream);
+      break;
+    default:
+      LaunchGateUpT<kDevIQ2_XXS>(a, x_act, h, max_group_pairs, stream);
+      break;
+  }
 }
 
 void LaunchExpertDownKQuant(const ExpertArgs& a, const DevAct& h_act, float* out, int max_group_pairs,
                             cudaStream_t stream) {
   CheckArgs("down", a.down_type, a.n_ff, h_act);
   if (a.u_count <= 0) return;
-  if (a.down_type == kDevQ4_K)
-    LaunchDownT<kDevQ4_K>(a, h_act, out, max_group_pairs, stream);
-  else
-    LaunchDownT<kDevQ6_K>(a, h_act, out, max_group_pairs, stream);
+  switch (a.down_type) {
+    case kDevQ4_K:
+      LaunchDownT<kDevQ4_K>(a, h_act, out, max_group_pairs, stream);
+      break;
+    case kDevQ5_K:
+      LaunchDownT<kDevQ5_K>(a, h_act, out, max_group_pairs, stream);
+      break;
+    case kDevQ6_K:
+      LaunchDownT<kDevQ6_K>(a, h_act, out, max_group_pairs, stream);
+      break;
+    case kDevIQ4_XS:
+      LaunchDownT<kDevIQ4_XS>(a, h_act, out, max_group_pairs, stream);
+      break;
+    default:
+      LaunchDownT<kDevIQ2_XXS>(a, h_act, out, max_group_pairs, stream);
+      break;
+  }
 }
 
 }  // namespace mer::cuda

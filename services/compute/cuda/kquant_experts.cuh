@@ -1,6 +1,6 @@
-// LaunchExpertGateUp / LaunchExpertDown (moe_experts.cuh) for Q4_K and Q6_K expert matrices:
-// gate and up of type args.type, down of args.down_type, each dispatched here when it is a
-// K-quant. Activations Q8_K (kquant_layout.cuh); n_embd (gate/up) and n_ff (down) multiples of
+// LaunchExpertGateUp / LaunchExpertDown (moe_experts.cuh) for Q4_K, Q5_K, Q6_K, IQ4_XS and
+// IQ2_XXS expert matrices: gate and up of type args.type, down of args.down_type, each dispatched
+// here when it is one of these. Activations Q8_K (kquant_layout.cuh); n_embd (gate/up) and n_ff (down) multiples of
 // 256. Same semantics and outputs as moe_experts.cuh, bit-exact with the CPU engine.
 #pragma once
 

@@ -67,8 +67,9 @@ void Launch(const KQuantMatvecArgs& args, int64_t total_rows, cudaStream_t strea
 
 void LaunchMatvecKQuant(const MatvecOutput* outputs, int n_outputs, const DevAct& act, int n_tokens,
                         cudaStream_t stream) {
+  const int type = n_outputs > 0 ? outputs[0].w.type : -1;
   if (n_outputs < 1 || n_outputs > kMaxOutputs || act.type != kDevQ8_K ||
-      (outputs[0].w.type != kDevQ4_K && outputs[0].w.type != kDevQ6_K)) {
+      (type != kDevQ4_K && type != kDevQ5_K && type != kDevQ6_K && type != kDevIQ4_XS && type != kDevIQ2_XXS)) {
     std::fprintf(stderr, "matvec (k-quant): %d outputs, weight type %d, activation type %d\n", n_outputs,
                  n_outputs > 0 ? outputs[0].w.type : -1, act.type);
     std::abort();
@@ -91,10 +92,23 @@ void LaunchMatvecKQuant(const MatvecOutput* outputs, int n_outputs, const DevAct
   }
   const int64_t total = args.row_begin[n_outputs];
   if (total == 0 || n_tokens == 0) return;
-  if (outputs[0].w.type == kDevQ4_K)
-    Launch<kDevQ4_K>(args, total, stream);
-  else
-    Launch<kDevQ6_K>(args, total, stream);
+  switch (type) {
+    case kDevQ4_K:
+      Launch<kDevQ4_K>(args, total, stream);
+      break;
+    case kDevQ5_K:
+      Launch<kDevQ5_K>(args, total, stream);
+      break;
+    case kDevQ6_K:
+      Launch<kDevQ6_K>(args, total, stream);
+      break;
+    case kDevIQ4_XS:
+      Launch<kDevIQ4_XS>(args, total, stream);
+      break;
+    default:
+      Launch<kDevIQ2_XXS>(args, total, stream);
+      break;
+  }
 }
 
 }  // namespace mer::cuda

@@ -1,5 +1,6 @@
-// LaunchMatvec (matvec.cuh) for Q4_K and Q6_K weights: out[t, r] = (residual ? residual[t, r] : 0)
-// + W[r, :] . act[t, :] for up to three matrices of one K-quant type that read the same Q8_K
+// LaunchMatvec (matvec.cuh) for Q4_K, Q5_K, Q6_K, IQ4_XS and IQ2_XXS weights: out[t, r] =
+// (residual ? residual[t, r] : 0) + W[r, :] . act[t, :] for up to three matrices of one such type
+// that read the same Q8_K
 // activations, in one launch. cols a multiple of 256 (shared by the matrices); weights in the
 // device layout of kquant_layout.cuh. Results equal the CPU engine's bit for bit (kquant_dot.cuh).
 #pragma once

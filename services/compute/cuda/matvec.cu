@@ -250,7 +250,10 @@ void LaunchMatvec(const MatvecOutput* outputs, int n_outputs, const DevAct& act,
       Launch<kDevQ8_0>(args, total, stream);
       break;
     case kDevQ4_K:
+    case kDevQ5_K:
     case kDevQ6_K:
+    case kDevIQ4_XS:
+    case kDevIQ2_XXS:
       LaunchMatvecKQuant(outputs, n_outputs, act, n_tokens, stream);
       break;
     default:

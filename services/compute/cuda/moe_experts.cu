@@ -429,7 +429,10 @@ void LaunchExpertGateUp(const ExpertArgs& a, const DevAct& x_act, float* h, int 
       LaunchGateUpT<kDevQ8_0>(a, x_act, h, max_group_pairs, stream);
       break;
     case kDevQ4_K:
+    case kDevQ5_K:
     case kDevQ6_K:
+    case kDevIQ4_XS:
+    case kDevIQ2_XXS:
       LaunchExpertGateUpKQuant(a, x_act, h, max_group_pairs, stream);
       break;
     default:
@@ -453,7 +456,10 @@ void LaunchExpertDown(const ExpertArgs& a, const DevAct& h_act, float* out, int 
       LaunchDownT<kDevQ8_0>(a, h_act, out, max_group_pairs, stream);
       break;
     case kDevQ4_K:
+    case kDevQ5_K:
     case kDevQ6_K:
+    case kDevIQ4_XS:
+    case kDevIQ2_XXS:
       LaunchExpertDownKQuant(a, h_act, out, max_group_pairs, stream);
       break;
     default:
