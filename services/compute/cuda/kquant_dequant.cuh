@@ -1,10 +1,10 @@
-// Element i of a Q4_K / Q5_K / Q6_K / IQ4_XS / IQ2_XXS row in the GGUF layout (blocks.h), to f32
+// Element i of a Q4_K / Q5_K / Q6_K / IQ4_XS / IQ2_XXS / Q4_0 / IQ4_NL row in the GGUF layout (blocks.h), to f32
 // as the CPU's DequantizeRow* compute it (the embedding table stays in the file's layout). Q4_K: d_j = d * sc_j and min_j = dmin * m_j, then d_j * q - min_j, which GCC contracts
 // into one fma (C++ with -mfma); either way the same float, since d_j * q is exact (an f16
 // mantissa times 6 and 4 bits). Q6_K: (d * sc_j) * (q - 32), in that order (the second product
 // rounds). Q5_K: as Q4_K (d_j * q is exact here too: 11 + 6 + 5 bits). IQ4_XS: (d * (ls - 32)) *
-// value; IQ2_XXS: ((d * (0.5 + ls)) * 0.25) * grid byte, then the sign: products only, so the
-// host test (kquant_layout_test) runs these three as they are.
+// value; IQ2_XXS: ((d * (0.5 + ls)) * 0.25) * grid byte, then the sign; Q4_0 (q - 8) * d, IQ4_NL
+// d * value: products only, so the host test (kquant_layout_test) runs these as they are.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -104,6 +104,17 @@ __host__ __device__ inline float DequantIQ4_XS(const uint8_t* row, int64_t i) {
   const int scales_h = blk[2] | (blk[3] << 8);
   const int ls = ((blk[4 + j / 2] >> (4 * (j % 2))) & 0xF) | (((scales_h >> (2 * j)) & 3) << 4);
   return HalfAt(blk) * static_cast<float>(ls - 32) * static_cast<float>(value);
+}
+
+// Q4_0: (q - 8) * d; IQ4_NL: d * kIQ4Values[q] (through IQ4Lookup4).
+template <bool kIQ4>
+__host__ __device__ inline float DequantTable4(const uint8_t* row, int64_t i) {
+  const uint8_t* blk = row + (i / kTable4Block) * kTable4BlockBytes;
+  const int e = static_cast<int>(i % kTable4Block);
+  const int code = (blk[2 + e % 16] >> (e < 16 ? 0 : 4)) & 0xF;
+  if (kIQ4)
+    return HalfAt(blk) * static_cast<float>(static_cast<int8_t>(IQ4Lookup4(static_cast<uint32_t>(code)) & 0xffu));
+  return static_cast<float>(code - 8) * HalfAt(blk);
 }
 
 // grid: the 256 grid points (kIQ2_XXSGrid).

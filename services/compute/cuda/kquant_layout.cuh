@@ -28,6 +28,13 @@
 //        elements of every sub-block) reading the 8 bytes at 8p, byte j = sub-block j's index of
 //        group p; sign and scale words [n][32] at 32n (sub-block j's second u32 at 4j); d f16 [n]
 //        at 64n.
+//
+// Q4_0 and IQ4_NL (18-byte blocks of 32, Q8_0 activations in device_layout.cuh's layout): the CPU
+// kernel (common/quant/table4_rows.h, ggml's 8-row gemv order) adds one exact int32 sum per block to
+// one f32 per row. A lane group of 8 lanes computes one row, lane i the 4 products of elements
+// 4i..4i+3 of each block, then the group's integer sum (shuffles; exact in any order) and the
+// row's fma chain. Layout: codes [n][16] at 0, lane i's 2 bytes at 16b + 2i holding the codes of
+// elements 4i..4i+3 in their nibbles (low first); d f16 [n] at 16n.
 // Activations, Q8_K rows of `stride` elements (a multiple of 256), row t at t * Q8_KRowBytes:
 //   quants [stride] (block b at 256b, element e of it at LaneInterleave(e, 8): lane i's 32 bytes
 //   at 32i are its words of groups 0..7), then bsums int16 [stride / 16] (16 per block, as
@@ -46,6 +53,8 @@ inline constexpr int kQ5_KBlockBytes = 176;
 inline constexpr int kQ6_KBlockBytes = 210;
 inline constexpr int kIQ4_XSBlockBytes = 136;
 inline constexpr int kIQ2_XXSBlockBytes = 66;
+inline constexpr int kTable4Block = 32;  // elements per Q4_0 / IQ4_NL block
+inline constexpr int kTable4BlockBytes = 18;
 
 // Where byte j of a region of 32 * words bytes goes when each of the 8 lanes owns bytes
 // 4i..4i+3 of every 32-byte run: run j / 32 becomes word j / 32 of lane (j % 32) / 4's
@@ -70,6 +79,9 @@ __host__ __device__ constexpr int64_t IQ4_XSHeaderOffset(int64_t n, int64_t b) {
 __host__ __device__ constexpr int64_t IQ2_XXSIndexOffset(int64_t b, int lane) { return b * 32 + 8 * (lane / 2); }
 __host__ __device__ constexpr int64_t IQ2_XXSWordsOffset(int64_t n, int64_t b) { return 32 * n + 32 * b; }
 __host__ __device__ constexpr int64_t IQ2_XXSDOffset(int64_t n, int64_t b) { return 64 * n + 2 * b; }
+// Byte offsets in a Q4_0 / IQ4_NL matrix of n blocks.
+__host__ __device__ constexpr int64_t Table4CodesOffset(int64_t b, int lane) { return b * 16 + 2 * lane; }
+__host__ __device__ constexpr int64_t Table4DOffset(int64_t n, int64_t b) { return 16 * n + 2 * b; }
 // Byte offsets in a Q6_K matrix of n blocks.
 __host__ __device__ constexpr int64_t Q6_KQlOffset(int64_t b, int lane) { return b * 128 + 16 * lane; }
 __host__ __device__ constexpr int64_t Q6_KQhOffset(int64_t n, int64_t b, int lane) {
@@ -139,6 +151,20 @@ __host__ __device__ inline void RepackIQ2_XXSBlock(const uint8_t* src, uint8_t* 
   }
   dst[IQ2_XXSDOffset(n, b)] = src[0];
   dst[IQ2_XXSDOffset(n, b) + 1] = src[1];
+}
+
+// Q4_0 / IQ4_NL: element e (< 16: low nibble of qs[e], else the high nibble of qs[e - 16]) goes
+// to lane e / 4's 2 bytes, nibble e % 4.
+__host__ __device__ inline void RepackTable4Block(const uint8_t* src, uint8_t* dst, int64_t n, int64_t b) {
+  const uint8_t* qs = src + 2;
+  uint8_t* codes = dst + Table4CodesOffset(b, 0);
+  for (int j = 0; j < 16; ++j) {
+    const int e0 = 2 * j, e1 = 2 * j + 1;
+    const int c0 = (qs[e0 % 16] >> (e0 < 16 ? 0 : 4)) & 0xF, c1 = (qs[e1 % 16] >> (e1 < 16 ? 0 : 4)) & 0xF;
+    codes[j] = static_cast<uint8_t>(c0 | (c1 << 4));
+  }
+  dst[Table4DOffset(n, b)] = src[0];
+  dst[Table4DOffset(n, b) + 1] = src[1];
 }
 
 // Byte k of w, unsigned and sign-extended.
@@ -238,16 +264,38 @@ __host__ __device__ inline int Q5_KMinSum(const Q4_KScales& s, uint4 b0, uint4 b
   return sum;
 }
 
-// The IQ4 codebook (blocks.h kIQ4Values) as 4 words of 4 int8, for BytePerm.
-inline constexpr uint32_t kIQ4Words[4] = {0xBFAD9881u, 0xF6EADDCFu, 0x26190D01u, 0x71594535u};
+// The IQ4 codebook (blocks.h kIQ4Values) as 4 words of 4 int8, for BytePerm; Q4_0's values q - 8
+// the same way.
+// (Functions, not arrays: device code may not read a host constexpr array.)
+__host__ __device__ constexpr uint32_t IQ4Word(int k) {
+  return k == 0 ? 0xBFAD9881u : k == 1 ? 0xF6EADDCFu : k == 2 ? 0x26190D01u : 0x71594535u;
+}
+__host__ __device__ constexpr uint32_t Q4_0Word(int k) {
+  return k == 0 ? 0xFBFAF9F8u : k == 1 ? 0xFFFEFDFCu : k == 2 ? 0x03020100u : 0x07060504u;
+}
+
+// Entries of the 16-byte table w0..w3 for the 4 codes (each < 16) in the bytes of codes.
+__host__ __device__ inline uint32_t Lookup4(uint32_t codes, uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {
+  const uint32_t t = codes | (codes >> 4);
+  const uint32_t sel = (t & 0xffu) | ((t >> 8) & 0xff00u);  // nibble k = code k
+  const uint32_t lo = BytePerm(w0, w1, sel & 0x7777u);
+  const uint32_t hi = BytePerm(w2, w3, sel & 0x7777u);
+  return BytePerm(lo, hi, 0x3210u | ((sel & 0x8888u) >> 1));  // codes >= 8 from hi
+}
 
 // The codebook values of the 4 codes (each < 16) in the bytes of codes.
 __host__ __device__ inline uint32_t IQ4Lookup4(uint32_t codes) {
-  const uint32_t t = codes | (codes >> 4);
-  const uint32_t sel = (t & 0xffu) | ((t >> 8) & 0xff00u);  // nibble k = code k
-  const uint32_t lo = BytePerm(kIQ4Words[0], kIQ4Words[1], sel & 0x7777u);
-  const uint32_t hi = BytePerm(kIQ4Words[2], kIQ4Words[3], sel & 0x7777u);
-  return BytePerm(lo, hi, 0x3210u | ((sel & 0x8888u) >> 1));  // codes >= 8 from hi
+  return Lookup4(codes, IQ4Word(0), IQ4Word(1), IQ4Word(2), IQ4Word(3));
+}
+
+// Q4_0 / IQ4_NL, lane i's 4 products of one block (its share of the block's int32 sum, which
+// the group adds up): values of the 4 codes in the 2 bytes of `codes` . the 4 activations.
+template <bool kIQ4>
+__host__ __device__ inline int Table4LanePart(uint32_t codes, uint32_t act) {
+  const uint32_t c = (codes & 0xFu) | ((codes & 0xF0u) << 4) | ((codes & 0xF00u) << 8) | ((codes & 0xF000u) << 12);
+  const uint32_t values = kIQ4 ? Lookup4(c, IQ4Word(0), IQ4Word(1), IQ4Word(2), IQ4Word(3))
+                               : Lookup4(c, Q4_0Word(0), Q4_0Word(1), Q4_0Word(2), Q4_0Word(3));
+  return Dot4(values, act);
 }
 
 // IQ4_XS, lane i's int32 of one block (the CPU's lane i of IQ4_XSRowsKernel, iq4_rows.cc): sum

@@ -18,6 +18,7 @@
 #include "common/quant/kernel_variant.h"
 #include "common/quant/q4_k.h"
 #include "common/quant/q6_k.h"
+#include "common/quant/q8_0.h"
 #include "common/quant/q8_k.h"
 #include "common/quant/quant.h"
 #include "services/compute/cuda/device_layout.cuh"
@@ -60,6 +61,9 @@ int BlockBytes(GgmlType type) {
       return cuda::kIQ4_XSBlockBytes;
     case GgmlType::kIQ2_XXS:
       return cuda::kIQ2_XXSBlockBytes;
+    case GgmlType::kQ4_0:
+    case GgmlType::kIQ4_NL:
+      return cuda::kTable4BlockBytes;
     default:
       ADD_FAILURE() << TypeName(type);
       return 1;
@@ -70,7 +74,7 @@ int BlockBytes(GgmlType type) {
 // f16 scales, which reach every 6-bit scale/min pattern and int8 scale (-128 included), every
 // IQ4 code and scale, every IQ2_XXS grid point, sign pattern and scale.
 std::vector<uint8_t> RandomWeights(GgmlType type, int64_t rows, int64_t cols, bool raw) {
-  const int64_t n = rows * cols / kKBlock;
+  const int64_t n = rows * RowBytes(type, cols) / BlockBytes(type);
   std::vector<uint8_t> w(n * BlockBytes(type));
   if (!raw) {
     const std::vector<float> f = Random(rows * cols, 0.05f);
@@ -88,7 +92,7 @@ std::vector<uint8_t> RandomWeights(GgmlType type, int64_t rows, int64_t cols, bo
       std::memcpy(blk + 2, &dmin, 2);
     } else if (type == GgmlType::kQ6_K) {
       std::memcpy(blk + 208, &d, 2);
-    } else {  // IQ4_XS, IQ2_XXS: d first
+    } else {  // IQ4_XS, IQ2_XXS, Q4_0, IQ4_NL: d first
       std::memcpy(blk, &d, 2);
     }
   }
@@ -114,8 +118,11 @@ std::vector<uint8_t> Repack(GgmlType type, const std::vector<uint8_t>& w) {
       case GgmlType::kIQ4_XS:
         cuda::RepackIQ4_XSBlock(src, dev.data(), n, b);
         break;
-      default:
+      case GgmlType::kIQ2_XXS:
         cuda::RepackIQ2_XXSBlock(src, dev.data(), n, b);
+        break;
+      default:
+        cuda::RepackTable4Block(src, dev.data(), n, b);
         break;
     }
   }
@@ -239,6 +246,35 @@ float EmulateRowDot(GgmlType type, const uint8_t* m, int64_t n, int64_t b_row, i
   return sum - sum_m;
 }
 
+// Table4GroupDots (kquant_dot.cuh) for one Q4_0 / IQ4_NL row against one Q8_0 activation row in
+// the device layout (device_layout.cuh; f32 scales): per block the 8 lanes' parts added (the
+// shuffles; exact in any order), then the row's fma chain.
+float EmulateTable4RowDot(GgmlType type, const uint8_t* m, int64_t n, int64_t b_row, int64_t nb, const uint8_t* act,
+                          const float* act_d, int64_t stride) {
+  float acc = 0.0f;
+  for (int64_t bi = 0; bi < nb; ++bi) {
+    const int64_t b = b_row + bi;
+    int isum = 0;
+    for (int g = 0; g < 8; ++g) {
+      const uint32_t codes = Load<uint16_t>(m + cuda::Table4CodesOffset(b, g));
+      const uint32_t a = Load<uint32_t>(act + cuda::Q8_0QuantOffset(32 * bi + 4 * g, stride / 32));
+      isum += type == GgmlType::kIQ4_NL ? cuda::Table4LanePart<true>(codes, a) : cuda::Table4LanePart<false>(codes, a);
+    }
+    const float dw = F16ToF32(Load<f16_bits>(m + cuda::Table4DOffset(n, b)));
+    acc = std::fma(static_cast<float>(isum), dw * act_d[bi], acc);
+  }
+  return acc;
+}
+
+// A CPU Q8_0 row in the device layout: quants interleaved by runs of 4 blocks, f32 scales.
+void ToDeviceQ8_0(const std::vector<BlockQ8_0>& a, int64_t cols, std::vector<uint8_t>* row, std::vector<float>* d) {
+  row->assign(cols, 0xAB);
+  d->assign(cols / 32, NAN);
+  for (int64_t e = 0; e < cols; ++e)
+    (*row)[cuda::Q8_0QuantOffset(e, cols / 32)] = static_cast<uint8_t>(a[e / 32].qs[e % 32]);
+  for (int64_t b = 0; b < cols / 32; ++b) (*d)[b] = F16ToF32(a[b].d);
+}
+
 TEST(KQuantLayout, RowBytesAndAlignment) {
   for (int64_t cols = 256; cols <= 8192; cols += 256) {
     EXPECT_EQ(cuda::ActRowBytes(cuda::kDevQ8_K, cols), cuda::Q8_KRowBytes(cols));
@@ -260,6 +296,21 @@ TEST(KQuantLayout, RowBytesAndAlignment) {
     if (type == GgmlType::kIQ4_XS) continue;  // moves nibbles, checked below
     EXPECT_EQ(a, b) << TypeName(type) << ": the repack keeps every byte";
   }
+  // Q4_0 / IQ4_NL: element e's code in lane e / 4's 2 bytes, nibble e % 4; d after the codes.
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kIQ4_NL}) {
+    const std::vector<uint8_t> w = RandomWeights(type, 3, 96, true);
+    const std::vector<uint8_t> dev = Repack(type, w);
+    const int64_t n = 9;
+    for (int64_t b = 0; b < n; ++b) {
+      const uint8_t* blk = &w[b * cuda::kTable4BlockBytes];
+      for (int e = 0; e < 32; ++e) {
+        const int want = (blk[2 + e % 16] >> (e < 16 ? 0 : 4)) & 0xF;
+        const uint16_t codes = Load<uint16_t>(&dev[cuda::Table4CodesOffset(b, e / 4)]);
+        ASSERT_EQ((codes >> (4 * (e % 4))) & 0xF, want) << TypeName(type) << " block " << b << " element " << e;
+      }
+      ASSERT_EQ(std::memcmp(&dev[cuda::Table4DOffset(n, b)], blk, 2), 0) << TypeName(type) << " d of block " << b;
+    }
+  }
   // IQ4_XS: every code lands in one place: lane e / 4, word j / 2, byte e % 4, nibble j % 2.
   const std::vector<uint8_t> w = RandomWeights(GgmlType::kIQ4_XS, 2, 512, true);
   const std::vector<uint8_t> dev = Repack(GgmlType::kIQ4_XS, w);
@@ -274,9 +325,10 @@ TEST(KQuantLayout, RowBytesAndAlignment) {
     }
     ASSERT_EQ(std::memcmp(&dev[cuda::IQ4_XSHeaderOffset(n, b)], &x, 8), 0) << "header of block " << b;
   }
-  // The codebook's words are blocks.h's values.
+  // The codebooks' words are blocks.h's values and q - 8.
   for (int q = 0; q < 16; ++q) {
-    EXPECT_EQ(static_cast<int8_t>(cuda::kIQ4Words[q / 4] >> (8 * (q % 4))), kIQ4Values[q]) << q;
+    EXPECT_EQ(static_cast<int8_t>(cuda::Q4_0Word(q / 4) >> (8 * (q % 4))), q - 8) << q;
+    EXPECT_EQ(static_cast<int8_t>(cuda::IQ4Word(q / 4) >> (8 * (q % 4))), kIQ4Values[q]) << q;
     const uint32_t codes = static_cast<uint32_t>(q) | ((15u - q) << 8) | (((q + 5) % 16u) << 16) | (7u << 24);
     const uint32_t v = cuda::IQ4Lookup4(codes);
     EXPECT_EQ(static_cast<int8_t>(v), kIQ4Values[q]);
@@ -362,6 +414,45 @@ TEST(KQuantLayout, LaneDotsMatchCpuKernels) {
   std::printf("%d row dots equal\n", checked);
 }
 
+// Q4_0 and IQ4_NL rows (Q8_0 activations), row counts that are and are not multiples of 8 (the
+// CPU's 8-row and 1-row kernels, the same per-row chain), against the CPU kernels.
+TEST(KQuantLayout, Table4LaneDotsMatchCpuKernels) {
+  int checked = 0;
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kIQ4_NL}) {
+    for (int64_t cols : {32, 96, 128, 160, 768, 2048}) {
+      for (int64_t rows : {1, 8, 13, 33}) {
+        for (bool raw : {false, true}) {
+          const std::vector<uint8_t> w = RandomWeights(type, rows, cols, raw);
+          const std::vector<uint8_t> dev = Repack(type, w);
+          const int64_t nb = cols / 32, n = rows * nb;
+          for (int t = 0; t < 3; ++t) {
+            std::vector<float> x = Random(cols, t == 2 ? 50.0f : 1.0f);
+            std::vector<BlockQ8_0> a(nb);
+            QuantizeRow(GgmlType::kQ8_0, x.data(), a.data(), cols);
+            if (t == 2)  // extreme activations: every quant +-127
+              for (int64_t b = 0; b < nb; ++b)
+                for (int i = 0; i < 32; ++i) a[b].qs[i] = (i + b) % 3 == 0 ? -127 : 127;
+            std::vector<float> want(rows), want_avx2(rows);
+            VecDotRows(type, w.data(), rows, a.data(), cols, want.data());
+            VecDotRowsWith(KernelVariant::kAvx2, type, w.data(), rows, a.data(), cols, want_avx2.data());
+            std::vector<uint8_t> act;
+            std::vector<float> act_d;
+            ToDeviceQ8_0(a, cols, &act, &act_d);
+            for (int64_t r = 0; r < rows; ++r) {
+              ASSERT_EQ(want[r], want_avx2[r]) << "CPU variants differ: " << TypeName(type) << " row " << r;
+              const float got = EmulateTable4RowDot(type, dev.data(), n, r * nb, nb, act.data(), act_d.data(), cols);
+              ASSERT_EQ(got, want[r]) << TypeName(type) << " " << rows << "x" << cols << (raw ? " raw" : "")
+                                      << " token " << t << " row " << r;
+              ++checked;
+            }
+          }
+        }
+      }
+    }
+  }
+  std::printf("%d row dots equal\n", checked);
+}
+
 // kquant_dequant.cuh's formulas against DequantizeRow as compiled (GCC contracts Q4_K's
 // d_j * q - min_j into an fma; d_j * q is exact, so fused or not is the same float).
 TEST(KQuantLayout, EmbeddingDequantMatchesCpu) {
@@ -406,7 +497,7 @@ TEST(KQuantLayout, EmbeddingDequantMatchesCpu) {
 
 // kquant_dequant.cuh's host/device functions for the other types, as they are.
 TEST(KQuantLayout, EmbeddingDequantMatchesCpuForQ5_KAndIQTypes) {
-  for (GgmlType type : {GgmlType::kQ5_K, GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS}) {
+  for (GgmlType type : {GgmlType::kQ5_K, GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS, GgmlType::kQ4_0, GgmlType::kIQ4_NL}) {
     for (bool raw : {false, true}) {
       const int64_t rows = 20, cols = 1024;
       const std::vector<uint8_t> w = RandomWeights(type, rows, cols, raw);
@@ -418,6 +509,8 @@ TEST(KQuantLayout, EmbeddingDequantMatchesCpuForQ5_KAndIQTypes) {
           const uint8_t* row = &w[r * rb];
           const float got = type == GgmlType::kQ5_K     ? cuda::DequantQ5_K(row, i)
                             : type == GgmlType::kIQ4_XS ? cuda::DequantIQ4_XS(row, i)
+                            : type == GgmlType::kQ4_0   ? cuda::DequantTable4<false>(row, i)
+                            : type == GgmlType::kIQ4_NL ? cuda::DequantTable4<true>(row, i)
                                                         : cuda::DequantIQ2_XXS(row, i, kIQ2_XXSGrid);
           ASSERT_EQ(got, want[i]) << TypeName(type) << (raw ? " raw" : "") << " row " << r << " element " << i;
         }
