@@ -132,18 +132,20 @@ TEST_P(CudaVsCpu, GreedyIdsEqualAndForcedLogitsClose) {
 
 INSTANTIATE_TEST_SUITE_P(
     Corpus, CudaVsCpu,
-    ::testing::Values(Case{"tiny", SynthQuant::kF32, "tiny_f32"}, Case{"tiny", SynthQuant::kF16, "tiny_f16"},
-                      Case{"tiny", SynthQuant::kQ8_0, "tiny_q8_0"}, Case{"small", SynthQuant::kF32, "small_f32"},
-                      Case{"small", SynthQuant::kF16, "small_f16"}, Case{"small", SynthQuant::kQ8_0, "small_q8_0"},
-                      Case{"tiny", SynthQuant::kQ4_K, "tiny_q4_k"}, Case{"small", SynthQuant::kQ4_K, "small_q4_k"},
-                      // The small preset's matrices are whole 256-blocks, so these types run
-                      // throughout (the tiny preset's down rows of 128 fall back to Q5_1 or
-                      // IQ4_NL, which the cuda backend refuses). Q5_K_M mixes Q5_K and Q6_K per
-                      // layer in attn_v and the experts' down.
-                      Case{"small", SynthQuant::kQ5_K_M, "small_q5_k_m"},
-                      Case{"small", SynthQuant::kQ5_K, "small_q5_k"},
-                      Case{"small", SynthQuant::kIQ4_XS, "small_iq4_xs"},
-                      Case{"small", SynthQuant::kIQ2_XXS, "small_iq2_xxs"}),
+    ::testing::Values(
+        Case{"tiny", SynthQuant::kF32, "tiny_f32"}, Case{"tiny", SynthQuant::kF16, "tiny_f16"},
+        Case{"tiny", SynthQuant::kQ8_0, "tiny_q8_0"}, Case{"small", SynthQuant::kF32, "small_f32"},
+        Case{"small", SynthQuant::kF16, "small_f16"}, Case{"small", SynthQuant::kQ8_0, "small_q8_0"},
+        Case{"tiny", SynthQuant::kQ4_K, "tiny_q4_k"}, Case{"small", SynthQuant::kQ4_K, "small_q4_k"},
+        // The small preset's matrices are whole 256-blocks, so these types run
+        // throughout (the tiny preset's down rows of 128 fall back to Q5_1, which
+        // the cuda backend refuses, or IQ4_NL). Q5_K_M mixes Q5_K and Q6_K per
+        // layer in attn_v and the experts' down.
+        Case{"small", SynthQuant::kQ5_K_M, "small_q5_k_m"}, Case{"small", SynthQuant::kQ5_K, "small_q5_k"},
+        Case{"small", SynthQuant::kIQ4_XS, "small_iq4_xs"}, Case{"small", SynthQuant::kIQ2_XXS, "small_iq2_xxs"},
+        // Tiny: IQ4_XS and IQ2_XXS beside an IQ4_NL down (Q8_0 activations).
+        Case{"tiny", SynthQuant::kIQ4_XS, "tiny_iq4_xs"}, Case{"tiny", SynthQuant::kIQ2_XXS, "tiny_iq2_xxs"},
+        Case{"tiny", SynthQuant::kQ4_0, "tiny_q4_0"}, Case{"tiny", SynthQuant::kIQ4_NL, "tiny_iq4_nl"}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
 // Geometries nobody tuned for (`mer synth --preset random:SEED`: widths not multiples of 64, 2-128

@@ -79,7 +79,10 @@ double RelL2(const std::vector<float>& got, const std::vector<float>& want) {
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
-const GgmlType kTypes[] = {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0};
+// The types of 32-element blocks (or none) whose activations are their own or Q8_0; Q4_0 and
+// IQ4_NL take the 8-lane groups of kquant_dot.cuh's Table4GroupDots.
+const GgmlType kTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16,
+                           GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kIQ4_NL};
 
 // Activations in device layout (device_layout.cuh) for n rows of `cols`.
 struct DeviceAct {
@@ -97,7 +100,7 @@ struct DeviceAct {
 };
 
 TEST(CudaKernels, QuantizeIsBitExact) {
-  for (GgmlType w : kTypes) {
+  for (GgmlType w : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0}) {
     const GgmlType at = ActivationTypeFor(w);
     for (int64_t cols : {32, 96, 256, 768, 2048}) {
       const int n = 5;
@@ -229,8 +232,9 @@ TEST(CudaKernels, RmsNormAddsMoeOutputExactly) {
 }
 
 TEST(CudaKernels, EmbedRowsExact) {
-  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_K,
-                        GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS}) {
+  for (GgmlType type :
+       {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K,
+        GgmlType::kQ6_K, GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS, GgmlType::kQ4_0, GgmlType::kIQ4_NL}) {
     const int64_t cols = 768, rows = 50;
     const int64_t rb = RowBytes(type, cols);
     const std::vector<float> tf = Random(rows * cols);
@@ -746,7 +750,8 @@ TEST(CudaKernels, ExpertsMatchCpu) {
   const int NE = 6, K = 2;
   auto align = [](int64_t b) { return (b + 255) / 256 * 256; };
   auto weights = [](GgmlType type, int64_t rows, int64_t cols, bool raw) {
-    if (type != GgmlType::kQ8_0) return KQuantWeights(type, rows, cols, raw);
+    if (type != GgmlType::kQ8_0 && type != GgmlType::kQ4_0 && type != GgmlType::kIQ4_NL)
+      return KQuantWeights(type, rows, cols, raw);
     const std::vector<float> f = Random(rows * cols, 0.05f);
     std::vector<uint8_t> q(rows * RowBytes(type, cols));
     for (int64_t r = 0; r < rows; ++r) QuantizeRow(type, &f[r * cols], &q[r * RowBytes(type, cols)], cols);
@@ -759,6 +764,8 @@ TEST(CudaKernels, ExpertsMatchCpu) {
         Mix{GgmlType::kQ5_K, GgmlType::kQ8_0, 768, 512}, Mix{GgmlType::kIQ4_XS, GgmlType::kIQ4_XS, 768, 512},
         Mix{GgmlType::kIQ4_XS, GgmlType::kQ5_K, 768, 512}, Mix{GgmlType::kIQ2_XXS, GgmlType::kIQ2_XXS, 768, 512},
         Mix{GgmlType::kIQ2_XXS, GgmlType::kQ8_0, 768, 512}, Mix{GgmlType::kQ6_K, GgmlType::kIQ2_XXS, 768, 512},
+        Mix{GgmlType::kIQ4_XS, GgmlType::kIQ4_NL, 256, 128}, Mix{GgmlType::kIQ2_XXS, GgmlType::kIQ4_NL, 256, 128},
+        Mix{GgmlType::kQ4_0, GgmlType::kQ4_0, 256, 160}, Mix{GgmlType::kIQ4_NL, GgmlType::kIQ4_NL, 768, 512},
         Mix{GgmlType::kQ8_0, GgmlType::kQ8_0, 2048, 768}, Mix{GgmlType::kQ8_0, GgmlType::kQ8_0, 768, 512}}) {
     const int64_t E = mix.E, F = mix.F;
     for (int n : {1, 5, 40}) {  // 40: ~13 pairs per expert, several passes of the staged kernels

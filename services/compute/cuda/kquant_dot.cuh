@@ -14,6 +14,11 @@
 // Per lane and block: one 16-byte load of quants (plus 8 bytes of qh for Q6_K, 4 for Q5_K; IQ2_XXS:
 // 8 bytes of grid indices and a grid point per sub-block) and one header load shared by the group;
 // per token 32 bytes of activation quants, d, and the bsums (Q4_K, Q6_K; Q5_K in lane 0 only).
+//
+// Q4_0 and IQ4_NL (Q8_0 activations) take Table4GroupDots instead, the CPU's order of
+// common/quant/table4_rows.h: per row one f32 chain over the blocks, acc = fma((float)isum_b,
+// d_w * d_a, acc), isum_b the block's exact int32 sum (each lane's 4 products, added over the
+// group by shuffles). BlockRow / BlockAct / BlockGroupDots pick the family by type.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -201,5 +206,116 @@ __device__ inline void KQuantGroupDots(const KQuantRowRef (&rows)[R], int64_t nb
       }
     }
 }
+
+// Q4_0 / IQ4_NL rows (kquant_layout.cuh) against Q8_0 activation rows (device_layout.cuh, scales
+// as f32), with KQuantGroupDots' contract; out is valid in every lane of the group. nb: blocks of
+// 32 per row; act_stride: the activation rows' stride (their Q8_0 interleave follows it).
+template <int kType, int R, int NT, int U>
+__device__ inline void Table4GroupDots(const KQuantRowRef (&rows)[R], int64_t nb, const KQuantActRef (&acts)[NT],
+                                       int64_t act_stride, float (&out)[R][NT]) {
+  static_assert(kType == kDevQ4_0 || kType == kDevIQ4_NL);
+  constexpr bool kIQ4 = kType == kDevIQ4_NL;
+  const int g = threadIdx.x % kKQuantGroup;
+  const int64_t act_blocks = act_stride / kTable4Block;
+  float acc[R][NT];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+  for (int64_t b0 = 0; b0 < nb; b0 += U) {
+    uint32_t wc[U][R];  // the lane's 4 codes
+    float wd[U][R];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int64_t b = rows[r].b0 + b0 + u;
+        wc[u][r] = 0;
+        wd[u][r] = 0.0f;
+        if (b0 + u >= nb || rows[r].m == nullptr) continue;
+        const uint8_t* m = rows[r].m;
+        wc[u][r] = __ldcs(reinterpret_cast<const unsigned short*>(m + Table4CodesOffset(b, g)));
+        wd[u][r] = __half2float(*reinterpret_cast<const __half*>(m + Table4DOffset(rows[r].n, b)));
+      }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t b = b0 + u;  // block within the row
+      if (b >= nb) break;
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        if (acts[t].row == nullptr) continue;
+        const uint32_t a =
+            *reinterpret_cast<const uint32_t*>(acts[t].row + Q8_0QuantOffset(32 * b + 4 * g, act_blocks));
+        const float ad = acts[t].d[b];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          int isum = rows[r].m != nullptr ? Table4LanePart<kIQ4>(wc[u][r], a) : 0;
+          isum += __shfl_xor_sync(0xffffffffu, isum, 4);
+          isum += __shfl_xor_sync(0xffffffffu, isum, 2);
+          isum += __shfl_xor_sync(0xffffffffu, isum, 1);
+          if (rows[r].m != nullptr) acc[r][t] = fmaf(__int2float_rn(isum), __fmul_rn(wd[u][r], ad), acc[r][t]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) out[r][t] = acc[r][t];
+}
+
+// The two families by weight type: elements per block, row and activation references, the dots.
+template <int kType>
+inline constexpr bool kIsTable4 = kType == kDevQ4_0 || kType == kDevIQ4_NL;
+template <int kType>
+inline constexpr int kBlockElems = kIsTable4<kType> ? kTable4Block : kKBlock;
+
+template <int kType>
+__device__ inline KQuantRowRef BlockRow(const DevMatrix& m, int64_t r) {
+  if constexpr (kIsTable4<kType>) {
+    const int64_t nb = m.cols / kTable4Block;
+    return {m.data, m.rows * nb, r * nb};
+  } else {
+    return KQuantRow(m, r);
+  }
+}
+
+template <int kType>
+__device__ inline KQuantActRef BlockAct(const DevAct& act, int64_t t) {
+  if constexpr (kIsTable4<kType>) {
+    return {act.data + t * act.stride, act.scales + t * (act.stride / kTable4Block)};
+  } else {
+    return KQuantAct(act, t);
+  }
+}
+
+template <int kType, int R, int NT, int U>
+__device__ inline void BlockGroupDots(const KQuantRowRef (&rows)[R], int64_t nb, const KQuantActRef (&acts)[NT],
+                                      int64_t act_stride, float (&out)[R][NT]) {
+  if constexpr (kIsTable4<kType>) {
+    Table4GroupDots<kType, R, NT, U>(rows, nb, acts, act_stride, out);
+  } else {
+    KQuantGroupDots<kType, R, NT, U>(rows, nb, acts, act_stride, out);
+  }
+}
+
+// Host side: elements per block of a type of either family (0 for any other type), and the
+// activation type its rows are dotted with.
+inline int BlockElemsOf(int type) {
+  switch (type) {
+    case kDevQ4_K:
+    case kDevQ5_K:
+    case kDevQ6_K:
+    case kDevIQ4_XS:
+    case kDevIQ2_XXS:
+      return kKBlock;
+    case kDevQ4_0:
+    case kDevIQ4_NL:
+      return kTable4Block;
+    default:
+      return 0;
+  }
+}
+inline int BlockActTypeOf(int type) { return BlockElemsOf(type) == kTable4Block ? kDevQ8_0 : kDevQ8_K; }
 
 }  // namespace mer::cuda

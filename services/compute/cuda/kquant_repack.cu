@@ -17,11 +17,12 @@ struct KQuantRepackArgs {
 // A thread per block (blocks are row-major, so block b of the matrix is the file's block b).
 template <int kType>
 __global__ void RepackKQuantKernel(const __grid_constant__ KQuantRepackArgs args) {
-  constexpr int kBytes = kType == kDevQ4_K     ? kQ4_KBlockBytes
-                         : kType == kDevQ6_K   ? kQ6_KBlockBytes
-                         : kType == kDevQ5_K   ? kQ5_KBlockBytes
-                         : kType == kDevIQ4_XS ? kIQ4_XSBlockBytes
-                                               : kIQ2_XXSBlockBytes;
+  constexpr int kBytes = kType == kDevQ4_K      ? kQ4_KBlockBytes
+                         : kType == kDevQ6_K    ? kQ6_KBlockBytes
+                         : kType == kDevQ5_K    ? kQ5_KBlockBytes
+                         : kType == kDevIQ4_XS  ? kIQ4_XSBlockBytes
+                         : kType == kDevIQ2_XXS ? kIQ2_XXSBlockBytes
+                                                : kTable4BlockBytes;
   const RepackJob& j = args.jobs[blockIdx.y];
   const int64_t n = j.bytes / kBytes;
   for (int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; b < n; b += int64_t(gridDim.x) * blockDim.x) {
@@ -33,8 +34,10 @@ __global__ void RepackKQuantKernel(const __grid_constant__ KQuantRepackArgs args
       RepackQ5_KBlock(j.src + b * kBytes, j.dst, n, b);
     else if constexpr (kType == kDevIQ4_XS)
       RepackIQ4_XSBlock(j.src + b * kBytes, j.dst, n, b);
-    else
+    else if constexpr (kType == kDevIQ2_XXS)
       RepackIQ2_XXSBlock(j.src + b * kBytes, j.dst, n, b);
+    else
+      RepackTable4Block(j.src + b * kBytes, j.dst, n, b);
   }
 }
 
@@ -52,6 +55,9 @@ int KQuantBlockBytes(int type) {
       return kIQ4_XSBlockBytes;
     case kDevIQ2_XXS:
       return kIQ2_XXSBlockBytes;
+    case kDevQ4_0:
+    case kDevIQ4_NL:
+      return kTable4BlockBytes;
     default:
       return 0;
   }
@@ -66,7 +72,8 @@ void LaunchRepackKQuant(int type, const RepackJob* jobs, int n_jobs, cudaStream_
   }
   KQuantRepackArgs args{};
   for (int i = 0; i < n_jobs; ++i) {
-    if (jobs[i].bytes % block_bytes != 0 || jobs[i].cols % kKBlock != 0) {
+    if (jobs[i].bytes % block_bytes != 0 ||
+        jobs[i].cols % (block_bytes == kTable4BlockBytes ? kTable4Block : kKBlock) != 0) {
       std::fprintf(stderr, "repack (k-quant): job %d of %lld bytes, %lld cols\n", i,
                    static_cast<long long>(jobs[i].bytes), static_cast<long long>(jobs[i].cols));
       std::abort();
@@ -87,8 +94,11 @@ void LaunchRepackKQuant(int type, const RepackJob* jobs, int n_jobs, cudaStream_
     case kDevIQ4_XS:
       RepackKQuantKernel<kDevIQ4_XS><<<grid, 256, 0, stream>>>(args);
       break;
-    default:
+    case kDevIQ2_XXS:
       RepackKQuantKernel<kDevIQ2_XXS><<<grid, 256, 0, stream>>>(args);
+      break;
+    default:  // Q4_0 and IQ4_NL share one layout
+      RepackKQuantKernel<kDevQ4_0><<<grid, 256, 0, stream>>>(args);
       break;
   }
   CUDA_CHECK_LAUNCH();

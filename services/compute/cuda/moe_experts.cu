@@ -433,6 +433,8 @@ void LaunchExpertGateUp(const ExpertArgs& a, const DevAct& x_act, float* h, int 
     case kDevQ6_K:
     case kDevIQ4_XS:
     case kDevIQ2_XXS:
+    case kDevQ4_0:
+    case kDevIQ4_NL:
       LaunchExpertGateUpKQuant(a, x_act, h, max_group_pairs, stream);
       break;
     default:
@@ -460,6 +462,8 @@ void LaunchExpertDown(const ExpertArgs& a, const DevAct& h_act, float* out, int 
     case kDevQ6_K:
     case kDevIQ4_XS:
     case kDevIQ2_XXS:
+    case kDevQ4_0:
+    case kDevIQ4_NL:
       LaunchExpertDownKQuant(a, h_act, out, max_group_pairs, stream);
       break;
     default:
