@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/model/synth_model.h"
+#include "common/quant/quant.h"
 #include "services/compute/cpu/cpu_engine.h"
 #include "services/compute/generation.h"
 #include "tests/gpu/corpus.h"
@@ -147,6 +148,28 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"tiny", SynthQuant::kIQ4_XS, "tiny_iq4_xs"}, Case{"tiny", SynthQuant::kIQ2_XXS, "tiny_iq2_xxs"},
         Case{"tiny", SynthQuant::kQ4_0, "tiny_q4_0"}, Case{"tiny", SynthQuant::kIQ4_NL, "tiny_iq4_nl"}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+
+// llama.cpp's Q4_K_M and Q5_K_M recipes for a model of exactly 8 experts: attn_k and attn_v Q8_0
+// beside a K-quant attn_q, so Q, K and V read their input in two activation types (Q8_K and
+// Q8_0), and attn_output Q5_K; the small preset with 8 experts, the corpus at 100% and 25%.
+TEST(CudaVsCpuMixedActivations, EightExpertRecipes) {
+  for (SynthQuant quant : {SynthQuant::kQ4_K_M, SynthQuant::kQ5_K_M}) {
+    SynthOptions so = gpu_test::TestSynthOptions("small", quant);
+    so.geometry.n_expert = 8;
+    so.geometry.n_expert_used = 2;
+    const std::string name = quant == SynthQuant::kQ4_K_M ? "small 8 experts q4_k_m" : "small 8 experts q5_k_m";
+    const std::string path =
+        (std::filesystem::temp_directory_path() / ("mer_cuda_8x_" + std::to_string(getpid()) + ".gguf")).string();
+    ASSERT_TRUE(WriteSynthModel(so, path).ok());
+    std::unique_ptr<Model> model = gpu_test::LoadModel(path);
+    std::filesystem::remove(path);
+    ASSERT_NE(model, nullptr);
+    const LayerWeights& L = model->weights->layers[0];
+    ASSERT_EQ(L.wk.type, GgmlType::kQ8_0) << name;  // the case this test is for
+    ASSERT_NE(ActivationTypeFor(L.wq.type), ActivationTypeFor(L.wk.type)) << name;
+    CompareWithCpu(*model, name, 4, 24, {1.0, 0.25});
+  }
+}
 
 // Geometries nobody tuned for (`mer synth --preset random:SEED`: widths not multiples of 64, 2-128
 // experts, top-1..8, GQA 1-8, head dims 16-256, contexts 128-1024), the type cycling through
