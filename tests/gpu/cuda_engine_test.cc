@@ -172,14 +172,10 @@ TEST(CudaVsCpuMixedActivations, EightExpertRecipes) {
 }
 
 // Geometries nobody tuned for (`mer synth --preset random:SEED`: widths not multiples of 64, 2-128
-// experts, top-1..8, GQA 1-8, head dims 16-256, contexts 128-1024), the type cycling through
-// F32, F16, Q8_0 and Q4_K: the same comparison with every expert resident and with 25%.
-class RandomGeometry : public ::testing::TestWithParam<int> {};
-
-TEST_P(RandomGeometry, GreedyIdsEqualAndForcedLogitsClose) {
-  const int seed = GetParam();
-  const SynthQuant quants[4] = {SynthQuant::kF32, SynthQuant::kF16, SynthQuant::kQ8_0, SynthQuant::kQ4_K};
-  SynthOptions so = gpu_test::TestSynthOptions("tiny", quants[seed % 4]);
+// experts, top-1..8, GQA 1-8, head dims 16-256, contexts 128-1024) in `quant`: the same comparison
+// with every expert resident and with 25%.
+void CompareRandomGeometry(int seed, SynthQuant quant) {
+  SynthOptions so = gpu_test::TestSynthOptions("tiny", quant);
   so.geometry = RandomSynthGeometry(seed);
   so.seed = seed;
   const SynthGeometry& g = so.geometry;
@@ -197,7 +193,27 @@ TEST_P(RandomGeometry, GreedyIdsEqualAndForcedLogitsClose) {
   CompareWithCpu(*model, name, 4, 24, {1.0, 0.25});
 }
 
+// The type cycling through F32, F16, Q8_0 and Q4_K.
+class RandomGeometry : public ::testing::TestWithParam<int> {};
+
+TEST_P(RandomGeometry, GreedyIdsEqualAndForcedLogitsClose) {
+  const int seed = GetParam();
+  const SynthQuant quants[4] = {SynthQuant::kF32, SynthQuant::kF16, SynthQuant::kQ8_0, SynthQuant::kQ4_K};
+  CompareRandomGeometry(seed, quants[seed % 4]);
+}
+
 INSTANTIATE_TEST_SUITE_P(Seeds, RandomGeometry, ::testing::Range(1, 25));
+
+// Q4_0 and IQ4_NL, alternating: blocks of 32, so rows of any multiple of 32 columns (Q8_0
+// activation rows whose last blocks are not a whole run of 4).
+class RandomGeometryTable4 : public ::testing::TestWithParam<int> {};
+
+TEST_P(RandomGeometryTable4, GreedyIdsEqualAndForcedLogitsClose) {
+  const int seed = GetParam();
+  CompareRandomGeometry(seed, seed % 2 == 1 ? SynthQuant::kIQ4_NL : SynthQuant::kQ4_0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, RandomGeometryTable4, ::testing::Range(1, 9));
 
 // A 1,200-token prompt (five prefill chunks, many pairs per expert in the staged expert kernels,
 // attention past 1,024 cells) and 16 greedy tokens on the small preset: the CPU reference's ids
