@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/gguf/gguf_writer.h"
 #include "common/model/synth_model.h"
 #include "common/quant/quant.h"
 #include "services/compute/cpu/cpu_engine.h"
@@ -169,6 +170,56 @@ TEST(CudaVsCpuMixedActivations, EightExpertRecipes) {
     ASSERT_NE(ActivationTypeFor(L.wq.type), ActivationTypeFor(L.wk.type)) << name;
     CompareWithCpu(*model, name, 4, 24, {1.0, 0.25});
   }
+}
+
+// Every matrix in a type of its own among those the cuda backend takes (gate and up equal): in a
+// layer K-quant, IQ, Q8_0 and float matrices side by side, Q, K and V in two activation types, an
+// expert down of another activation type than gate/up, an IQ4_NL token embedding and a Q5_K LM
+// head. Every expert used, so an activation rounding cannot change the routing.
+TEST(CudaVsCpuMixedActivations, PerTensorMixOfTypes) {
+  SynthOptions o = gpu_test::TestSynthOptions("micro", SynthQuant::kF32);
+  o.geometry.n_embd = 256;
+  o.geometry.n_ff_exp = 256;
+  o.geometry.n_head = 4;
+  o.geometry.head_dim = 64;
+  o.geometry.n_expert = 4;
+  o.geometry.n_expert_used = 4;
+  const std::map<std::string, GgmlType> types = {
+      {"token_embd.weight", GgmlType::kIQ4_NL},          {"output.weight", GgmlType::kQ5_K},
+      {"blk.0.attn_q.weight", GgmlType::kQ4_K},          {"blk.0.attn_k.weight", GgmlType::kQ8_0},
+      {"blk.0.attn_v.weight", GgmlType::kQ6_K},          {"blk.0.attn_output.weight", GgmlType::kIQ4_XS},
+      {"blk.0.ffn_gate_exps.weight", GgmlType::kQ5_K},   {"blk.0.ffn_up_exps.weight", GgmlType::kQ5_K},
+      {"blk.0.ffn_down_exps.weight", GgmlType::kIQ4_NL}, {"blk.1.attn_q.weight", GgmlType::kF16},
+      {"blk.1.attn_k.weight", GgmlType::kIQ4_NL},        {"blk.1.attn_v.weight", GgmlType::kF16},
+      {"blk.1.attn_output.weight", GgmlType::kQ4_0},     {"blk.1.ffn_gate_exps.weight", GgmlType::kIQ2_XXS},
+      {"blk.1.ffn_up_exps.weight", GgmlType::kIQ2_XXS},  {"blk.1.ffn_down_exps.weight", GgmlType::kQ6_K},
+  };
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("mer_cuda_mix_" + std::to_string(getpid()) + ".gguf")).string();
+  {
+    GgufWriter w;
+    auto plan = PlanSynthModel(o, w);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    for (SynthTensor& t : *plan) {
+      if (auto it = types.find(t.name); it != types.end()) t.type = it->second;
+      w.AddTensor(t.name, t.type, t.shape);
+    }
+    ASSERT_TRUE(w.Open(path).ok());
+    for (const SynthTensor& t : *plan) {
+      int64_t rows = 1;
+      for (size_t i = 1; i < t.shape.size(); ++i) rows *= t.shape[i];
+      std::vector<float> scratch(t.shape[0]);
+      std::vector<uint8_t> bytes(rows * RowBytes(t.type, t.shape[0]));
+      SynthRows(t, 0, rows, scratch.data(), bytes.data());
+      ASSERT_TRUE(w.Append(bytes).ok());
+    }
+    ASSERT_TRUE(w.Finish().ok());
+  }
+  std::unique_ptr<Model> model = gpu_test::LoadModel(path);
+  std::filesystem::remove(path);
+  ASSERT_NE(model, nullptr);
+  for (const auto& [name, type] : types) ASSERT_EQ(model->file->FindTensor(name)->type, type) << name;
+  CompareWithCpu(*model, "micro per-tensor type mix", 4, 24, {1.0, 0.5});
 }
 
 // Geometries nobody tuned for (`mer synth --preset random:SEED`: widths not multiples of 64, 2-128
