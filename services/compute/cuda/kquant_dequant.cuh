@@ -1,4 +1,4 @@
-// Element i of a Q4_K / Q5_K / Q6_K / IQ4_XS / IQ2_XXS / Q4_0 / IQ4_NL row in the GGUF layout (blocks.h), to f32
+// Element i of a Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS / IQ2_XXS / Q4_0 / IQ4_NL row in the GGUF layout (blocks.h), to f32
 // as the CPU's DequantizeRow* compute it (the embedding table stays in the file's layout). Q4_K: d_j = d * sc_j and min_j = dmin * m_j, then d_j * q - min_j, which GCC contracts
 // into one fma (C++ with -mfma); either way the same float, since d_j * q is exact (an f16
 // mantissa times 6 and 4 bits). Q6_K: (d * sc_j) * (q - 32), in that order (the second product
@@ -104,6 +104,25 @@ __host__ __device__ inline float DequantIQ4_XS(const uint8_t* row, int64_t i) {
   const int scales_h = blk[2] | (blk[3] << 8);
   const int ls = ((blk[4 + j / 2] >> (4 * (j % 2))) & 0xF) | (((scales_h >> (2 * j)) & 3) << 4);
   return HalfAt(blk) * static_cast<float>(ls - 32) * static_cast<float>(value);
+}
+
+// Q3_K: (d * (sc - 32)) * q; Q2_K: (d * sc) * q - dmin * m (the product exact).
+__host__ __device__ inline float DequantQ3_K(const uint8_t* row, int64_t i) {
+  const uint8_t* blk = row + (i / kKBlock) * kQ3_KBlockBytes;
+  const int e = static_cast<int>(i % kKBlock), h = e / 128, s = (e % 128) / 32, l = e % 32, j = e / 16;
+  const int low = (blk[32 + 32 * h + l] >> (2 * s)) & 3;
+  const int q = (blk[l] >> (4 * h + s)) & 1 ? low : low - 4;
+  const uint8_t* scales = blk + 96;
+  const int code = (j < 8 ? scales[j] & 0xF : scales[j - 8] >> 4) | (((scales[8 + j % 4] >> (2 * (j / 4))) & 3) << 4);
+  return HalfAt(blk + 108) * static_cast<float>(code - 32) * static_cast<float>(q);
+}
+__host__ __device__ inline float DequantQ2_K(const uint8_t* row, int64_t i) {
+  const uint8_t* blk = row + (i / kKBlock) * kQ2_KBlockBytes;
+  const int e = static_cast<int>(i % kKBlock), h = e / 128, s = (e % 128) / 32, l = e % 32, j = e / 16;
+  const int q = (blk[16 + 32 * h + l] >> (2 * s)) & 3;
+  const float dj = HalfAt(blk + 80) * static_cast<float>(blk[j] & 0xF);
+  const float mj = HalfAt(blk + 82) * static_cast<float>(blk[j] >> 4);
+  return fmaf(dj, static_cast<float>(q), -mj);
 }
 
 // Q4_0: (q - 8) * d; IQ4_NL: d * kIQ4Values[q] (through IQ4Lookup4).

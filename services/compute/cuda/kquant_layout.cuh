@@ -21,6 +21,11 @@
 //   Q6_K (210 bytes a block): ql [n][128] at 0, lane i's 16 bytes = ql[32r + 4i .. +3] for runs
 //        r = 0..3; qh [n][64] at 128n, lane i's 8 bytes = qh[4i .. +3], qh[32 + 4i .. +3];
 //        scales [n][16] at 192n; d f16 [n] at 208n.
+//   Q3_K (110 bytes a block): qs [n][64] at 0, lane i's 8 bytes = qs[4i .. +3], qs[32 + 4i .. +3]
+//        (as Q6_K's qh); hmask [n][32] at 64n as in the file (lane i's 4 bytes at 4i); scales
+//        [n][12] at 96n as in the file; d f16 [n] at 108n.
+//   Q2_K (84 bytes a block): qs [n][64] at 0 as Q3_K's; scales [n][16] at 64n as in the file;
+//        d, dmin f16 [n][2] at 80n.
 //   IQ4_XS (136 bytes a block): codes [n][128] at 0, lane i's 16 bytes at 16i, byte k of its word
 //        c holding the codes of elements 4i + k of sub-blocks 2c (low nibble) and 2c + 1 (high
 //        nibble); headers [n][8] at 128n = d, scales_h, scales_l[4] as in the file.
@@ -49,6 +54,8 @@ namespace mer::cuda {
 
 inline constexpr int kKBlock = 256;  // elements per K-quant / Q8_K block
 inline constexpr int kQ4_KBlockBytes = 144;
+inline constexpr int kQ2_KBlockBytes = 84;
+inline constexpr int kQ3_KBlockBytes = 110;
 inline constexpr int kQ5_KBlockBytes = 176;
 inline constexpr int kQ6_KBlockBytes = 210;
 inline constexpr int kIQ4_XSBlockBytes = 136;
@@ -72,6 +79,17 @@ __host__ __device__ constexpr int64_t Q5_KQhOffset(int64_t n, int64_t b, int lan
   return 128 * n + 32 * b + 4 * lane;
 }
 __host__ __device__ constexpr int64_t Q5_KHeaderOffset(int64_t n, int64_t b) { return 160 * n + 16 * b; }
+// Byte offsets in a Q3_K matrix of n blocks.
+__host__ __device__ constexpr int64_t Q3_KQsOffset(int64_t b, int lane) { return b * 64 + 8 * lane; }
+__host__ __device__ constexpr int64_t Q3_KHmaskOffset(int64_t n, int64_t b, int lane) {
+  return 64 * n + 32 * b + 4 * lane;
+}
+__host__ __device__ constexpr int64_t Q3_KScalesOffset(int64_t n, int64_t b) { return 96 * n + 12 * b; }
+__host__ __device__ constexpr int64_t Q3_KDOffset(int64_t n, int64_t b) { return 108 * n + 2 * b; }
+// Byte offsets in a Q2_K matrix of n blocks.
+__host__ __device__ constexpr int64_t Q2_KQsOffset(int64_t b, int lane) { return b * 64 + 8 * lane; }
+__host__ __device__ constexpr int64_t Q2_KScalesOffset(int64_t n, int64_t b) { return 64 * n + 16 * b; }
+__host__ __device__ constexpr int64_t Q2_KDOffset(int64_t n, int64_t b) { return 80 * n + 4 * b; }
 // Byte offsets in an IQ4_XS matrix of n blocks.
 __host__ __device__ constexpr int64_t IQ4_XSQsOffset(int64_t b, int lane) { return b * 128 + 16 * lane; }
 __host__ __device__ constexpr int64_t IQ4_XSHeaderOffset(int64_t n, int64_t b) { return 128 * n + 8 * b; }
@@ -124,6 +142,23 @@ __host__ __device__ inline void RepackQ5_KBlock(const uint8_t* src, uint8_t* dst
   for (int j = 0; j < 32; ++j) qh[j] = src[16 + j];
   uint8_t* header = dst + Q5_KHeaderOffset(n, b);
   for (int j = 0; j < 16; ++j) header[j] = src[j];
+}
+__host__ __device__ inline void RepackQ3_KBlock(const uint8_t* src, uint8_t* dst, int64_t n, int64_t b) {
+  uint8_t* qs = dst + Q3_KQsOffset(b, 0);
+  for (int j = 0; j < 64; ++j) qs[LaneInterleave(j, 2)] = src[32 + j];
+  uint8_t* hmask = dst + Q3_KHmaskOffset(n, b, 0);
+  for (int j = 0; j < 32; ++j) hmask[j] = src[j];
+  uint8_t* scales = dst + Q3_KScalesOffset(n, b);
+  for (int j = 0; j < 12; ++j) scales[j] = src[96 + j];
+  dst[Q3_KDOffset(n, b)] = src[108];
+  dst[Q3_KDOffset(n, b) + 1] = src[109];
+}
+__host__ __device__ inline void RepackQ2_KBlock(const uint8_t* src, uint8_t* dst, int64_t n, int64_t b) {
+  uint8_t* qs = dst + Q2_KQsOffset(b, 0);
+  for (int j = 0; j < 64; ++j) qs[LaneInterleave(j, 2)] = src[16 + j];
+  uint8_t* scales = dst + Q2_KScalesOffset(n, b);
+  for (int j = 0; j < 16; ++j) scales[j] = src[j];
+  for (int j = 0; j < 4; ++j) dst[Q2_KDOffset(n, b) + j] = src[80 + j];
 }
 // IQ4_XS: sub-block j's element e (< 16: low nibble of qs[16j + e], else the high nibble of
 // qs[16j + e - 16]) goes to lane e / 4's word j / 2, byte e % 4, nibble j % 2.
@@ -262,6 +297,59 @@ __host__ __device__ inline int Q5_KMinSum(const Q4_KScales& s, uint4 b0, uint4 b
     sum += ByteU(j < 4 ? s.m_lo : s.m_hi, j % 4) * pair;
   }
   return sum;
+}
+
+// Q3_K, lane i's int32 of one block (the CPU's lane i, q3_k_rows.cc): over halves h and runs
+// s = 0..3 of 32 elements, (sc[j] - 32) * (codes . group 4h + s), 4 elements each, j = 8h + 2s +
+// (i >= 4) (Q3_KScale), a code being bits 2s, 2s + 1 of the lane's qs byte of half h, less 4
+// where bit 4h + s of its hmask byte is clear. qs: the lane's qs words (halves 0, 1); hm: its
+// hmask word; sc: the 12 scale bytes. |result| < 2^20.
+__host__ __device__ inline int Q3_KLaneSum(uint2 qs, uint32_t hm, uint3 sc, int lane, uint4 a0, uint4 a1) {
+  const uint32_t act[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+  const uint32_t scale_words[3] = {sc.x, sc.y, sc.z};
+  const int hi = lane >= 4 ? 1 : 0;
+  int sum = 0;
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t bits = h == 0 ? qs.x : qs.y;
+    for (int s = 0; s < 4; ++s) {
+      const uint32_t low = (bits >> (2 * s)) & 0x03030303u;
+      const uint32_t cleared = ((hm >> (4 * h + s)) & 0x01010101u) ^ 0x01010101u;
+      const uint32_t codes = low | (cleared * 0xFCu);  // low - 4 as an int8 where the bit is clear
+      const int j = 8 * h + 2 * s + hi;
+      const int low4 = j < 8 ? ByteU(scale_words[j / 4], j % 4) & 0xF : ByteU(scale_words[(j - 8) / 4], j % 4) >> 4;
+      const int high2 = (ByteU(scale_words[2], j % 4) >> (2 * (j / 4))) & 3;
+      sum += ((low4 | (high2 << 4)) - 32) * Dot4(codes, act[4 * h + s]);
+    }
+  }
+  return sum;
+}
+
+// Q2_K, lane i's int32 of one block's scaled sums (the CPU's second set of lanes, q2_k_rows.cc):
+// over halves h and runs s, (scales[j] & 15) * (codes . group 4h + s), j = 8h + 2s + (i >= 4), a
+// code being bits 2s, 2s + 1 of the lane's qs byte of half h. |result| < 2^18.
+__host__ __device__ inline int Q2_KLaneSum(uint2 qs, uint4 sc, int lane, uint4 a0, uint4 a1) {
+  const uint32_t act[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+  const uint32_t scale_words[4] = {sc.x, sc.y, sc.z, sc.w};
+  const int hi = lane >= 4 ? 1 : 0;
+  int sum = 0;
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t bits = h == 0 ? qs.x : qs.y;
+    for (int s = 0; s < 4; ++s) {
+      const int j = 8 * h + 2 * s + hi;
+      sum += (ByteU(scale_words[j / 4], j % 4) & 0xF) * Dot4((bits >> (2 * s)) & 0x03030303u, act[4 * h + s]);
+    }
+  }
+  return sum;
+}
+
+// Q2_K, the mins term's int32 lane i (the CPU's first set of lanes): m[2i] * bsums[2i] +
+// m[2i + 1] * bsums[2i + 1], m[j] = scales[j] >> 4. bs: bsums[2i], bsums[2i + 1] (int16 pair).
+__host__ __device__ inline int Q2_KMinLaneSum(uint4 sc, int lane, uint32_t bs) {
+  const uint32_t scale_words[4] = {sc.x, sc.y, sc.z, sc.w};
+  const uint32_t w = scale_words[lane / 2];
+  const int k = 2 * (lane & 1);
+  return (ByteU(w, k) >> 4) * static_cast<int16_t>(bs & 0xffffu) +
+         (ByteU(w, k + 1) >> 4) * static_cast<int16_t>(bs >> 16);
 }
 
 // The IQ4 codebook (blocks.h kIQ4Values) as 4 words of 4 int8, for BytePerm; Q4_0's values q - 8

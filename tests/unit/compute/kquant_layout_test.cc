@@ -46,11 +46,15 @@ T Load(const uint8_t* p) {
 }
 
 // The weight types of 256-element blocks the cuda backend computes on with Q8_K activations.
-constexpr GgmlType kTypes[] = {GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_XS,
-                               GgmlType::kIQ2_XXS};
+constexpr GgmlType kTypes[] = {GgmlType::kQ2_K, GgmlType::kQ3_K,   GgmlType::kQ4_K,   GgmlType::kQ5_K,
+                               GgmlType::kQ6_K, GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS};
 
 int BlockBytes(GgmlType type) {
   switch (type) {
+    case GgmlType::kQ2_K:
+      return cuda::kQ2_KBlockBytes;
+    case GgmlType::kQ3_K:
+      return cuda::kQ3_KBlockBytes;
     case GgmlType::kQ4_K:
       return cuda::kQ4_KBlockBytes;
     case GgmlType::kQ5_K:
@@ -92,6 +96,11 @@ std::vector<uint8_t> RandomWeights(GgmlType type, int64_t rows, int64_t cols, bo
       std::memcpy(blk + 2, &dmin, 2);
     } else if (type == GgmlType::kQ6_K) {
       std::memcpy(blk + 208, &d, 2);
+    } else if (type == GgmlType::kQ3_K) {
+      std::memcpy(blk + 108, &d, 2);
+    } else if (type == GgmlType::kQ2_K) {
+      std::memcpy(blk + 80, &d, 2);
+      std::memcpy(blk + 82, &dmin, 2);
     } else {  // IQ4_XS, IQ2_XXS, Q4_0, IQ4_NL: d first
       std::memcpy(blk, &d, 2);
     }
@@ -106,6 +115,12 @@ std::vector<uint8_t> Repack(GgmlType type, const std::vector<uint8_t>& w) {
   for (int64_t b = 0; b < n; ++b) {
     const uint8_t* src = &w[b * BlockBytes(type)];
     switch (type) {
+      case GgmlType::kQ2_K:
+        cuda::RepackQ2_KBlock(src, dev.data(), n, b);
+        break;
+      case GgmlType::kQ3_K:
+        cuda::RepackQ3_KBlock(src, dev.data(), n, b);
+        break;
       case GgmlType::kQ4_K:
         cuda::RepackQ4_KBlock(src, dev.data(), n, b);
         break;
@@ -212,6 +227,20 @@ float EmulateRowDot(GgmlType type, const uint8_t* m, int64_t n, int64_t b_row, i
           const int msum = cuda::Q5_KMinSum(s, Load<uint4>(bsums), Load<uint4>(bsums + 16));
           acc_m1 = std::fma(-(dmin * ad), static_cast<float>(msum), acc_m1);
         }
+      } else if (type == GgmlType::kQ3_K) {
+        const float dw = F16ToF32(Load<f16_bits>(m + cuda::Q3_KDOffset(n, b)));
+        const int isum = cuda::Q3_KLaneSum(Load<uint2>(m + cuda::Q3_KQsOffset(b, g)),
+                                           Load<uint32_t>(m + cuda::Q3_KHmaskOffset(n, b, g)),
+                                           Load<uint3>(m + cuda::Q3_KScalesOffset(n, b)), g, a0, a1);
+        acc[g] = std::fma(dw * ad, static_cast<float>(isum), acc[g]);
+      } else if (type == GgmlType::kQ2_K) {
+        const uint4 sc = Load<uint4>(m + cuda::Q2_KScalesOffset(n, b));
+        const float dw = F16ToF32(Load<f16_bits>(m + cuda::Q2_KDOffset(n, b)));
+        const float dmin = F16ToF32(Load<f16_bits>(m + cuda::Q2_KDOffset(n, b) + 2));
+        const int msum = cuda::Q2_KMinLaneSum(sc, g, Load<uint32_t>(bsums + 4 * g));
+        acc[g] = std::fma(-(ad * dmin), static_cast<float>(msum), acc[g]);
+        const int isum = cuda::Q2_KLaneSum(Load<uint2>(m + cuda::Q2_KQsOffset(b, g)), sc, g, a0, a1);
+        acc[g] = std::fma(ad * dw, static_cast<float>(isum), acc[g]);
       } else if (type == GgmlType::kIQ4_XS) {
         const uint2 header = Load<uint2>(m + cuda::IQ4_XSHeaderOffset(n, b));
         const float dw = F16ToF32(static_cast<f16_bits>(header.x & 0xffffu));
@@ -238,7 +267,8 @@ float EmulateRowDot(GgmlType type, const uint8_t* m, int64_t n, int64_t b_row, i
   for (int i = 0; i < 4; ++i) s4[i] = acc[i] + acc[i + 4];
   for (int i = 0; i < 2; ++i) s2[i] = s4[i] + s4[i + 2];
   const float sum = s2[0] + s2[1];
-  if (type == GgmlType::kQ6_K || type == GgmlType::kIQ4_XS) return sum;
+  if (type == GgmlType::kQ6_K || type == GgmlType::kIQ4_XS || type == GgmlType::kQ3_K || type == GgmlType::kQ2_K)
+    return sum;
   if (type == GgmlType::kQ5_K) return sum + acc_m1;
   if (type == GgmlType::kIQ2_XXS) return 0.125f * sum;
   const float m0 = acc_m[0] + acc_m[2], m1 = acc_m[1] + acc_m[3];
@@ -496,8 +526,9 @@ TEST(KQuantLayout, EmbeddingDequantMatchesCpu) {
 }
 
 // kquant_dequant.cuh's host/device functions for the other types, as they are.
-TEST(KQuantLayout, EmbeddingDequantMatchesCpuForQ5_KAndIQTypes) {
-  for (GgmlType type : {GgmlType::kQ5_K, GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS, GgmlType::kQ4_0, GgmlType::kIQ4_NL}) {
+TEST(KQuantLayout, EmbeddingDequantMatchesCpuForTheOtherTypes) {
+  for (GgmlType type : {GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ5_K, GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS,
+                        GgmlType::kQ4_0, GgmlType::kIQ4_NL}) {
     for (bool raw : {false, true}) {
       const int64_t rows = 20, cols = 1024;
       const std::vector<uint8_t> w = RandomWeights(type, rows, cols, raw);
@@ -507,7 +538,9 @@ TEST(KQuantLayout, EmbeddingDequantMatchesCpuForQ5_KAndIQTypes) {
         DequantizeRow(type, &w[r * rb], want.data(), cols);
         for (int64_t i = 0; i < cols; ++i) {
           const uint8_t* row = &w[r * rb];
-          const float got = type == GgmlType::kQ5_K     ? cuda::DequantQ5_K(row, i)
+          const float got = type == GgmlType::kQ2_K     ? cuda::DequantQ2_K(row, i)
+                            : type == GgmlType::kQ3_K   ? cuda::DequantQ3_K(row, i)
+                            : type == GgmlType::kQ5_K   ? cuda::DequantQ5_K(row, i)
                             : type == GgmlType::kIQ4_XS ? cuda::DequantIQ4_XS(row, i)
                             : type == GgmlType::kQ4_0   ? cuda::DequantTable4<false>(row, i)
                             : type == GgmlType::kIQ4_NL ? cuda::DequantTable4<true>(row, i)
