@@ -147,7 +147,11 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"small", SynthQuant::kIQ4_XS, "small_iq4_xs"}, Case{"small", SynthQuant::kIQ2_XXS, "small_iq2_xxs"},
         // Tiny: IQ4_XS and IQ2_XXS beside an IQ4_NL down (Q8_0 activations).
         Case{"tiny", SynthQuant::kIQ4_XS, "tiny_iq4_xs"}, Case{"tiny", SynthQuant::kIQ2_XXS, "tiny_iq2_xxs"},
-        Case{"tiny", SynthQuant::kQ4_0, "tiny_q4_0"}, Case{"tiny", SynthQuant::kIQ4_NL, "tiny_iq4_nl"}),
+        Case{"tiny", SynthQuant::kQ4_0, "tiny_q4_0"}, Case{"tiny", SynthQuant::kIQ4_NL, "tiny_iq4_nl"},
+        // Q3_K_M mixes Q3_K, Q4_K, Q5_K and Q6_K (its tiny version has a Q5_0 down, refused);
+        // tiny Q2_K and Q3_K have a Q4_0 down.
+        Case{"small", SynthQuant::kQ3_K_M, "small_q3_k_m"}, Case{"small", SynthQuant::kQ2_K, "small_q2_k"},
+        Case{"tiny", SynthQuant::kQ3_K, "tiny_q3_k"}, Case{"tiny", SynthQuant::kQ2_K, "tiny_q2_k"}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
 // llama.cpp's Q4_K_M and Q5_K_M recipes for a model of exactly 8 experts: attn_k and attn_v Q8_0

@@ -232,9 +232,9 @@ TEST(CudaKernels, RmsNormAddsMoeOutputExactly) {
 }
 
 TEST(CudaKernels, EmbedRowsExact) {
-  for (GgmlType type :
-       {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K,
-        GgmlType::kQ6_K, GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS, GgmlType::kQ4_0, GgmlType::kIQ4_NL}) {
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ2_K,
+                        GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_XS,
+                        GgmlType::kIQ2_XXS, GgmlType::kQ4_0, GgmlType::kIQ4_NL}) {
     const int64_t cols = 768, rows = 50;
     const int64_t rb = RowBytes(type, cols);
     const std::vector<float> tf = Random(rows * cols);
@@ -584,11 +584,11 @@ TEST(CudaKernels, LongContextAttentionSplitK) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// K-quants and the IQ types of 256-element blocks: Q4_K, Q5_K, Q6_K, IQ4_XS and IQ2_XXS weights
+// K-quants and the IQ types of 256-element blocks: Q2_K to Q6_K, IQ4_XS and IQ2_XXS weights
 // with Q8_K activations (kquant_layout.cuh, kquant_dot.cuh).
 
-const GgmlType kKQuantTypes[] = {GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_XS,
-                                 GgmlType::kIQ2_XXS};
+const GgmlType kKQuantTypes[] = {GgmlType::kQ2_K, GgmlType::kQ3_K,   GgmlType::kQ4_K,   GgmlType::kQ5_K,
+                                 GgmlType::kQ6_K, GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS};
 
 // "" when got equals want element for element; else how many differ, where the first one is
 // ([token][row], `rows` per token) and the two values.
@@ -625,8 +625,11 @@ std::vector<uint8_t> KQuantWeights(GgmlType type, int64_t rows, int64_t cols, bo
   const int64_t block = RowBytes(type, 256);
   for (size_t b = 0; b < w.size() / block; ++b) {
     const f16_bits d = F32ToF16(scale(rng)), dmin = F32ToF16(scale(rng));
-    std::memcpy(&w[b * block + (type == GgmlType::kQ6_K ? 208 : 0)], &d, 2);  // d first but in Q6_K
+    // d first but in Q6_K, Q3_K and Q2_K (d, dmin last)
+    const int d_at = type == GgmlType::kQ6_K ? 208 : type == GgmlType::kQ3_K ? 108 : type == GgmlType::kQ2_K ? 80 : 0;
+    std::memcpy(&w[b * block + d_at], &d, 2);
     if (has_dmin) std::memcpy(&w[b * block + 2], &dmin, 2);
+    if (type == GgmlType::kQ2_K) std::memcpy(&w[b * block + 82], &dmin, 2);
   }
   return w;
 }
@@ -758,15 +761,17 @@ TEST(CudaKernels, ExpertsMatchCpu) {
     return q;
   };
   for (Mix mix :
-       {Mix{GgmlType::kQ4_K, GgmlType::kQ6_K, 768, 512}, Mix{GgmlType::kQ4_K, GgmlType::kQ4_K, 768, 512},
-        Mix{GgmlType::kQ4_K, GgmlType::kQ8_0, 768, 512}, Mix{GgmlType::kQ6_K, GgmlType::kQ6_K, 768, 512},
-        Mix{GgmlType::kQ5_K, GgmlType::kQ6_K, 768, 512}, Mix{GgmlType::kQ5_K, GgmlType::kQ5_K, 768, 512},
-        Mix{GgmlType::kQ5_K, GgmlType::kQ8_0, 768, 512}, Mix{GgmlType::kIQ4_XS, GgmlType::kIQ4_XS, 768, 512},
-        Mix{GgmlType::kIQ4_XS, GgmlType::kQ5_K, 768, 512}, Mix{GgmlType::kIQ2_XXS, GgmlType::kIQ2_XXS, 768, 512},
-        Mix{GgmlType::kIQ2_XXS, GgmlType::kQ8_0, 768, 512}, Mix{GgmlType::kQ6_K, GgmlType::kIQ2_XXS, 768, 512},
+       {Mix{GgmlType::kQ4_K, GgmlType::kQ6_K, 768, 512},     Mix{GgmlType::kQ4_K, GgmlType::kQ4_K, 768, 512},
+        Mix{GgmlType::kQ4_K, GgmlType::kQ8_0, 768, 512},     Mix{GgmlType::kQ6_K, GgmlType::kQ6_K, 768, 512},
+        Mix{GgmlType::kQ5_K, GgmlType::kQ6_K, 768, 512},     Mix{GgmlType::kQ5_K, GgmlType::kQ5_K, 768, 512},
+        Mix{GgmlType::kQ5_K, GgmlType::kQ8_0, 768, 512},     Mix{GgmlType::kIQ4_XS, GgmlType::kIQ4_XS, 768, 512},
+        Mix{GgmlType::kIQ4_XS, GgmlType::kQ5_K, 768, 512},   Mix{GgmlType::kIQ2_XXS, GgmlType::kIQ2_XXS, 768, 512},
+        Mix{GgmlType::kIQ2_XXS, GgmlType::kQ8_0, 768, 512},  Mix{GgmlType::kQ6_K, GgmlType::kIQ2_XXS, 768, 512},
         Mix{GgmlType::kIQ4_XS, GgmlType::kIQ4_NL, 256, 128}, Mix{GgmlType::kIQ2_XXS, GgmlType::kIQ4_NL, 256, 128},
-        Mix{GgmlType::kQ4_0, GgmlType::kQ4_0, 256, 160}, Mix{GgmlType::kIQ4_NL, GgmlType::kIQ4_NL, 768, 512},
-        Mix{GgmlType::kQ8_0, GgmlType::kQ8_0, 2048, 768}, Mix{GgmlType::kQ8_0, GgmlType::kQ8_0, 768, 512}}) {
+        Mix{GgmlType::kQ4_0, GgmlType::kQ4_0, 256, 160},     Mix{GgmlType::kIQ4_NL, GgmlType::kIQ4_NL, 768, 512},
+        Mix{GgmlType::kQ3_K, GgmlType::kQ5_K, 768, 512},     Mix{GgmlType::kQ3_K, GgmlType::kQ4_K, 768, 512},
+        Mix{GgmlType::kQ2_K, GgmlType::kQ2_K, 768, 512},     Mix{GgmlType::kQ2_K, GgmlType::kQ4_0, 256, 128},
+        Mix{GgmlType::kQ8_0, GgmlType::kQ8_0, 2048, 768},    Mix{GgmlType::kQ8_0, GgmlType::kQ8_0, 768, 512}}) {
     const int64_t E = mix.E, F = mix.F;
     for (int n : {1, 5, 40}) {  // 40: ~13 pairs per expert, several passes of the staged kernels
       const int64_t gate_bytes = F * RowBytes(mix.gate, E), down_bytes = E * RowBytes(mix.down, F);

@@ -11,7 +11,7 @@
 // weight's dot type (ActivationTypeFor): f32, f16, bf16, or Q8_0 laid out the same way with f32
 // scales holding the f16-rounded block scale.
 //
-// Q4_K, Q5_K, Q6_K, IQ4_XS and IQ2_XXS weights and their Q8_K activations, and Q4_0 and IQ4_NL
+// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS and IQ2_XXS weights and their Q8_K activations, Q4_0 and IQ4_NL
 // weights (with the Q8_0 activations above): kquant_layout.cuh.
 #pragma once
 
@@ -27,6 +27,8 @@ enum DevType : int {
   kDevF16 = 1,
   kDevQ4_0 = 2,
   kDevQ8_0 = 8,
+  kDevQ2_K = 10,
+  kDevQ3_K = 11,
   kDevQ4_K = 12,
   kDevQ5_K = 13,
   kDevQ6_K = 14,

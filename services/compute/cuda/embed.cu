@@ -21,6 +21,10 @@ __device__ __forceinline__ float EmbedValue(int type, const uint8_t* row, int64_
       return BF16BitsToF32(reinterpret_cast<const uint16_t*>(row)[i]);
     case kDevQ4_K:
       return DequantQ4_K(row, i);
+    case kDevQ2_K:
+      return DequantQ2_K(row, i);
+    case kDevQ3_K:
+      return DequantQ3_K(row, i);
     case kDevQ5_K:
       return DequantQ5_K(row, i);
     case kDevQ6_K:

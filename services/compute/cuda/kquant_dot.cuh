@@ -1,13 +1,16 @@
 // The inner loop of the matrix products of the 256-element block types with Q8_K activations
-// (dense mat-vec and grouped experts), bit-exact with the CPU engine's VecDotRowsQ4_K / Q5_K /
-// Q6_K / IQ4_XS / IQ2_XXS (common/quant/q4_k_rows.cc, q5_k_rows.cc, q6_k_rows.cc, iq4_rows.cc,
-// iq2_rows.cc: the avx2 and avx512 variants form the same integers and floats; the scalar one,
-// run only where MER_CPU_KERNELS=scalar forces it, sums in another order):
+// (dense mat-vec and grouped experts), bit-exact with the CPU engine's VecDotRowsQ2_K / Q3_K /
+// Q4_K / Q5_K / Q6_K / IQ4_XS / IQ2_XXS (common/quant/q2_k_rows.cc, q3_k_rows.cc, q4_k_rows.cc,
+// q5_k_rows.cc, q6_k_rows.cc, iq4_rows.cc, iq2_rows.cc: the avx2 and avx512 variants form the
+// same integers and floats; the scalar one, run only where MER_CPU_KERNELS=scalar forces it, sums
+// in another order):
 //
 //   8 lanes per row (kquant_layout.cuh). Per block, in order, lane i forms the CPU's int32 lane i
 //   exactly (Q4_KLaneSum, Q5_KLaneSum, ...) and accumulates acc_i = fma(d_w * d_a, (float)isum,
 //   acc_i); Q4_K lanes 0..3 also acc_m_i = fma(dmin_w * d_a, (float)prod_m, acc_m_i); Q5_K lane 0
-//   also the block's one mins integer, acc_m = fma(-(dmin_w * d_a), (float)prod_m, acc_m). Then
+//   also the block's one mins integer, acc_m = fma(-(dmin_w * d_a), (float)prod_m, acc_m); Q2_K
+//   lane i first its mins integer into the same chain, acc_i = fma(-(d_a * dmin_w), (float)m_i,
+//   acc_i), then its scaled sum as above. Then
 //   HorizontalSum: ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)); for Q4_K minus the 4-lane
 //   (m0+m2) + (m1+m3); for Q5_K plus acc_m; for IQ2_XXS times 0.125.
 //
@@ -73,7 +76,7 @@ template <int kType, int R, int NT, int U>
 __device__ inline void KQuantGroupDots(const KQuantRowRef (&rows)[R], int64_t nb, const KQuantActRef (&acts)[NT],
                                        int64_t act_stride, float (&out)[R][NT]) {
   static_assert(kType == kDevQ4_K || kType == kDevQ5_K || kType == kDevQ6_K || kType == kDevIQ4_XS ||
-                kType == kDevIQ2_XXS);
+                kType == kDevIQ2_XXS || kType == kDevQ3_K || kType == kDevQ2_K);
   constexpr bool kQ4 = kType == kDevQ4_K;
   const int g = threadIdx.x % kKQuantGroup;
   float acc[R][NT], acc_m[R][NT];
@@ -82,9 +85,11 @@ __device__ inline void KQuantGroupDots(const KQuantRowRef (&rows)[R], int64_t nb
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[r][t] = acc_m[r][t] = 0.0f;
   for (int64_t b0 = 0; b0 < nb; b0 += U) {
-    uint4 wq[U][R];   // Q4_K, Q5_K, IQ4_XS: qs words; Q6_K: ql words; IQ2_XXS: sign words 0..3
-    uint4 wh[U][R];   // Q4_K, Q5_K: header; Q6_K: scales; IQ2_XXS: sign words 4..7
-    uint2 wqh[U][R];  // Q6_K: qh words; Q5_K: qh word (x); IQ4_XS: header; IQ2_XXS: grid indices
+    uint4 wq[U][R];   // Q4_K, Q5_K, IQ4_XS: qs words; Q6_K: ql words; IQ2_XXS: sign words 0..3;
+                      // Q3_K: hmask word (x), scale words (y, z, w)
+    uint4 wh[U][R];   // Q4_K, Q5_K: header; Q6_K, Q2_K: scales; IQ2_XXS: sign words 4..7
+    uint2 wqh[U][R];  // Q6_K: qh words; Q5_K: qh word (x); IQ4_XS: header; IQ2_XXS: grid indices;
+                      // Q3_K, Q2_K: qs words
     float wd[U][R], wdmin[U][R];
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -112,6 +117,20 @@ __device__ inline void KQuantGroupDots(const KQuantRowRef (&rows)[R], int64_t nb
           wq[u][r] = __ldcs(reinterpret_cast<const uint4*>(m + IQ4_XSQsOffset(b, g)));
           wqh[u][r] = *reinterpret_cast<const uint2*>(m + IQ4_XSHeaderOffset(rows[r].n, b));
           wd[u][r] = __half2float(__ushort_as_half(static_cast<unsigned short>(wqh[u][r].x & 0xffffu)));
+        } else if constexpr (kType == kDevQ3_K) {
+          wqh[u][r] = __ldcs(reinterpret_cast<const uint2*>(m + Q3_KQsOffset(b, g)));
+          wq[u][r].x = __ldcs(reinterpret_cast<const uint32_t*>(m + Q3_KHmaskOffset(rows[r].n, b, g)));
+          const uint32_t* sc = reinterpret_cast<const uint32_t*>(m + Q3_KScalesOffset(rows[r].n, b));
+          wq[u][r].y = sc[0];
+          wq[u][r].z = sc[1];
+          wq[u][r].w = sc[2];
+          wd[u][r] = __half2float(*reinterpret_cast<const __half*>(m + Q3_KDOffset(rows[r].n, b)));
+        } else if constexpr (kType == kDevQ2_K) {
+          wqh[u][r] = __ldcs(reinterpret_cast<const uint2*>(m + Q2_KQsOffset(b, g)));
+          wh[u][r] = *reinterpret_cast<const uint4*>(m + Q2_KScalesOffset(rows[r].n, b));
+          const uint32_t dd = *reinterpret_cast<const uint32_t*>(m + Q2_KDOffset(rows[r].n, b));
+          wd[u][r] = __half2float(__ushort_as_half(static_cast<unsigned short>(dd & 0xffffu)));
+          wdmin[u][r] = __half2float(__ushort_as_half(static_cast<unsigned short>(dd >> 16)));
         } else if constexpr (kType == kDevIQ2_XXS) {
           wqh[u][r] = __ldcs(reinterpret_cast<const uint2*>(m + IQ2_XXSIndexOffset(b, g)));
           const uint4* words = reinterpret_cast<const uint4*>(m + IQ2_XXSWordsOffset(rows[r].n, b));
@@ -170,6 +189,23 @@ __device__ inline void KQuantGroupDots(const KQuantRowRef (&rows)[R], int64_t nb
             if (rows[r].m == nullptr) continue;
             const int isum = IQ4_XSLaneSum(wq[u][r], wqh[u][r], a0, a1);
             acc[r][t] = fmaf(__fmul_rn(wd[u][r], ad), __int2float_rn(isum), acc[r][t]);
+          }
+        } else if constexpr (kType == kDevQ3_K) {
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            if (rows[r].m == nullptr) continue;
+            const uint3 sc = make_uint3(wq[u][r].y, wq[u][r].z, wq[u][r].w);
+            const int isum = Q3_KLaneSum(wqh[u][r], wq[u][r].x, sc, g, a0, a1);
+            acc[r][t] = fmaf(__fmul_rn(wd[u][r], ad), __int2float_rn(isum), acc[r][t]);
+          }
+        } else if constexpr (kType == kDevQ2_K) {
+          const uint32_t bs = *reinterpret_cast<const uint32_t*>(bsums + 4 * g);
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            if (rows[r].m == nullptr) continue;
+            acc[r][t] = fmaf(-__fmul_rn(ad, wdmin[u][r]), __int2float_rn(Q2_KMinLaneSum(wh[u][r], g, bs)), acc[r][t]);
+            acc[r][t] =
+                fmaf(__fmul_rn(ad, wd[u][r]), __int2float_rn(Q2_KLaneSum(wqh[u][r], wh[u][r], g, a0, a1)), acc[r][t]);
           }
         } else if constexpr (kType == kDevIQ2_XXS) {
 #pragma unroll
@@ -303,6 +339,8 @@ __device__ inline void BlockGroupDots(const KQuantRowRef (&rows)[R], int64_t nb,
 // activation type its rows are dotted with.
 inline int BlockElemsOf(int type) {
   switch (type) {
+    case kDevQ2_K:
+    case kDevQ3_K:
     case kDevQ4_K:
     case kDevQ5_K:
     case kDevQ6_K:

@@ -135,6 +135,12 @@ void LaunchExpertGateUpKQuant(const ExpertArgs& a, const DevAct& x_act, float* h
   CheckArgs("gate/up", a.type, a.n_embd, x_act);
   if (a.u_count <= 0) return;
   switch (a.type) {
+    case kDevQ2_K:
+      LaunchGateUpT<kDevQ2_K>(a, x_act, h, max_group_pairs, stream);
+      break;
+    case kDevQ3_K:
+      LaunchGateUpT<kDevQ3_K>(a, x_act, h, max_group_pairs, stream);
+      break;
     case kDevQ4_K:
       LaunchGateUpT<kDevQ4_K>(a, x_act, h, max_group_pairs, stream);
       break;
@@ -164,6 +170,12 @@ void LaunchExpertDownKQuant(const ExpertArgs& a, const DevAct& h_act, float* out
   CheckArgs("down", a.down_type, a.n_ff, h_act);
   if (a.u_count <= 0) return;
   switch (a.down_type) {
+    case kDevQ2_K:
+      LaunchDownT<kDevQ2_K>(a, h_act, out, max_group_pairs, stream);
+      break;
+    case kDevQ3_K:
+      LaunchDownT<kDevQ3_K>(a, h_act, out, max_group_pairs, stream);
+      break;
     case kDevQ4_K:
       LaunchDownT<kDevQ4_K>(a, h_act, out, max_group_pairs, stream);
       break;

@@ -94,6 +94,12 @@ void LaunchMatvecKQuant(const MatvecOutput* outputs, int n_outputs, const DevAct
   const int64_t total = args.row_begin[n_outputs];
   if (total == 0 || n_tokens == 0) return;
   switch (type) {
+    case kDevQ2_K:
+      Launch<kDevQ2_K>(args, total, stream);
+      break;
+    case kDevQ3_K:
+      Launch<kDevQ3_K>(args, total, stream);
+      break;
     case kDevQ4_K:
       Launch<kDevQ4_K>(args, total, stream);
       break;

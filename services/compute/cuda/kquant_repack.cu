@@ -17,7 +17,9 @@ struct KQuantRepackArgs {
 // A thread per block (blocks are row-major, so block b of the matrix is the file's block b).
 template <int kType>
 __global__ void RepackKQuantKernel(const __grid_constant__ KQuantRepackArgs args) {
-  constexpr int kBytes = kType == kDevQ4_K      ? kQ4_KBlockBytes
+  constexpr int kBytes = kType == kDevQ2_K      ? kQ2_KBlockBytes
+                         : kType == kDevQ3_K    ? kQ3_KBlockBytes
+                         : kType == kDevQ4_K    ? kQ4_KBlockBytes
                          : kType == kDevQ6_K    ? kQ6_KBlockBytes
                          : kType == kDevQ5_K    ? kQ5_KBlockBytes
                          : kType == kDevIQ4_XS  ? kIQ4_XSBlockBytes
@@ -28,6 +30,10 @@ __global__ void RepackKQuantKernel(const __grid_constant__ KQuantRepackArgs args
   for (int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; b < n; b += int64_t(gridDim.x) * blockDim.x) {
     if constexpr (kType == kDevQ4_K)
       RepackQ4_KBlock(j.src + b * kBytes, j.dst, n, b);
+    else if constexpr (kType == kDevQ2_K)
+      RepackQ2_KBlock(j.src + b * kBytes, j.dst, n, b);
+    else if constexpr (kType == kDevQ3_K)
+      RepackQ3_KBlock(j.src + b * kBytes, j.dst, n, b);
     else if constexpr (kType == kDevQ6_K)
       RepackQ6_KBlock(j.src + b * kBytes, j.dst, n, b);
     else if constexpr (kType == kDevQ5_K)
@@ -45,6 +51,10 @@ __global__ void RepackKQuantKernel(const __grid_constant__ KQuantRepackArgs args
 
 int KQuantBlockBytes(int type) {
   switch (type) {
+    case kDevQ2_K:
+      return kQ2_KBlockBytes;
+    case kDevQ3_K:
+      return kQ3_KBlockBytes;
     case kDevQ4_K:
       return kQ4_KBlockBytes;
     case kDevQ5_K:
@@ -82,6 +92,12 @@ void LaunchRepackKQuant(int type, const RepackJob* jobs, int n_jobs, cudaStream_
   }
   const dim3 grid(64, n_jobs);
   switch (type) {
+    case kDevQ2_K:
+      RepackKQuantKernel<kDevQ2_K><<<grid, 256, 0, stream>>>(args);
+      break;
+    case kDevQ3_K:
+      RepackKQuantKernel<kDevQ3_K><<<grid, 256, 0, stream>>>(args);
+      break;
     case kDevQ4_K:
       RepackKQuantKernel<kDevQ4_K><<<grid, 256, 0, stream>>>(args);
       break;

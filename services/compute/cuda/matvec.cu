@@ -249,6 +249,8 @@ void LaunchMatvec(const MatvecOutput* outputs, int n_outputs, const DevAct& act,
     case kDevQ8_0:
       Launch<kDevQ8_0>(args, total, stream);
       break;
+    case kDevQ2_K:
+    case kDevQ3_K:
     case kDevQ4_K:
     case kDevQ5_K:
     case kDevQ6_K:

@@ -428,6 +428,8 @@ void LaunchExpertGateUp(const ExpertArgs& a, const DevAct& x_act, float* h, int 
     case kDevQ8_0:
       LaunchGateUpT<kDevQ8_0>(a, x_act, h, max_group_pairs, stream);
       break;
+    case kDevQ2_K:
+    case kDevQ3_K:
     case kDevQ4_K:
     case kDevQ5_K:
     case kDevQ6_K:
@@ -457,6 +459,8 @@ void LaunchExpertDown(const ExpertArgs& a, const DevAct& h_act, float* out, int 
     case kDevQ8_0:
       LaunchDownT<kDevQ8_0>(a, h_act, out, max_group_pairs, stream);
       break;
+    case kDevQ2_K:
+    case kDevQ3_K:
     case kDevQ4_K:
     case kDevQ5_K:
     case kDevQ6_K:
