@@ -21,7 +21,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/gguf/gguf_writer.h"
 #include "common/model/synth_model.h"
+#include "common/quant/quant.h"
 #include "services/compute/cpu/cpu_engine.h"
 #include "services/compute/generation.h"
 #include "tests/gpu/corpus.h"
@@ -132,21 +134,103 @@ TEST_P(CudaVsCpu, GreedyIdsEqualAndForcedLogitsClose) {
 
 INSTANTIATE_TEST_SUITE_P(
     Corpus, CudaVsCpu,
-    ::testing::Values(Case{"tiny", SynthQuant::kF32, "tiny_f32"}, Case{"tiny", SynthQuant::kF16, "tiny_f16"},
-                      Case{"tiny", SynthQuant::kQ8_0, "tiny_q8_0"}, Case{"small", SynthQuant::kF32, "small_f32"},
-                      Case{"small", SynthQuant::kF16, "small_f16"}, Case{"small", SynthQuant::kQ8_0, "small_q8_0"},
-                      Case{"tiny", SynthQuant::kQ4_K, "tiny_q4_k"}, Case{"small", SynthQuant::kQ4_K, "small_q4_k"}),
+    ::testing::Values(
+        Case{"tiny", SynthQuant::kF32, "tiny_f32"}, Case{"tiny", SynthQuant::kF16, "tiny_f16"},
+        Case{"tiny", SynthQuant::kQ8_0, "tiny_q8_0"}, Case{"small", SynthQuant::kF32, "small_f32"},
+        Case{"small", SynthQuant::kF16, "small_f16"}, Case{"small", SynthQuant::kQ8_0, "small_q8_0"},
+        Case{"tiny", SynthQuant::kQ4_K, "tiny_q4_k"}, Case{"small", SynthQuant::kQ4_K, "small_q4_k"},
+        // The small preset's matrices are whole 256-blocks, so these types run
+        // throughout (the tiny preset's down rows of 128 fall back to Q5_1, which
+        // the cuda backend refuses, or IQ4_NL). Q5_K_M mixes Q5_K and Q6_K per
+        // layer in attn_v and the experts' down.
+        Case{"small", SynthQuant::kQ5_K_M, "small_q5_k_m"}, Case{"small", SynthQuant::kQ5_K, "small_q5_k"},
+        Case{"small", SynthQuant::kIQ4_XS, "small_iq4_xs"}, Case{"small", SynthQuant::kIQ2_XXS, "small_iq2_xxs"},
+        // Tiny: IQ4_XS and IQ2_XXS beside an IQ4_NL down (Q8_0 activations).
+        Case{"tiny", SynthQuant::kIQ4_XS, "tiny_iq4_xs"}, Case{"tiny", SynthQuant::kIQ2_XXS, "tiny_iq2_xxs"},
+        Case{"tiny", SynthQuant::kQ4_0, "tiny_q4_0"}, Case{"tiny", SynthQuant::kIQ4_NL, "tiny_iq4_nl"},
+        // Q3_K_M mixes Q3_K, Q4_K, Q5_K and Q6_K (its tiny version has a Q5_0 down, refused);
+        // tiny Q2_K and Q3_K have a Q4_0 down.
+        Case{"small", SynthQuant::kQ3_K_M, "small_q3_k_m"}, Case{"small", SynthQuant::kQ2_K, "small_q2_k"},
+        Case{"tiny", SynthQuant::kQ3_K, "tiny_q3_k"}, Case{"tiny", SynthQuant::kQ2_K, "tiny_q2_k"}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
-// Geometries nobody tuned for (`mer synth --preset random:SEED`: widths not multiples of 64, 2-128
-// experts, top-1..8, GQA 1-8, head dims 16-256, contexts 128-1024), the type cycling through
-// F32, F16, Q8_0 and Q4_K: the same comparison with every expert resident and with 25%.
-class RandomGeometry : public ::testing::TestWithParam<int> {};
+// llama.cpp's Q4_K_M and Q5_K_M recipes for a model of exactly 8 experts: attn_k and attn_v Q8_0
+// beside a K-quant attn_q, so Q, K and V read their input in two activation types (Q8_K and
+// Q8_0), and attn_output Q5_K; the small preset with 8 experts, the corpus at 100% and 25%.
+TEST(CudaVsCpuMixedActivations, EightExpertRecipes) {
+  for (SynthQuant quant : {SynthQuant::kQ4_K_M, SynthQuant::kQ5_K_M}) {
+    SynthOptions so = gpu_test::TestSynthOptions("small", quant);
+    so.geometry.n_expert = 8;
+    so.geometry.n_expert_used = 2;
+    const std::string name = quant == SynthQuant::kQ4_K_M ? "small 8 experts q4_k_m" : "small 8 experts q5_k_m";
+    const std::string path =
+        (std::filesystem::temp_directory_path() / ("mer_cuda_8x_" + std::to_string(getpid()) + ".gguf")).string();
+    ASSERT_TRUE(WriteSynthModel(so, path).ok());
+    std::unique_ptr<Model> model = gpu_test::LoadModel(path);
+    std::filesystem::remove(path);
+    ASSERT_NE(model, nullptr);
+    const LayerWeights& L = model->weights->layers[0];
+    ASSERT_EQ(L.wk.type, GgmlType::kQ8_0) << name;  // the case this test is for
+    ASSERT_NE(ActivationTypeFor(L.wq.type), ActivationTypeFor(L.wk.type)) << name;
+    CompareWithCpu(*model, name, 4, 24, {1.0, 0.25});
+  }
+}
 
-TEST_P(RandomGeometry, GreedyIdsEqualAndForcedLogitsClose) {
-  const int seed = GetParam();
-  const SynthQuant quants[4] = {SynthQuant::kF32, SynthQuant::kF16, SynthQuant::kQ8_0, SynthQuant::kQ4_K};
-  SynthOptions so = gpu_test::TestSynthOptions("tiny", quants[seed % 4]);
+// Every matrix in a type of its own among those the cuda backend takes (gate and up equal): in a
+// layer K-quant, IQ, Q8_0 and float matrices side by side, Q, K and V in two activation types, an
+// expert down of another activation type than gate/up, an IQ4_NL token embedding and a Q5_K LM
+// head. Every expert used, so an activation rounding cannot change the routing.
+TEST(CudaVsCpuMixedActivations, PerTensorMixOfTypes) {
+  SynthOptions o = gpu_test::TestSynthOptions("micro", SynthQuant::kF32);
+  o.geometry.n_embd = 256;
+  o.geometry.n_ff_exp = 256;
+  o.geometry.n_head = 4;
+  o.geometry.head_dim = 64;
+  o.geometry.n_expert = 4;
+  o.geometry.n_expert_used = 4;
+  const std::map<std::string, GgmlType> types = {
+      {"token_embd.weight", GgmlType::kIQ4_NL},          {"output.weight", GgmlType::kQ5_K},
+      {"blk.0.attn_q.weight", GgmlType::kQ4_K},          {"blk.0.attn_k.weight", GgmlType::kQ8_0},
+      {"blk.0.attn_v.weight", GgmlType::kQ6_K},          {"blk.0.attn_output.weight", GgmlType::kIQ4_XS},
+      {"blk.0.ffn_gate_exps.weight", GgmlType::kQ5_K},   {"blk.0.ffn_up_exps.weight", GgmlType::kQ5_K},
+      {"blk.0.ffn_down_exps.weight", GgmlType::kIQ4_NL}, {"blk.1.attn_q.weight", GgmlType::kF16},
+      {"blk.1.attn_k.weight", GgmlType::kIQ4_NL},        {"blk.1.attn_v.weight", GgmlType::kF16},
+      {"blk.1.attn_output.weight", GgmlType::kQ4_0},     {"blk.1.ffn_gate_exps.weight", GgmlType::kIQ2_XXS},
+      {"blk.1.ffn_up_exps.weight", GgmlType::kIQ2_XXS},  {"blk.1.ffn_down_exps.weight", GgmlType::kQ6_K},
+  };
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("mer_cuda_mix_" + std::to_string(getpid()) + ".gguf")).string();
+  {
+    GgufWriter w;
+    auto plan = PlanSynthModel(o, w);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    for (SynthTensor& t : *plan) {
+      if (auto it = types.find(t.name); it != types.end()) t.type = it->second;
+      w.AddTensor(t.name, t.type, t.shape);
+    }
+    ASSERT_TRUE(w.Open(path).ok());
+    for (const SynthTensor& t : *plan) {
+      int64_t rows = 1;
+      for (size_t i = 1; i < t.shape.size(); ++i) rows *= t.shape[i];
+      std::vector<float> scratch(t.shape[0]);
+      std::vector<uint8_t> bytes(rows * RowBytes(t.type, t.shape[0]));
+      SynthRows(t, 0, rows, scratch.data(), bytes.data());
+      ASSERT_TRUE(w.Append(bytes).ok());
+    }
+    ASSERT_TRUE(w.Finish().ok());
+  }
+  std::unique_ptr<Model> model = gpu_test::LoadModel(path);
+  std::filesystem::remove(path);
+  ASSERT_NE(model, nullptr);
+  for (const auto& [name, type] : types) ASSERT_EQ(model->file->FindTensor(name)->type, type) << name;
+  CompareWithCpu(*model, "micro per-tensor type mix", 4, 24, {1.0, 0.5});
+}
+
+// Geometries nobody tuned for (`mer synth --preset random:SEED`: widths not multiples of 64, 2-128
+// experts, top-1..8, GQA 1-8, head dims 16-256, contexts 128-1024) in `quant`: the same comparison
+// with every expert resident and with 25%.
+void CompareRandomGeometry(int seed, SynthQuant quant) {
+  SynthOptions so = gpu_test::TestSynthOptions("tiny", quant);
   so.geometry = RandomSynthGeometry(seed);
   so.seed = seed;
   const SynthGeometry& g = so.geometry;
@@ -164,7 +248,27 @@ TEST_P(RandomGeometry, GreedyIdsEqualAndForcedLogitsClose) {
   CompareWithCpu(*model, name, 4, 24, {1.0, 0.25});
 }
 
+// The type cycling through F32, F16, Q8_0 and Q4_K.
+class RandomGeometry : public ::testing::TestWithParam<int> {};
+
+TEST_P(RandomGeometry, GreedyIdsEqualAndForcedLogitsClose) {
+  const int seed = GetParam();
+  const SynthQuant quants[4] = {SynthQuant::kF32, SynthQuant::kF16, SynthQuant::kQ8_0, SynthQuant::kQ4_K};
+  CompareRandomGeometry(seed, quants[seed % 4]);
+}
+
 INSTANTIATE_TEST_SUITE_P(Seeds, RandomGeometry, ::testing::Range(1, 25));
+
+// Q4_0 and IQ4_NL, alternating: blocks of 32, so rows of any multiple of 32 columns (Q8_0
+// activation rows whose last blocks are not a whole run of 4).
+class RandomGeometryTable4 : public ::testing::TestWithParam<int> {};
+
+TEST_P(RandomGeometryTable4, GreedyIdsEqualAndForcedLogitsClose) {
+  const int seed = GetParam();
+  CompareRandomGeometry(seed, seed % 2 == 1 ? SynthQuant::kIQ4_NL : SynthQuant::kQ4_0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, RandomGeometryTable4, ::testing::Range(1, 9));
 
 // A 1,200-token prompt (five prefill chunks, many pairs per expert in the staged expert kernels,
 // attention past 1,024 cells) and 16 greedy tokens on the small preset: the CPU reference's ids

@@ -1,7 +1,7 @@
 // Every kernel of the cuda backend against a plain CPU reference (the CPU engine's own row
 // kernels and ops, services/compute/cpu/cpu_ops.h and common/quant/), swept over types and sizes,
 // each with its error bound: activation conversion and matrix products bit-exact (they keep the
-// CPU kernels' lane order), the K-quant ones (Q4_K, Q6_K weights, Q8_K activations) for dense
+// CPU kernels' lane order), the Q8_K ones (Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS weights) for dense
 // mat-vec and the grouped experts too; norms, RoPE, attention and routing against
 // double-precision references within relative L2 1e-6..1e-5; embedding rows exact. Fresh random
 // inputs per case; outputs poisoned with NaN before each launch.
@@ -79,7 +79,10 @@ double RelL2(const std::vector<float>& got, const std::vector<float>& want) {
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
-const GgmlType kTypes[] = {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0};
+// The types of 32-element blocks (or none) whose activations are their own or Q8_0; Q4_0 and
+// IQ4_NL take the 8-lane groups of kquant_dot.cuh's Table4GroupDots.
+const GgmlType kTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16,
+                           GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kIQ4_NL};
 
 // Activations in device layout (device_layout.cuh) for n rows of `cols`.
 struct DeviceAct {
@@ -97,7 +100,7 @@ struct DeviceAct {
 };
 
 TEST(CudaKernels, QuantizeIsBitExact) {
-  for (GgmlType w : kTypes) {
+  for (GgmlType w : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0}) {
     const GgmlType at = ActivationTypeFor(w);
     for (int64_t cols : {32, 96, 256, 768, 2048}) {
       const int n = 5;
@@ -229,8 +232,9 @@ TEST(CudaKernels, RmsNormAddsMoeOutputExactly) {
 }
 
 TEST(CudaKernels, EmbedRowsExact) {
-  for (GgmlType type :
-       {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ2_K,
+                        GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_XS,
+                        GgmlType::kIQ2_XXS, GgmlType::kQ4_0, GgmlType::kIQ4_NL}) {
     const int64_t cols = 768, rows = 50;
     const int64_t rb = RowBytes(type, cols);
     const std::vector<float> tf = Random(rows * cols);
@@ -580,9 +584,11 @@ TEST(CudaKernels, LongContextAttentionSplitK) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// K-quants: Q4_K and Q6_K weights with Q8_K activations (kquant_layout.cuh, kquant_dot.cuh).
+// K-quants and the IQ types of 256-element blocks: Q2_K to Q6_K, IQ4_XS and IQ2_XXS weights
+// with Q8_K activations (kquant_layout.cuh, kquant_dot.cuh).
 
-const GgmlType kKQuantTypes[] = {GgmlType::kQ4_K, GgmlType::kQ6_K};
+const GgmlType kKQuantTypes[] = {GgmlType::kQ2_K, GgmlType::kQ3_K,   GgmlType::kQ4_K,   GgmlType::kQ5_K,
+                                 GgmlType::kQ6_K, GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS};
 
 // "" when got equals want element for element; else how many differ, where the first one is
 // ([token][row], `rows` per token) and the two values.
@@ -601,8 +607,9 @@ std::string Mismatch(const std::vector<float>& got, const std::vector<float>& wa
   return m.str();
 }
 
-// rows x cols weights of a K-quant type: quantized from Gaussian floats, or (raw) random bytes with
-// small f16 scales, which reach every 6-bit scale/min pattern and every int8 scale (-128 too).
+// rows x cols weights of one of kKQuantTypes: quantized from Gaussian floats, or (raw) random bytes
+// with small f16 scales, which reach every 6-bit scale/min pattern and every int8 scale (-128 too),
+// every IQ4 code and scale, every IQ2_XXS grid point, sign pattern and scale.
 std::vector<uint8_t> KQuantWeights(GgmlType type, int64_t rows, int64_t cols, bool raw) {
   const int64_t rb = RowBytes(type, cols);
   std::vector<uint8_t> w(rows * rb);
@@ -614,11 +621,15 @@ std::vector<uint8_t> KQuantWeights(GgmlType type, int64_t rows, int64_t cols, bo
   std::uniform_int_distribution<int> byte(0, 255);
   for (uint8_t& b : w) b = static_cast<uint8_t>(byte(rng));
   std::uniform_real_distribution<float> scale(-0.02f, 0.02f);
-  const int block = type == GgmlType::kQ4_K ? cuda::kQ4_KBlockBytes : cuda::kQ6_KBlockBytes;
+  const bool has_dmin = type == GgmlType::kQ4_K || type == GgmlType::kQ5_K;
+  const int64_t block = RowBytes(type, 256);
   for (size_t b = 0; b < w.size() / block; ++b) {
     const f16_bits d = F32ToF16(scale(rng)), dmin = F32ToF16(scale(rng));
-    std::memcpy(&w[b * block + (type == GgmlType::kQ4_K ? 0 : 208)], &d, 2);
-    if (type == GgmlType::kQ4_K) std::memcpy(&w[b * block + 2], &dmin, 2);
+    // d first but in Q6_K, Q3_K and Q2_K (d, dmin last)
+    const int d_at = type == GgmlType::kQ6_K ? 208 : type == GgmlType::kQ3_K ? 108 : type == GgmlType::kQ2_K ? 80 : 0;
+    std::memcpy(&w[b * block + d_at], &d, 2);
+    if (has_dmin) std::memcpy(&w[b * block + 2], &dmin, 2);
+    if (type == GgmlType::kQ2_K) std::memcpy(&w[b * block + 82], &dmin, 2);
   }
   return w;
 }
@@ -664,7 +675,7 @@ TEST(CudaKernels, QuantizeQ8_KIsBitExact) {
   }
 }
 
-// Dense mat-vec of Q4_K and Q6_K rows: cols 256..4096, rows 1..1000, 1..17 tokens, with and
+// Dense mat-vec of kKQuantTypes rows: cols 256..4096, rows 1..1000, 1..17 tokens, with and
 // without a residual, three matrices of different heights in one launch (as Q, K, V), against
 // VecDotRows on the CPU-converted activations.
 TEST(CudaKernels, KQuantMatvecMatchesCpuRowDots) {
@@ -729,8 +740,8 @@ TEST(CudaKernels, KQuantMatvecMatchesCpuRowDots) {
   }
 }
 
-// The grouped expert kernels with K-quant gate/up and a down of the same or another type (the
-// Q4_K_M mixes), and Q8_0 throughout, also at the Qwen3-30B-A3B expert geometry (2,048 x 768,
+// The grouped expert kernels with K-quant or IQ gate/up and a down of the same or another type (the
+// Q4_K_M and Q5_K_M mixes, IQ types beside K-quants and Q8_0), and Q8_0 throughout, also at the Qwen3-30B-A3B expert geometry (2,048 x 768,
 // where the decode down kernel loads its rows before its wait), experts at permuted arena slots laid out as CudaEngine does, against the CPU
 // engine's MoE: row dots, SwiGLU (cpu_ops.h), conversion of h, down row dots. One token also
 // goes through the decode path's down kernel, which converts h itself.
@@ -742,15 +753,25 @@ TEST(CudaKernels, ExpertsMatchCpu) {
   const int NE = 6, K = 2;
   auto align = [](int64_t b) { return (b + 255) / 256 * 256; };
   auto weights = [](GgmlType type, int64_t rows, int64_t cols, bool raw) {
-    if (type != GgmlType::kQ8_0) return KQuantWeights(type, rows, cols, raw);
+    if (type != GgmlType::kQ8_0 && type != GgmlType::kQ4_0 && type != GgmlType::kIQ4_NL)
+      return KQuantWeights(type, rows, cols, raw);
     const std::vector<float> f = Random(rows * cols, 0.05f);
     std::vector<uint8_t> q(rows * RowBytes(type, cols));
     for (int64_t r = 0; r < rows; ++r) QuantizeRow(type, &f[r * cols], &q[r * RowBytes(type, cols)], cols);
     return q;
   };
-  for (Mix mix : {Mix{GgmlType::kQ4_K, GgmlType::kQ6_K, 768, 512}, Mix{GgmlType::kQ4_K, GgmlType::kQ4_K, 768, 512},
-                  Mix{GgmlType::kQ4_K, GgmlType::kQ8_0, 768, 512}, Mix{GgmlType::kQ6_K, GgmlType::kQ6_K, 768, 512},
-                  Mix{GgmlType::kQ8_0, GgmlType::kQ8_0, 2048, 768}, Mix{GgmlType::kQ8_0, GgmlType::kQ8_0, 768, 512}}) {
+  for (Mix mix :
+       {Mix{GgmlType::kQ4_K, GgmlType::kQ6_K, 768, 512},     Mix{GgmlType::kQ4_K, GgmlType::kQ4_K, 768, 512},
+        Mix{GgmlType::kQ4_K, GgmlType::kQ8_0, 768, 512},     Mix{GgmlType::kQ6_K, GgmlType::kQ6_K, 768, 512},
+        Mix{GgmlType::kQ5_K, GgmlType::kQ6_K, 768, 512},     Mix{GgmlType::kQ5_K, GgmlType::kQ5_K, 768, 512},
+        Mix{GgmlType::kQ5_K, GgmlType::kQ8_0, 768, 512},     Mix{GgmlType::kIQ4_XS, GgmlType::kIQ4_XS, 768, 512},
+        Mix{GgmlType::kIQ4_XS, GgmlType::kQ5_K, 768, 512},   Mix{GgmlType::kIQ2_XXS, GgmlType::kIQ2_XXS, 768, 512},
+        Mix{GgmlType::kIQ2_XXS, GgmlType::kQ8_0, 768, 512},  Mix{GgmlType::kQ6_K, GgmlType::kIQ2_XXS, 768, 512},
+        Mix{GgmlType::kIQ4_XS, GgmlType::kIQ4_NL, 256, 128}, Mix{GgmlType::kIQ2_XXS, GgmlType::kIQ4_NL, 256, 128},
+        Mix{GgmlType::kQ4_0, GgmlType::kQ4_0, 256, 160},     Mix{GgmlType::kIQ4_NL, GgmlType::kIQ4_NL, 768, 512},
+        Mix{GgmlType::kQ3_K, GgmlType::kQ5_K, 768, 512},     Mix{GgmlType::kQ3_K, GgmlType::kQ4_K, 768, 512},
+        Mix{GgmlType::kQ2_K, GgmlType::kQ2_K, 768, 512},     Mix{GgmlType::kQ2_K, GgmlType::kQ4_0, 256, 128},
+        Mix{GgmlType::kQ8_0, GgmlType::kQ8_0, 2048, 768},    Mix{GgmlType::kQ8_0, GgmlType::kQ8_0, 768, 512}}) {
     const int64_t E = mix.E, F = mix.F;
     for (int n : {1, 5, 40}) {  // 40: ~13 pairs per expert, several passes of the staged kernels
       const int64_t gate_bytes = F * RowBytes(mix.gate, E), down_bytes = E * RowBytes(mix.down, F);

@@ -60,7 +60,7 @@ absl::StatusOr<ExpertTypes> ExpertTypesOf(const ModelWeights& weights, const Exp
   for (GgmlType g : {t->gate, t->up, t->down})
     if (!SupportedType(g))
       return absl::UnimplementedError(absl::StrCat("cuda backend: expert tensor type ", TypeName(g),
-                                                   " is not supported yet (F32, F16, BF16, Q8_0, Q4_K, Q6_K)"));
+                                                   " is not supported yet (", kSupportedTypeNames, ")"));
   if (t->up != t->gate) return absl::UnimplementedError("cuda backend: the gate and up experts must share one type");
   return *t;
 }
@@ -114,13 +114,15 @@ void DebugLog(const char* stage) {
   if (on) std::fprintf(stderr, "cuda: %s\n", stage);
 }
 
-// Matrices that read the same activations (Q, K, V), in one launch per run of equal types
-// (LaunchMatvec takes one type; Q4_K_M files give V another type than Q and K).
-void LaunchMatvecRuns(const cuda::MatvecOutput* outputs, int n, const DevAct& act, int n_tokens, cudaStream_t stream) {
+// Matrices that read the same input rows (Q, K, V), each in its weight's activation type
+// (acts[i]), in one launch per run of equal types (LaunchMatvec takes one type; Q4_K_M files give
+// V another type than Q and K, and with 8 experts K and V are Q8_0 beside a K-quant Q).
+void LaunchMatvecRuns(const cuda::MatvecOutput* outputs, int n, const DevAct* const* acts, int n_tokens,
+                      cudaStream_t stream) {
   for (int i = 0; i < n;) {
     int j = i + 1;
     while (j < n && outputs[j].w.type == outputs[i].w.type) ++j;
-    cuda::LaunchMatvec(outputs + i, j - i, act, n_tokens, stream);
+    cuda::LaunchMatvec(outputs + i, j - i, *acts[i], n_tokens, stream);
     i = j;
   }
 }
@@ -220,16 +222,17 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
 
   // Types. The experts' come from the source (the file's tensors, or an expert store's manifest
   // when the weights are a store's dense.gguf), else from the weights' expert tensors; per layer
-  // they may differ (Q4_K_M), gate and up of one type. Q, K and V must share one activation type
-  // (each is converted once), as every GGUF mix has.
+  // they may differ (Q4_K_M), gate and up of one type. Q, K and V may read their input in two
+  // activation types (EnqueueLayer converts it into two buffers), as every GGUF mix does.
   for (const LayerWeights& L : weights.layers) {
     for (const MatrixView* mv : {&L.wq, &L.wk, &L.wv, &L.wo, &L.router})
       if (!SupportedType(mv->type))
         return absl::UnimplementedError(absl::StrCat("cuda backend: tensor type ", TypeName(mv->type),
-                                                     " is not supported yet (F32, F16, BF16, Q8_0, Q4_K, Q6_K)"));
-    if (ActivationTypeFor(L.wk.type) != ActivationTypeFor(L.wq.type) ||
-        ActivationTypeFor(L.wv.type) != ActivationTypeFor(L.wq.type))
-      return absl::UnimplementedError("cuda backend: Q, K and V must share one activation type");
+                                                     " is not supported yet (", kSupportedTypeNames, ")"));
+    const GgmlType aq = ActivationTypeFor(L.wq.type), ak = ActivationTypeFor(L.wk.type),
+                   av = ActivationTypeFor(L.wv.type);
+    if (aq != ak && aq != av && ak != av)
+      return absl::UnimplementedError("cuda backend: Q, K and V read three activation types (at most two)");
   }
   if (!SupportedType(weights.output.type) || !SupportedType(weights.token_embd.type))
     return absl::UnimplementedError("cuda backend: unsupported type of token_embd or output");
@@ -666,12 +669,24 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
   const int32_t* d_seq = reinterpret_cast<const int32_t*>(step_input + in.seq);
   const int64_t layer_kv = int64_t(layer) * o.max_sequences * o.max_context_tokens * KD;
 
-  // Attention block. Its norm first adds the previous layer's MoE output into x.
+  // Attention block. Its norm first adds the previous layer's MoE output into x. Q's activation
+  // type goes to act_a; where K or V reads another (at most one other: Create), the norm also
+  // writes f32 rows into xn (unused until the MoE block's norm) and they are converted to it in
+  // act_b, as the CPU engine converts the normed rows once per type.
   const DevAct xa = ActA(ActType(L.wq_type), E);
-  RmsNormAct(nullptr, n, PreviousMoe(layer), L.attn_norm, nullptr, xa);
+  const int other_type = ActType(L.wk_type) != xa.type ? ActType(L.wk_type) : ActType(L.wv_type);
+  const bool two_types = other_type != xa.type;
+  const DevAct xb = ActB(other_type, E);
+  RmsNormAct(nullptr, n, PreviousMoe(layer), L.attn_norm, two_types ? xn : nullptr, xa);
   Mark("attn_norm + combine");
+  if (two_types) {
+    cuda::LaunchQuantize(xn, E, n, E, xb, stream);
+    Mark("quantize attn_norm (K/V type)");
+  }
   const cuda::MatvecOutput qkv[3] = {{L.wq, q, QD, nullptr}, {L.wk, k, KD, nullptr}, {L.wv, v, KD, nullptr}};
-  LaunchMatvecRuns(qkv, 3, xa, n, stream);
+  const DevAct* qkv_acts[3] = {&xa, ActType(L.wk_type) == xa.type ? &xa : &xb,
+                               ActType(L.wv_type) == xa.type ? &xa : &xb};
+  LaunchMatvecRuns(qkv, 3, qkv_acts, n, stream);
   Mark("qkv");
   cuda::QkNormRopeArgs r{};
   r.q = q;

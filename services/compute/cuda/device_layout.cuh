@@ -11,7 +11,8 @@
 // weight's dot type (ActivationTypeFor): f32, f16, bf16, or Q8_0 laid out the same way with f32
 // scales holding the f16-rounded block scale.
 //
-// Q4_K and Q6_K weights and their Q8_K activations: kquant_layout.cuh.
+// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS and IQ2_XXS weights and their Q8_K activations, Q4_0 and IQ4_NL
+// weights (with the Q8_0 activations above): kquant_layout.cuh.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,10 +25,17 @@ namespace mer::cuda {
 enum DevType : int {
   kDevF32 = 0,
   kDevF16 = 1,
+  kDevQ4_0 = 2,
   kDevQ8_0 = 8,
+  kDevQ2_K = 10,
+  kDevQ3_K = 11,
   kDevQ4_K = 12,
+  kDevQ5_K = 13,
   kDevQ6_K = 14,
   kDevQ8_K = 15,
+  kDevIQ2_XXS = 16,
+  kDevIQ4_NL = 20,
+  kDevIQ4_XS = 23,
   kDevBF16 = 30
 };
 

@@ -4,6 +4,7 @@
 
 #include "services/compute/cuda/act_store.cuh"
 #include "services/compute/cuda/cuda_check.cuh"
+#include "services/compute/cuda/iq_grids.cuh"
 #include "services/compute/cuda/kquant_dequant.cuh"
 #include "services/compute/cuda/pdl.cuh"
 
@@ -20,8 +21,22 @@ __device__ __forceinline__ float EmbedValue(int type, const uint8_t* row, int64_
       return BF16BitsToF32(reinterpret_cast<const uint16_t*>(row)[i]);
     case kDevQ4_K:
       return DequantQ4_K(row, i);
+    case kDevQ2_K:
+      return DequantQ2_K(row, i);
+    case kDevQ3_K:
+      return DequantQ3_K(row, i);
+    case kDevQ5_K:
+      return DequantQ5_K(row, i);
     case kDevQ6_K:
       return DequantQ6_K(row, i);
+    case kDevIQ4_XS:
+      return DequantIQ4_XS(row, i);
+    case kDevIQ2_XXS:
+      return DequantIQ2_XXS(row, i, kDevIQ2_XXSGrid);
+    case kDevQ4_0:
+      return DequantTable4<false>(row, i);
+    case kDevIQ4_NL:
+      return DequantTable4<true>(row, i);
     default: {  // Q8_0: block b = 2 bytes of f16 scale, then 32 int8
       const uint8_t* blk = row + (i / 32) * 34;
       const __half d = __ushort_as_half(static_cast<unsigned short>(blk[0] | (blk[1] << 8)));

@@ -1,16 +1,27 @@
-// The inner loop of the K-quant matrix products (dense mat-vec and grouped experts), bit-exact
-// with the CPU engine's VecDotRowsQ4_K / VecDotRowsQ6_K (common/quant/q4_k_rows.cc, q6_k_rows.cc:
-// the avx2 and avx512 variants form the same integers and floats; the scalar one, run only where
-// MER_CPU_KERNELS=scalar forces it, sums in another order):
+// The inner loop of the matrix products of the 256-element block types with Q8_K activations
+// (dense mat-vec and grouped experts), bit-exact with the CPU engine's VecDotRowsQ2_K / Q3_K /
+// Q4_K / Q5_K / Q6_K / IQ4_XS / IQ2_XXS (common/quant/q2_k_rows.cc, q3_k_rows.cc, q4_k_rows.cc,
+// q5_k_rows.cc, q6_k_rows.cc, iq4_rows.cc, iq2_rows.cc: the avx2 and avx512 variants form the
+// same integers and floats; the scalar one, run only where MER_CPU_KERNELS=scalar forces it, sums
+// in another order):
 //
 //   8 lanes per row (kquant_layout.cuh). Per block, in order, lane i forms the CPU's int32 lane i
-//   exactly (Q4_KLaneSum / Q6_KLaneSum) and accumulates acc_i = fma(d_w * d_a, (float)isum, acc_i);
-//   Q4_K lanes 0..3 also acc_m_i = fma(dmin_w * d_a, (float)prod_m, acc_m_i). Then
+//   exactly (Q4_KLaneSum, Q5_KLaneSum, ...) and accumulates acc_i = fma(d_w * d_a, (float)isum,
+//   acc_i); Q4_K lanes 0..3 also acc_m_i = fma(dmin_w * d_a, (float)prod_m, acc_m_i); Q5_K lane 0
+//   also the block's one mins integer, acc_m = fma(-(dmin_w * d_a), (float)prod_m, acc_m); Q2_K
+//   lane i first its mins integer into the same chain, acc_i = fma(-(d_a * dmin_w), (float)m_i,
+//   acc_i), then its scaled sum as above. Then
 //   HorizontalSum: ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)); for Q4_K minus the 4-lane
-//   (m0+m2) + (m1+m3).
+//   (m0+m2) + (m1+m3); for Q5_K plus acc_m; for IQ2_XXS times 0.125.
 //
-// Per lane and block: one 16-byte load of quants (plus 8 bytes of qh for Q6_K) and one 16-byte
-// header load shared by the group; per token 32 bytes of activation quants, d, and the bsums.
+// Per lane and block: one 16-byte load of quants (plus 8 bytes of qh for Q6_K, 4 for Q5_K; IQ2_XXS:
+// 8 bytes of grid indices and a grid point per sub-block) and one header load shared by the group;
+// per token 32 bytes of activation quants, d, and the bsums (Q4_K, Q6_K; Q5_K in lane 0 only).
+//
+// Q4_0 and IQ4_NL (Q8_0 activations) take Table4GroupDots instead, the CPU's order of
+// common/quant/table4_rows.h: per row one f32 chain over the blocks, acc = fma((float)isum_b,
+// d_w * d_a, acc), isum_b the block's exact int32 sum (each lane's 4 products, added over the
+// group by shuffles). BlockRow / BlockAct / BlockGroupDots pick the family by type.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -18,6 +29,7 @@
 #include <cstdint>
 
 #include "services/compute/cuda/device_layout.cuh"
+#include "services/compute/cuda/iq_grids.cuh"
 #include "services/compute/cuda/kquant_layout.cuh"
 
 namespace mer::cuda {
@@ -63,7 +75,8 @@ __device__ inline float KQuantReduce4(float v) {
 template <int kType, int R, int NT, int U>
 __device__ inline void KQuantGroupDots(const KQuantRowRef (&rows)[R], int64_t nb, const KQuantActRef (&acts)[NT],
                                        int64_t act_stride, float (&out)[R][NT]) {
-  static_assert(kType == kDevQ4_K || kType == kDevQ6_K);
+  static_assert(kType == kDevQ4_K || kType == kDevQ5_K || kType == kDevQ6_K || kType == kDevIQ4_XS ||
+                kType == kDevIQ2_XXS || kType == kDevQ3_K || kType == kDevQ2_K);
   constexpr bool kQ4 = kType == kDevQ4_K;
   const int g = threadIdx.x % kKQuantGroup;
   float acc[R][NT], acc_m[R][NT];
@@ -72,9 +85,11 @@ __device__ inline void KQuantGroupDots(const KQuantRowRef (&rows)[R], int64_t nb
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[r][t] = acc_m[r][t] = 0.0f;
   for (int64_t b0 = 0; b0 < nb; b0 += U) {
-    uint4 wq[U][R];   // Q4_K: qs words; Q6_K: ql words
-    uint4 wh[U][R];   // Q4_K: header; Q6_K: scales
-    uint2 wqh[U][R];  // Q6_K: qh words
+    uint4 wq[U][R];   // Q4_K, Q5_K, IQ4_XS: qs words; Q6_K: ql words; IQ2_XXS: sign words 0..3;
+                      // Q3_K: hmask word (x), scale words (y, z, w)
+    uint4 wh[U][R];   // Q4_K, Q5_K: header; Q6_K, Q2_K: scales; IQ2_XXS: sign words 4..7
+    uint2 wqh[U][R];  // Q6_K: qh words; Q5_K: qh word (x); IQ4_XS: header; IQ2_XXS: grid indices;
+                      // Q3_K, Q2_K: qs words
     float wd[U][R], wdmin[U][R];
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -92,6 +107,36 @@ __device__ inline void KQuantGroupDots(const KQuantRowRef (&rows)[R], int64_t nb
           wh[u][r] = *reinterpret_cast<const uint4*>(m + Q4_KHeaderOffset(rows[r].n, b));
           wd[u][r] = __half2float(__ushort_as_half(static_cast<unsigned short>(wh[u][r].x & 0xffffu)));
           wdmin[u][r] = __half2float(__ushort_as_half(static_cast<unsigned short>(wh[u][r].x >> 16)));
+        } else if constexpr (kType == kDevQ5_K) {
+          wq[u][r] = __ldcs(reinterpret_cast<const uint4*>(m + Q5_KQsOffset(b, g)));
+          wqh[u][r].x = __ldcs(reinterpret_cast<const uint32_t*>(m + Q5_KQhOffset(rows[r].n, b, g)));
+          wh[u][r] = *reinterpret_cast<const uint4*>(m + Q5_KHeaderOffset(rows[r].n, b));
+          wd[u][r] = __half2float(__ushort_as_half(static_cast<unsigned short>(wh[u][r].x & 0xffffu)));
+          wdmin[u][r] = __half2float(__ushort_as_half(static_cast<unsigned short>(wh[u][r].x >> 16)));
+        } else if constexpr (kType == kDevIQ4_XS) {
+          wq[u][r] = __ldcs(reinterpret_cast<const uint4*>(m + IQ4_XSQsOffset(b, g)));
+          wqh[u][r] = *reinterpret_cast<const uint2*>(m + IQ4_XSHeaderOffset(rows[r].n, b));
+          wd[u][r] = __half2float(__ushort_as_half(static_cast<unsigned short>(wqh[u][r].x & 0xffffu)));
+        } else if constexpr (kType == kDevQ3_K) {
+          wqh[u][r] = __ldcs(reinterpret_cast<const uint2*>(m + Q3_KQsOffset(b, g)));
+          wq[u][r].x = __ldcs(reinterpret_cast<const uint32_t*>(m + Q3_KHmaskOffset(rows[r].n, b, g)));
+          const uint32_t* sc = reinterpret_cast<const uint32_t*>(m + Q3_KScalesOffset(rows[r].n, b));
+          wq[u][r].y = sc[0];
+          wq[u][r].z = sc[1];
+          wq[u][r].w = sc[2];
+          wd[u][r] = __half2float(*reinterpret_cast<const __half*>(m + Q3_KDOffset(rows[r].n, b)));
+        } else if constexpr (kType == kDevQ2_K) {
+          wqh[u][r] = __ldcs(reinterpret_cast<const uint2*>(m + Q2_KQsOffset(b, g)));
+          wh[u][r] = *reinterpret_cast<const uint4*>(m + Q2_KScalesOffset(rows[r].n, b));
+          const uint32_t dd = *reinterpret_cast<const uint32_t*>(m + Q2_KDOffset(rows[r].n, b));
+          wd[u][r] = __half2float(__ushort_as_half(static_cast<unsigned short>(dd & 0xffffu)));
+          wdmin[u][r] = __half2float(__ushort_as_half(static_cast<unsigned short>(dd >> 16)));
+        } else if constexpr (kType == kDevIQ2_XXS) {
+          wqh[u][r] = __ldcs(reinterpret_cast<const uint2*>(m + IQ2_XXSIndexOffset(b, g)));
+          const uint4* words = reinterpret_cast<const uint4*>(m + IQ2_XXSWordsOffset(rows[r].n, b));
+          wq[u][r] = words[0];
+          wh[u][r] = words[1];
+          wd[u][r] = __half2float(*reinterpret_cast<const __half*>(m + IQ2_XXSDOffset(rows[r].n, b)));
         } else {
           wq[u][r] = __ldcs(reinterpret_cast<const uint4*>(m + Q6_KQlOffset(b, g)));
           wqh[u][r] = __ldcs(reinterpret_cast<const uint2*>(m + Q6_KQhOffset(rows[r].n, b, g)));
@@ -104,7 +149,7 @@ __device__ inline void KQuantGroupDots(const KQuantRowRef (&rows)[R], int64_t nb
       const int64_t b = b0 + u;  // block within the row
       if (b >= nb) break;
       Q4_KScales s[R];
-      if constexpr (kQ4) {
+      if constexpr (kQ4 || kType == kDevQ5_K) {
 #pragma unroll
         for (int r = 0; r < R; ++r) s[r] = DecodeQ4_KScales(wh[u][r]);
       }
@@ -123,6 +168,51 @@ __device__ inline void KQuantGroupDots(const KQuantRowRef (&rows)[R], int64_t nb
             acc[r][t] = fmaf(__fmul_rn(wd[u][r], ad), __int2float_rn(Q4_KLaneSum(wq[u][r], s[r], a0, a1)), acc[r][t]);
             if (g < 4)
               acc_m[r][t] = fmaf(__fmul_rn(wdmin[u][r], ad), __int2float_rn(Q4_KMinLaneSum(s[r], g, bs)), acc_m[r][t]);
+          }
+        } else if constexpr (kType == kDevQ5_K) {
+          uint4 bs0 = make_uint4(0, 0, 0, 0), bs1 = make_uint4(0, 0, 0, 0);
+          if (g == 0) {
+            bs0 = *reinterpret_cast<const uint4*>(bsums);
+            bs1 = *reinterpret_cast<const uint4*>(bsums + 16);
+          }
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            if (rows[r].m == nullptr) continue;
+            acc[r][t] = fmaf(__fmul_rn(wd[u][r], ad), __int2float_rn(Q5_KLaneSum(wq[u][r], wqh[u][r].x, s[r], a0, a1)),
+                             acc[r][t]);
+            if (g == 0)
+              acc_m[r][t] = fmaf(-__fmul_rn(wdmin[u][r], ad), __int2float_rn(Q5_KMinSum(s[r], bs0, bs1)), acc_m[r][t]);
+          }
+        } else if constexpr (kType == kDevIQ4_XS) {
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            if (rows[r].m == nullptr) continue;
+            const int isum = IQ4_XSLaneSum(wq[u][r], wqh[u][r], a0, a1);
+            acc[r][t] = fmaf(__fmul_rn(wd[u][r], ad), __int2float_rn(isum), acc[r][t]);
+          }
+        } else if constexpr (kType == kDevQ3_K) {
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            if (rows[r].m == nullptr) continue;
+            const uint3 sc = make_uint3(wq[u][r].y, wq[u][r].z, wq[u][r].w);
+            const int isum = Q3_KLaneSum(wqh[u][r], wq[u][r].x, sc, g, a0, a1);
+            acc[r][t] = fmaf(__fmul_rn(wd[u][r], ad), __int2float_rn(isum), acc[r][t]);
+          }
+        } else if constexpr (kType == kDevQ2_K) {
+          const uint32_t bs = *reinterpret_cast<const uint32_t*>(bsums + 4 * g);
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            if (rows[r].m == nullptr) continue;
+            acc[r][t] = fmaf(-__fmul_rn(ad, wdmin[u][r]), __int2float_rn(Q2_KMinLaneSum(wh[u][r], g, bs)), acc[r][t]);
+            acc[r][t] =
+                fmaf(__fmul_rn(ad, wd[u][r]), __int2float_rn(Q2_KLaneSum(wqh[u][r], wh[u][r], g, a0, a1)), acc[r][t]);
+          }
+        } else if constexpr (kType == kDevIQ2_XXS) {
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            if (rows[r].m == nullptr) continue;
+            const int isum = IQ2_XXSLaneSum(wqh[u][r], wq[u][r], wh[u][r], g, kDevIQ2_XXSGrid, a0, a1);
+            acc[r][t] = fmaf(__fmul_rn(wd[u][r], ad), __int2float_rn(isum), acc[r][t]);
           }
         } else {
           const uint32_t bs = *reinterpret_cast<const uint32_t*>(bsums + 4 * g);
@@ -143,10 +233,127 @@ __device__ inline void KQuantGroupDots(const KQuantRowRef (&rows)[R], int64_t nb
       const float sum = KQuantReduce8(acc[r][t]);
       if constexpr (kQ4) {
         out[r][t] = __fsub_rn(sum, KQuantReduce4(acc_m[r][t]));
+      } else if constexpr (kType == kDevQ5_K) {
+        out[r][t] = __fadd_rn(sum, acc_m[r][t]);  // lane 0's chain
+      } else if constexpr (kType == kDevIQ2_XXS) {
+        out[r][t] = __fmul_rn(0.125f, sum);
       } else {
         out[r][t] = sum;
       }
     }
 }
+
+// Q4_0 / IQ4_NL rows (kquant_layout.cuh) against Q8_0 activation rows (device_layout.cuh, scales
+// as f32), with KQuantGroupDots' contract; out is valid in every lane of the group. nb: blocks of
+// 32 per row; act_stride: the activation rows' stride (their Q8_0 interleave follows it).
+template <int kType, int R, int NT, int U>
+__device__ inline void Table4GroupDots(const KQuantRowRef (&rows)[R], int64_t nb, const KQuantActRef (&acts)[NT],
+                                       int64_t act_stride, float (&out)[R][NT]) {
+  static_assert(kType == kDevQ4_0 || kType == kDevIQ4_NL);
+  constexpr bool kIQ4 = kType == kDevIQ4_NL;
+  const int g = threadIdx.x % kKQuantGroup;
+  const int64_t act_blocks = act_stride / kTable4Block;
+  float acc[R][NT];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+  for (int64_t b0 = 0; b0 < nb; b0 += U) {
+    uint32_t wc[U][R];  // the lane's 4 codes
+    float wd[U][R];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int64_t b = rows[r].b0 + b0 + u;
+        wc[u][r] = 0;
+        wd[u][r] = 0.0f;
+        if (b0 + u >= nb || rows[r].m == nullptr) continue;
+        const uint8_t* m = rows[r].m;
+        wc[u][r] = __ldcs(reinterpret_cast<const unsigned short*>(m + Table4CodesOffset(b, g)));
+        wd[u][r] = __half2float(*reinterpret_cast<const __half*>(m + Table4DOffset(rows[r].n, b)));
+      }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t b = b0 + u;  // block within the row
+      if (b >= nb) break;
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        if (acts[t].row == nullptr) continue;
+        const uint32_t a =
+            *reinterpret_cast<const uint32_t*>(acts[t].row + Q8_0QuantOffset(32 * b + 4 * g, act_blocks));
+        const float ad = acts[t].d[b];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          int isum = rows[r].m != nullptr ? Table4LanePart<kIQ4>(wc[u][r], a) : 0;
+          isum += __shfl_xor_sync(0xffffffffu, isum, 4);
+          isum += __shfl_xor_sync(0xffffffffu, isum, 2);
+          isum += __shfl_xor_sync(0xffffffffu, isum, 1);
+          if (rows[r].m != nullptr) acc[r][t] = fmaf(__int2float_rn(isum), __fmul_rn(wd[u][r], ad), acc[r][t]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) out[r][t] = acc[r][t];
+}
+
+// The two families by weight type: elements per block, row and activation references, the dots.
+template <int kType>
+inline constexpr bool kIsTable4 = kType == kDevQ4_0 || kType == kDevIQ4_NL;
+template <int kType>
+inline constexpr int kBlockElems = kIsTable4<kType> ? kTable4Block : kKBlock;
+
+template <int kType>
+__device__ inline KQuantRowRef BlockRow(const DevMatrix& m, int64_t r) {
+  if constexpr (kIsTable4<kType>) {
+    const int64_t nb = m.cols / kTable4Block;
+    return {m.data, m.rows * nb, r * nb};
+  } else {
+    return KQuantRow(m, r);
+  }
+}
+
+template <int kType>
+__device__ inline KQuantActRef BlockAct(const DevAct& act, int64_t t) {
+  if constexpr (kIsTable4<kType>) {
+    return {act.data + t * act.stride, act.scales + t * (act.stride / kTable4Block)};
+  } else {
+    return KQuantAct(act, t);
+  }
+}
+
+template <int kType, int R, int NT, int U>
+__device__ inline void BlockGroupDots(const KQuantRowRef (&rows)[R], int64_t nb, const KQuantActRef (&acts)[NT],
+                                      int64_t act_stride, float (&out)[R][NT]) {
+  if constexpr (kIsTable4<kType>) {
+    Table4GroupDots<kType, R, NT, U>(rows, nb, acts, act_stride, out);
+  } else {
+    KQuantGroupDots<kType, R, NT, U>(rows, nb, acts, act_stride, out);
+  }
+}
+
+// Host side: elements per block of a type of either family (0 for any other type), and the
+// activation type its rows are dotted with.
+inline int BlockElemsOf(int type) {
+  switch (type) {
+    case kDevQ2_K:
+    case kDevQ3_K:
+    case kDevQ4_K:
+    case kDevQ5_K:
+    case kDevQ6_K:
+    case kDevIQ4_XS:
+    case kDevIQ2_XXS:
+      return kKBlock;
+    case kDevQ4_0:
+    case kDevIQ4_NL:
+      return kTable4Block;
+    default:
+      return 0;
+  }
+}
+inline int BlockActTypeOf(int type) { return BlockElemsOf(type) == kTable4Block ? kDevQ8_0 : kDevQ8_K; }
 
 }  // namespace mer::cuda

@@ -40,18 +40,18 @@ __global__ void __launch_bounds__(kWarps * 32)
   const DevMatrix gate{kType, a.n_ff, a.n_embd, base};
   const DevMatrix up{kType, a.n_ff, a.n_embd, base + a.up_offset};
   const bool active = r < a.n_ff;  // inactive groups still join the warp's shuffles
-  const KQuantRowRef rows[2] = {active ? KQuantRow(gate, r) : KQuantRowRef{},
-                                active ? KQuantRow(up, r) : KQuantRowRef{}};
+  const KQuantRowRef rows[2] = {active ? BlockRow<kType>(gate, r) : KQuantRowRef{},
+                                active ? BlockRow<kType>(up, r) : KQuantRowRef{}};
   for (int g = 0; g < n_pairs; g += NT) {
     KQuantActRef acts[NT];
     int pair[NT];
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       pair[t] = g + t < n_pairs ? pairs[g + t] : -1;
-      acts[t] = pair[t] >= 0 ? KQuantAct(act, pair[t] / a.k) : KQuantActRef{};
+      acts[t] = pair[t] >= 0 ? BlockAct<kType>(act, pair[t] / a.k) : KQuantActRef{};
     }
     float acc[2][NT];
-    KQuantGroupDots<kType, 2, NT, NT == 1 ? 4 : 2>(rows, a.n_embd / kKBlock, acts, act.stride, acc);
+    BlockGroupDots<kType, 2, NT, NT == 1 ? 4 : 2>(rows, a.n_embd / kBlockElems<kType>, acts, act.stride, acc);
     if (lane % kKQuantGroup != 0 || !active) continue;
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
@@ -80,17 +80,17 @@ __global__ void __launch_bounds__(kWarps * 32)
   const DevMatrix down{kType, a.n_embd, a.n_ff, base + a.down_offset};
   KQuantRowRef rows[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) rows[r] = r0 + r < a.n_embd ? KQuantRow(down, r0 + r) : KQuantRowRef{};
+  for (int r = 0; r < R; ++r) rows[r] = r0 + r < a.n_embd ? BlockRow<kType>(down, r0 + r) : KQuantRowRef{};
   for (int g = 0; g < n_pairs; g += NT) {
     KQuantActRef acts[NT];
     int pair[NT];
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       pair[t] = g + t < n_pairs ? pairs[g + t] : -1;
-      acts[t] = pair[t] >= 0 ? KQuantAct(act, pair[t]) : KQuantActRef{};
+      acts[t] = pair[t] >= 0 ? BlockAct<kType>(act, pair[t]) : KQuantActRef{};
     }
     float acc[R][NT];
-    KQuantGroupDots<kType, R, NT, NT == 1 ? 4 : 2>(rows, a.n_ff / kKBlock, acts, act.stride, acc);
+    BlockGroupDots<kType, R, NT, NT == 1 ? 4 : 2>(rows, a.n_ff / kBlockElems<kType>, acts, act.stride, acc);
     if (lane % kKQuantGroup != 0) continue;
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -120,7 +120,8 @@ void LaunchDownT(const ExpertArgs& a, const DevAct& act, float* out, int max_pai
 }
 
 void CheckArgs(const char* what, int type, int64_t cols, const DevAct& act) {
-  if ((type != kDevQ4_K && type != kDevQ6_K) || cols % kKBlock != 0 || act.type != kDevQ8_K) {
+  const int block = BlockElemsOf(type);
+  if (block == 0 || cols % block != 0 || act.type != BlockActTypeOf(type)) {
     std::fprintf(stderr, "experts (k-quant) %s: type %d, %lld cols, activation type %d\n", what, type,
                  static_cast<long long>(cols), act.type);
     std::abort();
@@ -133,20 +134,70 @@ void LaunchExpertGateUpKQuant(const ExpertArgs& a, const DevAct& x_act, float* h
                               cudaStream_t stream) {
   CheckArgs("gate/up", a.type, a.n_embd, x_act);
   if (a.u_count <= 0) return;
-  if (a.type == kDevQ4_K)
-    LaunchGateUpT<kDevQ4_K>(a, x_act, h, max_group_pairs, stream);
-  else
-    LaunchGateUpT<kDevQ6_K>(a, x_act, h, max_group_pairs, stream);
+  switch (a.type) {
+    case kDevQ2_K:
+      LaunchGateUpT<kDevQ2_K>(a, x_act, h, max_group_pairs, stream);
+      break;
+    case kDevQ3_K:
+      LaunchGateUpT<kDevQ3_K>(a, x_act, h, max_group_pairs, stream);
+      break;
+    case kDevQ4_K:
+      LaunchGateUpT<kDevQ4_K>(a, x_act, h, max_group_pairs, stream);
+      break;
+    case kDevQ5_K:
+      LaunchGateUpT<kDevQ5_K>(a, x_act, h, max_group_pairs, stream);
+      break;
+    case kDevQ6_K:
+      LaunchGateUpT<kDevQ6_K>(a, x_act, h, max_group_pairs, stream);
+      break;
+    case kDevIQ4_XS:
+      LaunchGateUpT<kDevIQ4_XS>(a, x_act, h, max_group_pairs, stream);
+      break;
+    case kDevQ4_0:
+      LaunchGateUpT<kDevQ4_0>(a, x_act, h, max_group_pairs, stream);
+      break;
+    case kDevIQ4_NL:
+      LaunchGateUpT<kDevIQ4_NL>(a, x_act, h, max_group_pairs, stream);
+      break;
+    default:
+      LaunchGateUpT<kDevIQ2_XXS>(a, x_act, h, max_group_pairs, stream);
+      break;
+  }
 }
 
 void LaunchExpertDownKQuant(const ExpertArgs& a, const DevAct& h_act, float* out, int max_group_pairs,
                             cudaStream_t stream) {
   CheckArgs("down", a.down_type, a.n_ff, h_act);
   if (a.u_count <= 0) return;
-  if (a.down_type == kDevQ4_K)
-    LaunchDownT<kDevQ4_K>(a, h_act, out, max_group_pairs, stream);
-  else
-    LaunchDownT<kDevQ6_K>(a, h_act, out, max_group_pairs, stream);
+  switch (a.down_type) {
+    case kDevQ2_K:
+      LaunchDownT<kDevQ2_K>(a, h_act, out, max_group_pairs, stream);
+      break;
+    case kDevQ3_K:
+      LaunchDownT<kDevQ3_K>(a, h_act, out, max_group_pairs, stream);
+      break;
+    case kDevQ4_K:
+      LaunchDownT<kDevQ4_K>(a, h_act, out, max_group_pairs, stream);
+      break;
+    case kDevQ5_K:
+      LaunchDownT<kDevQ5_K>(a, h_act, out, max_group_pairs, stream);
+      break;
+    case kDevQ6_K:
+      LaunchDownT<kDevQ6_K>(a, h_act, out, max_group_pairs, stream);
+      break;
+    case kDevIQ4_XS:
+      LaunchDownT<kDevIQ4_XS>(a, h_act, out, max_group_pairs, stream);
+      break;
+    case kDevQ4_0:
+      LaunchDownT<kDevQ4_0>(a, h_act, out, max_group_pairs, stream);
+      break;
+    case kDevIQ4_NL:
+      LaunchDownT<kDevIQ4_NL>(a, h_act, out, max_group_pairs, stream);
+      break;
+    default:
+      LaunchDownT<kDevIQ2_XXS>(a, h_act, out, max_group_pairs, stream);
+      break;
+  }
 }
 
 }  // namespace mer::cuda

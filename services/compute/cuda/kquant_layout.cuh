@@ -1,21 +1,45 @@
-// K-quant weights (Q4_K, Q6_K) and their Q8_K activations in device memory, and the per-lane
-// integer arithmetic of their dot products. Everything here is __host__ __device__ and free of
-// device intrinsics, so that a host test (tests/unit/compute/kquant_layout_test.cc) can run a
-// lane group's arithmetic on the CPU against the CPU kernels.
+// K-quant and IQ weights of 256-element blocks (Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS) and their Q8_K
+// activations in device memory, and the per-lane integer arithmetic of their dot products.
+// Everything here is __host__ __device__ and free of device intrinsics outside Dot4 / BytePerm /
+// Popc (each with its host form), so that a host test (tests/unit/compute/kquant_layout_test.cc)
+// can run a lane group's arithmetic on the CPU against the CPU kernels.
 //
-// The CPU kernels (common/quant/q4_k_rows.cc, q6_k_rows.cc; avx2, and avx512 with the same
-// integers) keep 8 int32 lanes per weight row; lane i covers bytes 4i..4i+3 of every 32-element
-// run of a 256-block ("group" g = element / 32, 8 groups). One GPU lane group of 8 lanes computes
-// one row, lane i holding CPU lane i, so each lane needs word i of every group; the layouts put
-// those words next to each other (LaneInterleave) so a lane reads them with one 16-byte load.
+// The CPU kernels (common/quant/q4_k_rows.cc, q5_k_rows.cc, q6_k_rows.cc, iq4_rows.cc,
+// iq2_rows.cc; avx2, and avx512 with the same integers) keep 8 int32 lanes per weight row; lane i
+// covers bytes 4i..4i+3 of every 32-element run of a 256-block ("group" g = element / 32, 8
+// groups). One GPU lane group of 8 lanes computes one row, lane i holding CPU lane i, so each
+// lane needs word i of every group; the layouts put those words next to each other
+// (LaneInterleave) so a lane reads them with one 16-byte load.
 //
 // Weights, a matrix of n = rows * cols / 256 blocks, block b = row * (cols / 256) + block in row;
-// the same bytes as the file's blocks, regrouped (kquant_repack.cuh converts on upload):
+// the same bytes as the file's blocks, regrouped (kquant_repack.cuh converts on upload; IQ4_XS's
+// nibbles are regrouped too):
 //   Q4_K (144 bytes a block): qs [n][128] at 0, lane i's 16 bytes at 16i = qs[32c + 4i .. +3]
 //        for chunks c = 0..3; headers [n][16] at 128n = d, dmin, scales[12] as in the file.
+//   Q5_K (176 bytes a block): qs [n][128] at 0 as Q4_K's; qh [n][32] at 128n as in the file (lane
+//        i's 4 bytes at 4i are the fifth bits of its elements); headers [n][16] at 160n as Q4_K's.
 //   Q6_K (210 bytes a block): ql [n][128] at 0, lane i's 16 bytes = ql[32r + 4i .. +3] for runs
 //        r = 0..3; qh [n][64] at 128n, lane i's 8 bytes = qh[4i .. +3], qh[32 + 4i .. +3];
 //        scales [n][16] at 192n; d f16 [n] at 208n.
+//   Q3_K (110 bytes a block): qs [n][64] at 0, lane i's 8 bytes = qs[4i .. +3], qs[32 + 4i .. +3]
+//        (as Q6_K's qh); hmask [n][32] at 64n as in the file (lane i's 4 bytes at 4i); scales
+//        [n][12] at 96n as in the file; d f16 [n] at 108n.
+//   Q2_K (84 bytes a block): qs [n][64] at 0 as Q3_K's; scales [n][16] at 64n as in the file;
+//        d, dmin f16 [n][2] at 80n.
+//   IQ4_XS (136 bytes a block): codes [n][128] at 0, lane i's 16 bytes at 16i, byte k of its word
+//        c holding the codes of elements 4i + k of sub-blocks 2c (low nibble) and 2c + 1 (high
+//        nibble); headers [n][8] at 128n = d, scales_h, scales_l[4] as in the file.
+//   IQ2_XXS (66 bytes a block): grid indices [n][32] at 0, lanes 2p and 2p + 1 (group p of 8
+//        elements of every sub-block) reading the 8 bytes at 8p, byte j = sub-block j's index of
+//        group p; sign and scale words [n][32] at 32n (sub-block j's second u32 at 4j); d f16 [n]
+//        at 64n.
+//
+// Q4_0 and IQ4_NL (18-byte blocks of 32, Q8_0 activations in device_layout.cuh's layout): the CPU
+// kernel (common/quant/table4_rows.h, ggml's 8-row gemv order) adds one exact int32 sum per block to
+// one f32 per row. A lane group of 8 lanes computes one row, lane i the 4 products of elements
+// 4i..4i+3 of each block, then the group's integer sum (shuffles; exact in any order) and the
+// row's fma chain. Layout: codes [n][16] at 0, lane i's 2 bytes at 16b + 2i holding the codes of
+// elements 4i..4i+3 in their nibbles (low first); d f16 [n] at 16n.
 // Activations, Q8_K rows of `stride` elements (a multiple of 256), row t at t * Q8_KRowBytes:
 //   quants [stride] (block b at 256b, element e of it at LaneInterleave(e, 8): lane i's 32 bytes
 //   at 32i are its words of groups 0..7), then bsums int16 [stride / 16] (16 per block, as
@@ -30,7 +54,14 @@ namespace mer::cuda {
 
 inline constexpr int kKBlock = 256;  // elements per K-quant / Q8_K block
 inline constexpr int kQ4_KBlockBytes = 144;
+inline constexpr int kQ2_KBlockBytes = 84;
+inline constexpr int kQ3_KBlockBytes = 110;
+inline constexpr int kQ5_KBlockBytes = 176;
 inline constexpr int kQ6_KBlockBytes = 210;
+inline constexpr int kIQ4_XSBlockBytes = 136;
+inline constexpr int kIQ2_XXSBlockBytes = 66;
+inline constexpr int kTable4Block = 32;  // elements per Q4_0 / IQ4_NL block
+inline constexpr int kTable4BlockBytes = 18;
 
 // Where byte j of a region of 32 * words bytes goes when each of the 8 lanes owns bytes
 // 4i..4i+3 of every 32-byte run: run j / 32 becomes word j / 32 of lane (j % 32) / 4's
@@ -42,6 +73,33 @@ __host__ __device__ constexpr int LaneInterleave(int j, int words) {
 // Byte offsets in a Q4_K matrix of n blocks.
 __host__ __device__ constexpr int64_t Q4_KQsOffset(int64_t b, int lane) { return b * 128 + 16 * lane; }
 __host__ __device__ constexpr int64_t Q4_KHeaderOffset(int64_t n, int64_t b) { return 128 * n + 16 * b; }
+// Byte offsets in a Q5_K matrix of n blocks.
+__host__ __device__ constexpr int64_t Q5_KQsOffset(int64_t b, int lane) { return b * 128 + 16 * lane; }
+__host__ __device__ constexpr int64_t Q5_KQhOffset(int64_t n, int64_t b, int lane) {
+  return 128 * n + 32 * b + 4 * lane;
+}
+__host__ __device__ constexpr int64_t Q5_KHeaderOffset(int64_t n, int64_t b) { return 160 * n + 16 * b; }
+// Byte offsets in a Q3_K matrix of n blocks.
+__host__ __device__ constexpr int64_t Q3_KQsOffset(int64_t b, int lane) { return b * 64 + 8 * lane; }
+__host__ __device__ constexpr int64_t Q3_KHmaskOffset(int64_t n, int64_t b, int lane) {
+  return 64 * n + 32 * b + 4 * lane;
+}
+__host__ __device__ constexpr int64_t Q3_KScalesOffset(int64_t n, int64_t b) { return 96 * n + 12 * b; }
+__host__ __device__ constexpr int64_t Q3_KDOffset(int64_t n, int64_t b) { return 108 * n + 2 * b; }
+// Byte offsets in a Q2_K matrix of n blocks.
+__host__ __device__ constexpr int64_t Q2_KQsOffset(int64_t b, int lane) { return b * 64 + 8 * lane; }
+__host__ __device__ constexpr int64_t Q2_KScalesOffset(int64_t n, int64_t b) { return 64 * n + 16 * b; }
+__host__ __device__ constexpr int64_t Q2_KDOffset(int64_t n, int64_t b) { return 80 * n + 4 * b; }
+// Byte offsets in an IQ4_XS matrix of n blocks.
+__host__ __device__ constexpr int64_t IQ4_XSQsOffset(int64_t b, int lane) { return b * 128 + 16 * lane; }
+__host__ __device__ constexpr int64_t IQ4_XSHeaderOffset(int64_t n, int64_t b) { return 128 * n + 8 * b; }
+// Byte offsets in an IQ2_XXS matrix of n blocks.
+__host__ __device__ constexpr int64_t IQ2_XXSIndexOffset(int64_t b, int lane) { return b * 32 + 8 * (lane / 2); }
+__host__ __device__ constexpr int64_t IQ2_XXSWordsOffset(int64_t n, int64_t b) { return 32 * n + 32 * b; }
+__host__ __device__ constexpr int64_t IQ2_XXSDOffset(int64_t n, int64_t b) { return 64 * n + 2 * b; }
+// Byte offsets in a Q4_0 / IQ4_NL matrix of n blocks.
+__host__ __device__ constexpr int64_t Table4CodesOffset(int64_t b, int lane) { return b * 16 + 2 * lane; }
+__host__ __device__ constexpr int64_t Table4DOffset(int64_t n, int64_t b) { return 16 * n + 2 * b; }
 // Byte offsets in a Q6_K matrix of n blocks.
 __host__ __device__ constexpr int64_t Q6_KQlOffset(int64_t b, int lane) { return b * 128 + 16 * lane; }
 __host__ __device__ constexpr int64_t Q6_KQhOffset(int64_t n, int64_t b, int lane) {
@@ -77,6 +135,73 @@ __host__ __device__ inline void RepackQ6_KBlock(const uint8_t* src, uint8_t* dst
   dst[Q6_KDOffset(n, b) + 1] = src[209];
 }
 
+__host__ __device__ inline void RepackQ5_KBlock(const uint8_t* src, uint8_t* dst, int64_t n, int64_t b) {
+  uint8_t* qs = dst + Q5_KQsOffset(b, 0);
+  for (int j = 0; j < 128; ++j) qs[LaneInterleave(j, 4)] = src[48 + j];
+  uint8_t* qh = dst + Q5_KQhOffset(n, b, 0);
+  for (int j = 0; j < 32; ++j) qh[j] = src[16 + j];
+  uint8_t* header = dst + Q5_KHeaderOffset(n, b);
+  for (int j = 0; j < 16; ++j) header[j] = src[j];
+}
+__host__ __device__ inline void RepackQ3_KBlock(const uint8_t* src, uint8_t* dst, int64_t n, int64_t b) {
+  uint8_t* qs = dst + Q3_KQsOffset(b, 0);
+  for (int j = 0; j < 64; ++j) qs[LaneInterleave(j, 2)] = src[32 + j];
+  uint8_t* hmask = dst + Q3_KHmaskOffset(n, b, 0);
+  for (int j = 0; j < 32; ++j) hmask[j] = src[j];
+  uint8_t* scales = dst + Q3_KScalesOffset(n, b);
+  for (int j = 0; j < 12; ++j) scales[j] = src[96 + j];
+  dst[Q3_KDOffset(n, b)] = src[108];
+  dst[Q3_KDOffset(n, b) + 1] = src[109];
+}
+__host__ __device__ inline void RepackQ2_KBlock(const uint8_t* src, uint8_t* dst, int64_t n, int64_t b) {
+  uint8_t* qs = dst + Q2_KQsOffset(b, 0);
+  for (int j = 0; j < 64; ++j) qs[LaneInterleave(j, 2)] = src[16 + j];
+  uint8_t* scales = dst + Q2_KScalesOffset(n, b);
+  for (int j = 0; j < 16; ++j) scales[j] = src[j];
+  for (int j = 0; j < 4; ++j) dst[Q2_KDOffset(n, b) + j] = src[80 + j];
+}
+// IQ4_XS: sub-block j's element e (< 16: low nibble of qs[16j + e], else the high nibble of
+// qs[16j + e - 16]) goes to lane e / 4's word j / 2, byte e % 4, nibble j % 2.
+__host__ __device__ inline void RepackIQ4_XSBlock(const uint8_t* src, uint8_t* dst, int64_t n, int64_t b) {
+  const uint8_t* qs = src + 8;
+  uint8_t* codes = dst + IQ4_XSQsOffset(b, 0);
+  for (int lane = 0; lane < 8; ++lane)
+    for (int c = 0; c < 4; ++c)
+      for (int k = 0; k < 4; ++k) {
+        const int e = 4 * lane + k, shift = e < 16 ? 0 : 4, byte = e % 16;
+        const int lo = (qs[16 * (2 * c) + byte] >> shift) & 0xF, hi = (qs[16 * (2 * c + 1) + byte] >> shift) & 0xF;
+        codes[16 * lane + 4 * c + k] = static_cast<uint8_t>(lo | (hi << 4));
+      }
+  uint8_t* header = dst + IQ4_XSHeaderOffset(n, b);
+  for (int j = 0; j < 8; ++j) header[j] = src[j];
+}
+// IQ2_XXS: sub-block j's 8 bytes at 2 + 8j are its grid indices (one per group) and its sign and
+// scale word.
+__host__ __device__ inline void RepackIQ2_XXSBlock(const uint8_t* src, uint8_t* dst, int64_t n, int64_t b) {
+  uint8_t* index = dst + IQ2_XXSIndexOffset(b, 0);
+  uint8_t* words = dst + IQ2_XXSWordsOffset(n, b);
+  for (int j = 0; j < 8; ++j) {
+    for (int p = 0; p < 4; ++p) index[8 * p + j] = src[2 + 8 * j + p];
+    for (int k = 0; k < 4; ++k) words[4 * j + k] = src[2 + 8 * j + 4 + k];
+  }
+  dst[IQ2_XXSDOffset(n, b)] = src[0];
+  dst[IQ2_XXSDOffset(n, b) + 1] = src[1];
+}
+
+// Q4_0 / IQ4_NL: element e (< 16: low nibble of qs[e], else the high nibble of qs[e - 16]) goes
+// to lane e / 4's 2 bytes, nibble e % 4.
+__host__ __device__ inline void RepackTable4Block(const uint8_t* src, uint8_t* dst, int64_t n, int64_t b) {
+  const uint8_t* qs = src + 2;
+  uint8_t* codes = dst + Table4CodesOffset(b, 0);
+  for (int j = 0; j < 16; ++j) {
+    const int e0 = 2 * j, e1 = 2 * j + 1;
+    const int c0 = (qs[e0 % 16] >> (e0 < 16 ? 0 : 4)) & 0xF, c1 = (qs[e1 % 16] >> (e1 < 16 ? 0 : 4)) & 0xF;
+    codes[j] = static_cast<uint8_t>(c0 | (c1 << 4));
+  }
+  dst[Table4DOffset(n, b)] = src[0];
+  dst[Table4DOffset(n, b) + 1] = src[1];
+}
+
 // Byte k of w, unsigned and sign-extended.
 __host__ __device__ inline int ByteU(uint32_t w, int k) { return static_cast<int>((w >> (8 * k)) & 0xffu); }
 __host__ __device__ inline int ByteS(uint32_t w, int k) { return static_cast<int>(static_cast<int8_t>(w >> (8 * k))); }
@@ -89,6 +214,27 @@ __host__ __device__ inline int Dot4(uint32_t a, uint32_t b) {
   int s = 0;
   for (int k = 0; k < 4; ++k) s += ByteS(a, k) * ByteS(b, k);
   return s;
+#endif
+}
+
+// Bytes of the 8 bytes y:x picked by the 4 selector nibbles of s (each < 8): prmt.
+__host__ __device__ inline uint32_t BytePerm(uint32_t x, uint32_t y, uint32_t s) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(x, y, s);
+#else
+  const uint64_t v = (static_cast<uint64_t>(y) << 32) | x;
+  uint32_t r = 0;
+  for (int k = 0; k < 4; ++k) r |= static_cast<uint32_t>((v >> (8 * ((s >> (4 * k)) & 7))) & 0xffu) << (8 * k);
+  return r;
+#endif
+}
+
+// Number of set bits.
+__host__ __device__ inline int Popc(uint32_t x) {
+#if defined(__CUDA_ARCH__)
+  return __popc(x);
+#else
+  return __builtin_popcount(x);
 #endif
 }
 
@@ -125,6 +271,160 @@ __host__ __device__ inline int Q4_KMinLaneSum(const Q4_KScales& s, int lane, uin
   const int pair0 = static_cast<int16_t>(bs.x & 0xffffu) + static_cast<int16_t>(bs.x >> 16);
   const int pair1 = static_cast<int16_t>(bs.y & 0xffffu) + static_cast<int16_t>(bs.y >> 16);
   return ByteU(m, k) * pair0 + ByteU(m, k + 1) * pair1;
+}
+
+// Q5_K, lane i's int32 of one block (the CPU's lane i of ScaledSums, q5_k_rows.cc): Q4_KLaneSum's
+// with the fifth bit of each code from qh: bit 2c (low nibbles) or 2c + 1 (high nibbles) of the
+// lane's qh bytes. |result| < 2^23, so its f32 conversion is exact.
+__host__ __device__ inline int Q5_KLaneSum(uint4 w, uint32_t qh, const Q4_KScales& s, uint4 a0, uint4 a1) {
+  constexpr uint32_t kLow = 0x0f0f0f0fu, kBit = 0x01010101u;
+  const auto code = [&](uint32_t word, int c, int high) {
+    return ((word >> (4 * high)) & kLow) | (((qh >> (2 * c + high)) & kBit) << 4);
+  };
+  return ByteU(s.sc_lo, 0) * Dot4(code(w.x, 0, 0), a0.x) + ByteU(s.sc_lo, 1) * Dot4(code(w.x, 0, 1), a0.y) +
+         ByteU(s.sc_lo, 2) * Dot4(code(w.y, 1, 0), a0.z) + ByteU(s.sc_lo, 3) * Dot4(code(w.y, 1, 1), a0.w) +
+         ByteU(s.sc_hi, 0) * Dot4(code(w.z, 2, 0), a1.x) + ByteU(s.sc_hi, 1) * Dot4(code(w.z, 2, 1), a1.y) +
+         ByteU(s.sc_hi, 2) * Dot4(code(w.w, 3, 0), a1.z) + ByteU(s.sc_hi, 3) * Dot4(code(w.w, 3, 1), a1.w);
+}
+
+// Q5_K, the dmin term's one int32 of a block (the CPU's prod_m): sum over sub-blocks j of
+// m[j] * (bsums[2j] + bsums[2j + 1]). b0, b1: the block's bsums[0..7], bsums[8..15].
+__host__ __device__ inline int Q5_KMinSum(const Q4_KScales& s, uint4 b0, uint4 b1) {
+  const uint32_t pairs[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+  int sum = 0;
+  for (int j = 0; j < 8; ++j) {
+    const int pair = static_cast<int16_t>(pairs[j] & 0xffffu) + static_cast<int16_t>(pairs[j] >> 16);
+    sum += ByteU(j < 4 ? s.m_lo : s.m_hi, j % 4) * pair;
+  }
+  return sum;
+}
+
+// Q3_K, lane i's int32 of one block (the CPU's lane i, q3_k_rows.cc): over halves h and runs
+// s = 0..3 of 32 elements, (sc[j] - 32) * (codes . group 4h + s), 4 elements each, j = 8h + 2s +
+// (i >= 4) (Q3_KScale), a code being bits 2s, 2s + 1 of the lane's qs byte of half h, less 4
+// where bit 4h + s of its hmask byte is clear. qs: the lane's qs words (halves 0, 1); hm: its
+// hmask word; sc: the 12 scale bytes. |result| < 2^20.
+__host__ __device__ inline int Q3_KLaneSum(uint2 qs, uint32_t hm, uint3 sc, int lane, uint4 a0, uint4 a1) {
+  const uint32_t act[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+  const uint32_t scale_words[3] = {sc.x, sc.y, sc.z};
+  const int hi = lane >= 4 ? 1 : 0;
+  int sum = 0;
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t bits = h == 0 ? qs.x : qs.y;
+    for (int s = 0; s < 4; ++s) {
+      const uint32_t low = (bits >> (2 * s)) & 0x03030303u;
+      const uint32_t cleared = ((hm >> (4 * h + s)) & 0x01010101u) ^ 0x01010101u;
+      const uint32_t codes = low | (cleared * 0xFCu);  // low - 4 as an int8 where the bit is clear
+      const int j = 8 * h + 2 * s + hi;
+      const int low4 = j < 8 ? ByteU(scale_words[j / 4], j % 4) & 0xF : ByteU(scale_words[(j - 8) / 4], j % 4) >> 4;
+      const int high2 = (ByteU(scale_words[2], j % 4) >> (2 * (j / 4))) & 3;
+      sum += ((low4 | (high2 << 4)) - 32) * Dot4(codes, act[4 * h + s]);
+    }
+  }
+  return sum;
+}
+
+// Q2_K, lane i's int32 of one block's scaled sums (the CPU's second set of lanes, q2_k_rows.cc):
+// over halves h and runs s, (scales[j] & 15) * (codes . group 4h + s), j = 8h + 2s + (i >= 4), a
+// code being bits 2s, 2s + 1 of the lane's qs byte of half h. |result| < 2^18.
+__host__ __device__ inline int Q2_KLaneSum(uint2 qs, uint4 sc, int lane, uint4 a0, uint4 a1) {
+  const uint32_t act[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+  const uint32_t scale_words[4] = {sc.x, sc.y, sc.z, sc.w};
+  const int hi = lane >= 4 ? 1 : 0;
+  int sum = 0;
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t bits = h == 0 ? qs.x : qs.y;
+    for (int s = 0; s < 4; ++s) {
+      const int j = 8 * h + 2 * s + hi;
+      sum += (ByteU(scale_words[j / 4], j % 4) & 0xF) * Dot4((bits >> (2 * s)) & 0x03030303u, act[4 * h + s]);
+    }
+  }
+  return sum;
+}
+
+// Q2_K, the mins term's int32 lane i (the CPU's first set of lanes): m[2i] * bsums[2i] +
+// m[2i + 1] * bsums[2i + 1], m[j] = scales[j] >> 4. bs: bsums[2i], bsums[2i + 1] (int16 pair).
+__host__ __device__ inline int Q2_KMinLaneSum(uint4 sc, int lane, uint32_t bs) {
+  const uint32_t scale_words[4] = {sc.x, sc.y, sc.z, sc.w};
+  const uint32_t w = scale_words[lane / 2];
+  const int k = 2 * (lane & 1);
+  return (ByteU(w, k) >> 4) * static_cast<int16_t>(bs & 0xffffu) +
+         (ByteU(w, k + 1) >> 4) * static_cast<int16_t>(bs >> 16);
+}
+
+// The IQ4 codebook (blocks.h kIQ4Values) as 4 words of 4 int8, for BytePerm; Q4_0's values q - 8
+// the same way.
+// (Functions, not arrays: device code may not read a host constexpr array.)
+__host__ __device__ constexpr uint32_t IQ4Word(int k) {
+  return k == 0 ? 0xBFAD9881u : k == 1 ? 0xF6EADDCFu : k == 2 ? 0x26190D01u : 0x71594535u;
+}
+__host__ __device__ constexpr uint32_t Q4_0Word(int k) {
+  return k == 0 ? 0xFBFAF9F8u : k == 1 ? 0xFFFEFDFCu : k == 2 ? 0x03020100u : 0x07060504u;
+}
+
+// Entries of the 16-byte table w0..w3 for the 4 codes (each < 16) in the bytes of codes.
+__host__ __device__ inline uint32_t Lookup4(uint32_t codes, uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {
+  const uint32_t t = codes | (codes >> 4);
+  const uint32_t sel = (t & 0xffu) | ((t >> 8) & 0xff00u);  // nibble k = code k
+  const uint32_t lo = BytePerm(w0, w1, sel & 0x7777u);
+  const uint32_t hi = BytePerm(w2, w3, sel & 0x7777u);
+  return BytePerm(lo, hi, 0x3210u | ((sel & 0x8888u) >> 1));  // codes >= 8 from hi
+}
+
+// The codebook values of the 4 codes (each < 16) in the bytes of codes.
+__host__ __device__ inline uint32_t IQ4Lookup4(uint32_t codes) {
+  return Lookup4(codes, IQ4Word(0), IQ4Word(1), IQ4Word(2), IQ4Word(3));
+}
+
+// Q4_0 / IQ4_NL, lane i's 4 products of one block (its share of the block's int32 sum, which
+// the group adds up): values of the 4 codes in the 2 bytes of `codes` . the 4 activations.
+template <bool kIQ4>
+__host__ __device__ inline int Table4LanePart(uint32_t codes, uint32_t act) {
+  const uint32_t c = (codes & 0xFu) | ((codes & 0xF0u) << 4) | ((codes & 0xF00u) << 8) | ((codes & 0xF000u) << 12);
+  const uint32_t values = kIQ4 ? Lookup4(c, IQ4Word(0), IQ4Word(1), IQ4Word(2), IQ4Word(3))
+                               : Lookup4(c, Q4_0Word(0), Q4_0Word(1), Q4_0Word(2), Q4_0Word(3));
+  return Dot4(values, act);
+}
+
+// IQ4_XS, lane i's int32 of one block (the CPU's lane i of IQ4_XSRowsKernel, iq4_rows.cc): sum
+// over sub-blocks j of (ls[j] - 32) * (codebook values . group j), 4 elements each. w: the lane's
+// code words; h: the block's header (d | scales_h << 16, scales_l). |result| <= 8 * 32 * 4 * 127^2
+// < 2^24, so its f32 conversion is exact.
+__host__ __device__ inline int IQ4_XSLaneSum(uint4 w, uint2 h, uint4 a0, uint4 a1) {
+  const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+  const uint32_t act[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+  int sum = 0;
+  for (int j = 0; j < 8; ++j) {
+    const uint32_t values = IQ4Lookup4((words[j / 2] >> (4 * (j % 2))) & 0x0f0f0f0fu);
+    const int ls = static_cast<int>(((h.y >> (4 * j)) & 0xFu) | (((h.x >> (16 + 2 * j)) & 3u) << 4));
+    sum += (ls - 32) * Dot4(values, act[j]);
+  }
+  return sum;
+}
+
+// IQ2_XXS, lane i's int32 of one block (the CPU's lane i of IQ2_XXSRowsKernel, iq2_rows.cc): sum
+// over sub-blocks j of (2 ls + 1) * (signed grid bytes . group j), 4 elements each: half i % 2 of
+// grid point index[j] of group i / 2, each byte negated where its sign bit is set (7 sign bits at
+// 7 (i / 2) of the word, the eighth their parity). index: the lane's 8 grid indices; w0, w1: the
+// block's 8 sign and scale words; grid: the 256 grid points (kIQ2_XXSGrid). |result| < 2^23.
+__host__ __device__ inline int IQ2_XXSLaneSum(uint2 index, uint4 w0, uint4 w1, int lane, const uint64_t* grid, uint4 a0,
+                                              uint4 a1) {
+  const uint32_t words[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+  const uint32_t act[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+  const int group = lane / 2, half = lane % 2;
+  int sum = 0;
+  for (int j = 0; j < 8; ++j) {
+    const uint32_t g = ((j < 4 ? index.x : index.y) >> (8 * (j % 4))) & 0xffu;
+    const uint32_t points = static_cast<uint32_t>(grid[g] >> (32 * half));
+    const uint32_t s7 = (words[j] >> (7 * group)) & 127u;
+    const uint32_t signs = ((s7 | (static_cast<uint32_t>(Popc(s7) & 1) << 7)) >> (4 * half)) & 0xFu;
+    // Bit k of signs -> 0xff in byte k; a byte b negated as (b ^ 0xff) + 1, which carries into
+    // no other byte (b is 8, 25 or 43).
+    const uint32_t mask = ((signs * 0x00204081u) & 0x01010101u) * 0xffu;
+    const uint32_t values = (points ^ mask) + (mask & 0x01010101u);
+    sum += static_cast<int>(2 * (words[j] >> 28) + 1) * Dot4(values, act[j]);
+  }
+  return sum;
 }
 
 // Q6_K, lane i's int32 of one block (the CPU's sumi lane i): over halves h and groups k = 0..3 of

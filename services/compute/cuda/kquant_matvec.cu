@@ -35,13 +35,14 @@ __global__ void __launch_bounds__(kWarps * 32) KQuantMatvecKernel(const __grid_c
   const MatvecOutput& o = args.o[m];
   const int64_t row = grow - args.row_begin[m];
   const bool active = grow < args.row_begin[args.n_outputs] && row < o.w.rows;
-  const KQuantRowRef rows[1] = {active ? KQuantRow(o.w, row) : KQuantRowRef{}};
+  const KQuantRowRef rows[1] = {active ? BlockRow<kType>(o.w, row) : KQuantRowRef{}};
   const int t0 = blockIdx.y * NT;
   KQuantActRef acts[NT];
 #pragma unroll
-  for (int t = 0; t < NT; ++t) acts[t] = t0 + t < args.n_tokens ? KQuantAct(args.act, t0 + t) : KQuantActRef{};
+  for (int t = 0; t < NT; ++t) acts[t] = t0 + t < args.n_tokens ? BlockAct<kType>(args.act, t0 + t) : KQuantActRef{};
   float acc[1][NT];
-  KQuantGroupDots<kType, 1, NT, NT == 1 ? 4 : 2>(rows, args.o[0].w.cols / kKBlock, acts, args.act.stride, acc);
+  BlockGroupDots<kType, 1, NT, NT == 1 ? 4 : 2>(rows, args.o[0].w.cols / kBlockElems<kType>, acts, args.act.stride,
+                                                acc);
   if (lane % kKQuantGroup != 0 || !active) return;
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
@@ -67,8 +68,9 @@ void Launch(const KQuantMatvecArgs& args, int64_t total_rows, cudaStream_t strea
 
 void LaunchMatvecKQuant(const MatvecOutput* outputs, int n_outputs, const DevAct& act, int n_tokens,
                         cudaStream_t stream) {
-  if (n_outputs < 1 || n_outputs > kMaxOutputs || act.type != kDevQ8_K ||
-      (outputs[0].w.type != kDevQ4_K && outputs[0].w.type != kDevQ6_K)) {
+  const int type = n_outputs > 0 ? outputs[0].w.type : -1;
+  const int block = BlockElemsOf(type);
+  if (n_outputs < 1 || n_outputs > kMaxOutputs || block == 0 || act.type != BlockActTypeOf(type)) {
     std::fprintf(stderr, "matvec (k-quant): %d outputs, weight type %d, activation type %d\n", n_outputs,
                  n_outputs > 0 ? outputs[0].w.type : -1, act.type);
     std::abort();
@@ -80,7 +82,7 @@ void LaunchMatvecKQuant(const MatvecOutput* outputs, int n_outputs, const DevAct
   args.row_begin[0] = 0;
   for (int i = 0; i < n_outputs; ++i) {
     if (outputs[i].w.type != outputs[0].w.type || outputs[i].w.cols != outputs[0].w.cols ||
-        outputs[i].w.cols % kKBlock != 0) {
+        outputs[i].w.cols % block != 0) {
       std::fprintf(stderr, "matvec (k-quant): output %d is type %d x %lld cols, output 0 type %d x %lld\n", i,
                    outputs[i].w.type, static_cast<long long>(outputs[i].w.cols), outputs[0].w.type,
                    static_cast<long long>(outputs[0].w.cols));
@@ -91,10 +93,35 @@ void LaunchMatvecKQuant(const MatvecOutput* outputs, int n_outputs, const DevAct
   }
   const int64_t total = args.row_begin[n_outputs];
   if (total == 0 || n_tokens == 0) return;
-  if (outputs[0].w.type == kDevQ4_K)
-    Launch<kDevQ4_K>(args, total, stream);
-  else
-    Launch<kDevQ6_K>(args, total, stream);
+  switch (type) {
+    case kDevQ2_K:
+      Launch<kDevQ2_K>(args, total, stream);
+      break;
+    case kDevQ3_K:
+      Launch<kDevQ3_K>(args, total, stream);
+      break;
+    case kDevQ4_K:
+      Launch<kDevQ4_K>(args, total, stream);
+      break;
+    case kDevQ5_K:
+      Launch<kDevQ5_K>(args, total, stream);
+      break;
+    case kDevQ6_K:
+      Launch<kDevQ6_K>(args, total, stream);
+      break;
+    case kDevIQ4_XS:
+      Launch<kDevIQ4_XS>(args, total, stream);
+      break;
+    case kDevQ4_0:
+      Launch<kDevQ4_0>(args, total, stream);
+      break;
+    case kDevIQ4_NL:
+      Launch<kDevIQ4_NL>(args, total, stream);
+      break;
+    default:
+      Launch<kDevIQ2_XXS>(args, total, stream);
+      break;
+  }
 }
 
 }  // namespace mer::cuda

@@ -1,7 +1,9 @@
-// LaunchMatvec (matvec.cuh) for Q4_K and Q6_K weights: out[t, r] = (residual ? residual[t, r] : 0)
-// + W[r, :] . act[t, :] for up to three matrices of one K-quant type that read the same Q8_K
-// activations, in one launch. cols a multiple of 256 (shared by the matrices); weights in the
-// device layout of kquant_layout.cuh. Results equal the CPU engine's bit for bit (kquant_dot.cuh).
+// LaunchMatvec (matvec.cuh) for Q4_K, Q5_K, Q6_K, IQ4_XS and IQ2_XXS weights (Q8_K activations,
+// cols a multiple of 256) and Q4_0 and IQ4_NL weights (Q8_0 activations, cols a multiple of 32):
+// out[t, r] = (residual ? residual[t, r] : 0) + W[r, :] . act[t, :] for up to three matrices of one
+// such type that read the same activations, in one launch (cols shared by the matrices). Weights
+// in the device layout of kquant_layout.cuh. Results equal the CPU engine's bit for bit
+// (kquant_dot.cuh).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -17,29 +17,73 @@ struct KQuantRepackArgs {
 // A thread per block (blocks are row-major, so block b of the matrix is the file's block b).
 template <int kType>
 __global__ void RepackKQuantKernel(const __grid_constant__ KQuantRepackArgs args) {
-  constexpr int kBytes = kType == kDevQ4_K ? kQ4_KBlockBytes : kQ6_KBlockBytes;
+  constexpr int kBytes = kType == kDevQ2_K      ? kQ2_KBlockBytes
+                         : kType == kDevQ3_K    ? kQ3_KBlockBytes
+                         : kType == kDevQ4_K    ? kQ4_KBlockBytes
+                         : kType == kDevQ6_K    ? kQ6_KBlockBytes
+                         : kType == kDevQ5_K    ? kQ5_KBlockBytes
+                         : kType == kDevIQ4_XS  ? kIQ4_XSBlockBytes
+                         : kType == kDevIQ2_XXS ? kIQ2_XXSBlockBytes
+                                                : kTable4BlockBytes;
   const RepackJob& j = args.jobs[blockIdx.y];
   const int64_t n = j.bytes / kBytes;
   for (int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; b < n; b += int64_t(gridDim.x) * blockDim.x) {
     if constexpr (kType == kDevQ4_K)
       RepackQ4_KBlock(j.src + b * kBytes, j.dst, n, b);
-    else
+    else if constexpr (kType == kDevQ2_K)
+      RepackQ2_KBlock(j.src + b * kBytes, j.dst, n, b);
+    else if constexpr (kType == kDevQ3_K)
+      RepackQ3_KBlock(j.src + b * kBytes, j.dst, n, b);
+    else if constexpr (kType == kDevQ6_K)
       RepackQ6_KBlock(j.src + b * kBytes, j.dst, n, b);
+    else if constexpr (kType == kDevQ5_K)
+      RepackQ5_KBlock(j.src + b * kBytes, j.dst, n, b);
+    else if constexpr (kType == kDevIQ4_XS)
+      RepackIQ4_XSBlock(j.src + b * kBytes, j.dst, n, b);
+    else if constexpr (kType == kDevIQ2_XXS)
+      RepackIQ2_XXSBlock(j.src + b * kBytes, j.dst, n, b);
+    else
+      RepackTable4Block(j.src + b * kBytes, j.dst, n, b);
   }
 }
 
 }  // namespace
 
+int KQuantBlockBytes(int type) {
+  switch (type) {
+    case kDevQ2_K:
+      return kQ2_KBlockBytes;
+    case kDevQ3_K:
+      return kQ3_KBlockBytes;
+    case kDevQ4_K:
+      return kQ4_KBlockBytes;
+    case kDevQ5_K:
+      return kQ5_KBlockBytes;
+    case kDevQ6_K:
+      return kQ6_KBlockBytes;
+    case kDevIQ4_XS:
+      return kIQ4_XSBlockBytes;
+    case kDevIQ2_XXS:
+      return kIQ2_XXSBlockBytes;
+    case kDevQ4_0:
+    case kDevIQ4_NL:
+      return kTable4BlockBytes;
+    default:
+      return 0;
+  }
+}
+
 void LaunchRepackKQuant(int type, const RepackJob* jobs, int n_jobs, cudaStream_t stream) {
   if (n_jobs == 0) return;
-  const int block_bytes = type == kDevQ4_K ? kQ4_KBlockBytes : kQ6_KBlockBytes;
-  if ((type != kDevQ4_K && type != kDevQ6_K) || n_jobs > kMaxRepackJobs) {
+  const int block_bytes = KQuantBlockBytes(type);
+  if (block_bytes == 0 || n_jobs > kMaxRepackJobs) {
     std::fprintf(stderr, "repack (k-quant): type %d, %d jobs\n", type, n_jobs);
     std::abort();
   }
   KQuantRepackArgs args{};
   for (int i = 0; i < n_jobs; ++i) {
-    if (jobs[i].bytes % block_bytes != 0 || jobs[i].cols % kKBlock != 0) {
+    if (jobs[i].bytes % block_bytes != 0 ||
+        jobs[i].cols % (block_bytes == kTable4BlockBytes ? kTable4Block : kKBlock) != 0) {
       std::fprintf(stderr, "repack (k-quant): job %d of %lld bytes, %lld cols\n", i,
                    static_cast<long long>(jobs[i].bytes), static_cast<long long>(jobs[i].cols));
       std::abort();
@@ -47,10 +91,32 @@ void LaunchRepackKQuant(int type, const RepackJob* jobs, int n_jobs, cudaStream_
     args.jobs[i] = jobs[i];
   }
   const dim3 grid(64, n_jobs);
-  if (type == kDevQ4_K)
-    RepackKQuantKernel<kDevQ4_K><<<grid, 256, 0, stream>>>(args);
-  else
-    RepackKQuantKernel<kDevQ6_K><<<grid, 256, 0, stream>>>(args);
+  switch (type) {
+    case kDevQ2_K:
+      RepackKQuantKernel<kDevQ2_K><<<grid, 256, 0, stream>>>(args);
+      break;
+    case kDevQ3_K:
+      RepackKQuantKernel<kDevQ3_K><<<grid, 256, 0, stream>>>(args);
+      break;
+    case kDevQ4_K:
+      RepackKQuantKernel<kDevQ4_K><<<grid, 256, 0, stream>>>(args);
+      break;
+    case kDevQ5_K:
+      RepackKQuantKernel<kDevQ5_K><<<grid, 256, 0, stream>>>(args);
+      break;
+    case kDevQ6_K:
+      RepackKQuantKernel<kDevQ6_K><<<grid, 256, 0, stream>>>(args);
+      break;
+    case kDevIQ4_XS:
+      RepackKQuantKernel<kDevIQ4_XS><<<grid, 256, 0, stream>>>(args);
+      break;
+    case kDevIQ2_XXS:
+      RepackKQuantKernel<kDevIQ2_XXS><<<grid, 256, 0, stream>>>(args);
+      break;
+    default:  // Q4_0 and IQ4_NL share one layout
+      RepackKQuantKernel<kDevQ4_0><<<grid, 256, 0, stream>>>(args);
+      break;
+  }
   CUDA_CHECK_LAUNCH();
 }
 

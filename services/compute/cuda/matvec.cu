@@ -249,8 +249,15 @@ void LaunchMatvec(const MatvecOutput* outputs, int n_outputs, const DevAct& act,
     case kDevQ8_0:
       Launch<kDevQ8_0>(args, total, stream);
       break;
+    case kDevQ2_K:
+    case kDevQ3_K:
     case kDevQ4_K:
+    case kDevQ5_K:
     case kDevQ6_K:
+    case kDevIQ4_XS:
+    case kDevIQ2_XXS:
+    case kDevQ4_0:
+    case kDevIQ4_NL:
       LaunchMatvecKQuant(outputs, n_outputs, act, n_tokens, stream);
       break;
     default:

@@ -428,8 +428,15 @@ void LaunchExpertGateUp(const ExpertArgs& a, const DevAct& x_act, float* h, int 
     case kDevQ8_0:
       LaunchGateUpT<kDevQ8_0>(a, x_act, h, max_group_pairs, stream);
       break;
+    case kDevQ2_K:
+    case kDevQ3_K:
     case kDevQ4_K:
+    case kDevQ5_K:
     case kDevQ6_K:
+    case kDevIQ4_XS:
+    case kDevIQ2_XXS:
+    case kDevQ4_0:
+    case kDevIQ4_NL:
       LaunchExpertGateUpKQuant(a, x_act, h, max_group_pairs, stream);
       break;
     default:
@@ -452,8 +459,15 @@ void LaunchExpertDown(const ExpertArgs& a, const DevAct& h_act, float* out, int 
     case kDevQ8_0:
       LaunchDownT<kDevQ8_0>(a, h_act, out, max_group_pairs, stream);
       break;
+    case kDevQ2_K:
+    case kDevQ3_K:
     case kDevQ4_K:
+    case kDevQ5_K:
     case kDevQ6_K:
+    case kDevIQ4_XS:
+    case kDevIQ2_XXS:
+    case kDevQ4_0:
+    case kDevIQ4_NL:
       LaunchExpertDownKQuant(a, h_act, out, max_group_pairs, stream);
       break;
     default:

@@ -66,7 +66,7 @@ void LaunchRepack(int type, const RepackJob* jobs, int n_jobs, cudaStream_t stre
     std::fprintf(stderr, "repack: %d jobs in one launch (at most %d)\n", n_jobs, kMaxRepackJobs);
     std::abort();
   }
-  if (type == kDevQ4_K || type == kDevQ6_K) return LaunchRepackKQuant(type, jobs, n_jobs, stream);
+  if (KQuantBlockBytes(type) != 0) return LaunchRepackKQuant(type, jobs, n_jobs, stream);
   RepackArgs args{};
   for (int i = 0; i < n_jobs; ++i) args.jobs[i] = jobs[i];
   const dim3 grid(64, n_jobs);

@@ -1,4 +1,4 @@
-// The cuda backend's K-quant arithmetic run on the host (no GPU needed): the device layouts and
+// The cuda backend's K-quant and IQ (IQ4_XS, IQ2_XXS) arithmetic run on the host (no GPU needed): the device layouts and
 // per-lane integer sums of services/compute/cuda/kquant_layout.cuh, driven the way the kernels
 // drive them (kquant_dot.cuh: 8 lanes per row, an fma chain per lane over the blocks, the CPU's
 // reduction trees; kquant_quantize.cu: the Q8_K conversion; kquant_dequant.cuh: embedding rows),
@@ -14,11 +14,15 @@
 #include <random>
 #include <vector>
 
+#include "common/quant/iq2.h"
+#include "common/quant/kernel_variant.h"
 #include "common/quant/q4_k.h"
 #include "common/quant/q6_k.h"
+#include "common/quant/q8_0.h"
 #include "common/quant/q8_k.h"
 #include "common/quant/quant.h"
 #include "services/compute/cuda/device_layout.cuh"
+#include "services/compute/cuda/kquant_dequant.cuh"
 
 namespace mer {
 namespace {
@@ -41,12 +45,40 @@ T Load(const uint8_t* p) {
   return v;
 }
 
-int BlockBytes(GgmlType type) { return type == GgmlType::kQ4_K ? cuda::kQ4_KBlockBytes : cuda::kQ6_KBlockBytes; }
+// The weight types of 256-element blocks the cuda backend computes on with Q8_K activations.
+constexpr GgmlType kTypes[] = {GgmlType::kQ2_K, GgmlType::kQ3_K,   GgmlType::kQ4_K,   GgmlType::kQ5_K,
+                               GgmlType::kQ6_K, GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS};
+
+int BlockBytes(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ2_K:
+      return cuda::kQ2_KBlockBytes;
+    case GgmlType::kQ3_K:
+      return cuda::kQ3_KBlockBytes;
+    case GgmlType::kQ4_K:
+      return cuda::kQ4_KBlockBytes;
+    case GgmlType::kQ5_K:
+      return cuda::kQ5_KBlockBytes;
+    case GgmlType::kQ6_K:
+      return cuda::kQ6_KBlockBytes;
+    case GgmlType::kIQ4_XS:
+      return cuda::kIQ4_XSBlockBytes;
+    case GgmlType::kIQ2_XXS:
+      return cuda::kIQ2_XXSBlockBytes;
+    case GgmlType::kQ4_0:
+    case GgmlType::kIQ4_NL:
+      return cuda::kTable4BlockBytes;
+    default:
+      ADD_FAILURE() << TypeName(type);
+      return 1;
+  }
+}
 
 // Weights of `rows` x `cols`: quantized from Gaussian floats, or (raw) random bytes with sane
-// f16 scales, which reach every 6-bit scale/min pattern and int8 scale (-128 included).
+// f16 scales, which reach every 6-bit scale/min pattern and int8 scale (-128 included), every
+// IQ4 code and scale, every IQ2_XXS grid point, sign pattern and scale.
 std::vector<uint8_t> RandomWeights(GgmlType type, int64_t rows, int64_t cols, bool raw) {
-  const int64_t n = rows * cols / kKBlock;
+  const int64_t n = rows * RowBytes(type, cols) / BlockBytes(type);
   std::vector<uint8_t> w(n * BlockBytes(type));
   if (!raw) {
     const std::vector<float> f = Random(rows * cols, 0.05f);
@@ -59,11 +91,18 @@ std::vector<uint8_t> RandomWeights(GgmlType type, int64_t rows, int64_t cols, bo
   for (int64_t b = 0; b < n; ++b) {
     uint8_t* blk = &w[b * BlockBytes(type)];
     const f16_bits d = F32ToF16(scale(rng)), dmin = F32ToF16(scale(rng));
-    if (type == GgmlType::kQ4_K) {
+    if (type == GgmlType::kQ4_K || type == GgmlType::kQ5_K) {
       std::memcpy(blk, &d, 2);
       std::memcpy(blk + 2, &dmin, 2);
-    } else {
+    } else if (type == GgmlType::kQ6_K) {
       std::memcpy(blk + 208, &d, 2);
+    } else if (type == GgmlType::kQ3_K) {
+      std::memcpy(blk + 108, &d, 2);
+    } else if (type == GgmlType::kQ2_K) {
+      std::memcpy(blk + 80, &d, 2);
+      std::memcpy(blk + 82, &dmin, 2);
+    } else {  // IQ4_XS, IQ2_XXS, Q4_0, IQ4_NL: d first
+      std::memcpy(blk, &d, 2);
     }
   }
   return w;
@@ -74,10 +113,33 @@ std::vector<uint8_t> Repack(GgmlType type, const std::vector<uint8_t>& w) {
   const int64_t n = w.size() / BlockBytes(type);
   std::vector<uint8_t> dev(w.size(), 0xAB);
   for (int64_t b = 0; b < n; ++b) {
-    if (type == GgmlType::kQ4_K)
-      cuda::RepackQ4_KBlock(&w[b * cuda::kQ4_KBlockBytes], dev.data(), n, b);
-    else
-      cuda::RepackQ6_KBlock(&w[b * cuda::kQ6_KBlockBytes], dev.data(), n, b);
+    const uint8_t* src = &w[b * BlockBytes(type)];
+    switch (type) {
+      case GgmlType::kQ2_K:
+        cuda::RepackQ2_KBlock(src, dev.data(), n, b);
+        break;
+      case GgmlType::kQ3_K:
+        cuda::RepackQ3_KBlock(src, dev.data(), n, b);
+        break;
+      case GgmlType::kQ4_K:
+        cuda::RepackQ4_KBlock(src, dev.data(), n, b);
+        break;
+      case GgmlType::kQ5_K:
+        cuda::RepackQ5_KBlock(src, dev.data(), n, b);
+        break;
+      case GgmlType::kQ6_K:
+        cuda::RepackQ6_KBlock(src, dev.data(), n, b);
+        break;
+      case GgmlType::kIQ4_XS:
+        cuda::RepackIQ4_XSBlock(src, dev.data(), n, b);
+        break;
+      case GgmlType::kIQ2_XXS:
+        cuda::RepackIQ2_XXSBlock(src, dev.data(), n, b);
+        break;
+      default:
+        cuda::RepackTable4Block(src, dev.data(), n, b);
+        break;
+    }
   }
   return dev;
 }
@@ -132,6 +194,7 @@ void EmulateQuantizeQ8_K(const float* x, int64_t cols, uint8_t* row, float* d) {
 float EmulateRowDot(GgmlType type, const uint8_t* m, int64_t n, int64_t b_row, int64_t nb, const uint8_t* act,
                     const float* act_d, int64_t stride) {
   float acc[8] = {}, acc_m[4] = {};
+  float acc_m1 = 0.0f;  // Q5_K's one dmin chain (lane 0)
   for (int64_t bi = 0; bi < nb; ++bi) {
     const int64_t b = b_row + bi;
     const float ad = act_d[bi];
@@ -152,6 +215,43 @@ float EmulateRowDot(GgmlType type, const uint8_t* m, int64_t n, int64_t b_row, i
           const int msum = cuda::Q4_KMinLaneSum(s, g, Load<uint2>(bsums + 8 * g));
           acc_m[g] = std::fma(ddmin, static_cast<float>(msum), acc_m[g]);
         }
+      } else if (type == GgmlType::kQ5_K) {
+        const uint4 header = Load<uint4>(m + cuda::Q5_KHeaderOffset(n, b));
+        const cuda::Q4_KScales s = cuda::DecodeQ4_KScales(header);
+        const float dw = F16ToF32(static_cast<f16_bits>(header.x & 0xffffu));
+        const float dmin = F16ToF32(static_cast<f16_bits>(header.x >> 16));
+        const int isum = cuda::Q5_KLaneSum(Load<uint4>(m + cuda::Q5_KQsOffset(b, g)),
+                                           Load<uint32_t>(m + cuda::Q5_KQhOffset(n, b, g)), s, a0, a1);
+        acc[g] = std::fma(dw * ad, static_cast<float>(isum), acc[g]);
+        if (g == 0) {
+          const int msum = cuda::Q5_KMinSum(s, Load<uint4>(bsums), Load<uint4>(bsums + 16));
+          acc_m1 = std::fma(-(dmin * ad), static_cast<float>(msum), acc_m1);
+        }
+      } else if (type == GgmlType::kQ3_K) {
+        const float dw = F16ToF32(Load<f16_bits>(m + cuda::Q3_KDOffset(n, b)));
+        const int isum = cuda::Q3_KLaneSum(Load<uint2>(m + cuda::Q3_KQsOffset(b, g)),
+                                           Load<uint32_t>(m + cuda::Q3_KHmaskOffset(n, b, g)),
+                                           Load<uint3>(m + cuda::Q3_KScalesOffset(n, b)), g, a0, a1);
+        acc[g] = std::fma(dw * ad, static_cast<float>(isum), acc[g]);
+      } else if (type == GgmlType::kQ2_K) {
+        const uint4 sc = Load<uint4>(m + cuda::Q2_KScalesOffset(n, b));
+        const float dw = F16ToF32(Load<f16_bits>(m + cuda::Q2_KDOffset(n, b)));
+        const float dmin = F16ToF32(Load<f16_bits>(m + cuda::Q2_KDOffset(n, b) + 2));
+        const int msum = cuda::Q2_KMinLaneSum(sc, g, Load<uint32_t>(bsums + 4 * g));
+        acc[g] = std::fma(-(ad * dmin), static_cast<float>(msum), acc[g]);
+        const int isum = cuda::Q2_KLaneSum(Load<uint2>(m + cuda::Q2_KQsOffset(b, g)), sc, g, a0, a1);
+        acc[g] = std::fma(ad * dw, static_cast<float>(isum), acc[g]);
+      } else if (type == GgmlType::kIQ4_XS) {
+        const uint2 header = Load<uint2>(m + cuda::IQ4_XSHeaderOffset(n, b));
+        const float dw = F16ToF32(static_cast<f16_bits>(header.x & 0xffffu));
+        const int isum = cuda::IQ4_XSLaneSum(Load<uint4>(m + cuda::IQ4_XSQsOffset(b, g)), header, a0, a1);
+        acc[g] = std::fma(dw * ad, static_cast<float>(isum), acc[g]);
+      } else if (type == GgmlType::kIQ2_XXS) {
+        const float dw = F16ToF32(Load<f16_bits>(m + cuda::IQ2_XXSDOffset(n, b)));
+        const uint8_t* words = m + cuda::IQ2_XXSWordsOffset(n, b);
+        const int isum = cuda::IQ2_XXSLaneSum(Load<uint2>(m + cuda::IQ2_XXSIndexOffset(b, g)), Load<uint4>(words),
+                                              Load<uint4>(words + 16), g, kIQ2_XXSGrid, a0, a1);
+        acc[g] = std::fma(dw * ad, static_cast<float>(isum), acc[g]);
       } else {
         const float dw = F16ToF32(Load<f16_bits>(m + cuda::Q6_KDOffset(n, b)));
         const int isum =
@@ -167,10 +267,42 @@ float EmulateRowDot(GgmlType type, const uint8_t* m, int64_t n, int64_t b_row, i
   for (int i = 0; i < 4; ++i) s4[i] = acc[i] + acc[i + 4];
   for (int i = 0; i < 2; ++i) s2[i] = s4[i] + s4[i + 2];
   const float sum = s2[0] + s2[1];
-  if (type == GgmlType::kQ6_K) return sum;
+  if (type == GgmlType::kQ6_K || type == GgmlType::kIQ4_XS || type == GgmlType::kQ3_K || type == GgmlType::kQ2_K)
+    return sum;
+  if (type == GgmlType::kQ5_K) return sum + acc_m1;
+  if (type == GgmlType::kIQ2_XXS) return 0.125f * sum;
   const float m0 = acc_m[0] + acc_m[2], m1 = acc_m[1] + acc_m[3];
   const float sum_m = m0 + m1;
   return sum - sum_m;
+}
+
+// Table4GroupDots (kquant_dot.cuh) for one Q4_0 / IQ4_NL row against one Q8_0 activation row in
+// the device layout (device_layout.cuh; f32 scales): per block the 8 lanes' parts added (the
+// shuffles; exact in any order), then the row's fma chain.
+float EmulateTable4RowDot(GgmlType type, const uint8_t* m, int64_t n, int64_t b_row, int64_t nb, const uint8_t* act,
+                          const float* act_d, int64_t stride) {
+  float acc = 0.0f;
+  for (int64_t bi = 0; bi < nb; ++bi) {
+    const int64_t b = b_row + bi;
+    int isum = 0;
+    for (int g = 0; g < 8; ++g) {
+      const uint32_t codes = Load<uint16_t>(m + cuda::Table4CodesOffset(b, g));
+      const uint32_t a = Load<uint32_t>(act + cuda::Q8_0QuantOffset(32 * bi + 4 * g, stride / 32));
+      isum += type == GgmlType::kIQ4_NL ? cuda::Table4LanePart<true>(codes, a) : cuda::Table4LanePart<false>(codes, a);
+    }
+    const float dw = F16ToF32(Load<f16_bits>(m + cuda::Table4DOffset(n, b)));
+    acc = std::fma(static_cast<float>(isum), dw * act_d[bi], acc);
+  }
+  return acc;
+}
+
+// A CPU Q8_0 row in the device layout: quants interleaved by runs of 4 blocks, f32 scales.
+void ToDeviceQ8_0(const std::vector<BlockQ8_0>& a, int64_t cols, std::vector<uint8_t>* row, std::vector<float>* d) {
+  row->assign(cols, 0xAB);
+  d->assign(cols / 32, NAN);
+  for (int64_t e = 0; e < cols; ++e)
+    (*row)[cuda::Q8_0QuantOffset(e, cols / 32)] = static_cast<uint8_t>(a[e / 32].qs[e % 32]);
+  for (int64_t b = 0; b < cols / 32; ++b) (*d)[b] = F16ToF32(a[b].d);
 }
 
 TEST(KQuantLayout, RowBytesAndAlignment) {
@@ -185,13 +317,54 @@ TEST(KQuantLayout, RowBytesAndAlignment) {
     for (int j = 0; j < 32 * words; ++j) ++seen[cuda::LaneInterleave(j, words)];
     for (int j = 0; j < 32 * words; ++j) EXPECT_EQ(seen[j], 1) << words << " words, byte " << j;
   }
-  for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+  for (GgmlType type : kTypes) {
     const std::vector<uint8_t> w = RandomWeights(type, 3, 512, true);
     const std::vector<uint8_t> dev = Repack(type, w);
     std::vector<uint8_t> a = w, b = dev;
     std::sort(a.begin(), a.end());
     std::sort(b.begin(), b.end());
+    if (type == GgmlType::kIQ4_XS) continue;  // moves nibbles, checked below
     EXPECT_EQ(a, b) << TypeName(type) << ": the repack keeps every byte";
+  }
+  // Q4_0 / IQ4_NL: element e's code in lane e / 4's 2 bytes, nibble e % 4; d after the codes.
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kIQ4_NL}) {
+    const std::vector<uint8_t> w = RandomWeights(type, 3, 96, true);
+    const std::vector<uint8_t> dev = Repack(type, w);
+    const int64_t n = 9;
+    for (int64_t b = 0; b < n; ++b) {
+      const uint8_t* blk = &w[b * cuda::kTable4BlockBytes];
+      for (int e = 0; e < 32; ++e) {
+        const int want = (blk[2 + e % 16] >> (e < 16 ? 0 : 4)) & 0xF;
+        const uint16_t codes = Load<uint16_t>(&dev[cuda::Table4CodesOffset(b, e / 4)]);
+        ASSERT_EQ((codes >> (4 * (e % 4))) & 0xF, want) << TypeName(type) << " block " << b << " element " << e;
+      }
+      ASSERT_EQ(std::memcmp(&dev[cuda::Table4DOffset(n, b)], blk, 2), 0) << TypeName(type) << " d of block " << b;
+    }
+  }
+  // IQ4_XS: every code lands in one place: lane e / 4, word j / 2, byte e % 4, nibble j % 2.
+  const std::vector<uint8_t> w = RandomWeights(GgmlType::kIQ4_XS, 2, 512, true);
+  const std::vector<uint8_t> dev = Repack(GgmlType::kIQ4_XS, w);
+  const int64_t n = 4;
+  for (int64_t b = 0; b < n; ++b) {
+    const BlockIQ4_XS& x = reinterpret_cast<const BlockIQ4_XS*>(w.data())[b];
+    for (int e = 0; e < kKBlock; ++e) {
+      const int j = e / 32, k = e % 32;
+      const int want = (x.qs[16 * j + k % 16] >> (k < 16 ? 0 : 4)) & 0xF;
+      const uint8_t byte = dev[cuda::IQ4_XSQsOffset(b, k / 4) + 4 * (j / 2) + k % 4];
+      ASSERT_EQ((byte >> (4 * (j % 2))) & 0xF, want) << "block " << b << " element " << e;
+    }
+    ASSERT_EQ(std::memcmp(&dev[cuda::IQ4_XSHeaderOffset(n, b)], &x, 8), 0) << "header of block " << b;
+  }
+  // The codebooks' words are blocks.h's values and q - 8.
+  for (int q = 0; q < 16; ++q) {
+    EXPECT_EQ(static_cast<int8_t>(cuda::Q4_0Word(q / 4) >> (8 * (q % 4))), q - 8) << q;
+    EXPECT_EQ(static_cast<int8_t>(cuda::IQ4Word(q / 4) >> (8 * (q % 4))), kIQ4Values[q]) << q;
+    const uint32_t codes = static_cast<uint32_t>(q) | ((15u - q) << 8) | (((q + 5) % 16u) << 16) | (7u << 24);
+    const uint32_t v = cuda::IQ4Lookup4(codes);
+    EXPECT_EQ(static_cast<int8_t>(v), kIQ4Values[q]);
+    EXPECT_EQ(static_cast<int8_t>(v >> 8), kIQ4Values[15 - q]);
+    EXPECT_EQ(static_cast<int8_t>(v >> 16), kIQ4Values[(q + 5) % 16]);
+    EXPECT_EQ(static_cast<int8_t>(v >> 24), kIQ4Values[7]);
   }
 }
 
@@ -230,7 +403,7 @@ TEST(KQuantLayout, Q8_KConversionMatchesCpu) {
 
 TEST(KQuantLayout, LaneDotsMatchCpuKernels) {
   int checked = 0;
-  for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+  for (GgmlType type : kTypes) {
     for (int64_t cols : {256, 512, 768, 1024, 2048, 4096}) {
       for (int64_t rows : {1, 5, 33}) {
         for (bool raw : {false, true}) {
@@ -251,10 +424,7 @@ TEST(KQuantLayout, LaneDotsMatchCpuKernels) {
             }
             std::vector<float> want(rows), want_avx2(rows);
             VecDotRows(type, w.data(), rows, a.data(), cols, want.data());
-            if (type == GgmlType::kQ4_K)
-              VecDotRowsQ4_KAvx2(reinterpret_cast<const BlockQ4_K*>(w.data()), rows, a.data(), cols, want_avx2.data());
-            else
-              VecDotRowsQ6_KAvx2(reinterpret_cast<const BlockQ6_K*>(w.data()), rows, a.data(), cols, want_avx2.data());
+            VecDotRowsWith(KernelVariant::kAvx2, type, w.data(), rows, a.data(), cols, want_avx2.data());
             std::vector<uint8_t> act;
             std::vector<float> act_d;
             ToDeviceQ8_K(a, cols, &act, &act_d);
@@ -264,6 +434,45 @@ TEST(KQuantLayout, LaneDotsMatchCpuKernels) {
               ASSERT_EQ(got, want[r]) << TypeName(type) << " " << rows << "x" << cols << (raw ? " raw" : "")
                                       << " token " << t << " row " << r << " (CPU row dot "
                                       << VecDot(type, &w[r * rb], a.data(), cols) << ")";
+              ++checked;
+            }
+          }
+        }
+      }
+    }
+  }
+  std::printf("%d row dots equal\n", checked);
+}
+
+// Q4_0 and IQ4_NL rows (Q8_0 activations), row counts that are and are not multiples of 8 (the
+// CPU's 8-row and 1-row kernels, the same per-row chain), against the CPU kernels.
+TEST(KQuantLayout, Table4LaneDotsMatchCpuKernels) {
+  int checked = 0;
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kIQ4_NL}) {
+    for (int64_t cols : {32, 96, 128, 160, 768, 2048}) {
+      for (int64_t rows : {1, 8, 13, 33}) {
+        for (bool raw : {false, true}) {
+          const std::vector<uint8_t> w = RandomWeights(type, rows, cols, raw);
+          const std::vector<uint8_t> dev = Repack(type, w);
+          const int64_t nb = cols / 32, n = rows * nb;
+          for (int t = 0; t < 3; ++t) {
+            std::vector<float> x = Random(cols, t == 2 ? 50.0f : 1.0f);
+            std::vector<BlockQ8_0> a(nb);
+            QuantizeRow(GgmlType::kQ8_0, x.data(), a.data(), cols);
+            if (t == 2)  // extreme activations: every quant +-127
+              for (int64_t b = 0; b < nb; ++b)
+                for (int i = 0; i < 32; ++i) a[b].qs[i] = (i + b) % 3 == 0 ? -127 : 127;
+            std::vector<float> want(rows), want_avx2(rows);
+            VecDotRows(type, w.data(), rows, a.data(), cols, want.data());
+            VecDotRowsWith(KernelVariant::kAvx2, type, w.data(), rows, a.data(), cols, want_avx2.data());
+            std::vector<uint8_t> act;
+            std::vector<float> act_d;
+            ToDeviceQ8_0(a, cols, &act, &act_d);
+            for (int64_t r = 0; r < rows; ++r) {
+              ASSERT_EQ(want[r], want_avx2[r]) << "CPU variants differ: " << TypeName(type) << " row " << r;
+              const float got = EmulateTable4RowDot(type, dev.data(), n, r * nb, nb, act.data(), act_d.data(), cols);
+              ASSERT_EQ(got, want[r]) << TypeName(type) << " " << rows << "x" << cols << (raw ? " raw" : "")
+                                      << " token " << t << " row " << r;
               ++checked;
             }
           }
@@ -313,6 +522,38 @@ TEST(KQuantLayout, EmbeddingDequantMatchesCpu) {
         }
       }
     }
+  }
+}
+
+// kquant_dequant.cuh's host/device functions for the other types, as they are.
+TEST(KQuantLayout, EmbeddingDequantMatchesCpuForTheOtherTypes) {
+  for (GgmlType type : {GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ5_K, GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS,
+                        GgmlType::kQ4_0, GgmlType::kIQ4_NL}) {
+    for (bool raw : {false, true}) {
+      const int64_t rows = 20, cols = 1024;
+      const std::vector<uint8_t> w = RandomWeights(type, rows, cols, raw);
+      const int64_t rb = RowBytes(type, cols);
+      for (int64_t r = 0; r < rows; ++r) {
+        std::vector<float> want(cols);
+        DequantizeRow(type, &w[r * rb], want.data(), cols);
+        for (int64_t i = 0; i < cols; ++i) {
+          const uint8_t* row = &w[r * rb];
+          const float got = type == GgmlType::kQ2_K     ? cuda::DequantQ2_K(row, i)
+                            : type == GgmlType::kQ3_K   ? cuda::DequantQ3_K(row, i)
+                            : type == GgmlType::kQ5_K   ? cuda::DequantQ5_K(row, i)
+                            : type == GgmlType::kIQ4_XS ? cuda::DequantIQ4_XS(row, i)
+                            : type == GgmlType::kQ4_0   ? cuda::DequantTable4<false>(row, i)
+                            : type == GgmlType::kIQ4_NL ? cuda::DequantTable4<true>(row, i)
+                                                        : cuda::DequantIQ2_XXS(row, i, kIQ2_XXSGrid);
+          ASSERT_EQ(got, want[i]) << TypeName(type) << (raw ? " raw" : "") << " row " << r << " element " << i;
+        }
+      }
+    }
+  }
+  // f16 decoding on the host, every bit pattern but NaNs.
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0) continue;
+    ASSERT_EQ(cuda::HalfBitsToFloat(static_cast<uint16_t>(h)), F16ToF32(static_cast<f16_bits>(h))) << h;
   }
 }
 
