@@ -151,7 +151,9 @@ INSTANTIATE_TEST_SUITE_P(
         // Q3_K_M mixes Q3_K, Q4_K, Q5_K and Q6_K (its tiny version has a Q5_0 down, refused);
         // tiny Q2_K and Q3_K have a Q4_0 down.
         Case{"small", SynthQuant::kQ3_K_M, "small_q3_k_m"}, Case{"small", SynthQuant::kQ2_K, "small_q2_k"},
-        Case{"tiny", SynthQuant::kQ3_K, "tiny_q3_k"}, Case{"tiny", SynthQuant::kQ2_K, "tiny_q2_k"}),
+        Case{"tiny", SynthQuant::kQ3_K, "tiny_q3_k"}, Case{"tiny", SynthQuant::kQ2_K, "tiny_q2_k"},
+        Case{"small", SynthQuant::kIQ2_XS, "small_iq2_xs"}, Case{"small", SynthQuant::kIQ3_XXS, "small_iq3_xxs"},
+        Case{"tiny", SynthQuant::kIQ2_XS, "tiny_iq2_xs"}, Case{"tiny", SynthQuant::kIQ3_XXS, "tiny_iq3_xxs"}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
 // llama.cpp's Q4_K_M and Q5_K_M recipes for a model of exactly 8 experts: attn_k and attn_v Q8_0

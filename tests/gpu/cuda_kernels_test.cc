@@ -232,9 +232,10 @@ TEST(CudaKernels, RmsNormAddsMoeOutputExactly) {
 }
 
 TEST(CudaKernels, EmbedRowsExact) {
-  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ2_K,
-                        GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_XS,
-                        GgmlType::kIQ2_XXS, GgmlType::kQ4_0, GgmlType::kIQ4_NL}) {
+  for (GgmlType type :
+       {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ2_K, GgmlType::kQ3_K,
+        GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS, GgmlType::kIQ2_XS,
+        GgmlType::kIQ3_XXS, GgmlType::kQ4_0, GgmlType::kIQ4_NL}) {
     const int64_t cols = 768, rows = 50;
     const int64_t rb = RowBytes(type, cols);
     const std::vector<float> tf = Random(rows * cols);
@@ -584,11 +585,13 @@ TEST(CudaKernels, LongContextAttentionSplitK) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// K-quants and the IQ types of 256-element blocks: Q2_K to Q6_K, IQ4_XS and IQ2_XXS weights
+// K-quants and the IQ types of 256-element blocks: Q2_K to Q6_K, IQ4_XS, IQ2_XXS, IQ2_XS and
+// IQ3_XXS weights
 // with Q8_K activations (kquant_layout.cuh, kquant_dot.cuh).
 
-const GgmlType kKQuantTypes[] = {GgmlType::kQ2_K, GgmlType::kQ3_K,   GgmlType::kQ4_K,   GgmlType::kQ5_K,
-                                 GgmlType::kQ6_K, GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS};
+const GgmlType kKQuantTypes[] = {GgmlType::kQ2_K,    GgmlType::kQ3_K,   GgmlType::kQ4_K,
+                                 GgmlType::kQ5_K,    GgmlType::kQ6_K,   GgmlType::kIQ4_XS,
+                                 GgmlType::kIQ2_XXS, GgmlType::kIQ2_XS, GgmlType::kIQ3_XXS};
 
 // "" when got equals want element for element; else how many differ, where the first one is
 // ([token][row], `rows` per token) and the two values.
@@ -761,17 +764,19 @@ TEST(CudaKernels, ExpertsMatchCpu) {
     return q;
   };
   for (Mix mix :
-       {Mix{GgmlType::kQ4_K, GgmlType::kQ6_K, 768, 512},     Mix{GgmlType::kQ4_K, GgmlType::kQ4_K, 768, 512},
-        Mix{GgmlType::kQ4_K, GgmlType::kQ8_0, 768, 512},     Mix{GgmlType::kQ6_K, GgmlType::kQ6_K, 768, 512},
-        Mix{GgmlType::kQ5_K, GgmlType::kQ6_K, 768, 512},     Mix{GgmlType::kQ5_K, GgmlType::kQ5_K, 768, 512},
-        Mix{GgmlType::kQ5_K, GgmlType::kQ8_0, 768, 512},     Mix{GgmlType::kIQ4_XS, GgmlType::kIQ4_XS, 768, 512},
-        Mix{GgmlType::kIQ4_XS, GgmlType::kQ5_K, 768, 512},   Mix{GgmlType::kIQ2_XXS, GgmlType::kIQ2_XXS, 768, 512},
-        Mix{GgmlType::kIQ2_XXS, GgmlType::kQ8_0, 768, 512},  Mix{GgmlType::kQ6_K, GgmlType::kIQ2_XXS, 768, 512},
-        Mix{GgmlType::kIQ4_XS, GgmlType::kIQ4_NL, 256, 128}, Mix{GgmlType::kIQ2_XXS, GgmlType::kIQ4_NL, 256, 128},
-        Mix{GgmlType::kQ4_0, GgmlType::kQ4_0, 256, 160},     Mix{GgmlType::kIQ4_NL, GgmlType::kIQ4_NL, 768, 512},
-        Mix{GgmlType::kQ3_K, GgmlType::kQ5_K, 768, 512},     Mix{GgmlType::kQ3_K, GgmlType::kQ4_K, 768, 512},
-        Mix{GgmlType::kQ2_K, GgmlType::kQ2_K, 768, 512},     Mix{GgmlType::kQ2_K, GgmlType::kQ4_0, 256, 128},
-        Mix{GgmlType::kQ8_0, GgmlType::kQ8_0, 2048, 768},    Mix{GgmlType::kQ8_0, GgmlType::kQ8_0, 768, 512}}) {
+       {Mix{GgmlType::kQ4_K, GgmlType::kQ6_K, 768, 512},      Mix{GgmlType::kQ4_K, GgmlType::kQ4_K, 768, 512},
+        Mix{GgmlType::kQ4_K, GgmlType::kQ8_0, 768, 512},      Mix{GgmlType::kQ6_K, GgmlType::kQ6_K, 768, 512},
+        Mix{GgmlType::kQ5_K, GgmlType::kQ6_K, 768, 512},      Mix{GgmlType::kQ5_K, GgmlType::kQ5_K, 768, 512},
+        Mix{GgmlType::kQ5_K, GgmlType::kQ8_0, 768, 512},      Mix{GgmlType::kIQ4_XS, GgmlType::kIQ4_XS, 768, 512},
+        Mix{GgmlType::kIQ4_XS, GgmlType::kQ5_K, 768, 512},    Mix{GgmlType::kIQ2_XXS, GgmlType::kIQ2_XXS, 768, 512},
+        Mix{GgmlType::kIQ2_XXS, GgmlType::kQ8_0, 768, 512},   Mix{GgmlType::kQ6_K, GgmlType::kIQ2_XXS, 768, 512},
+        Mix{GgmlType::kIQ4_XS, GgmlType::kIQ4_NL, 256, 128},  Mix{GgmlType::kIQ2_XXS, GgmlType::kIQ4_NL, 256, 128},
+        Mix{GgmlType::kQ4_0, GgmlType::kQ4_0, 256, 160},      Mix{GgmlType::kIQ4_NL, GgmlType::kIQ4_NL, 768, 512},
+        Mix{GgmlType::kQ3_K, GgmlType::kQ5_K, 768, 512},      Mix{GgmlType::kQ3_K, GgmlType::kQ4_K, 768, 512},
+        Mix{GgmlType::kQ2_K, GgmlType::kQ2_K, 768, 512},      Mix{GgmlType::kQ2_K, GgmlType::kQ4_0, 256, 128},
+        Mix{GgmlType::kIQ2_XS, GgmlType::kIQ2_XS, 768, 512},  Mix{GgmlType::kIQ3_XXS, GgmlType::kIQ3_XXS, 768, 512},
+        Mix{GgmlType::kIQ3_XXS, GgmlType::kIQ4_NL, 256, 128}, Mix{GgmlType::kIQ2_XS, GgmlType::kQ6_K, 768, 512},
+        Mix{GgmlType::kQ8_0, GgmlType::kQ8_0, 2048, 768},     Mix{GgmlType::kQ8_0, GgmlType::kQ8_0, 768, 512}}) {
     const int64_t E = mix.E, F = mix.F;
     for (int n : {1, 5, 40}) {  // 40: ~13 pairs per expert, several passes of the staged kernels
       const int64_t gate_bytes = F * RowBytes(mix.gate, E), down_bytes = E * RowBytes(mix.down, F);

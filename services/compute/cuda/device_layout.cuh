@@ -11,7 +11,7 @@
 // weight's dot type (ActivationTypeFor): f32, f16, bf16, or Q8_0 laid out the same way with f32
 // scales holding the f16-rounded block scale.
 //
-// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS and IQ2_XXS weights and their Q8_K activations, Q4_0 and IQ4_NL
+// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS, IQ2_XS and IQ3_XXS weights and their Q8_K activations, Q4_0 and IQ4_NL
 // weights (with the Q8_0 activations above): kquant_layout.cuh.
 #pragma once
 
@@ -34,6 +34,8 @@ enum DevType : int {
   kDevQ6_K = 14,
   kDevQ8_K = 15,
   kDevIQ2_XXS = 16,
+  kDevIQ2_XS = 17,
+  kDevIQ3_XXS = 18,
   kDevIQ4_NL = 20,
   kDevIQ4_XS = 23,
   kDevBF16 = 30

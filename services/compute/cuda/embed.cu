@@ -33,6 +33,10 @@ __device__ __forceinline__ float EmbedValue(int type, const uint8_t* row, int64_
       return DequantIQ4_XS(row, i);
     case kDevIQ2_XXS:
       return DequantIQ2_XXS(row, i, kDevIQ2_XXSGrid);
+    case kDevIQ2_XS:
+      return DequantIQ2_XS(row, i, kDevIQ2_XSGrid);
+    case kDevIQ3_XXS:
+      return DequantIQ3_XXS(row, i, kDevIQ3_XXSGrid);
     case kDevQ4_0:
       return DequantTable4<false>(row, i);
     case kDevIQ4_NL:

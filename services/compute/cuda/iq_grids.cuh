@@ -1,6 +1,7 @@
-// The IQ formats' grids in device memory, for the kernels that decode IQ2_XXS (kquant_dot.cuh):
-// the same data as the CPU's tables (common/quant/iq2_grids.cc). Each translation unit that
-// includes this has its own copy (2 KiB), read through the L1 cache.
+// The IQ formats' grids in device memory, for the kernels that decode IQ2_XXS, IQ2_XS and IQ3_XXS
+// (kquant_dot.cuh, embed.cu): the same data as the CPU's tables (common/quant/iq2_grids.cc,
+// iq3_grids.cc). Each translation unit that includes this has its own copy (7 KiB), read through
+// the L1 cache.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,6 +12,14 @@ namespace mer::cuda {
 
 __device__ const uint64_t kDevIQ2_XXSGrid[256] = {
 #include "common/quant/iq2_xxs_grid.inc"
+};
+
+__device__ const uint64_t kDevIQ2_XSGrid[512] = {
+#include "common/quant/iq2_xs_grid.inc"
+};
+
+__device__ const uint32_t kDevIQ3_XXSGrid[256] = {
+#include "common/quant/iq3_xxs_grid.inc"
 };
 
 }  // namespace mer::cuda

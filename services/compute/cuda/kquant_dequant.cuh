@@ -1,4 +1,5 @@
-// Element i of a Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS / IQ2_XXS / Q4_0 / IQ4_NL row in the GGUF layout (blocks.h), to f32
+// Element i of a Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS / IQ2_XXS / IQ2_XS / IQ3_XXS / Q4_0 /
+// IQ4_NL row in the GGUF layout (blocks.h), to f32
 // as the CPU's DequantizeRow* compute it (the embedding table stays in the file's layout). Q4_K: d_j = d * sc_j and min_j = dmin * m_j, then d_j * q - min_j, which GCC contracts
 // into one fma (C++ with -mfma); either way the same float, since d_j * q is exact (an f16
 // mantissa times 6 and 4 bits). Q6_K: (d * sc_j) * (q - 32), in that order (the second product
@@ -134,6 +135,30 @@ __host__ __device__ inline float DequantTable4(const uint8_t* row, int64_t i) {
   if (kIQ4)
     return HalfAt(blk) * static_cast<float>(static_cast<int8_t>(IQ4Lookup4(static_cast<uint32_t>(code)) & 0xffu));
   return static_cast<float>(code - 8) * HalfAt(blk);
+}
+
+// grid: the 512 grid points (kIQ2_XSGrid). ((d * (0.5 + ls)) * 0.25) * grid byte, then the sign.
+__host__ __device__ inline float DequantIQ2_XS(const uint8_t* row, int64_t i, const uint64_t* grid) {
+  const uint8_t* blk = row + (i / kKBlock) * kIQ2_XSBlockBytes;
+  const int e = static_cast<int>(i % kKBlock), group = e / 8, k = e % 8;
+  const uint32_t q = blk[2 + 2 * group] | (blk[3 + 2 * group] << 8);
+  const int ls = (blk[66 + group / 4] >> (4 * ((group / 2) % 2))) & 0xF;
+  const float db = HalfAt(blk) * (0.5f + static_cast<float>(ls)) * 0.25f;
+  const uint32_t s7 = q >> 9, signs = s7 | (static_cast<uint32_t>(Popc(s7) & 1) << 7);
+  const int magnitude = static_cast<int>((grid[q & 511u] >> (8 * k)) & 0xffu);
+  return db * static_cast<float>(magnitude) * ((signs >> k) & 1 ? -1.0f : 1.0f);
+}
+
+// grid: the 256 grid points (kIQ3_XXSGrid). ((d * (0.5 + ls)) * 0.5) * grid byte, then the sign.
+__host__ __device__ inline float DequantIQ3_XXS(const uint8_t* row, int64_t i, const uint32_t* grid) {
+  const uint8_t* blk = row + (i / kKBlock) * kIQ3_XXSBlockBytes;
+  const int e = static_cast<int>(i % kKBlock), j = e / 32, l = (e % 32) / 8, k = e % 8;
+  const uint8_t* w = blk + 66 + 4 * j;
+  const uint32_t word = w[0] | (w[1] << 8) | (w[2] << 16) | (static_cast<uint32_t>(w[3]) << 24);
+  const float db = HalfAt(blk) * (0.5f + static_cast<float>(word >> 28)) * 0.5f;
+  const uint32_t s7 = (word >> (7 * l)) & 127u, signs = s7 | (static_cast<uint32_t>(Popc(s7) & 1) << 7);
+  const int magnitude = static_cast<int>((grid[blk[2 + 8 * j + 2 * l + k / 4]] >> (8 * (k % 4))) & 0xffu);
+  return db * static_cast<float>(magnitude) * ((signs >> k) & 1 ? -1.0f : 1.0f);
 }
 
 // grid: the 256 grid points (kIQ2_XXSGrid).

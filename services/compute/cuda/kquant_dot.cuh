@@ -1,7 +1,7 @@
 // The inner loop of the matrix products of the 256-element block types with Q8_K activations
 // (dense mat-vec and grouped experts), bit-exact with the CPU engine's VecDotRowsQ2_K / Q3_K /
-// Q4_K / Q5_K / Q6_K / IQ4_XS / IQ2_XXS (common/quant/q2_k_rows.cc, q3_k_rows.cc, q4_k_rows.cc,
-// q5_k_rows.cc, q6_k_rows.cc, iq4_rows.cc, iq2_rows.cc: the avx2 and avx512 variants form the
+// Q4_K / Q5_K / Q6_K / IQ4_XS / IQ2_XXS / IQ2_XS / IQ3_XXS (common/quant/q2_k_rows.cc ..
+// q6_k_rows.cc, iq4_rows.cc, iq2_rows.cc, iq3_rows.cc: the avx2 and avx512 variants form the
 // same integers and floats; the scalar one, run only where MER_CPU_KERNELS=scalar forces it, sums
 // in another order):
 //
@@ -12,7 +12,8 @@
 //   lane i first its mins integer into the same chain, acc_i = fma(-(d_a * dmin_w), (float)m_i,
 //   acc_i), then its scaled sum as above. Then
 //   HorizontalSum: ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)); for Q4_K minus the 4-lane
-//   (m0+m2) + (m1+m3); for Q5_K plus acc_m; for IQ2_XXS times 0.125.
+//   (m0+m2) + (m1+m3); for Q5_K plus acc_m; for IQ2_XXS and IQ2_XS times 0.125, for IQ3_XXS
+//   0.25.
 //
 // Per lane and block: one 16-byte load of quants (plus 8 bytes of qh for Q6_K, 4 for Q5_K; IQ2_XXS:
 // 8 bytes of grid indices and a grid point per sub-block) and one header load shared by the group;
@@ -76,7 +77,8 @@ template <int kType, int R, int NT, int U>
 __device__ inline void KQuantGroupDots(const KQuantRowRef (&rows)[R], int64_t nb, const KQuantActRef (&acts)[NT],
                                        int64_t act_stride, float (&out)[R][NT]) {
   static_assert(kType == kDevQ4_K || kType == kDevQ5_K || kType == kDevQ6_K || kType == kDevIQ4_XS ||
-                kType == kDevIQ2_XXS || kType == kDevQ3_K || kType == kDevQ2_K);
+                kType == kDevIQ2_XXS || kType == kDevQ3_K || kType == kDevQ2_K || kType == kDevIQ2_XS ||
+                kType == kDevIQ3_XXS);
   constexpr bool kQ4 = kType == kDevQ4_K;
   const int g = threadIdx.x % kKQuantGroup;
   float acc[R][NT], acc_m[R][NT];
@@ -131,6 +133,16 @@ __device__ inline void KQuantGroupDots(const KQuantRowRef (&rows)[R], int64_t nb
           const uint32_t dd = *reinterpret_cast<const uint32_t*>(m + Q2_KDOffset(rows[r].n, b));
           wd[u][r] = __half2float(__ushort_as_half(static_cast<unsigned short>(dd & 0xffffu)));
           wdmin[u][r] = __half2float(__ushort_as_half(static_cast<unsigned short>(dd >> 16)));
+        } else if constexpr (kType == kDevIQ2_XS) {
+          wq[u][r] = __ldcs(reinterpret_cast<const uint4*>(m + IQ2_XSWordsOffset(b, g)));
+          wqh[u][r] = *reinterpret_cast<const uint2*>(m + IQ2_XSScalesOffset(rows[r].n, b));
+          wd[u][r] = __half2float(*reinterpret_cast<const __half*>(m + IQ2_XSDOffset(rows[r].n, b)));
+        } else if constexpr (kType == kDevIQ3_XXS) {
+          wqh[u][r] = __ldcs(reinterpret_cast<const uint2*>(m + IQ3_XXSIndexOffset(b, g)));
+          const uint4* words = reinterpret_cast<const uint4*>(m + IQ3_XXSWordsOffset(rows[r].n, b));
+          wq[u][r] = words[0];
+          wh[u][r] = words[1];
+          wd[u][r] = __half2float(*reinterpret_cast<const __half*>(m + IQ3_XXSDOffset(rows[r].n, b)));
         } else if constexpr (kType == kDevIQ2_XXS) {
           wqh[u][r] = __ldcs(reinterpret_cast<const uint2*>(m + IQ2_XXSIndexOffset(b, g)));
           const uint4* words = reinterpret_cast<const uint4*>(m + IQ2_XXSWordsOffset(rows[r].n, b));
@@ -207,6 +219,20 @@ __device__ inline void KQuantGroupDots(const KQuantRowRef (&rows)[R], int64_t nb
             acc[r][t] =
                 fmaf(__fmul_rn(ad, wd[u][r]), __int2float_rn(Q2_KLaneSum(wqh[u][r], wh[u][r], g, a0, a1)), acc[r][t]);
           }
+        } else if constexpr (kType == kDevIQ2_XS) {
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            if (rows[r].m == nullptr) continue;
+            const int isum = IQ2_XSLaneSum(wq[u][r], wqh[u][r], g, kDevIQ2_XSGrid, a0, a1);
+            acc[r][t] = fmaf(__fmul_rn(wd[u][r], ad), __int2float_rn(isum), acc[r][t]);
+          }
+        } else if constexpr (kType == kDevIQ3_XXS) {
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            if (rows[r].m == nullptr) continue;
+            const int isum = IQ3_XXSLaneSum(wqh[u][r], wq[u][r], wh[u][r], g, kDevIQ3_XXSGrid, a0, a1);
+            acc[r][t] = fmaf(__fmul_rn(wd[u][r], ad), __int2float_rn(isum), acc[r][t]);
+          }
         } else if constexpr (kType == kDevIQ2_XXS) {
 #pragma unroll
           for (int r = 0; r < R; ++r) {
@@ -235,8 +261,10 @@ __device__ inline void KQuantGroupDots(const KQuantRowRef (&rows)[R], int64_t nb
         out[r][t] = __fsub_rn(sum, KQuantReduce4(acc_m[r][t]));
       } else if constexpr (kType == kDevQ5_K) {
         out[r][t] = __fadd_rn(sum, acc_m[r][t]);  // lane 0's chain
-      } else if constexpr (kType == kDevIQ2_XXS) {
+      } else if constexpr (kType == kDevIQ2_XXS || kType == kDevIQ2_XS) {
         out[r][t] = __fmul_rn(0.125f, sum);
+      } else if constexpr (kType == kDevIQ3_XXS) {
+        out[r][t] = __fmul_rn(0.25f, sum);
       } else {
         out[r][t] = sum;
       }
@@ -346,6 +374,8 @@ inline int BlockElemsOf(int type) {
     case kDevQ6_K:
     case kDevIQ4_XS:
     case kDevIQ2_XXS:
+    case kDevIQ2_XS:
+    case kDevIQ3_XXS:
       return kKBlock;
     case kDevQ4_0:
     case kDevIQ4_NL:

@@ -153,6 +153,12 @@ void LaunchExpertGateUpKQuant(const ExpertArgs& a, const DevAct& x_act, float* h
     case kDevIQ4_XS:
       LaunchGateUpT<kDevIQ4_XS>(a, x_act, h, max_group_pairs, stream);
       break;
+    case kDevIQ2_XS:
+      LaunchGateUpT<kDevIQ2_XS>(a, x_act, h, max_group_pairs, stream);
+      break;
+    case kDevIQ3_XXS:
+      LaunchGateUpT<kDevIQ3_XXS>(a, x_act, h, max_group_pairs, stream);
+      break;
     case kDevQ4_0:
       LaunchGateUpT<kDevQ4_0>(a, x_act, h, max_group_pairs, stream);
       break;
@@ -187,6 +193,12 @@ void LaunchExpertDownKQuant(const ExpertArgs& a, const DevAct& h_act, float* out
       break;
     case kDevIQ4_XS:
       LaunchDownT<kDevIQ4_XS>(a, h_act, out, max_group_pairs, stream);
+      break;
+    case kDevIQ2_XS:
+      LaunchDownT<kDevIQ2_XS>(a, h_act, out, max_group_pairs, stream);
+      break;
+    case kDevIQ3_XXS:
+      LaunchDownT<kDevIQ3_XXS>(a, h_act, out, max_group_pairs, stream);
       break;
     case kDevQ4_0:
       LaunchDownT<kDevQ4_0>(a, h_act, out, max_group_pairs, stream);

@@ -40,6 +40,12 @@
 // 4i..4i+3 of each block, then the group's integer sum (shuffles; exact in any order) and the
 // row's fma chain. Layout: codes [n][16] at 0, lane i's 2 bytes at 16b + 2i holding the codes of
 // elements 4i..4i+3 in their nibbles (low first); d f16 [n] at 16n.
+//   IQ2_XS (74 bytes a block): grid words [n][64] at 0, lanes 2p and 2p + 1 reading the 16 bytes
+//        at 16p, u16 j = sub-block j's word of group p (9-bit grid index, 7 sign bits); scales
+//        [n][8] at 64n as in the file; d f16 [n] at 72n.
+//   IQ3_XXS (98 bytes a block): grid indices [n][64] at 0, lane i's 8 bytes at 8i, byte j =
+//        sub-block j's index of elements 4i..4i+3 (qs[8j + i]); sign and scale words [n][32] at 64n
+//        as in the file; d f16 [n] at 96n.
 // Activations, Q8_K rows of `stride` elements (a multiple of 256), row t at t * Q8_KRowBytes:
 //   quants [stride] (block b at 256b, element e of it at LaneInterleave(e, 8): lane i's 32 bytes
 //   at 32i are its words of groups 0..7), then bsums int16 [stride / 16] (16 per block, as
@@ -60,6 +66,8 @@ inline constexpr int kQ5_KBlockBytes = 176;
 inline constexpr int kQ6_KBlockBytes = 210;
 inline constexpr int kIQ4_XSBlockBytes = 136;
 inline constexpr int kIQ2_XXSBlockBytes = 66;
+inline constexpr int kIQ2_XSBlockBytes = 74;
+inline constexpr int kIQ3_XXSBlockBytes = 98;
 inline constexpr int kTable4Block = 32;  // elements per Q4_0 / IQ4_NL block
 inline constexpr int kTable4BlockBytes = 18;
 
@@ -97,6 +105,14 @@ __host__ __device__ constexpr int64_t IQ4_XSHeaderOffset(int64_t n, int64_t b) {
 __host__ __device__ constexpr int64_t IQ2_XXSIndexOffset(int64_t b, int lane) { return b * 32 + 8 * (lane / 2); }
 __host__ __device__ constexpr int64_t IQ2_XXSWordsOffset(int64_t n, int64_t b) { return 32 * n + 32 * b; }
 __host__ __device__ constexpr int64_t IQ2_XXSDOffset(int64_t n, int64_t b) { return 64 * n + 2 * b; }
+// Byte offsets in an IQ2_XS matrix of n blocks.
+__host__ __device__ constexpr int64_t IQ2_XSWordsOffset(int64_t b, int lane) { return b * 64 + 16 * (lane / 2); }
+__host__ __device__ constexpr int64_t IQ2_XSScalesOffset(int64_t n, int64_t b) { return 64 * n + 8 * b; }
+__host__ __device__ constexpr int64_t IQ2_XSDOffset(int64_t n, int64_t b) { return 72 * n + 2 * b; }
+// Byte offsets in an IQ3_XXS matrix of n blocks.
+__host__ __device__ constexpr int64_t IQ3_XXSIndexOffset(int64_t b, int lane) { return b * 64 + 8 * lane; }
+__host__ __device__ constexpr int64_t IQ3_XXSWordsOffset(int64_t n, int64_t b) { return 64 * n + 32 * b; }
+__host__ __device__ constexpr int64_t IQ3_XXSDOffset(int64_t n, int64_t b) { return 96 * n + 2 * b; }
 // Byte offsets in a Q4_0 / IQ4_NL matrix of n blocks.
 __host__ __device__ constexpr int64_t Table4CodesOffset(int64_t b, int lane) { return b * 16 + 2 * lane; }
 __host__ __device__ constexpr int64_t Table4DOffset(int64_t n, int64_t b) { return 16 * n + 2 * b; }
@@ -188,6 +204,27 @@ __host__ __device__ inline void RepackIQ2_XXSBlock(const uint8_t* src, uint8_t* 
   dst[IQ2_XXSDOffset(n, b) + 1] = src[1];
 }
 
+// IQ2_XS: sub-block j's group p word (qs[4j + p], at byte 2 + 8j + 2p) to lane pair p's u16 j.
+__host__ __device__ inline void RepackIQ2_XSBlock(const uint8_t* src, uint8_t* dst, int64_t n, int64_t b) {
+  uint8_t* words = dst + IQ2_XSWordsOffset(b, 0);
+  for (int j = 0; j < 8; ++j)
+    for (int p = 0; p < 4; ++p) {
+      words[16 * p + 2 * j] = src[2 + 8 * j + 2 * p];
+      words[16 * p + 2 * j + 1] = src[2 + 8 * j + 2 * p + 1];
+    }
+  for (int j = 0; j < 8; ++j) dst[IQ2_XSScalesOffset(n, b) + j] = src[66 + j];
+  dst[IQ2_XSDOffset(n, b)] = src[0];
+  dst[IQ2_XSDOffset(n, b) + 1] = src[1];
+}
+// IQ3_XXS: qs[8j + i] (at byte 2 + 8j + i) to lane i's byte j; the words as they are.
+__host__ __device__ inline void RepackIQ3_XXSBlock(const uint8_t* src, uint8_t* dst, int64_t n, int64_t b) {
+  uint8_t* index = dst + IQ3_XXSIndexOffset(b, 0);
+  for (int j = 0; j < 8; ++j)
+    for (int i = 0; i < 8; ++i) index[8 * i + j] = src[2 + 8 * j + i];
+  for (int j = 0; j < 32; ++j) dst[IQ3_XXSWordsOffset(n, b) + j] = src[66 + j];
+  dst[IQ3_XXSDOffset(n, b)] = src[0];
+  dst[IQ3_XXSDOffset(n, b) + 1] = src[1];
+}
 // Q4_0 / IQ4_NL: element e (< 16: low nibble of qs[e], else the high nibble of qs[e - 16]) goes
 // to lane e / 4's 2 bytes, nibble e % 4.
 __host__ __device__ inline void RepackTable4Block(const uint8_t* src, uint8_t* dst, int64_t n, int64_t b) {
@@ -423,6 +460,51 @@ __host__ __device__ inline int IQ2_XXSLaneSum(uint2 index, uint4 w0, uint4 w1, i
     const uint32_t mask = ((signs * 0x00204081u) & 0x01010101u) * 0xffu;
     const uint32_t values = (points ^ mask) + (mask & 0x01010101u);
     sum += static_cast<int>(2 * (words[j] >> 28) + 1) * Dot4(values, act[j]);
+  }
+  return sum;
+}
+
+// The 4 grid bytes `points` of half `half` of a group of 8 whose 7 sign bits are s7 (the eighth
+// their parity), each negated where its sign bit is set: (b ^ 0xff) + 1, which carries into no
+// other byte (grid bytes are > 0).
+__host__ __device__ inline uint32_t SignedGridWord(uint32_t points, uint32_t s7, int half) {
+  const uint32_t signs = ((s7 | (static_cast<uint32_t>(Popc(s7) & 1) << 7)) >> (4 * half)) & 0xFu;
+  const uint32_t mask = ((signs * 0x00204081u) & 0x01010101u) * 0xffu;  // bit k -> 0xff in byte k
+  return (points ^ mask) + (mask & 0x01010101u);
+}
+
+// IQ2_XS, lane i's int32 of one block (the CPU's lane i, iq2_rows.cc): over sub-blocks j,
+// (2 ls + 1) * (signed grid bytes . group j), ls the nibble of scales[j] of the lane's 16
+// elements (low for lanes 0-3), the grid point half i % 2 of the word's 9-bit index (grid: the 512
+// points, kIQ2_XSGrid). w: the lane pair's 8 words. |result| < 2^23.
+__host__ __device__ inline int IQ2_XSLaneSum(uint4 w, uint2 sc, int lane, const uint64_t* grid, uint4 a0, uint4 a1) {
+  const uint32_t pairs[4] = {w.x, w.y, w.z, w.w};
+  const uint32_t act[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+  const int half = lane % 2, nibble = lane >= 4 ? 4 : 0;
+  int sum = 0;
+  for (int j = 0; j < 8; ++j) {
+    const uint32_t v = (pairs[j / 2] >> (16 * (j % 2))) & 0xffffu;
+    const uint32_t points = static_cast<uint32_t>(grid[v & 511u] >> (32 * half));
+    const int ls = static_cast<int>(((j < 4 ? sc.x : sc.y) >> (8 * (j % 4) + nibble)) & 0xFu);
+    sum += (2 * ls + 1) * Dot4(SignedGridWord(points, v >> 9, half), act[j]);
+  }
+  return sum;
+}
+
+// IQ3_XXS, lane i's int32 of one block (the CPU's lane i, iq3_rows.cc): over sub-blocks j,
+// (2 ls + 1) * (signed grid bytes . group j), the grid point (4 elements, grid: kIQ3_XXSGrid) of
+// index byte j, the signs of group i / 2 half i % 2 and ls from sub-block j's word. index: the
+// lane's 8 indices; w0, w1: the block's 8 words. |result| < 2^23.
+__host__ __device__ inline int IQ3_XXSLaneSum(uint2 index, uint4 w0, uint4 w1, int lane, const uint32_t* grid, uint4 a0,
+                                              uint4 a1) {
+  const uint32_t words[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+  const uint32_t act[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+  const int group = lane / 2, half = lane % 2;
+  int sum = 0;
+  for (int j = 0; j < 8; ++j) {
+    const uint32_t g = ((j < 4 ? index.x : index.y) >> (8 * (j % 4))) & 0xffu;
+    const uint32_t s7 = (words[j] >> (7 * group)) & 127u;
+    sum += static_cast<int>(2 * (words[j] >> 28) + 1) * Dot4(SignedGridWord(grid[g], s7, half), act[j]);
   }
   return sum;
 }

@@ -112,6 +112,12 @@ void LaunchMatvecKQuant(const MatvecOutput* outputs, int n_outputs, const DevAct
     case kDevIQ4_XS:
       Launch<kDevIQ4_XS>(args, total, stream);
       break;
+    case kDevIQ2_XS:
+      Launch<kDevIQ2_XS>(args, total, stream);
+      break;
+    case kDevIQ3_XXS:
+      Launch<kDevIQ3_XXS>(args, total, stream);
+      break;
     case kDevQ4_0:
       Launch<kDevQ4_0>(args, total, stream);
       break;

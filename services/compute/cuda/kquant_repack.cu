@@ -24,6 +24,8 @@ __global__ void RepackKQuantKernel(const __grid_constant__ KQuantRepackArgs args
                          : kType == kDevQ5_K    ? kQ5_KBlockBytes
                          : kType == kDevIQ4_XS  ? kIQ4_XSBlockBytes
                          : kType == kDevIQ2_XXS ? kIQ2_XXSBlockBytes
+                         : kType == kDevIQ2_XS  ? kIQ2_XSBlockBytes
+                         : kType == kDevIQ3_XXS ? kIQ3_XXSBlockBytes
                                                 : kTable4BlockBytes;
   const RepackJob& j = args.jobs[blockIdx.y];
   const int64_t n = j.bytes / kBytes;
@@ -42,6 +44,10 @@ __global__ void RepackKQuantKernel(const __grid_constant__ KQuantRepackArgs args
       RepackIQ4_XSBlock(j.src + b * kBytes, j.dst, n, b);
     else if constexpr (kType == kDevIQ2_XXS)
       RepackIQ2_XXSBlock(j.src + b * kBytes, j.dst, n, b);
+    else if constexpr (kType == kDevIQ2_XS)
+      RepackIQ2_XSBlock(j.src + b * kBytes, j.dst, n, b);
+    else if constexpr (kType == kDevIQ3_XXS)
+      RepackIQ3_XXSBlock(j.src + b * kBytes, j.dst, n, b);
     else
       RepackTable4Block(j.src + b * kBytes, j.dst, n, b);
   }
@@ -65,6 +71,10 @@ int KQuantBlockBytes(int type) {
       return kIQ4_XSBlockBytes;
     case kDevIQ2_XXS:
       return kIQ2_XXSBlockBytes;
+    case kDevIQ2_XS:
+      return kIQ2_XSBlockBytes;
+    case kDevIQ3_XXS:
+      return kIQ3_XXSBlockBytes;
     case kDevQ4_0:
     case kDevIQ4_NL:
       return kTable4BlockBytes;
@@ -112,6 +122,12 @@ void LaunchRepackKQuant(int type, const RepackJob* jobs, int n_jobs, cudaStream_
       break;
     case kDevIQ2_XXS:
       RepackKQuantKernel<kDevIQ2_XXS><<<grid, 256, 0, stream>>>(args);
+      break;
+    case kDevIQ2_XS:
+      RepackKQuantKernel<kDevIQ2_XS><<<grid, 256, 0, stream>>>(args);
+      break;
+    case kDevIQ3_XXS:
+      RepackKQuantKernel<kDevIQ3_XXS><<<grid, 256, 0, stream>>>(args);
       break;
     default:  // Q4_0 and IQ4_NL share one layout
       RepackKQuantKernel<kDevQ4_0><<<grid, 256, 0, stream>>>(args);

@@ -256,6 +256,8 @@ void LaunchMatvec(const MatvecOutput* outputs, int n_outputs, const DevAct& act,
     case kDevQ6_K:
     case kDevIQ4_XS:
     case kDevIQ2_XXS:
+    case kDevIQ2_XS:
+    case kDevIQ3_XXS:
     case kDevQ4_0:
     case kDevIQ4_NL:
       LaunchMatvecKQuant(outputs, n_outputs, act, n_tokens, stream);

@@ -435,6 +435,8 @@ void LaunchExpertGateUp(const ExpertArgs& a, const DevAct& x_act, float* h, int 
     case kDevQ6_K:
     case kDevIQ4_XS:
     case kDevIQ2_XXS:
+    case kDevIQ2_XS:
+    case kDevIQ3_XXS:
     case kDevQ4_0:
     case kDevIQ4_NL:
       LaunchExpertGateUpKQuant(a, x_act, h, max_group_pairs, stream);
@@ -466,6 +468,8 @@ void LaunchExpertDown(const ExpertArgs& a, const DevAct& h_act, float* out, int 
     case kDevQ6_K:
     case kDevIQ4_XS:
     case kDevIQ2_XXS:
+    case kDevIQ2_XS:
+    case kDevIQ3_XXS:
     case kDevQ4_0:
     case kDevIQ4_NL:
       LaunchExpertDownKQuant(a, h_act, out, max_group_pairs, stream);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/quant/iq2.h"
+#include "common/quant/iq3.h"
 #include "common/quant/kernel_variant.h"
 #include "common/quant/q4_k.h"
 #include "common/quant/q6_k.h"
@@ -46,8 +47,9 @@ T Load(const uint8_t* p) {
 }
 
 // The weight types of 256-element blocks the cuda backend computes on with Q8_K activations.
-constexpr GgmlType kTypes[] = {GgmlType::kQ2_K, GgmlType::kQ3_K,   GgmlType::kQ4_K,   GgmlType::kQ5_K,
-                               GgmlType::kQ6_K, GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS};
+constexpr GgmlType kTypes[] = {GgmlType::kQ2_K,    GgmlType::kQ3_K,   GgmlType::kQ4_K,
+                               GgmlType::kQ5_K,    GgmlType::kQ6_K,   GgmlType::kIQ4_XS,
+                               GgmlType::kIQ2_XXS, GgmlType::kIQ2_XS, GgmlType::kIQ3_XXS};
 
 int BlockBytes(GgmlType type) {
   switch (type) {
@@ -65,6 +67,10 @@ int BlockBytes(GgmlType type) {
       return cuda::kIQ4_XSBlockBytes;
     case GgmlType::kIQ2_XXS:
       return cuda::kIQ2_XXSBlockBytes;
+    case GgmlType::kIQ2_XS:
+      return cuda::kIQ2_XSBlockBytes;
+    case GgmlType::kIQ3_XXS:
+      return cuda::kIQ3_XXSBlockBytes;
     case GgmlType::kQ4_0:
     case GgmlType::kIQ4_NL:
       return cuda::kTable4BlockBytes;
@@ -135,6 +141,12 @@ std::vector<uint8_t> Repack(GgmlType type, const std::vector<uint8_t>& w) {
         break;
       case GgmlType::kIQ2_XXS:
         cuda::RepackIQ2_XXSBlock(src, dev.data(), n, b);
+        break;
+      case GgmlType::kIQ2_XS:
+        cuda::RepackIQ2_XSBlock(src, dev.data(), n, b);
+        break;
+      case GgmlType::kIQ3_XXS:
+        cuda::RepackIQ3_XXSBlock(src, dev.data(), n, b);
         break;
       default:
         cuda::RepackTable4Block(src, dev.data(), n, b);
@@ -246,6 +258,17 @@ float EmulateRowDot(GgmlType type, const uint8_t* m, int64_t n, int64_t b_row, i
         const float dw = F16ToF32(static_cast<f16_bits>(header.x & 0xffffu));
         const int isum = cuda::IQ4_XSLaneSum(Load<uint4>(m + cuda::IQ4_XSQsOffset(b, g)), header, a0, a1);
         acc[g] = std::fma(dw * ad, static_cast<float>(isum), acc[g]);
+      } else if (type == GgmlType::kIQ2_XS) {
+        const float dw = F16ToF32(Load<f16_bits>(m + cuda::IQ2_XSDOffset(n, b)));
+        const int isum = cuda::IQ2_XSLaneSum(Load<uint4>(m + cuda::IQ2_XSWordsOffset(b, g)),
+                                             Load<uint2>(m + cuda::IQ2_XSScalesOffset(n, b)), g, kIQ2_XSGrid, a0, a1);
+        acc[g] = std::fma(dw * ad, static_cast<float>(isum), acc[g]);
+      } else if (type == GgmlType::kIQ3_XXS) {
+        const float dw = F16ToF32(Load<f16_bits>(m + cuda::IQ3_XXSDOffset(n, b)));
+        const uint8_t* words = m + cuda::IQ3_XXSWordsOffset(n, b);
+        const int isum = cuda::IQ3_XXSLaneSum(Load<uint2>(m + cuda::IQ3_XXSIndexOffset(b, g)), Load<uint4>(words),
+                                              Load<uint4>(words + 16), g, kIQ3_XXSGrid, a0, a1);
+        acc[g] = std::fma(dw * ad, static_cast<float>(isum), acc[g]);
       } else if (type == GgmlType::kIQ2_XXS) {
         const float dw = F16ToF32(Load<f16_bits>(m + cuda::IQ2_XXSDOffset(n, b)));
         const uint8_t* words = m + cuda::IQ2_XXSWordsOffset(n, b);
@@ -270,7 +293,8 @@ float EmulateRowDot(GgmlType type, const uint8_t* m, int64_t n, int64_t b_row, i
   if (type == GgmlType::kQ6_K || type == GgmlType::kIQ4_XS || type == GgmlType::kQ3_K || type == GgmlType::kQ2_K)
     return sum;
   if (type == GgmlType::kQ5_K) return sum + acc_m1;
-  if (type == GgmlType::kIQ2_XXS) return 0.125f * sum;
+  if (type == GgmlType::kIQ2_XXS || type == GgmlType::kIQ2_XS) return 0.125f * sum;
+  if (type == GgmlType::kIQ3_XXS) return 0.25f * sum;
   const float m0 = acc_m[0] + acc_m[2], m1 = acc_m[1] + acc_m[3];
   const float sum_m = m0 + m1;
   return sum - sum_m;
@@ -528,7 +552,7 @@ TEST(KQuantLayout, EmbeddingDequantMatchesCpu) {
 // kquant_dequant.cuh's host/device functions for the other types, as they are.
 TEST(KQuantLayout, EmbeddingDequantMatchesCpuForTheOtherTypes) {
   for (GgmlType type : {GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ5_K, GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS,
-                        GgmlType::kQ4_0, GgmlType::kIQ4_NL}) {
+                        GgmlType::kIQ2_XS, GgmlType::kIQ3_XXS, GgmlType::kQ4_0, GgmlType::kIQ4_NL}) {
     for (bool raw : {false, true}) {
       const int64_t rows = 20, cols = 1024;
       const std::vector<uint8_t> w = RandomWeights(type, rows, cols, raw);
@@ -538,13 +562,15 @@ TEST(KQuantLayout, EmbeddingDequantMatchesCpuForTheOtherTypes) {
         DequantizeRow(type, &w[r * rb], want.data(), cols);
         for (int64_t i = 0; i < cols; ++i) {
           const uint8_t* row = &w[r * rb];
-          const float got = type == GgmlType::kQ2_K     ? cuda::DequantQ2_K(row, i)
-                            : type == GgmlType::kQ3_K   ? cuda::DequantQ3_K(row, i)
-                            : type == GgmlType::kQ5_K   ? cuda::DequantQ5_K(row, i)
-                            : type == GgmlType::kIQ4_XS ? cuda::DequantIQ4_XS(row, i)
-                            : type == GgmlType::kQ4_0   ? cuda::DequantTable4<false>(row, i)
-                            : type == GgmlType::kIQ4_NL ? cuda::DequantTable4<true>(row, i)
-                                                        : cuda::DequantIQ2_XXS(row, i, kIQ2_XXSGrid);
+          const float got = type == GgmlType::kQ2_K      ? cuda::DequantQ2_K(row, i)
+                            : type == GgmlType::kQ3_K    ? cuda::DequantQ3_K(row, i)
+                            : type == GgmlType::kQ5_K    ? cuda::DequantQ5_K(row, i)
+                            : type == GgmlType::kIQ4_XS  ? cuda::DequantIQ4_XS(row, i)
+                            : type == GgmlType::kQ4_0    ? cuda::DequantTable4<false>(row, i)
+                            : type == GgmlType::kIQ4_NL  ? cuda::DequantTable4<true>(row, i)
+                            : type == GgmlType::kIQ2_XS  ? cuda::DequantIQ2_XS(row, i, kIQ2_XSGrid)
+                            : type == GgmlType::kIQ3_XXS ? cuda::DequantIQ3_XXS(row, i, kIQ3_XXSGrid)
+                                                         : cuda::DequantIQ2_XXS(row, i, kIQ2_XXSGrid);
           ASSERT_EQ(got, want[i]) << TypeName(type) << (raw ? " raw" : "") << " row " << r << " element " << i;
         }
       }
