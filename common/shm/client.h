@@ -101,6 +101,9 @@ class ResidencyClient {
   absl::Status Acquire(const Step& step, uint32_t layer, absl::Span<const int32_t> experts, absl::Time deadline,
                        std::vector<PinnedExpert>* out, Pool pool = Pool::kRam);
   void Release(absl::Span<const PinnedExpert> pinned);
+  // A VRAM placement `p` (still pinned) is, or is about to be, in the device layout: its fill was
+  // converted, or copied from a device-layout RAM copy (SlotPins::NoteConverted).
+  void NoteConverted(const PinnedExpert& p) { vram_pins_.NoteConverted(p.slot, p.vram_fill); }
 
   // Pin protocol, one slot (C1-C3 in residency_table.h): pins the slot the table names for
   // (layer, expert) in `pool` if the table still names it after the pin. False (nothing pinned)

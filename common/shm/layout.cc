@@ -104,6 +104,7 @@ constexpr uint64_t kLayoutHash = Fnv1a({
     sizeof(SlotPin),
     MER_F(SlotPin, word),
     MER_F(SlotPin, last_epoch),
+    MER_F(SlotPin, converted_fill),
     // Messages
     sizeof(DemandRequest),
     MER_F(DemandRequest, layer),

@@ -199,12 +199,18 @@ static_assert(sizeof(ResidencyEntry) == 64);
 
 // Pin of one RAM or VRAM slot. word = (compute incarnation & 0xffffffff) << 32 | pin count. A pin
 // taken by an earlier compute incarnation (a process that died) is void: its tag is not the
-// current incarnation's. last_epoch = newest step epoch that pinned the slot.
+// current incarnation's. last_epoch = newest step epoch that pinned the slot. converted_fill (VRAM
+// slots): the fill (ResidencyEntry::vram_fill) compute converted to its device layout in the slot,
+// written by compute while it pins the slot, so that once unpinned the conversion is complete;
+// with exclusive tiers residency copies an evicted expert back into RAM as device layout only
+// when this names its fill.
 struct SlotPin {
   std::atomic<uint64_t> word;
   std::atomic<uint64_t> last_epoch;
+  std::atomic<uint64_t> converted_fill;
+  uint64_t reserved;
 };
-static_assert(sizeof(SlotPin) == 16);
+static_assert(sizeof(SlotPin) == 32);
 
 // ---------------------------------------------------------------------------------------------
 // Messages (trivially copyable, fixed size).

@@ -124,4 +124,15 @@ uint64_t SlotPins::LastEpoch(uint32_t slot) const {
   return pins_[slot].last_epoch.load(std::memory_order_relaxed);
 }
 
+void SlotPins::NoteConverted(uint32_t slot, uint64_t fill) {
+  if (slot >= count_) return;
+  // Relaxed: residency reads it only after the pin's release (Unpin) has been seen.
+  pins_[slot].converted_fill.store(fill, std::memory_order_relaxed);
+}
+
+uint64_t SlotPins::ConvertedFill(uint32_t slot) const {
+  if (slot >= count_) return 0;
+  return pins_[slot].converted_fill.load(std::memory_order_relaxed);
+}
+
 }  // namespace mer::shm

@@ -110,6 +110,10 @@ class SlotPins {
   // Pin count, whatever the tag (for tests and statistics).
   uint32_t RawCount(uint32_t slot) const;
   uint64_t LastEpoch(uint32_t slot) const;
+  // Compute, holding a pin of VRAM slot `slot`: fill `fill` of it is (being) converted to the
+  // device layout. Residency: the last fill so noted (0: none).
+  void NoteConverted(uint32_t slot, uint64_t fill);
+  uint64_t ConvertedFill(uint32_t slot) const;
 
  private:
   SlotPin* pins_ = nullptr;

@@ -179,6 +179,9 @@ absl::StatusOr<int> ResidencyExpertSource::AcquireVramInto(int layer, absl::Span
     // A fill copied from a demoted RAM copy is in the device layout already (kTierVramConverted).
     out[i].fresh = converted_fill_[p.slot] != p.vram_fill && !p.converted;
     converted_fill_[p.slot] = p.vram_fill;
+    // The caller converts a fresh fill before it lets go of the pin: mer-residency may then copy
+    // the slot back into RAM as device layout.
+    held->client->NoteConverted(p);
   }
   ++layers_;
   experts_ += experts.size();

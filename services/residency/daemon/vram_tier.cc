@@ -192,6 +192,11 @@ std::optional<uint32_t> VramTier::AllocateSlot(uint64_t used_before) {
     if (owner == VramSlotMap::kFree) return k;  // free and unpinned (checked by Candidate)
     VramExpert& v = experts_[owner];
     if (v.prefetched) ++(PrefetchUsed(owner) ? c.vram_prefetch_useful : c.vram_prefetch_wasted);
+    // The slot is in the device layout only if compute converted this fill (it notes so while it
+    // pins the slot; a prediction it never used still holds the blob) or the fill was copied from
+    // a device-layout copy: only then is it demoted as one.
+    const bool device_layout =
+        v.converted || (v.fill != 0 && ctx_.ep.pins(shm::Pool::kVram).ConvertedFill(*k) == v.fill);
     v.prefetched = false;
     v.state = VramState::kAbsent;
     v.slot = shm::kNoSlot;
@@ -200,7 +205,7 @@ std::optional<uint32_t> VramTier::AllocateSlot(uint64_t used_before) {
     ctx_.PublishEntry(owner);  // R1, R2 (Write ends with a seq_cst fence)
     map_.Release(*k);
     ++c.vram_evictions;
-    Demote(owner, *k);
+    if (device_layout) Demote(owner, *k);
     if (!in_use(*k)) return k;  // R3
     // Pinned in between: free now, reusable once unpinned.
   }

@@ -487,7 +487,8 @@ TEST(VramTierTest, AFillFromRamCountsForTheRamPolicy) {
 // Exclusive tiers: RAM holds what VRAM does not. Three experts through an arena of two slots and
 // a RAM tier of two: each fill lets go of its RAM copy, the expert evicted from VRAM comes back
 // into RAM as the arena held it (device layout: here the fake arena's bytes, marked so in the
-// slot), and filling it again reads no blob and tells compute that the fill is converted.
+// slot), and filling it again reads no blob and tells compute that the fill is converted; a fill
+// compute never converted is not copied back.
 TEST(VramTierTest, ExclusiveTiersDemoteEvictedExpertsAndPromoteThemWithoutARead) {
   auto arena = std::make_shared<FakeArena>();
   const std::string dir = SynthStoreDir("micro", SynthQuant::kQ8_0);
@@ -504,9 +505,11 @@ TEST(VramTierTest, ExclusiveTiersDemoteEvictedExpertsAndPromoteThemWithoutARead)
   ASSERT_TRUE(client.ExportVramArena(Arena(2, slot_bytes), absl::Now() + absl::Seconds(10)).ok());
   std::vector<shm::PinnedExpert> pinned;
   shm::Step step;
-  const auto fill = [&](int32_t e) {
+  // As compute does: a fill is converted to the device layout while pinned, and noted so.
+  const auto fill = [&](int32_t e, bool convert = true) {
     EXPECT_TRUE(AcquireVram(client, 1, e, &pinned, &step).ok());
     const shm::PinnedExpert p = pinned[0];
+    if (convert) client.NoteConverted(p);
     client.Release(pinned);
     client.EndStep(step);
     return p;
@@ -543,10 +546,18 @@ TEST(VramTierTest, ExclusiveTiersDemoteEvictedExpertsAndPromoteThemWithoutARead)
     std::lock_guard<std::mutex> l(arena->mu);
     EXPECT_EQ(std::memcmp(arena->bytes.data() + a2.slot * slot_bytes, a_bytes.data(), slot_bytes), 0);
   }
+  EXPECT_EQ(f.daemon().Snapshot().reads, reads);
+  // B was demoted when A came back. D is filled but never converted (as a prediction compute
+  // never used): evicted, it holds the blob, not the device layout, so it is not copied back.
+  fill(3, /*convert=*/false);  // D, evicting C (demoted)
+  fill(4);                     // E, evicting A (demoted)
+  fill(5);                     // F, evicting D: dropped
+  entry = seg->table().Read(1, 3);
+  ASSERT_TRUE(entry.has_value());
+  EXPECT_EQ(entry->tiers & (shm::kTierRamDevice | shm::kTierRam | shm::kTierVram), 0u);
   const ResidencyCounters c = f.Stop();
-  EXPECT_EQ(c.reads, reads);
-  EXPECT_EQ(c.reads, 3u);  // A, B and C, once each
-  EXPECT_GE(c.vram_demotions, 2u);
+  EXPECT_EQ(c.reads, 6u);           // A, B, C, D, E and F, once each
+  EXPECT_EQ(c.vram_demotions, 4u);  // A, B, C and A again; not D
   EXPECT_EQ(c.vram_demotion_bytes, c.vram_demotions * slot_bytes);
 }
 
