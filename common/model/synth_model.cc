@@ -564,6 +564,14 @@ absl::StatusOr<std::vector<SynthTensor>> PlanSynthModel(const SynthOptions& opti
   noise_matrix("output.weight", type_for(M::kOutput, -1), {n_embd, g.n_vocab}, 2.0f / std::sqrt(float(n_embd)),
                output_blind);
 
+  for (SynthTensor& t : plans) {
+    const auto it = options.tensor_types.find(t.name);
+    if (it == options.tensor_types.end()) continue;
+    if (!IsRowSizeValid(it->second, t.shape[0]))
+      return absl::InvalidArgumentError(absl::StrCat("synth: ", t.name, "'s rows of ", t.shape[0],
+                                                     " are not whole blocks of ", TypeName(it->second)));
+    t.type = it->second;
+  }
   return plans;
 }
 

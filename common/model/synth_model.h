@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -97,6 +98,9 @@ struct SynthOptions {
   // The text of the vocabulary's token written as tokenizer.ggml.eos_token_id: "<|endoftext|>"
   // (the default, also bos) or "<|im_end|>", as Qwen3's instruct models have it.
   std::string eos_token = "<|endoftext|>";
+  // Types by tensor name that replace the quant's choice (tests of arbitrary per-tensor mixes); a
+  // row length that is not whole blocks of its type is InvalidArgument.
+  std::map<std::string, GgmlType> tensor_types;
 };
 
 // The matrices of a model whose type a SynthQuant chooses.

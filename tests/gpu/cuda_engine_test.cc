@@ -202,25 +202,8 @@ TEST(CudaVsCpuMixedActivations, PerTensorMixOfTypes) {
   };
   const std::string path =
       (std::filesystem::temp_directory_path() / ("mer_cuda_mix_" + std::to_string(getpid()) + ".gguf")).string();
-  {
-    GgufWriter w;
-    auto plan = PlanSynthModel(o, w);
-    ASSERT_TRUE(plan.ok()) << plan.status();
-    for (SynthTensor& t : *plan) {
-      if (auto it = types.find(t.name); it != types.end()) t.type = it->second;
-      w.AddTensor(t.name, t.type, t.shape);
-    }
-    ASSERT_TRUE(w.Open(path).ok());
-    for (const SynthTensor& t : *plan) {
-      int64_t rows = 1;
-      for (size_t i = 1; i < t.shape.size(); ++i) rows *= t.shape[i];
-      std::vector<float> scratch(t.shape[0]);
-      std::vector<uint8_t> bytes(rows * RowBytes(t.type, t.shape[0]));
-      SynthRows(t, 0, rows, scratch.data(), bytes.data());
-      ASSERT_TRUE(w.Append(bytes).ok());
-    }
-    ASSERT_TRUE(w.Finish().ok());
-  }
+  o.tensor_types = types;
+  ASSERT_TRUE(WriteSynthModel(o, path).ok());
   std::unique_ptr<Model> model = gpu_test::LoadModel(path);
   std::filesystem::remove(path);
   ASSERT_NE(model, nullptr);

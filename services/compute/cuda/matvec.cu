@@ -1,6 +1,7 @@
 #include "services/compute/cuda/matvec.cuh"
 
 #include "services/compute/cuda/cuda_check.cuh"
+#include "services/compute/cuda/kquant_dot.cuh"
 #include "services/compute/cuda/kquant_matvec.cuh"
 #include "services/compute/cuda/pdl.cuh"
 #include "services/compute/cuda/staged_dots.cuh"
@@ -236,6 +237,10 @@ void LaunchMatvec(const MatvecOutput* outputs, int n_outputs, const DevAct& act,
   for (int i = 0; i < n_outputs; ++i)
     weight_bytes += outputs[i].w.rows * ActRowBytes(outputs[i].w.type, outputs[i].w.cols);
   args.prefetch_l2 = weight_bytes <= kL2PrefetchMaxBytes;
+  if (BlockElemsOf(outputs[0].w.type) != 0) {  // the K-quant and table families (kquant_dot.cuh)
+    LaunchMatvecKQuant(outputs, n_outputs, act, n_tokens, stream);
+    return;
+  }
   switch (outputs[0].w.type) {
     case kDevF32:
       Launch<kDevF32>(args, total, stream);
@@ -248,19 +253,6 @@ void LaunchMatvec(const MatvecOutput* outputs, int n_outputs, const DevAct& act,
       break;
     case kDevQ8_0:
       Launch<kDevQ8_0>(args, total, stream);
-      break;
-    case kDevQ2_K:
-    case kDevQ3_K:
-    case kDevQ4_K:
-    case kDevQ5_K:
-    case kDevQ6_K:
-    case kDevIQ4_XS:
-    case kDevIQ2_XXS:
-    case kDevIQ2_XS:
-    case kDevIQ3_XXS:
-    case kDevQ4_0:
-    case kDevIQ4_NL:
-      LaunchMatvecKQuant(outputs, n_outputs, act, n_tokens, stream);
       break;
     default:
       std::fprintf(stderr, "matvec: unsupported type %d\n", outputs[0].w.type);

@@ -3,6 +3,7 @@
 #include "services/compute/cuda/act_store.cuh"
 #include "services/compute/cuda/cuda_check.cuh"
 #include "services/compute/cuda/ggml_math.cuh"
+#include "services/compute/cuda/kquant_dot.cuh"
 #include "services/compute/cuda/kquant_experts.cuh"
 #include "services/compute/cuda/pdl.cuh"
 #include "services/compute/cuda/staged_dots.cuh"
@@ -415,6 +416,10 @@ void LaunchExpertDownFromF32(const ExpertArgs& a, const float* h, float* out, cu
 }
 
 void LaunchExpertGateUp(const ExpertArgs& a, const DevAct& x_act, float* h, int max_group_pairs, cudaStream_t stream) {
+  if (BlockElemsOf(a.type) != 0) {  // the K-quant and table families (kquant_dot.cuh)
+    LaunchExpertGateUpKQuant(a, x_act, h, max_group_pairs, stream);
+    return;
+  }
   switch (a.type) {
     case kDevF32:
       LaunchGateUpT<kDevF32>(a, x_act, h, max_group_pairs, stream);
@@ -428,19 +433,6 @@ void LaunchExpertGateUp(const ExpertArgs& a, const DevAct& x_act, float* h, int 
     case kDevQ8_0:
       LaunchGateUpT<kDevQ8_0>(a, x_act, h, max_group_pairs, stream);
       break;
-    case kDevQ2_K:
-    case kDevQ3_K:
-    case kDevQ4_K:
-    case kDevQ5_K:
-    case kDevQ6_K:
-    case kDevIQ4_XS:
-    case kDevIQ2_XXS:
-    case kDevIQ2_XS:
-    case kDevIQ3_XXS:
-    case kDevQ4_0:
-    case kDevIQ4_NL:
-      LaunchExpertGateUpKQuant(a, x_act, h, max_group_pairs, stream);
-      break;
     default:
       std::fprintf(stderr, "experts: unsupported type %d\n", a.type);
       std::abort();
@@ -448,6 +440,10 @@ void LaunchExpertGateUp(const ExpertArgs& a, const DevAct& x_act, float* h, int 
 }
 
 void LaunchExpertDown(const ExpertArgs& a, const DevAct& h_act, float* out, int max_group_pairs, cudaStream_t stream) {
+  if (BlockElemsOf(a.down_type) != 0) {  // the K-quant and table families (kquant_dot.cuh)
+    LaunchExpertDownKQuant(a, h_act, out, max_group_pairs, stream);
+    return;
+  }
   switch (a.down_type) {
     case kDevF32:
       LaunchDownT<kDevF32>(a, h_act, out, max_group_pairs, stream);
@@ -460,19 +456,6 @@ void LaunchExpertDown(const ExpertArgs& a, const DevAct& h_act, float* out, int 
       break;
     case kDevQ8_0:
       LaunchDownT<kDevQ8_0>(a, h_act, out, max_group_pairs, stream);
-      break;
-    case kDevQ2_K:
-    case kDevQ3_K:
-    case kDevQ4_K:
-    case kDevQ5_K:
-    case kDevQ6_K:
-    case kDevIQ4_XS:
-    case kDevIQ2_XXS:
-    case kDevIQ2_XS:
-    case kDevIQ3_XXS:
-    case kDevQ4_0:
-    case kDevIQ4_NL:
-      LaunchExpertDownKQuant(a, h_act, out, max_group_pairs, stream);
       break;
     default:
       std::fprintf(stderr, "experts: unsupported down type %d\n", a.down_type);

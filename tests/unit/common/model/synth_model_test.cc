@@ -119,6 +119,29 @@ TEST(SynthModel, TinyPresetBytesArePinned) {
 // The recipes give each matrix the type llama.cpp's quantizer gives it (docs/quant.md): on the
 // 48 layers of Qwen3-30B-A3B's geometry, use_more_bits picks layers 0-5, 8, 11, ..., 41 and
 // 42-47; Q3_K_M's first two attn_v and first three (48 / 16) ffn_down get q5_k.
+TEST(SynthModel, TensorTypesReplaceTheQuantsChoiceAndMustBeWholeBlocks) {
+  SynthOptions o;
+  o.geometry = *SynthPreset("micro");
+  o.quant = SynthQuant::kF32;
+  o.tensor_types = {{"blk.0.ffn_down_exps.weight", GgmlType::kQ8_0}, {"output.weight", GgmlType::kF16}};
+  GgufWriter w;
+  const absl::StatusOr<std::vector<SynthTensor>> plan = PlanSynthModel(o, w);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  int replaced = 0;
+  for (const SynthTensor& t : *plan) {
+    const auto it = o.tensor_types.find(t.name);
+    EXPECT_EQ(t.type, it != o.tensor_types.end() ? it->second : GgmlType::kF32) << t.name;
+    replaced += it != o.tensor_types.end();
+  }
+  EXPECT_EQ(replaced, 2);
+  o.tensor_types = {{"output.weight", GgmlType::kQ4_K}};  // micro's rows are not whole 256-blocks
+  GgufWriter w2;
+  const absl::StatusOr<std::vector<SynthTensor>> bad = PlanSynthModel(o, w2);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("output.weight"), absl::string_view::npos) << bad.status();
+}
+
 TEST(SynthModel, RecipesFollowLlamaCppsRules) {
   const SynthGeometry g = *SynthPreset("qwen3-30b-a3b");
   const auto type = [&](SynthQuant q, SynthMatrix m, int layer) { return SynthTensorType(q, m, layer, g); };
