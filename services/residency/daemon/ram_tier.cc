@@ -76,9 +76,7 @@ void RamTier::HandleDemand(const shm::DemandRequest& d, int64_t now_ns) {
     ++c.coalesced;
     return;
   }
-  e.attempts = 0;
-  e.state = RamState::kQueued;
-  queued_.push_back(i);
+  QueueLoad(i);
 }
 
 void RamTier::QueueLoad(uint32_t index) {
@@ -146,11 +144,16 @@ bool RamTier::Evict(uint32_t index) {
   if (v.prefetched) ++(hit_since_sync ? c.prefetch_useful : c.prefetch_wasted);
   v.prefetched = false;
   v.device_layout = false;
-  v.slot = shm::kNoSlot;
-  v.state = RamState::kAbsent;
-  slot_owner_[k] = kFreeOwner;
-  free_slots_.push_back(k);
+  FreeSlot(index);
   return ctx_.ep.SlotReusable(shm::Pool::kRam, k);  // R3
+}
+
+void RamTier::FreeSlot(uint32_t index) {
+  RamExpert& e = experts_[index];
+  slot_owner_[e.slot] = kFreeOwner;
+  free_slots_.push_back(e.slot);
+  e.slot = shm::kNoSlot;
+  e.state = RamState::kAbsent;
 }
 
 std::optional<uint32_t> RamTier::StartDemotion(uint32_t index) {
@@ -169,10 +172,7 @@ void RamTier::FinishDemotion(uint32_t index, bool ok) {
   RamExpert& e = experts_[index];
   CHECK(e.state == RamState::kDemoting);
   if (!ok) {
-    slot_owner_[e.slot] = kFreeOwner;
-    free_slots_.push_back(e.slot);
-    e.slot = shm::kNoSlot;
-    e.state = RamState::kAbsent;
+    FreeSlot(index);
   } else {
     e.state = RamState::kResident;
     e.device_layout = true;
@@ -182,22 +182,14 @@ void RamTier::FinishDemotion(uint32_t index, bool ok) {
     if (e.waiters.empty()) return;
     Evict(index);  // RAM demands came meanwhile: they need the blob
   }
-  if (!e.waiters.empty()) {
-    e.attempts = 0;
-    e.state = RamState::kQueued;
-    queued_.push_back(index);
-  }
+  if (!e.waiters.empty()) QueueLoad(index);
 }
 
 void RamTier::DropAfterPromotion(uint32_t index) {
   RamExpert& e = experts_[index];
   if (!exclusive_ || e.state != RamState::kResident || e.copying) return;
   Evict(index);
-  if (!e.waiters.empty()) {  // a RAM demand for a device copy waited for the copy into VRAM
-    e.attempts = 0;
-    e.state = RamState::kQueued;
-    queued_.push_back(index);
-  }
+  if (!e.waiters.empty()) QueueLoad(index);  // a RAM demand for the device copy waited for this copy
 }
 
 void RamTier::DropDeviceCopies() {
@@ -371,10 +363,7 @@ void RamTier::FinishLoad(uint32_t index, const absl::Status& status) {
       ctx_.Complete(e.waiters[w], e.slot, g, absl::StatusCode::kOk, e.waiter_arrival_ns[w]);
   } else {
     // Never publish what failed: the slot goes back, the waiters get the error.
-    slot_owner_[e.slot] = kFreeOwner;
-    free_slots_.push_back(e.slot);
-    e.slot = shm::kNoSlot;
-    e.state = RamState::kAbsent;
+    FreeSlot(index);
     if (e.prefetched && e.waiters.empty() && !ctx_.vram->has_waiters(index)) {
       ++c.prefetch_wasted;
     } else {

@@ -98,7 +98,7 @@ class RamTier {
     return e.state == RamState::kResident ? e.slot : shm::kNoSlot;
   }
   bool has_waiters(uint32_t index) const { return !experts_[index].waiters.empty(); }
-  // Queues the load of an absent expert that has no RAM waiter of its own.
+  // Queues the load of an absent expert (for the VRAM tier, or for waiters it already has).
   void QueueLoad(uint32_t index);
   // A VRAM fill was demanded from the resident expert's copy: a use the policy counts. Under LFU
   // the RAM tier then keeps the experts that miss VRAM most often, not the ones VRAM holds.
@@ -152,6 +152,8 @@ class RamTier {
   // Unpublishes resident `index` and takes it out of the policy (R1-R2); its slot is free, and
   // reusable at once if this returns true (R3), else once unpinned (it joins the free list).
   bool Evict(uint32_t index);
+  // Gives expert `index`'s slot back to the free list (kAbsent, no slot); nothing is published.
+  void FreeSlot(uint32_t index);
   // Submits the read of `index`'s blob into its slot; kLoading once it is in flight.
   absl::Status Submit(uint32_t index);
   // The read alone (a refetch of a load in flight goes through here).

@@ -1,7 +1,5 @@
 #include "services/residency/daemon/residency_daemon.h"
 
-#include <chrono>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

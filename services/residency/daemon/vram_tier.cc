@@ -230,6 +230,11 @@ void VramTier::Demote(uint32_t index, uint32_t slot) {
   ctx_.c.vram_demotion_bytes += demote_bytes_;
 }
 
+bool VramTier::RoomForUpload() const {
+  // With demotions, room for the upload and the copy out of the slot it may take.
+  return uploader_->inflight() + (demote_bytes_ > 0 ? 2 : 1) <= uploader_->max_inflight();
+}
+
 bool VramTier::PrefetchUsed(uint32_t index) const {
   const VramExpert& e = experts_[index];
   if (e.state != VramState::kResident) return false;
@@ -278,9 +283,7 @@ bool VramTier::StartUploads() {
   if (!open_ || queue_.empty()) return false;
   bool progress = false;
   // Demand order, skipping (and keeping) experts whose RAM copy is not there yet.
-  // With demotions, room for an upload and the copy out of the slot it may take.
-  const int room = demote_bytes_ > 0 ? 2 : 1;
-  for (size_t j = 0; j < queue_.size() && uploader_->inflight() + room <= uploader_->max_inflight();) {
+  for (size_t j = 0; j < queue_.size() && RoomForUpload();) {
     const uint32_t i = queue_[j];
     if (experts_[i].state != VramState::kQueued) {  // answered meanwhile (a failed load)
       queue_.erase(queue_.begin() + j);
@@ -346,9 +349,7 @@ void VramTier::PollUploads() {
 
 void VramTier::Prefetch(uint32_t layer, uint32_t expert) {
   if (!open_ || !ctx_.ep.table().Contains(layer, expert)) return;
-  if (prefetch_inflight_ >= options_.vram_prefetch_inflight_max ||
-      uploader_->inflight() + (demote_bytes_ > 0 ? 2 : 1) > uploader_->max_inflight() || ctx_.DemandWaiting())
-    return;
+  if (prefetch_inflight_ >= options_.vram_prefetch_inflight_max || !RoomForUpload() || ctx_.DemandWaiting()) return;
   const uint32_t i = ctx_.Index(layer, expert);
   // Only what RAM holds already: a guess never costs a storage read here (the RAM prefetch
   // decides those), and never a pinned or recently used VRAM slot (AllocateSlot).

@@ -108,6 +108,8 @@ class VramTier {
   // into a RAM slot, when the RAM tier has none of it and a copy event is free (else it is simply
   // dropped); an upload into the slot started after this is ordered after the copy.
   void Demote(uint32_t index, uint32_t slot);
+  // Whether the uploader has a copy event free for an upload (two with demotions).
+  bool RoomForUpload() const;
   // Starts the copy of expert `index` (RAM-resident) into a VRAM slot; false if no slot is free.
   bool StartUpload(uint32_t index, bool prefetch);
   void FailWaiters(uint32_t index, absl::StatusCode code);
