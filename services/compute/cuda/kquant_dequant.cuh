@@ -1,5 +1,5 @@
 // Element i of a Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS / IQ2_XXS / IQ2_XS / IQ3_XXS / Q4_0 /
-// IQ4_NL row in the GGUF layout (blocks.h), to f32
+// IQ4_NL / Q5_0 row in the GGUF layout (blocks.h), to f32
 // as the CPU's DequantizeRow* compute it (the embedding table stays in the file's layout). Q4_K: d_j = d * sc_j and min_j = dmin * m_j, then d_j * q - min_j, which GCC contracts
 // into one fma (C++ with -mfma); either way the same float, since d_j * q is exact (an f16
 // mantissa times 6 and 4 bits). Q6_K: (d * sc_j) * (q - 32), in that order (the second product
@@ -124,6 +124,15 @@ __host__ __device__ inline float DequantQ2_K(const uint8_t* row, int64_t i) {
   const float dj = HalfAt(blk + 80) * static_cast<float>(blk[j] & 0xF);
   const float mj = HalfAt(blk + 82) * static_cast<float>(blk[j] >> 4);
   return fmaf(dj, static_cast<float>(q), -mj);
+}
+
+// Q5_0: (q - 16) * d.
+__host__ __device__ inline float DequantQ5_0(const uint8_t* row, int64_t i) {
+  const uint8_t* blk = row + (i / kTable4Block) * kQ5_0BlockBytes;
+  const int e = static_cast<int>(i % kTable4Block);
+  const uint32_t qh = blk[2] | (blk[3] << 8) | (blk[4] << 16) | (static_cast<uint32_t>(blk[5]) << 24);
+  const int code = ((blk[6 + e % 16] >> (e < 16 ? 0 : 4)) & 0xF) | (((qh >> e) & 1) << 4);
+  return static_cast<float>(code - 16) * HalfAt(blk);
 }
 
 // Q4_0: (q - 8) * d; IQ4_NL: d * kIQ4Values[q] (through IQ4Lookup4).

@@ -74,6 +74,8 @@ int BlockBytes(GgmlType type) {
     case GgmlType::kQ4_0:
     case GgmlType::kIQ4_NL:
       return cuda::kTable4BlockBytes;
+    case GgmlType::kQ5_0:
+      return cuda::kQ5_0BlockBytes;
     default:
       ADD_FAILURE() << TypeName(type);
       return 1;
@@ -147,6 +149,9 @@ std::vector<uint8_t> Repack(GgmlType type, const std::vector<uint8_t>& w) {
         break;
       case GgmlType::kIQ3_XXS:
         cuda::RepackIQ3_XXSBlock(src, dev.data(), n, b);
+        break;
+      case GgmlType::kQ5_0:
+        cuda::RepackQ5_0Block(src, dev.data(), n, b);
         break;
       default:
         cuda::RepackTable4Block(src, dev.data(), n, b);
@@ -320,6 +325,26 @@ float EmulateTable4RowDot(GgmlType type, const uint8_t* m, int64_t n, int64_t b_
   return acc;
 }
 
+// Table4GroupDots' Q5_0 path for one row: lane g's chain over the blocks, then the 8-lane tree.
+float EmulateQ5_0RowDot(const uint8_t* m, int64_t n, int64_t b_row, int64_t nb, const uint8_t* act, const float* act_d,
+                        int64_t stride) {
+  float acc[8] = {};
+  for (int64_t bi = 0; bi < nb; ++bi) {
+    const int64_t b = b_row + bi;
+    const float dw = F16ToF32(Load<f16_bits>(m + cuda::Q5_0DOffset(n, b)));
+    const uint32_t qh = Load<uint32_t>(m + cuda::Q5_0QhOffset(n, b));
+    for (int g = 0; g < 8; ++g) {
+      const uint32_t codes = Load<uint16_t>(m + cuda::Table4CodesOffset(b, g));
+      const uint32_t a = Load<uint32_t>(act + cuda::Q8_0QuantOffset(32 * bi + 4 * g, stride / 32));
+      acc[g] = std::fma(dw * act_d[bi], static_cast<float>(cuda::Q5_0LaneSum(codes, qh, g, a)), acc[g]);
+    }
+  }
+  float s4[4], s2[2];
+  for (int i = 0; i < 4; ++i) s4[i] = acc[i] + acc[i + 4];
+  for (int i = 0; i < 2; ++i) s2[i] = s4[i] + s4[i + 2];
+  return s2[0] + s2[1];
+}
+
 // A CPU Q8_0 row in the device layout: quants interleaved by runs of 4 blocks, f32 scales.
 void ToDeviceQ8_0(const std::vector<BlockQ8_0>& a, int64_t cols, std::vector<uint8_t>* row, std::vector<float>* d) {
   row->assign(cols, 0xAB);
@@ -469,10 +494,10 @@ TEST(KQuantLayout, LaneDotsMatchCpuKernels) {
 }
 
 // Q4_0 and IQ4_NL rows (Q8_0 activations), row counts that are and are not multiples of 8 (the
-// CPU's 8-row and 1-row kernels, the same per-row chain), against the CPU kernels.
+// CPU's 8-row and 1-row kernels, the same per-row chain), and Q5_0 rows, against the CPU kernels.
 TEST(KQuantLayout, Table4LaneDotsMatchCpuKernels) {
   int checked = 0;
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kIQ4_NL}) {
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kIQ4_NL, GgmlType::kQ5_0}) {
     for (int64_t cols : {32, 96, 128, 160, 768, 2048}) {
       for (int64_t rows : {1, 8, 13, 33}) {
         for (bool raw : {false, true}) {
@@ -494,7 +519,10 @@ TEST(KQuantLayout, Table4LaneDotsMatchCpuKernels) {
             ToDeviceQ8_0(a, cols, &act, &act_d);
             for (int64_t r = 0; r < rows; ++r) {
               ASSERT_EQ(want[r], want_avx2[r]) << "CPU variants differ: " << TypeName(type) << " row " << r;
-              const float got = EmulateTable4RowDot(type, dev.data(), n, r * nb, nb, act.data(), act_d.data(), cols);
+              const float got =
+                  type == GgmlType::kQ5_0
+                      ? EmulateQ5_0RowDot(dev.data(), n, r * nb, nb, act.data(), act_d.data(), cols)
+                      : EmulateTable4RowDot(type, dev.data(), n, r * nb, nb, act.data(), act_d.data(), cols);
               ASSERT_EQ(got, want[r]) << TypeName(type) << " " << rows << "x" << cols << (raw ? " raw" : "")
                                       << " token " << t << " row " << r;
               ++checked;
@@ -552,7 +580,7 @@ TEST(KQuantLayout, EmbeddingDequantMatchesCpu) {
 // kquant_dequant.cuh's host/device functions for the other types, as they are.
 TEST(KQuantLayout, EmbeddingDequantMatchesCpuForTheOtherTypes) {
   for (GgmlType type : {GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ5_K, GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS,
-                        GgmlType::kIQ2_XS, GgmlType::kIQ3_XXS, GgmlType::kQ4_0, GgmlType::kIQ4_NL}) {
+                        GgmlType::kIQ2_XS, GgmlType::kIQ3_XXS, GgmlType::kQ4_0, GgmlType::kIQ4_NL, GgmlType::kQ5_0}) {
     for (bool raw : {false, true}) {
       const int64_t rows = 20, cols = 1024;
       const std::vector<uint8_t> w = RandomWeights(type, rows, cols, raw);
@@ -568,6 +596,7 @@ TEST(KQuantLayout, EmbeddingDequantMatchesCpuForTheOtherTypes) {
                             : type == GgmlType::kIQ4_XS  ? cuda::DequantIQ4_XS(row, i)
                             : type == GgmlType::kQ4_0    ? cuda::DequantTable4<false>(row, i)
                             : type == GgmlType::kIQ4_NL  ? cuda::DequantTable4<true>(row, i)
+                            : type == GgmlType::kQ5_0    ? cuda::DequantQ5_0(row, i)
                             : type == GgmlType::kIQ2_XS  ? cuda::DequantIQ2_XS(row, i, kIQ2_XSGrid)
                             : type == GgmlType::kIQ3_XXS ? cuda::DequantIQ3_XXS(row, i, kIQ3_XXSGrid)
                                                          : cuda::DequantIQ2_XXS(row, i, kIQ2_XXSGrid);
