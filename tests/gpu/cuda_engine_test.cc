@@ -148,12 +148,13 @@ INSTANTIATE_TEST_SUITE_P(
         // Tiny: IQ4_XS and IQ2_XXS beside an IQ4_NL down (Q8_0 activations).
         Case{"tiny", SynthQuant::kIQ4_XS, "tiny_iq4_xs"}, Case{"tiny", SynthQuant::kIQ2_XXS, "tiny_iq2_xxs"},
         Case{"tiny", SynthQuant::kQ4_0, "tiny_q4_0"}, Case{"tiny", SynthQuant::kIQ4_NL, "tiny_iq4_nl"},
-        // Q3_K_M mixes Q3_K, Q4_K, Q5_K and Q6_K (its tiny version has a Q5_0 down, refused);
-        // tiny Q2_K and Q3_K have a Q4_0 down.
+        // Q3_K_M mixes Q3_K, Q4_K, Q5_K and Q6_K; tiny Q2_K and Q3_K have a Q4_0 down.
         Case{"small", SynthQuant::kQ3_K_M, "small_q3_k_m"}, Case{"small", SynthQuant::kQ2_K, "small_q2_k"},
         Case{"tiny", SynthQuant::kQ3_K, "tiny_q3_k"}, Case{"tiny", SynthQuant::kQ2_K, "tiny_q2_k"},
         Case{"small", SynthQuant::kIQ2_XS, "small_iq2_xs"}, Case{"small", SynthQuant::kIQ3_XXS, "small_iq3_xxs"},
-        Case{"tiny", SynthQuant::kIQ2_XS, "tiny_iq2_xs"}, Case{"tiny", SynthQuant::kIQ3_XXS, "tiny_iq3_xxs"}),
+        Case{"tiny", SynthQuant::kIQ2_XS, "tiny_iq2_xs"}, Case{"tiny", SynthQuant::kIQ3_XXS, "tiny_iq3_xxs"},
+        // Q5_0 throughout, and as the tiny Q3_K_M's down.
+        Case{"tiny", SynthQuant::kQ5_0, "tiny_q5_0"}, Case{"tiny", SynthQuant::kQ3_K_M, "tiny_q3_k_m"}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
 // llama.cpp's Q4_K_M and Q5_K_M recipes for a model of exactly 8 experts: attn_k and attn_v Q8_0
@@ -261,16 +262,17 @@ TEST_P(RandomGeometry, GreedyIdsEqualAndForcedLogitsClose) {
 
 INSTANTIATE_TEST_SUITE_P(Seeds, RandomGeometry, ::testing::Range(1, 25));
 
-// Q4_0 and IQ4_NL, alternating: blocks of 32, so rows of any multiple of 32 columns (Q8_0
+// Q4_0, IQ4_NL and Q5_0 in turn: blocks of 32, so rows of any multiple of 32 columns (Q8_0
 // activation rows whose last blocks are not a whole run of 4).
 class RandomGeometryTable4 : public ::testing::TestWithParam<int> {};
 
 TEST_P(RandomGeometryTable4, GreedyIdsEqualAndForcedLogitsClose) {
   const int seed = GetParam();
-  CompareRandomGeometry(seed, seed % 2 == 1 ? SynthQuant::kIQ4_NL : SynthQuant::kQ4_0);
+  const SynthQuant quants[3] = {SynthQuant::kQ4_0, SynthQuant::kIQ4_NL, SynthQuant::kQ5_0};
+  CompareRandomGeometry(seed, quants[seed % 3]);
 }
 
-INSTANTIATE_TEST_SUITE_P(Seeds, RandomGeometryTable4, ::testing::Range(1, 9));
+INSTANTIATE_TEST_SUITE_P(Seeds, RandomGeometryTable4, ::testing::Range(1, 10));
 
 // A 1,200-token prompt (five prefill chunks, many pairs per expert in the staged expert kernels,
 // attention past 1,024 cells) and 16 greedy tokens on the small preset: the CPU reference's ids

@@ -79,10 +79,10 @@ double RelL2(const std::vector<float>& got, const std::vector<float>& want) {
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
-// The types of 32-element blocks (or none) whose activations are their own or Q8_0; Q4_0 and
+// The types of 32-element blocks (or none) whose activations are their own or Q8_0; Q4_0, Q5_0 and
 // IQ4_NL take the 8-lane groups of kquant_dot.cuh's Table4GroupDots.
-const GgmlType kTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16,
-                           GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kIQ4_NL};
+const GgmlType kTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16,  GgmlType::kQ8_0,
+                           GgmlType::kQ4_0, GgmlType::kQ5_0, GgmlType::kIQ4_NL};
 
 // Activations in device layout (device_layout.cuh) for n rows of `cols`.
 struct DeviceAct {
@@ -235,7 +235,7 @@ TEST(CudaKernels, EmbedRowsExact) {
   for (GgmlType type :
        {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ2_K, GgmlType::kQ3_K,
         GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS, GgmlType::kIQ2_XS,
-        GgmlType::kIQ3_XXS, GgmlType::kQ4_0, GgmlType::kIQ4_NL}) {
+        GgmlType::kIQ3_XXS, GgmlType::kQ4_0, GgmlType::kIQ4_NL, GgmlType::kQ5_0}) {
     const int64_t cols = 768, rows = 50;
     const int64_t rb = RowBytes(type, cols);
     const std::vector<float> tf = Random(rows * cols);
@@ -756,7 +756,7 @@ TEST(CudaKernels, ExpertsMatchCpu) {
   const int NE = 6, K = 2;
   auto align = [](int64_t b) { return (b + 255) / 256 * 256; };
   auto weights = [](GgmlType type, int64_t rows, int64_t cols, bool raw) {
-    if (type != GgmlType::kQ8_0 && type != GgmlType::kQ4_0 && type != GgmlType::kIQ4_NL)
+    if (type != GgmlType::kQ8_0 && type != GgmlType::kQ4_0 && type != GgmlType::kIQ4_NL && type != GgmlType::kQ5_0)
       return KQuantWeights(type, rows, cols, raw);
     const std::vector<float> f = Random(rows * cols, 0.05f);
     std::vector<uint8_t> q(rows * RowBytes(type, cols));
@@ -776,6 +776,7 @@ TEST(CudaKernels, ExpertsMatchCpu) {
         Mix{GgmlType::kQ2_K, GgmlType::kQ2_K, 768, 512},      Mix{GgmlType::kQ2_K, GgmlType::kQ4_0, 256, 128},
         Mix{GgmlType::kIQ2_XS, GgmlType::kIQ2_XS, 768, 512},  Mix{GgmlType::kIQ3_XXS, GgmlType::kIQ3_XXS, 768, 512},
         Mix{GgmlType::kIQ3_XXS, GgmlType::kIQ4_NL, 256, 128}, Mix{GgmlType::kIQ2_XS, GgmlType::kQ6_K, 768, 512},
+        Mix{GgmlType::kQ3_K, GgmlType::kQ5_0, 256, 128},      Mix{GgmlType::kQ5_0, GgmlType::kQ5_0, 256, 160},
         Mix{GgmlType::kQ8_0, GgmlType::kQ8_0, 2048, 768},     Mix{GgmlType::kQ8_0, GgmlType::kQ8_0, 768, 512}}) {
     const int64_t E = mix.E, F = mix.F;
     for (int n : {1, 5, 40}) {  // 40: ~13 pairs per expert, several passes of the staged kernels

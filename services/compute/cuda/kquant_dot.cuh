@@ -22,7 +22,9 @@
 // Q4_0 and IQ4_NL (Q8_0 activations) take Table4GroupDots instead, the CPU's order of
 // common/quant/table4_rows.h: per row one f32 chain over the blocks, acc = fma((float)isum_b,
 // d_w * d_a, acc), isum_b the block's exact int32 sum (each lane's 4 products, added over the
-// group by shuffles). BlockRow / BlockAct / BlockGroupDots pick the family by type.
+// group by shuffles). Q5_0 (Q8_0 activations) keeps the Q8_0 kernels' order there: lane i's own
+// chain acc_i = fma(d_w * d_a, (float)isum_i, acc_i), then the 8-lane tree. BlockRow / BlockAct /
+// BlockGroupDots pick the family by type.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -271,14 +273,15 @@ __device__ inline void KQuantGroupDots(const KQuantRowRef (&rows)[R], int64_t nb
     }
 }
 
-// Q4_0 / IQ4_NL rows (kquant_layout.cuh) against Q8_0 activation rows (device_layout.cuh, scales
-// as f32), with KQuantGroupDots' contract; out is valid in every lane of the group. nb: blocks of
+// Q4_0 / IQ4_NL / Q5_0 rows (kquant_layout.cuh) against Q8_0 activation rows (device_layout.cuh,
+// scales as f32), with KQuantGroupDots' contract; out is valid in the group's first lane (Q4_0,
+// IQ4_NL: in every lane). nb: blocks of
 // 32 per row; act_stride: the activation rows' stride (their Q8_0 interleave follows it).
 template <int kType, int R, int NT, int U>
 __device__ inline void Table4GroupDots(const KQuantRowRef (&rows)[R], int64_t nb, const KQuantActRef (&acts)[NT],
                                        int64_t act_stride, float (&out)[R][NT]) {
-  static_assert(kType == kDevQ4_0 || kType == kDevIQ4_NL);
-  constexpr bool kIQ4 = kType == kDevIQ4_NL;
+  static_assert(kType == kDevQ4_0 || kType == kDevIQ4_NL || kType == kDevQ5_0);
+  constexpr bool kIQ4 = kType == kDevIQ4_NL, kQ5 = kType == kDevQ5_0;
   const int g = threadIdx.x % kKQuantGroup;
   const int64_t act_blocks = act_stride / kTable4Block;
   float acc[R][NT];
@@ -287,19 +290,25 @@ __device__ inline void Table4GroupDots(const KQuantRowRef (&rows)[R], int64_t nb
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
   for (int64_t b0 = 0; b0 < nb; b0 += U) {
-    uint32_t wc[U][R];  // the lane's 4 codes
+    uint32_t wc[U][R];   // the lane's 4 codes
+    uint32_t wqh[U][R];  // Q5_0: the block's fifth bits
     float wd[U][R];
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         const int64_t b = rows[r].b0 + b0 + u;
-        wc[u][r] = 0;
+        wc[u][r] = wqh[u][r] = 0;
         wd[u][r] = 0.0f;
         if (b0 + u >= nb || rows[r].m == nullptr) continue;
         const uint8_t* m = rows[r].m;
         wc[u][r] = __ldcs(reinterpret_cast<const unsigned short*>(m + Table4CodesOffset(b, g)));
-        wd[u][r] = __half2float(*reinterpret_cast<const __half*>(m + Table4DOffset(rows[r].n, b)));
+        if constexpr (kQ5) {
+          wqh[u][r] = *reinterpret_cast<const uint32_t*>(m + Q5_0QhOffset(rows[r].n, b));
+          wd[u][r] = __half2float(*reinterpret_cast<const __half*>(m + Q5_0DOffset(rows[r].n, b)));
+        } else {
+          wd[u][r] = __half2float(*reinterpret_cast<const __half*>(m + Table4DOffset(rows[r].n, b)));
+        }
       }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -311,13 +320,22 @@ __device__ inline void Table4GroupDots(const KQuantRowRef (&rows)[R], int64_t nb
         const uint32_t a =
             *reinterpret_cast<const uint32_t*>(acts[t].row + Q8_0QuantOffset(32 * b + 4 * g, act_blocks));
         const float ad = acts[t].d[b];
+        if constexpr (kQ5) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-          int isum = rows[r].m != nullptr ? Table4LanePart<kIQ4>(wc[u][r], a) : 0;
-          isum += __shfl_xor_sync(0xffffffffu, isum, 4);
-          isum += __shfl_xor_sync(0xffffffffu, isum, 2);
-          isum += __shfl_xor_sync(0xffffffffu, isum, 1);
-          if (rows[r].m != nullptr) acc[r][t] = fmaf(__int2float_rn(isum), __fmul_rn(wd[u][r], ad), acc[r][t]);
+          for (int r = 0; r < R; ++r) {
+            if (rows[r].m == nullptr) continue;
+            const int isum = Q5_0LaneSum(wc[u][r], wqh[u][r], g, a);
+            acc[r][t] = fmaf(__fmul_rn(wd[u][r], ad), __int2float_rn(isum), acc[r][t]);
+          }
+        } else {
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            int isum = rows[r].m != nullptr ? Table4LanePart<kIQ4>(wc[u][r], a) : 0;
+            isum += __shfl_xor_sync(0xffffffffu, isum, 4);
+            isum += __shfl_xor_sync(0xffffffffu, isum, 2);
+            isum += __shfl_xor_sync(0xffffffffu, isum, 1);
+            if (rows[r].m != nullptr) acc[r][t] = fmaf(__int2float_rn(isum), __fmul_rn(wd[u][r], ad), acc[r][t]);
+          }
         }
       }
     }
@@ -325,12 +343,12 @@ __device__ inline void Table4GroupDots(const KQuantRowRef (&rows)[R], int64_t nb
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int t = 0; t < NT; ++t) out[r][t] = acc[r][t];
+    for (int t = 0; t < NT; ++t) out[r][t] = kQ5 ? KQuantReduce8(acc[r][t]) : acc[r][t];
 }
 
 // The two families by weight type: elements per block, row and activation references, the dots.
 template <int kType>
-inline constexpr bool kIsTable4 = kType == kDevQ4_0 || kType == kDevIQ4_NL;
+inline constexpr bool kIsTable4 = kType == kDevQ4_0 || kType == kDevIQ4_NL || kType == kDevQ5_0;
 template <int kType>
 inline constexpr int kBlockElems = kIsTable4<kType> ? kTable4Block : kKBlock;
 
@@ -379,6 +397,7 @@ inline int BlockElemsOf(int type) {
       return kKBlock;
     case kDevQ4_0:
     case kDevIQ4_NL:
+    case kDevQ5_0:
       return kTable4Block;
     default:
       return 0;

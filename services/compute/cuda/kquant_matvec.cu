@@ -124,6 +124,9 @@ void LaunchMatvecKQuant(const MatvecOutput* outputs, int n_outputs, const DevAct
     case kDevIQ4_NL:
       Launch<kDevIQ4_NL>(args, total, stream);
       break;
+    case kDevQ5_0:
+      Launch<kDevQ5_0>(args, total, stream);
+      break;
     default:
       Launch<kDevIQ2_XXS>(args, total, stream);
       break;

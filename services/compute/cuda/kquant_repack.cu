@@ -26,6 +26,7 @@ __global__ void RepackKQuantKernel(const __grid_constant__ KQuantRepackArgs args
                          : kType == kDevIQ2_XXS ? kIQ2_XXSBlockBytes
                          : kType == kDevIQ2_XS  ? kIQ2_XSBlockBytes
                          : kType == kDevIQ3_XXS ? kIQ3_XXSBlockBytes
+                         : kType == kDevQ5_0    ? kQ5_0BlockBytes
                                                 : kTable4BlockBytes;
   const RepackJob& j = args.jobs[blockIdx.y];
   const int64_t n = j.bytes / kBytes;
@@ -48,6 +49,8 @@ __global__ void RepackKQuantKernel(const __grid_constant__ KQuantRepackArgs args
       RepackIQ2_XSBlock(j.src + b * kBytes, j.dst, n, b);
     else if constexpr (kType == kDevIQ3_XXS)
       RepackIQ3_XXSBlock(j.src + b * kBytes, j.dst, n, b);
+    else if constexpr (kType == kDevQ5_0)
+      RepackQ5_0Block(j.src + b * kBytes, j.dst, n, b);
     else
       RepackTable4Block(j.src + b * kBytes, j.dst, n, b);
   }
@@ -78,6 +81,8 @@ int KQuantBlockBytes(int type) {
     case kDevQ4_0:
     case kDevIQ4_NL:
       return kTable4BlockBytes;
+    case kDevQ5_0:
+      return kQ5_0BlockBytes;
     default:
       return 0;
   }
@@ -93,7 +98,8 @@ void LaunchRepackKQuant(int type, const RepackJob* jobs, int n_jobs, cudaStream_
   KQuantRepackArgs args{};
   for (int i = 0; i < n_jobs; ++i) {
     if (jobs[i].bytes % block_bytes != 0 ||
-        jobs[i].cols % (block_bytes == kTable4BlockBytes ? kTable4Block : kKBlock) != 0) {
+        jobs[i].cols % (block_bytes == kTable4BlockBytes || block_bytes == kQ5_0BlockBytes ? kTable4Block : kKBlock) !=
+            0) {
       std::fprintf(stderr, "repack (k-quant): job %d of %lld bytes, %lld cols\n", i,
                    static_cast<long long>(jobs[i].bytes), static_cast<long long>(jobs[i].cols));
       std::abort();
@@ -128,6 +134,9 @@ void LaunchRepackKQuant(int type, const RepackJob* jobs, int n_jobs, cudaStream_
       break;
     case kDevIQ3_XXS:
       RepackKQuantKernel<kDevIQ3_XXS><<<grid, 256, 0, stream>>>(args);
+      break;
+    case kDevQ5_0:
+      RepackKQuantKernel<kDevQ5_0><<<grid, 256, 0, stream>>>(args);
       break;
     default:  // Q4_0 and IQ4_NL share one layout
       RepackKQuantKernel<kDevQ4_0><<<grid, 256, 0, stream>>>(args);

@@ -260,6 +260,7 @@ void LaunchMatvec(const MatvecOutput* outputs, int n_outputs, const DevAct& act,
     case kDevIQ3_XXS:
     case kDevQ4_0:
     case kDevIQ4_NL:
+    case kDevQ5_0:
       LaunchMatvecKQuant(outputs, n_outputs, act, n_tokens, stream);
       break;
     default:

@@ -439,6 +439,7 @@ void LaunchExpertGateUp(const ExpertArgs& a, const DevAct& x_act, float* h, int 
     case kDevIQ3_XXS:
     case kDevQ4_0:
     case kDevIQ4_NL:
+    case kDevQ5_0:
       LaunchExpertGateUpKQuant(a, x_act, h, max_group_pairs, stream);
       break;
     default:
@@ -472,6 +473,7 @@ void LaunchExpertDown(const ExpertArgs& a, const DevAct& h_act, float* out, int 
     case kDevIQ3_XXS:
     case kDevQ4_0:
     case kDevIQ4_NL:
+    case kDevQ5_0:
       LaunchExpertDownKQuant(a, h_act, out, max_group_pairs, stream);
       break;
     default:
