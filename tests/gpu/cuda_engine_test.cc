@@ -2,7 +2,8 @@
 // of 8 prompts x 64 greedy tokens, for the tiny and small synthetic presets in F32, F16, Q8_0 and
 // Q4_K (the Q4_K_M mix of `mer synth --quant q4_k`: Q4_K, Q6_K for half the layers' attn_v and
 // ffn_down and for the output, Q8_0 where a row is not a multiple of 256, e.g. tiny's ffn_down),
-// the greedy ids are equal, and with the reference's tokens forced (Score) every step's logits
+// and the other quantized types the backend takes (the K_M recipes, K-quants, IQ types, Q4_0,
+// Q5_0, IQ4_NL), the greedy ids are equal, and with the reference's tokens forced (Score) every step's logits
 // are within 1e-3 relative L2 -- with the expert arena holding all experts, 30% and 10% of them.
 // Also: mixed batches equal solo runs, and 10,000 decode steps grow neither VRAM nor RSS.
 #include "services/compute/cuda/cuda_engine.h"

@@ -15,9 +15,10 @@
 //   (m0+m2) + (m1+m3); for Q5_K plus acc_m; for IQ2_XXS and IQ2_XS times 0.125, for IQ3_XXS
 //   0.25.
 //
-// Per lane and block: one 16-byte load of quants (plus 8 bytes of qh for Q6_K, 4 for Q5_K; IQ2_XXS:
-// 8 bytes of grid indices and a grid point per sub-block) and one header load shared by the group;
-// per token 32 bytes of activation quants, d, and the bsums (Q4_K, Q6_K; Q5_K in lane 0 only).
+// Per lane and block: one 16-byte load of quants (Q6_K and Q5_K with their qh bytes; Q3_K and Q2_K
+// 8 bytes; the grid IQ types their indices and a grid point per sub-block) and one header load
+// shared by the group; per token 32 bytes of activation quants, d, and the bsums where the type
+// needs them (Q5_K in lane 0 only).
 //
 // Q4_0 and IQ4_NL (Q8_0 activations) take Table4GroupDots instead, the CPU's order of
 // common/quant/table4_rows.h: per row one f32 chain over the blocks, acc = fma((float)isum_b,
