@@ -45,6 +45,11 @@
 // (float)isum_i, acc_i), then HorizontalSum; a lane group's lane i is CPU lane i. Layout: codes
 // [n][16] at 0 as Q4_0's (the low 4 bits), qh u32 [n] at 16n as in the file (bit e = element e's
 // fifth bit), d f16 [n] at 20n.
+// Q4_1 and Q5_1 (20- and 24-byte blocks of 32, Q8_1 activations: Q8_0's layout, DevAct::scales[b]
+// holding the block's f16 d in its low and f16 s = d * sum(q) in its high 16 bits): the CPU kernel
+// (legacy_rows.cc) keeps Q5_0's 8 lanes of unsigned codes times d_w * d_a, and per block
+// acc_m = fma(m_w, s_a, acc_m) in one f32; the result is HorizontalSum + acc_m. Layout: codes
+// [n][16] at 0 as Q4_0's; Q5_1 qh u32 [n] at 16n; then d, m f16 [n][2] (at 16n, Q5_1 at 20n).
 //   IQ2_XS (74 bytes a block): grid words [n][64] at 0, lanes 2p and 2p + 1 reading the 16 bytes
 //        at 16p, u16 j = sub-block j's word of group p (9-bit grid index, 7 sign bits); scales
 //        [n][8] at 64n as in the file; d f16 [n] at 72n.
@@ -76,6 +81,8 @@ inline constexpr int kIQ3_XXSBlockBytes = 98;
 inline constexpr int kTable4Block = 32;  // elements per Q4_0 / IQ4_NL block
 inline constexpr int kTable4BlockBytes = 18;
 inline constexpr int kQ5_0BlockBytes = 22;
+inline constexpr int kQ4_1BlockBytes = 20;
+inline constexpr int kQ5_1BlockBytes = 24;
 
 // Where byte j of a region of 32 * words bytes goes when each of the 8 lanes owns bytes
 // 4i..4i+3 of every 32-byte run: run j / 32 becomes word j / 32 of lane (j % 32) / 4's
@@ -125,6 +132,10 @@ __host__ __device__ constexpr int64_t Table4DOffset(int64_t n, int64_t b) { retu
 // Byte offsets in a Q5_0 matrix of n blocks (codes as Table4CodesOffset).
 __host__ __device__ constexpr int64_t Q5_0QhOffset(int64_t n, int64_t b) { return 16 * n + 4 * b; }
 __host__ __device__ constexpr int64_t Q5_0DOffset(int64_t n, int64_t b) { return 20 * n + 2 * b; }
+// Byte offsets in a Q4_1 / Q5_1 matrix of n blocks (codes as Table4CodesOffset).
+__host__ __device__ constexpr int64_t Q5_1QhOffset(int64_t n, int64_t b) { return 16 * n + 4 * b; }
+__host__ __device__ constexpr int64_t Q4_1DmOffset(int64_t n, int64_t b) { return 16 * n + 4 * b; }
+__host__ __device__ constexpr int64_t Q5_1DmOffset(int64_t n, int64_t b) { return 20 * n + 4 * b; }
 // Byte offsets in a Q6_K matrix of n blocks.
 __host__ __device__ constexpr int64_t Q6_KQlOffset(int64_t b, int lane) { return b * 128 + 16 * lane; }
 __host__ __device__ constexpr int64_t Q6_KQhOffset(int64_t n, int64_t b, int lane) {
@@ -247,6 +258,16 @@ __host__ __device__ inline void RepackTable4Block(const uint8_t* src, uint8_t* d
   RegroupNibbles32(src + 2, dst + Table4CodesOffset(b, 0));
   dst[Table4DOffset(n, b)] = src[0];
   dst[Table4DOffset(n, b) + 1] = src[1];
+}
+// Q4_1 / Q5_1: the codes' low 4 bits as Q4_0's; qh, d and m moved.
+__host__ __device__ inline void RepackQ4_1Block(const uint8_t* src, uint8_t* dst, int64_t n, int64_t b) {
+  RegroupNibbles32(src + 4, dst + Table4CodesOffset(b, 0));
+  for (int j = 0; j < 4; ++j) dst[Q4_1DmOffset(n, b) + j] = src[j];
+}
+__host__ __device__ inline void RepackQ5_1Block(const uint8_t* src, uint8_t* dst, int64_t n, int64_t b) {
+  RegroupNibbles32(src + 8, dst + Table4CodesOffset(b, 0));
+  for (int j = 0; j < 4; ++j) dst[Q5_1QhOffset(n, b) + j] = src[4 + j];
+  for (int j = 0; j < 4; ++j) dst[Q5_1DmOffset(n, b) + j] = src[j];
 }
 // Q5_0: the codes' low 4 bits as Q4_0's; qh and d moved.
 __host__ __device__ inline void RepackQ5_0Block(const uint8_t* src, uint8_t* dst, int64_t n, int64_t b) {
@@ -443,6 +464,14 @@ __host__ __device__ inline int Q5_0LaneSum(uint32_t codes, uint32_t qh, int lane
   // q - 16 as an int8: the low 4 bits where the fifth bit is set, else those bits | 0xf0.
   const uint32_t values = SpreadNibbles(codes) | ((fifth ^ 0x01010101u) * 0xF0u);
   return Dot4(values, act);
+}
+
+// Q4_1 / Q5_1, lane i's int32 of one block (the CPU's lane i): unsigned codes . the 4
+// activations, Q5_1's codes with bit 4i + k of qh as their fifth bit (qh = 0 for Q4_1).
+// |result| <= 4 * 31 * 128.
+__host__ __device__ inline int Q5_1LaneSum(uint32_t codes, uint32_t qh, int lane, uint32_t act) {
+  const uint32_t fifth = (((qh >> (4 * lane)) & 0xFu) * 0x00204081u) & 0x01010101u;  // bit k -> byte k
+  return Dot4(SpreadNibbles(codes) | (fifth << 4), act);
 }
 
 // Q4_0 / IQ4_NL, lane i's 4 products of one block (its share of the block's int32 sum, which
