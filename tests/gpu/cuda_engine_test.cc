@@ -155,7 +155,10 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"small", SynthQuant::kIQ2_XS, "small_iq2_xs"}, Case{"small", SynthQuant::kIQ3_XXS, "small_iq3_xxs"},
         Case{"tiny", SynthQuant::kIQ2_XS, "tiny_iq2_xs"}, Case{"tiny", SynthQuant::kIQ3_XXS, "tiny_iq3_xxs"},
         // Q5_0 throughout, and as the tiny Q3_K_M's down.
-        Case{"tiny", SynthQuant::kQ5_0, "tiny_q5_0"}, Case{"tiny", SynthQuant::kQ3_K_M, "tiny_q3_k_m"}),
+        Case{"tiny", SynthQuant::kQ5_0, "tiny_q5_0"}, Case{"tiny", SynthQuant::kQ3_K_M, "tiny_q3_k_m"},
+        // Q4_1 and Q5_1 (Q8_1 activations) throughout, and Q5_1 as the tiny Q5_K_M's down.
+        Case{"tiny", SynthQuant::kQ4_1, "tiny_q4_1"}, Case{"tiny", SynthQuant::kQ5_1, "tiny_q5_1"},
+        Case{"tiny", SynthQuant::kQ5_K_M, "tiny_q5_k_m"}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
 // llama.cpp's Q4_K_M and Q5_K_M recipes for a model of exactly 8 experts: attn_k and attn_v Q8_0
@@ -263,17 +266,18 @@ TEST_P(RandomGeometry, GreedyIdsEqualAndForcedLogitsClose) {
 
 INSTANTIATE_TEST_SUITE_P(Seeds, RandomGeometry, ::testing::Range(1, 25));
 
-// Q4_0, IQ4_NL and Q5_0 in turn: blocks of 32, so rows of any multiple of 32 columns (Q8_0
+// Q4_0, IQ4_NL, Q5_0, Q4_1 and Q5_1 in turn: blocks of 32, so rows of any multiple of 32 columns (Q8_0
 // activation rows whose last blocks are not a whole run of 4).
 class RandomGeometryTable4 : public ::testing::TestWithParam<int> {};
 
 TEST_P(RandomGeometryTable4, GreedyIdsEqualAndForcedLogitsClose) {
   const int seed = GetParam();
-  const SynthQuant quants[3] = {SynthQuant::kQ4_0, SynthQuant::kIQ4_NL, SynthQuant::kQ5_0};
-  CompareRandomGeometry(seed, quants[seed % 3]);
+  const SynthQuant quants[5] = {SynthQuant::kQ4_0, SynthQuant::kIQ4_NL, SynthQuant::kQ5_0, SynthQuant::kQ4_1,
+                                SynthQuant::kQ5_1};
+  CompareRandomGeometry(seed, quants[seed % 5]);
 }
 
-INSTANTIATE_TEST_SUITE_P(Seeds, RandomGeometryTable4, ::testing::Range(1, 10));
+INSTANTIATE_TEST_SUITE_P(Seeds, RandomGeometryTable4, ::testing::Range(1, 11));
 
 // A 1,200-token prompt (five prefill chunks, many pairs per expert in the staged expert kernels,
 // attention past 1,024 cells) and 16 greedy tokens on the small preset: the CPU reference's ids

@@ -261,6 +261,8 @@ void LaunchMatvec(const MatvecOutput* outputs, int n_outputs, const DevAct& act,
     case kDevQ4_0:
     case kDevIQ4_NL:
     case kDevQ5_0:
+    case kDevQ4_1:
+    case kDevQ5_1:
       LaunchMatvecKQuant(outputs, n_outputs, act, n_tokens, stream);
       break;
     default:

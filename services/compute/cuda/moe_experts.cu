@@ -440,6 +440,8 @@ void LaunchExpertGateUp(const ExpertArgs& a, const DevAct& x_act, float* h, int 
     case kDevQ4_0:
     case kDevIQ4_NL:
     case kDevQ5_0:
+    case kDevQ4_1:
+    case kDevQ5_1:
       LaunchExpertGateUpKQuant(a, x_act, h, max_group_pairs, stream);
       break;
     default:
