@@ -772,10 +772,11 @@ TEST(CudaKernels, KQuantMatvecMatchesCpuRowDots) {
   }
 }
 
-// The grouped expert kernels with K-quant or IQ gate/up and a down of the same or another type (the
-// Q4_K_M and Q5_K_M mixes, IQ types beside K-quants and Q8_0), and Q8_0 throughout, also at the Qwen3-30B-A3B expert geometry (2,048 x 768,
-// where the decode down kernel loads its rows before its wait), experts at permuted arena slots laid out as CudaEngine does, against the CPU
-// engine's MoE: row dots, SwiGLU (cpu_ops.h), conversion of h, down row dots. One token also
+// The grouped expert kernels with quantized gate/up and a down of the same or another type (the
+// K_M recipes' mixes, IQ types beside K-quants and 32-element types, Q4_0 to Q5_1 throughout), and
+// Q8_0 throughout, also at the Qwen3-30B-A3B expert geometry (2,048 x 768, where the decode down
+// kernel loads its rows before its wait), experts at permuted arena slots laid out as CudaEngine
+// does, against the CPU engine's MoE: row dots, SwiGLU (cpu_ops.h), conversion of h, down row dots. One token also
 // goes through the decode path's down kernel, which converts h itself.
 TEST(CudaKernels, ExpertsMatchCpu) {
   struct Mix {

@@ -646,9 +646,9 @@ void CudaEngine::Impl::EnqueueExperts(int layer, int n, const DevAct& x_act, int
 }
 
 // RMSNorm of residual rows (rows[i], or i) into f32 y (may be nullptr) and the activations act.
-// Q8_K quantizes whole 256-element blocks (kquant_quantize.cuh) and Q8_1 sums its quants, which the
-// norm's per-element store cannot: for them the norm writes f32 rows (into y, else into xn, which only the MoE
-// block's norm uses) and a conversion follows.
+// Q8_K quantizes whole 256-element blocks (kquant_quantize.cuh) and Q8_1 sums its quants, which
+// the norm's per-element store cannot: for them the norm writes f32 rows (into y, else into xn,
+// which only the MoE block's norm uses) and a conversion follows.
 void CudaEngine::Impl::RmsNormAct(const int32_t* rows, int n_rows, const cuda::MoeCombine& combine, const float* w,
                                   float* y, const DevAct& act) {
   const int64_t E = c.n_embd;

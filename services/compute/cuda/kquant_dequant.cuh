@@ -1,11 +1,11 @@
-// Element i of a Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS / IQ2_XXS / IQ2_XS / IQ3_XXS / Q4_0 /
-// IQ4_NL / Q5_0 / Q4_1 / Q5_1 row in the GGUF layout (blocks.h), to f32
-// as the CPU's DequantizeRow* compute it (the embedding table stays in the file's layout). Q4_K: d_j = d * sc_j and min_j = dmin * m_j, then d_j * q - min_j, which GCC contracts
-// into one fma (C++ with -mfma); either way the same float, since d_j * q is exact (an f16
-// mantissa times 6 and 4 bits). Q6_K: (d * sc_j) * (q - 32), in that order (the second product
-// rounds). Q5_K: as Q4_K (d_j * q is exact here too: 11 + 6 + 5 bits). IQ4_XS: (d * (ls - 32)) *
-// value; IQ2_XXS: ((d * (0.5 + ls)) * 0.25) * grid byte, then the sign; Q4_0 (q - 8) * d, IQ4_NL
-// d * value: products only, so the host test (kquant_layout_test) runs these as they are.
+// Element i of a row in the GGUF layout (blocks.h) of the quantized types other than Q8_0, to f32
+// as the CPU's DequantizeRow* compute it (the embedding table stays in the file's layout).
+// Q4_K: d_j = d * sc_j and min_j = dmin * m_j, then d_j * q - min_j, which GCC contracts into one
+// fma (C++ with -mfma); either way the same float, since d_j * q is exact (an f16 mantissa times 6
+// and 4 bits). Q6_K: (d * sc_j) * (q - 32), in that order (the second product rounds). Q5_K, Q2_K,
+// Q4_1, Q5_1: as Q4_K (their products are exact too). The others are products only, in the CPU's
+// order (each function says it). All but Q4_K and Q6_K are __host__ __device__, so the host test
+// (kquant_layout_test) runs them as they are.
 #pragma once
 
 #include <cuda_fp16.h>

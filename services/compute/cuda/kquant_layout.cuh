@@ -1,11 +1,13 @@
-// K-quant and IQ weights of 256-element blocks (Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS) and their Q8_K
-// activations in device memory, and the per-lane integer arithmetic of their dot products.
+// The quantized weight types other than Q8_0 in device memory: those of 256-element blocks (Q2_K to
+// Q6_K, IQ4_XS, IQ2_XXS, IQ2_XS, IQ3_XXS) with their Q8_K activations, those of 32 (Q4_0, Q5_0,
+// IQ4_NL with Q8_0 activations, Q4_1 and Q5_1 with Q8_1), and the per-lane integer arithmetic of
+// their dot products.
 // Everything here is __host__ __device__ and free of device intrinsics outside Dot4 / BytePerm /
 // Popc (each with its host form), so that a host test (tests/unit/compute/kquant_layout_test.cc)
 // can run a lane group's arithmetic on the CPU against the CPU kernels.
 //
-// The CPU kernels (common/quant/q4_k_rows.cc, q5_k_rows.cc, q6_k_rows.cc, iq4_rows.cc,
-// iq2_rows.cc; avx2, and avx512 with the same integers) keep 8 int32 lanes per weight row; lane i
+// The CPU kernels of the 256-element types (common/quant/q*_k_rows.cc, iq*_rows.cc; avx2, and
+// avx512 with the same integers) keep 8 int32 lanes per weight row; lane i
 // covers bytes 4i..4i+3 of every 32-element run of a 256-block ("group" g = element / 32, 8
 // groups). One GPU lane group of 8 lanes computes one row, lane i holding CPU lane i, so each
 // lane needs word i of every group; the layouts put those words next to each other

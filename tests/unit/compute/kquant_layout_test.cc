@@ -1,9 +1,10 @@
-// The cuda backend's K-quant and IQ (IQ4_XS, IQ2_XXS) arithmetic run on the host (no GPU needed): the device layouts and
-// per-lane integer sums of services/compute/cuda/kquant_layout.cuh, driven the way the kernels
-// drive them (kquant_dot.cuh: 8 lanes per row, an fma chain per lane over the blocks, the CPU's
-// reduction trees; kquant_quantize.cu: the Q8_K conversion; kquant_dequant.cuh: embedding rows),
-// against the CPU engine's kernels, for exact equality. A failure names the type, size, row and
-// token. The GPU runs the same functions (tests/gpu/cuda_kernels_test.cc checks the kernels).
+// The cuda backend's arithmetic for the quantized types other than Q8_0, run on the host (no GPU
+// needed): the device layouts and per-lane integer sums of services/compute/cuda/kquant_layout.cuh,
+// driven the way the kernels drive them (kquant_dot.cuh: 8 lanes per row, an fma chain per lane or
+// per row over the blocks, the CPU's reduction trees; kquant_quantize.cu: the Q8_K conversion;
+// kquant_dequant.cuh: embedding rows), against the CPU engine's kernels, for exact equality. A
+// failure names the type, size, row and token. The GPU runs the same functions
+// (tests/gpu/cuda_kernels_test.cc checks the kernels).
 #include "services/compute/cuda/kquant_layout.cuh"
 
 #include <gtest/gtest.h>
