@@ -2,7 +2,8 @@
 // of 8 prompts x 64 greedy tokens, for the tiny and small synthetic presets in F32, F16, Q8_0 and
 // Q4_K (the Q4_K_M mix of `mer synth --quant q4_k`: Q4_K, Q6_K for half the layers' attn_v and
 // ffn_down and for the output, Q8_0 where a row is not a multiple of 256, e.g. tiny's ffn_down),
-// the greedy ids are equal, and with the reference's tokens forced (Score) every step's logits
+// and the other quantized types the backend takes (the K_M recipes, K-quants, IQ types, Q4_0,
+// Q5_0, IQ4_NL), the greedy ids are equal, and with the reference's tokens forced (Score) every step's logits
 // are within 1e-3 relative L2 -- with the expert arena holding all experts, 30% and 10% of them.
 // Also: mixed batches equal solo runs, and 10,000 decode steps grow neither VRAM nor RSS.
 #include "services/compute/cuda/cuda_engine.h"
@@ -148,12 +149,16 @@ INSTANTIATE_TEST_SUITE_P(
         // Tiny: IQ4_XS and IQ2_XXS beside an IQ4_NL down (Q8_0 activations).
         Case{"tiny", SynthQuant::kIQ4_XS, "tiny_iq4_xs"}, Case{"tiny", SynthQuant::kIQ2_XXS, "tiny_iq2_xxs"},
         Case{"tiny", SynthQuant::kQ4_0, "tiny_q4_0"}, Case{"tiny", SynthQuant::kIQ4_NL, "tiny_iq4_nl"},
-        // Q3_K_M mixes Q3_K, Q4_K, Q5_K and Q6_K (its tiny version has a Q5_0 down, refused);
-        // tiny Q2_K and Q3_K have a Q4_0 down.
+        // Q3_K_M mixes Q3_K, Q4_K, Q5_K and Q6_K; tiny Q2_K and Q3_K have a Q4_0 down.
         Case{"small", SynthQuant::kQ3_K_M, "small_q3_k_m"}, Case{"small", SynthQuant::kQ2_K, "small_q2_k"},
         Case{"tiny", SynthQuant::kQ3_K, "tiny_q3_k"}, Case{"tiny", SynthQuant::kQ2_K, "tiny_q2_k"},
         Case{"small", SynthQuant::kIQ2_XS, "small_iq2_xs"}, Case{"small", SynthQuant::kIQ3_XXS, "small_iq3_xxs"},
-        Case{"tiny", SynthQuant::kIQ2_XS, "tiny_iq2_xs"}, Case{"tiny", SynthQuant::kIQ3_XXS, "tiny_iq3_xxs"}),
+        Case{"tiny", SynthQuant::kIQ2_XS, "tiny_iq2_xs"}, Case{"tiny", SynthQuant::kIQ3_XXS, "tiny_iq3_xxs"},
+        // Q5_0 throughout, and as the tiny Q3_K_M's down.
+        Case{"tiny", SynthQuant::kQ5_0, "tiny_q5_0"}, Case{"tiny", SynthQuant::kQ3_K_M, "tiny_q3_k_m"},
+        // Q4_1 and Q5_1 (Q8_1 activations) throughout, and Q5_1 as the tiny Q5_K_M's down.
+        Case{"tiny", SynthQuant::kQ4_1, "tiny_q4_1"}, Case{"tiny", SynthQuant::kQ5_1, "tiny_q5_1"},
+        Case{"tiny", SynthQuant::kQ5_K_M, "tiny_q5_k_m"}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
 // llama.cpp's Q4_K_M and Q5_K_M recipes for a model of exactly 8 experts: attn_k and attn_v Q8_0
@@ -244,16 +249,18 @@ TEST_P(RandomGeometry, GreedyIdsEqualAndForcedLogitsClose) {
 
 INSTANTIATE_TEST_SUITE_P(Seeds, RandomGeometry, ::testing::Range(1, 25));
 
-// Q4_0 and IQ4_NL, alternating: blocks of 32, so rows of any multiple of 32 columns (Q8_0
+// Q4_0, IQ4_NL, Q5_0, Q4_1 and Q5_1 in turn: blocks of 32, so rows of any multiple of 32 columns (Q8_0
 // activation rows whose last blocks are not a whole run of 4).
 class RandomGeometryTable4 : public ::testing::TestWithParam<int> {};
 
 TEST_P(RandomGeometryTable4, GreedyIdsEqualAndForcedLogitsClose) {
   const int seed = GetParam();
-  CompareRandomGeometry(seed, seed % 2 == 1 ? SynthQuant::kIQ4_NL : SynthQuant::kQ4_0);
+  const SynthQuant quants[5] = {SynthQuant::kQ4_0, SynthQuant::kIQ4_NL, SynthQuant::kQ5_0, SynthQuant::kQ4_1,
+                                SynthQuant::kQ5_1};
+  CompareRandomGeometry(seed, quants[seed % 5]);
 }
 
-INSTANTIATE_TEST_SUITE_P(Seeds, RandomGeometryTable4, ::testing::Range(1, 9));
+INSTANTIATE_TEST_SUITE_P(Seeds, RandomGeometryTable4, ::testing::Range(1, 11));
 
 // A 1,200-token prompt (five prefill chunks, many pairs per expert in the staged expert kernels,
 // attention past 1,024 cells) and 16 greedy tokens on the small preset: the CPU reference's ids

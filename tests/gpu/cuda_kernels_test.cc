@@ -79,10 +79,10 @@ double RelL2(const std::vector<float>& got, const std::vector<float>& want) {
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
-// The types of 32-element blocks (or none) whose activations are their own or Q8_0; Q4_0 and
-// IQ4_NL take the 8-lane groups of kquant_dot.cuh's Table4GroupDots.
-const GgmlType kTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16,
-                           GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kIQ4_NL};
+// The types of 32-element blocks (or none) whose activations are their own, Q8_0 or Q8_1; Q4_0,
+// Q5_0, Q4_1, Q5_1 and IQ4_NL take the 8-lane groups of kquant_dot.cuh's Table4GroupDots.
+const GgmlType kTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ8_0,  GgmlType::kQ4_0,
+                           GgmlType::kQ5_0, GgmlType::kQ4_1, GgmlType::kQ5_1, GgmlType::kIQ4_NL};
 
 // Activations in device layout (device_layout.cuh) for n rows of `cols`.
 struct DeviceAct {
@@ -128,6 +128,35 @@ TEST(CudaKernels, QuantizeIsBitExact) {
       }
       CUDA_CHECK(cudaFree(dx));
     }
+  }
+}
+
+// Q8_1 conversion (the activations of Q4_1 and Q5_1) against QuantizeRowQ8_1: Q8_0's quants, and
+// d and s as two f16 in each block's scales entry.
+TEST(CudaKernels, QuantizeQ8_1IsBitExact) {
+  for (int64_t cols : {32, 96, 256, 768, 2048}) {
+    const int n = 5;
+    std::vector<float> x = Random(n * cols, 3.0f);
+    std::fill(x.begin(), x.begin() + 32, 0.0f);  // row 0, block 0: all zero
+    float* dx = ToDevice(x);
+    DeviceAct a(GgmlType::kQ8_1, cols, n);
+    cuda::LaunchQuantize(dx, cols, n, cols, a.act, nullptr);
+    const std::vector<uint8_t> got = ToHost(a.act.data, n * cols);
+    const std::vector<float> got_s = ToHost(a.act.scales, n * cols / 32);
+    for (int t = 0; t < n; ++t) {
+      std::vector<BlockQ8_1> want(cols / 32);
+      QuantizeRow(GgmlType::kQ8_1, &x[t * cols], want.data(), cols);
+      for (int64_t k = 0; k < cols / 32; ++k) {
+        for (int j = 0; j < 32; ++j)
+          ASSERT_EQ(want[k].qs[j], static_cast<int8_t>(got[t * cols + cuda::Q8_0QuantOffset(k * 32 + j, cols / 32)]))
+              << "q8_1 cols " << cols << " row " << t << " block " << k;
+        uint32_t ds;
+        std::memcpy(&ds, &got_s[t * (cols / 32) + k], 4);
+        ASSERT_EQ(want[k].d, ds & 0xffffu) << "q8_1 d, cols " << cols << " row " << t << " block " << k;
+        ASSERT_EQ(want[k].s, ds >> 16) << "q8_1 s, cols " << cols << " row " << t << " block " << k;
+      }
+    }
+    CUDA_CHECK(cudaFree(dx));
   }
 }
 
@@ -235,7 +264,7 @@ TEST(CudaKernels, EmbedRowsExact) {
   for (GgmlType type :
        {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ2_K, GgmlType::kQ3_K,
         GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS, GgmlType::kIQ2_XS,
-        GgmlType::kIQ3_XXS, GgmlType::kQ4_0, GgmlType::kIQ4_NL}) {
+        GgmlType::kIQ3_XXS, GgmlType::kQ4_0, GgmlType::kIQ4_NL, GgmlType::kQ5_0, GgmlType::kQ4_1, GgmlType::kQ5_1}) {
     const int64_t cols = 768, rows = 50;
     const int64_t rb = RowBytes(type, cols);
     const std::vector<float> tf = Random(rows * cols);
@@ -743,10 +772,11 @@ TEST(CudaKernels, KQuantMatvecMatchesCpuRowDots) {
   }
 }
 
-// The grouped expert kernels with K-quant or IQ gate/up and a down of the same or another type (the
-// Q4_K_M and Q5_K_M mixes, IQ types beside K-quants and Q8_0), and Q8_0 throughout, also at the Qwen3-30B-A3B expert geometry (2,048 x 768,
-// where the decode down kernel loads its rows before its wait), experts at permuted arena slots laid out as CudaEngine does, against the CPU
-// engine's MoE: row dots, SwiGLU (cpu_ops.h), conversion of h, down row dots. One token also
+// The grouped expert kernels with quantized gate/up and a down of the same or another type (the
+// K_M recipes' mixes, IQ types beside K-quants and 32-element types, Q4_0 to Q5_1 throughout), and
+// Q8_0 throughout, also at the Qwen3-30B-A3B expert geometry (2,048 x 768, where the decode down
+// kernel loads its rows before its wait), experts at permuted arena slots laid out as CudaEngine
+// does, against the CPU engine's MoE: row dots, SwiGLU (cpu_ops.h), conversion of h, down row dots. One token also
 // goes through the decode path's down kernel, which converts h itself.
 TEST(CudaKernels, ExpertsMatchCpu) {
   struct Mix {
@@ -756,8 +786,7 @@ TEST(CudaKernels, ExpertsMatchCpu) {
   const int NE = 6, K = 2;
   auto align = [](int64_t b) { return (b + 255) / 256 * 256; };
   auto weights = [](GgmlType type, int64_t rows, int64_t cols, bool raw) {
-    if (type != GgmlType::kQ8_0 && type != GgmlType::kQ4_0 && type != GgmlType::kIQ4_NL)
-      return KQuantWeights(type, rows, cols, raw);
+    if (ActivationTypeFor(type) == GgmlType::kQ8_K) return KQuantWeights(type, rows, cols, raw);
     const std::vector<float> f = Random(rows * cols, 0.05f);
     std::vector<uint8_t> q(rows * RowBytes(type, cols));
     for (int64_t r = 0; r < rows; ++r) QuantizeRow(type, &f[r * cols], &q[r * RowBytes(type, cols)], cols);
@@ -776,6 +805,8 @@ TEST(CudaKernels, ExpertsMatchCpu) {
         Mix{GgmlType::kQ2_K, GgmlType::kQ2_K, 768, 512},      Mix{GgmlType::kQ2_K, GgmlType::kQ4_0, 256, 128},
         Mix{GgmlType::kIQ2_XS, GgmlType::kIQ2_XS, 768, 512},  Mix{GgmlType::kIQ3_XXS, GgmlType::kIQ3_XXS, 768, 512},
         Mix{GgmlType::kIQ3_XXS, GgmlType::kIQ4_NL, 256, 128}, Mix{GgmlType::kIQ2_XS, GgmlType::kQ6_K, 768, 512},
+        Mix{GgmlType::kQ3_K, GgmlType::kQ5_0, 256, 128},      Mix{GgmlType::kQ5_0, GgmlType::kQ5_0, 256, 160},
+        Mix{GgmlType::kQ4_1, GgmlType::kQ4_1, 256, 160},      Mix{GgmlType::kQ5_K, GgmlType::kQ5_1, 256, 128},
         Mix{GgmlType::kQ8_0, GgmlType::kQ8_0, 2048, 768},     Mix{GgmlType::kQ8_0, GgmlType::kQ8_0, 768, 512}}) {
     const int64_t E = mix.E, F = mix.F;
     for (int n : {1, 5, 40}) {  // 40: ~13 pairs per expert, several passes of the staged kernels

@@ -647,13 +647,13 @@ void CudaEngine::Impl::EnqueueExperts(int layer, int n, const DevAct& x_act, int
 }
 
 // RMSNorm of residual rows (rows[i], or i) into f32 y (may be nullptr) and the activations act.
-// Q8_K quantizes whole 256-element blocks (kquant_quantize.cuh), which the norm's per-element
-// store cannot: for it the norm writes f32 rows (into y, else into xn, which only the MoE
-// block's norm uses) and a conversion follows.
+// Q8_K quantizes whole 256-element blocks (kquant_quantize.cuh) and Q8_1 sums its quants, which
+// the norm's per-element store cannot: for them the norm writes f32 rows (into y, else into xn,
+// which only the MoE block's norm uses) and a conversion follows.
 void CudaEngine::Impl::RmsNormAct(const int32_t* rows, int n_rows, const cuda::MoeCombine& combine, const float* w,
                                   float* y, const DevAct& act) {
   const int64_t E = c.n_embd;
-  if (act.type != cuda::kDevQ8_K) {
+  if (cuda::KernelsStoreAct(act.type)) {
     cuda::LaunchRmsNorm(x, E, rows, n_rows, combine, w, c.rms_norm_eps, E, y, E, act, stream);
     return;
   }
@@ -727,7 +727,7 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
   at.head_dim = c.head_dim;
   at.max_ctx = o.max_context_tokens;
   at.split = attention_split;
-  const bool attention_converts = cuda::AttentionConvertsOutput(c.head_dim) && aa.type != cuda::kDevQ8_K;
+  const bool attention_converts = cuda::AttentionConvertsOutput(c.head_dim) && cuda::KernelsStoreAct(aa.type);
   if (attention_converts) at.out_act = aa;
   cuda::LaunchAttention(at, n, stream);
   Mark(at.fused_rope ? "qk_norm_rope + attention" : "attention");

@@ -11,8 +11,11 @@
 // weight's dot type (ActivationTypeFor): f32, f16, bf16, or Q8_0 laid out the same way with f32
 // scales holding the f16-rounded block scale.
 //
-// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS, IQ2_XS and IQ3_XXS weights and their Q8_K activations, Q4_0 and IQ4_NL
-// weights (with the Q8_0 activations above): kquant_layout.cuh.
+// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS, IQ2_XS and IQ3_XXS weights and their Q8_K
+// activations, Q4_0, Q5_0 and IQ4_NL weights (with the Q8_0 activations above), and Q4_1 and Q5_1
+// weights with their Q8_1 activations (Q8_0's layout, d and s as two f16 in each scales entry;
+// written only by LaunchQuantize, rows of `stride` bytes, a type ActRowBytes does not take):
+// kquant_layout.cuh.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,7 +29,11 @@ enum DevType : int {
   kDevF32 = 0,
   kDevF16 = 1,
   kDevQ4_0 = 2,
+  kDevQ4_1 = 3,
+  kDevQ5_0 = 6,
+  kDevQ5_1 = 7,
   kDevQ8_0 = 8,
+  kDevQ8_1 = 9,
   kDevQ2_K = 10,
   kDevQ3_K = 11,
   kDevQ4_K = 12,

@@ -41,6 +41,12 @@ __device__ __forceinline__ float EmbedValue(int type, const uint8_t* row, int64_
       return DequantTable4<false>(row, i);
     case kDevIQ4_NL:
       return DequantTable4<true>(row, i);
+    case kDevQ5_0:
+      return DequantQ5_0(row, i);
+    case kDevQ4_1:
+      return DequantQ5_1<false>(row, i);
+    case kDevQ5_1:
+      return DequantQ5_1<true>(row, i);
     default: {  // Q8_0: block b = 2 bytes of f16 scale, then 32 int8
       const uint8_t* blk = row + (i / 32) * 34;
       const __half d = __ushort_as_half(static_cast<unsigned short>(blk[0] | (blk[1] << 8)));

@@ -1,11 +1,11 @@
-// Element i of a Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS / IQ2_XXS / IQ2_XS / IQ3_XXS / Q4_0 /
-// IQ4_NL row in the GGUF layout (blocks.h), to f32
-// as the CPU's DequantizeRow* compute it (the embedding table stays in the file's layout). Q4_K: d_j = d * sc_j and min_j = dmin * m_j, then d_j * q - min_j, which GCC contracts
-// into one fma (C++ with -mfma); either way the same float, since d_j * q is exact (an f16
-// mantissa times 6 and 4 bits). Q6_K: (d * sc_j) * (q - 32), in that order (the second product
-// rounds). Q5_K: as Q4_K (d_j * q is exact here too: 11 + 6 + 5 bits). IQ4_XS: (d * (ls - 32)) *
-// value; IQ2_XXS: ((d * (0.5 + ls)) * 0.25) * grid byte, then the sign; Q4_0 (q - 8) * d, IQ4_NL
-// d * value: products only, so the host test (kquant_layout_test) runs these as they are.
+// Element i of a row in the GGUF layout (blocks.h) of the quantized types other than Q8_0, to f32
+// as the CPU's DequantizeRow* compute it (the embedding table stays in the file's layout).
+// Q4_K: d_j = d * sc_j and min_j = dmin * m_j, then d_j * q - min_j, which GCC contracts into one
+// fma (C++ with -mfma); either way the same float, since d_j * q is exact (an f16 mantissa times 6
+// and 4 bits). Q6_K: (d * sc_j) * (q - 32), in that order (the second product rounds). Q5_K, Q2_K,
+// Q4_1, Q5_1: as Q4_K (their products are exact too). The others are products only, in the CPU's
+// order (each function says it). All but Q4_K and Q6_K are __host__ __device__, so the host test
+// (kquant_layout_test) runs them as they are.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -124,6 +124,29 @@ __host__ __device__ inline float DequantQ2_K(const uint8_t* row, int64_t i) {
   const float dj = HalfAt(blk + 80) * static_cast<float>(blk[j] & 0xF);
   const float mj = HalfAt(blk + 82) * static_cast<float>(blk[j] >> 4);
   return fmaf(dj, static_cast<float>(q), -mj);
+}
+
+// Q4_1 / Q5_1: q * d + m (the product exact).
+template <bool kFive>
+__host__ __device__ inline float DequantQ5_1(const uint8_t* row, int64_t i) {
+  const uint8_t* blk = row + (i / kTable4Block) * (kFive ? kQ5_1BlockBytes : kQ4_1BlockBytes);
+  const int e = static_cast<int>(i % kTable4Block);
+  const uint8_t* qs = blk + (kFive ? 8 : 4);
+  int code = (qs[e % 16] >> (e < 16 ? 0 : 4)) & 0xF;
+  if (kFive) {
+    const uint32_t qh = blk[4] | (blk[5] << 8) | (blk[6] << 16) | (static_cast<uint32_t>(blk[7]) << 24);
+    code |= ((qh >> e) & 1) << 4;
+  }
+  return fmaf(static_cast<float>(code), HalfAt(blk), HalfAt(blk + 2));
+}
+
+// Q5_0: (q - 16) * d.
+__host__ __device__ inline float DequantQ5_0(const uint8_t* row, int64_t i) {
+  const uint8_t* blk = row + (i / kTable4Block) * kQ5_0BlockBytes;
+  const int e = static_cast<int>(i % kTable4Block);
+  const uint32_t qh = blk[2] | (blk[3] << 8) | (blk[4] << 16) | (static_cast<uint32_t>(blk[5]) << 24);
+  const int code = ((blk[6 + e % 16] >> (e < 16 ? 0 : 4)) & 0xF) | (((qh >> e) & 1) << 4);
+  return static_cast<float>(code - 16) * HalfAt(blk);
 }
 
 // Q4_0: (q - 8) * d; IQ4_NL: d * kIQ4Values[q] (through IQ4Lookup4).

@@ -15,14 +15,18 @@
 //   (m0+m2) + (m1+m3); for Q5_K plus acc_m; for IQ2_XXS and IQ2_XS times 0.125, for IQ3_XXS
 //   0.25.
 //
-// Per lane and block: one 16-byte load of quants (plus 8 bytes of qh for Q6_K, 4 for Q5_K; IQ2_XXS:
-// 8 bytes of grid indices and a grid point per sub-block) and one header load shared by the group;
-// per token 32 bytes of activation quants, d, and the bsums (Q4_K, Q6_K; Q5_K in lane 0 only).
+// Per lane and block: one 16-byte load of quants (Q6_K and Q5_K with their qh bytes; Q3_K and Q2_K
+// 8 bytes; the grid IQ types their indices and a grid point per sub-block) and one header load
+// shared by the group; per token 32 bytes of activation quants, d, and the bsums where the type
+// needs them (Q5_K in lane 0 only).
 //
 // Q4_0 and IQ4_NL (Q8_0 activations) take Table4GroupDots instead, the CPU's order of
 // common/quant/table4_rows.h: per row one f32 chain over the blocks, acc = fma((float)isum_b,
 // d_w * d_a, acc), isum_b the block's exact int32 sum (each lane's 4 products, added over the
-// group by shuffles). BlockRow / BlockAct / BlockGroupDots pick the family by type.
+// group by shuffles). Q5_0 (Q8_0 activations) keeps the Q8_0 kernels' order there: lane i's own
+// chain acc_i = fma(d_w * d_a, (float)isum_i, acc_i), then the 8-lane tree; Q4_1 and Q5_1 (Q8_1
+// activations) the same with unsigned codes, and lane 0 also acc_m = fma(m_w, s_a, acc_m) per
+// block, added after the tree. BlockRow / BlockAct / BlockGroupDots pick the family by type.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -271,35 +275,51 @@ __device__ inline void KQuantGroupDots(const KQuantRowRef (&rows)[R], int64_t nb
     }
 }
 
-// Q4_0 / IQ4_NL rows (kquant_layout.cuh) against Q8_0 activation rows (device_layout.cuh, scales
-// as f32), with KQuantGroupDots' contract; out is valid in every lane of the group. nb: blocks of
+// Q4_0 / IQ4_NL / Q5_0 rows (kquant_layout.cuh) against Q8_0 activation rows (device_layout.cuh,
+// scales as f32), Q4_1 / Q5_1 rows against Q8_1 rows (scales as f16 d | s << 16), with
+// KQuantGroupDots' contract; out is valid in the group's first lane (Q4_0, IQ4_NL: in every lane). nb: blocks of
 // 32 per row; act_stride: the activation rows' stride (their Q8_0 interleave follows it).
 template <int kType, int R, int NT, int U>
 __device__ inline void Table4GroupDots(const KQuantRowRef (&rows)[R], int64_t nb, const KQuantActRef (&acts)[NT],
                                        int64_t act_stride, float (&out)[R][NT]) {
-  static_assert(kType == kDevQ4_0 || kType == kDevIQ4_NL);
-  constexpr bool kIQ4 = kType == kDevIQ4_NL;
+  static_assert(kType == kDevQ4_0 || kType == kDevIQ4_NL || kType == kDevQ5_0 || kType == kDevQ4_1 ||
+                kType == kDevQ5_1);
+  constexpr bool kIQ4 = kType == kDevIQ4_NL, kQ5 = kType == kDevQ5_0;
+  constexpr bool kQ8_1Act = kType == kDevQ4_1 || kType == kDevQ5_1;  // per-lane chains plus the m * s chain
   const int g = threadIdx.x % kKQuantGroup;
   const int64_t act_blocks = act_stride / kTable4Block;
-  float acc[R][NT];
+  float acc[R][NT], acc_m[R][NT];
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+    for (int t = 0; t < NT; ++t) acc[r][t] = acc_m[r][t] = 0.0f;
   for (int64_t b0 = 0; b0 < nb; b0 += U) {
-    uint32_t wc[U][R];  // the lane's 4 codes
-    float wd[U][R];
+    uint32_t wc[U][R];   // the lane's 4 codes
+    uint32_t wqh[U][R];  // Q5_0, Q5_1: the block's fifth bits
+    float wd[U][R], wm[U][R];
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         const int64_t b = rows[r].b0 + b0 + u;
-        wc[u][r] = 0;
-        wd[u][r] = 0.0f;
+        wc[u][r] = wqh[u][r] = 0;
+        wd[u][r] = wm[u][r] = 0.0f;
         if (b0 + u >= nb || rows[r].m == nullptr) continue;
         const uint8_t* m = rows[r].m;
         wc[u][r] = __ldcs(reinterpret_cast<const unsigned short*>(m + Table4CodesOffset(b, g)));
-        wd[u][r] = __half2float(*reinterpret_cast<const __half*>(m + Table4DOffset(rows[r].n, b)));
+        if constexpr (kQ5) {
+          wqh[u][r] = *reinterpret_cast<const uint32_t*>(m + Q5_0QhOffset(rows[r].n, b));
+          wd[u][r] = __half2float(*reinterpret_cast<const __half*>(m + Q5_0DOffset(rows[r].n, b)));
+        } else if constexpr (kQ8_1Act) {
+          constexpr bool kFive = kType == kDevQ5_1;
+          if constexpr (kFive) wqh[u][r] = *reinterpret_cast<const uint32_t*>(m + Q5_1QhOffset(rows[r].n, b));
+          const uint32_t dm =
+              *reinterpret_cast<const uint32_t*>(m + (kFive ? Q5_1DmOffset(rows[r].n, b) : Q4_1DmOffset(rows[r].n, b)));
+          wd[u][r] = __half2float(__ushort_as_half(static_cast<unsigned short>(dm & 0xffffu)));
+          wm[u][r] = __half2float(__ushort_as_half(static_cast<unsigned short>(dm >> 16)));
+        } else {
+          wd[u][r] = __half2float(*reinterpret_cast<const __half*>(m + Table4DOffset(rows[r].n, b)));
+        }
       }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -310,14 +330,35 @@ __device__ inline void Table4GroupDots(const KQuantRowRef (&rows)[R], int64_t nb
         if (acts[t].row == nullptr) continue;
         const uint32_t a =
             *reinterpret_cast<const uint32_t*>(acts[t].row + Q8_0QuantOffset(32 * b + 4 * g, act_blocks));
-        const float ad = acts[t].d[b];
+        if constexpr (kQ8_1Act) {
+          const uint32_t ds = reinterpret_cast<const uint32_t*>(acts[t].d)[b];
+          const float ad = __half2float(__ushort_as_half(static_cast<unsigned short>(ds & 0xffffu)));
+          const float sa = __half2float(__ushort_as_half(static_cast<unsigned short>(ds >> 16)));
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-          int isum = rows[r].m != nullptr ? Table4LanePart<kIQ4>(wc[u][r], a) : 0;
-          isum += __shfl_xor_sync(0xffffffffu, isum, 4);
-          isum += __shfl_xor_sync(0xffffffffu, isum, 2);
-          isum += __shfl_xor_sync(0xffffffffu, isum, 1);
-          if (rows[r].m != nullptr) acc[r][t] = fmaf(__int2float_rn(isum), __fmul_rn(wd[u][r], ad), acc[r][t]);
+          for (int r = 0; r < R; ++r) {
+            if (rows[r].m == nullptr) continue;
+            const int isum = Q5_1LaneSum(wc[u][r], wqh[u][r], g, a);
+            acc[r][t] = fmaf(__fmul_rn(wd[u][r], ad), __int2float_rn(isum), acc[r][t]);
+            if (g == 0) acc_m[r][t] = fmaf(wm[u][r], sa, acc_m[r][t]);
+          }
+        } else if constexpr (kQ5) {
+          const float ad = acts[t].d[b];
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            if (rows[r].m == nullptr) continue;
+            const int isum = Q5_0LaneSum(wc[u][r], wqh[u][r], g, a);
+            acc[r][t] = fmaf(__fmul_rn(wd[u][r], ad), __int2float_rn(isum), acc[r][t]);
+          }
+        } else {
+          const float ad = acts[t].d[b];
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            int isum = rows[r].m != nullptr ? Table4LanePart<kIQ4>(wc[u][r], a) : 0;
+            isum += __shfl_xor_sync(0xffffffffu, isum, 4);
+            isum += __shfl_xor_sync(0xffffffffu, isum, 2);
+            isum += __shfl_xor_sync(0xffffffffu, isum, 1);
+            if (rows[r].m != nullptr) acc[r][t] = fmaf(__int2float_rn(isum), __fmul_rn(wd[u][r], ad), acc[r][t]);
+          }
         }
       }
     }
@@ -325,12 +366,19 @@ __device__ inline void Table4GroupDots(const KQuantRowRef (&rows)[R], int64_t nb
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int t = 0; t < NT; ++t) out[r][t] = acc[r][t];
+    for (int t = 0; t < NT; ++t) {
+      if constexpr (kQ8_1Act) {
+        out[r][t] = __fadd_rn(KQuantReduce8(acc[r][t]), acc_m[r][t]);  // lane 0's m * s chain
+      } else {
+        out[r][t] = kQ5 ? KQuantReduce8(acc[r][t]) : acc[r][t];
+      }
+    }
 }
 
 // The two families by weight type: elements per block, row and activation references, the dots.
 template <int kType>
-inline constexpr bool kIsTable4 = kType == kDevQ4_0 || kType == kDevIQ4_NL;
+inline constexpr bool kIsTable4 =
+    kType == kDevQ4_0 || kType == kDevIQ4_NL || kType == kDevQ5_0 || kType == kDevQ4_1 || kType == kDevQ5_1;
 template <int kType>
 inline constexpr int kBlockElems = kIsTable4<kType> ? kTable4Block : kKBlock;
 
@@ -379,11 +427,17 @@ inline int BlockElemsOf(int type) {
       return kKBlock;
     case kDevQ4_0:
     case kDevIQ4_NL:
+    case kDevQ5_0:
+    case kDevQ4_1:
+    case kDevQ5_1:
       return kTable4Block;
     default:
       return 0;
   }
 }
-inline int BlockActTypeOf(int type) { return BlockElemsOf(type) == kTable4Block ? kDevQ8_0 : kDevQ8_K; }
+inline int BlockActTypeOf(int type) {
+  if (type == kDevQ4_1 || type == kDevQ5_1) return kDevQ8_1;
+  return BlockElemsOf(type) == kTable4Block ? kDevQ8_0 : kDevQ8_K;
+}
 
 }  // namespace mer::cuda

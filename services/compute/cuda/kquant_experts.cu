@@ -165,6 +165,15 @@ void LaunchExpertGateUpKQuant(const ExpertArgs& a, const DevAct& x_act, float* h
     case kDevIQ4_NL:
       LaunchGateUpT<kDevIQ4_NL>(a, x_act, h, max_group_pairs, stream);
       break;
+    case kDevQ5_0:
+      LaunchGateUpT<kDevQ5_0>(a, x_act, h, max_group_pairs, stream);
+      break;
+    case kDevQ4_1:
+      LaunchGateUpT<kDevQ4_1>(a, x_act, h, max_group_pairs, stream);
+      break;
+    case kDevQ5_1:
+      LaunchGateUpT<kDevQ5_1>(a, x_act, h, max_group_pairs, stream);
+      break;
     default:
       LaunchGateUpT<kDevIQ2_XXS>(a, x_act, h, max_group_pairs, stream);
       break;
@@ -205,6 +214,15 @@ void LaunchExpertDownKQuant(const ExpertArgs& a, const DevAct& h_act, float* out
       break;
     case kDevIQ4_NL:
       LaunchDownT<kDevIQ4_NL>(a, h_act, out, max_group_pairs, stream);
+      break;
+    case kDevQ5_0:
+      LaunchDownT<kDevQ5_0>(a, h_act, out, max_group_pairs, stream);
+      break;
+    case kDevQ4_1:
+      LaunchDownT<kDevQ4_1>(a, h_act, out, max_group_pairs, stream);
+      break;
+    case kDevQ5_1:
+      LaunchDownT<kDevQ5_1>(a, h_act, out, max_group_pairs, stream);
       break;
     default:
       LaunchDownT<kDevIQ2_XXS>(a, h_act, out, max_group_pairs, stream);

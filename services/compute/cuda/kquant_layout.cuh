@@ -1,11 +1,13 @@
-// K-quant and IQ weights of 256-element blocks (Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS) and their Q8_K
-// activations in device memory, and the per-lane integer arithmetic of their dot products.
+// The quantized weight types other than Q8_0 in device memory: those of 256-element blocks (Q2_K to
+// Q6_K, IQ4_XS, IQ2_XXS, IQ2_XS, IQ3_XXS) with their Q8_K activations, those of 32 (Q4_0, Q5_0,
+// IQ4_NL with Q8_0 activations, Q4_1 and Q5_1 with Q8_1), and the per-lane integer arithmetic of
+// their dot products.
 // Everything here is __host__ __device__ and free of device intrinsics outside Dot4 / BytePerm /
 // Popc (each with its host form), so that a host test (tests/unit/compute/kquant_layout_test.cc)
 // can run a lane group's arithmetic on the CPU against the CPU kernels.
 //
-// The CPU kernels (common/quant/q4_k_rows.cc, q5_k_rows.cc, q6_k_rows.cc, iq4_rows.cc,
-// iq2_rows.cc; avx2, and avx512 with the same integers) keep 8 int32 lanes per weight row; lane i
+// The CPU kernels of the 256-element types (common/quant/q*_k_rows.cc, iq*_rows.cc; avx2, and
+// avx512 with the same integers) keep 8 int32 lanes per weight row; lane i
 // covers bytes 4i..4i+3 of every 32-element run of a 256-block ("group" g = element / 32, 8
 // groups). One GPU lane group of 8 lanes computes one row, lane i holding CPU lane i, so each
 // lane needs word i of every group; the layouts put those words next to each other
@@ -40,6 +42,16 @@
 // 4i..4i+3 of each block, then the group's integer sum (shuffles; exact in any order) and the
 // row's fma chain. Layout: codes [n][16] at 0, lane i's 2 bytes at 16b + 2i holding the codes of
 // elements 4i..4i+3 in their nibbles (low first); d f16 [n] at 16n.
+// Q5_0 (22-byte blocks of 32, Q8_0 activations): the CPU kernel (legacy_rows.cc) keeps 8 int32 lanes
+// per row as Q8_0's, lane i the 4 products of elements 4i..4i+3 of a block, acc_i = fma(d_w * d_a,
+// (float)isum_i, acc_i), then HorizontalSum; a lane group's lane i is CPU lane i. Layout: codes
+// [n][16] at 0 as Q4_0's (the low 4 bits), qh u32 [n] at 16n as in the file (bit e = element e's
+// fifth bit), d f16 [n] at 20n.
+// Q4_1 and Q5_1 (20- and 24-byte blocks of 32, Q8_1 activations: Q8_0's layout, DevAct::scales[b]
+// holding the block's f16 d in its low and f16 s = d * sum(q) in its high 16 bits): the CPU kernel
+// (legacy_rows.cc) keeps Q5_0's 8 lanes of unsigned codes times d_w * d_a, and per block
+// acc_m = fma(m_w, s_a, acc_m) in one f32; the result is HorizontalSum + acc_m. Layout: codes
+// [n][16] at 0 as Q4_0's; Q5_1 qh u32 [n] at 16n; then d, m f16 [n][2] (at 16n, Q5_1 at 20n).
 //   IQ2_XS (74 bytes a block): grid words [n][64] at 0, lanes 2p and 2p + 1 reading the 16 bytes
 //        at 16p, u16 j = sub-block j's word of group p (9-bit grid index, 7 sign bits); scales
 //        [n][8] at 64n as in the file; d f16 [n] at 72n.
@@ -70,6 +82,9 @@ inline constexpr int kIQ2_XSBlockBytes = 74;
 inline constexpr int kIQ3_XXSBlockBytes = 98;
 inline constexpr int kTable4Block = 32;  // elements per Q4_0 / IQ4_NL block
 inline constexpr int kTable4BlockBytes = 18;
+inline constexpr int kQ5_0BlockBytes = 22;
+inline constexpr int kQ4_1BlockBytes = 20;
+inline constexpr int kQ5_1BlockBytes = 24;
 
 // Where byte j of a region of 32 * words bytes goes when each of the 8 lanes owns bytes
 // 4i..4i+3 of every 32-byte run: run j / 32 becomes word j / 32 of lane (j % 32) / 4's
@@ -116,6 +131,13 @@ __host__ __device__ constexpr int64_t IQ3_XXSDOffset(int64_t n, int64_t b) { ret
 // Byte offsets in a Q4_0 / IQ4_NL matrix of n blocks.
 __host__ __device__ constexpr int64_t Table4CodesOffset(int64_t b, int lane) { return b * 16 + 2 * lane; }
 __host__ __device__ constexpr int64_t Table4DOffset(int64_t n, int64_t b) { return 16 * n + 2 * b; }
+// Byte offsets in a Q5_0 matrix of n blocks (codes as Table4CodesOffset).
+__host__ __device__ constexpr int64_t Q5_0QhOffset(int64_t n, int64_t b) { return 16 * n + 4 * b; }
+__host__ __device__ constexpr int64_t Q5_0DOffset(int64_t n, int64_t b) { return 20 * n + 2 * b; }
+// Byte offsets in a Q4_1 / Q5_1 matrix of n blocks (codes as Table4CodesOffset).
+__host__ __device__ constexpr int64_t Q5_1QhOffset(int64_t n, int64_t b) { return 16 * n + 4 * b; }
+__host__ __device__ constexpr int64_t Q4_1DmOffset(int64_t n, int64_t b) { return 16 * n + 4 * b; }
+__host__ __device__ constexpr int64_t Q5_1DmOffset(int64_t n, int64_t b) { return 20 * n + 4 * b; }
 // Byte offsets in a Q6_K matrix of n blocks.
 __host__ __device__ constexpr int64_t Q6_KQlOffset(int64_t b, int lane) { return b * 128 + 16 * lane; }
 __host__ __device__ constexpr int64_t Q6_KQhOffset(int64_t n, int64_t b, int lane) {
@@ -227,16 +249,34 @@ __host__ __device__ inline void RepackIQ3_XXSBlock(const uint8_t* src, uint8_t* 
 }
 // Q4_0 / IQ4_NL: element e (< 16: low nibble of qs[e], else the high nibble of qs[e - 16]) goes
 // to lane e / 4's 2 bytes, nibble e % 4.
-__host__ __device__ inline void RepackTable4Block(const uint8_t* src, uint8_t* dst, int64_t n, int64_t b) {
-  const uint8_t* qs = src + 2;
-  uint8_t* codes = dst + Table4CodesOffset(b, 0);
+__host__ __device__ inline void RegroupNibbles32(const uint8_t* qs, uint8_t* codes) {
   for (int j = 0; j < 16; ++j) {
     const int e0 = 2 * j, e1 = 2 * j + 1;
     const int c0 = (qs[e0 % 16] >> (e0 < 16 ? 0 : 4)) & 0xF, c1 = (qs[e1 % 16] >> (e1 < 16 ? 0 : 4)) & 0xF;
     codes[j] = static_cast<uint8_t>(c0 | (c1 << 4));
   }
+}
+__host__ __device__ inline void RepackTable4Block(const uint8_t* src, uint8_t* dst, int64_t n, int64_t b) {
+  RegroupNibbles32(src + 2, dst + Table4CodesOffset(b, 0));
   dst[Table4DOffset(n, b)] = src[0];
   dst[Table4DOffset(n, b) + 1] = src[1];
+}
+// Q4_1 / Q5_1: the codes' low 4 bits as Q4_0's; qh, d and m moved.
+__host__ __device__ inline void RepackQ4_1Block(const uint8_t* src, uint8_t* dst, int64_t n, int64_t b) {
+  RegroupNibbles32(src + 4, dst + Table4CodesOffset(b, 0));
+  for (int j = 0; j < 4; ++j) dst[Q4_1DmOffset(n, b) + j] = src[j];
+}
+__host__ __device__ inline void RepackQ5_1Block(const uint8_t* src, uint8_t* dst, int64_t n, int64_t b) {
+  RegroupNibbles32(src + 8, dst + Table4CodesOffset(b, 0));
+  for (int j = 0; j < 4; ++j) dst[Q5_1QhOffset(n, b) + j] = src[4 + j];
+  for (int j = 0; j < 4; ++j) dst[Q5_1DmOffset(n, b) + j] = src[j];
+}
+// Q5_0: the codes' low 4 bits as Q4_0's; qh and d moved.
+__host__ __device__ inline void RepackQ5_0Block(const uint8_t* src, uint8_t* dst, int64_t n, int64_t b) {
+  RegroupNibbles32(src + 6, dst + Table4CodesOffset(b, 0));
+  for (int j = 0; j < 4; ++j) dst[Q5_0QhOffset(n, b) + j] = src[2 + j];
+  dst[Q5_0DOffset(n, b)] = src[0];
+  dst[Q5_0DOffset(n, b) + 1] = src[1];
 }
 
 // Byte k of w, unsigned and sign-extended.
@@ -413,11 +453,34 @@ __host__ __device__ inline uint32_t IQ4Lookup4(uint32_t codes) {
   return Lookup4(codes, IQ4Word(0), IQ4Word(1), IQ4Word(2), IQ4Word(3));
 }
 
+// The 4 codes in the 2 bytes of `codes` (kquant_layout's Table4 regrouping) as the bytes of a word.
+__host__ __device__ inline uint32_t SpreadNibbles(uint32_t codes) {
+  return (codes & 0xFu) | ((codes & 0xF0u) << 4) | ((codes & 0xF00u) << 8) | ((codes & 0xF000u) << 12);
+}
+
+// Q5_0, lane i's int32 of one block (the CPU's lane i): (code - 16) . the 4 activations, a code
+// the lane's nibble with bit 4i + k of qh as its fifth bit. |result| <= 4 * 16 * 127.
+__host__ __device__ inline int Q5_0LaneSum(uint32_t codes, uint32_t qh, int lane, uint32_t act) {
+  const uint32_t bits = (qh >> (4 * lane)) & 0xFu;
+  const uint32_t fifth = (bits * 0x00204081u) & 0x01010101u;  // bit k -> byte k
+  // q - 16 as an int8: the low 4 bits where the fifth bit is set, else those bits | 0xf0.
+  const uint32_t values = SpreadNibbles(codes) | ((fifth ^ 0x01010101u) * 0xF0u);
+  return Dot4(values, act);
+}
+
+// Q4_1 / Q5_1, lane i's int32 of one block (the CPU's lane i): unsigned codes . the 4
+// activations, Q5_1's codes with bit 4i + k of qh as their fifth bit (qh = 0 for Q4_1).
+// |result| <= 4 * 31 * 128.
+__host__ __device__ inline int Q5_1LaneSum(uint32_t codes, uint32_t qh, int lane, uint32_t act) {
+  const uint32_t fifth = (((qh >> (4 * lane)) & 0xFu) * 0x00204081u) & 0x01010101u;  // bit k -> byte k
+  return Dot4(SpreadNibbles(codes) | (fifth << 4), act);
+}
+
 // Q4_0 / IQ4_NL, lane i's 4 products of one block (its share of the block's int32 sum, which
 // the group adds up): values of the 4 codes in the 2 bytes of `codes` . the 4 activations.
 template <bool kIQ4>
 __host__ __device__ inline int Table4LanePart(uint32_t codes, uint32_t act) {
-  const uint32_t c = (codes & 0xFu) | ((codes & 0xF0u) << 4) | ((codes & 0xF00u) << 8) | ((codes & 0xF000u) << 12);
+  const uint32_t c = SpreadNibbles(codes);
   const uint32_t values = kIQ4 ? Lookup4(c, IQ4Word(0), IQ4Word(1), IQ4Word(2), IQ4Word(3))
                                : Lookup4(c, Q4_0Word(0), Q4_0Word(1), Q4_0Word(2), Q4_0Word(3));
   return Dot4(values, act);

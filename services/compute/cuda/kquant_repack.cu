@@ -26,6 +26,9 @@ __global__ void RepackKQuantKernel(const __grid_constant__ KQuantRepackArgs args
                          : kType == kDevIQ2_XXS ? kIQ2_XXSBlockBytes
                          : kType == kDevIQ2_XS  ? kIQ2_XSBlockBytes
                          : kType == kDevIQ3_XXS ? kIQ3_XXSBlockBytes
+                         : kType == kDevQ5_0    ? kQ5_0BlockBytes
+                         : kType == kDevQ4_1    ? kQ4_1BlockBytes
+                         : kType == kDevQ5_1    ? kQ5_1BlockBytes
                                                 : kTable4BlockBytes;
   const RepackJob& j = args.jobs[blockIdx.y];
   const int64_t n = j.bytes / kBytes;
@@ -48,6 +51,12 @@ __global__ void RepackKQuantKernel(const __grid_constant__ KQuantRepackArgs args
       RepackIQ2_XSBlock(j.src + b * kBytes, j.dst, n, b);
     else if constexpr (kType == kDevIQ3_XXS)
       RepackIQ3_XXSBlock(j.src + b * kBytes, j.dst, n, b);
+    else if constexpr (kType == kDevQ5_0)
+      RepackQ5_0Block(j.src + b * kBytes, j.dst, n, b);
+    else if constexpr (kType == kDevQ4_1)
+      RepackQ4_1Block(j.src + b * kBytes, j.dst, n, b);
+    else if constexpr (kType == kDevQ5_1)
+      RepackQ5_1Block(j.src + b * kBytes, j.dst, n, b);
     else
       RepackTable4Block(j.src + b * kBytes, j.dst, n, b);
   }
@@ -78,6 +87,12 @@ int KQuantBlockBytes(int type) {
     case kDevQ4_0:
     case kDevIQ4_NL:
       return kTable4BlockBytes;
+    case kDevQ5_0:
+      return kQ5_0BlockBytes;
+    case kDevQ4_1:
+      return kQ4_1BlockBytes;
+    case kDevQ5_1:
+      return kQ5_1BlockBytes;
     default:
       return 0;
   }
@@ -92,8 +107,9 @@ void LaunchRepackKQuant(int type, const RepackJob* jobs, int n_jobs, cudaStream_
   }
   KQuantRepackArgs args{};
   for (int i = 0; i < n_jobs; ++i) {
-    if (jobs[i].bytes % block_bytes != 0 ||
-        jobs[i].cols % (block_bytes == kTable4BlockBytes ? kTable4Block : kKBlock) != 0) {
+    const bool block_of_32 =
+        type == kDevQ4_0 || type == kDevIQ4_NL || type == kDevQ5_0 || type == kDevQ4_1 || type == kDevQ5_1;
+    if (jobs[i].bytes % block_bytes != 0 || jobs[i].cols % (block_of_32 ? kTable4Block : kKBlock) != 0) {
       std::fprintf(stderr, "repack (k-quant): job %d of %lld bytes, %lld cols\n", i,
                    static_cast<long long>(jobs[i].bytes), static_cast<long long>(jobs[i].cols));
       std::abort();
@@ -128,6 +144,15 @@ void LaunchRepackKQuant(int type, const RepackJob* jobs, int n_jobs, cudaStream_
       break;
     case kDevIQ3_XXS:
       RepackKQuantKernel<kDevIQ3_XXS><<<grid, 256, 0, stream>>>(args);
+      break;
+    case kDevQ5_0:
+      RepackKQuantKernel<kDevQ5_0><<<grid, 256, 0, stream>>>(args);
+      break;
+    case kDevQ4_1:
+      RepackKQuantKernel<kDevQ4_1><<<grid, 256, 0, stream>>>(args);
+      break;
+    case kDevQ5_1:
+      RepackKQuantKernel<kDevQ5_1><<<grid, 256, 0, stream>>>(args);
       break;
     default:  // Q4_0 and IQ4_NL share one layout
       RepackKQuantKernel<kDevQ4_0><<<grid, 256, 0, stream>>>(args);

@@ -1,8 +1,9 @@
 // Dense matrix products out[t, r] = (residual ? residual[t, r] : 0) + W[r, :] . act[t, :], for up
 // to three matrices that read the same activations (Q, K and V), in one launch.
 // Weights: F32, F16, BF16, Q8_0 in the device layout (device_layout.cuh), all of one type, with
-// cols a multiple of 32 (shared by the matrices); Q4_0, IQ4_NL, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS:
-// kquant_matvec.cuh. Results equal the CPU engine's bit for bit (warp_dot.cuh). Activations: n_tokens rows of the weight's dot type.
+// cols a multiple of 32 (shared by the matrices); the other quantized types: kquant_matvec.cuh.
+// Results equal the CPU engine's bit for bit (warp_dot.cuh). Activations: n_tokens rows of the
+// weight's dot type.
 #pragma once
 
 #include <cuda_runtime.h>

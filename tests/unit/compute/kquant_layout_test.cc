@@ -1,9 +1,10 @@
-// The cuda backend's K-quant and IQ (IQ4_XS, IQ2_XXS) arithmetic run on the host (no GPU needed): the device layouts and
-// per-lane integer sums of services/compute/cuda/kquant_layout.cuh, driven the way the kernels
-// drive them (kquant_dot.cuh: 8 lanes per row, an fma chain per lane over the blocks, the CPU's
-// reduction trees; kquant_quantize.cu: the Q8_K conversion; kquant_dequant.cuh: embedding rows),
-// against the CPU engine's kernels, for exact equality. A failure names the type, size, row and
-// token. The GPU runs the same functions (tests/gpu/cuda_kernels_test.cc checks the kernels).
+// The cuda backend's arithmetic for the quantized types other than Q8_0, run on the host (no GPU
+// needed): the device layouts and per-lane integer sums of services/compute/cuda/kquant_layout.cuh,
+// driven the way the kernels drive them (kquant_dot.cuh: 8 lanes per row, an fma chain per lane or
+// per row over the blocks, the CPU's reduction trees; kquant_quantize.cu: the Q8_K conversion;
+// kquant_dequant.cuh: embedding rows), against the CPU engine's kernels, for exact equality. A
+// failure names the type, size, row and token. The GPU runs the same functions
+// (tests/gpu/cuda_kernels_test.cc checks the kernels).
 #include "services/compute/cuda/kquant_layout.cuh"
 
 #include <gtest/gtest.h>
@@ -74,6 +75,12 @@ int BlockBytes(GgmlType type) {
     case GgmlType::kQ4_0:
     case GgmlType::kIQ4_NL:
       return cuda::kTable4BlockBytes;
+    case GgmlType::kQ5_0:
+      return cuda::kQ5_0BlockBytes;
+    case GgmlType::kQ4_1:
+      return cuda::kQ4_1BlockBytes;
+    case GgmlType::kQ5_1:
+      return cuda::kQ5_1BlockBytes;
     default:
       ADD_FAILURE() << TypeName(type);
       return 1;
@@ -107,8 +114,9 @@ std::vector<uint8_t> RandomWeights(GgmlType type, int64_t rows, int64_t cols, bo
     } else if (type == GgmlType::kQ2_K) {
       std::memcpy(blk + 80, &d, 2);
       std::memcpy(blk + 82, &dmin, 2);
-    } else {  // IQ4_XS, IQ2_XXS, Q4_0, IQ4_NL: d first
+    } else {  // the others: d first; Q4_1 and Q5_1 then m
       std::memcpy(blk, &d, 2);
+      if (type == GgmlType::kQ4_1 || type == GgmlType::kQ5_1) std::memcpy(blk + 2, &dmin, 2);
     }
   }
   return w;
@@ -147,6 +155,15 @@ std::vector<uint8_t> Repack(GgmlType type, const std::vector<uint8_t>& w) {
         break;
       case GgmlType::kIQ3_XXS:
         cuda::RepackIQ3_XXSBlock(src, dev.data(), n, b);
+        break;
+      case GgmlType::kQ5_0:
+        cuda::RepackQ5_0Block(src, dev.data(), n, b);
+        break;
+      case GgmlType::kQ4_1:
+        cuda::RepackQ4_1Block(src, dev.data(), n, b);
+        break;
+      case GgmlType::kQ5_1:
+        cuda::RepackQ5_1Block(src, dev.data(), n, b);
         break;
       default:
         cuda::RepackTable4Block(src, dev.data(), n, b);
@@ -320,6 +337,52 @@ float EmulateTable4RowDot(GgmlType type, const uint8_t* m, int64_t n, int64_t b_
   return acc;
 }
 
+// Table4GroupDots' Q5_0 path for one row: lane g's chain over the blocks, then the 8-lane tree.
+float EmulateQ5_0RowDot(const uint8_t* m, int64_t n, int64_t b_row, int64_t nb, const uint8_t* act, const float* act_d,
+                        int64_t stride) {
+  float acc[8] = {};
+  for (int64_t bi = 0; bi < nb; ++bi) {
+    const int64_t b = b_row + bi;
+    const float dw = F16ToF32(Load<f16_bits>(m + cuda::Q5_0DOffset(n, b)));
+    const uint32_t qh = Load<uint32_t>(m + cuda::Q5_0QhOffset(n, b));
+    for (int g = 0; g < 8; ++g) {
+      const uint32_t codes = Load<uint16_t>(m + cuda::Table4CodesOffset(b, g));
+      const uint32_t a = Load<uint32_t>(act + cuda::Q8_0QuantOffset(32 * bi + 4 * g, stride / 32));
+      acc[g] = std::fma(dw * act_d[bi], static_cast<float>(cuda::Q5_0LaneSum(codes, qh, g, a)), acc[g]);
+    }
+  }
+  float s4[4], s2[2];
+  for (int i = 0; i < 4; ++i) s4[i] = acc[i] + acc[i + 4];
+  for (int i = 0; i < 2; ++i) s2[i] = s4[i] + s4[i + 2];
+  return s2[0] + s2[1];
+}
+
+// Table4GroupDots' Q4_1 / Q5_1 path for one row against a Q8_1 row (scales: d | s << 16 as f16
+// bits): lane g's chain, lane 0's m * s chain, then the 8-lane tree plus that chain.
+float EmulateQ5_1RowDot(GgmlType type, const uint8_t* m, int64_t n, int64_t b_row, int64_t nb, const uint8_t* act,
+                        const uint32_t* act_ds, int64_t stride) {
+  const bool five = type == GgmlType::kQ5_1;
+  float acc[8] = {}, acc_m = 0.0f;
+  for (int64_t bi = 0; bi < nb; ++bi) {
+    const int64_t b = b_row + bi;
+    const int64_t dm = five ? cuda::Q5_1DmOffset(n, b) : cuda::Q4_1DmOffset(n, b);
+    const float dw = F16ToF32(Load<f16_bits>(m + dm)), mw = F16ToF32(Load<f16_bits>(m + dm + 2));
+    const float da = F16ToF32(static_cast<f16_bits>(act_ds[bi] & 0xffffu));
+    const float sa = F16ToF32(static_cast<f16_bits>(act_ds[bi] >> 16));
+    const uint32_t qh = five ? Load<uint32_t>(m + cuda::Q5_1QhOffset(n, b)) : 0u;
+    for (int g = 0; g < 8; ++g) {
+      const uint32_t codes = Load<uint16_t>(m + cuda::Table4CodesOffset(b, g));
+      const uint32_t a = Load<uint32_t>(act + cuda::Q8_0QuantOffset(32 * bi + 4 * g, stride / 32));
+      acc[g] = std::fma(dw * da, static_cast<float>(cuda::Q5_1LaneSum(codes, qh, g, a)), acc[g]);
+    }
+    acc_m = std::fma(mw, sa, acc_m);
+  }
+  float s4[4], s2[2];
+  for (int i = 0; i < 4; ++i) s4[i] = acc[i] + acc[i + 4];
+  for (int i = 0; i < 2; ++i) s2[i] = s4[i] + s4[i + 2];
+  return (s2[0] + s2[1]) + acc_m;
+}
+
 // A CPU Q8_0 row in the device layout: quants interleaved by runs of 4 blocks, f32 scales.
 void ToDeviceQ8_0(const std::vector<BlockQ8_0>& a, int64_t cols, std::vector<uint8_t>* row, std::vector<float>* d) {
   row->assign(cols, 0xAB);
@@ -469,10 +532,12 @@ TEST(KQuantLayout, LaneDotsMatchCpuKernels) {
 }
 
 // Q4_0 and IQ4_NL rows (Q8_0 activations), row counts that are and are not multiples of 8 (the
-// CPU's 8-row and 1-row kernels, the same per-row chain), against the CPU kernels.
+// CPU's 8-row and 1-row kernels, the same per-row chain), and Q5_0, Q4_1 and Q5_1 rows (the last
+// two with Q8_1 activations, whose quants are Q8_0's), against the CPU kernels.
 TEST(KQuantLayout, Table4LaneDotsMatchCpuKernels) {
   int checked = 0;
-  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kIQ4_NL}) {
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kIQ4_NL, GgmlType::kQ5_0, GgmlType::kQ4_1, GgmlType::kQ5_1}) {
+    const bool q8_1 = type == GgmlType::kQ4_1 || type == GgmlType::kQ5_1;
     for (int64_t cols : {32, 96, 128, 160, 768, 2048}) {
       for (int64_t rows : {1, 8, 13, 33}) {
         for (bool raw : {false, true}) {
@@ -482,19 +547,28 @@ TEST(KQuantLayout, Table4LaneDotsMatchCpuKernels) {
           for (int t = 0; t < 3; ++t) {
             std::vector<float> x = Random(cols, t == 2 ? 50.0f : 1.0f);
             std::vector<BlockQ8_0> a(nb);
+            std::vector<BlockQ8_1> a1(nb);
             QuantizeRow(GgmlType::kQ8_0, x.data(), a.data(), cols);
+            QuantizeRow(GgmlType::kQ8_1, x.data(), a1.data(), cols);
             if (t == 2)  // extreme activations: every quant +-127
               for (int64_t b = 0; b < nb; ++b)
-                for (int i = 0; i < 32; ++i) a[b].qs[i] = (i + b) % 3 == 0 ? -127 : 127;
+                for (int i = 0; i < 32; ++i) a[b].qs[i] = a1[b].qs[i] = (i + b) % 3 == 0 ? -127 : 127;
+            const void* cpu_act = q8_1 ? static_cast<const void*>(a1.data()) : static_cast<const void*>(a.data());
             std::vector<float> want(rows), want_avx2(rows);
-            VecDotRows(type, w.data(), rows, a.data(), cols, want.data());
-            VecDotRowsWith(KernelVariant::kAvx2, type, w.data(), rows, a.data(), cols, want_avx2.data());
+            VecDotRows(type, w.data(), rows, cpu_act, cols, want.data());
+            VecDotRowsWith(KernelVariant::kAvx2, type, w.data(), rows, cpu_act, cols, want_avx2.data());
             std::vector<uint8_t> act;
             std::vector<float> act_d;
             ToDeviceQ8_0(a, cols, &act, &act_d);
+            std::vector<uint32_t> act_ds(nb);  // Q8_1: d | s << 16; its quants are Q8_0's
+            for (int64_t b = 0; b < nb; ++b) act_ds[b] = a1[b].d | (static_cast<uint32_t>(a1[b].s) << 16);
             for (int64_t r = 0; r < rows; ++r) {
               ASSERT_EQ(want[r], want_avx2[r]) << "CPU variants differ: " << TypeName(type) << " row " << r;
-              const float got = EmulateTable4RowDot(type, dev.data(), n, r * nb, nb, act.data(), act_d.data(), cols);
+              const float got =
+                  q8_1 ? EmulateQ5_1RowDot(type, dev.data(), n, r * nb, nb, act.data(), act_ds.data(), cols)
+                  : type == GgmlType::kQ5_0
+                      ? EmulateQ5_0RowDot(dev.data(), n, r * nb, nb, act.data(), act_d.data(), cols)
+                      : EmulateTable4RowDot(type, dev.data(), n, r * nb, nb, act.data(), act_d.data(), cols);
               ASSERT_EQ(got, want[r]) << TypeName(type) << " " << rows << "x" << cols << (raw ? " raw" : "")
                                       << " token " << t << " row " << r;
               ++checked;
@@ -551,8 +625,9 @@ TEST(KQuantLayout, EmbeddingDequantMatchesCpu) {
 
 // kquant_dequant.cuh's host/device functions for the other types, as they are.
 TEST(KQuantLayout, EmbeddingDequantMatchesCpuForTheOtherTypes) {
-  for (GgmlType type : {GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ5_K, GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS,
-                        GgmlType::kIQ2_XS, GgmlType::kIQ3_XXS, GgmlType::kQ4_0, GgmlType::kIQ4_NL}) {
+  for (GgmlType type :
+       {GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ5_K, GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS, GgmlType::kIQ2_XS,
+        GgmlType::kIQ3_XXS, GgmlType::kQ4_0, GgmlType::kIQ4_NL, GgmlType::kQ5_0, GgmlType::kQ4_1, GgmlType::kQ5_1}) {
     for (bool raw : {false, true}) {
       const int64_t rows = 20, cols = 1024;
       const std::vector<uint8_t> w = RandomWeights(type, rows, cols, raw);
@@ -568,6 +643,9 @@ TEST(KQuantLayout, EmbeddingDequantMatchesCpuForTheOtherTypes) {
                             : type == GgmlType::kIQ4_XS  ? cuda::DequantIQ4_XS(row, i)
                             : type == GgmlType::kQ4_0    ? cuda::DequantTable4<false>(row, i)
                             : type == GgmlType::kIQ4_NL  ? cuda::DequantTable4<true>(row, i)
+                            : type == GgmlType::kQ5_0    ? cuda::DequantQ5_0(row, i)
+                            : type == GgmlType::kQ4_1    ? cuda::DequantQ5_1<false>(row, i)
+                            : type == GgmlType::kQ5_1    ? cuda::DequantQ5_1<true>(row, i)
                             : type == GgmlType::kIQ2_XS  ? cuda::DequantIQ2_XS(row, i, kIQ2_XSGrid)
                             : type == GgmlType::kIQ3_XXS ? cuda::DequantIQ3_XXS(row, i, kIQ3_XXSGrid)
                                                          : cuda::DequantIQ2_XXS(row, i, kIQ2_XXSGrid);
