@@ -50,7 +50,7 @@ for confident predictions, evicting only unpinned slots (a build without CUDA re
 saying so). --tiers: with exclusive tiers the RAM tier holds what the arena does not (an expert's
 RAM copy goes once it is in VRAM; an expert evicted from VRAM is copied back into RAM), so the
 two budgets add up; inclusive keeps every arena resident's RAM copy too; auto (the default) is
-exclusive while the RAM tier cannot hold every expert. --vram-prefetch-inflight (default 1, at most
+exclusive while the RAM tier cannot hold every expert. --vram-prefetch-inflight (default 3, at most
 3 of the 4 copies in flight) bounds the copies into the arena made for predictions. Under systemd (Type=notify) it reports READY once serving and pings WatchdogSec= while
 its loop turns. Counters go to stderr at exit and,
 with --stats-interval, periodically. Prometheus metrics (docs/metrics.md) are served on
@@ -67,7 +67,7 @@ struct Args {
   std::string pin = "auto";
   std::string io_faults;
   bool prefetch = false, take_over = false, warm = false, check_invariants = false;
-  int64_t io_inflight = 16, prefetch_inflight = 2, vram_prefetch_inflight = 1;
+  int64_t io_inflight = 16, prefetch_inflight = 2, vram_prefetch_inflight = 3;
   double stats_interval = 0;
 };
 

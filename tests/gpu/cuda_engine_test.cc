@@ -141,9 +141,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"small", SynthQuant::kF16, "small_f16"}, Case{"small", SynthQuant::kQ8_0, "small_q8_0"},
         Case{"tiny", SynthQuant::kQ4_K, "tiny_q4_k"}, Case{"small", SynthQuant::kQ4_K, "small_q4_k"},
         // The small preset's matrices are whole 256-blocks, so these types run
-        // throughout (the tiny preset's down rows of 128 fall back to Q5_1, which
-        // the cuda backend refuses, or IQ4_NL). Q5_K_M mixes Q5_K and Q6_K per
-        // layer in attn_v and the experts' down.
+        // throughout (the tiny preset's down rows of 128 fall back to a 32-block
+        // type). Q5_K_M mixes Q5_K and Q6_K per layer in attn_v and the experts'
+        // down.
         Case{"small", SynthQuant::kQ5_K_M, "small_q5_k_m"}, Case{"small", SynthQuant::kQ5_K, "small_q5_k"},
         Case{"small", SynthQuant::kIQ4_XS, "small_iq4_xs"}, Case{"small", SynthQuant::kIQ2_XXS, "small_iq2_xxs"},
         // Tiny: IQ4_XS and IQ2_XXS beside an IQ4_NL down (Q8_0 activations).

@@ -2,7 +2,8 @@
 # The served GPU path on the GPU machine, in steps (STEPS, default "engine geometries bench"):
 #   ipc:        cuda_ipc_test (the arena over CUDA IPC filled by a mer-residency process: preloaded,
 #               device-decided misses, host-served misses) on tiny and small Q8_0;
-#   kernels:    cuda_kernels_test, every kernel against its CPU reference;
+#   kernels:    cuda_kernels_test (KERNELS_FILTER, default all), every kernel against its CPU
+#               reference;
 #   engine:     cuda_engine_test with ENGINE_FILTER (default: random geometries, RandomGeometry: 24
 #               of them, arena 100% and 25%, and two corpus cases);
 #   geometries: tests/integration/served_geometries_test.sh with --backend cuda on GEOM_SEEDS
@@ -13,6 +14,9 @@
 #               DecodeGreedy), and the three daemons with one stream (tests/gpu/batch_bench.sh
 #               STREAMS=1) for each of MISS_PATHS (mer-compute --miss-path; CUDA_DEBUG=1 logs
 #               the device path's layers): decode tokens/s, host syncs per token, side by side;
+#   profile:    `mer bench --profile-kernels 1` on the same store, every expert in VRAM, one
+#               prompt of each of PROFILE_PROMPTS tokens: GPU time per kernel kind of a prompt step
+#               (a proxy for a batch step of as many tokens);
 #   served:     the same store through the three daemons, one stream, for each of SERVED_RUNS
 #               ("VRAM:RAM:MISS_PATH:ARENA_POLICY:RAM_POLICY[:VRAM_PREFETCH_COPIES]" each, e.g. 25%:25%:device:lfu:lfu for
 #               a quarter of the experts in VRAM, another quarter in RAM and the rest read from
@@ -37,6 +41,8 @@ STORE=${STORE:-/tmp/mer-30b-q8_0-skew$SKEW.store}
 BUDGETS=${BUDGETS:-"100%"}
 MISS_PATHS=${MISS_PATHS:-"host"}
 SERVED_RUNS=${SERVED_RUNS:-"25%:100%:device:lfu:lfu 25%:25%:device:lfu:lfu"}
+KERNELS_FILTER=${KERNELS_FILTER:-"*"}
+PROFILE_PROMPTS=${PROFILE_PROMPTS:-"77"}
 ENGINE_FILTER=${ENGINE_FILTER:-"Seeds/RandomGeometry.*:Corpus/CudaVsCpu.*/tiny_q8_0:Corpus/CudaVsCpu.*/small_q4_k"}
 FAULT_COMPUTE_FLAGS=${FAULT_COMPUTE_FLAGS:-"--backend cuda --vram-expert-budget 50% --miss-path device"}
 ONE_PROCESS=${ONE_PROCESS:-1}  # 0: skip the one-process mer bench of the bench step
@@ -65,7 +71,7 @@ fi
 
 if has_step kernels; then
   t0=$SECONDS
-  timeout "$(left 120)" "$BUNDLE/run" cuda_kernels_test > "$OUT/kernels.log" 2>&1
+  timeout "$(left 120)" "$BUNDLE/run" cuda_kernels_test --gtest_filter="$KERNELS_FILTER" > "$OUT/kernels.log" 2>&1
   note "cuda_kernels_test: rc=$? in $((SECONDS - t0)) s, $(grep -c '^\[       OK' "$OUT/kernels.log") ok," \
        "$(grep -c '^\[  FAILED' "$OUT/kernels.log") failed"
   grep -E '^\[  FAILED|Failure|Expected|Which is' "$OUT/kernels.log" | head -20 | tee -a "$summary"
@@ -108,7 +114,7 @@ if has_step geometries; then
   grep -E '^FAIL|refused|served geometries' "$OUT/geometries.log" | head -30 | tee -a "$summary"
 fi
 
-if has_step bench || has_step batch || has_step served; then
+if has_step bench || has_step batch || has_step served || has_step profile; then
   if [ ! -s "$STORE/manifest" ]; then
     t0=$SECONDS
     timeout "$(left 300)" "$BUNDLE/run" mer synth --preset qwen3-30b-a3b --quant q8_0 --router-skew "$SKEW" \
@@ -117,20 +123,39 @@ if has_step bench || has_step batch || has_step served; then
   fi
 fi
 
+# One process: mer bench over the store beside a mer-residency (RAM tier 100%) named $tag.
+start_bench_residency() {
+  tag="mer-bench-$$"
+  "$BUNDLE/run" mer-residency --store "$STORE" --instance "$tag" --ram-budget 100% --policy lfu \
+    --metrics-listen off > "$OUT/bench_residency.log" 2>&1 &
+  rpid=$!
+  for _ in $(seq 1 600); do grep -q ': ready' "$OUT/bench_residency.log" && break; sleep 0.2; done
+}
+stop_bench_residency() {
+  kill -TERM $rpid; wait $rpid 2>/dev/null
+  rm -f "/dev/shm/$tag"*
+}
+
+if has_step profile; then
+  start_bench_residency
+  for p in $PROFILE_PROMPTS; do
+    timeout "$(left 150)" "$BUNDLE/run" mer bench --store "$STORE" --residency "$tag" --backend cuda \
+      --vram-expert-budget 100% --prompt-tokens "$p" --gen-tokens 8 --warmup 1 --runs 1 --profile-kernels 1 \
+      > "$OUT/profile_$p.log" 2>&1
+    note "mer bench --profile-kernels 1, prompt $p tokens: rc=$?"
+    tee -a "$summary" < "$OUT/profile_$p.log" | tail -0
+  done
+  stop_bench_residency
+fi
+
 if has_step bench; then
   for b in $BUDGETS; do
     if [ "$ONE_PROCESS" = 1 ]; then
-      # One process: mer bench over the store beside a mer-residency (RAM tier 100%).
-      tag="mer-bench-$$"
-      "$BUNDLE/run" mer-residency --store "$STORE" --instance "$tag" --ram-budget 100% --policy lfu \
-        --metrics-listen off > "$OUT/bench_residency.log" 2>&1 &
-      rpid=$!
-      for _ in $(seq 1 600); do grep -q ': ready' "$OUT/bench_residency.log" && break; sleep 0.2; done
+      start_bench_residency
       timeout "$(left 200)" "$BUNDLE/run" mer bench --store "$STORE" --residency "$tag" --backend cuda \
         --vram-expert-budget "$b" --prompt-tokens 31 --gen-tokens 128 --warmup 1 --runs 3 > "$OUT/bench_$b.log" 2>&1
       note "mer bench (one process, store, VRAM $b): rc=$? $(grep -E '^(decode_tps|prompt_tps|host_syncs_per_token|vram_hit_rate)' "$OUT/bench_$b.log" | awk '{printf "%s %s  ", $1, $2}')"
-      kill -TERM $rpid; wait $rpid 2>/dev/null
-      rm -f "/dev/shm/$tag"*
+      stop_bench_residency
     fi
     # The three daemons, one stream, each miss path.
     for mp in $MISS_PATHS; do
@@ -147,7 +172,7 @@ if has_step served; then
   for run in $SERVED_RUNS; do
     # An optional sixth field: VRAM prefetch copies in flight (mer-residency --vram-prefetch-inflight).
     IFS=: read -r v r mp ap rp vp <<< "$run"
-    vp=${vp:-1}
+    vp=${vp:-3}
     d="$OUT/served_${v}_${r}_${mp}_${ap}_${rp}_${vp}"
     OUT="$d" STORE="$STORE" STREAMS=1 REQUESTS=3 VRAM_BUDGET="$v" RAM_BUDGET="$r" POLICY="$rp" \
       EXTRA_COMPUTE_FLAGS="--miss-path $mp --arena-policy $ap" EXTRA_RESIDENCY_FLAGS="--vram-prefetch-inflight $vp" \
