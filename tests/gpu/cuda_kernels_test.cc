@@ -168,9 +168,11 @@ TEST(CudaKernels, MatvecMatchesCpuRowDots) {
   };
   for (GgmlType type : kTypes) {
     // One token of Q8_0 with 4,096 cols takes the warp-per-row path (matvec.cu, warp_dot.cuh
-    // WarpQ8_0Rows); the others the lane-group path.
+    // WarpQ8_0Rows); the others the lane-group path. Several tokens of Q8_0 rows in multiples of
+    // 16 take the tensor-core kernel (mma_q8_0.cuh; 160 and 96 columns: blocks past the last run of
+    // 4), the others the staged dp4a kernel where the rows fit.
     for (Size sz : {Size{2, 32}, Size{67, 64}, Size{33, 160}, Size{256, 256}, Size{512, 768}, Size{1000, 2048},
-                    Size{5, 128}, Size{300, 4096}, Size{3, 8192}}) {
+                    Size{5, 128}, Size{300, 4096}, Size{3, 8192}, Size{48, 160}, Size{64, 96}, Size{16, 4096}}) {
       // 31 tokens: staged blocks of 8, 8, 8 and 7 tokens (passes of 8, and 4 + 2 + 1) where Q8_0 rows fit.
       for (int n : {1, 3, 9, 17, 31}) {
         const int64_t rb = RowBytes(type, sz.cols);
@@ -778,11 +780,14 @@ TEST(CudaKernels, KQuantMatvecMatchesCpuRowDots) {
 // kernel loads its rows before its wait), experts at permuted arena slots laid out as CudaEngine
 // does, against the CPU engine's MoE: row dots, SwiGLU (cpu_ops.h), conversion of h, down row dots. One token also
 // goes through the decode path's down kernel, which converts h itself.
-TEST(CudaKernels, ExpertsMatchCpu) {
-  struct Mix {
-    GgmlType gate, down;
-    int64_t E, F;
-  };
+struct ExpertMix {
+  GgmlType gate, down;
+  int64_t E, F;  // n_embd, n_ff
+};
+
+// One layer's gate/up and down over 6 experts, top-2 of n tokens, against the CPU engine's MoE:
+// h and the down output bit for bit.
+void ExpertsMatchCpuFor(const ExpertMix& mix, int n) {
   const int NE = 6, K = 2;
   auto align = [](int64_t b) { return (b + 255) / 256 * 256; };
   auto weights = [](GgmlType type, int64_t rows, int64_t cols, bool raw) {
@@ -792,128 +797,152 @@ TEST(CudaKernels, ExpertsMatchCpu) {
     for (int64_t r = 0; r < rows; ++r) QuantizeRow(type, &f[r * cols], &q[r * RowBytes(type, cols)], cols);
     return q;
   };
-  for (Mix mix :
-       {Mix{GgmlType::kQ4_K, GgmlType::kQ6_K, 768, 512},      Mix{GgmlType::kQ4_K, GgmlType::kQ4_K, 768, 512},
-        Mix{GgmlType::kQ4_K, GgmlType::kQ8_0, 768, 512},      Mix{GgmlType::kQ6_K, GgmlType::kQ6_K, 768, 512},
-        Mix{GgmlType::kQ5_K, GgmlType::kQ6_K, 768, 512},      Mix{GgmlType::kQ5_K, GgmlType::kQ5_K, 768, 512},
-        Mix{GgmlType::kQ5_K, GgmlType::kQ8_0, 768, 512},      Mix{GgmlType::kIQ4_XS, GgmlType::kIQ4_XS, 768, 512},
-        Mix{GgmlType::kIQ4_XS, GgmlType::kQ5_K, 768, 512},    Mix{GgmlType::kIQ2_XXS, GgmlType::kIQ2_XXS, 768, 512},
-        Mix{GgmlType::kIQ2_XXS, GgmlType::kQ8_0, 768, 512},   Mix{GgmlType::kQ6_K, GgmlType::kIQ2_XXS, 768, 512},
-        Mix{GgmlType::kIQ4_XS, GgmlType::kIQ4_NL, 256, 128},  Mix{GgmlType::kIQ2_XXS, GgmlType::kIQ4_NL, 256, 128},
-        Mix{GgmlType::kQ4_0, GgmlType::kQ4_0, 256, 160},      Mix{GgmlType::kIQ4_NL, GgmlType::kIQ4_NL, 768, 512},
-        Mix{GgmlType::kQ3_K, GgmlType::kQ5_K, 768, 512},      Mix{GgmlType::kQ3_K, GgmlType::kQ4_K, 768, 512},
-        Mix{GgmlType::kQ2_K, GgmlType::kQ2_K, 768, 512},      Mix{GgmlType::kQ2_K, GgmlType::kQ4_0, 256, 128},
-        Mix{GgmlType::kIQ2_XS, GgmlType::kIQ2_XS, 768, 512},  Mix{GgmlType::kIQ3_XXS, GgmlType::kIQ3_XXS, 768, 512},
-        Mix{GgmlType::kIQ3_XXS, GgmlType::kIQ4_NL, 256, 128}, Mix{GgmlType::kIQ2_XS, GgmlType::kQ6_K, 768, 512},
-        Mix{GgmlType::kQ3_K, GgmlType::kQ5_0, 256, 128},      Mix{GgmlType::kQ5_0, GgmlType::kQ5_0, 256, 160},
-        Mix{GgmlType::kQ4_1, GgmlType::kQ4_1, 256, 160},      Mix{GgmlType::kQ5_K, GgmlType::kQ5_1, 256, 128},
-        Mix{GgmlType::kQ8_0, GgmlType::kQ8_0, 2048, 768},     Mix{GgmlType::kQ8_0, GgmlType::kQ8_0, 768, 512}}) {
-    const int64_t E = mix.E, F = mix.F;
-    for (int n : {1, 5, 40}) {  // 40: ~13 pairs per expert, several passes of the staged kernels
-      const int64_t gate_bytes = F * RowBytes(mix.gate, E), down_bytes = E * RowBytes(mix.down, F);
-      const int64_t up_offset = align(gate_bytes), down_offset = up_offset + align(gate_bytes);
-      const int64_t slot_bytes = align(down_offset + down_bytes);
-      std::vector<std::vector<uint8_t>> gate(NE), up(NE), down(NE);
-      for (int e = 0; e < NE; ++e) {
-        gate[e] = weights(mix.gate, F, E, e % 2 == 1);
-        up[e] = weights(mix.gate, F, E, e % 3 == 1);
-        down[e] = weights(mix.down, E, F, e % 2 == 0);
-      }
-      // Expert e in slot NE - 1 - e, each matrix repacked in place as CudaEngine::UploadExpert does.
-      uint8_t* arena = DeviceNaN<uint8_t>(NE * slot_bytes);
-      std::vector<void*> sources;
-      for (int e = 0; e < NE; ++e) {
-        uint8_t* slot = arena + (NE - 1 - e) * slot_bytes;
-        const std::vector<uint8_t>* parts[3] = {&gate[e], &up[e], &down[e]};
-        const int64_t offsets[3] = {0, up_offset, down_offset}, cols[3] = {E, E, F};
-        const GgmlType types[3] = {mix.gate, mix.gate, mix.down};
-        for (int i = 0; i < 3; ++i) {
-          uint8_t* src = ToDevice(*parts[i]);
-          sources.push_back(src);
-          const cuda::RepackJob job{src, slot + offsets[i], int64_t(parts[i]->size()), cols[i]};
-          cuda::LaunchRepack(static_cast<int>(types[i]), &job, 1, nullptr);
-        }
-      }
-      std::vector<int32_t> slots(NE);
-      for (int e = 0; e < NE; ++e) slots[e] = NE - 1 - e;
-      // Top-2 of each token: distinct experts, several tokens per expert.
-      std::vector<int32_t> chosen(n * K);
-      for (int t = 0; t < n; ++t) {
-        chosen[t * K] = (3 * t) % NE;
-        chosen[t * K + 1] = (3 * t + 1 + t % 2) % NE;
-      }
-      const int n_pairs = n * K;
-      int32_t* d_slots = ToDevice(slots);
-      int32_t* d_chosen = ToDevice(chosen);
-      int32_t* buf = DeviceNaN<int32_t>(2 + NE + NE + 1 + n_pairs);
-      unsigned long long* lookups = nullptr;
-      CUDA_CHECK(cudaMalloc(&lookups, 8));
-      CUDA_CHECK(cudaMemset(lookups, 0, 8));
-      const cuda::MoeGroups groups{buf, buf + 1, buf + 2, buf + 2 + NE, buf + 2 + NE + NE + 1, lookups};
-      cuda::LaunchMoeGroup(d_chosen, n_pairs, NE, d_slots, groups, nullptr);
-
-      // CPU reference (CpuEngine::MoE for one layer).
-      const std::vector<float> x = Random(n * E);
-      const GgmlType down_act = ActivationTypeFor(mix.down);
-      std::vector<float> h_want(n_pairs * F), out_want(n_pairs * E);
-      const GgmlType gate_act = ActivationTypeFor(mix.gate);
-      std::vector<uint8_t> xa(RowBytes(gate_act, E));
-      std::vector<uint8_t> ha(RowBytes(down_act, F));
-      for (int p = 0; p < n_pairs; ++p) {
-        const int e = chosen[p];
-        QuantizeRow(gate_act, &x[(p / K) * E], xa.data(), E);
-        std::vector<float> g(F), u(F);
-        VecDotRows(mix.gate, gate[e].data(), F, xa.data(), E, g.data());
-        VecDotRows(mix.gate, up[e].data(), F, xa.data(), E, u.data());
-        cpu::SwiGlu(g.data(), u.data(), static_cast<int64_t>(g.size()));
-        std::copy(g.begin(), g.end(), &h_want[p * F]);
-        QuantizeRow(down_act, g.data(), ha.data(), F);
-        VecDotRows(mix.down, down[e].data(), E, ha.data(), F, &out_want[p * E]);
-      }
-
-      float* dx = ToDevice(x);
-      DeviceAct x_act(gate_act, E, n);
-      cuda::LaunchQuantize(dx, E, n, E, x_act.act, nullptr);
-      float* h = DeviceNaN<float>(n_pairs * F);
-      float* out = DeviceNaN<float>(n_pairs * E);
-      DeviceAct h_act(down_act, F, n_pairs);
-      cuda::ExpertArgs a{};
-      a.type = static_cast<int>(mix.gate);
-      a.down_type = static_cast<int>(mix.down);
-      a.arena = arena;
-      a.slot_bytes = slot_bytes;
-      a.slot_table = d_slots;
-      a.up_offset = up_offset;
-      a.down_offset = down_offset;
-      a.n_embd = E;
-      a.n_ff = F;
-      a.k = K;
-      a.n_used = groups.n_used;
-      a.used = groups.used;
-      a.begin = groups.begin;
-      a.pairs = groups.pairs;
-      a.u_begin = 0;
-      a.u_count = std::min(NE, n_pairs);
-      cuda::LaunchExpertGateUp(a, x_act.act, h, n, nullptr);
-      cuda::LaunchQuantize(h, F, n_pairs, F, h_act.act, nullptr);
-      cuda::LaunchExpertDown(a, h_act.act, out, n, nullptr);
-      const std::string name = std::string(TypeName(mix.gate)) + " gate/up, " + std::string(TypeName(mix.down)) +
-                               " down, " + std::to_string(n) + " tokens";
-      EXPECT_EQ(Mismatch(ToHost(h, n_pairs * F), h_want, F), "") << name << ": SwiGLU output h (token = pair)";
-      EXPECT_EQ(Mismatch(ToHost(out, n_pairs * E), out_want, E), "") << name << ": down output (token = pair)";
-      if (n == 1 && cuda::ExpertDownConvertsInput(a.down_type, F)) {
-        float* out_f32 = DeviceNaN<float>(n_pairs * E);
-        cuda::LaunchExpertDownFromF32(a, h, out_f32, nullptr);
-        EXPECT_EQ(Mismatch(ToHost(out_f32, n_pairs * E), out_want, E), "") << name << ": down converting h itself";
-        CUDA_CHECK(cudaFree(out_f32));
-      }
-      for (void* p : sources) CUDA_CHECK(cudaFree(p));
-      for (void* p :
-           {(void*)arena, (void*)d_slots, (void*)d_chosen, (void*)buf, (void*)lookups, (void*)dx, (void*)h, (void*)out})
-        CUDA_CHECK(cudaFree(p));
+  const int64_t E = mix.E, F = mix.F;
+  const int64_t gate_bytes = F * RowBytes(mix.gate, E), down_bytes = E * RowBytes(mix.down, F);
+  const int64_t up_offset = align(gate_bytes), down_offset = up_offset + align(gate_bytes);
+  const int64_t slot_bytes = align(down_offset + down_bytes);
+  std::vector<std::vector<uint8_t>> gate(NE), up(NE), down(NE);
+  for (int e = 0; e < NE; ++e) {
+    gate[e] = weights(mix.gate, F, E, e % 2 == 1);
+    up[e] = weights(mix.gate, F, E, e % 3 == 1);
+    down[e] = weights(mix.down, E, F, e % 2 == 0);
+  }
+  // Expert e in slot NE - 1 - e, each matrix repacked in place as CudaEngine::UploadExpert does.
+  uint8_t* arena = DeviceNaN<uint8_t>(NE * slot_bytes);
+  std::vector<void*> sources;
+  for (int e = 0; e < NE; ++e) {
+    uint8_t* slot = arena + (NE - 1 - e) * slot_bytes;
+    const std::vector<uint8_t>* parts[3] = {&gate[e], &up[e], &down[e]};
+    const int64_t offsets[3] = {0, up_offset, down_offset}, cols[3] = {E, E, F};
+    const GgmlType types[3] = {mix.gate, mix.gate, mix.down};
+    for (int i = 0; i < 3; ++i) {
+      uint8_t* src = ToDevice(*parts[i]);
+      sources.push_back(src);
+      const cuda::RepackJob job{src, slot + offsets[i], int64_t(parts[i]->size()), cols[i]};
+      cuda::LaunchRepack(static_cast<int>(types[i]), &job, 1, nullptr);
     }
+  }
+  std::vector<int32_t> slots(NE);
+  for (int e = 0; e < NE; ++e) slots[e] = NE - 1 - e;
+  // Top-2 of each token: distinct experts, several tokens per expert.
+  std::vector<int32_t> chosen(n * K);
+  for (int t = 0; t < n; ++t) {
+    chosen[t * K] = (3 * t) % NE;
+    chosen[t * K + 1] = (3 * t + 1 + t % 2) % NE;
+  }
+  const int n_pairs = n * K;
+  int32_t* d_slots = ToDevice(slots);
+  int32_t* d_chosen = ToDevice(chosen);
+  int32_t* buf = DeviceNaN<int32_t>(2 + NE + NE + 1 + n_pairs);
+  unsigned long long* lookups = nullptr;
+  CUDA_CHECK(cudaMalloc(&lookups, 8));
+  CUDA_CHECK(cudaMemset(lookups, 0, 8));
+  const cuda::MoeGroups groups{buf, buf + 1, buf + 2, buf + 2 + NE, buf + 2 + NE + NE + 1, lookups};
+  cuda::LaunchMoeGroup(d_chosen, n_pairs, NE, d_slots, groups, nullptr);
+
+  // CPU reference (CpuEngine::MoE for one layer).
+  const std::vector<float> x = Random(n * E);
+  const GgmlType down_act = ActivationTypeFor(mix.down);
+  std::vector<float> h_want(n_pairs * F), out_want(n_pairs * E);
+  const GgmlType gate_act = ActivationTypeFor(mix.gate);
+  std::vector<uint8_t> xa(RowBytes(gate_act, E));
+  std::vector<uint8_t> ha(RowBytes(down_act, F));
+  for (int p = 0; p < n_pairs; ++p) {
+    const int e = chosen[p];
+    QuantizeRow(gate_act, &x[(p / K) * E], xa.data(), E);
+    std::vector<float> g(F), u(F);
+    VecDotRows(mix.gate, gate[e].data(), F, xa.data(), E, g.data());
+    VecDotRows(mix.gate, up[e].data(), F, xa.data(), E, u.data());
+    cpu::SwiGlu(g.data(), u.data(), static_cast<int64_t>(g.size()));
+    std::copy(g.begin(), g.end(), &h_want[p * F]);
+    QuantizeRow(down_act, g.data(), ha.data(), F);
+    VecDotRows(mix.down, down[e].data(), E, ha.data(), F, &out_want[p * E]);
+  }
+
+  float* dx = ToDevice(x);
+  DeviceAct x_act(gate_act, E, n);
+  cuda::LaunchQuantize(dx, E, n, E, x_act.act, nullptr);
+  float* h = DeviceNaN<float>(n_pairs * F);
+  float* out = DeviceNaN<float>(n_pairs * E);
+  DeviceAct h_act(down_act, F, n_pairs);
+  cuda::ExpertArgs a{};
+  a.type = static_cast<int>(mix.gate);
+  a.down_type = static_cast<int>(mix.down);
+  a.arena = arena;
+  a.slot_bytes = slot_bytes;
+  a.slot_table = d_slots;
+  a.up_offset = up_offset;
+  a.down_offset = down_offset;
+  a.n_embd = E;
+  a.n_ff = F;
+  a.k = K;
+  a.n_used = groups.n_used;
+  a.used = groups.used;
+  a.begin = groups.begin;
+  a.pairs = groups.pairs;
+  a.u_begin = 0;
+  a.u_count = std::min(NE, n_pairs);
+  cuda::LaunchExpertGateUp(a, x_act.act, h, n, nullptr);
+  cuda::LaunchQuantize(h, F, n_pairs, F, h_act.act, nullptr);
+  cuda::LaunchExpertDown(a, h_act.act, out, n, nullptr);
+  const std::string name = std::string(TypeName(mix.gate)) + " gate/up, " + std::string(TypeName(mix.down)) +
+                           " down, " + std::to_string(n) + " tokens";
+  EXPECT_EQ(Mismatch(ToHost(h, n_pairs * F), h_want, F), "") << name << ": SwiGLU output h (token = pair)";
+  EXPECT_EQ(Mismatch(ToHost(out, n_pairs * E), out_want, E), "") << name << ": down output (token = pair)";
+  if (n == 1 && cuda::ExpertDownConvertsInput(a.down_type, F)) {
+    float* out_f32 = DeviceNaN<float>(n_pairs * E);
+    cuda::LaunchExpertDownFromF32(a, h, out_f32, nullptr);
+    EXPECT_EQ(Mismatch(ToHost(out_f32, n_pairs * E), out_want, E), "") << name << ": down converting h itself";
+    CUDA_CHECK(cudaFree(out_f32));
+  }
+  for (void* p : sources) CUDA_CHECK(cudaFree(p));
+  for (void* p :
+       {(void*)arena, (void*)d_slots, (void*)d_chosen, (void*)buf, (void*)lookups, (void*)dx, (void*)h, (void*)out})
+    CUDA_CHECK(cudaFree(p));
+}
+
+TEST(CudaKernels, ExpertsMatchCpu) {
+  for (ExpertMix mix : {ExpertMix{GgmlType::kQ4_K, GgmlType::kQ6_K, 768, 512},
+                        ExpertMix{GgmlType::kQ4_K, GgmlType::kQ4_K, 768, 512},
+                        ExpertMix{GgmlType::kQ4_K, GgmlType::kQ8_0, 768, 512},
+                        ExpertMix{GgmlType::kQ6_K, GgmlType::kQ6_K, 768, 512},
+                        ExpertMix{GgmlType::kQ5_K, GgmlType::kQ6_K, 768, 512},
+                        ExpertMix{GgmlType::kQ5_K, GgmlType::kQ5_K, 768, 512},
+                        ExpertMix{GgmlType::kQ5_K, GgmlType::kQ8_0, 768, 512},
+                        ExpertMix{GgmlType::kIQ4_XS, GgmlType::kIQ4_XS, 768, 512},
+                        ExpertMix{GgmlType::kIQ4_XS, GgmlType::kQ5_K, 768, 512},
+                        ExpertMix{GgmlType::kIQ2_XXS, GgmlType::kIQ2_XXS, 768, 512},
+                        ExpertMix{GgmlType::kIQ2_XXS, GgmlType::kQ8_0, 768, 512},
+                        ExpertMix{GgmlType::kQ6_K, GgmlType::kIQ2_XXS, 768, 512},
+                        ExpertMix{GgmlType::kIQ4_XS, GgmlType::kIQ4_NL, 256, 128},
+                        ExpertMix{GgmlType::kIQ2_XXS, GgmlType::kIQ4_NL, 256, 128},
+                        ExpertMix{GgmlType::kQ4_0, GgmlType::kQ4_0, 256, 160},
+                        ExpertMix{GgmlType::kIQ4_NL, GgmlType::kIQ4_NL, 768, 512},
+                        ExpertMix{GgmlType::kQ3_K, GgmlType::kQ5_K, 768, 512},
+                        ExpertMix{GgmlType::kQ3_K, GgmlType::kQ4_K, 768, 512},
+                        ExpertMix{GgmlType::kQ2_K, GgmlType::kQ2_K, 768, 512},
+                        ExpertMix{GgmlType::kQ2_K, GgmlType::kQ4_0, 256, 128},
+                        ExpertMix{GgmlType::kIQ2_XS, GgmlType::kIQ2_XS, 768, 512},
+                        ExpertMix{GgmlType::kIQ3_XXS, GgmlType::kIQ3_XXS, 768, 512},
+                        ExpertMix{GgmlType::kIQ3_XXS, GgmlType::kIQ4_NL, 256, 128},
+                        ExpertMix{GgmlType::kIQ2_XS, GgmlType::kQ6_K, 768, 512},
+                        ExpertMix{GgmlType::kQ3_K, GgmlType::kQ5_0, 256, 128},
+                        ExpertMix{GgmlType::kQ5_0, GgmlType::kQ5_0, 256, 160},
+                        ExpertMix{GgmlType::kQ4_1, GgmlType::kQ4_1, 256, 160},
+                        ExpertMix{GgmlType::kQ5_K, GgmlType::kQ5_1, 256, 128}}) {  // Q8_0: Q8_0ExpertsMatchCpu
+    for (int n : {1, 5, 40}) ExpertsMatchCpuFor(mix, n);  // 40: ~13 pairs per expert, several passes
   }
 }
 
+// Q8_0 experts in every path: one pair per expert (decode), the tensor-core kernels (mma_q8_0.cuh)
+// with 1 and 2 tiles and several chunks of 16 pairs (100 tokens: ~33 pairs per expert), rows of
+// whole runs of 4 blocks and with blocks past the last run (160 and 96 columns), a down matrix
+// whose rows end inside a warp's 16.
+TEST(CudaKernels, Q8_0ExpertsMatchCpu) {
+  for (ExpertMix mix :
+       {ExpertMix{GgmlType::kQ8_0, GgmlType::kQ8_0, 2048, 768}, ExpertMix{GgmlType::kQ8_0, GgmlType::kQ8_0, 768, 512},
+        ExpertMix{GgmlType::kQ8_0, GgmlType::kQ8_0, 160, 96}, ExpertMix{GgmlType::kQ8_0, GgmlType::kQ8_0, 96, 224}})
+    for (int n : {1, 3, 5, 40, 100}) ExpertsMatchCpuFor(mix, n);
+}
 }  // namespace
 }  // namespace mer

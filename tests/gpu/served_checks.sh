@@ -16,7 +16,8 @@
 #               the device path's layers): decode tokens/s, host syncs per token, side by side;
 #   profile:    `mer bench --profile-kernels 1` on the same store, every expert in VRAM, one
 #               prompt of each of PROFILE_PROMPTS tokens: GPU time per kernel kind of a prompt step
-#               (a proxy for a batch step of as many tokens);
+#               (a proxy for a batch step of as many tokens), for each program of PROFILE_BINS and
+#               setting of PROFILE_ENVS (e.g. "MER_CUDA_MMA=0 MER_CUDA_MMA=1");
 #   served:     the same store through the three daemons, one stream, for each of SERVED_RUNS
 #               ("VRAM:RAM:MISS_PATH:ARENA_POLICY:RAM_POLICY[:VRAM_PREFETCH_COPIES]" each, e.g. 25%:25%:device:lfu:lfu for
 #               a quarter of the experts in VRAM, another quarter in RAM and the rest read from
@@ -26,7 +27,8 @@
 #               mer-residency and of mer-compute mid-stream, against the CPU reference's ids;
 #   cpu:        expert_cpu_bench (one missed expert on the host's cores, 1-16 threads) and
 #               miss_path_bench (the same expert over PCIe beside the CPU path);
-#   batch:      tests/gpu/batch_bench.sh with 64 streams, every expert in VRAM.
+#   batch:      tests/gpu/batch_bench.sh with 64 streams, every expert in VRAM, for each setting of
+#               BATCH_ENVS.
 # Programs come from BUNDLE (bin/ and a run wrapper; docs/benchmarks.md, "Machines"); results
 # under OUT (summary.txt last). Every step is time-bounded by DEADLINE (seconds since the start),
 # so that the whole run ends within it.
@@ -43,6 +45,9 @@ MISS_PATHS=${MISS_PATHS:-"host"}
 SERVED_RUNS=${SERVED_RUNS:-"25%:100%:device:lfu:lfu 25%:25%:device:lfu:lfu"}
 KERNELS_FILTER=${KERNELS_FILTER:-"*"}
 PROFILE_PROMPTS=${PROFILE_PROMPTS:-"77"}
+PROFILE_BINS=${PROFILE_BINS:-"mer"}  # programs of the bundle to profile in turn (e.g. an older mer beside)
+PROFILE_ENVS=${PROFILE_ENVS:-"MER_CUDA_MMA=1"}  # an environment setting per profile run, in turn
+BATCH_ENVS=${BATCH_ENVS:-"MER_CUDA_MMA=1"}      # the same for the batch step
 ENGINE_FILTER=${ENGINE_FILTER:-"Seeds/RandomGeometry.*:Corpus/CudaVsCpu.*/tiny_q8_0:Corpus/CudaVsCpu.*/small_q4_k"}
 FAULT_COMPUTE_FLAGS=${FAULT_COMPUTE_FLAGS:-"--backend cuda --vram-expert-budget 50% --miss-path device"}
 ONE_PROCESS=${ONE_PROCESS:-1}  # 0: skip the one-process mer bench of the bench step
@@ -138,12 +143,16 @@ stop_bench_residency() {
 
 if has_step profile; then
   start_bench_residency
-  for p in $PROFILE_PROMPTS; do
-    timeout "$(left 150)" "$BUNDLE/run" mer bench --store "$STORE" --residency "$tag" --backend cuda \
-      --vram-expert-budget 100% --prompt-tokens "$p" --gen-tokens 8 --warmup 1 --runs 1 --profile-kernels 1 \
-      > "$OUT/profile_$p.log" 2>&1
-    note "mer bench --profile-kernels 1, prompt $p tokens: rc=$?"
-    tee -a "$summary" < "$OUT/profile_$p.log" | tail -0
+  for bin in $PROFILE_BINS; do
+   for env in $PROFILE_ENVS; do
+    for p in $PROFILE_PROMPTS; do
+      timeout "$(left 150)" env "$env" "$BUNDLE/run" "$bin" bench --store "$STORE" --residency "$tag" --backend cuda \
+        --vram-expert-budget 100% --prompt-tokens "$p" --gen-tokens 8 --warmup 1 --runs 1 --profile-kernels 1 \
+        > "$OUT/profile_${bin}_${env}_$p.log" 2>&1
+      note "$env $bin bench --profile-kernels 1, prompt $p tokens: rc=$?"
+      grep -E '^(prompt_tps|decode_tps)|steps:|gate_up|down|qkv|out_proj|attention |lm_head' "$OUT/profile_${bin}_${env}_$p.log" | tee -a "$summary"
+    done
+   done
   done
   stop_bench_residency
 fi
@@ -193,9 +202,12 @@ if has_step cpu; then
 fi
 
 if has_step batch; then
-  OUT="$OUT/batch64" STORE="$STORE" STREAMS=64 VRAM_BUDGET=100% RAM_BUDGET=100% \
-    DEADLINE=$(left 300) timeout "$(left 310)" bash "$here/batch_bench.sh" > /dev/null 2>&1
-  note "64 streams: $(grep -E '^(throughput|ttft)' "$OUT/batch64/summary.txt" | tr '\n' ' ')"
-  grep -E 'host syncs|tokens per step|FAILED' "$OUT/batch64/summary.txt" | tee -a "$summary"
+  for env in $BATCH_ENVS; do
+    d="$OUT/batch64_$env"
+    env "$env" OUT="$d" STORE="$STORE" STREAMS=64 VRAM_BUDGET=100% RAM_BUDGET=100% \
+      DEADLINE=$(left 300) timeout "$(left 310)" bash "$here/batch_bench.sh" > /dev/null 2>&1
+    note "64 streams ($env): $(grep -E '^(throughput|ttft)' "$d/summary.txt" | tr '\n' ' ')"
+    grep -E 'host syncs|tokens per step|FAILED' "$d/summary.txt" | tee -a "$summary"
+  done
 fi
 note "== served_checks done in $(( $(date +%s) - START )) s"

@@ -3,6 +3,7 @@
 #include "services/compute/cuda/cuda_check.cuh"
 #include "services/compute/cuda/kquant_dot.cuh"
 #include "services/compute/cuda/kquant_matvec.cuh"
+#include "services/compute/cuda/mma_q8_0.cuh"
 #include "services/compute/cuda/pdl.cuh"
 #include "services/compute/cuda/staged_dots.cuh"
 #include "services/compute/cuda/warp_dot.cuh"
@@ -153,6 +154,64 @@ bool LaunchStaged(const MatvecArgs& args, int64_t total_rows, cudaStream_t strea
   return true;
 }
 
+// Several tokens of Q8_0 rows on the tensor cores (mma_q8_0.cuh): a warp takes 16 consecutive
+// rows of the concatenated matrices (every matrix a multiple of 16 rows, so never two), the block
+// 64, for up to 16 tokens (2 tiles) staged at once; ~250 registers, 2 blocks per SM (moe_experts.cu).
+// Tokens run along the grid's x, so the blocks that read the same rows run together and all but
+// the first find them in L2 (a batch's LM head).
+constexpr int kMmaTiles = 2, kMmaSlots = kMmaTiles * kMmaTokens, kMmaRowsPerBlock = kWarps * kMmaRows;
+
+__global__ void __launch_bounds__(kWarps * 32, 2) MatvecMmaKernel(const __grid_constant__ MatvecArgs args) {
+  extern __shared__ uint4 mma_smem[];
+  AllowDependents();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
+  const int64_t grow = int64_t(blockIdx.y) * kMmaRowsPerBlock + warp * kMmaRows + gid;  // and grow + 8
+  int m = 0;
+  while (m + 1 < args.n_outputs && grow >= args.row_begin[m + 1]) ++m;
+  const bool active = grow < args.row_begin[args.n_outputs];
+  const MatvecOutput& o = args.o[m];
+  const int64_t row0 = grow - args.row_begin[m];
+  const RowRef lo = active ? MatrixRow<kDevQ8_0>(o.w, row0) : RowRef{};
+  const RowRef hi = active ? MatrixRow<kDevQ8_0>(o.w, row0 + 8) : RowRef{};
+  const int64_t cols = args.o[0].w.cols, rb = ActRowBytes(args.act.type, args.act.stride);
+  const int t0 = blockIdx.x * kMmaSlots, n = min(kMmaSlots, args.n_tokens - t0);
+  uint8_t* smem = reinterpret_cast<uint8_t*>(mma_smem);
+  MmaPrefetchRowsToL2(lo, hi, cols);  // the weights depend on no earlier kernel
+  WaitForPredecessor();
+  MmaStageAct(smem, cols, kMmaSlots, n, [&](int i, const uint8_t** q, const float** s) {
+    *q = args.act.data + int64_t(t0 + i) * rb;
+    *s = args.act.scales + int64_t(t0 + i) * (args.act.stride / 32);
+  });
+  __syncthreads();
+  float sums[kMmaTiles][4];
+  MmaQ8_0Dots<kMmaTiles>(lo, hi, cols, smem, kMmaSlots, (n + kMmaTokens - 1) / kMmaTokens, sums);
+  if (!active) return;
+#pragma unroll
+  for (int t = 0; t < kMmaTiles; ++t)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {  // C element c: row row0 (+ 8 for c >= 2), token 2 tig + c % 2
+      const int i = t * kMmaTokens + 2 * tig + c % 2;
+      if (i >= n) continue;
+      const int64_t at = int64_t(t0 + i) * o.out_stride + row0 + (c >= 2 ? 8 : 0);
+      o.out[at] = o.residual != nullptr ? __fadd_rn(o.residual[at], sums[t][c]) : sums[t][c];
+    }
+}
+
+// The mma kernel for these outputs; false where a matrix's rows are not a multiple of 16, the
+// tokens' rows do not fit in shared memory, or MER_CUDA_MMA=0 asks for the dp4a kernels.
+bool LaunchMma(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
+  const int64_t cols = args.o[0].w.cols;
+  if (!MmaEnabled() || !MmaQ8_0Fits(kDevQ8_0, cols) || MmaActSmemBytes(cols, kMmaSlots) > kStagedMaxSmem) return false;
+  for (int i = 0; i < args.n_outputs; ++i)
+    if (args.o[i].w.rows % kMmaRows != 0) return false;
+  static const bool limit_set = (SetStagedSmemLimit(MatvecMmaKernel), true);
+  (void)limit_set;
+  const dim3 grid(static_cast<unsigned>((args.n_tokens + kMmaSlots - 1) / kMmaSlots),
+                  static_cast<unsigned>((total_rows + kMmaRowsPerBlock - 1) / kMmaRowsPerBlock));
+  LaunchPdl(MatvecMmaKernel, grid, dim3(kWarps * 32), MmaActSmemBytes(cols, kMmaSlots), stream, args);
+  return true;
+}
+
 // One token, Q8_0 rows that WarpQ8_0Fits: a warp per row (WarpQ8_0Rows). The weight loads are
 // issued before waiting for the kernel that writes the activations.
 __global__ void __launch_bounds__(kWarps * 32, 4) MatvecQ8_0DecodeKernel(const __grid_constant__ MatvecArgs args) {
@@ -204,6 +263,7 @@ void Launch(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
     LaunchLaneGroups<kType, 1>(args, bx, stream);
     return;
   }
+  if (kType == kDevQ8_0 && LaunchMma(args, total_rows, stream)) return;
   if (kType == kDevQ8_0 && LaunchStaged(args, total_rows, stream)) return;
   if (StagedActSmem<kType>(8, cols) == 0 && StagedActSmem<kType>(4, cols) > 0) {
     // 4 tokens per block where 8 rows would not fit in shared memory (a prompt's f32 router:

@@ -5,6 +5,7 @@
 #include "services/compute/cuda/ggml_math.cuh"
 #include "services/compute/cuda/kquant_dot.cuh"
 #include "services/compute/cuda/kquant_experts.cuh"
+#include "services/compute/cuda/mma_q8_0.cuh"
 #include "services/compute/cuda/pdl.cuh"
 #include "services/compute/cuda/staged_dots.cuh"
 #include "services/compute/cuda/warp_dot.cuh"
@@ -337,6 +338,104 @@ __global__ void __launch_bounds__(kWarps * 32)
       });
 }
 
+// Multi-token passes over Q8_0 experts on the tensor cores (mma_q8_0.cuh). Gate/up: a warp's 16
+// mma rows are 8 rows of gate and the same 8 of up, so that one thread holds both sums of each
+// SwiGLU; down: 16 rows. The block's 4 warps share the expert's pairs, up to 16 (2 tiles) staged at
+// a time; a chunk of at most 8 computes one tile. ptxas gives the kernels ~250 registers (it keeps
+// the 32 mmas of a run of 4 blocks in flight), so 2 blocks per SM.
+constexpr int kMmaTiles = 2, kMmaSlots = kMmaTiles * kMmaTokens;
+constexpr int kGateUpMmaRows = kWarps * kMmaRows / 2, kDownMmaRows = kWarps * kMmaRows;  // per block
+
+__global__ void __launch_bounds__(kWarps * 32, 2)
+    GateUpMmaKernel(const __grid_constant__ ExpertArgs a, DevAct act, float* h) {
+  extern __shared__ uint4 mma_smem[];
+  WaitForPredecessor();
+  AllowDependents();   // after the wait, as GateUpKernel
+  int64_t lane_group;  // (the dp4a kernels' row index; unused here)
+  int n_pairs;
+  const int32_t* pairs;
+  const uint8_t* base = BlockExpert<kDevQ8_0>(a, &lane_group, &n_pairs, &pairs);
+  if (base == nullptr) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
+  const int64_t r = int64_t(blockIdx.x) * kGateUpMmaRows + warp * (kMmaRows / 2) + gid;
+  const bool active = r < a.n_ff;
+  const DevMatrix gate{kDevQ8_0, a.n_ff, a.n_embd, base};
+  const DevMatrix up{kDevQ8_0, a.n_ff, a.n_embd, base + a.up_offset};
+  const RowRef lo = active ? MatrixRow<kDevQ8_0>(gate, r) : RowRef{};
+  const RowRef hi = active ? MatrixRow<kDevQ8_0>(up, r) : RowRef{};
+  MmaPrefetchRowsToL2(lo, hi, a.n_embd);
+  const int64_t rb = ActRowBytes(act.type, act.stride);
+  uint8_t* smem = reinterpret_cast<uint8_t*>(mma_smem);
+  for (int p0 = 0; p0 < n_pairs; p0 += kMmaSlots) {
+    const int n = min(kMmaSlots, n_pairs - p0);
+    if (p0 > 0) __syncthreads();  // every warp is done with the previous pairs
+    MmaStageAct(smem, a.n_embd, kMmaSlots, n, [&](int i, const uint8_t** q, const float** s) {
+      const int64_t tok = __ldcg(pairs + p0 + i) / a.k;
+      *q = act.data + tok * rb;
+      *s = act.scales + tok * (act.stride / 32);
+    });
+    __syncthreads();
+    float sums[kMmaTiles][4];
+    MmaQ8_0Dots<kMmaTiles>(lo, hi, a.n_embd, smem, kMmaSlots, (n + kMmaTokens - 1) / kMmaTokens, sums);
+    if (!active) continue;
+#pragma unroll
+    for (int t = 0; t < kMmaTiles; ++t)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {  // token 2 tig + c: gate in C element c, up in c + 2
+        const int i = t * kMmaTokens + 2 * tig + c;
+        if (i < n) h[int64_t(__ldcg(pairs + p0 + i)) * a.n_ff + r] = SwiGlu(sums[t][c], sums[t][c + 2]);
+      }
+  }
+}
+
+// The routing is final once this kernel starts (as for DownStagedKernel), so the block finds its
+// expert before the wait, and waits only before reading h.
+__global__ void __launch_bounds__(kWarps * 32, 2)
+    DownMmaKernel(const __grid_constant__ ExpertArgs a, DevAct act, float* out) {
+  extern __shared__ uint4 mma_smem[];
+  AllowDependents();
+  int64_t lane_group;  // (unused)
+  int n_pairs;
+  const int32_t* pairs;
+  const uint8_t* base = BlockExpert<kDevQ8_0>(a, &lane_group, &n_pairs, &pairs);
+  if (base == nullptr) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
+  const int64_t r = int64_t(blockIdx.x) * kDownMmaRows + warp * kMmaRows + gid;  // and r + 8
+  const DevMatrix down{kDevQ8_0, a.n_embd, a.n_ff, base + a.down_offset};
+  const RowRef lo = r < a.n_embd ? MatrixRow<kDevQ8_0>(down, r) : RowRef{};
+  const RowRef hi = r + 8 < a.n_embd ? MatrixRow<kDevQ8_0>(down, r + 8) : RowRef{};
+  MmaPrefetchRowsToL2(lo, hi, a.n_ff);  // while gate/up still runs
+  const int64_t rb = ActRowBytes(act.type, act.stride);
+  uint8_t* smem = reinterpret_cast<uint8_t*>(mma_smem);
+  WaitForPredecessor();
+  for (int p0 = 0; p0 < n_pairs; p0 += kMmaSlots) {
+    const int n = min(kMmaSlots, n_pairs - p0);
+    if (p0 > 0) __syncthreads();
+    MmaStageAct(smem, a.n_ff, kMmaSlots, n, [&](int i, const uint8_t** q, const float** s) {
+      const int64_t pair = __ldcg(pairs + p0 + i);
+      *q = act.data + pair * rb;
+      *s = act.scales + pair * (act.stride / 32);
+    });
+    __syncthreads();
+    float sums[kMmaTiles][4];
+    MmaQ8_0Dots<kMmaTiles>(lo, hi, a.n_ff, smem, kMmaSlots, (n + kMmaTokens - 1) / kMmaTokens, sums);
+#pragma unroll
+    for (int t = 0; t < kMmaTiles; ++t)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {  // C element c: row r (+ 8 for c >= 2), pair 2 tig + c % 2
+        const int i = t * kMmaTokens + 2 * tig + c % 2;
+        const RowRef& row = c >= 2 ? hi : lo;
+        if (i < n && row.q != nullptr)
+          out[int64_t(__ldcg(pairs + p0 + i)) * a.n_embd + r + (c >= 2 ? 8 : 0)] = sums[t][c];
+      }
+  }
+}
+
+// Whether the mma kernels take these Q8_0 products (cols: the activations' columns).
+bool UseMma(int type, int64_t cols) {
+  return MmaEnabled() && MmaQ8_0Fits(type, cols) && MmaActSmemBytes(cols, kMmaSlots) <= kStagedMaxSmem;
+}
+
 template <int kType>
 void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pairs, cudaStream_t s) {
   constexpr int kRowsPerBlock = kWarps * (32 / kGroup<kType>);
@@ -347,6 +446,11 @@ void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pai
       LaunchPdl(GateUpRowKernel, dim3(2 * grid.x, grid.y), dim3(kWarps * 32), smem, s, a, act, h);
     else
       LaunchPdl(GateUpKernel<kType, 1>, grid, dim3(kWarps * 32), smem, s, a, act, h, smem > 0);
+  } else if (UseMma(kType, a.n_embd)) {
+    static const bool limit_set = (SetStagedSmemLimit(GateUpMmaKernel), true);
+    (void)limit_set;
+    LaunchPdl(GateUpMmaKernel, dim3((a.n_ff + kGateUpMmaRows - 1) / kGateUpMmaRows, a.u_count), dim3(kWarps * 32),
+              MmaActSmemBytes(a.n_embd, kMmaSlots), s, a, act, h);
   } else if (StagedFits(kType, a.n_embd, kWarps * 32, kGateUpStagedNT)) {
     static const bool limit_set = (SetStagedSmemLimit(GateUpStagedKernel), true);
     (void)limit_set;
@@ -361,6 +465,13 @@ void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pai
 template <int kType>
 void LaunchDownT(const ExpertArgs& a, const DevAct& act, float* out, int max_pairs, cudaStream_t s) {
   const dim3 grid = DownGrid<kType>(a);
+  if (max_pairs > 1 && UseMma(kType, a.n_ff)) {
+    static const bool limit_set = (SetStagedSmemLimit(DownMmaKernel), true);
+    (void)limit_set;
+    LaunchPdl(DownMmaKernel, dim3((a.n_embd + kDownMmaRows - 1) / kDownMmaRows, a.u_count), dim3(kWarps * 32),
+              MmaActSmemBytes(a.n_ff, kMmaSlots), s, a, act, out);
+    return;
+  }
   if (max_pairs > 1 && StagedFits(kType, a.n_ff, kWarps * 32, kDownStagedNT)) {
     static const bool limit_set = (SetStagedSmemLimit(DownStagedKernel), true);
     (void)limit_set;
