@@ -28,6 +28,8 @@ void IQ1_SRowsKernel(const BlockIQ1_S* w, int64_t nb, const BlockQ8_K* a, float*
       // Grid values in [-1, 1] and |a| <= 127: maddubs's int16 pair sums stay below 2^8.
       __m256i sums = _mm256_setzero_si256();
       int32_t sum_offsets = 0;
+      // Unrolled, so that the accumulators stay in registers (GCC keeps this loop otherwise).
+#pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
         const uint8_t* q = wb.qs + 4 * j;
         const int qh = wb.qh[j];

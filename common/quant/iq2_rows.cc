@@ -104,6 +104,8 @@ void IQ2_SRowsKernel(const BlockIQ2_S* w, int64_t nb, const BlockQ8_K* a, float*
       __m256i half_scales[2];
       HalfSubBlockScales(wb.scales, half_scales);
       __m256i sums[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+      // Unrolled, so that the accumulators stay in registers (GCC keeps this loop otherwise).
+#pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
         const uint8_t* q = wb.qs + 4 * j;
         const int qh = wb.qh[j];
