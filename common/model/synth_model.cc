@@ -137,15 +137,30 @@ struct QuantName {
   uint32_t file_type;  // llama_ftype numbering, written as general.file_type
 };
 constexpr QuantName kQuantNames[] = {
-    {SynthQuant::kF32, "f32", 0},          {SynthQuant::kF16, "f16", 1},        {SynthQuant::kBF16, "bf16", 32},
-    {SynthQuant::kQ8_0, "q8_0", 7},        {SynthQuant::kQ4_K, "q4_k", 15},  // Q4_K_M
-    {SynthQuant::kQ5_K, "q5_k", 16},                                         // Q5_K_S
-    {SynthQuant::kQ3_K, "q3_k", 11},                                         // Q3_K_S
-    {SynthQuant::kQ2_K, "q2_k", 10},                                         // Q2_K
-    {SynthQuant::kQ4_0, "q4_0", 2},        {SynthQuant::kQ4_1, "q4_1", 3},      {SynthQuant::kQ5_0, "q5_0", 8},
-    {SynthQuant::kQ5_1, "q5_1", 9},        {SynthQuant::kQ3_K_M, "q3_k_m", 12}, {SynthQuant::kQ4_K_M, "q4_k_m", 15},
-    {SynthQuant::kQ5_K_M, "q5_k_m", 17},   {SynthQuant::kIQ4_NL, "iq4_nl", 25}, {SynthQuant::kIQ4_XS, "iq4_xs", 30},
-    {SynthQuant::kIQ2_XXS, "iq2_xxs", 19}, {SynthQuant::kIQ2_XS, "iq2_xs", 20}, {SynthQuant::kIQ3_XXS, "iq3_xxs", 23},
+    {SynthQuant::kF32, "f32", 0},
+    {SynthQuant::kF16, "f16", 1},
+    {SynthQuant::kBF16, "bf16", 32},
+    {SynthQuant::kQ8_0, "q8_0", 7},
+    {SynthQuant::kQ4_K, "q4_k", 15},  // Q4_K_M
+    {SynthQuant::kQ5_K, "q5_k", 16},  // Q5_K_S
+    {SynthQuant::kQ3_K, "q3_k", 11},  // Q3_K_S
+    {SynthQuant::kQ2_K, "q2_k", 10},  // Q2_K
+    {SynthQuant::kQ4_0, "q4_0", 2},
+    {SynthQuant::kQ4_1, "q4_1", 3},
+    {SynthQuant::kQ5_0, "q5_0", 8},
+    {SynthQuant::kQ5_1, "q5_1", 9},
+    {SynthQuant::kQ3_K_M, "q3_k_m", 12},
+    {SynthQuant::kQ4_K_M, "q4_k_m", 15},
+    {SynthQuant::kQ5_K_M, "q5_k_m", 17},
+    {SynthQuant::kIQ4_NL, "iq4_nl", 25},
+    {SynthQuant::kIQ4_XS, "iq4_xs", 30},
+    {SynthQuant::kIQ2_XXS, "iq2_xxs", 19},
+    {SynthQuant::kIQ2_XS, "iq2_xs", 20},
+    {SynthQuant::kIQ3_XXS, "iq3_xxs", 23},
+    // llama.cpp's loader names a file of mostly IQ2_S, IQ3_S or IQ1_S tensors by these numbers.
+    {SynthQuant::kIQ2_S, "iq2_s", 28},
+    {SynthQuant::kIQ3_S, "iq3_s", 26},
+    {SynthQuant::kIQ1_S, "iq1_s", 24},
 };
 
 const QuantName& NameOf(SynthQuant q) {
@@ -171,7 +186,10 @@ GgmlType Fallback(GgmlType type) {
     case GgmlType::kIQ4_XS:
     case GgmlType::kIQ2_XXS:
     case GgmlType::kIQ2_XS:
+    case GgmlType::kIQ2_S:
     case GgmlType::kIQ3_XXS:
+    case GgmlType::kIQ3_S:
+    case GgmlType::kIQ1_S:
       return GgmlType::kIQ4_NL;
     default:
       return type;
@@ -250,6 +268,12 @@ std::optional<GgmlType> SingleType(SynthQuant quant) {
       return GgmlType::kIQ3_XXS;
     case SynthQuant::kIQ2_XS:
       return GgmlType::kIQ2_XS;
+    case SynthQuant::kIQ2_S:
+      return GgmlType::kIQ2_S;
+    case SynthQuant::kIQ3_S:
+      return GgmlType::kIQ3_S;
+    case SynthQuant::kIQ1_S:
+      return GgmlType::kIQ1_S;
     case SynthQuant::kQ4_K:
     case SynthQuant::kQ3_K_M:
     case SynthQuant::kQ4_K_M:

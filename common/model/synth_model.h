@@ -81,6 +81,9 @@ enum class SynthQuant {
   kIQ2_XXS,
   kIQ3_XXS,
   kIQ2_XS,
+  kIQ2_S,
+  kIQ3_S,
+  kIQ1_S,
 };
 std::optional<SynthQuant> ParseSynthQuant(const std::string& name);  // "f32", "q4_k", ...
 // The names ParseSynthQuant takes, comma-separated.
@@ -119,8 +122,8 @@ enum class SynthMatrix {
 // The tensor type of `matrix` (of layer `layer`, where it has one) under `quant` in a model of
 // geometry `g`. Where the chosen type's block does not divide the row length, kQ4_K falls back
 // to q8_0 and the others as llama.cpp's quantizer does (q2_k, q3_k -> q4_0, q4_k -> q5_0,
-// q5_k -> q5_1, q6_k -> q8_0, iq4_xs, iq2_xxs, iq2_xs, iq3_xxs -> iq4_nl; f16 where that does not
-// divide it either).
+// q5_k -> q5_1, q6_k -> q8_0, iq4_xs, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s -> iq4_nl;
+// f16 where that does not divide it either).
 GgmlType SynthTensorType(SynthQuant quant, SynthMatrix matrix, int layer, const SynthGeometry& g);
 
 // Writes the model to `path`. Validates the geometry first (InvalidArgument naming the field).

@@ -114,6 +114,44 @@ struct BlockIQ3_XXS {
   uint8_t qs[3 * kKBlockSize / 8];
 };
 
+// IQ3_S: 8 sub-blocks of 32, each of 4 groups of 8 elements, each group two points of a grid of
+// 512 points of 4 elements (kIQ3_SGrid, iq3.h) and 8 free signs. Group l of sub-block j has the
+// grid indices qs[8j + 2l] | (bit 2l of qh[j]) << 8 (its elements 0-3) and
+// qs[8j + 2l + 1] | (bit 2l + 1 of qh[j]) << 8 (elements 4-7), and bit i of signs[4j + l] set
+// where element i is negative. Sub-block j's scale code ls is the low (j even) or high (j odd)
+// nibble of scales[j / 2]. x = d * (1 + 2 ls) * grid byte * sign, the grid bytes odd, 1 to 15.
+struct BlockIQ3_S {
+  f16_bits d;
+  uint8_t qs[kKBlockSize / 4];
+  uint8_t qh[kKBlockSize / 32];
+  uint8_t signs[kKBlockSize / 8];
+  uint8_t scales[kKBlockSize / 64];
+};
+
+// IQ2_S: 8 sub-blocks of 32, each of 4 groups of 8 elements on a grid of 1024 points (kIQ2_SGrid,
+// iq2.h, coded as IQ2_XXS's) and 8 free signs. Group g = 4j + l (sub-block j) has the grid index
+// qs[g] | (bits 2l, 2l + 1 of qh[j]) << 8, and bit i of qs[32 + g] set where element i is
+// negative. scales[j] holds the scale codes of groups 0, 1 (low nibble) and 2, 3 (high nibble).
+// x = d * (0.5 + ls) / 4 * grid byte * sign.
+struct BlockIQ2_S {
+  f16_bits d;
+  uint8_t qs[kKBlockSize / 4];  // 32 bytes of grid indices, then 32 of signs
+  uint8_t qh[kKBlockSize / 32];
+  uint8_t scales[kKBlockSize / 32];
+};
+
+// IQ1_S: 8 sub-blocks of 32, each of 4 groups of 8 elements on a grid of 2048 points whose bytes
+// are the signed values -1, 0, 1 (kIQ1_SGrid, iq1.h). Group g = 4j + l (sub-block j) has the grid
+// index qs[g] | (bits 3l .. 3l + 2 of qh[j]) << 8; bits 12-14 of qh[j] are j's scale code ls and
+// bit 15 the sign of its offset. x = d * (2 ls + 1) * (grid value + delta), delta =
+// -kIQ1_SDelta where bit 15 is set, else +kIQ1_SDelta.
+inline constexpr float kIQ1_SDelta = 0.125f;  // IQ1S_DELTA
+struct BlockIQ1_S {
+  f16_bits d;
+  uint8_t qs[kKBlockSize / 8];
+  uint16_t qh[kKBlockSize / 32];
+};
+
 // Q4_K: 8 sub-blocks of 32; x = d * sc[j] * q - dmin * m[j], q in [0, 15].
 // scales[12] packs sc[j] and m[j] (6 bits each): for j < 4, sc[j] = scales[j] & 63 and
 // m[j] = scales[j + 4] & 63; for j >= 4, sc[j] = (scales[j + 4] & 15) | ((scales[j - 4] >> 6) << 4)
@@ -192,6 +230,9 @@ static_assert(sizeof(BlockIQ4_XS) == 136);
 static_assert(sizeof(BlockIQ2_XXS) == 66);
 static_assert(sizeof(BlockIQ3_XXS) == 98);
 static_assert(sizeof(BlockIQ2_XS) == 74);
+static_assert(sizeof(BlockIQ3_S) == 110);
+static_assert(sizeof(BlockIQ2_S) == 82);
+static_assert(sizeof(BlockIQ1_S) == 50);
 static_assert(sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ3_K) == 110);

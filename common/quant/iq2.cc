@@ -29,9 +29,15 @@ const quant_internal::Grid& XsGrid() {
   return grid;
 }
 
+const quant_internal::Grid& SGrid() {
+  static const quant_internal::Grid grid(reinterpret_cast<const uint8_t*>(kIQ2_SGrid), 1024, 8, {8, 25, 43});
+  return grid;
+}
+
 // The magnitudes m[256] of a block and per group of 8 its signs (bit i: element i negative),
-// the smallest element's flipped where their number is odd (which cannot be stored).
-void MagnitudesAndSigns(const float* x, float* m, uint8_t* signs) {
+// the smallest element's flipped where their number is odd (which IQ2_XXS and IQ2_XS cannot
+// store) unless `odd_ok`.
+void MagnitudesAndSigns(const float* x, float* m, uint8_t* signs, bool odd_ok = false) {
   for (int g = 0; g < kQK / 8; ++g) {
     int mask = 0, smallest = 0;
     for (int i = 0; i < 8; ++i) {
@@ -40,7 +46,7 @@ void MagnitudesAndSigns(const float* x, float* m, uint8_t* signs) {
       if (v < 0) mask |= 1 << i;
       if (m[8 * g + i] < m[8 * g + smallest]) smallest = i;
     }
-    if (__builtin_popcount(static_cast<unsigned>(mask)) & 1) mask ^= 1 << smallest;
+    if (!odd_ok && __builtin_popcount(static_cast<unsigned>(mask)) & 1) mask ^= 1 << smallest;
     signs[g] = static_cast<uint8_t>(mask);
   }
 }
@@ -98,6 +104,33 @@ void QuantizeBlock(const float* x, BlockIQ2_XS* y) {
   }
 }
 
+void QuantizeBlock(const float* x, BlockIQ2_S* y) {
+  *y = BlockIQ2_S{};
+  float m[kQK];
+  MagnitudesAndSigns(x, m, y->qs + kQK / 8, /*odd_ok=*/true);
+  float scales[16];  // per 16 elements
+  for (int h = 0; h < 16; ++h) scales[h] = SGrid().FitScale(m + 16 * h, 16);
+  const float max_scale = *std::max_element(scales, scales + 16);
+  y->d = F32ToF16(max_scale * 8.0f / 31.0f);
+  const float d = F16ToF32(y->d);
+  for (int h = 0; h < 16; ++h) {
+    const int ls = ScaleCode(scales[h], d);
+    y->scales[h / 2] |= static_cast<uint8_t>(ls << (4 * (h % 2)));
+    const float db = d * (0.5f + ls) * 0.25f;
+    for (int l = 0; l < 2; ++l) {
+      const int group = 2 * h + l;
+      float unused;
+      const int g = db == 0.0f ? 0 : SGrid().Map(m + 8 * group, db, &unused);
+      y->qs[group] = static_cast<uint8_t>(g & 0xFF);
+      y->qh[group / 4] |= static_cast<uint8_t>((g >> 8) << (2 * (group % 4)));
+    }
+  }
+}
+
+// IQ2_S's 10-bit grid index and scale code of group g.
+inline int SIndex(const BlockIQ2_S& x, int g) { return x.qs[g] | ((x.qh[g / 4] >> (2 * (g % 4))) & 3) << 8; }
+inline int SScale(const BlockIQ2_S& x, int g) { return (x.scales[g / 4] >> (4 * ((g / 2) % 2))) & 0xF; }
+
 // Sub-block j's two words.
 inline void Words(const BlockIQ2_XXS& x, int j, uint32_t* a0, uint32_t* a1) {
   std::memcpy(a0, x.qs + 4 * j, 4);
@@ -114,6 +147,56 @@ void QuantizeRowIQ2_XXS(const float* src, BlockIQ2_XXS* dst, int64_t n) {
 void QuantizeRowIQ2_XS(const float* src, BlockIQ2_XS* dst, int64_t n) {
   CHECK(n % kQK == 0);
   for (int64_t b = 0; b < n / kQK; ++b) QuantizeBlock(src + b * kQK, dst + b);
+}
+
+void QuantizeRowIQ2_S(const float* src, BlockIQ2_S* dst, int64_t n) {
+  CHECK(n % kQK == 0);
+  for (int64_t b = 0; b < n / kQK; ++b) QuantizeBlock(src + b * kQK, dst + b);
+}
+
+// As ggml's dequantize_row_iq2_s: IQ2_XS's with 8 sign bits per group.
+void DequantizeRowIQ2_S(const BlockIQ2_S* src, float* dst, int64_t n) {
+  CHECK(n % kQK == 0);
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    const BlockIQ2_S& x = src[b];
+    const float d = F16ToF32(x.d);
+    for (int group = 0; group < kQK / 8; ++group) {
+      const float db = d * (0.5f + static_cast<float>(SScale(x, group))) * 0.25f;
+      const uint8_t signs = x.qs[kQK / 8 + group];
+      for (int i = 0; i < 8; ++i) {
+        const int code = static_cast<int>((kIQ2_SGrid[SIndex(x, group)] >> (8 * i)) & 0xFF);
+        dst[b * kQK + 8 * group + i] = db * static_cast<float>(code) * ((signs >> i) & 1 ? -1.0f : 1.0f);
+      }
+    }
+  }
+}
+
+void VecDotRowsIQ2_S(const BlockIQ2_S* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
+  CHECK(n % kQK == 0);
+  quant_internal::ActiveRowKernels().iq2_s(rows, n_rows, a, n, out);
+}
+
+void VecDotRowsIQ2_SScalar(const BlockIQ2_S* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
+  CHECK(n % kQK == 0);
+  const int64_t nb = n / kQK;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    float sum = 0.0f;
+    for (int64_t b = 0; b < nb; ++b) {
+      const BlockIQ2_S& x = rows[r * nb + b];
+      int32_t sumi = 0;
+      for (int group = 0; group < kQK / 8; ++group) {
+        const uint8_t signs = x.qs[kQK / 8 + group];
+        int32_t s = 0;
+        for (int i = 0; i < 8; ++i) {
+          const int v = static_cast<int>((kIQ2_SGrid[SIndex(x, group)] >> (8 * i)) & 0xFF) * a[b].qs[8 * group + i];
+          s += (signs >> i) & 1 ? -v : v;
+        }
+        sumi += (2 * SScale(x, group) + 1) * s;
+      }
+      sum += F16ToF32(x.d) * a[b].d * static_cast<float>(sumi);
+    }
+    out[r] = 0.125f * sum;
+  }
 }
 
 // As ggml's dequantize_row_iq2_xs: IQ2_XXS's with the scale of each half sub-block.

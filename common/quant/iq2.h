@@ -1,6 +1,6 @@
-// IQ2_XXS and IQ2_XS rows (n a multiple of 256), about 2.06 and 2.31 bits a weight: groups of 8
-// elements on a grid of 256 or 512 points with 7 free signs, dotted with Q8_K activations as in
-// ggml.
+// IQ2_XXS, IQ2_XS and IQ2_S rows (n a multiple of 256), about 2.06, 2.31 and 2.56 bits a weight:
+// groups of 8 elements on a grid of 256, 512 or 1024 points with 7 free signs (IQ2_S: 8), dotted
+// with Q8_K activations as in ggml.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +12,7 @@ namespace mer {
 // The formats' grids (iq2_grids.cc): 8 magnitude codes per entry, one per byte.
 extern const uint64_t kIQ2_XXSGrid[256];
 extern const uint64_t kIQ2_XSGrid[512];
+extern const uint64_t kIQ2_SGrid[1024];
 
 // Per 32-element sub-block: each group of 8 takes the signs of its elements (the smallest one's
 // flipped where their number is odd); its magnitudes go to the grid point closest to them among
@@ -36,5 +37,12 @@ void VecDotRowsIQ2_XS(const BlockIQ2_XS* rows, int64_t n_rows, const BlockQ8_K* 
 // A plain reference: per block the integer sums times the f32 scales, added in block order.
 void VecDotRowsIQ2_XXSScalar(const BlockIQ2_XXS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);
 void VecDotRowsIQ2_XSScalar(const BlockIQ2_XS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);
+
+// IQ2_XS's quantizer on IQ2_S's grid, each element keeping its own sign.
+void QuantizeRowIQ2_S(const float* src, BlockIQ2_S* dst, int64_t n);
+void DequantizeRowIQ2_S(const BlockIQ2_S* src, float* dst, int64_t n);
+// out[r] = dot(weight row r, a): IQ2_XS's arithmetic with IQ2_S's grid codes and signs.
+void VecDotRowsIQ2_S(const BlockIQ2_S* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);
+void VecDotRowsIQ2_SScalar(const BlockIQ2_S* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);
 
 }  // namespace mer

@@ -14,4 +14,10 @@ const uint64_t kIQ2_XSGrid[512] = {
 #include "common/quant/iq2_xs_grid.inc"
 };
 
+// IQ2_S's 1024 grid points as the format defines them (ggml-common.h, iq2s_grid), coded as
+// IQ2_XXS's.
+const uint64_t kIQ2_SGrid[1024] = {
+#include "common/quant/iq2_s_grid.inc"
+};
+
 }  // namespace mer

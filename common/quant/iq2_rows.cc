@@ -1,5 +1,6 @@
-// IQ2_XXS and IQ2_XS x Q8_K row kernels, compiled once per SIMD variant (row_kernels.h); the avx512
-// variant differs only in vpdpwssd for the scale multiply-adds. iq2.h states the order.
+// IQ2_XXS, IQ2_XS and IQ2_S x Q8_K row kernels, compiled once per SIMD variant (row_kernels.h); the
+// avx512 variant differs only in vpdpwssd for the scale multiply-adds and IQ2_S's masked sign
+// flips. iq2.h states the order.
 #include "common/quant/iq2.h"
 #include "common/quant/row_kernels.h"
 #include "common/quant/simd_internal.h"
@@ -41,6 +42,19 @@ void IQ2_XXSRowsKernel(const BlockIQ2_XXS* w, int64_t nb, const BlockQ8_K* a, fl
   for (int r = 0; r < R; ++r) out[r] = 0.125f * HorizontalSum(acc[r]);
 }
 
+// The 16 scales 2 ls + 1 of an IQ2_XS or IQ2_S block (4-bit codes, two a byte) as int16 in element
+// order (sub-block j's first 16 elements, then its last 16), the first 8 sub-blocks' in both
+// 128-bit lanes of out[0], the last 8's in out[1]: a sub-block's two are then picked by
+// kRunScaleShuffles.
+inline void HalfSubBlockScales(const uint8_t* scales, __m256i out[2]) {
+  const __m128i packed = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales));
+  const __m128i codes = _mm_unpacklo_epi8(_mm_and_si128(packed, _mm_set1_epi8(0xF)),
+                                          _mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(0xF)));
+  const __m256i all_scales = _mm256_cvtepu8_epi16(_mm_add_epi8(_mm_add_epi8(codes, codes), _mm_set1_epi8(1)));
+  out[0] = _mm256_permute2x128_si256(all_scales, all_scales, 0x00);
+  out[1] = _mm256_permute2x128_si256(all_scales, all_scales, 0x11);
+}
+
 // The same for IQ2_XS: a 9-bit grid index and 7 sign bits per group, a scale per 16 elements.
 template <int R>
 void IQ2_XSRowsKernel(const BlockIQ2_XS* w, int64_t nb, const BlockQ8_K* a, float* out) {
@@ -52,14 +66,8 @@ void IQ2_XSRowsKernel(const BlockIQ2_XS* w, int64_t nb, const BlockQ8_K* a, floa
     const BlockQ8_K& ab = a[b];
     ForEachRow<R>([&](auto r) {
       const BlockIQ2_XS& wb = w[r * nb + b];
-      // The 16 scales 2 ls + 1 as int16 in element order (sub-block j's first 16 elements, then
-      // its last 16), then per sub-block its two in the low and high 128 bits.
-      const __m128i packed = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb.scales));
-      const __m128i codes = _mm_unpacklo_epi8(_mm_and_si128(packed, _mm_set1_epi8(0xF)),
-                                              _mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(0xF)));
-      const __m256i all_scales = _mm256_cvtepu8_epi16(_mm_add_epi8(_mm_add_epi8(codes, codes), _mm_set1_epi8(1)));
-      const __m256i half_scales[2] = {_mm256_permute2x128_si256(all_scales, all_scales, 0x00),
-                                      _mm256_permute2x128_si256(all_scales, all_scales, 0x11)};
+      __m256i half_scales[2];
+      HalfSubBlockScales(wb.scales, half_scales);
       __m256i sums[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
       for (int j = 0; j < 8; ++j) {
         const uint16_t* q = wb.qs + 4 * j;
@@ -82,11 +90,53 @@ void IQ2_XSRowsKernel(const BlockIQ2_XS* w, int64_t nb, const BlockQ8_K* a, floa
   for (int r = 0; r < R; ++r) out[r] = 0.125f * HorizontalSum(acc[r]);
 }
 
+// The same for IQ2_S: a 10-bit grid index and 8 sign bits per group.
+template <int R>
+void IQ2_SRowsKernel(const BlockIQ2_S* w, int64_t nb, const BlockQ8_K* a, float* out) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    // Every cache line a block may touch.
+    PrefetchRows<R>(w, nb * sizeof(BlockIQ2_S), b * sizeof(BlockIQ2_S), 3);
+    const BlockQ8_K& ab = a[b];
+    ForEachRow<R>([&](auto r) {
+      const BlockIQ2_S& wb = w[r * nb + b];
+      __m256i half_scales[2];
+      HalfSubBlockScales(wb.scales, half_scales);
+      __m256i sums[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+      // Unrolled, so that the accumulators stay in registers (GCC keeps this loop otherwise).
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        const uint8_t* q = wb.qs + 4 * j;
+        const int qh = wb.qh[j];
+        const __m256i grid = _mm256_setr_epi64x(static_cast<int64_t>(kIQ2_SGrid[q[0] | ((qh << 8) & 0x300)]),
+                                                static_cast<int64_t>(kIQ2_SGrid[q[1] | ((qh << 6) & 0x300)]),
+                                                static_cast<int64_t>(kIQ2_SGrid[q[2] | ((qh << 4) & 0x300)]),
+                                                static_cast<int64_t>(kIQ2_SGrid[q[3] | ((qh << 2) & 0x300)]));
+        const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab.qs + 32 * j));
+        const __m256i pairs =
+            _mm256_maddubs_epi16(grid, NegateWhereBitsSet(av, LoadU32(wb.qs + kKBlockSize / 8 + 4 * j)));
+        const __m256i scales = _mm256_shuffle_epi8(
+            half_scales[j / 4], _mm256_load_si256(reinterpret_cast<const __m256i*>(kRunScaleShuffles.bytes[j % 4])));
+        sums[j % 2] = DotI16(sums[j % 2], pairs, scales);
+      }
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(F16ToF32(wb.d) * ab.d),
+                               _mm256_cvtepi32_ps(_mm256_add_epi32(sums[0], sums[1])), acc[r]);
+    });
+  }
+  for (int r = 0; r < R; ++r) out[r] = 0.125f * HorizontalSum(acc[r]);
+}
+
 }  // namespace
 
 void IQ2_XSRows(const BlockIQ2_XS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
   const int64_t nb = n / kKBlockSize;
   ForRowGroups<2>(n_rows, [&](auto group, int64_t r) { IQ2_XSRowsKernel<group>(rows + r * nb, nb, a, out + r); });
+}
+
+void IQ2_SRows(const BlockIQ2_S* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
+  const int64_t nb = n / kKBlockSize;
+  ForRowGroups<2>(n_rows, [&](auto group, int64_t r) { IQ2_SRowsKernel<group>(rows + r * nb, nb, a, out + r); });
 }
 
 void IQ2_XXSRows(const BlockIQ2_XXS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {

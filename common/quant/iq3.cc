@@ -63,6 +63,47 @@ void QuantizeBlock(const float* x, BlockIQ3_XXS* y) {
   }
 }
 
+// IQ3_S's grid, coded as IQ3_XXS's.
+const quant_internal::Grid& SGrid() {
+  static const quant_internal::Grid grid(reinterpret_cast<const uint8_t*>(kIQ3_SGrid), 512, 4,
+                                         {1, 3, 5, 7, 9, 11, 13, 15});
+  return grid;
+}
+
+inline int SGridByte(int index, int i) { return (kIQ3_SGrid[index] >> (8 * i)) & 0xFF; }
+
+// IQ3_S's 9-bit grid index of the k-th 4 elements (k in [0, 8)) of sub-block j.
+inline int SIndex(const BlockIQ3_S& x, int j, int k) { return x.qs[8 * j + k] | ((x.qh[j] >> k) & 1) << 8; }
+
+// IQ3_S's scale code of sub-block j.
+inline int SScale(const BlockIQ3_S& x, int j) { return (x.scales[j / 2] >> (4 * (j % 2))) & 0xF; }
+
+void QuantizeBlock(const float* x, BlockIQ3_S* y) {
+  *y = BlockIQ3_S{};
+  float m[kQK];
+  for (int e = 0; e < kQK; ++e) {
+    m[e] = std::fabs(x[e]);
+    if (x[e] < 0) y->signs[e / 8] |= static_cast<uint8_t>(1 << (e % 8));
+  }
+  float scales[8];
+  for (int j = 0; j < 8; ++j) scales[j] = SGrid().FitScale(m + kSub * j, kSub);
+  const float max_scale = *std::max_element(scales, scales + 8);
+  // Sub-block j's scale is d * (2 ls + 1) with ls in [0, 15]: the largest gets ls = 15.
+  y->d = F32ToF16(max_scale / 31.0f);
+  const float d = F16ToF32(y->d);
+  for (int j = 0; j < 8; ++j) {
+    const int ls = d == 0.0f ? 0 : std::clamp(NearestInt((scales[j] / d - 1.0f) / 2.0f), 0, 15);
+    y->scales[j / 2] |= static_cast<uint8_t>(ls << (4 * (j % 2)));
+    const float db = d * static_cast<float>(2 * ls + 1);
+    for (int k = 0; k < 8; ++k) {
+      float unused;
+      const int g = db == 0.0f ? 0 : SGrid().Map(m + kSub * j + 4 * k, db, &unused);
+      y->qs[8 * j + k] = static_cast<uint8_t>(g & 0xFF);
+      y->qh[j] |= static_cast<uint8_t>((g >> 8) << k);
+    }
+  }
+}
+
 inline uint32_t Word(const BlockIQ3_XXS& x, int j) {
   uint32_t w;
   std::memcpy(&w, x.qs + 64 + 4 * j, 4);
@@ -70,6 +111,55 @@ inline uint32_t Word(const BlockIQ3_XXS& x, int j) {
 }
 
 }  // namespace
+
+void QuantizeRowIQ3_S(const float* src, BlockIQ3_S* dst, int64_t n) {
+  CHECK(n % kQK == 0);
+  for (int64_t b = 0; b < n / kQK; ++b) QuantizeBlock(src + b * kQK, dst + b);
+}
+
+// As ggml's dequantize_row_iq3_s: d * (1 + 2 ls), times the grid byte, times the sign.
+void DequantizeRowIQ3_S(const BlockIQ3_S* src, float* dst, int64_t n) {
+  CHECK(n % kQK == 0);
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    const BlockIQ3_S& x = src[b];
+    const float d = F16ToF32(x.d);
+    for (int j = 0; j < 8; ++j) {
+      const float db = d * static_cast<float>(1 + 2 * SScale(x, j));
+      for (int e = 0; e < kSub; ++e) {
+        const int code = SGridByte(SIndex(x, j, e / 4), e % 4);
+        const bool negative = (x.signs[4 * j + e / 8] >> (e % 8)) & 1;
+        dst[b * kQK + kSub * j + e] = db * static_cast<float>(code) * (negative ? -1.0f : 1.0f);
+      }
+    }
+  }
+}
+
+void VecDotRowsIQ3_S(const BlockIQ3_S* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
+  CHECK(n % kQK == 0);
+  quant_internal::ActiveRowKernels().iq3_s(rows, n_rows, a, n, out);
+}
+
+void VecDotRowsIQ3_SScalar(const BlockIQ3_S* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
+  CHECK(n % kQK == 0);
+  const int64_t nb = n / kQK;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    float sum = 0.0f;
+    for (int64_t b = 0; b < nb; ++b) {
+      const BlockIQ3_S& x = rows[r * nb + b];
+      int32_t sumi = 0;
+      for (int j = 0; j < 8; ++j) {
+        int32_t s = 0;
+        for (int e = 0; e < kSub; ++e) {
+          const int v = SGridByte(SIndex(x, j, e / 4), e % 4) * a[b].qs[kSub * j + e];
+          s += (x.signs[4 * j + e / 8] >> (e % 8)) & 1 ? -v : v;
+        }
+        sumi += (2 * SScale(x, j) + 1) * s;
+      }
+      sum += F16ToF32(x.d) * a[b].d * static_cast<float>(sumi);
+    }
+    out[r] = sum;
+  }
+}
 
 void QuantizeRowIQ3_XXS(const float* src, BlockIQ3_XXS* dst, int64_t n) {
   CHECK(n % kQK == 0);

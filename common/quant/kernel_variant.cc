@@ -8,6 +8,7 @@
 #include "common/base/check.h"
 #include "common/base/status.h"
 #include "common/quant/float_dot.h"
+#include "common/quant/iq1.h"
 #include "common/quant/iq2.h"
 #include "common/quant/iq3.h"
 #include "common/quant/iq4.h"
@@ -140,6 +141,7 @@ namespace quant_internal {
     .q4_1 = NS::Q4_1Rows, .q5_0 = NS::Q5_0Rows, .q5_1 = NS::Q5_1Rows, .q2_k = NS::Q2_KRows, .q3_k = NS::Q3_KRows, \
     .q4_k = NS::Q4_KRows, .q5_k = NS::Q5_KRows, .q6_k = NS::Q6_KRows, .iq4_nl = NS::IQ4_NLRows,                   \
     .iq4_xs = NS::IQ4_XSRows, .iq2_xxs = NS::IQ2_XXSRows, .iq2_xs = NS::IQ2_XSRows, .iq3_xxs = NS::IQ3_XXSRows,   \
+    .iq3_s = NS::IQ3_SRows, .iq2_s = NS::IQ2_SRows, .iq1_s = NS::IQ1_SRows,                                       \
   }
 
 const RowKernels& RowKernelsOf(KernelVariant v) {
@@ -164,6 +166,9 @@ const RowKernels& RowKernelsOf(KernelVariant v) {
       .iq2_xxs = VecDotRowsIQ2_XXSScalar,
       .iq2_xs = VecDotRowsIQ2_XSScalar,
       .iq3_xxs = VecDotRowsIQ3_XXSScalar,
+      .iq3_s = VecDotRowsIQ3_SScalar,
+      .iq2_s = VecDotRowsIQ2_SScalar,
+      .iq1_s = VecDotRowsIQ1_SScalar,
   };
   switch (v) {
     case KernelVariant::kAvx512:

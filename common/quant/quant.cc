@@ -5,6 +5,7 @@
 
 #include "common/base/check.h"
 #include "common/quant/float_dot.h"
+#include "common/quant/iq1.h"
 #include "common/quant/iq2.h"
 #include "common/quant/iq3.h"
 #include "common/quant/iq4.h"
@@ -44,6 +45,9 @@ GgmlType ActivationTypeFor(GgmlType weight_type) {
     case GgmlType::kIQ2_XXS:
     case GgmlType::kIQ2_XS:
     case GgmlType::kIQ3_XXS:
+    case GgmlType::kIQ3_S:
+    case GgmlType::kIQ2_S:
+    case GgmlType::kIQ1_S:
       return GgmlType::kQ8_K;
     default:
       break;
@@ -95,6 +99,12 @@ void QuantizeRow(GgmlType type, const float* src, void* dst, int64_t n) {
       return QuantizeRowIQ3_XXS(src, static_cast<BlockIQ3_XXS*>(dst), n);
     case GgmlType::kIQ2_XS:
       return QuantizeRowIQ2_XS(src, static_cast<BlockIQ2_XS*>(dst), n);
+    case GgmlType::kIQ3_S:
+      return QuantizeRowIQ3_S(src, static_cast<BlockIQ3_S*>(dst), n);
+    case GgmlType::kIQ2_S:
+      return QuantizeRowIQ2_S(src, static_cast<BlockIQ2_S*>(dst), n);
+    case GgmlType::kIQ1_S:
+      return QuantizeRowIQ1_S(src, static_cast<BlockIQ1_S*>(dst), n);
     default:
       break;
   }
@@ -145,6 +155,12 @@ void DequantizeRow(GgmlType type, const void* src, float* dst, int64_t n) {
       return DequantizeRowIQ3_XXS(static_cast<const BlockIQ3_XXS*>(src), dst, n);
     case GgmlType::kIQ2_XS:
       return DequantizeRowIQ2_XS(static_cast<const BlockIQ2_XS*>(src), dst, n);
+    case GgmlType::kIQ3_S:
+      return DequantizeRowIQ3_S(static_cast<const BlockIQ3_S*>(src), dst, n);
+    case GgmlType::kIQ2_S:
+      return DequantizeRowIQ2_S(static_cast<const BlockIQ2_S*>(src), dst, n);
+    case GgmlType::kIQ1_S:
+      return DequantizeRowIQ1_S(static_cast<const BlockIQ1_S*>(src), dst, n);
     default:
       break;
   }
@@ -217,6 +233,15 @@ void DotRows(const quant_internal::RowKernels& k, GgmlType weight_type, const vo
     case GgmlType::kIQ2_XS:
       return k.iq2_xs(static_cast<const BlockIQ2_XS*>(weight_rows), n_rows,
                       static_cast<const BlockQ8_K*>(activation_row), n, out);
+    case GgmlType::kIQ3_S:
+      return k.iq3_s(static_cast<const BlockIQ3_S*>(weight_rows), n_rows, static_cast<const BlockQ8_K*>(activation_row),
+                     n, out);
+    case GgmlType::kIQ2_S:
+      return k.iq2_s(static_cast<const BlockIQ2_S*>(weight_rows), n_rows, static_cast<const BlockQ8_K*>(activation_row),
+                     n, out);
+    case GgmlType::kIQ1_S:
+      return k.iq1_s(static_cast<const BlockIQ1_S*>(weight_rows), n_rows, static_cast<const BlockQ8_K*>(activation_row),
+                     n, out);
     default:
       break;
   }

@@ -3,7 +3,7 @@
 //
 // Supported types and sizes: F32, F16, BF16 (any n >= 0), Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1,
 // IQ4_NL (n a multiple of 32), the K-quants Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_XS, IQ2_XXS,
-// IQ2_XS and IQ3_XXS (n a multiple of 256). Sizes are CHECKed. Row pointers need
+// IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S and IQ1_S (n a multiple of 256). Sizes are CHECKed. Row pointers need
 // no particular alignment. None of these functions allocates.
 //
 // Per-format entry points (scalar references included, for tests) live in float_dot.h and one
@@ -21,7 +21,7 @@ namespace mer {
 
 // The activation ("vec_dot") type ggml's CPU backend pairs with each weight type:
 // F32->F32, F16->F16, BF16->BF16, Q4_0, Q5_0, Q8_0, IQ4_NL->Q8_0, Q4_1, Q5_1->Q8_1, the
-// K-quants, IQ4_XS, IQ2_XXS, IQ2_XS and IQ3_XXS->Q8_K. CHECKs other types.
+// K-quants, IQ4_XS, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S and IQ1_S->Q8_K. CHECKs other types.
 GgmlType ActivationTypeFor(GgmlType weight_type);
 
 // f32 -> `type` for n values. For the activation types (F32, F16, BF16, Q8_0, Q8_1, Q8_K) the

@@ -35,6 +35,9 @@ struct RowKernels {
   RowsFn<BlockIQ2_XXS, BlockQ8_K> iq2_xxs;
   RowsFn<BlockIQ2_XS, BlockQ8_K> iq2_xs;
   RowsFn<BlockIQ3_XXS, BlockQ8_K> iq3_xxs;
+  RowsFn<BlockIQ3_S, BlockQ8_K> iq3_s;
+  RowsFn<BlockIQ2_S, BlockQ8_K> iq2_s;
+  RowsFn<BlockIQ1_S, BlockQ8_K> iq1_s;
 };
 
 // The kernels of variant v (whether the CPU supports v is the caller's concern).
@@ -61,7 +64,10 @@ const RowKernels& ActiveRowKernels();
   void IQ4_XSRows(const BlockIQ4_XS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);   \
   void IQ2_XXSRows(const BlockIQ2_XXS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out); \
   void IQ3_XXSRows(const BlockIQ3_XXS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out); \
-  void IQ2_XSRows(const BlockIQ2_XS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);
+  void IQ2_XSRows(const BlockIQ2_XS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);   \
+  void IQ3_SRows(const BlockIQ3_S* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);     \
+  void IQ2_SRows(const BlockIQ2_S* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);     \
+  void IQ1_SRows(const BlockIQ1_S* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out);
 
 namespace avx2 {
 MER_QUANT_DECLARE_ROW_KERNELS

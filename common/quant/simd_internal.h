@@ -155,6 +155,25 @@ constexpr SignBytes MakeSignBytes() {
 }
 inline constexpr SignBytes kIQSignBytes = MakeSignBytes();
 
+// a with byte e negated where bit e of `signs` is set (e in [0, 32)): the 8 free sign bits per
+// group of 8 elements of IQ3_S and IQ2_S, four groups' bytes read as one little-endian u32. The
+// avx512 variant negates under a byte mask; the avx2 one spreads the bits over the bytes and
+// negates as (a ^ m) - m with m = -1 where a bit is set (measured faster than vpsignb with signs
+// looked up per byte). Both wrap -128 to itself.
+inline __m256i NegateWhereBitsSet(__m256i a, uint32_t signs) {
+#if defined(MER_QUANT_AVX512)
+  return _mm256_mask_sub_epi8(a, static_cast<__mmask32>(signs), _mm256_setzero_si256(), a);
+#else
+  const __m256i byte_of =
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i bit_of = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201));
+  const __m256i bits =
+      _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(signs)), byte_of), bit_of);
+  const __m256i m = _mm256_cmpeq_epi8(bits, bit_of);
+  return _mm256_sub_epi8(_mm256_xor_si256(a, m), m);
+#endif
+}
+
 // The 8 six-bit scales and mins of a Q4_K or Q5_K block as bytes sc[0..7], m[0..7]: the packing
 // of blocks.h undone four bytes at a time, in dword lanes u0, u1, u2 of the scales array:
 //   sc[0..3] = u0 & 0x3f..   sc[4..7] = (u2 & 0x0f..) | ((u0 >> 2) & 0x30..)

@@ -29,7 +29,10 @@ constexpr Entry kTypes[] = {
     {GgmlType::kIQ2_XXS, {"iq2_xxs", 256, 66, true}},
     {GgmlType::kIQ2_XS, {"iq2_xs", 256, 74, true}},
     {GgmlType::kIQ3_XXS, {"iq3_xxs", 256, 98, true}},
+    {GgmlType::kIQ1_S, {"iq1_s", 256, 50, true}},
     {GgmlType::kIQ4_NL, {"iq4_nl", 32, 18, true}},
+    {GgmlType::kIQ3_S, {"iq3_s", 256, 110, true}},
+    {GgmlType::kIQ2_S, {"iq2_s", 256, 82, true}},
     {GgmlType::kIQ4_XS, {"iq4_xs", 256, 136, true}},
     {GgmlType::kBF16, {"bf16", 1, 2, true}},
 };

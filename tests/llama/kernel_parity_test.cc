@@ -57,10 +57,10 @@ std::vector<float> Random(int64_t n, std::mt19937& rng, float scale, float offse
 
 // The types whose kernels follow ggml's vec_dot, and those that follow the 8-row gemv ggml runs
 // on them after repacking (legacy.h).
-constexpr GgmlType kVecDotTypes[] = {GgmlType::kQ4_1,   GgmlType::kQ5_0,   GgmlType::kQ5_1,    GgmlType::kQ8_0,
-                                     GgmlType::kQ2_K,   GgmlType::kQ3_K,   GgmlType::kQ4_K,    GgmlType::kQ5_K,
-                                     GgmlType::kQ6_K,   GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS, GgmlType::kIQ2_XS,
-                                     GgmlType::kIQ3_XXS};
+constexpr GgmlType kVecDotTypes[] = {GgmlType::kQ4_1,  GgmlType::kQ5_0,    GgmlType::kQ5_1,    GgmlType::kQ8_0,
+                                     GgmlType::kQ2_K,  GgmlType::kQ3_K,    GgmlType::kQ4_K,    GgmlType::kQ5_K,
+                                     GgmlType::kQ6_K,  GgmlType::kIQ4_XS,  GgmlType::kIQ2_XXS, GgmlType::kIQ2_XS,
+                                     GgmlType::kIQ2_S, GgmlType::kIQ3_XXS, GgmlType::kIQ3_S,   GgmlType::kIQ1_S};
 constexpr GgmlType kGemvTypes[] = {GgmlType::kQ4_0, GgmlType::kIQ4_NL};
 constexpr int64_t kRows = 16;  // two groups of 8 rows for the gemv
 

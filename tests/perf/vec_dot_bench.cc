@@ -45,10 +45,11 @@ int main(int argc, char** argv) {
   std::printf("%lld x %lld weights, single thread, best of alternating batches\n", static_cast<long long>(rows),
               static_cast<long long>(cols));
   std::printf("%-5s %-7s %10s %12s %10s\n", "type", "kernels", "MiB", "us/matvec", "GB/s");
-  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0,
-                        GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ6_K, GgmlType::kQ5_K,
-                        GgmlType::kQ4_K, GgmlType::kQ3_K, GgmlType::kQ2_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS,
-                        GgmlType::kIQ2_XXS, GgmlType::kIQ2_XS, GgmlType::kIQ3_XXS}) {
+  for (GgmlType type : {GgmlType::kF32,     GgmlType::kF16,    GgmlType::kBF16,    GgmlType::kQ8_0,   GgmlType::kQ4_0,
+                        GgmlType::kQ4_1,    GgmlType::kQ5_0,   GgmlType::kQ5_1,    GgmlType::kQ6_K,   GgmlType::kQ5_K,
+                        GgmlType::kQ4_K,    GgmlType::kQ3_K,   GgmlType::kQ2_K,    GgmlType::kIQ4_NL, GgmlType::kIQ4_XS,
+                        GgmlType::kIQ2_XXS, GgmlType::kIQ2_XS, GgmlType::kIQ3_XXS, GgmlType::kIQ2_S,  GgmlType::kIQ3_S,
+                        GgmlType::kIQ1_S}) {
     const int64_t row_bytes = mer::RowBytes(type, cols);
     std::vector<uint8_t> weights(row_bytes * rows);
     for (int64_t r = 0; r < rows; ++r) {

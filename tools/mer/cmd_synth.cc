@@ -26,9 +26,9 @@ geometry, the other flags override parts of it; random:SEED is a small geometry 
 (1-4 layers, widths not always multiples of 64, 2-128 experts, top-1 to top-8, GQA 1-8, contexts
 of 128-1024), for testing on shapes nobody tuned for. --quant picks the tensor types
 (docs/quant.md): f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q5_k, q3_k, q2_k, iq4_nl, iq4_xs,
-iq2_xxs, iq2_xs and iq3_xxs put every matrix but the router in that type; q3_k_m, q4_k_m and
-q5_k_m are llama.cpp's recipes of those names; where a row is not whole blocks of the chosen
-type, the type falls back as llama.cpp's quantizer does. q4_k is Q4_K with q6_k for the LM head
+iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s and iq1_s put every matrix but the router in that type;
+q3_k_m, q4_k_m and q5_k_m are llama.cpp's recipes of those names; where a row is not whole blocks
+of the chosen type, the type falls back as llama.cpp's quantizer does. q4_k is Q4_K with q6_k for the LM head
 and half the layers' attn_v and ffn_down (q8_0 where rows are not whole blocks). --router-skew
 X > 0 makes expert popularity Zipf-like: the router logit of the expert of popularity rank r gets
 -X * ln(r + 1) in every token. Greedy, 31 prompt + 128 generated tokens, an LRU cache of 25% of

@@ -134,8 +134,8 @@ TEST(CpuEngine, Q8_0CloseToDoubleReference) {
 // Any per-tensor mix of types: every matrix of a model in a type of its own, gate, up and down of
 // a layer in types with different activation formats (Q8_0, Q8_K, Q8_1), the layers differing.
 // The engine is close to the double reference of the same weights (the activations' roundings
-// apart), and a batch gives the logits of token-by-token decoding bit for bit.
-TEST(CpuEngine, AnyPerTensorMixOfTypes) {
+// apart, within `tolerance`), and a batch gives the logits of token-by-token decoding bit for bit.
+void ExpectMixOfTypesRuns(const std::map<std::string, GgmlType>& types, double tolerance) {
   SynthOptions o;
   o.geometry = *SynthPreset("micro");
   o.geometry.n_embd = 256;
@@ -148,16 +148,6 @@ TEST(CpuEngine, AnyPerTensorMixOfTypes) {
   o.geometry.n_expert_used = 4;
   o.seed = 11;
   o.quant = SynthQuant::kF32;
-  const std::map<std::string, GgmlType> types = {
-      {"token_embd.weight", GgmlType::kQ5_1},          {"output.weight", GgmlType::kQ4_K},
-      {"blk.0.attn_q.weight", GgmlType::kQ2_K},        {"blk.0.attn_k.weight", GgmlType::kQ3_K},
-      {"blk.0.attn_v.weight", GgmlType::kQ6_K},        {"blk.0.attn_output.weight", GgmlType::kQ4_0},
-      {"blk.0.ffn_gate_exps.weight", GgmlType::kQ4_0}, {"blk.0.ffn_up_exps.weight", GgmlType::kQ5_K},
-      {"blk.0.ffn_down_exps.weight", GgmlType::kQ4_1}, {"blk.1.attn_q.weight", GgmlType::kQ5_1},
-      {"blk.1.attn_k.weight", GgmlType::kQ8_0},        {"blk.1.attn_v.weight", GgmlType::kQ4_K},
-      {"blk.1.attn_output.weight", GgmlType::kQ5_0},   {"blk.1.ffn_gate_exps.weight", GgmlType::kIQ2_XXS},
-      {"blk.1.ffn_up_exps.weight", GgmlType::kIQ4_NL}, {"blk.1.ffn_down_exps.weight", GgmlType::kIQ3_XXS},
-  };
   const std::string path =
       (std::filesystem::temp_directory_path() / ("mer_engine_test_" + std::to_string(getpid()) + "_mix.gguf")).string();
   o.tensor_types = types;
@@ -172,13 +162,61 @@ TEST(CpuEngine, AnyPerTensorMixOfTypes) {
 
   MappedExpertSource src(**weights);
   auto engine = MakeEngine(**weights, src, 2);
-  ExpectCloseToReference(*engine, **weights, 0.15);  // measured 0.083
+  ExpectCloseToReference(*engine, **weights, tolerance);
   const auto steps = StepByStep(*engine, 0, kTokens);
   const int V = engine->config().n_vocab;
   std::vector<float> logits(kTokens.size() * V);
   ASSERT_TRUE(engine->Forward(PromptBatch(1), logits.data()).ok());
   for (size_t t = 0; t < kTokens.size(); ++t)
     for (int i = 0; i < V; ++i) ASSERT_EQ(logits[t * V + i], steps[t][i]) << t << " " << i;
+}
+
+TEST(CpuEngine, AnyPerTensorMixOfTypes) {
+  ExpectMixOfTypesRuns(
+      {
+          {"token_embd.weight", GgmlType::kQ5_1},
+          {"output.weight", GgmlType::kQ4_K},
+          {"blk.0.attn_q.weight", GgmlType::kQ2_K},
+          {"blk.0.attn_k.weight", GgmlType::kQ3_K},
+          {"blk.0.attn_v.weight", GgmlType::kQ6_K},
+          {"blk.0.attn_output.weight", GgmlType::kQ4_0},
+          {"blk.0.ffn_gate_exps.weight", GgmlType::kQ4_0},
+          {"blk.0.ffn_up_exps.weight", GgmlType::kQ5_K},
+          {"blk.0.ffn_down_exps.weight", GgmlType::kQ4_1},
+          {"blk.1.attn_q.weight", GgmlType::kQ5_1},
+          {"blk.1.attn_k.weight", GgmlType::kQ8_0},
+          {"blk.1.attn_v.weight", GgmlType::kQ4_K},
+          {"blk.1.attn_output.weight", GgmlType::kQ5_0},
+          {"blk.1.ffn_gate_exps.weight", GgmlType::kIQ2_XXS},
+          {"blk.1.ffn_up_exps.weight", GgmlType::kIQ4_NL},
+          {"blk.1.ffn_down_exps.weight", GgmlType::kIQ3_XXS},
+      },
+      0.15);  // measured 0.083
+}
+
+// The same with IQ3_S, IQ2_S and IQ1_S in every role (the embedding rows, the LM head, attention,
+// experts), beside types of the other activation formats.
+TEST(CpuEngine, PerTensorMixOfTheSGridTypes) {
+  ExpectMixOfTypesRuns(
+      {
+          {"token_embd.weight", GgmlType::kIQ3_S},
+          {"output.weight", GgmlType::kIQ2_S},
+          {"blk.0.attn_q.weight", GgmlType::kIQ1_S},
+          {"blk.0.attn_k.weight", GgmlType::kIQ2_S},
+          {"blk.0.attn_v.weight", GgmlType::kIQ3_S},
+          {"blk.0.attn_output.weight", GgmlType::kIQ4_NL},
+          {"blk.0.ffn_gate_exps.weight", GgmlType::kIQ1_S},
+          {"blk.0.ffn_up_exps.weight", GgmlType::kIQ2_S},
+          {"blk.0.ffn_down_exps.weight", GgmlType::kIQ3_S},
+          {"blk.1.attn_q.weight", GgmlType::kIQ3_S},
+          {"blk.1.attn_k.weight", GgmlType::kQ8_0},
+          {"blk.1.attn_v.weight", GgmlType::kIQ1_S},
+          {"blk.1.attn_output.weight", GgmlType::kIQ2_S},
+          {"blk.1.ffn_gate_exps.weight", GgmlType::kIQ2_S},
+          {"blk.1.ffn_up_exps.weight", GgmlType::kQ5_1},
+          {"blk.1.ffn_down_exps.weight", GgmlType::kIQ1_S},
+      },
+      0.15);  // measured 0.089
 }
 
 // A prompt in one batch, in chunks, or token by token gives the same logits bit for bit: each

@@ -625,9 +625,9 @@ TEST(GgufFileTest, RejectsDimensionProductOverflow) {
 }
 
 TEST(GgufFileTest, RejectsUnsupportedTensorTypes) {
-  // 19 = IQ1_S and 22 = IQ2_S are real ggml types mer does not read, 9 = Q8_1 and 15 = Q8_K are
+  // 29 = IQ1_M and 24 = I8 are real ggml types mer does not read, 9 = Q8_1 and 15 = Q8_K are
   // not storage types, 99 and 2^32 - 1 are unknown.
-  for (uint32_t type : {19u, 22u, 9u, 15u, 99u, 0xffffffffu}) {
+  for (uint32_t type : {29u, 24u, 9u, 15u, 99u, 0xffffffffu}) {
     FileBuilder b;
     b.Tensor("w", type, {256}, 0);
     EXPECT_TRUE(RejectsWith(b.Build(32, 1024),

@@ -101,6 +101,8 @@ TEST(SynthModel, TinyPresetBytesArePinned) {
       {SynthQuant::kQ5_K_M, 0xafd84eb635f5a5c5},  {SynthQuant::kIQ4_NL, 0xfd23bc8b1a317a7c},
       {SynthQuant::kIQ4_XS, 0xbf85ff0462d51d1c},  {SynthQuant::kIQ2_XXS, 0x811cd80aae39615f},
       {SynthQuant::kIQ3_XXS, 0xfde299903db8d3d9}, {SynthQuant::kIQ2_XS, 0x09837b801d874bf8},
+      {SynthQuant::kIQ2_S, 0x57ecbeb1277251ec},   {SynthQuant::kIQ3_S, 0x06437758b44a9c5b},
+      {SynthQuant::kIQ1_S, 0x0c67ea1021524995},
   };
   for (const auto& [quant, want] : cases) {
     SynthOptions o;
@@ -190,6 +192,10 @@ TEST(SynthModel, RecipesFollowLlamaCppsRules) {
   EXPECT_EQ(down(SynthQuant::kQ4_K, 1), GgmlType::kQ8_0);
   EXPECT_EQ(down(SynthQuant::kIQ4_XS, 1), GgmlType::kIQ4_NL);
   EXPECT_EQ(down(SynthQuant::kIQ2_XXS, 1), GgmlType::kIQ4_NL);
+  EXPECT_EQ(down(SynthQuant::kIQ2_S, 1), GgmlType::kIQ4_NL);
+  EXPECT_EQ(down(SynthQuant::kIQ3_S, 1), GgmlType::kIQ4_NL);
+  EXPECT_EQ(down(SynthQuant::kIQ1_S, 1), GgmlType::kIQ4_NL);
+  EXPECT_EQ(SynthTensorType(SynthQuant::kIQ1_S, SynthMatrix::kUpExps, 1, tiny), GgmlType::kIQ1_S);
   SynthGeometry odd = tiny;
   odd.n_embd = 48;  // not whole blocks of 32 either
   EXPECT_EQ(SynthTensorType(SynthQuant::kQ2_K, SynthMatrix::kAttnQ, 0, odd), GgmlType::kF16);
@@ -226,7 +232,7 @@ TEST(SynthModel, RandomGeometriesAreValidVariedAndRun) {
       SynthQuant::kQ8_0,    SynthQuant::kQ4_K,   SynthQuant::kQ5_K,   SynthQuant::kQ3_K,   SynthQuant::kQ2_K,
       SynthQuant::kQ4_0,    SynthQuant::kQ4_1,   SynthQuant::kQ5_0,   SynthQuant::kQ5_1,   SynthQuant::kQ3_K_M,
       SynthQuant::kQ4_K_M,  SynthQuant::kQ5_K_M, SynthQuant::kIQ4_NL, SynthQuant::kIQ4_XS, SynthQuant::kIQ2_XXS,
-      SynthQuant::kIQ3_XXS, SynthQuant::kIQ2_XS};
+      SynthQuant::kIQ3_XXS, SynthQuant::kIQ2_XS, SynthQuant::kIQ2_S,  SynthQuant::kIQ3_S,  SynthQuant::kIQ1_S};
   for (uint64_t seed = 1; seed <= std::size(kQuants); ++seed) {
     SynthOptions o;
     o.geometry = RandomSynthGeometry(seed);

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/quant/iq1.h"
 #include "common/quant/iq2.h"
 #include "common/quant/iq3.h"
 #include "common/quant/quant.h"
@@ -187,6 +188,90 @@ TEST(DequantizeIQ3_XXS, HandBuiltBlock) {
   }
   // Element 0: grid point 0 (all codes 4), scale code 15, sign index 1: -0.5 * 15.5 / 2 * 4.
   EXPECT_EQ(out[0], -15.5f);
+}
+
+// IQ3_S with d = 0.5: qs[k] = 37 k + 5, qh[j] = 0x5A ^ 29 j, signs[g] = 53 g + 7 (mod 256),
+// scales[i] = 0x1F + 0x23 i. Element e of sub-block j is d * (1 + 2 ls) * (byte e % 4 of grid point
+// qs[8j + k] | (bit k of qh[j]) << 8, k = e / 4) * sign, ls the low (j even) or high (j odd) nibble
+// of scales[j / 2], the sign bit e % 8 of signs[4j + e / 8].
+TEST(DequantizeIQ3_S, HandBuiltBlock) {
+  BlockIQ3_S block;
+  block.d = 0x3800;  // 0.5
+  for (int k = 0; k < 64; ++k) block.qs[k] = static_cast<uint8_t>((37 * k + 5) % 256);
+  for (int j = 0; j < 8; ++j) block.qh[j] = static_cast<uint8_t>(0x5A ^ (29 * j % 256));
+  for (int g = 0; g < 32; ++g) block.signs[g] = static_cast<uint8_t>((53 * g + 7) % 256);
+  for (int i = 0; i < 4; ++i) block.scales[i] = static_cast<uint8_t>(0x1F + 0x23 * i);
+  float out[256];
+  DequantizeRow(GgmlType::kIQ3_S, &block, out, 256);
+  for (int e = 0; e < 256; ++e) {
+    const int j = e / 32, k = (e % 32) / 4;
+    const int point = block.qs[8 * j + k] | ((block.qh[j] >> k) & 1) << 8;
+    const int grid = static_cast<int>((kIQ3_SGrid[point] >> (8 * (e % 4))) & 0xFF);
+    const int ls = (block.scales[j / 2] >> (4 * (j % 2))) & 0xF;
+    const bool negative = (block.signs[e / 8] >> (e % 8)) & 1;
+    EXPECT_EQ(out[e], 0.5f * (1 + 2 * ls) * grid * (negative ? -1.0f : 1.0f)) << e;
+  }
+  // Element 0: grid point 5 (0x01010301, code 1), ls 15, sign bit 0 of 7 set: -0.5 * 31 * 1.
+  EXPECT_EQ(out[0], -15.5f);
+  // Element 4: bit 1 of qh[0] = 0x5A set, so grid point 256 + 42 (0x0703010b, code 11), positive.
+  EXPECT_EQ(out[4], 170.5f);
+}
+
+// IQ2_S with d = 0.5: group g (of 32) has qs[g] = 29 g + 3 and sign byte qs[32 + g] = 71 g + 13
+// (mod 256); qh[j] = 0xB4 + 37 j (mod 256), scales[j] = 0x3A + j. Element i of group g = 4j + l is
+// d * (0.5 + ls) / 4 * (byte i of grid point qs[g] | (bits 2l, 2l + 1 of qh[j]) << 8) * sign,
+// ls the low nibble of scales[j] for l < 2, else the high one.
+TEST(DequantizeIQ2_S, HandBuiltBlock) {
+  BlockIQ2_S block;
+  block.d = 0x3800;  // 0.5
+  for (int g = 0; g < 32; ++g) {
+    block.qs[g] = static_cast<uint8_t>((29 * g + 3) % 256);
+    block.qs[32 + g] = static_cast<uint8_t>((71 * g + 13) % 256);
+  }
+  for (int j = 0; j < 8; ++j) {
+    block.qh[j] = static_cast<uint8_t>((0xB4 + 37 * j) % 256);
+    block.scales[j] = static_cast<uint8_t>(0x3A + j);
+  }
+  float out[256];
+  DequantizeRow(GgmlType::kIQ2_S, &block, out, 256);
+  for (int e = 0; e < 256; ++e) {
+    const int g = e / 8, i = e % 8, j = g / 4, l = g % 4;
+    const int point = block.qs[g] | ((block.qh[j] >> (2 * l)) & 3) << 8;
+    const int grid = static_cast<int>((kIQ2_SGrid[point] >> (8 * i)) & 0xFF);
+    const int ls = l < 2 ? block.scales[j] & 0xF : block.scales[j] >> 4;
+    const bool negative = (block.qs[32 + g] >> i) & 1;
+    EXPECT_EQ(out[e], 0.5f * (0.5f + ls) * 0.25f * grid * (negative ? -1.0f : 1.0f)) << e;
+  }
+  // Element 0: grid point 3 (code 8), ls 10, sign bit 0 of 13 set: -0.5 * 10.5 / 4 * 8.
+  EXPECT_EQ(out[0], -10.5f);
+  // Elements 16, 17 (group 2): bits 4, 5 of qh[0] = 0xB4 both set, so grid point 768 + 61
+  // (codes 8, 25), ls 3, sign bits 0 and 1 of 155 set.
+  EXPECT_EQ(out[16], -3.5f);
+  EXPECT_EQ(out[17], -10.9375f);
+}
+
+// IQ1_S with d = 0.5: group g (of 32) has qs[g] = 13 g + 200 (mod 256); qh[j] holds 0x2493 j +
+// 0x1000 in bits 0-14 and bit 15 set for odd j. Element i of group g = 4j + l is
+// d * (2 ls + 1) * (value i of grid point qs[g] | (bits 3l .. 3l + 2 of qh[j]) << 8 + delta),
+// ls bits 12-14 of qh[j], delta -1/8 where bit 15 is set, else 1/8.
+TEST(DequantizeIQ1_S, HandBuiltBlock) {
+  BlockIQ1_S block;
+  block.d = 0x3800;  // 0.5
+  for (int g = 0; g < 32; ++g) block.qs[g] = static_cast<uint8_t>((13 * g + 200) % 256);
+  for (int j = 0; j < 8; ++j) block.qh[j] = static_cast<uint16_t>(((0x2493 * j + 0x1000) & 0x7FFF) | (j % 2) << 15);
+  float out[256];
+  DequantizeRow(GgmlType::kIQ1_S, &block, out, 256);
+  for (int e = 0; e < 256; ++e) {
+    const int g = e / 8, i = e % 8, j = g / 4, l = g % 4;
+    const int point = block.qs[g] | ((block.qh[j] >> (3 * l)) & 7) << 8;
+    const int value = static_cast<int8_t>((kIQ1_SGrid[point] >> (8 * i)) & 0xFF);
+    const int ls = (block.qh[j] >> 12) & 7;
+    const float delta = j % 2 ? -0.125f : 0.125f;
+    EXPECT_EQ(out[e], 0.5f * (2 * ls + 1) * (value + delta)) << e;
+  }
+  // Elements 0, 1: grid point 200 (values -1, 0), ls 1, delta 1/8: 1.5 * (-7/8) and 1.5 / 8.
+  EXPECT_EQ(out[0], -1.3125f);
+  EXPECT_EQ(out[1], 0.1875f);
 }
 
 // Q4_K with scales sc = {1, 2, 3, 63, 17, 33, 48, 63} and mins m = {0, 5, 40, 63, 9, 20, 36, 62},

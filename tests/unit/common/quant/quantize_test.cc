@@ -187,8 +187,8 @@ TEST(RoundTrip, QuantizerErrorBounds) {
   const std::vector<float> x = RandomRow(8192, 4);
   // Bounds a little above what the quantizers reach on this Gaussian row (relative to its RMS:
   // q2_k 0.30, q3_k 0.19, q4_k 0.085, q5_k 0.043, q6_k 0.023, q4_0 0.12, q4_1 0.090, q5_0 0.061,
-  // q5_1 0.044, iq4_nl 0.093, iq4_xs 0.095, iq2_xxs 0.38, iq2_xs 0.32, iq3_xxs 0.21; ggml's reach
-  // about 0.09 for Q4_K, 0.02 for Q6_K).
+  // q5_1 0.044, iq4_nl 0.093, iq4_xs 0.095, iq2_xxs 0.38, iq2_xs 0.32, iq2_s 0.28, iq3_xxs 0.21,
+  // iq3_s 0.16, iq1_s 0.53; ggml's reach about 0.09 for Q4_K, 0.02 for Q6_K).
   const struct {
     GgmlType type;
     double bound;
@@ -196,11 +196,37 @@ TEST(RoundTrip, QuantizerErrorBounds) {
                {GgmlType::kQ5_K, 0.05},    {GgmlType::kQ6_K, 0.025},  {GgmlType::kQ4_0, 0.13},
                {GgmlType::kQ4_1, 0.10},    {GgmlType::kQ5_0, 0.065},  {GgmlType::kQ5_1, 0.05},
                {GgmlType::kIQ4_NL, 0.10},  {GgmlType::kIQ4_XS, 0.10}, {GgmlType::kIQ2_XXS, 0.40},
-               {GgmlType::kIQ3_XXS, 0.22}, {GgmlType::kIQ2_XS, 0.34}};
+               {GgmlType::kIQ3_XXS, 0.22}, {GgmlType::kIQ2_XS, 0.34}, {GgmlType::kIQ3_S, 0.17},
+               {GgmlType::kIQ2_S, 0.30},   {GgmlType::kIQ1_S, 0.55}};
   for (const auto& c : cases) {
     const double rmse = RelativeRmse(x, RoundTrip(c.type, x));
     EXPECT_LT(rmse, c.bound) << TypeName(c.type);
     std::printf("relative rmse: %-5s %.4f\n", std::string(TypeName(c.type)).c_str(), rmse);
+  }
+}
+
+// IQ3_S, IQ2_S and IQ1_S on a zero block, a constant one of either sign and one with an outlier:
+// zeros stay zeros, the constants keep their sign and come within a quarter of their value, and
+// the outlier stays the largest of its block, every value finite.
+TEST(RoundTrip, GridTypesOfDegenerateBlocks) {
+  std::vector<float> x(1024, 0.0f);                                            // block 0: zeros
+  for (int i = 256; i < 512; ++i) x[i] = 0.75f;                                // block 1: constant positive
+  for (int i = 512; i < 768; ++i) x[i] = -0.5f;                                // block 2: constant negative
+  for (int i = 768; i < 1024; ++i) x[i] = i == 900 ? 50.0f : 0.01f * (i % 5);  // one outlier
+  for (GgmlType type : {GgmlType::kIQ3_S, GgmlType::kIQ2_S, GgmlType::kIQ1_S}) {
+    const std::vector<float> y = RoundTrip(type, x);
+    for (int i = 0; i < 256; ++i) EXPECT_EQ(y[i], 0.0f) << TypeName(type) << " " << i;
+    for (int i = 256; i < 768; ++i) {
+      EXPECT_NEAR(y[i], x[i], 0.25f * std::fabs(x[i])) << TypeName(type) << " " << i;
+      EXPECT_GT(y[i] * x[i], 0.0f) << TypeName(type) << " " << i;
+    }
+    for (int i = 768; i < 1024; ++i) {
+      EXPECT_TRUE(std::isfinite(y[i])) << TypeName(type) << " " << i;
+      if (i != 900) {
+        EXPECT_LT(std::fabs(y[i]), y[900]) << TypeName(type) << " " << i;
+      }
+    }
+    EXPECT_GT(y[900], 25.0f) << TypeName(type);
   }
 }
 

@@ -19,7 +19,8 @@ if [ -n "$stray" ]; then
   exit 1
 fi
 for k in F32Rows F16Rows BF16Rows Q4_0Rows Q4_1Rows Q5_0Rows Q5_1Rows Q8_0Rows Q2_KRows Q3_KRows \
-  Q4_KRows Q5_KRows Q6_KRows IQ4_NLRows IQ4_XSRows IQ2_XXSRows IQ2_XSRows IQ3_XXSRows; do
+  Q4_KRows Q5_KRows Q6_KRows IQ4_NLRows IQ4_XSRows IQ2_XXSRows IQ2_XSRows IQ3_XXSRows \
+  IQ3_SRows IQ2_SRows IQ1_SRows; do
   grep -q "^$ns$k(" <<<"$symbols" || { echo "missing $ns$k"; exit 1; }
 done
 echo "$(wc -l <<<"$symbols") symbols, all in $ns"

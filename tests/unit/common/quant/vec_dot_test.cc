@@ -20,9 +20,10 @@ namespace mer {
 namespace {
 
 constexpr GgmlType kWeightTypes[] = {
-    GgmlType::kF32,  GgmlType::kF16,    GgmlType::kBF16,   GgmlType::kQ4_0,    GgmlType::kQ4_1,   GgmlType::kQ5_0,
-    GgmlType::kQ5_1, GgmlType::kQ8_0,   GgmlType::kQ2_K,   GgmlType::kQ3_K,    GgmlType::kQ4_K,   GgmlType::kQ5_K,
-    GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS, GgmlType::kIQ2_XS, GgmlType::kIQ3_XXS};
+    GgmlType::kF32,   GgmlType::kF16,    GgmlType::kBF16,   GgmlType::kQ4_0,    GgmlType::kQ4_1,   GgmlType::kQ5_0,
+    GgmlType::kQ5_1,  GgmlType::kQ8_0,   GgmlType::kQ2_K,   GgmlType::kQ3_K,    GgmlType::kQ4_K,   GgmlType::kQ5_K,
+    GgmlType::kQ6_K,  GgmlType::kIQ4_NL, GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS, GgmlType::kIQ2_XS, GgmlType::kIQ3_XXS,
+    GgmlType::kIQ3_S, GgmlType::kIQ2_S,  GgmlType::kIQ1_S};
 constexpr int64_t kSizes[] = {1, 7, 16, 33, 32, 64, 96, 160, 256, 512, 768, 1024, 2048, 4096};
 constexpr int64_t kRows = 11;  // groups of 8, 4 and 2 rows, and single rows
 
@@ -396,6 +397,29 @@ TEST(VecDot, ExtremeQuantsAreExact) {
     for (int g = 0; g < 32; ++g) wx.qs[g] = static_cast<uint16_t>(511 | (g % 2 ? 127 : 85) << 9);
     std::memset(wx.scales, 0x0F, sizeof(wx.scales));
     ExpectNearDequantizedDot(GgmlType::kIQ2_XS, &wx);
+    // IQ3_S: grid point 511 (among the largest codes), every sign set and alternate ones in turn,
+    // scale codes 15 and 0.
+    BlockIQ3_S ws{};
+    ws.d = 0x3C00;
+    std::memset(ws.qs, 0xFF, sizeof(ws.qs));
+    std::memset(ws.qh, 0xFF, sizeof(ws.qh));
+    for (int g = 0; g < 32; ++g) ws.signs[g] = g % 2 ? 0xFF : 0x55;
+    std::memset(ws.scales, 0x0F, sizeof(ws.scales));
+    ExpectNearDequantizedDot(GgmlType::kIQ3_S, &ws);
+    // IQ2_S: grid point 1023, the same signs, scale codes 15 and 0.
+    BlockIQ2_S w2s{};
+    w2s.d = 0x3C00;
+    std::memset(w2s.qs, 0xFF, 32);
+    for (int g = 0; g < 32; ++g) w2s.qs[32 + g] = g % 2 ? 0xFF : 0x55;
+    std::memset(w2s.qh, 0xFF, sizeof(w2s.qh));
+    std::memset(w2s.scales, 0x0F, sizeof(w2s.scales));
+    ExpectNearDequantizedDot(GgmlType::kIQ2_S, &w2s);
+    // IQ1_S: grid points 0 (all -1) and 2047 (all 1) in turn, scale code 7, both offset signs.
+    BlockIQ1_S w1{};
+    w1.d = 0x3C00;
+    for (int g = 0; g < 32; ++g) w1.qs[g] = g % 2 ? 0xFF : 0x00;
+    for (int j = 0; j < 8; ++j) w1.qh[j] = static_cast<uint16_t>(0x7000 | (j % 2 ? 0x8000 : 0) | 0x0E38);
+    ExpectNearDequantizedDot(GgmlType::kIQ1_S, &w1);
   }
   {
     // IQ4_NL: every code 0 (-127) or 15 (113) against activations of +-127; the exact integer
@@ -460,6 +484,9 @@ TEST(ActivationType, PairsAsGgml) {
   EXPECT_EQ(ActivationTypeFor(GgmlType::kIQ2_XXS), GgmlType::kQ8_K);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kIQ3_XXS), GgmlType::kQ8_K);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kIQ2_XS), GgmlType::kQ8_K);
+  EXPECT_EQ(ActivationTypeFor(GgmlType::kIQ3_S), GgmlType::kQ8_K);
+  EXPECT_EQ(ActivationTypeFor(GgmlType::kIQ2_S), GgmlType::kQ8_K);
+  EXPECT_EQ(ActivationTypeFor(GgmlType::kIQ1_S), GgmlType::kQ8_K);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kQ4_1), GgmlType::kQ8_1);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kQ5_1), GgmlType::kQ8_1);
   EXPECT_EQ(ActivationTypeFor(GgmlType::kQ2_K), GgmlType::kQ8_K);
