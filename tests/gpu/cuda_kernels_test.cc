@@ -166,7 +166,12 @@ TEST(CudaKernels, MatvecMatchesCpuRowDots) {
   struct Size {
     int64_t rows, cols;
   };
-  for (GgmlType type : kTypes) {
+  // Q8_0 twice: the dp4a kernels, then the tensor-core ones (cuda::SetTensorCoreQ8_0).
+  std::vector<std::pair<GgmlType, bool>> runs;
+  for (GgmlType type : kTypes) runs.push_back({type, false});
+  runs.push_back({GgmlType::kQ8_0, true});
+  for (const auto& [type, tensor_cores] : runs) {
+    cuda::SetTensorCoreQ8_0(tensor_cores);
     // One token of Q8_0 with 4,096 cols takes the warp-per-row path (matvec.cu, warp_dot.cuh
     // WarpQ8_0Rows); the others the lane-group path. Several tokens of Q8_0 rows in multiples of
     // 16 take the tensor-core kernel (mma_q8_0.cuh; 160 and 96 columns: blocks past the last run of
@@ -207,13 +212,15 @@ TEST(CudaKernels, MatvecMatchesCpuRowDots) {
         const cuda::MatvecOutput outs[2] = {{m, out, sz.rows, nullptr}, {m, out_res, sz.rows, out_res}};
         cuda::LaunchMatvec(outs, 2, a.act, n, nullptr);
         // Bit for bit: the kernels keep the CPU kernels' lanes and reduction order (warp_dot.cuh).
-        EXPECT_EQ(ToHost(out, n * sz.rows), want) << TypeName(type) << " " << sz.rows << "x" << sz.cols << " n " << n;
+        EXPECT_EQ(ToHost(out, n * sz.rows), want)
+            << TypeName(type) << (tensor_cores ? " (tensor cores) " : " ") << sz.rows << "x" << sz.cols << " n " << n;
         EXPECT_EQ(ToHost(out_res, n * sz.rows), want_res)
             << TypeName(type) << " residual " << sz.rows << "x" << sz.cols << " n " << n;
         for (void* p : {(void*)raw, (void*)dw, (void*)dx, (void*)out, (void*)out_res}) CUDA_CHECK(cudaFree(p));
       }
     }
   }
+  cuda::SetTensorCoreQ8_0(false);
 }
 
 TEST(CudaKernels, RmsNormMatchesCpu) {
@@ -934,15 +941,20 @@ TEST(CudaKernels, ExpertsMatchCpu) {
   }
 }
 
-// Q8_0 experts in every path: one pair per expert (decode), the tensor-core kernels (mma_q8_0.cuh)
-// with 1 and 2 tiles and several chunks of 16 pairs (100 tokens: ~33 pairs per expert), rows of
+// Q8_0 experts in every path: one pair per expert (decode), the staged dp4a kernels and the
+// tensor-core kernels (mma_q8_0.cuh) with 1 and 2 tiles and several chunks of 16 pairs (100 tokens: ~33 pairs per expert), rows of
 // whole runs of 4 blocks and with blocks past the last run (160 and 96 columns), a down matrix
 // whose rows end inside a warp's 16.
 TEST(CudaKernels, Q8_0ExpertsMatchCpu) {
-  for (ExpertMix mix :
-       {ExpertMix{GgmlType::kQ8_0, GgmlType::kQ8_0, 2048, 768}, ExpertMix{GgmlType::kQ8_0, GgmlType::kQ8_0, 768, 512},
-        ExpertMix{GgmlType::kQ8_0, GgmlType::kQ8_0, 160, 96}, ExpertMix{GgmlType::kQ8_0, GgmlType::kQ8_0, 96, 224}})
-    for (int n : {1, 3, 5, 40, 100}) ExpertsMatchCpuFor(mix, n);
+  for (bool tensor_cores : {false, true}) {
+    SCOPED_TRACE(tensor_cores ? "tensor-core kernels" : "dp4a kernels");
+    cuda::SetTensorCoreQ8_0(tensor_cores);
+    for (ExpertMix mix :
+         {ExpertMix{GgmlType::kQ8_0, GgmlType::kQ8_0, 2048, 768}, ExpertMix{GgmlType::kQ8_0, GgmlType::kQ8_0, 768, 512},
+          ExpertMix{GgmlType::kQ8_0, GgmlType::kQ8_0, 160, 96}, ExpertMix{GgmlType::kQ8_0, GgmlType::kQ8_0, 96, 224}})
+      for (int n : {1, 3, 5, 40, 100}) ExpertsMatchCpuFor(mix, n);
+  }
+  cuda::SetTensorCoreQ8_0(false);
 }
 }  // namespace
 }  // namespace mer

@@ -46,8 +46,8 @@ SERVED_RUNS=${SERVED_RUNS:-"25%:100%:device:lfu:lfu 25%:25%:device:lfu:lfu"}
 KERNELS_FILTER=${KERNELS_FILTER:-"*"}
 PROFILE_PROMPTS=${PROFILE_PROMPTS:-"77"}
 PROFILE_BINS=${PROFILE_BINS:-"mer"}  # programs of the bundle to profile in turn (e.g. an older mer beside)
-PROFILE_ENVS=${PROFILE_ENVS:-"MER_CUDA_MMA=1"}  # an environment setting per profile run, in turn
-BATCH_ENVS=${BATCH_ENVS:-"MER_CUDA_MMA=1"}      # the same for the batch step
+PROFILE_ENVS=${PROFILE_ENVS:-"MER_CUDA_MMA=0"}  # an environment setting per profile run, in turn
+BATCH_ENVS=${BATCH_ENVS:-"MER_CUDA_MMA=0"}      # the same for the batch step
 ENGINE_FILTER=${ENGINE_FILTER:-"Seeds/RandomGeometry.*:Corpus/CudaVsCpu.*/tiny_q8_0:Corpus/CudaVsCpu.*/small_q4_k"}
 FAULT_COMPUTE_FLAGS=${FAULT_COMPUTE_FLAGS:-"--backend cuda --vram-expert-budget 50% --miss-path device"}
 ONE_PROCESS=${ONE_PROCESS:-1}  # 0: skip the one-process mer bench of the bench step

@@ -1,5 +1,9 @@
 #include "services/compute/cuda/matvec.cuh"
 
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
 #include "services/compute/cuda/cuda_check.cuh"
 #include "services/compute/cuda/kquant_dot.cuh"
 #include "services/compute/cuda/kquant_matvec.cuh"
@@ -197,11 +201,12 @@ __global__ void __launch_bounds__(kWarps * 32, 2) MatvecMmaKernel(const __grid_c
     }
 }
 
-// The mma kernel for these outputs; false where a matrix's rows are not a multiple of 16, the
-// tokens' rows do not fit in shared memory, or MER_CUDA_MMA=0 asks for the dp4a kernels.
+// The mma kernel for these outputs; false where it is off (TensorCoreQ8_0), a matrix's rows are
+// not a multiple of 16, or the tokens' rows do not fit in shared memory.
 bool LaunchMma(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
   const int64_t cols = args.o[0].w.cols;
-  if (!MmaEnabled() || !MmaQ8_0Fits(kDevQ8_0, cols) || MmaActSmemBytes(cols, kMmaSlots) > kStagedMaxSmem) return false;
+  if (!TensorCoreQ8_0() || !MmaQ8_0Fits(kDevQ8_0, cols) || MmaActSmemBytes(cols, kMmaSlots) > kStagedMaxSmem)
+    return false;
   for (int i = 0; i < args.n_outputs; ++i)
     if (args.o[i].w.rows % kMmaRows != 0) return false;
   static const bool limit_set = (SetStagedSmemLimit(MatvecMmaKernel), true);
@@ -275,7 +280,21 @@ void Launch(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
   }
 }
 
+std::atomic<int> tensor_core_q8_0{-1};  // -1: MER_CUDA_MMA not read yet
+
 }  // namespace
+
+bool TensorCoreQ8_0() {
+  int on = tensor_core_q8_0.load(std::memory_order_relaxed);
+  if (on < 0) {
+    const char* v = std::getenv("MER_CUDA_MMA");
+    on = v != nullptr && std::strcmp(v, "1") == 0 ? 1 : 0;
+    tensor_core_q8_0.store(on, std::memory_order_relaxed);
+  }
+  return on == 1;
+}
+
+void SetTensorCoreQ8_0(bool on) { tensor_core_q8_0.store(on ? 1 : 0, std::memory_order_relaxed); }
 
 void LaunchMatvec(const MatvecOutput* outputs, int n_outputs, const DevAct& act, int n_tokens, cudaStream_t stream) {
   if (n_outputs < 1 || n_outputs > kMaxOutputs) {

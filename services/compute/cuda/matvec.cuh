@@ -21,4 +21,12 @@ struct MatvecOutput {
 
 void LaunchMatvec(const MatvecOutput* outputs, int n_outputs, const DevAct& act, int n_tokens, cudaStream_t stream);
 
+// Whether multi-token Q8_0 products (prompts, batches: the dense mat-vecs and the experts) run on
+// the tensor cores (mma_q8_0.cuh) rather than in the dp4a kernels (staged_dots.cuh); both give the
+// CPU's bits. Off unless MER_CUDA_MMA=1 (read at the first call): on the H100 the tensor-core
+// kernels took 32.22 against 30.79 ms per 64-stream step of the 30B geometry, with a lower TTFT
+// p99 (docs/benchmarks.md). Process-wide; SetTensorCoreQ8_0 is for tests.
+bool TensorCoreQ8_0();
+void SetTensorCoreQ8_0(bool on);
+
 }  // namespace mer::cuda

@@ -8,8 +8,11 @@
 // columns, so that its result is exactly lane l's int32 for each of the 128 row/token pairs. The
 // f32 part stays the CPU's: per pair and block one product of the scales, 8 fmas in block order,
 // the same tree at the end (all within one thread, no shuffles). Against the dp4a kernels
-// (staged_dots.cuh) this leaves ~2.7 instructions per lane sum instead of ~5, the weights in
-// registers rather than shared memory (more blocks per SM), and 32 independent chains per thread.
+// (staged_dots.cuh) this leaves ~2.7 instructions per lane sum instead of ~5 and keeps the weights
+// in registers (one run of 4 blocks loaded ahead, the rows pulled into L2 first) rather than in
+// shared memory; ptxas gives it ~250 registers, so 2 blocks per SM. Measured on the H100 it is
+// faster for prompt-sized chunks and slower for a batch's few pairs per expert, so it runs only
+// when turned on (TensorCoreQ8_0, matvec.cuh; docs/benchmarks.md).
 //
 // Fragments (PTX ISA, mma.m16n8k32 with .s8): thread (gid = lane / 4, tig = lane % 4) holds A's
 // rows gid and gid + 8 at columns 4 tig..4 tig + 3 (registers 0, 1) and 16 + 4 tig.. (2, 3), B's
@@ -26,8 +29,6 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "services/compute/cuda/staged_dots.cuh"
 #include "services/compute/cuda/warp_dot.cuh"
@@ -51,15 +52,6 @@ __host__ __device__ inline int64_t MmaActSmemBytes(int64_t cols, int n_tokens) {
 }
 // Products the mma kernels take: Q8_0 rows of whole 32-blocks.
 inline bool MmaQ8_0Fits(int type, int64_t cols) { return type == kDevQ8_0 && cols % 32 == 0 && cols > 0; }
-// MER_CUDA_MMA=0 makes the multi-token Q8_0 products use the dp4a kernels instead (staged_dots.cuh),
-// to compare the two in one build; read once.
-inline bool MmaEnabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("MER_CUDA_MMA");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
-  return enabled;
-}
 
 // Copies n of n_slots token rows into shared memory with cp.async, zero rows after them;
 // act_of(i, &q, &s) gives row i's quants and f32 scales (called by thread i). Every copy is issued

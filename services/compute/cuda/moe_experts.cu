@@ -5,6 +5,7 @@
 #include "services/compute/cuda/ggml_math.cuh"
 #include "services/compute/cuda/kquant_dot.cuh"
 #include "services/compute/cuda/kquant_experts.cuh"
+#include "services/compute/cuda/matvec.cuh"
 #include "services/compute/cuda/mma_q8_0.cuh"
 #include "services/compute/cuda/pdl.cuh"
 #include "services/compute/cuda/staged_dots.cuh"
@@ -433,7 +434,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 
 // Whether the mma kernels take these Q8_0 products (cols: the activations' columns).
 bool UseMma(int type, int64_t cols) {
-  return MmaEnabled() && MmaQ8_0Fits(type, cols) && MmaActSmemBytes(cols, kMmaSlots) <= kStagedMaxSmem;
+  return TensorCoreQ8_0() && MmaQ8_0Fits(type, cols) && MmaActSmemBytes(cols, kMmaSlots) <= kStagedMaxSmem;
 }
 
 template <int kType>
