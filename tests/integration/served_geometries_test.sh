@@ -93,7 +93,8 @@ for seed in $SEEDS; do
       [[ "$got" == rc=* ]] || break
       sleep 0.2
     done
-    [ "$got" == "$want" ] || { fail "random:$seed $q ($geom): served: '$got' vs '$want' $(tail -2 "$WORK/last.err")"; ok=0; }
+    # (mer up's last lines too: a daemon it restarted or gave up on explains a refused connection)
+    [ "$got" == "$want" ] || { fail "random:$seed $q ($geom): served: '$got' vs '$want' $(tail -2 "$WORK/last.err"); mer up: $(tail -5 "$WORK/up.err")"; ok=0; }
   fi
   kill -TERM "$UPID" 2>/dev/null
   timeout 30 tail --pid="$UPID" -f /dev/null 2>/dev/null || kill -KILL "$UPID" 2>/dev/null
