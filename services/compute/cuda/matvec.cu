@@ -33,23 +33,6 @@ struct MatvecArgs {
 // Q/K/V (11 MB on the 30B geometry) yes, the 330 MB LM head no.
 constexpr int64_t kL2PrefetchMaxBytes = 24ll << 20;
 
-// Lane g of a group of G lanes prefetches every G-th 128-byte line of the row (quants or values,
-// then for Q8_0 the row's block scales) into L2: they depend on nothing, so this runs before
-// WaitForPredecessor and the row's loads after it find L2 instead of DRAM.
-template <int kType, int G>
-__device__ inline void PrefetchRowToL2(const RowRef& row, int64_t cols) {
-  if (row.q == nullptr) return;
-  const int g = threadIdx.x % G;
-  const int64_t bytes = ActRowBytes(kType, cols);  // the row's quants or values
-  for (int64_t off = int64_t(g) * 128; off < bytes; off += G * 128)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(row.q + off));
-  if constexpr (kType == kDevQ8_0) {
-    const uint8_t* s = reinterpret_cast<const uint8_t*>(row.s);
-    for (int64_t off = int64_t(g) * 128; off < cols / 16; off += G * 128)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(s + off));
-  }
-}
-
 template <int kType, int NT>
 __global__ void __launch_bounds__(kWarps * 32) MatvecKernel(const __grid_constant__ MatvecArgs args) {
   AllowDependents();
@@ -180,7 +163,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2) MatvecMmaKernel(const __grid_c
   const int64_t cols = args.o[0].w.cols, rb = ActRowBytes(args.act.type, args.act.stride);
   const int t0 = blockIdx.x * kMmaSlots, n = min(kMmaSlots, args.n_tokens - t0);
   uint8_t* smem = reinterpret_cast<uint8_t*>(mma_smem);
-  MmaPrefetchRowsToL2(lo, hi, cols);  // the weights depend on no earlier kernel
+  PrefetchRowToL2<kDevQ8_0, 4>(lo, cols);  // the 4 lanes of a row (tig) share its lines
+  PrefetchRowToL2<kDevQ8_0, 4>(hi, cols);
   WaitForPredecessor();
   MmaStageAct(smem, cols, kMmaSlots, n, [&](int i, const uint8_t** q, const float** s) {
     *q = args.act.data + int64_t(t0 + i) * rb;
@@ -205,8 +189,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) MatvecMmaKernel(const __grid_c
 // not a multiple of 16, or the tokens' rows do not fit in shared memory.
 bool LaunchMma(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
   const int64_t cols = args.o[0].w.cols;
-  if (!TensorCoreQ8_0() || !MmaQ8_0Fits(kDevQ8_0, cols) || MmaActSmemBytes(cols, kMmaSlots) > kStagedMaxSmem)
-    return false;
+  if (!TensorCoreQ8_0() || !MmaQ8_0Fits(kDevQ8_0, cols, kMmaSlots)) return false;
   for (int i = 0; i < args.n_outputs; ++i)
     if (args.o[i].w.rows % kMmaRows != 0) return false;
   static const bool limit_set = (SetStagedSmemLimit(MatvecMmaKernel), true);

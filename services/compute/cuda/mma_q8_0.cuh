@@ -50,8 +50,11 @@ __host__ __device__ inline int64_t MmaActSmemBytes(int64_t cols, int n_tokens) {
   return n_tokens *
          (MmaActQuantStride(cols) + MmaActScaleStride(cols) * 4 + 2 * sizeof(void*));  // + the rows' addresses
 }
-// Products the mma kernels take: Q8_0 rows of whole 32-blocks.
-inline bool MmaQ8_0Fits(int type, int64_t cols) { return type == kDevQ8_0 && cols % 32 == 0 && cols > 0; }
+// Products the mma kernels take: Q8_0 rows of whole 32-blocks whose n_tokens staged rows fit in
+// shared memory.
+inline bool MmaQ8_0Fits(int type, int64_t cols, int n_tokens) {
+  return type == kDevQ8_0 && cols % 32 == 0 && cols > 0 && MmaActSmemBytes(cols, n_tokens) <= kStagedMaxSmem;
+}
 
 // Copies n of n_slots token rows into shared memory with cp.async, zero rows after them;
 // act_of(i, &q, &s) gives row i's quants and f32 scales (called by thread i). Every copy is issued
@@ -88,23 +91,6 @@ __device__ inline void MmaStageAct(uint8_t* smem, int64_t cols, int n_slots, int
       scales[t * s_stride + b] = 0.0f;
   }
   CpAsyncWaitAll();
-}
-
-// Pulls this thread's share of the warp's 16 rows (quants and f16 scales) into L2: thread tig
-// takes every 4th 128-byte line of its rows lo and hi, so that MmaQ8_0Dots' loads, one run ahead,
-// find L2 rather than DRAM. Depends on nothing an earlier kernel writes (the weights).
-__device__ inline void MmaPrefetchRowsToL2(const RowRef& lo, const RowRef& hi, int64_t cols) {
-  const int tig = threadIdx.x % 4;
-  const auto row = [&](const RowRef& r) {
-    if (r.q == nullptr) return;
-    for (int64_t off = int64_t(tig) * 128; off < cols; off += 4 * 128)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(r.q + off));
-    const uint8_t* s = reinterpret_cast<const uint8_t*>(r.s);
-    for (int64_t off = int64_t(tig) * 128; off < cols / 16; off += 4 * 128)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(s + off));
-  };
-  row(lo);
-  row(hi);
 }
 
 // One int8 mma: c[i] = 1.5 * 2^23's bit pattern + the int32 sum of row/column i of the fragment

@@ -364,7 +364,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   const DevMatrix up{kDevQ8_0, a.n_ff, a.n_embd, base + a.up_offset};
   const RowRef lo = active ? MatrixRow<kDevQ8_0>(gate, r) : RowRef{};
   const RowRef hi = active ? MatrixRow<kDevQ8_0>(up, r) : RowRef{};
-  MmaPrefetchRowsToL2(lo, hi, a.n_embd);
+  PrefetchRowToL2<kDevQ8_0, 4>(lo, a.n_embd);  // the 4 lanes of a row (tig) share its lines
+  PrefetchRowToL2<kDevQ8_0, 4>(hi, a.n_embd);
   const int64_t rb = ActRowBytes(act.type, act.stride);
   uint8_t* smem = reinterpret_cast<uint8_t*>(mma_smem);
   for (int p0 = 0; p0 < n_pairs; p0 += kMmaSlots) {
@@ -405,7 +406,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   const DevMatrix down{kDevQ8_0, a.n_embd, a.n_ff, base + a.down_offset};
   const RowRef lo = r < a.n_embd ? MatrixRow<kDevQ8_0>(down, r) : RowRef{};
   const RowRef hi = r + 8 < a.n_embd ? MatrixRow<kDevQ8_0>(down, r + 8) : RowRef{};
-  MmaPrefetchRowsToL2(lo, hi, a.n_ff);  // while gate/up still runs
+  PrefetchRowToL2<kDevQ8_0, 4>(lo, a.n_ff);  // while gate/up still runs
+  PrefetchRowToL2<kDevQ8_0, 4>(hi, a.n_ff);
   const int64_t rb = ActRowBytes(act.type, act.stride);
   uint8_t* smem = reinterpret_cast<uint8_t*>(mma_smem);
   WaitForPredecessor();
@@ -433,9 +435,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 }
 
 // Whether the mma kernels take these Q8_0 products (cols: the activations' columns).
-bool UseMma(int type, int64_t cols) {
-  return TensorCoreQ8_0() && MmaQ8_0Fits(type, cols) && MmaActSmemBytes(cols, kMmaSlots) <= kStagedMaxSmem;
-}
+bool UseMma(int type, int64_t cols) { return TensorCoreQ8_0() && MmaQ8_0Fits(type, cols, kMmaSlots); }
 
 template <int kType>
 void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pairs, cudaStream_t s) {

@@ -48,6 +48,23 @@ __device__ inline RowRef MatrixRow(const DevMatrix& m, int64_t r) {
   return ref;
 }
 
+// Lane g of a group of G lanes prefetches every G-th 128-byte line of the row (quants or values,
+// then for Q8_0 the row's block scales) into L2: weights depend on no earlier kernel, so this runs
+// before WaitForPredecessor and the row's loads after it find L2 instead of DRAM.
+template <int kType, int G>
+__device__ inline void PrefetchRowToL2(const RowRef& row, int64_t cols) {
+  if (row.q == nullptr) return;
+  const int g = threadIdx.x % G;
+  const int64_t bytes = ActRowBytes(kType, cols);  // the row's quants or values
+  for (int64_t off = int64_t(g) * 128; off < bytes; off += G * 128)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(row.q + off));
+  if constexpr (kType == kDevQ8_0) {
+    const uint8_t* s = reinterpret_cast<const uint8_t*>(row.s);
+    for (int64_t off = int64_t(g) * 128; off < cols / 16; off += G * 128)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(s + off));
+  }
+}
+
 // One lane's step over a run of 4 Q8_0 blocks (16 bytes of weights w and of activations a, lane
 // l holding quants 4l..4l+3 of each block): the CPU's int32 lane sum of each block, scaled into
 // the lane's chain in block order, acc = fma(d_w[k] * d_a[k], isum_k, acc). The inner step of
