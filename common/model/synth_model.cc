@@ -7,6 +7,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <thread>
 #include <vector>
@@ -410,7 +411,10 @@ GgmlType SynthTensorType(SynthQuant quant, SynthMatrix matrix, int layer, const 
   return IsRowSizeValid(fallback, cols) ? fallback : GgmlType::kF16;
 }
 
-void SynthRows(const SynthTensor& t, int64_t row0, int64_t rows, float* scratch, uint8_t* out) {
+namespace {
+
+// Rows [row0, row0 + rows) of `t` made from its fill, quantized to its type.
+void MakeRows(const SynthTensor& t, int64_t row0, int64_t rows, float* scratch, uint8_t* out) {
   const int64_t cols = t.shape[0];
   const int64_t row_bytes = RowBytes(t.type, cols);
   for (int64_t r = 0; r < rows; ++r) {
@@ -423,11 +427,43 @@ void SynthRows(const SynthTensor& t, int64_t row0, int64_t rows, float* scratch,
   }
 }
 
+}  // namespace
+
+// A matrix's first rows, quantized once by the first writer thread that needs them (the others
+// wait for it) and copied from then on.
+class SynthRowPool {
+ public:
+  explicit SynthRowPool(int64_t rows) : rows_(rows) {}
+
+  int64_t rows() const { return rows_; }
+  const uint8_t* Bytes(const SynthTensor& t, float* scratch) {
+    std::call_once(made_, [&] {
+      bytes_.resize(rows_ * RowBytes(t.type, t.shape[0]));
+      MakeRows(t, 0, rows_, scratch, bytes_.data());
+    });
+    return bytes_.data();
+  }
+
+ private:
+  const int64_t rows_;
+  std::once_flag made_;
+  std::vector<uint8_t> bytes_;
+};
+
+void SynthRows(const SynthTensor& t, int64_t row0, int64_t rows, float* scratch, uint8_t* out) {
+  if (t.pool == nullptr) return MakeRows(t, row0, rows, scratch, out);
+  const int64_t row_bytes = RowBytes(t.type, t.shape[0]);
+  const uint8_t* pool = t.pool->Bytes(t, scratch);
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(out + r * row_bytes, pool + (row0 + r) % t.pool->rows() * row_bytes, row_bytes);
+}
+
 absl::StatusOr<std::vector<SynthTensor>> PlanSynthModel(const SynthOptions& options, GgufWriter& w) {
   const SynthGeometry& g = options.geometry;
   RETURN_IF_ERROR(ValidateGeometry(g));
   if (!(options.router_skew >= 0 && options.router_skew <= 16))
     return absl::InvalidArgumentError("synth: --router-skew must be in [0, 16]");
+  if (options.row_pool < 0) return absl::InvalidArgumentError("synth: --row-pool must be >= 0");
   const uint64_t seed = options.seed;
   const int64_t n_embd = g.n_embd;
   const int64_t q_dim = int64_t{g.n_head} * g.head_dim;
@@ -438,6 +474,7 @@ absl::StatusOr<std::vector<SynthTensor>> PlanSynthModel(const SynthOptions& opti
   w.AddUint32("general.file_type", NameOf(options.quant).file_type);
   w.AddUint64("mer.synth.seed", seed);
   w.AddFloat32("mer.synth.router_skew", static_cast<float>(options.router_skew));
+  if (options.row_pool > 0) w.AddUint32("mer.synth.row_pool", options.row_pool);
   w.AddUint32("qwen3moe.context_length", g.n_ctx);
   w.AddUint32("qwen3moe.embedding_length", g.n_embd);
   w.AddUint32("qwen3moe.block_count", g.n_layer);
@@ -595,6 +632,14 @@ absl::StatusOr<std::vector<SynthTensor>> PlanSynthModel(const SynthOptions& opti
       return absl::InvalidArgumentError(absl::StrCat("synth: ", t.name, "'s rows of ", t.shape[0],
                                                      " are not whole blocks of ", TypeName(it->second)));
     t.type = it->second;
+  }
+  if (options.row_pool > 0) {
+    for (SynthTensor& t : plans) {
+      int64_t rows = 1;
+      for (size_t d = 1; d < t.shape.size(); ++d) rows *= t.shape[d];
+      if (t.type != GgmlType::kF32 && rows > options.row_pool)
+        t.pool = std::make_shared<SynthRowPool>(options.row_pool);
+    }
   }
   return plans;
 }

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -104,6 +105,12 @@ struct SynthOptions {
   // Types by tensor name that replace the quant's choice (tests of arbitrary per-tensor mixes); a
   // row length that is not whole blocks of its type is InvalidArgument.
   std::map<std::string, GgmlType> tensor_types;
+  // Where > 0, every quantized matrix with more rows repeats its first `row_pool` rows (row r is
+  // row r % row_pool), so the large geometries in the slow-to-quantize types (the i-quants take
+  // ~300 ns a weight: hours for Qwen3-235B-A22B) are written at the disk's speed. For benchmarks:
+  // the kernels' speed does not depend on the values. Written as mer.synth.row_pool. 0: every row
+  // is its own.
+  int row_pool = 0;
 };
 
 // The matrices of a model whose type a SynthQuant chooses.
@@ -132,11 +139,13 @@ absl::Status WriteSynthModel(const SynthOptions& options, const std::string& pat
 // One tensor of a synthetic model and how its rows are made: `fill(r, out)` writes row r (0 <= r <
 // the product of shape[1..]) of the f32 matrix, shape[0] values; rows are independent of each
 // other, so they can be made in any order and on any thread, with the same results.
+class SynthRowPool;
 struct SynthTensor {
   std::string name;
   GgmlType type;
   std::vector<int64_t> shape;  // ne[0] (row length) first
   std::function<void(int64_t row, float* out)> fill;
+  std::shared_ptr<SynthRowPool> pool;  // the rows repeated under SynthOptions::row_pool; null: none
 };
 
 // What WriteSynthModel writes, for writers of another layout (the expert store of

@@ -18,7 +18,8 @@ constexpr char kHelp[] = R"(usage: mer synth --preset {micro,tiny,small,qwen3-30
                  [--layers N --embd N --experts N --experts-used N --ff-exp N --heads N
                   --kv-heads N --head-dim N --vocab N --ctx N]
                  --quant TYPE [--seed S] [--router-skew X]
-                 [--no-norm-topk] [--threads N] [--chat-template qwen3 | --chat-template-file F]
+                 [--no-norm-topk] [--threads N] [--row-pool N]
+                 [--chat-template qwen3 | --chat-template-file F]
                  [--eos-token TEXT] (--out FILE.gguf | --store-out STORE_DIR [--force] [--no-direct])
 
 Writes a valid qwen3moe GGUF file with deterministic pseudo-random weights. The preset gives the
@@ -41,31 +42,19 @@ the Jinja text of F). --eos-token names the token written as the end-of-sequence
 byte in experts.bin and dense.gguf) without writing the GGUF, for models whose file and store do
 not fit on the disk together; --force replaces a store in STORE_DIR, --no-direct writes
 experts.bin through the page cache. --threads (default: all cores) generates the weights.
+--row-pool N makes every quantized matrix of its first N rows, repeated (row r is row r % N), so a
+benchmark file of a large geometry in a slow-to-quantize type (the i-quants: hours for
+qwen3-235b-a22b) is written at the disk's speed; the kernels' speed does not depend on the values.
 )";
 
 absl::Status Synth(const Args& args) {
-  ASSIGN_OR_RETURN(Flags f, Flags::Parse(args,
-                                         {"preset",
-                                          "layers",
-                                          "embd",
-                                          "experts",
-                                          "experts-used",
-                                          "ff-exp",
-                                          "heads",
-                                          "kv-heads",
-                                          "head-dim",
-                                          "vocab",
-                                          "ctx",
-                                          "quant",
-                                          "seed",
-                                          "router-skew",
-                                          "threads",
-                                          "out",
-                                          "store-out",
-                                          "chat-template",
-                                          "chat-template-file",
-                                          "eos-token"},
-                                         {"no-norm-topk", "force", "no-direct"}));
+  ASSIGN_OR_RETURN(Flags f,
+                   Flags::Parse(args, {"preset",   "layers", "embd",      "experts",       "experts-used",
+                                       "ff-exp",   "heads",  "kv-heads",  "head-dim",      "vocab",
+                                       "ctx",      "quant",  "seed",      "router-skew",   "threads",
+                                       "row-pool", "out",    "store-out", "chat-template", "chat-template-file",
+                                       "eos-token"},
+                                {"no-norm-topk", "force", "no-direct"}));
   const std::string preset = f.String("preset", "tiny");
   std::optional<SynthGeometry> g = SynthPreset(preset);
   if (!g) return absl::InvalidArgumentError(absl::StrCat("--preset: unknown preset '", preset, "'"));
@@ -98,6 +87,9 @@ absl::Status Synth(const Args& args) {
   ASSIGN_OR_RETURN(o.router_skew, f.Double("router-skew", 0.0));
   ASSIGN_OR_RETURN(int64_t threads, f.Int("threads", 0));
   o.threads = static_cast<int>(threads);
+  ASSIGN_OR_RETURN(int64_t row_pool, f.Int("row-pool", 0));
+  if (row_pool < 0 || row_pool > (int64_t{1} << 20)) return absl::InvalidArgumentError("--row-pool out of range");
+  o.row_pool = static_cast<int>(row_pool);
   o.norm_topk_prob = !f.Has("no-norm-topk");
   if (f.Has("chat-template") && f.Has("chat-template-file"))
     return absl::InvalidArgumentError("give at most one of --chat-template and --chat-template-file");

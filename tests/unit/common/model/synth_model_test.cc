@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -142,6 +143,45 @@ TEST(SynthModel, TensorTypesReplaceTheQuantsChoiceAndMustBeWholeBlocks) {
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("output.weight"), absl::string_view::npos) << bad.status();
+}
+
+// --row-pool N: a quantized matrix with more than N rows repeats its first N rows, which are the
+// rows it has without the pool; f32 matrices keep their own rows.
+TEST(SynthModel, RowPoolRepeatsAMatrixsFirstRows) {
+  SynthOptions o;
+  o.geometry = *SynthPreset("micro");
+  o.quant = SynthQuant::kQ8_0;
+  GgufWriter w_own;
+  const absl::StatusOr<std::vector<SynthTensor>> own = PlanSynthModel(o, w_own);
+  o.row_pool = 5;
+  GgufWriter w_pooled;
+  const absl::StatusOr<std::vector<SynthTensor>> pooled = PlanSynthModel(o, w_pooled);
+  ASSERT_TRUE(own.ok() && pooled.ok());
+  ASSERT_EQ(own->size(), pooled->size());
+  int pools = 0;
+  for (size_t i = 0; i < own->size(); ++i) {
+    const SynthTensor& a = (*own)[i];
+    const SynthTensor& b = (*pooled)[i];
+    int64_t rows = 1;
+    for (size_t d = 1; d < a.shape.size(); ++d) rows *= a.shape[d];
+    EXPECT_EQ(b.pool != nullptr, a.type != GgmlType::kF32 && rows > 5) << a.name;
+    if (b.pool == nullptr) continue;
+    ++pools;
+    const int64_t row_bytes = RowBytes(a.type, a.shape[0]);
+    std::vector<float> scratch(a.shape[0]);
+    std::vector<uint8_t> without(rows * row_bytes), with(rows * row_bytes);
+    SynthRows(a, 0, rows, scratch.data(), without.data());
+    SynthRows(b, 0, rows, scratch.data(), with.data());
+    ASSERT_EQ(std::memcmp(without.data(), with.data(), 5 * row_bytes), 0) << a.name;
+    for (int64_t r = 5; r < rows; ++r)
+      ASSERT_EQ(std::memcmp(with.data() + r * row_bytes, with.data() + r % 5 * row_bytes, row_bytes), 0)
+          << a.name << " row " << r;
+    EXPECT_NE(std::memcmp(without.data() + 5 * row_bytes, with.data() + 5 * row_bytes, row_bytes), 0) << a.name;
+  }
+  EXPECT_GT(pools, 5);
+  o.row_pool = -1;
+  GgufWriter w_bad;
+  EXPECT_EQ(PlanSynthModel(o, w_bad).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(SynthModel, RecipesFollowLlamaCppsRules) {
