@@ -28,7 +28,15 @@
 #   cpu:        expert_cpu_bench (one missed expert on the host's cores, 1-16 threads) and
 #               miss_path_bench (the same expert over PCIe beside the CPU path);
 #   batch:      tests/gpu/batch_bench.sh with 64 streams, every expert in VRAM, for each setting of
-#               BATCH_ENVS.
+#               BATCH_ENVS;
+#   peer:       mer beside llama.cpp's CUDA build on the same GGUF, for each of PEER_MODELS
+#               ("LABEL:PRESET:QUANT[:LAYERS]", written by `mer synth --row-pool 61 --router-skew
+#               SKEW`, deleted after use): `mer bench --backend cuda --model` at each prompt of
+#               PEER_PROMPTS (every expert in VRAM) and a 31-token prompt at each VRAM budget of
+#               PEER_BUDGETS below 100%, then `llama-bench` (LLAMA_BENCH, default the bundle's) on
+#               the same file, all layers on the GPU (-p PEER_PROMPTS -n PEER_GEN, flash attention)
+#               and, for each budget below 100%, with the experts of the other layers on the CPU
+#               (-ncmoe: llama.cpp places experts by layer, not by expert).
 # Programs come from BUNDLE (bin/ and a run wrapper; docs/benchmarks.md, "Machines"); results
 # under OUT (summary.txt last). Every step is time-bounded by DEADLINE (seconds since the start),
 # so that the whole run ends within it.
@@ -51,6 +59,11 @@ BATCH_ENVS=${BATCH_ENVS:-"MER_CUDA_MMA=0"}      # the same for the batch step
 ENGINE_FILTER=${ENGINE_FILTER:-"Seeds/RandomGeometry.*:Corpus/CudaVsCpu.*/tiny_q8_0:Corpus/CudaVsCpu.*/small_q4_k"}
 FAULT_COMPUTE_FLAGS=${FAULT_COMPUTE_FLAGS:-"--backend cuda --vram-expert-budget 50% --miss-path device"}
 ONE_PROCESS=${ONE_PROCESS:-1}  # 0: skip the one-process mer bench of the bench step
+PEER_MODELS=${PEER_MODELS:-"a3b-q8_0:qwen3-30b-a3b:q8_0"}
+PEER_PROMPTS=${PEER_PROMPTS:-"512 2048"}
+PEER_BUDGETS=${PEER_BUDGETS:-"100% 25%"}
+PEER_GEN=${PEER_GEN:-128}
+LLAMA_BENCH=${LLAMA_BENCH:-llama-bench}
 DEADLINE=${DEADLINE:-560}
 START=$(date +%s)
 mkdir -p "$OUT"
@@ -210,4 +223,45 @@ if has_step batch; then
     grep -E 'host syncs|tokens per step|FAILED' "$d/summary.txt" | tee -a "$summary"
   done
 fi
+if has_step peer; then
+  for spec in $PEER_MODELS; do
+    IFS=: read -r label preset quant layers <<< "$spec"
+    model="/tmp/peer-$label.gguf"
+    t0=$SECONDS
+    timeout "$(left 300)" "$BUNDLE/run" mer synth --preset "$preset" --quant "$quant" ${layers:+--layers "$layers"} \
+      --router-skew "$SKEW" --row-pool 61 --threads "$(nproc)" --out "$model" > "$OUT/peer_${label}_synth.log" 2>&1
+    note "peer $label: synth $preset $quant${layers:+ $layers layers}: rc=$? in $((SECONDS - t0)) s," \
+         "$(du -BM "$model" | cut -f1); disk free $(df -h --output=avail /tmp | tail -1 | tr -d ' ')"
+    "$BUNDLE/run" mer info "$model" > "$OUT/peer_${label}_info.log" 2>&1
+    n_layer=$(awk '$1 == "layers" {print $2}' "$OUT/peer_${label}_info.log")
+    for p in $PEER_PROMPTS; do
+      timeout "$(left 150)" "$BUNDLE/run" mer bench --model "$model" --backend cuda --vram-expert-budget 100% \
+        --prompt-tokens "$p" --gen-tokens "$PEER_GEN" --warmup 1 --runs 2 > "$OUT/peer_${label}_mer_p$p.log" 2>&1
+      note "peer $label: mer bench, VRAM 100%, prompt $p + $PEER_GEN: rc=$? $(grep -E '^(prompt_tps|decode_tps|ttft)' \
+        "$OUT/peer_${label}_mer_p$p.log" | awk '{printf "%s %s  ", $1, $2}')"
+    done
+    for b in $PEER_BUDGETS; do
+      [ "$b" = "100%" ] && continue
+      timeout "$(left 150)" "$BUNDLE/run" mer bench --model "$model" --backend cuda --vram-expert-budget "$b" \
+        --prompt-tokens 31 --gen-tokens "$PEER_GEN" --warmup 1 --runs 2 > "$OUT/peer_${label}_mer_$b.log" 2>&1
+      note "peer $label: mer bench, VRAM $b, prompt 31 + $PEER_GEN: rc=$? $(grep -E '^(prompt_tps|decode_tps|vram_hit_rate|uploaded)' \
+        "$OUT/peer_${label}_mer_$b.log" | awk '{printf "%s %s  ", $1, $2}')"
+    done
+    prompts=$(echo "$PEER_PROMPTS" | tr ' ' ',')
+    timeout "$(left 200)" "$BUNDLE/run" "$LLAMA_BENCH" -m "$model" -ngl 99 -fa 1 -p "$prompts" -n "$PEER_GEN" -r 2 \
+      > "$OUT/peer_${label}_llama.log" 2>&1
+    note "peer $label: llama-bench, every layer on the GPU: rc=$?"
+    grep -E '^\|' "$OUT/peer_${label}_llama.log" | tee -a "$summary"
+    for b in $PEER_BUDGETS; do
+      [ "$b" = "100%" ] && continue
+      cpu_layers=$(( n_layer - n_layer * ${b%\%} / 100 ))
+      timeout "$(left 200)" "$BUNDLE/run" "$LLAMA_BENCH" -m "$model" -ngl 99 -fa 1 -ncmoe "$cpu_layers" -p 31 \
+        -n "$PEER_GEN" -r 2 > "$OUT/peer_${label}_llama_$b.log" 2>&1
+      note "peer $label: llama-bench, experts of $cpu_layers of $n_layer layers on the CPU (VRAM $b): rc=$?"
+      grep -E '^\|' "$OUT/peer_${label}_llama_$b.log" | tee -a "$summary"
+    done
+    rm -f "$model"
+  done
+fi
+
 note "== served_checks done in $(( $(date +%s) - START )) s"
