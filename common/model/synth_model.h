@@ -145,7 +145,7 @@ struct SynthTensor {
   GgmlType type;
   std::vector<int64_t> shape;  // ne[0] (row length) first
   std::function<void(int64_t row, float* out)> fill;
-  std::shared_ptr<SynthRowPool> pool;  // the rows repeated under SynthOptions::row_pool; null: none
+  std::shared_ptr<SynthRowPool> pool = nullptr;  // the rows repeated under SynthOptions::row_pool; null: none
 };
 
 // What WriteSynthModel writes, for writers of another layout (the expert store of

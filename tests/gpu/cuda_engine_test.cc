@@ -26,6 +26,7 @@
 #include "common/model/synth_model.h"
 #include "common/quant/quant.h"
 #include "services/compute/cpu/cpu_engine.h"
+#include "services/compute/cuda/matvec.cuh"
 #include "services/compute/generation.h"
 #include "tests/gpu/corpus.h"
 #include "tests/gpu/test_models.h"
@@ -160,6 +161,22 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"tiny", SynthQuant::kQ4_1, "tiny_q4_1"}, Case{"tiny", SynthQuant::kQ5_1, "tiny_q5_1"},
         Case{"tiny", SynthQuant::kQ5_K_M, "tiny_q5_k_m"}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+
+// The fast tensor-core kernels (cuda::MultiTokenQ8_0::kMmaFast: one f32 chain per output instead
+// of the CPU's 8 lane chains) take the prompts and the forced continuations' multi-token steps;
+// decode steps stay the CPU's bits. The corpus' rule holds: greedy ids equal, forced logits within
+// kLogitsBound.
+TEST(CudaEngine, FastTensorCoresKeepTheCorpusRule) {
+  struct Restore {
+    ~Restore() { cuda::SetMultiTokenQ8_0(cuda::MultiTokenQ8_0::kDp4a); }
+  } restore;
+  cuda::SetMultiTokenQ8_0(cuda::MultiTokenQ8_0::kMmaFast);
+  for (const char* preset : {"tiny", "small"}) {
+    auto model = MakeModel(preset, SynthQuant::kQ8_0);
+    ASSERT_NE(model, nullptr);
+    CompareWithCpu(*model, std::string(preset) + "_q8_0 fast tensor cores", kPrompts, kGenTokens, {1.0, 0.3});
+  }
+}
 
 // llama.cpp's Q4_K_M and Q5_K_M recipes for a model of exactly 8 experts: attn_k and attn_v Q8_0
 // beside a K-quant attn_q, so Q, K and V read their input in two activation types (Q8_K and

@@ -148,6 +148,7 @@ bool LaunchStaged(const MatvecArgs& args, int64_t total_rows, cudaStream_t strea
 // the first find them in L2 (a batch's LM head).
 constexpr int kMmaTiles = 2, kMmaSlots = kMmaTiles * kMmaTokens, kMmaRowsPerBlock = kWarps * kMmaRows;
 
+template <bool kExact>
 __global__ void __launch_bounds__(kWarps * 32, 2) MatvecMmaKernel(const __grid_constant__ MatvecArgs args) {
   extern __shared__ uint4 mma_smem[];
   AllowDependents();
@@ -172,7 +173,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) MatvecMmaKernel(const __grid_c
   });
   __syncthreads();
   float sums[kMmaTiles][4];
-  MmaQ8_0Dots<kMmaTiles>(lo, hi, cols, smem, kMmaSlots, (n + kMmaTokens - 1) / kMmaTokens, sums);
+  MmaQ8_0Dots<kMmaTiles, kExact>(lo, hi, cols, smem, kMmaSlots, (n + kMmaTokens - 1) / kMmaTokens, sums);
   if (!active) return;
 #pragma unroll
   for (int t = 0; t < kMmaTiles; ++t)
@@ -185,18 +186,21 @@ __global__ void __launch_bounds__(kWarps * 32, 2) MatvecMmaKernel(const __grid_c
     }
 }
 
-// The mma kernel for these outputs; false where it is off (TensorCoreQ8_0), a matrix's rows are
-// not a multiple of 16, or the tokens' rows do not fit in shared memory.
+// The mma kernel for these outputs; false where the dp4a kernels take them (MultiTokenQ8_0), a
+// matrix's rows are not a multiple of 16, or the tokens' rows do not fit in shared memory.
 bool LaunchMma(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
   const int64_t cols = args.o[0].w.cols;
-  if (!TensorCoreQ8_0() || !MmaQ8_0Fits(kDevQ8_0, cols, kMmaSlots)) return false;
+  const MultiTokenQ8_0 kernels = MultiTokenQ8_0Kernels();
+  if (kernels == MultiTokenQ8_0::kDp4a || !MmaQ8_0Fits(kDevQ8_0, cols, kMmaSlots)) return false;
   for (int i = 0; i < args.n_outputs; ++i)
     if (args.o[i].w.rows % kMmaRows != 0) return false;
-  static const bool limit_set = (SetStagedSmemLimit(MatvecMmaKernel), true);
-  (void)limit_set;
   const dim3 grid(static_cast<unsigned>((args.n_tokens + kMmaSlots - 1) / kMmaSlots),
                   static_cast<unsigned>((total_rows + kMmaRowsPerBlock - 1) / kMmaRowsPerBlock));
-  LaunchPdl(MatvecMmaKernel, grid, dim3(kWarps * 32), MmaActSmemBytes(cols, kMmaSlots), stream, args);
+  static const bool limits_set =
+      (SetStagedSmemLimit(MatvecMmaKernel<true>), SetStagedSmemLimit(MatvecMmaKernel<false>), true);
+  (void)limits_set;
+  LaunchPdl(kernels == MultiTokenQ8_0::kMmaExact ? MatvecMmaKernel<true> : MatvecMmaKernel<false>, grid,
+            dim3(kWarps * 32), MmaActSmemBytes(cols, kMmaSlots), stream, args);
   return true;
 }
 
@@ -263,21 +267,27 @@ void Launch(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
   }
 }
 
-std::atomic<int> tensor_core_q8_0{-1};  // -1: MER_CUDA_MMA not read yet
+std::atomic<int> multi_token_q8_0{-1};  // -1: MER_CUDA_MMA not read yet
 
 }  // namespace
 
-bool TensorCoreQ8_0() {
-  int on = tensor_core_q8_0.load(std::memory_order_relaxed);
-  if (on < 0) {
+MultiTokenQ8_0 MultiTokenQ8_0Kernels() {
+  int k = multi_token_q8_0.load(std::memory_order_relaxed);
+  if (k < 0) {
     const char* v = std::getenv("MER_CUDA_MMA");
-    on = v != nullptr && std::strcmp(v, "1") == 0 ? 1 : 0;
-    tensor_core_q8_0.store(on, std::memory_order_relaxed);
+    const MultiTokenQ8_0 chosen = v == nullptr                  ? MultiTokenQ8_0::kDp4a
+                                  : std::strcmp(v, "1") == 0    ? MultiTokenQ8_0::kMmaExact
+                                  : std::strcmp(v, "fast") == 0 ? MultiTokenQ8_0::kMmaFast
+                                                                : MultiTokenQ8_0::kDp4a;
+    k = static_cast<int>(chosen);
+    multi_token_q8_0.store(k, std::memory_order_relaxed);
   }
-  return on == 1;
+  return static_cast<MultiTokenQ8_0>(k);
 }
 
-void SetTensorCoreQ8_0(bool on) { tensor_core_q8_0.store(on ? 1 : 0, std::memory_order_relaxed); }
+void SetMultiTokenQ8_0(MultiTokenQ8_0 kernels) {
+  multi_token_q8_0.store(static_cast<int>(kernels), std::memory_order_relaxed);
+}
 
 void LaunchMatvec(const MatvecOutput* outputs, int n_outputs, const DevAct& act, int n_tokens, cudaStream_t stream) {
   if (n_outputs < 1 || n_outputs > kMaxOutputs) {

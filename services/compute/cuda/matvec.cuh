@@ -21,12 +21,20 @@ struct MatvecOutput {
 
 void LaunchMatvec(const MatvecOutput* outputs, int n_outputs, const DevAct& act, int n_tokens, cudaStream_t stream);
 
-// Whether multi-token Q8_0 products (prompts, batches: the dense mat-vecs and the experts) run on
-// the tensor cores (mma_q8_0.cuh) rather than in the dp4a kernels (staged_dots.cuh); both give the
-// CPU's bits. Off unless MER_CUDA_MMA=1 (read at the first call): on the H100 the tensor-core
-// kernels took 32.22 against 30.79 ms per 64-stream step of the 30B geometry, with a lower TTFT
-// p99 (docs/benchmarks.md). Process-wide; SetTensorCoreQ8_0 is for tests.
-bool TensorCoreQ8_0();
-void SetTensorCoreQ8_0(bool on);
+// Which kernels take the multi-token Q8_0 products (prompts, batches: the dense mat-vecs and the
+// experts). Single-token products (decode) always give the CPU's bits.
+//   kDp4a:     integer dot products (staged_dots.cuh), the CPU's bits (the default);
+//   kMmaExact: tensor cores (mma_q8_0.cuh), the CPU's bits: 8 masked mmas per 32-block, since the
+//              CPU's integer sums are 4-product lane sums;
+//   kMmaFast:  tensor cores, one mma per 32-block: each output is one f32 chain over the blocks of
+//              fma(d_w * d_a, int32 block sum, acc) instead of the CPU's 8 lane chains and their
+//              tree, so results differ from the CPU's in the last bits (docs/cuda.md states the
+//              bound the tests keep).
+// MER_CUDA_MMA=0 (or unset), 1 or fast, read at the first call; on the H100 the exact tensor-core
+// kernels took 32.22 against 30.79 ms per 64-stream step of the 30B geometry (docs/benchmarks.md).
+// Process-wide; SetMultiTokenQ8_0 is for tests and benchmarks.
+enum class MultiTokenQ8_0 { kDp4a = 0, kMmaExact = 1, kMmaFast = 2 };
+MultiTokenQ8_0 MultiTokenQ8_0Kernels();
+void SetMultiTokenQ8_0(MultiTokenQ8_0 kernels);
 
 }  // namespace mer::cuda

@@ -13,7 +13,11 @@
 // in registers (one run of 4 blocks loaded ahead, the rows pulled into L2 first) rather than in
 // shared memory; ptxas gives it ~250 registers, so 2 blocks per SM. Measured on the H100 it is
 // faster for prompt-sized chunks and slower for a batch's few pairs per expert, so it runs only
-// when turned on (TensorCoreQ8_0, matvec.cuh; docs/benchmarks.md).
+// when turned on (MultiTokenQ8_0, matvec.cuh; docs/benchmarks.md).
+//
+// The fast form (kExact false, MultiTokenQ8_0::kMmaFast) gives up the CPU's bits for one mma per
+// block: the block's whole int32 sum, one chain acc = fma(d_w * d_a, sum, acc) per output over
+// the blocks in order, no tree; ~130 registers instead of ~250.
 //
 // Fragments (PTX ISA, mma.m16n8k32 with .s8): thread (gid = lane / 4, tig = lane % 4) holds A's
 // rows gid and gid + 8 at columns 4 tig..4 tig + 3 (registers 0, 1) and 16 + 4 tig.. (2, 3), B's
@@ -109,20 +113,30 @@ __device__ __forceinline__ float MmaSumF32(int biased) { return __fsub_rn(__int_
 
 // One 32-block for one tile of 8 tokens: w* the weights of rows gid / gid + 8 at lanes tig (lo)
 // and tig + 4 (hi), x* token gid's at the same lanes, ws* the rows' scales, s* tokens 2 tig and
-// 2 tig + 1's. acc[l][i]: lane l's chain of C element i.
+// 2 tig + 1's. kExact: acc[l][i] is lane l's chain of C element i (8 mmas, each with the
+// activations of one lane's 4 columns); otherwise acc[0][i] is C element i's one chain (one mma
+// over the whole block).
+template <bool kExact>
 __device__ __forceinline__ void MmaQ8_0Block(uint32_t w_lo0, uint32_t w_lo8, uint32_t w_hi0, uint32_t w_hi8,
                                              uint32_t x_lo, uint32_t x_hi, float ws0, float ws8, float s_t0, float s_t1,
-                                             int tig, float (&acc)[8][4]) {
+                                             int tig, float (&acc)[kExact ? 8 : 1][4]) {
   const float d[4] = {__fmul_rn(ws0, s_t0), __fmul_rn(ws0, s_t1), __fmul_rn(ws8, s_t0), __fmul_rn(ws8, s_t1)};
-#pragma unroll
-  for (int l = 0; l < 8; ++l) {
-    // Only lane l's 4 columns of the block: thread tig holds lanes tig (x_lo) and tig + 4 (x_hi).
-    const uint32_t b0 = l < 4 && tig == l ? x_lo : 0u;
-    const uint32_t b1 = l >= 4 && tig == l - 4 ? x_hi : 0u;
+  if constexpr (!kExact) {  // the whole block in one mma
     int c[4];
-    MmaS8(c, w_lo0, w_lo8, w_hi0, w_hi8, b0, b1);
+    MmaS8(c, w_lo0, w_lo8, w_hi0, w_hi8, x_lo, x_hi);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[l][i] = fmaf(d[i], MmaSumF32(c[i]), acc[l][i]);
+    for (int i = 0; i < 4; ++i) acc[0][i] = fmaf(d[i], MmaSumF32(c[i]), acc[0][i]);
+  } else {
+#pragma unroll
+    for (int l = 0; l < 8; ++l) {
+      // Only lane l's 4 columns of the block: thread tig holds lanes tig (x_lo) and tig + 4 (x_hi).
+      const uint32_t b0 = l < 4 && tig == l ? x_lo : 0u;
+      const uint32_t b1 = l >= 4 && tig == l - 4 ? x_hi : 0u;
+      int c[4];
+      MmaS8(c, w_lo0, w_lo8, w_hi0, w_hi8, b0, b1);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[l][i] = fmaf(d[i], MmaSumF32(c[i]), acc[l][i]);
+    }
   }
 }
 
@@ -133,8 +147,9 @@ __device__ __forceinline__ uint32_t Word(const uint4& v, int j) {
 // The dots of a warp's 16 rows (lo: row gid, hi: row gid + 8 of this thread; q == nullptr: a zero
 // row) with the first n_tiles tiles of the staged tokens. out[tile][i]: C element i (rows gid,
 // gid, gid + 8, gid + 8; tokens 2 tig, 2 tig + 1, 2 tig, 2 tig + 1 of the tile), the CPU's sum.
-// Every lane of the warp calls it (the mma is warp-wide), with a warp-uniform n_tiles.
-template <int kTiles>
+// Every lane of the warp calls it (the mma is warp-wide), with a warp-uniform n_tiles. kExact: the
+// CPU's sum bit for bit; otherwise one chain per output (MultiTokenQ8_0::kMmaFast, matvec.cuh).
+template <int kTiles, bool kExact>
 __device__ inline void MmaQ8_0Dots(const RowRef& lo, const RowRef& hi, int64_t cols, const uint8_t* smem, int n_slots,
                                    int n_tiles, float (&out)[kTiles][4]) {
   const int lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
@@ -142,11 +157,12 @@ __device__ inline void MmaQ8_0Dots(const RowRef& lo, const RowRef& hi, int64_t c
   const float* scales = reinterpret_cast<const float*>(smem + n_slots * q_stride);
   const int nb = static_cast<int>(cols / 32), nr = nb / 4;
   const bool aligned = nb % 4 == 0;  // a run's 4 weight scales are one 8-byte load
-  float acc[kTiles][8][4];
+  constexpr int kChains = kExact ? 8 : 1;
+  float acc[kTiles][kChains][4];
 #pragma unroll
   for (int t = 0; t < kTiles; ++t)
 #pragma unroll
-    for (int l = 0; l < 8; ++l)
+    for (int l = 0; l < kChains; ++l)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[t][l][i] = 0.0f;
 
@@ -192,8 +208,8 @@ __device__ inline void MmaQ8_0Dots(const RowRef& lo, const RowRef& hi, int64_t c
       const float st0[4] = {s0.x, s0.y, s0.z, s0.w}, st1[4] = {s1.x, s1.y, s1.z, s1.w};
 #pragma unroll
       for (int j = 0; j < 4; ++j)
-        MmaQ8_0Block(Word(w[0], j), Word(w[1], j), Word(w[2], j), Word(w[3], j), Word(x_lo, j), Word(x_hi, j), ws[0][j],
-                     ws[1][j], st0[j], st1[j], tig, acc[t]);
+        MmaQ8_0Block<kExact>(Word(w[0], j), Word(w[1], j), Word(w[2], j), Word(w[3], j), Word(x_lo, j), Word(x_hi, j),
+                             ws[0][j], ws[1][j], st0[j], st1[j], tig, acc[t]);
     }
 #pragma unroll
     for (int k = 0; k < 4; ++k) w[k] = w_next[k];
@@ -219,16 +235,20 @@ __device__ inline void MmaQ8_0Dots(const RowRef& lo, const RowRef& hi, int64_t c
       const uint32_t x_hi = *reinterpret_cast<const uint32_t*>(x_row + 16 + 4 * tig);
       const float s_t0 = scales[(t * kMmaTokens + 2 * tig) * s_stride + b];
       const float s_t1 = scales[(t * kMmaTokens + 2 * tig + 1) * s_stride + b];
-      MmaQ8_0Block(w_lo0, w_lo8, w_hi0, w_hi8, x_lo, x_hi, ws0, ws8, s_t0, s_t1, tig, acc[t]);
+      MmaQ8_0Block<kExact>(w_lo0, w_lo8, w_hi0, w_hi8, x_lo, x_hi, ws0, ws8, s_t0, s_t1, tig, acc[t]);
     }
   }
 #pragma unroll
   for (int t = 0; t < kTiles; ++t)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const float(&v)[8][4] = acc[t];
-      out[t][i] = __fadd_rn(__fadd_rn(__fadd_rn(v[0][i], v[4][i]), __fadd_rn(v[2][i], v[6][i])),
-                            __fadd_rn(__fadd_rn(v[1][i], v[5][i]), __fadd_rn(v[3][i], v[7][i])));
+      const float(&v)[kChains][4] = acc[t];
+      if constexpr (kExact) {
+        out[t][i] = __fadd_rn(__fadd_rn(__fadd_rn(v[0][i], v[4][i]), __fadd_rn(v[2][i], v[6][i])),
+                              __fadd_rn(__fadd_rn(v[1][i], v[5][i]), __fadd_rn(v[3][i], v[7][i])));
+      } else {
+        out[t][i] = v[0][i];
+      }
     }
 }
 

@@ -347,6 +347,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 constexpr int kMmaTiles = 2, kMmaSlots = kMmaTiles * kMmaTokens;
 constexpr int kGateUpMmaRows = kWarps * kMmaRows / 2, kDownMmaRows = kWarps * kMmaRows;  // per block
 
+template <bool kExact>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     GateUpMmaKernel(const __grid_constant__ ExpertArgs a, DevAct act, float* h) {
   extern __shared__ uint4 mma_smem[];
@@ -378,7 +379,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     });
     __syncthreads();
     float sums[kMmaTiles][4];
-    MmaQ8_0Dots<kMmaTiles>(lo, hi, a.n_embd, smem, kMmaSlots, (n + kMmaTokens - 1) / kMmaTokens, sums);
+    MmaQ8_0Dots<kMmaTiles, kExact>(lo, hi, a.n_embd, smem, kMmaSlots, (n + kMmaTokens - 1) / kMmaTokens, sums);
     if (!active) continue;
 #pragma unroll
     for (int t = 0; t < kMmaTiles; ++t)
@@ -392,6 +393,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 
 // The routing is final once this kernel starts (as for DownStagedKernel), so the block finds its
 // expert before the wait, and waits only before reading h.
+template <bool kExact>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     DownMmaKernel(const __grid_constant__ ExpertArgs a, DevAct act, float* out) {
   extern __shared__ uint4 mma_smem[];
@@ -421,7 +423,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     });
     __syncthreads();
     float sums[kMmaTiles][4];
-    MmaQ8_0Dots<kMmaTiles>(lo, hi, a.n_ff, smem, kMmaSlots, (n + kMmaTokens - 1) / kMmaTokens, sums);
+    MmaQ8_0Dots<kMmaTiles, kExact>(lo, hi, a.n_ff, smem, kMmaSlots, (n + kMmaTokens - 1) / kMmaTokens, sums);
 #pragma unroll
     for (int t = 0; t < kMmaTiles; ++t)
 #pragma unroll
@@ -435,7 +437,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 }
 
 // Whether the mma kernels take these Q8_0 products (cols: the activations' columns).
-bool UseMma(int type, int64_t cols) { return TensorCoreQ8_0() && MmaQ8_0Fits(type, cols, kMmaSlots); }
+bool UseMma(int type, int64_t cols) {
+  return MultiTokenQ8_0Kernels() != MultiTokenQ8_0::kDp4a && MmaQ8_0Fits(type, cols, kMmaSlots);
+}
+bool MmaExact() { return MultiTokenQ8_0Kernels() == MultiTokenQ8_0::kMmaExact; }
 
 template <int kType>
 void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pairs, cudaStream_t s) {
@@ -448,9 +453,11 @@ void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pai
     else
       LaunchPdl(GateUpKernel<kType, 1>, grid, dim3(kWarps * 32), smem, s, a, act, h, smem > 0);
   } else if (UseMma(kType, a.n_embd)) {
-    static const bool limit_set = (SetStagedSmemLimit(GateUpMmaKernel), true);
-    (void)limit_set;
-    LaunchPdl(GateUpMmaKernel, dim3((a.n_ff + kGateUpMmaRows - 1) / kGateUpMmaRows, a.u_count), dim3(kWarps * 32),
+    static const bool limits_set =
+        (SetStagedSmemLimit(GateUpMmaKernel<true>), SetStagedSmemLimit(GateUpMmaKernel<false>), true);
+    (void)limits_set;
+    LaunchPdl(MmaExact() ? GateUpMmaKernel<true> : GateUpMmaKernel<false>,
+              dim3((a.n_ff + kGateUpMmaRows - 1) / kGateUpMmaRows, a.u_count), dim3(kWarps * 32),
               MmaActSmemBytes(a.n_embd, kMmaSlots), s, a, act, h);
   } else if (StagedFits(kType, a.n_embd, kWarps * 32, kGateUpStagedNT)) {
     static const bool limit_set = (SetStagedSmemLimit(GateUpStagedKernel), true);
@@ -467,9 +474,11 @@ template <int kType>
 void LaunchDownT(const ExpertArgs& a, const DevAct& act, float* out, int max_pairs, cudaStream_t s) {
   const dim3 grid = DownGrid<kType>(a);
   if (max_pairs > 1 && UseMma(kType, a.n_ff)) {
-    static const bool limit_set = (SetStagedSmemLimit(DownMmaKernel), true);
-    (void)limit_set;
-    LaunchPdl(DownMmaKernel, dim3((a.n_embd + kDownMmaRows - 1) / kDownMmaRows, a.u_count), dim3(kWarps * 32),
+    static const bool limits_set =
+        (SetStagedSmemLimit(DownMmaKernel<true>), SetStagedSmemLimit(DownMmaKernel<false>), true);
+    (void)limits_set;
+    LaunchPdl(MmaExact() ? DownMmaKernel<true> : DownMmaKernel<false>,
+              dim3((a.n_embd + kDownMmaRows - 1) / kDownMmaRows, a.u_count), dim3(kWarps * 32),
               MmaActSmemBytes(a.n_ff, kMmaSlots), s, a, act, out);
     return;
   }
