@@ -47,7 +47,11 @@ OUT=${OUT:-/tmp/mer-served-out}
 STEPS=${STEPS:-"engine geometries bench"}
 GEOM_SEEDS=${GEOM_SEEDS:-"$(seq -s ' ' 1 20)"}
 SKEW=${SKEW:-0.675}
-STORE=${STORE:-/tmp/mer-30b-q8_0-skew$SKEW.store}
+# --row-pool of the store's synth: 0 (every row its own) for the runs whose hit rates are compared
+# across runs (routing depends on the weights); e.g. 61 for speed-only steps (profile, batch), written
+# at the disk's speed.
+STORE_ROW_POOL=${STORE_ROW_POOL:-0}
+STORE=${STORE:-/tmp/mer-30b-q8_0-skew$SKEW-pool$STORE_ROW_POOL.store}
 BUDGETS=${BUDGETS:-"100%"}
 MISS_PATHS=${MISS_PATHS:-"host"}
 SERVED_RUNS=${SERVED_RUNS:-"25%:100%:device:lfu:lfu 25%:25%:device:lfu:lfu"}
@@ -136,7 +140,7 @@ if has_step bench || has_step batch || has_step served || has_step profile; then
   if [ ! -s "$STORE/manifest" ]; then
     t0=$SECONDS
     timeout "$(left 300)" "$BUNDLE/run" mer synth --preset qwen3-30b-a3b --quant q8_0 --router-skew "$SKEW" \
-      --threads "$(nproc)" --store-out "$STORE" > "$OUT/synth.log" 2>&1
+      --row-pool "$STORE_ROW_POOL" --threads "$(nproc)" --store-out "$STORE" > "$OUT/synth.log" 2>&1
     note "synth qwen3-30b-a3b q8_0 --store-out: rc=$? in $((SECONDS - t0)) s, $(du -sh "$STORE" | cut -f1)"
   fi
 fi
