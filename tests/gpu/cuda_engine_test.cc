@@ -67,8 +67,20 @@ class CudaVsCpu : public ::testing::TestWithParam<Case> {};
 // The corpus on `model`: the CPU reference's greedy ids and forced logits, then the cuda
 // backend's at each arena fraction: ids equal, logits within kLogitsBound; the miss path taken
 // below 100%, all preloaded at 100%.
+// The rule the comparison keeps: every path that gives the CPU's bits keeps the default (ids equal,
+// logits within kLogitsBound; in practice equal). A path that rounds differently (the fast
+// tensor-core products) drifts on these random Q8_0 models as any change of rounding does (an
+// activation within an ulp of a Q8_0 rounding step flips, and the flip grows through the layers:
+// split-K attention drifts 1e-2 to 1e-1 the same way), so for it ids are counted, not required
+// equal, and the logits bounded loosely at every step and tightly in the median.
+struct Rule {
+  bool ids_equal = true;
+  double logits_bound = kLogitsBound;         // every step
+  double median_logits_bound = kLogitsBound;  // the median step
+};
+
 void CompareWithCpu(const Model& model, const std::string& name, int n_prompts, int n_gen,
-                    std::initializer_list<double> fractions) {
+                    std::initializer_list<double> fractions, Rule rule = {}) {
   const ModelWeights& w = *model.weights;
   const int V = w.config().n_vocab;
   const int ctx = std::min(256, w.config().n_ctx_train);
@@ -97,23 +109,28 @@ void CompareWithCpu(const Model& model, const std::string& name, int n_prompts, 
     ASSERT_TRUE(gpu.ok()) << name << ": " << gpu.status();
     int id_mismatches = 0;
     double worst = 0;
+    std::vector<double> errors;
     for (int p = 0; p < n_prompts; ++p) {
       const std::vector<int32_t> got = GreedyIds(**gpu, prompts[p], n_gen);
       ASSERT_EQ(got.size(), ref_ids[p].size());
       for (int i = 0; i < n_gen; ++i) id_mismatches += got[i] != ref_ids[p][i];
-      EXPECT_EQ(got, ref_ids[p]) << name << " arena " << fraction << " prompt " << p;
+      if (rule.ids_equal) EXPECT_EQ(got, ref_ids[p]) << name << " arena " << fraction << " prompt " << p;
       const std::vector<float> logits = ForcedLogits(**gpu, prompts[p], ref_ids[p]);
       for (int i = 0; i < n_gen; ++i) {
         const double e = RelL2(&logits[int64_t(i) * V], &ref_logits[p][int64_t(i) * V], V);
         worst = std::max(worst, e);
-        EXPECT_LE(e, kLogitsBound) << name << " arena " << fraction << " prompt " << p << " step " << i;
+        errors.push_back(e);
+        EXPECT_LE(e, rule.logits_bound) << name << " arena " << fraction << " prompt " << p << " step " << i;
       }
     }
+    std::nth_element(errors.begin(), errors.begin() + errors.size() / 2, errors.end());
+    const double median = errors[errors.size() / 2];
+    EXPECT_LE(median, rule.median_logits_bound) << name << " arena " << fraction;
     const BackendCounters s = (*gpu)->counters();
     std::printf(
-        "[%s arena %.0f%% = %lld slots] greedy id mismatches %d of %d, worst forced-logits rel L2 %.3g, "
+        "[%s arena %.0f%% = %lld slots] greedy id mismatches %d of %d, forced-logits rel L2 worst %.3g median %.3g, "
         "lookups %lld misses %lld syncs %lld graph steps %lld prefetch %lld issued %lld useful\n",
-        name.c_str(), fraction * 100, (long long)s.arena_slots, id_mismatches, n_prompts * n_gen, worst,
+        name.c_str(), fraction * 100, (long long)s.arena_slots, id_mismatches, n_prompts * n_gen, worst, median,
         (long long)s.expert_lookups, (long long)s.expert_misses, (long long)s.host_syncs, (long long)s.graph_launches,
         (long long)s.vram_prefetch_issued, (long long)s.vram_prefetch_useful);
     if (s.arena_slots < s.total_experts) {
@@ -163,18 +180,35 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
 // The fast tensor-core kernels (cuda::MultiTokenQ8_0::kMmaFast: one f32 chain per output instead
-// of the CPU's 8 lane chains) take the prompts and the forced continuations' multi-token steps;
-// decode steps stay the CPU's bits. The corpus' rule holds: greedy ids equal, forced logits within
-// kLogitsBound.
-TEST(CudaEngine, FastTensorCoresKeepTheCorpusRule) {
+// of the CPU's 8 lane chains) take the prompts' and the forced continuations' multi-token steps;
+// decode steps keep the CPU's bits. Their drift on these models: forced logits 0.005 to 0.22
+// relative L2 per step, 0.012 typical on small (H100); bounded here by 0.5 per step and 0.05 in
+// the median, which a wrong product (relative L2 ~1) does not meet.
+TEST(CudaEngine, FastTensorCoresDriftLikeAnyRounding) {
   struct Restore {
-    ~Restore() { cuda::SetMultiTokenQ8_0(cuda::MultiTokenQ8_0::kDp4a); }
+    ~Restore() { cuda::SetMultiTokenQ8_0(cuda::MultiTokenQ8_0::kAuto); }
   } restore;
   cuda::SetMultiTokenQ8_0(cuda::MultiTokenQ8_0::kMmaFast);
   for (const char* preset : {"tiny", "small"}) {
     auto model = MakeModel(preset, SynthQuant::kQ8_0);
     ASSERT_NE(model, nullptr);
-    CompareWithCpu(*model, std::string(preset) + "_q8_0 fast tensor cores", kPrompts, kGenTokens, {1.0, 0.3});
+    CompareWithCpu(*model, std::string(preset) + "_q8_0 fast tensor cores", kPrompts, kGenTokens, {1.0, 0.3},
+                   Rule{false, 0.5, 0.05});
+  }
+}
+
+// The exact tensor-core kernels everywhere a multi-token step allows (not only where kAuto picks
+// them): the CPU's bits, as the dp4a kernels.
+TEST(CudaEngine, ExactTensorCoresKeepTheCpusBits) {
+  struct Restore {
+    ~Restore() { cuda::SetMultiTokenQ8_0(cuda::MultiTokenQ8_0::kAuto); }
+  } restore;
+  cuda::SetMultiTokenQ8_0(cuda::MultiTokenQ8_0::kMmaExact);
+  for (const char* preset : {"tiny", "small"}) {
+    auto model = MakeModel(preset, SynthQuant::kQ8_0);
+    ASSERT_NE(model, nullptr);
+    CompareWithCpu(*model, std::string(preset) + "_q8_0 exact tensor cores", kPrompts, kGenTokens, {1.0, 0.3},
+                   Rule{true, 0, 0});
   }
 }
 

@@ -250,7 +250,7 @@ TEST(CudaKernels, MatvecMatchesCpuRowDots) {
       }
     }
   }
-  cuda::SetMultiTokenQ8_0(MultiTokenQ8_0::kDp4a);
+  cuda::SetMultiTokenQ8_0(MultiTokenQ8_0::kAuto);
 }
 
 TEST(CudaKernels, RmsNormMatchesCpu) {
@@ -976,7 +976,7 @@ TEST(CudaKernels, Q8_0ExpertsMatchCpu) {
           ExpertMix{GgmlType::kQ8_0, GgmlType::kQ8_0, 160, 96}, ExpertMix{GgmlType::kQ8_0, GgmlType::kQ8_0, 96, 224}})
       for (int n : {1, 3, 5, 40, 100}) ExpertsMatchCpuFor(mix, n, tolerance);
   }
-  cuda::SetMultiTokenQ8_0(MultiTokenQ8_0::kDp4a);
+  cuda::SetMultiTokenQ8_0(MultiTokenQ8_0::kAuto);
 }
 }  // namespace
 }  // namespace mer

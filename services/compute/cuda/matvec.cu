@@ -192,6 +192,7 @@ bool LaunchMma(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) 
   const int64_t cols = args.o[0].w.cols;
   const MultiTokenQ8_0 kernels = MultiTokenQ8_0Kernels();
   if (kernels == MultiTokenQ8_0::kDp4a || !MmaQ8_0Fits(kDevQ8_0, cols, kMmaSlots)) return false;
+  if (kernels == MultiTokenQ8_0::kAuto && args.n_tokens < kMmaAutoMinTokens) return false;
   for (int i = 0; i < args.n_outputs; ++i)
     if (args.o[i].w.rows % kMmaRows != 0) return false;
   const dim3 grid(static_cast<unsigned>((args.n_tokens + kMmaSlots - 1) / kMmaSlots),
@@ -199,7 +200,7 @@ bool LaunchMma(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) 
   static const bool limits_set =
       (SetStagedSmemLimit(MatvecMmaKernel<true>), SetStagedSmemLimit(MatvecMmaKernel<false>), true);
   (void)limits_set;
-  LaunchPdl(kernels == MultiTokenQ8_0::kMmaExact ? MatvecMmaKernel<true> : MatvecMmaKernel<false>, grid,
+  LaunchPdl(kernels != MultiTokenQ8_0::kMmaFast ? MatvecMmaKernel<true> : MatvecMmaKernel<false>, grid,
             dim3(kWarps * 32), MmaActSmemBytes(cols, kMmaSlots), stream, args);
   return true;
 }
@@ -275,10 +276,11 @@ MultiTokenQ8_0 MultiTokenQ8_0Kernels() {
   int k = multi_token_q8_0.load(std::memory_order_relaxed);
   if (k < 0) {
     const char* v = std::getenv("MER_CUDA_MMA");
-    const MultiTokenQ8_0 chosen = v == nullptr                  ? MultiTokenQ8_0::kDp4a
+    const MultiTokenQ8_0 chosen = v == nullptr                  ? MultiTokenQ8_0::kAuto
+                                  : std::strcmp(v, "0") == 0    ? MultiTokenQ8_0::kDp4a
                                   : std::strcmp(v, "1") == 0    ? MultiTokenQ8_0::kMmaExact
                                   : std::strcmp(v, "fast") == 0 ? MultiTokenQ8_0::kMmaFast
-                                                                : MultiTokenQ8_0::kDp4a;
+                                                                : MultiTokenQ8_0::kAuto;
     k = static_cast<int>(chosen);
     multi_token_q8_0.store(k, std::memory_order_relaxed);
   }

@@ -436,11 +436,14 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   }
 }
 
-// Whether the mma kernels take these Q8_0 products (cols: the activations' columns).
-bool UseMma(int type, int64_t cols) {
-  return MultiTokenQ8_0Kernels() != MultiTokenQ8_0::kDp4a && MmaQ8_0Fits(type, cols, kMmaSlots);
+// Whether the mma kernels take these Q8_0 products of a step of n tokens (cols: the activations'
+// columns): under kAuto where the pass's experts have kMmaAutoMinPairs pairs each on average.
+bool UseMma(int type, int64_t cols, const ExpertArgs& a, int n) {
+  const MultiTokenQ8_0 kernels = MultiTokenQ8_0Kernels();
+  if (kernels == MultiTokenQ8_0::kDp4a || !MmaQ8_0Fits(type, cols, kMmaSlots)) return false;
+  return kernels != MultiTokenQ8_0::kAuto || int64_t(n) * a.k >= int64_t(kMmaAutoMinPairs) * a.u_count;
 }
-bool MmaExact() { return MultiTokenQ8_0Kernels() == MultiTokenQ8_0::kMmaExact; }
+bool MmaExact() { return MultiTokenQ8_0Kernels() != MultiTokenQ8_0::kMmaFast; }
 
 template <int kType>
 void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pairs, cudaStream_t s) {
@@ -452,7 +455,7 @@ void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pai
       LaunchPdl(GateUpRowKernel, dim3(2 * grid.x, grid.y), dim3(kWarps * 32), smem, s, a, act, h);
     else
       LaunchPdl(GateUpKernel<kType, 1>, grid, dim3(kWarps * 32), smem, s, a, act, h, smem > 0);
-  } else if (UseMma(kType, a.n_embd)) {
+  } else if (UseMma(kType, a.n_embd, a, max_pairs)) {
     static const bool limits_set =
         (SetStagedSmemLimit(GateUpMmaKernel<true>), SetStagedSmemLimit(GateUpMmaKernel<false>), true);
     (void)limits_set;
@@ -473,7 +476,7 @@ void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pai
 template <int kType>
 void LaunchDownT(const ExpertArgs& a, const DevAct& act, float* out, int max_pairs, cudaStream_t s) {
   const dim3 grid = DownGrid<kType>(a);
-  if (max_pairs > 1 && UseMma(kType, a.n_ff)) {
+  if (max_pairs > 1 && UseMma(kType, a.n_ff, a, max_pairs)) {
     static const bool limits_set =
         (SetStagedSmemLimit(DownMmaKernel<true>), SetStagedSmemLimit(DownMmaKernel<false>), true);
     (void)limits_set;
