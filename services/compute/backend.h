@@ -40,8 +40,11 @@ class RoutingObserver {
 // compared bit for bit) and for replaying recorded routings. Route fills ids [n, k] (row-major,
 // k distinct ids in [0, n_expert) per token) and, if it returns weights, weights [n, k]; without
 // weights the router's probabilities of the given experts are used, renormalised as the model's
-// norm_topk_prob says. Returning false leaves the layer to the router. Ids or weights that are
-// out of range fail the step with InvalidArgument.
+// norm_topk_prob says, exactly as the router's own choice is (given weights are used as they are).
+// Returning false leaves the layer to the router. Ids or weights that are out of range fail the
+// step with InvalidArgument (CheckPreselectedRoute, preselected_route.h), and the engine goes on.
+// Route is called once per layer of every step, layer 0 first and in order: the cpu backend as it
+// reaches the layer, the cuda backend for every layer before it launches the step.
 class RouteOverride {
  public:
   virtual ~RouteOverride() = default;
@@ -133,7 +136,7 @@ class ComputeBackend {
   // Not owned; nullptr turns it off. Set between Forward calls.
   virtual void set_routing_observer(RoutingObserver* observer) = 0;
   // Not owned; nullptr turns it off. Set between Forward calls. Unimplemented where the backend
-  // has no preselected routes (the cuda backend).
+  // takes no preselected routes (the cpu and cuda backends take them).
   virtual absl::Status set_route_override(RouteOverride* route) {
     if (route == nullptr) return absl::OkStatus();
     return absl::UnimplementedError("this backend takes no preselected routes");

@@ -5,7 +5,8 @@
 // and the other quantized types the backend takes (the K_M recipes, K-quants, IQ types, Q4_0,
 // Q5_0, IQ4_NL), the greedy ids are equal, and with the reference's tokens forced (Score) every step's logits
 // are within 1e-3 relative L2 -- with the expert arena holding all experts, 30% and 10% of them.
-// Also: mixed batches equal solo runs, and 10,000 decode steps grow neither VRAM nor RSS.
+// Also: mixed batches equal solo runs, preselected routes give the CPU's logits bit for bit, and
+// 10,000 decode steps grow neither VRAM nor RSS.
 #include "services/compute/cuda/cuda_engine.h"
 #include "services/compute/sampler.h"
 
@@ -15,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -22,6 +24,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/status.h"
 #include "common/gguf/gguf_writer.h"
 #include "common/model/synth_model.h"
 #include "common/quant/quant.h"
@@ -30,6 +33,7 @@
 #include "services/compute/generation.h"
 #include "tests/gpu/corpus.h"
 #include "tests/gpu/test_models.h"
+#include "tests/unit/compute/recorded_routes.h"
 
 namespace mer {
 namespace {
@@ -559,6 +563,193 @@ TEST(CudaEngine, DecodeGreedyEqualsForwardArgmaxLoop) {
     ASSERT_EQ(got.size(), size_t(o.max_context_tokens - P)) << where;
     EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin())) << where << ": past the context";
   });
+}
+
+// Preselected routes (backend.h's RouteOverride) through both backends. The prompt as one batch
+// (every row's logits), then the decode tokens one step each, from an empty sequence 0: every
+// row's logits in order into *logits, [prompt + decode, n_vocab].
+absl::Status RunSteps(ComputeBackend& e, const std::vector<int32_t>& prompt, const std::vector<int32_t>& decode,
+                      std::vector<float>* logits) {
+  const int V = e.config().n_vocab;
+  const int32_t P = static_cast<int32_t>(prompt.size());
+  logits->assign((prompt.size() + decode.size()) * V, 0.0f);
+  e.ClearSequence(0);
+  std::vector<BatchToken> batch;
+  for (int32_t i = 0; i < P; ++i) batch.push_back({prompt[i], i, 0, true});
+  RETURN_IF_ERROR(e.Forward(batch, logits->data()));
+  for (size_t i = 0; i < decode.size(); ++i) {
+    const BatchToken t{decode[i], P + static_cast<int32_t>(i), 0, true};
+    RETURN_IF_ERROR(e.Forward(absl::MakeConstSpan(&t, 1), logits->data() + (P + i) * V));
+  }
+  return absl::OkStatus();
+}
+
+// Every row bit for bit; the first row that differs is named with its relative L2.
+void ExpectSameBits(const std::vector<float>& got, const std::vector<float>& want, int V, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t r = 0; r * V < want.size(); ++r) {
+    if (std::memcmp(&got[r * V], &want[r * V], V * sizeof(float)) == 0) continue;
+    ADD_FAILURE() << what << ": logits row " << r << " differs, rel L2 " << RelL2(&got[r * V], &want[r * V], V);
+    return;
+  }
+}
+
+// The prompt's argmax (ForwardArgmax, the last row), then DecodeGreedy's ids for `steps` steps.
+std::vector<int32_t> RoutedGreedy(ComputeBackend& e, const std::vector<int32_t>& prompt, int steps) {
+  e.ClearSequence(0);
+  const int32_t P = static_cast<int32_t>(prompt.size());
+  std::vector<BatchToken> batch;
+  for (int32_t i = 0; i < P; ++i) batch.push_back({prompt[i], i, 0, i + 1 == P});
+  std::vector<int32_t> ids(1, -1);
+  EXPECT_TRUE(e.ForwardArgmax(batch, ids.data()).ok());
+  const absl::Status s = e.DecodeGreedy(0, ids[0], P, steps, [&](int32_t id) {
+    ids.push_back(id);
+    return true;
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  return ids;
+}
+
+// The CPU engine's routes of an 8-token prompt and 6 decode steps are recorded, then given back to
+// the CPU and to the cuda backend (a) as recorded, weights from the router's probabilities, (b)
+// with each token's first expert replaced, weights from the router, (c) those ids with weights of
+// their own: every row's logits equal bit for bit, with every expert resident (the device path,
+// uncaptured: no graph launches while routes are given) and with 30% (the host path's misses).
+// DecodeGreedy with routes gives the CPU's ids and asks for every step's routes (not pipelined:
+// its graphs would replay the router). Ids out of range or repeated and weights not finite fail
+// the step with InvalidArgument before it runs, and the engine computes as before afterwards.
+void ComparePreselectedRoutes(const Model& model, const std::string& name) {
+  using Given = test::RecordedRoutes::Given;
+  const ModelWeights& w = *model.weights;
+  const int V = w.config().n_vocab;
+  const std::vector<int32_t> prompt = Corpus(1, 8, V, 4242)[0];
+  const std::vector<int32_t> decode = Corpus(1, 6, V, 2424)[0];
+  const size_t n_steps = 1 + decode.size();
+  CpuEngineOptions co;
+  co.threads = Threads();
+  co.max_batch_tokens = 64;
+  co.max_context_tokens = 128;
+  auto cpu = CpuEngine::Create(w, *model.experts, co);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  test::RecordedRoutes routes;
+  (*cpu)->set_routing_observer(&routes);
+  std::vector<float> free_run;
+  ASSERT_TRUE(RunSteps(**cpu, prompt, decode, &free_run).ok());
+  (*cpu)->set_routing_observer(nullptr);
+  routes.recording = false;
+  ASSERT_EQ(routes.steps(), n_steps);
+
+  // The CPU's logits and greedy ids under each kind of given route.
+  const Given kinds[3] = {Given::kRecorded, Given::kShifted, Given::kShiftedWeighted};
+  std::map<Given, std::vector<float>> want;
+  ASSERT_TRUE((*cpu)->set_route_override(&routes).ok());
+  for (Given g : kinds) {
+    routes.given = g;
+    routes.Rewind();
+    ASSERT_TRUE(RunSteps(**cpu, prompt, decode, &want[g]).ok());
+    ASSERT_EQ(routes.given_steps(), n_steps);
+    if (g == Given::kRecorded) {
+      ExpectSameBits(want[g], free_run, V, name + ": cpu, recorded routes given");
+    } else {
+      EXPECT_NE(want[g], free_run) << name << ": the changed routes change nothing";
+    }
+  }
+  routes.given = Given::kShifted;
+  routes.Rewind();
+  const std::vector<int32_t> want_greedy = RoutedGreedy(**cpu, prompt, static_cast<int>(decode.size()));
+  ASSERT_EQ(routes.given_steps(), n_steps);
+
+  for (double fraction : {1.0, 0.3}) {
+    const std::string where = absl::StrCat(name, " arena ", fraction);
+    CudaEngineOptions o;
+    o.max_batch_tokens = 64;
+    o.max_context_tokens = 128;
+    o.vram_expert_budget_fraction = fraction;
+    auto gpu = CudaEngine::Create(w, *model.experts, o);
+    ASSERT_TRUE(gpu.ok()) << where << ": " << gpu.status();
+    CudaEngine& e = **gpu;
+    std::vector<float> gpu_free;
+    ASSERT_TRUE(RunSteps(e, prompt, decode, &gpu_free).ok());
+    ExpectSameBits(gpu_free, free_run, V, where + ": no routes given");
+    const BackendCounters before = e.counters();
+    if (fraction == 1.0) {
+      EXPECT_GT(before.graph_launches, 0) << where;  // what the routes must switch off
+    }
+
+    ASSERT_TRUE(e.set_route_override(&routes).ok());
+    for (Given g : kinds) {
+      routes.given = g;
+      routes.Rewind();
+      std::vector<float> got;
+      ASSERT_TRUE(RunSteps(e, prompt, decode, &got).ok()) << where;
+      EXPECT_EQ(routes.given_steps(), n_steps) << where;
+      ExpectSameBits(got, want[g], V, absl::StrCat(where, ": given routes of kind ", static_cast<int>(g)));
+    }
+    routes.given = Given::kShifted;
+    routes.Rewind();
+    EXPECT_EQ(RoutedGreedy(e, prompt, static_cast<int>(decode.size())), want_greedy) << where;
+    EXPECT_EQ(routes.given_steps(), n_steps) << where << ": DecodeGreedy skipped the routes of a step";
+    const BackendCounters after = e.counters();
+    EXPECT_EQ(after.graph_launches, before.graph_launches) << where << ": a step with routes ran as a graph";
+    if (fraction < 1.0) {
+      EXPECT_GT(after.expert_misses, 0) << where;
+    }
+
+    // Bad routes: layer 1's ids out of range, or repeated, or a weight not finite.
+    class Bad final : public RouteOverride {
+     public:
+      enum Kind { kOutOfRange, kRepeated, kNotFinite };
+      explicit Bad(Kind kind) : kind_(kind) {}
+      bool Route(int layer, int n, int k, int32_t* ids, float* weights, bool* has_weights) override {
+        for (int i = 0; i < n * k; ++i) {
+          ids[i] = i % k;
+          weights[i] = 1.0f;
+        }
+        *has_weights = kind_ == kNotFinite;
+        if (layer == 1 && kind_ == kOutOfRange) ids[n * k - 1] = 1 << 20;
+        if (layer == 1 && kind_ == kRepeated && k > 1) ids[1] = ids[0];
+        if (layer == 1 && kind_ == kNotFinite) weights[0] = std::nanf("");
+        return true;
+      }
+
+     private:
+      Kind kind_;
+    };
+    for (Bad::Kind kind : {Bad::kOutOfRange, Bad::kRepeated, Bad::kNotFinite}) {
+      if (kind == Bad::kRepeated && w.config().n_expert_used < 2) continue;
+      Bad bad(kind);
+      ASSERT_TRUE(e.set_route_override(&bad).ok());
+      std::vector<float> got;
+      const absl::Status s = RunSteps(e, prompt, decode, &got);
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << where << " bad route " << kind << ": " << s;
+      EXPECT_EQ(e.sequence_length(0), 0) << where;
+    }
+    ASSERT_TRUE(e.set_route_override(nullptr).ok());
+    std::vector<float> again;
+    ASSERT_TRUE(RunSteps(e, prompt, decode, &again).ok()) << where;
+    ExpectSameBits(again, gpu_free, V, where + ": after the bad routes");
+    std::printf("[%s] preselected routes: 3 kinds x %zu steps bit for bit; lookups %lld misses %lld graph steps %lld\n",
+                where.c_str(), n_steps, (long long)after.expert_lookups, (long long)after.expert_misses,
+                (long long)after.graph_launches);
+  }
+}
+
+TEST(CudaEngine, PreselectedRoutesEqualCpu) {
+  // Q8_0 with the top-k renormalised (the qwen3moe default), F16 without.
+  for (const bool norm_topk : {true, false}) {
+    SynthOptions so = gpu_test::TestSynthOptions("tiny", norm_topk ? SynthQuant::kQ8_0 : SynthQuant::kF16);
+    so.norm_topk_prob = norm_topk;
+    const std::string name = norm_topk ? "tiny_q8_0" : "tiny_f16 (no top-k norm)";
+    const std::string path =
+        (std::filesystem::temp_directory_path() / ("mer_cuda_routes_" + std::to_string(getpid()) + ".gguf")).string();
+    ASSERT_TRUE(WriteSynthModel(so, path).ok());
+    std::unique_ptr<Model> model = gpu_test::LoadModel(path);
+    std::filesystem::remove(path);
+    ASSERT_NE(model, nullptr);
+    ASSERT_EQ(model->weights->config().norm_topk_prob, norm_topk);
+    ComparePreselectedRoutes(*model, name);
+    if (HasFatalFailure()) return;
+  }
 }
 
 int64_t RssBytes() {

@@ -3,7 +3,8 @@
 // each with its error bound: activation conversion and matrix products bit-exact (they keep the
 // CPU kernels' lane order), the Q8_K ones (Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS weights) for dense
 // mat-vec and the grouped experts too; norms, RoPE, attention and routing against
-// double-precision references within relative L2 1e-6..1e-5; embedding rows exact. Fresh random
+// double-precision references within relative L2 1e-6..1e-5 (the weights of preselected routes
+// bit for bit against the CPU engine's formula); embedding rows exact. Fresh random
 // inputs per case; outputs poisoned with NaN before each launch.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -353,6 +354,60 @@ TEST(CudaKernels, RouterTopKMatchesCpu) {
         EXPECT_EQ(ToHost(de, n * k), want_e) << ne << " top-" << k;
         EXPECT_LE(RelL2(ToHost(dw, n * k), want_w), 1e-5) << ne << " top-" << k;
         for (void* p : {(void*)dl, (void*)de, (void*)dw}) CUDA_CHECK(cudaFree(p));
+      }
+    }
+  }
+}
+
+// Preselected routes without weights: the given experts' probabilities, renormalised, are the
+// CPU's (CpuEngine::MoE: cpu::Softmax, then the sum in double in the given order, clamped, each
+// divided) bit for bit, the ids left as given; given LaunchRouterTopK's own choices, its weights.
+// Where n_expert is not a multiple of 16, the softmax's tail takes GlibcExpf, which may round an
+// exp within ~0.002 ulp of a midpoint the other way than glibc's (ggml_math.cuh): within 1e-6 there.
+TEST(CudaKernels, RouteWeightsMatchCpu) {
+  for (int ne : {8, 16, 40, 128}) {  // 8 and 40: a softmax tail past the last whole group of 16
+    for (int k : {1, 2, 8}) {
+      for (bool norm : {true, false}) {
+        const int n = 9;
+        std::vector<float> logits = Random(n * ne, 2.0f);
+        std::vector<int32_t> ids(n * k);
+        for (int t = 0; t < n; ++t) {
+          std::vector<int32_t> order(ne);
+          for (int e = 0; e < ne; ++e) order[e] = e;
+          std::shuffle(order.begin(), order.end(), rng);
+          std::copy(order.begin(), order.begin() + k, ids.begin() + t * k);
+        }
+        std::vector<float> want(n * k);
+        for (int t = 0; t < n; ++t) {
+          std::vector<float> p(logits.begin() + t * ne, logits.begin() + (t + 1) * ne);
+          cpu::Softmax(p.data(), ne, 1.0f);
+          double sum = 0.0;
+          for (int j = 0; j < k; ++j) sum += want[t * k + j] = p[ids[t * k + j]];
+          const float div = std::max(static_cast<float>(sum), 6.103515625e-5f);
+          for (int j = 0; norm && j < k; ++j) want[t * k + j] /= div;
+        }
+        const std::string what =
+            "n_expert " + std::to_string(ne) + " top-" + std::to_string(k) + " norm " + std::to_string(norm);
+        float* dl = ToDevice(logits);
+        int32_t* de = ToDevice(ids);
+        float* dw = DeviceNaN<float>(n * k);
+        cuda::LaunchRouteWeights(dl, n, ne, k, norm, de, dw, nullptr);
+        EXPECT_EQ(ToHost(de, n * k), ids) << what;
+        const std::vector<float> got = ToHost(dw, n * k);
+        if (ne % 16 == 0) {
+          EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
+              << what << ": rel L2 " << RelL2(got, want);
+        } else {
+          EXPECT_LE(RelL2(got, want), 1e-6) << what;
+        }
+        // The router's own choices give the router's weights.
+        float* rw = DeviceNaN<float>(n * k);
+        cuda::LaunchRouterTopK(dl, n, ne, k, norm, de, rw, nullptr, nullptr, nullptr);
+        const std::vector<float> router_w = ToHost(rw, n * k);
+        cuda::LaunchRouteWeights(dl, n, ne, k, norm, de, dw, nullptr);
+        const std::vector<float> given_w = ToHost(dw, n * k);
+        EXPECT_EQ(std::memcmp(given_w.data(), router_w.data(), router_w.size() * sizeof(float)), 0) << what;
+        for (void* p : {(void*)dl, (void*)de, (void*)dw, (void*)rw}) CUDA_CHECK(cudaFree(p));
       }
     }
   }

@@ -1,7 +1,9 @@
-// `mer trace`: record routing traces from the engine and replay them against cache policies.
+// `mer trace`: record routing traces from the engine, replay them against cache policies, and run
+// their routes through a backend.
 //   record  generation with a TraceWriter as the engine's routing observer
 //   replay  one policy / budget / prefetch setting
 //   sweep   every policy x budgets 12.5/25/50% x prefetch off/on
+//   run     the trace's routes as preselected routes of a backend, a digest of the logits per record
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -17,6 +19,7 @@
 #include "services/residency/policy/replacement_policy.h"
 #include "tools/mer/cli_util.h"
 #include "tools/trace/replay.h"
+#include "tools/trace/route_replay.h"
 #include "tools/trace/routing_trace.h"
 #include "tools/trace/trace_writer.h"
 
@@ -26,7 +29,9 @@ namespace {
 using trace::ReadTraceFile;
 using trace::Replay;
 using trace::ReplayOptions;
+using trace::ReplayRoutes;
 using trace::ReplayStats;
+using trace::RouteReplayRecord;
 using trace::RoutingTrace;
 using trace::SlotsForFraction;
 using trace::TraceGeometry;
@@ -43,6 +48,9 @@ constexpr char kHelp[] =
        mer trace sweep  --trace T.trace [--budgets 12.5,25,50] [--confidence 0.3]
                         [--prefetch-budget K] [--expert-bytes B] [--bandwidth 1.5]
                         [--latency-us 100] [--decode-only]
+       mer trace run    --trace T.trace --model F.gguf (--prompt TEXT | --prompt-tokens 1,2,3)
+                        [--backend cpu|cuda] [--threads N] [--batch N] [--ctx N]
+                        [--vram-expert-budget B|P%] [--pin-experts 0|1] [--vram-prefetch 0|1]
 
 record: generates as `mer generate` does (greedy unless --temperature > 0) and writes the experts
   every token chose at every layer, prompt chunks and decode steps in order, to a routing trace
@@ -55,6 +63,14 @@ replay: simulates an expert cache of --slots slots, or --budget (a percentage or
   --expert-bytes defaults to the size recorded in the trace. --decode-only leaves the prompt out
   of the counts (it still warms the cache).
 sweep: the replay table for every policy, the --budgets and prefetch off and on.
+run: computes the trace on a backend with its routes given (preselected routes: every layer of
+  every record routed as recorded, weighted by the router's probabilities of those experts): the
+  prompt (the one the trace was recorded with) in the trace's prompt chunks, then each decode
+  record fed the greedy id of the record before it. Prints per record its greedy id and an
+  FNV-1a 64 digest of its logits, then one of all records, on stdout (the rest on stderr), so two
+  runs (--backend cpu and cuda, a trace recorded on either) compare by diff: equal digests, equal
+  logits bit for bit. --batch must hold the trace's largest prompt chunk (the default, 256, is
+  `record`'s).
 )";
 
 std::string Bytes(double b) {
@@ -226,6 +242,29 @@ absl::Status SweepCommand(const Args& args) {
   return absl::OkStatus();
 }
 
+absl::Status RunCommand(const Args& args) {
+  std::vector<std::string> flags = kEngineFlags;
+  for (const char* f : {"trace", "prompt", "prompt-tokens"}) flags.push_back(f);
+  ASSIGN_OR_RETURN(Flags f, Flags::Parse(args, flags, {}));
+  ASSIGN_OR_RETURN(const RoutingTrace trace, LoadTrace(f));
+  if (trace.tokens() > (1 << 24)) return absl::InvalidArgumentError("the trace is longer than 2^24 tokens");
+  ASSIGN_OR_RETURN(LoadedModel m, LoadModel(f, static_cast<int>(trace.tokens())));
+  ASSIGN_OR_RETURN(const std::vector<int32_t> prompt, PromptTokens(f, *m.tokenizer));
+  std::fprintf(stderr, "%s\nbackend %s: every layer of every record routed as the trace says\n",
+               Describe(trace, f.String("trace"), trace.geometry().expert_bytes).c_str(), m.backend.c_str());
+  ASSIGN_OR_RETURN(const std::vector<RouteReplayRecord> records, ReplayRoutes(*m.engine, trace, prompt));
+  uint64_t all = trace::kFnv1aBasis;
+  for (size_t r = 0; r < records.size(); ++r) {
+    const RouteReplayRecord& o = records[r];
+    std::printf("record %zu %s %d token%s: greedy %d logits fnv1a64 %016llx\n", r,
+                o.phase == TracePhase::kPrompt ? "prompt" : "decode", o.n_tokens, o.n_tokens == 1 ? "" : "s", o.greedy,
+                static_cast<unsigned long long>(o.digest));
+    all = trace::Fnv1a64(&o.digest, sizeof o.digest, all);
+  }
+  std::printf("all %zu records: logits fnv1a64 %016llx\n", records.size(), static_cast<unsigned long long>(all));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int RunTrace(const Args& args) {
@@ -243,8 +282,10 @@ int RunTrace(const Args& args) {
     s = ReplayCommand(rest);
   else if (sub == "sweep")
     s = SweepCommand(rest);
+  else if (sub == "run")
+    s = RunCommand(rest);
   else
-    s = absl::InvalidArgumentError(absl::StrCat("unknown subcommand '", sub, "' (record, replay or sweep)"));
+    s = absl::InvalidArgumentError(absl::StrCat("unknown subcommand '", sub, "' (record, replay, sweep or run)"));
   return s.ok() ? 0 : Fail("trace", s);
 }
 

@@ -17,7 +17,7 @@ commands:
   score      teacher-forced logits of a continuation (for comparisons)
   tokenize   print the token ids of a text
   bench      measure prompt and decode speed (greedy, 31 prompt + 128 generated tokens)
-  trace      record routing traces and replay them against expert cache policies
+  trace      record routing traces; replay them against cache policies, or run them on a backend
   pack       write a model's expert store (dense.gguf, experts.bin, manifest), or verify one
   up         start mer-residency, mer-compute and mer-gateway on a model; Ctrl-C stops them
   client     call a running mer-gateway: generate, health, model info

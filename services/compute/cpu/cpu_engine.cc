@@ -10,6 +10,7 @@
 #include "common/base/status.h"
 #include "common/quant/quant.h"
 #include "services/compute/cpu/cpu_ops.h"
+#include "services/compute/preselected_route.h"
 #include "services/compute/sampler.h"
 
 namespace mer {
@@ -275,19 +276,16 @@ absl::Status CpuEngine::MoE(int layer, int n) {
   bool given_weights = false;
   const bool given = route_override_ != nullptr &&
                      route_override_->Route(layer, n, K, chosen_.data(), chosen_w_.data(), &given_weights);
+  if (given)
+    RETURN_IF_ERROR(
+        CheckPreselectedRoute(layer, n, K, c.n_expert, chosen_.data(), given_weights ? chosen_w_.data() : nullptr));
   for (int t = 0; t < n; ++t) {
     float* p = &router_[t * NE];
     cpu::Softmax(p, NE, 1.0f);
     int32_t* chosen = &chosen_[t * K];
     if (given) {
-      for (int j = 0; j < K; ++j) {
-        if (chosen[j] < 0 || chosen[j] >= NE || std::find(chosen, chosen + j, chosen[j]) != chosen + j)
-          return absl::InvalidArgumentError(absl::StrCat("preselected route of layer ", layer, ", token ", t,
-                                                         ": expert ", chosen[j], " is out of range or repeated"));
-        if (given_weights && !std::isfinite(chosen_w_[t * K + j]))
-          return absl::InvalidArgumentError(
-              absl::StrCat("preselected route of layer ", layer, ", token ", t, ": a weight is not finite"));
-      }
+      // Given weights are used as they are; without them, the router's probabilities of the given
+      // experts, renormalised below as the router's own choice is.
       if (given_weights) continue;
       for (int j = 0; j < K; ++j) chosen_w_[t * K + j] = p[chosen[j]];
     } else {

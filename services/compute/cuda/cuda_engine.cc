@@ -39,6 +39,7 @@
 #include "services/compute/cuda/stream_memops.h"
 #include "services/compute/cuda/timeline.h"
 #include "services/compute/cuda/vram_miss_service.h"
+#include "services/compute/preselected_route.h"
 
 namespace mer {
 
@@ -160,10 +161,11 @@ CudaEngine::Impl::~Impl() {
   if (copy_stream != nullptr) CUDA_CHECK(cudaStreamSynchronize(copy_stream));
   if (pinned_base != nullptr) CUDA_CHECK(cudaHostUnregister(pinned_base));
   if (record_ring != nullptr) CUDA_CHECK(cudaFreeHost(record_ring));
-  for (void* p : {static_cast<void*>(host_input), static_cast<void*>(pipe_input[0]), static_cast<void*>(pipe_input[1]),
-                  static_cast<void*>(pipe_ids), static_cast<void*>(host_slot_table), static_cast<void*>(host_groups),
-                  static_cast<void*>(host_chosen), static_cast<void*>(host_lookups),
-                  static_cast<void*>(host_table_upload), static_cast<void*>(host_pred)})
+  for (void* p :
+       {static_cast<void*>(host_input), static_cast<void*>(pipe_input[0]), static_cast<void*>(pipe_input[1]),
+        static_cast<void*>(pipe_ids), static_cast<void*>(host_slot_table), static_cast<void*>(host_groups),
+        static_cast<void*>(host_chosen), static_cast<void*>(host_lookups), static_cast<void*>(host_table_upload),
+        static_cast<void*>(host_pred), static_cast<void*>(route_ids), static_cast<void*>(route_weights)})
     if (p != nullptr) CUDA_CHECK(cudaFreeHost(p));
   dense_pool.Free();
   work_pool.Free();
@@ -741,6 +743,9 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
   // next norm (PreviousMoe).
   const DevAct ea = ActA(ActType(expert_layout[layer].gate_type), E);
   const int32_t* layer_slots = slot_table + int64_t(layer) * c.n_expert;
+  // A preselected route replaces the top-k after the router's launches (router_logits stay the
+  // router's, for the given experts' weights): everything below reads chosen, chosen_w and groups.
+  const bool given = routes_this_step && route_given[layer] != Given::kRouter;
   if (n == 1 && L.router_type == GgmlType::kF32 && cuda::RouterTopK1Supported(E, c.n_expert)) {
     // One launch for the norm, the router, top-k and the groups (Router1Norm), where the
     // experts' activation type allows it.
@@ -761,7 +766,7 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
     ra.blocks_done = router_blocks_done;
     ra.chosen = chosen;
     ra.weights = chosen_w;
-    ra.slot_table = layer_slots;
+    ra.slot_table = given ? nullptr : layer_slots;  // no groups: the given route's follow
     ra.groups = groups;
     if (Predicts(layer, n, host_path || device_misses)) {
       cuda::Router1Next& p = ra.next;
@@ -784,11 +789,14 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
     }
     const cuda::MatvecOutput ro{L.router, router_logits, c.n_expert, nullptr};
     cuda::LaunchMatvec(&ro, 1, ra, n, stream);
-    cuda::LaunchRouterTopK(router_logits, n, c.n_expert, c.n_expert_used, c.norm_topk_prob, chosen, chosen_w,
-                           layer_slots, &groups, stream);
-    if (n > 1) cuda::LaunchMoeGroup(chosen, n * c.n_expert_used, c.n_expert, layer_slots, groups, stream);
-    Mark("router, topk, groups");
+    if (!given) {
+      cuda::LaunchRouterTopK(router_logits, n, c.n_expert, c.n_expert_used, c.norm_topk_prob, chosen, chosen_w,
+                             layer_slots, &groups, stream);
+      if (n > 1) cuda::LaunchMoeGroup(chosen, n * c.n_expert_used, c.n_expert, layer_slots, groups, stream);
+    }
+    Mark(given ? "router" : "router, topk, groups");
   }
+  if (given) EnqueueGivenRoute(layer, n);
   if (host_path) {
     RETURN_IF_ERROR(ServeLayerExperts(layer, n, ea));
     return absl::OkStatus();
@@ -816,6 +824,39 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
   }
   EnqueueExperts(layer, n, ea, 0, std::min(c.n_expert, n * c.n_expert_used));
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> CudaEngine::Impl::TakeRoutes(int n) {
+  const int K = c.n_expert_used;
+  bool any = false;
+  for (int l = 0; l < c.n_layer; ++l) {
+    const int64_t at = int64_t(l) * o.max_batch_tokens * K;
+    bool has_weights = false;
+    const bool given = route->Route(l, n, K, route_ids + at, route_weights + at, &has_weights);
+    route_given[l] = !given ? Given::kRouter : has_weights ? Given::kIdsAndWeights : Given::kIds;
+    if (given)
+      RETURN_IF_ERROR(
+          CheckPreselectedRoute(l, n, K, c.n_expert, route_ids + at, has_weights ? route_weights + at : nullptr));
+    any = any || given;
+  }
+  return any;
+}
+
+// The copies read pinned memory that TakeRoutes filled before the step and that nothing changes
+// until the step's final synchronisation; they wait for the router's kernels (a copy is no
+// programmatic dependent of a kernel), and the kernels after them for the copies.
+void CudaEngine::Impl::EnqueueGivenRoute(int layer, int n) {
+  CHECK(!capturing);  // the routes change from step to step: Run captures no step that has any
+  const int K = c.n_expert_used;
+  const int64_t at = int64_t(layer) * o.max_batch_tokens * K, bytes = int64_t(n) * K * 4;
+  CUDA_CHECK(cudaMemcpyAsync(chosen, route_ids + at, bytes, cudaMemcpyHostToDevice, stream));
+  if (route_given[layer] == Given::kIdsAndWeights) {
+    CUDA_CHECK(cudaMemcpyAsync(chosen_w, route_weights + at, bytes, cudaMemcpyHostToDevice, stream));
+  } else {
+    cuda::LaunchRouteWeights(router_logits, n, c.n_expert, K, c.norm_topk_prob, chosen, chosen_w, stream);
+  }
+  cuda::LaunchMoeGroup(chosen, n * K, c.n_expert, slot_table + int64_t(layer) * c.n_expert, groups, stream);
+  Mark("preselected route, groups");
 }
 
 // Everything of one step after the input upload, up to the device logits.
@@ -897,6 +938,10 @@ absl::Status CudaEngine::Run(absl::Span<const BatchToken> batch, float* logits, 
   RETURN_IF_ERROR(m.Validate(batch));
   const ModelConfig& c = config_;
   const int n = static_cast<int>(batch.size());
+  bool routed = false;
+  if (m.route != nullptr) {
+    ASSIGN_OR_RETURN(routed, m.TakeRoutes(n));
+  }
   int32_t max_position = 0;
   const int n_out = m.FillInput(batch, m.host_input, &max_position);
 
@@ -910,7 +955,9 @@ absl::Status CudaEngine::Run(absl::Span<const BatchToken> batch, float* logits, 
   m.stats.attention_split_steps += m.attention_split;
   m.Mark("start");
   const bool argmax = ids != nullptr && n_out > 0;
-  if (!host_path && n == 1 && m.o.use_graphs && !m.o.profile_kernels && (!m.device_misses || m.device_graphs)) {
+  m.routes_this_step = routed;
+  if (!host_path && !routed && n == 1 && m.o.use_graphs && !m.o.profile_kernels &&
+      (!m.device_misses || m.device_graphs)) {
     cudaGraphExec_t& exec = m.graph[n_out][m.attention_split][argmax];
     if (exec == nullptr)
       m.CaptureGraph(&exec, [&](absl::Status* s) { m.EnqueueStep(n, n_out, false, argmax, s, m.host_input); });
@@ -951,6 +998,7 @@ absl::Status CudaEngine::Run(absl::Span<const BatchToken> batch, float* logits, 
   }
   m.ReleasePrefetchHold(true);
   m.ReleaseHeld();
+  m.routes_this_step = false;
   ++m.stats.forward_calls;
   m.stats.tokens += n;
   if (!status.ok()) {
@@ -965,7 +1013,7 @@ absl::Status CudaEngine::DecodeGreedy(int sequence, int32_t token, int32_t posit
                                       const std::function<bool(int32_t)>& on_token) {
   Impl& m = *impl_;
   const bool one_graph_per_step = (m.AllResident() || (m.device_misses && m.device_graphs)) && m.observer == nullptr &&
-                                  m.o.use_graphs && !m.o.profile_kernels;
+                                  m.route == nullptr && m.o.use_graphs && !m.o.profile_kernels;
   if (!one_graph_per_step || max_steps < 1)
     return ComputeBackend::DecodeGreedy(sequence, token, position, max_steps, on_token);
   return DecodePipelined(sequence, token, position, max_steps, on_token);
@@ -1051,6 +1099,28 @@ void CudaEngine::ClearSequence(int sequence) {
 int32_t CudaEngine::sequence_length(int sequence) const { return impl_->seq_len[sequence]; }
 
 void CudaEngine::set_routing_observer(RoutingObserver* observer) { impl_->observer = observer; }
+
+absl::Status CudaEngine::set_route_override(RouteOverride* route) {
+  Impl& m = *impl_;
+  if (route != nullptr && m.route_ids == nullptr) {
+    const int64_t bytes = int64_t(config_.n_layer) * options_.max_batch_tokens * config_.n_expert_used * 4;
+    void* ids = nullptr;
+    void* weights = nullptr;
+    if (cudaMallocHost(&ids, bytes) != cudaSuccess) ids = nullptr;
+    if (ids != nullptr && cudaMallocHost(&weights, bytes) != cudaSuccess) weights = nullptr;
+    if (weights == nullptr) {
+      (void)cudaGetLastError();
+      if (ids != nullptr) CUDA_CHECK(cudaFreeHost(ids));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cudaMallocHost of 2 x ", bytes, " bytes for the preselected routes failed"));
+    }
+    m.route_ids = static_cast<int32_t*>(ids);
+    m.route_weights = static_cast<float*>(weights);
+    m.route_given.assign(config_.n_layer, Impl::Given::kRouter);
+  }
+  m.route = route;
+  return absl::OkStatus();
+}
 
 std::string CudaEngine::KernelProfile() const {
   std::string out;

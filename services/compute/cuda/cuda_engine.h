@@ -120,6 +120,12 @@ class CudaEngine final : public ComputeBackend {
   void ClearSequence(int sequence) override;
   int32_t sequence_length(int sequence) const override;
   void set_routing_observer(RoutingObserver* observer) override;
+  // Preselected routes: each step asks for every layer's routes before it launches anything (an
+  // invalid one fails the step with nothing run) and copies them to the device after the layer's
+  // router, no host synchronisation added; a step with routes runs launch by launch (no graph:
+  // one would replay the router's choice), and DecodeGreedy is not pipelined while an override
+  // is set. ResourceExhausted when the pinned memory for the routes cannot be had.
+  absl::Status set_route_override(RouteOverride* route) override;
   // Every field; arena_resident and the VRAM use sampled now.
   BackendCounters counters() const override;
   // With options.profile_kernels: GPU time per kernel kind, decode and multi-token steps apart.

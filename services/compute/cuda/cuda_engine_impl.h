@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/check.h"
 #include "common/base/index_list.h"
@@ -137,6 +138,18 @@ struct CudaEngine::Impl {
   CudaEngineOptions o;
   RoutingObserver* observer = nullptr;
   cudaStream_t stream = nullptr;
+
+  // Preselected routes (backend.h's RouteOverride; null: off). Run asks for every layer's routes
+  // before it enqueues anything (TakeRoutes), into pinned memory with a region per layer, so the
+  // step's copies of layer l's routes read them from there while later layers are enqueued, and
+  // a bad route fails the step before it starts. Allocated by set_route_override on first use
+  // (qualification and replay, not serving).
+  enum class Given : uint8_t { kRouter, kIds, kIdsAndWeights };
+  RouteOverride* route = nullptr;
+  int32_t* route_ids = nullptr;    // pinned int32 [n_layer, T, K]
+  float* route_weights = nullptr;  // pinned f32 [n_layer, T, K]
+  std::vector<Given> route_given;  // [n_layer], this step's
+  bool routes_this_step = false;   // some layer of the step being enqueued has a given route
 
   DeviceAllocation dense_pool, work_pool, arena_pool;
 
@@ -320,6 +333,11 @@ struct CudaEngine::Impl {
   // Captures what `enqueue` puts on the stream (the device path, which returns no errors) into *exec.
   void CaptureGraph(cudaGraphExec_t* exec, const std::function<void(absl::Status*)>& enqueue);
   absl::Status EnqueueLayer(int layer, int n, bool host_path);
+  // Asks the RouteOverride for every layer's routes of an n-token step and checks them
+  // (InvalidArgument, before anything is enqueued); whether any layer has one.
+  absl::StatusOr<bool> TakeRoutes(int n);
+  // The layer's given routes into chosen and chosen_w, and its groups, after the router's launches.
+  void EnqueueGivenRoute(int layer, int n);
   absl::Status ServeLayerExperts(int layer, int n, const DevAct& x_act);
   absl::Status ServeFromResidency(int layer, int n, const DevAct& x_act, const int32_t* used, int n_used,
                                   bool predicted);

@@ -75,14 +75,11 @@ __device__ void SelectTopKBlock(float* p, float* group_sum, float* red, float* s
   __syncthreads();
 }
 
-// Softmax, top-k and renormalisation of one token's logits by one warp; logits in p (shared,
-// n_expert floats), overwritten.
-__device__ void TopKWarp(float* p, float* group_sum, int t, int n_expert, int k, bool norm_topk, int32_t* chosen,
-                         float* weights, const int32_t* slot_table, const MoeGroups& groups) {
+// cpu::Softmax(p, n_expert, 1.0f) exactly, by one warp, in place (p: shared, n_expert floats):
+// exps of whole groups of 16 by GgmlExpf, each group summed by ReduceAdd16 and the group sums
+// added in order in double; a tail past the last group (n_expert % 16 != 0) by GlibcExpf.
+__device__ void SoftmaxWarp(float* p, float* group_sum, int n_expert) {
   const int lane = threadIdx.x % 32;
-  // cpu::Softmax(p, n_expert, 1.0f) exactly: exps of whole groups of 16 by GgmlExpf, each group
-  // summed by ReduceAdd16 and the group sums added in order in double; a tail past the last
-  // group (n_expert % 16 != 0) by GlibcExpf.
   float m = -FLT_MAX;
   for (int e = lane; e < n_expert; e += 32) m = fmaxf(m, p[e]);
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
@@ -108,6 +105,14 @@ __device__ void TopKWarp(float* p, float* group_sum, int t, int n_expert, int k,
   __syncwarp();
   for (int e = lane; e < n_expert; e += 32) p[e] = __fmul_rn(p[e], inv);
   __syncwarp();
+}
+
+// Softmax, top-k and renormalisation of one token's logits by one warp; logits in p (shared,
+// n_expert floats), overwritten.
+__device__ void TopKWarp(float* p, float* group_sum, int t, int n_expert, int k, bool norm_topk, int32_t* chosen,
+                         float* weights, const int32_t* slot_table, const MoeGroups& groups) {
+  const int lane = threadIdx.x % 32;
+  SoftmaxWarp(p, group_sum, n_expert);
 
   // k rounds of arg-max (ties to the lower id); a chosen expert's probability becomes -1. Lane j
   // keeps the j-th choice, so what follows runs across lanes (no per-thread arrays, which would
@@ -189,6 +194,23 @@ __global__ void __launch_bounds__(32)
   for (int e = threadIdx.x; e < n_expert; e += 32) p[e] = logits[int64_t(t) * n_expert + e];
   __syncwarp();
   TopKWarp(p, group_sum, t, n_expert, k, norm_topk, chosen, weights, slot_table, groups);
+}
+
+// Preselected routes: the k given experts of token t (chosen, read and written back unchanged)
+// weighted by their probabilities in RouterTopKKernel's softmax, renormalised as its choices are.
+__global__ void __launch_bounds__(32)
+    RouteWeightsKernel(const float* logits, int n_expert, int k, bool norm_topk, int32_t* chosen, float* weights) {
+  __shared__ float p[kMaxExperts];
+  __shared__ float group_sum[kMaxExperts / 16];
+  AllowDependents();
+  WaitForPredecessor();
+  const int t = blockIdx.x, lane = threadIdx.x;
+  for (int e = lane; e < n_expert; e += 32) p[e] = logits[int64_t(t) * n_expert + e];
+  __syncwarp();
+  SoftmaxWarp(p, group_sum, n_expert);
+  const int32_t my_e = lane < k ? chosen[int64_t(t) * k + lane] : -1;
+  const float my_w = lane < k ? p[my_e] : 0.0f;
+  WriteChoices(my_w, my_e, t, k, norm_topk, chosen, weights, nullptr, MoeGroups{});
 }
 
 constexpr int kRouterWarps = 4;
@@ -312,6 +334,11 @@ void LaunchRouterTopK(const float* logits, int n_tokens, int n_expert, int k, bo
                       float* weights, const int32_t* slot_table, const MoeGroups* groups, cudaStream_t stream) {
   LaunchPdl(RouterTopKKernel, dim3(n_tokens), dim3(32), 0, stream, logits, n_expert, k, norm_topk, chosen, weights,
             n_tokens == 1 ? slot_table : nullptr, groups != nullptr ? *groups : MoeGroups{});
+}
+
+void LaunchRouteWeights(const float* logits, int n_tokens, int n_expert, int k, bool norm_topk, int32_t* chosen,
+                        float* weights, cudaStream_t stream) {
+  LaunchPdl(RouteWeightsKernel, dim3(n_tokens), dim3(32), 0, stream, logits, n_expert, k, norm_topk, chosen, weights);
 }
 
 bool RouterTopK1Supported(int64_t n_embd, int n_expert) {

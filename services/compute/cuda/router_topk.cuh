@@ -18,6 +18,13 @@ namespace mer::cuda {
 void LaunchRouterTopK(const float* logits, int n_tokens, int n_expert, int k, bool norm_topk, int32_t* chosen,
                       float* weights, const int32_t* slot_table, const MoeGroups* groups, cudaStream_t stream);
 
+// Preselected routes (backend.h's RouteOverride) given without weights: chosen holds each token's
+// k given experts (int32 [n_tokens, k], distinct and < n_expert: checked by the host), and their
+// weights are LaunchRouterTopK's probabilities of them, renormalised as its choices are with
+// norm_topk (CpuEngine::MoE's formula, bit for bit). weights: f32 [n_tokens, k].
+void LaunchRouteWeights(const float* logits, int n_tokens, int n_expert, int k, bool norm_topk, int32_t* chosen,
+                        float* weights, cudaStream_t stream);
+
 // The decode step's routing in one launch: the f32 router mat-vec of one token (x: f32 [n_embd],
 // router: f32 [n_expert, n_embd]) fused with LaunchRouterTopK's work for that token, the groups
 // included. blocks_done: a device counter that is 0 between launches (the kernel resets it).

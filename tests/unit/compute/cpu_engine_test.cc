@@ -13,6 +13,7 @@
 #include "common/model/synth_model.h"
 #include "services/compute/generation.h"
 #include "services/compute/sampler.h"
+#include "tests/unit/compute/recorded_routes.h"
 #include "tests/unit/compute/reference_forward.h"
 
 namespace mer {
@@ -236,31 +237,6 @@ TEST(CpuEngine, BatchedPromptEqualsStepByStep) {
   }
 }
 
-// Records every layer's routing of a step, and gives it back as preselected routes.
-class RecordedRoutes final : public RoutingObserver, public RouteOverride {
- public:
-  void OnRouting(int layer, absl::Span<const int32_t> ids, int) override {
-    if (recording) ids_[layer].assign(ids.begin(), ids.end());
-  }
-  bool Route(int layer, int n, int k, int32_t* ids, float*, bool* has_weights) override {
-    const std::vector<int32_t>& r = ids_.at(layer);
-    EXPECT_EQ(r.size(), static_cast<size_t>(n * k));
-    std::copy(r.begin(), r.end(), ids);
-    for (int t = 0; shift && t < n; ++t) {
-      int32_t free_id = 0;
-      while (std::find(ids + t * k, ids + (t + 1) * k, free_id) != ids + (t + 1) * k) ++free_id;
-      ids[t * k] = free_id;
-    }
-    *has_weights = false;
-    return true;
-  }
-  bool recording = true;
-  bool shift = false;  // each token's first expert replaced by the lowest id it did not choose
-
- private:
-  std::map<int, std::vector<int32_t>> ids_;
-};
-
 // Preselected routes: the router's own choice, given back, gives the same logits bit for bit;
 // other experts give other logits; ids out of range fail the step, and the engine goes on.
 TEST(CpuEngine, PreselectedRoutes) {
@@ -269,33 +245,47 @@ TEST(CpuEngine, PreselectedRoutes) {
   auto engine = MakeEngine(*m.weights, src, 2);
   const int V = engine->config().n_vocab;
   const std::vector<BatchToken> batch = PromptBatch(1);
-  RecordedRoutes routes;
+  test::RecordedRoutes routes;
   engine->set_routing_observer(&routes);
   std::vector<float> free_run(kTokens.size() * V), given(kTokens.size() * V), other(kTokens.size() * V);
   ASSERT_TRUE(engine->Forward(batch, free_run.data()).ok());
+  ASSERT_EQ(routes.steps(), 1u);
   routes.recording = false;
   ASSERT_TRUE(engine->set_route_override(&routes).ok());
   engine->ClearSequence(0);
   ASSERT_TRUE(engine->Forward(batch, given.data()).ok());
+  EXPECT_EQ(routes.given_steps(), 1u);
   EXPECT_EQ(std::memcmp(free_run.data(), given.data(), given.size() * sizeof(float)), 0);
 
-  routes.shift = true;
-  engine->ClearSequence(0);
-  ASSERT_TRUE(engine->Forward(batch, other.data()).ok());
-  EXPECT_NE(std::memcmp(free_run.data(), other.data(), other.size() * sizeof(float)), 0);
+  for (auto mode : {test::RecordedRoutes::Given::kShifted, test::RecordedRoutes::Given::kShiftedWeighted}) {
+    routes.given = mode;
+    routes.Rewind();
+    engine->ClearSequence(0);
+    ASSERT_TRUE(engine->Forward(batch, other.data()).ok());
+    EXPECT_NE(std::memcmp(free_run.data(), other.data(), other.size() * sizeof(float)), 0);
+  }
 
-  class OutOfRange final : public RouteOverride {
-    bool Route(int, int n, int k, int32_t* ids, float*, bool* has_weights) override {
-      for (int i = 0; i < n * k; ++i) ids[i] = 1000000;
+  // Ids out of range, or one id twice in a token's route (layer 1's only), fail the step.
+  class Bad final : public RouteOverride {
+   public:
+    explicit Bad(int32_t id) : id_(id) {}
+    bool Route(int layer, int n, int k, int32_t* ids, float*, bool* has_weights) override {
+      for (int i = 0; i < n * k; ++i) ids[i] = id_ >= 0 || layer != 1 ? std::abs(id_) + i % k : 0;
       *has_weights = false;
       return true;
     }
-  } bad;
-  ASSERT_TRUE(engine->set_route_override(&bad).ok());
-  engine->ClearSequence(0);
-  const absl::Status s = engine->Forward(batch, other.data());
-  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
-  EXPECT_EQ(engine->sequence_length(0), 0);
+
+   private:
+    int32_t id_;
+  };
+  Bad out_of_range(1000000), repeated(-1);
+  for (Bad* bad : {&out_of_range, &repeated}) {
+    ASSERT_TRUE(engine->set_route_override(bad).ok());
+    engine->ClearSequence(0);
+    const absl::Status s = engine->Forward(batch, other.data());
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+    EXPECT_EQ(engine->sequence_length(0), 0);
+  }
   // Given weights are used as they are: zeros leave the experts out; a NaN fails the step.
   class Weighted final : public RouteOverride {
    public:
