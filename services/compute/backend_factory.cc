@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <map>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
@@ -9,6 +11,7 @@
 #if MER_HAVE_CUDA
 #include "services/compute/cuda/cuda_engine.h"
 #include "services/compute/cuda/host_memory.h"
+#include "services/compute/cuda/multi_token_kernels.h"
 #endif
 
 namespace mer {
@@ -53,6 +56,17 @@ absl::StatusOr<CreatedBackend> CreateBackend(const ModelWeights& weights, Expert
     if (o.arena_policy != "lfu" && o.arena_policy != "lru")
       return absl::InvalidArgumentError(absl::StrCat("unknown arena policy '", o.arena_policy, "' (lfu or lru)"));
     co.arena_policy = o.arena_policy == "lru" ? cuda::ArenaPolicy::kLru : cuda::ArenaPolicy::kLfu;
+    if (!o.multi_token_kernels.empty()) {
+      const std::map<std::string, cuda::MultiTokenQ8_0> kinds = {{"auto", cuda::MultiTokenQ8_0::kAuto},
+                                                                 {"dp4a", cuda::MultiTokenQ8_0::kDp4a},
+                                                                 {"exact", cuda::MultiTokenQ8_0::kMmaExact},
+                                                                 {"fast", cuda::MultiTokenQ8_0::kMmaFast}};
+      const auto kind = kinds.find(o.multi_token_kernels);
+      if (kind == kinds.end())
+        return absl::InvalidArgumentError(
+            absl::StrCat("unknown multi-token kernels '", o.multi_token_kernels, "' (auto, dp4a, exact or fast)"));
+      cuda::SetMultiTokenQ8_0(kind->second);
+    }
     RETURN_IF_ERROR(ParseVramBudget(o.vram_expert_budget, &co));
     ASSIGN_OR_RETURN(out.engine, CudaEngine::Create(weights, experts, co));
     out.threads = 1;
@@ -64,6 +78,7 @@ absl::StatusOr<CreatedBackend> CreateBackend(const ModelWeights& weights, Expert
   if (o.backend != "cpu")
     return absl::InvalidArgumentError(absl::StrCat("backend '", o.backend, "': must be cpu or cuda"));
   if (!o.vram_expert_budget.empty()) return absl::InvalidArgumentError("--vram-expert-budget needs --backend cuda");
+  if (!o.multi_token_kernels.empty()) return absl::InvalidArgumentError("--multi-token-kernels needs --backend cuda");
   CpuEngineOptions co;
   co.threads = o.threads;
   co.max_batch_tokens = o.max_batch_tokens;

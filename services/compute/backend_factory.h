@@ -41,6 +41,9 @@ struct BackendOptions {
   // cuda with device_misses: "lfu" or "lru", the order in which published experts make room for a
   // layer's misses (cuda/published_experts.h).
   std::string arena_policy = "lfu";
+  // cuda: which kernels take multi-token Q8_0 products: "auto", "dp4a", "exact" or "fast"
+  // (cuda::MultiTokenQ8_0: a setting of the whole process); empty: MER_CUDA_MMA's, else auto.
+  std::string multi_token_kernels;
 };
 
 struct CreatedBackend {

@@ -47,7 +47,7 @@ constexpr char kHelp[] =
     R"(usage: mer-compute (--model F.gguf | --store STORE_DIR --residency NAME) --listen unix:PATH
                    [--backend cpu|cuda] [--vram-expert-budget BYTES|PERCENT%] [--pin-experts 0|1]
                    [--vram-prefetch 0|1] [--vram-arena residency|compute] [--miss-path device|host]
-                   [--arena-policy lfu|lru]
+                   [--arena-policy lfu|lru] [--multi-token-kernels auto|dp4a|exact|fast]
                    [--max-sequences N] [--max-batch-tokens N] [--ctx N] [--kv-budget-tokens N]
                    [--threads N] [--admission-wait-ms N] [--metrics-listen HOST:PORT|off]
                    [--verify-model SHA256]
@@ -79,7 +79,12 @@ and misses and waits for its misses on the device, with no host round trip per l
 top-k slots; it loads every CUDA kernel at start, CUDA_MODULE_LOADING=EAGER); --miss-path host
 has the host read each layer's routing and serve its misses. On the device path --arena-policy
 picks which published experts make room for a layer's misses: the least frequently used with
-ageing (lfu, the default) or the least recently used (lru). Prometheus metrics are served on http://HOST:PORT/metrics (default
+ageing (lfu, the default) or the least recently used (lru). --multi-token-kernels picks the
+kernels of the Q8_0 products of prompt chunks and batches: auto (the default: the tensor cores
+or integer dot products, whichever is faster for the shape), dp4a or exact (one of the two
+everywhere) keep the CPU reference's results bit for bit; fast runs them on the tensor cores with
+one sum per 32-block, ~1.4x the batch throughput, and gives up the bit-exactness (logits within
+a few percent of the reference's, as any other summation order; docs/cuda.md). Prometheus metrics are served on http://HOST:PORT/metrics (default
 127.0.0.1:0: a free port, printed on stderr as "metrics: http://127.0.0.1:PORT/metrics"); off
 serves none.
 )";
@@ -91,20 +96,36 @@ struct Args {
   int64_t admission_wait_ms = 2000;
   bool pin_experts = true;
   bool vram_prefetch = true;
-  std::string vram_arena;    // "residency" or "compute"
-  std::string verify_model;  // expected SHA-256 of --model, hex
-  std::string miss_path;     // "device" or "host"
-  std::string arena_policy;  // "lfu" or "lru"
+  std::string vram_arena;           // "residency" or "compute"
+  std::string verify_model;         // expected SHA-256 of --model, hex
+  std::string miss_path;            // "device" or "host"
+  std::string arena_policy;         // "lfu" or "lru"
+  std::string multi_token_kernels;  // "auto", "dp4a", "exact", "fast"; empty: the environment's
 };
 
 absl::Status ParseArgs(int argc, char** argv, Args* a) {
-  ASSIGN_OR_RETURN(const mer::Flags f,
-                   mer::Flags::ParseMain(
-                       argc, argv,
-                       {"model", "store", "residency", "listen", "backend", "vram-expert-budget", "metrics-listen",
-                        "max-sequences", "max-batch-tokens", "ctx", "kv-budget-tokens", "threads", "admission-wait-ms",
-                        "pin-experts", "vram-prefetch", "vram-arena", "miss-path", "arena-policy", "verify-model"},
-                       {}));
+  ASSIGN_OR_RETURN(const mer::Flags f, mer::Flags::ParseMain(argc, argv,
+                                                             {"model",
+                                                              "store",
+                                                              "residency",
+                                                              "listen",
+                                                              "backend",
+                                                              "vram-expert-budget",
+                                                              "metrics-listen",
+                                                              "max-sequences",
+                                                              "max-batch-tokens",
+                                                              "ctx",
+                                                              "kv-budget-tokens",
+                                                              "threads",
+                                                              "admission-wait-ms",
+                                                              "pin-experts",
+                                                              "vram-prefetch",
+                                                              "vram-arena",
+                                                              "miss-path",
+                                                              "arena-policy",
+                                                              "verify-model",
+                                                              "multi-token-kernels"},
+                                                             {}));
   a->model = f.String("model");
   a->store = f.String("store");
   a->residency = f.String("residency");
@@ -130,6 +151,9 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
                            {"residency", "compute"}));
   ASSIGN_OR_RETURN(a->miss_path, f.OneOf("miss-path", "device", {"device", "host"}));
   ASSIGN_OR_RETURN(a->arena_policy, f.OneOf("arena-policy", "lfu", {"lfu", "lru"}));
+  if (f.Has("multi-token-kernels")) {
+    ASSIGN_OR_RETURN(a->multi_token_kernels, f.OneOf("multi-token-kernels", "auto", {"auto", "dp4a", "exact", "fast"}));
+  }
   // Before the first CUDA call: the device path needs every kernel loaded when the context is
   // made (services/compute/cuda/stream_memops.h, KernelsLoadLazily).
   if (a->backend == "cuda" && a->miss_path == "device") setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/1);
@@ -203,6 +227,7 @@ absl::Status Main(const Args& a) {
   bo_engine.vram_prefetch = a.vram_prefetch;
   bo_engine.device_misses = a.miss_path == "device";
   bo_engine.arena_policy = a.arena_policy;
+  bo_engine.multi_token_kernels = a.multi_token_kernels;
   if (store) {
     systemd::NotifyStatus(absl::StrCat("waiting for mer-residency instance ", a.residency));
     ResidencyExpertSourceOptions so;

@@ -29,7 +29,7 @@
 #include "common/model/synth_model.h"
 #include "common/quant/quant.h"
 #include "services/compute/cpu/cpu_engine.h"
-#include "services/compute/cuda/matvec.cuh"
+#include "services/compute/cuda/multi_token_kernels.h"
 #include "services/compute/generation.h"
 #include "tests/gpu/corpus.h"
 #include "tests/gpu/test_models.h"
@@ -118,7 +118,9 @@ void CompareWithCpu(const Model& model, const std::string& name, int n_prompts, 
       const std::vector<int32_t> got = GreedyIds(**gpu, prompts[p], n_gen);
       ASSERT_EQ(got.size(), ref_ids[p].size());
       for (int i = 0; i < n_gen; ++i) id_mismatches += got[i] != ref_ids[p][i];
-      if (rule.ids_equal) EXPECT_EQ(got, ref_ids[p]) << name << " arena " << fraction << " prompt " << p;
+      if (rule.ids_equal) {
+        EXPECT_EQ(got, ref_ids[p]) << name << " arena " << fraction << " prompt " << p;
+      }
       const std::vector<float> logits = ForcedLogits(**gpu, prompts[p], ref_ids[p]);
       for (int i = 0; i < n_gen; ++i) {
         const double e = RelL2(&logits[int64_t(i) * V], &ref_logits[p][int64_t(i) * V], V);

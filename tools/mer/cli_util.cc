@@ -50,6 +50,7 @@ absl::StatusOr<LoadedModel> LoadModel(const Flags& flags, int min_context_tokens
   o.pin_host_experts = pin != 0;
   o.vram_prefetch = vram_prefetch != 0;
   o.profile_kernels = profile_kernels != 0;
+  o.multi_token_kernels = flags.String("multi-token-kernels");
   if (split_cells >= 0) o.attention_split_min_cells = static_cast<int>(std::min<int64_t>(split_cells, 1 << 24));
 
   std::string path;

@@ -19,7 +19,7 @@ constexpr char kHelp[] = R"(usage: mer bench (--model F.gguf | --store STORE_DIR
                  [--gen-tokens 128] [--runs 3] [--warmup 1]
                  [--backend cpu|cuda] [--vram-expert-budget BYTES|PERCENT%] [--pin-experts 0|1]
                  [--vram-prefetch 0|1] [--profile-kernels 0|1] [--attention-split-cells N]
-                 [--temperature T --seed S]
+                 [--multi-token-kernels auto|dp4a|exact|fast] [--temperature T --seed S]
 
 Greedy generation of --gen-tokens tokens after a fixed prompt of --prompt-tokens tokens (the
 start of a fixed English text, repeated as needed), end-of-sequence ignored; --temperature > 0
@@ -31,7 +31,8 @@ of expert lookups, misses and bytes uploaded per token, host synchronisations pe
 look-ahead prefetches per token, and the arena and peak device memory; --profile-kernels 1 also
 times every kernel with CUDA events (graphs off, so the step is slower than without) and prints
 GPU time per kernel kind; --attention-split-cells N runs attention split-K in steps whose context
-passes N cells (not bit-exact with the CPU; 0: never; default: the cuda engine's 512). With --store
+passes N cells (not bit-exact with the CPU; 0: never; default: the cuda engine's 512);
+--multi-token-kernels picks the kernels of prompt chunks' Q8_0 products (mer-compute --help). With --store
 and --residency the experts come from the mer-residency instance NAME (its RAM tier, filled from
 the store).
 )";
@@ -47,12 +48,28 @@ double Median(std::vector<double> v) {
 }
 
 absl::Status Bench(const Args& args) {
-  ASSIGN_OR_RETURN(
-      Flags f, Flags::Parse(args,
-                            {"model", "store", "residency", "threads", "ctx", "batch", "prompt-tokens", "prompt-ids",
-                             "gen-tokens", "runs", "warmup", "backend", "vram-expert-budget", "pin-experts",
-                             "vram-prefetch", "profile-kernels", "attention-split-cells", "temperature", "seed"},
-                            {}));
+  ASSIGN_OR_RETURN(Flags f, Flags::Parse(args,
+                                         {"model",
+                                          "store",
+                                          "residency",
+                                          "threads",
+                                          "ctx",
+                                          "batch",
+                                          "prompt-tokens",
+                                          "prompt-ids",
+                                          "gen-tokens",
+                                          "runs",
+                                          "warmup",
+                                          "backend",
+                                          "vram-expert-budget",
+                                          "pin-experts",
+                                          "vram-prefetch",
+                                          "profile-kernels",
+                                          "attention-split-cells",
+                                          "multi-token-kernels",
+                                          "temperature",
+                                          "seed"},
+                                         {}));
   ASSIGN_OR_RETURN(const int64_t n_prompt, f.Int("prompt-tokens", 31));
   ASSIGN_OR_RETURN(const int64_t n_gen, f.Int("gen-tokens", 128));
   ASSIGN_OR_RETURN(const int64_t runs, f.Int("runs", 3));

@@ -50,7 +50,7 @@ constexpr char kHelp[] = R"(usage: mer up (--model F.gguf [--store-dir DIR] | --
               [--http-listen HOST:PORT|off] [--served-model-name NAME]
               [--metrics-listen HOST:PORT] [--ram-budget BYTES|PERCENT%] [--policy lru|lfu|arc]
               [--prefetch] [--backend cpu|cuda] [--vram-expert-budget BYTES|PERCENT%]
-              [--max-sequences N] [--max-batch-tokens N] [--ctx N] [--threads N] [--max-queue N]
+              [--multi-token-kernels auto|dp4a|exact|fast] [--max-sequences N] [--max-batch-tokens N] [--ctx N] [--threads N] [--max-queue N]
               [--watchdog-seconds N]
 
 Starts mer-residency, mer-compute and mer-gateway (found beside this `mer`), each once the one
@@ -63,7 +63,7 @@ pack first checks that the disk has room for the store. With --model the expert 
 no longer matches the model (with progress: bytes, rate and time left, on a terminal). The RAM
 tier holds --ram-budget of the experts (default 25%) under --policy (default lfu), filled from
 the store at start (mer-residency --warm) while the first requests are served;
---backend, --vram-expert-budget, --max-sequences (default 8), --max-batch-tokens, --ctx (default
+--backend, --vram-expert-budget, --multi-token-kernels, --max-sequences (default 8), --max-batch-tokens, --ctx (default
 4096 positions per sequence, at most the model's context) and --threads are mer-compute's (see
 mer-compute --help); these defaults are deploy/mer.conf's. A
 daemon that exits, or that sends no watchdog ping for --watchdog-seconds (default 30, as the
@@ -407,12 +407,12 @@ absl::StatusOr<std::string> EnsureStore(const Flags& f) {
 }
 
 absl::Status Up(const Args& args) {
-  ASSIGN_OR_RETURN(
-      Flags f, Flags::Parse(args,
-                            {"model", "store", "store-dir", "listen", "http-listen", "served-model-name",
-                             "metrics-listen", "ram-budget", "policy", "backend", "vram-expert-budget", "max-sequences",
-                             "max-batch-tokens", "ctx", "threads", "max-queue", "watchdog-seconds"},
-                            {"prefetch"}));
+  ASSIGN_OR_RETURN(Flags f, Flags::Parse(args,
+                                         {"model", "store", "store-dir", "listen", "http-listen", "served-model-name",
+                                          "metrics-listen", "ram-budget", "policy", "backend", "vram-expert-budget",
+                                          "multi-token-kernels", "max-sequences", "max-batch-tokens", "ctx", "threads",
+                                          "max-queue", "watchdog-seconds"},
+                                         {"prefetch"}));
   if (f.Has("model") == f.Has("store")) return absl::InvalidArgumentError("give exactly one of --model and --store");
   struct sigaction sa {};
   sa.sa_handler = OnStopSignal;
@@ -460,6 +460,8 @@ absl::Status Up(const Args& args) {
                   f.String("threads", "0"), "--metrics-listen", "127.0.0.1:0"}};
   if (f.Has("vram-expert-budget"))
     compute.argv.insert(compute.argv.end(), {"--vram-expert-budget", f.String("vram-expert-budget")});
+  if (f.Has("multi-token-kernels"))
+    compute.argv.insert(compute.argv.end(), {"--multi-token-kernels", f.String("multi-token-kernels")});
   Daemon gateway{"gateway",
                  {bin + "/mer-gateway", "--compute", socket, "--listen", listen, "--http-listen", http_listen,
                   "--metrics-listen", metrics_listen, "--max-queue", f.String("max-queue", "256")}};

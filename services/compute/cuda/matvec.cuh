@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include "services/compute/cuda/device_layout.cuh"
+#include "services/compute/cuda/multi_token_kernels.h"
 
 namespace mer::cuda {
 
@@ -20,28 +21,5 @@ struct MatvecOutput {
 };
 
 void LaunchMatvec(const MatvecOutput* outputs, int n_outputs, const DevAct& act, int n_tokens, cudaStream_t stream);
-
-// Which kernels take the multi-token Q8_0 products (prompts, batches: the dense mat-vecs and the
-// experts). Single-token products (decode) always give the CPU's bits.
-//   kAuto:     the CPU's bits from whichever of the two exact kinds below is faster for the shape
-//              (the default): the tensor cores for mat-vecs of kMmaAutoMinTokens tokens or more
-//              and for experts with kMmaAutoMinPairs pairs each or more on average, dp4a below;
-//   kDp4a:     integer dot products (staged_dots.cuh), the CPU's bits;
-//   kMmaExact: tensor cores (mma_q8_0.cuh), the CPU's bits: 8 masked mmas per 32-block, since the
-//              CPU's integer sums are 4-product lane sums;
-//   kMmaFast:  tensor cores, one mma per 32-block: each output is one f32 chain over the blocks of
-//              fma(d_w * d_a, int32 block sum, acc) instead of the CPU's 8 lane chains and their
-//              tree, so results differ from the CPU's in the last bits of each product, and (as any
-//              change of rounding does, through the Q8_0 activations) by more in the logits
-//              (docs/cuda.md, "Multi-token numerics").
-// MER_CUDA_MMA=auto (or unset), 0 (dp4a), 1 (exact) or fast, read at the first call. Process-wide;
-// SetMultiTokenQ8_0 is for tests and benchmarks.
-enum class MultiTokenQ8_0 { kAuto, kDp4a, kMmaExact, kMmaFast };
-// On the H100, 30B geometry, per layer: a 77-token step's Q/K/V and output projection 77 and 71 us
-// on the tensor cores against 81 and 78 with dp4a, its experts (~5 pairs each) 252 against 241 us
-// for gate/up; a 512-token prompt's (~32 pairs each) 472 against 607 (docs/benchmarks.md).
-inline constexpr int kMmaAutoMinTokens = 64, kMmaAutoMinPairs = 16;
-MultiTokenQ8_0 MultiTokenQ8_0Kernels();
-void SetMultiTokenQ8_0(MultiTokenQ8_0 kernels);
 
 }  // namespace mer::cuda
