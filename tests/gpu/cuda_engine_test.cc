@@ -178,6 +178,10 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"tiny", SynthQuant::kQ3_K, "tiny_q3_k"}, Case{"tiny", SynthQuant::kQ2_K, "tiny_q2_k"},
         Case{"small", SynthQuant::kIQ2_XS, "small_iq2_xs"}, Case{"small", SynthQuant::kIQ3_XXS, "small_iq3_xxs"},
         Case{"tiny", SynthQuant::kIQ2_XS, "tiny_iq2_xs"}, Case{"tiny", SynthQuant::kIQ3_XXS, "tiny_iq3_xxs"},
+        // IQ2_S, IQ3_S and IQ1_S (8 free signs, 10- and 9-bit grid indices; IQ1_S's offsets).
+        Case{"small", SynthQuant::kIQ2_S, "small_iq2_s"}, Case{"small", SynthQuant::kIQ3_S, "small_iq3_s"},
+        Case{"small", SynthQuant::kIQ1_S, "small_iq1_s"}, Case{"tiny", SynthQuant::kIQ2_S, "tiny_iq2_s"},
+        Case{"tiny", SynthQuant::kIQ3_S, "tiny_iq3_s"}, Case{"tiny", SynthQuant::kIQ1_S, "tiny_iq1_s"},
         // Q5_0 throughout, and as the tiny Q3_K_M's down.
         Case{"tiny", SynthQuant::kQ5_0, "tiny_q5_0"}, Case{"tiny", SynthQuant::kQ3_K_M, "tiny_q3_k_m"},
         // Q4_1 and Q5_1 (Q8_1 activations) throughout, and Q5_1 as the tiny Q5_K_M's down.
@@ -240,11 +244,9 @@ TEST(CudaVsCpuMixedActivations, EightExpertRecipes) {
   }
 }
 
-// Every matrix in a type of its own among those the cuda backend takes (gate and up equal): in a
-// layer K-quant, IQ, Q8_0 and float matrices side by side, Q, K and V in two activation types, an
-// expert down of another activation type than gate/up, an IQ4_NL token embedding and a Q5_K LM
-// head. Every expert used, so an activation rounding cannot change the routing.
-TEST(CudaVsCpuMixedActivations, PerTensorMixOfTypes) {
+// A micro model (2 layers, n_embd and n_ff 256, 4 experts, every one used, so an activation
+// rounding cannot change the routing) with the given type per tensor, against the CPU engine.
+void ComparePerTensorMix(const std::map<std::string, GgmlType>& types, const std::string& name) {
   SynthOptions o = gpu_test::TestSynthOptions("micro", SynthQuant::kF32);
   o.geometry.n_embd = 256;
   o.geometry.n_ff_exp = 256;
@@ -252,16 +254,6 @@ TEST(CudaVsCpuMixedActivations, PerTensorMixOfTypes) {
   o.geometry.head_dim = 64;
   o.geometry.n_expert = 4;
   o.geometry.n_expert_used = 4;
-  const std::map<std::string, GgmlType> types = {
-      {"token_embd.weight", GgmlType::kIQ4_NL},          {"output.weight", GgmlType::kQ5_K},
-      {"blk.0.attn_q.weight", GgmlType::kQ4_K},          {"blk.0.attn_k.weight", GgmlType::kQ8_0},
-      {"blk.0.attn_v.weight", GgmlType::kQ6_K},          {"blk.0.attn_output.weight", GgmlType::kIQ4_XS},
-      {"blk.0.ffn_gate_exps.weight", GgmlType::kQ5_K},   {"blk.0.ffn_up_exps.weight", GgmlType::kQ5_K},
-      {"blk.0.ffn_down_exps.weight", GgmlType::kIQ4_NL}, {"blk.1.attn_q.weight", GgmlType::kF16},
-      {"blk.1.attn_k.weight", GgmlType::kIQ4_NL},        {"blk.1.attn_v.weight", GgmlType::kF16},
-      {"blk.1.attn_output.weight", GgmlType::kQ4_0},     {"blk.1.ffn_gate_exps.weight", GgmlType::kIQ2_XXS},
-      {"blk.1.ffn_up_exps.weight", GgmlType::kIQ2_XXS},  {"blk.1.ffn_down_exps.weight", GgmlType::kQ6_K},
-  };
   const std::string path =
       (std::filesystem::temp_directory_path() / ("mer_cuda_mix_" + std::to_string(getpid()) + ".gguf")).string();
   o.tensor_types = types;
@@ -269,8 +261,61 @@ TEST(CudaVsCpuMixedActivations, PerTensorMixOfTypes) {
   std::unique_ptr<Model> model = gpu_test::LoadModel(path);
   std::filesystem::remove(path);
   ASSERT_NE(model, nullptr);
-  for (const auto& [name, type] : types) ASSERT_EQ(model->file->FindTensor(name)->type, type) << name;
-  CompareWithCpu(*model, "micro per-tensor type mix", 4, 24, {1.0, 0.5});
+  for (const auto& [tensor, type] : types) ASSERT_EQ(model->file->FindTensor(tensor)->type, type) << tensor;
+  CompareWithCpu(*model, name, 4, 24, {1.0, 0.5});
+}
+
+// Every matrix in a type of its own among those the cuda backend takes (gate and up equal): in a
+// layer K-quant, IQ, Q8_0 and float matrices side by side, Q, K and V in two activation types, an
+// expert down of another activation type than gate/up, an IQ4_NL token embedding and a Q5_K LM
+// head.
+TEST(CudaVsCpuMixedActivations, PerTensorMixOfTypes) {
+  ComparePerTensorMix(
+      {
+          {"token_embd.weight", GgmlType::kIQ4_NL},
+          {"output.weight", GgmlType::kQ5_K},
+          {"blk.0.attn_q.weight", GgmlType::kQ4_K},
+          {"blk.0.attn_k.weight", GgmlType::kQ8_0},
+          {"blk.0.attn_v.weight", GgmlType::kQ6_K},
+          {"blk.0.attn_output.weight", GgmlType::kIQ4_XS},
+          {"blk.0.ffn_gate_exps.weight", GgmlType::kQ5_K},
+          {"blk.0.ffn_up_exps.weight", GgmlType::kQ5_K},
+          {"blk.0.ffn_down_exps.weight", GgmlType::kIQ4_NL},
+          {"blk.1.attn_q.weight", GgmlType::kF16},
+          {"blk.1.attn_k.weight", GgmlType::kIQ4_NL},
+          {"blk.1.attn_v.weight", GgmlType::kF16},
+          {"blk.1.attn_output.weight", GgmlType::kQ4_0},
+          {"blk.1.ffn_gate_exps.weight", GgmlType::kIQ2_XXS},
+          {"blk.1.ffn_up_exps.weight", GgmlType::kIQ2_XXS},
+          {"blk.1.ffn_down_exps.weight", GgmlType::kQ6_K},
+      },
+      "micro per-tensor type mix");
+}
+
+// The same with IQ3_S, IQ2_S and IQ1_S in every role (the embedding rows, the LM head, attention,
+// experts: each of them as gate/up and as down), beside types of the other activation formats
+// (cpu_engine_test's PerTensorMixOfTheSGridTypes with gate and up of one type).
+TEST(CudaVsCpuMixedActivations, PerTensorMixOfTheSGridTypes) {
+  ComparePerTensorMix(
+      {
+          {"token_embd.weight", GgmlType::kIQ3_S},
+          {"output.weight", GgmlType::kIQ2_S},
+          {"blk.0.attn_q.weight", GgmlType::kIQ1_S},
+          {"blk.0.attn_k.weight", GgmlType::kIQ2_S},
+          {"blk.0.attn_v.weight", GgmlType::kIQ3_S},
+          {"blk.0.attn_output.weight", GgmlType::kIQ4_NL},
+          {"blk.0.ffn_gate_exps.weight", GgmlType::kIQ1_S},
+          {"blk.0.ffn_up_exps.weight", GgmlType::kIQ1_S},
+          {"blk.0.ffn_down_exps.weight", GgmlType::kIQ3_S},
+          {"blk.1.attn_q.weight", GgmlType::kIQ3_S},
+          {"blk.1.attn_k.weight", GgmlType::kQ8_0},
+          {"blk.1.attn_v.weight", GgmlType::kIQ1_S},
+          {"blk.1.attn_output.weight", GgmlType::kIQ2_S},
+          {"blk.1.ffn_gate_exps.weight", GgmlType::kIQ2_S},
+          {"blk.1.ffn_up_exps.weight", GgmlType::kIQ2_S},
+          {"blk.1.ffn_down_exps.weight", GgmlType::kIQ1_S},
+      },
+      "micro per-tensor mix of IQ3_S, IQ2_S and IQ1_S");
 }
 
 // Geometries nobody tuned for (`mer synth --preset random:SEED`: widths not multiples of 64, 2-128
@@ -318,6 +363,24 @@ TEST_P(RandomGeometryTable4, GreedyIdsEqualAndForcedLogitsClose) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, RandomGeometryTable4, ::testing::Range(1, 11));
+
+// IQ2_S, IQ3_S and IQ1_S, each on every seed: 256-element blocks, so the matrices whose rows are
+// not whole blocks fall back to IQ4_NL (seeds 1, 9 and 12 have an IQ attn_output, 6 and 11 IQ
+// experts, embeddings and attention).
+class RandomGeometrySGrid : public ::testing::TestWithParam<int> {};
+
+TEST_P(RandomGeometrySGrid, GreedyIdsEqualAndForcedLogitsClose) {
+  const struct {
+    SynthQuant quant;
+    const char* name;
+  } quants[3] = {{SynthQuant::kIQ2_S, "iq2_s"}, {SynthQuant::kIQ3_S, "iq3_s"}, {SynthQuant::kIQ1_S, "iq1_s"}};
+  for (const auto& q : quants) {
+    SCOPED_TRACE(q.name);
+    CompareRandomGeometry(GetParam(), q.quant);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, RandomGeometrySGrid, ::testing::Range(1, 13));
 
 // A 1,200-token prompt (five prefill chunks, many pairs per expert in the staged expert kernels,
 // attention past 1,024 cells) and 16 greedy tokens on the small preset: the CPU reference's ids

@@ -1,10 +1,11 @@
 // Every kernel of the cuda backend against a plain CPU reference (the CPU engine's own row
 // kernels and ops, services/compute/cpu/cpu_ops.h and common/quant/), swept over types and sizes,
 // each with its error bound: activation conversion and matrix products bit-exact (they keep the
-// CPU kernels' lane order), the Q8_K ones (Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS weights) for dense
-// mat-vec and the grouped experts too; norms, RoPE, attention and routing against
-// double-precision references within relative L2 1e-6..1e-5 (the weights of preselected routes
-// bit for bit against the CPU engine's formula); embedding rows exact. Fresh random
+// CPU kernels' lane order; the fast tensor-core Q8_0 products within a stated bound), the Q8_K
+// ones (the K-quants and IQ types) for dense mat-vec and the grouped experts too; norms, RoPE,
+// attention and routing against double-precision references within relative L2 1e-6..1e-5 (the
+// weights of preselected routes bit for bit against the CPU engine's formula); embedding rows
+// exact. Fresh random
 // inputs per case; outputs poisoned with NaN before each launch.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -301,10 +302,11 @@ TEST(CudaKernels, RmsNormAddsMoeOutputExactly) {
 }
 
 TEST(CudaKernels, EmbedRowsExact) {
-  for (GgmlType type :
-       {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ2_K, GgmlType::kQ3_K,
-        GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS, GgmlType::kIQ2_XS,
-        GgmlType::kIQ3_XXS, GgmlType::kQ4_0, GgmlType::kIQ4_NL, GgmlType::kQ5_0, GgmlType::kQ4_1, GgmlType::kQ5_1}) {
+  for (GgmlType type : {GgmlType::kF32,     GgmlType::kF16,    GgmlType::kBF16,   GgmlType::kQ8_0,    GgmlType::kQ2_K,
+                        GgmlType::kQ3_K,    GgmlType::kQ4_K,   GgmlType::kQ5_K,   GgmlType::kQ6_K,    GgmlType::kIQ4_XS,
+                        GgmlType::kIQ2_XXS, GgmlType::kIQ2_XS, GgmlType::kIQ2_S,  GgmlType::kIQ3_XXS, GgmlType::kIQ3_S,
+                        GgmlType::kIQ1_S,   GgmlType::kQ4_0,   GgmlType::kIQ4_NL, GgmlType::kQ5_0,    GgmlType::kQ4_1,
+                        GgmlType::kQ5_1}) {
     const int64_t cols = 768, rows = 50;
     const int64_t rb = RowBytes(type, cols);
     const std::vector<float> tf = Random(rows * cols);
@@ -708,19 +710,18 @@ TEST(CudaKernels, LongContextAttentionSplitK) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// K-quants and the IQ types of 256-element blocks: Q2_K to Q6_K, IQ4_XS, IQ2_XXS, IQ2_XS and
-// IQ3_XXS weights
-// with Q8_K activations (kquant_layout.cuh, kquant_dot.cuh).
+// K-quants and the IQ types of 256-element blocks: Q2_K to Q6_K, IQ4_XS, IQ2_XXS, IQ2_XS, IQ2_S,
+// IQ3_XXS, IQ3_S and IQ1_S weights with Q8_K activations (kquant_layout.cuh, kquant_dot.cuh).
 
-const GgmlType kKQuantTypes[] = {GgmlType::kQ2_K,    GgmlType::kQ3_K,   GgmlType::kQ4_K,
-                                 GgmlType::kQ5_K,    GgmlType::kQ6_K,   GgmlType::kIQ4_XS,
-                                 GgmlType::kIQ2_XXS, GgmlType::kIQ2_XS, GgmlType::kIQ3_XXS};
+const GgmlType kKQuantTypes[] = {GgmlType::kQ2_K,  GgmlType::kQ3_K,    GgmlType::kQ4_K,    GgmlType::kQ5_K,
+                                 GgmlType::kQ6_K,  GgmlType::kIQ4_XS,  GgmlType::kIQ2_XXS, GgmlType::kIQ2_XS,
+                                 GgmlType::kIQ2_S, GgmlType::kIQ3_XXS, GgmlType::kIQ3_S,   GgmlType::kIQ1_S};
 
 // "" when got equals want element for element; else how many differ, where the first one is
 // ([token][row], `rows` per token) and the two values.
 // rows x cols weights of one of kKQuantTypes: quantized from Gaussian floats, or (raw) random bytes
 // with small f16 scales, which reach every 6-bit scale/min pattern and every int8 scale (-128 too),
-// every IQ4 code and scale, every IQ2_XXS grid point, sign pattern and scale.
+// every IQ4 code and scale, every grid point, sign pattern and scale of the IQ types.
 std::vector<uint8_t> KQuantWeights(GgmlType type, int64_t rows, int64_t cols, bool raw) {
   const int64_t rb = RowBytes(type, cols);
   std::vector<uint8_t> w(rows * rb);
@@ -1006,6 +1007,16 @@ TEST(CudaKernels, ExpertsMatchCpu) {
                         ExpertMix{GgmlType::kIQ3_XXS, GgmlType::kIQ3_XXS, 768, 512},
                         ExpertMix{GgmlType::kIQ3_XXS, GgmlType::kIQ4_NL, 256, 128},
                         ExpertMix{GgmlType::kIQ2_XS, GgmlType::kQ6_K, 768, 512},
+                        ExpertMix{GgmlType::kIQ3_S, GgmlType::kIQ3_S, 768, 512},
+                        ExpertMix{GgmlType::kIQ2_S, GgmlType::kIQ2_S, 768, 512},
+                        ExpertMix{GgmlType::kIQ1_S, GgmlType::kIQ1_S, 768, 512},
+                        ExpertMix{GgmlType::kIQ1_S, GgmlType::kIQ3_S, 768, 512},
+                        ExpertMix{GgmlType::kIQ3_S, GgmlType::kIQ2_S, 768, 512},
+                        ExpertMix{GgmlType::kIQ2_S, GgmlType::kIQ1_S, 768, 512},
+                        ExpertMix{GgmlType::kQ4_K, GgmlType::kIQ1_S, 768, 512},
+                        ExpertMix{GgmlType::kIQ3_S, GgmlType::kQ8_0, 768, 512},
+                        ExpertMix{GgmlType::kIQ1_S, GgmlType::kIQ4_NL, 256, 128},
+                        ExpertMix{GgmlType::kIQ2_S, GgmlType::kQ5_1, 256, 160},
                         ExpertMix{GgmlType::kQ3_K, GgmlType::kQ5_0, 256, 128},
                         ExpertMix{GgmlType::kQ5_0, GgmlType::kQ5_0, 256, 160},
                         ExpertMix{GgmlType::kQ4_1, GgmlType::kQ4_1, 256, 160},

@@ -60,7 +60,8 @@ if has_step tests engine; then
            $(for c in tiny_f32 tiny_f16 tiny_q8_0 tiny_q4_k small_f32 small_f16 small_q8_0 small_q4_k \
                       small_q5_k_m small_q5_k small_iq4_xs small_iq2_xxs tiny_iq4_xs tiny_iq2_xxs tiny_q4_0 tiny_iq4_nl \
                       small_q3_k_m small_q2_k tiny_q3_k tiny_q2_k small_iq2_xs small_iq3_xxs tiny_iq2_xs tiny_iq3_xxs \
-                      tiny_q5_0 tiny_q3_k_m tiny_q4_1 tiny_q5_1 tiny_q5_k_m; do
+                      tiny_q5_0 tiny_q3_k_m tiny_q4_1 tiny_q5_1 tiny_q5_k_m small_iq2_s small_iq3_s small_iq1_s \
+                      tiny_iq2_s tiny_iq3_s tiny_iq1_s; do
                echo "Corpus/CudaVsCpu.*/$c"; done); do
     MER_CUDA_DEBUG=1 timeout 90 "$BUNDLE/run" cuda_engine_test --gtest_filter="$f" >> "$OUT/engine.log" 2>&1
     note "cuda_engine_test $f: rc=$?"

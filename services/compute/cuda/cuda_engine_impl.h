@@ -47,14 +47,15 @@ inline int64_t AlignUp(int64_t n) { return cuda::DeviceBufferTable::AlignUp(n); 
 // The weight types the kernels take, as the refusal message lists them.
 inline constexpr char kSupportedTypeNames[] =
     "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS, IQ2_XS, "
-    "IQ3_XXS";
+    "IQ2_S, IQ3_XXS, IQ3_S, IQ1_S";
 
 // Types whose device layout differs from the file's (repack.cuh): uploaded through staging.
 inline bool NeedsRepack(GgmlType t) {
   return t == GgmlType::kQ8_0 || t == GgmlType::kQ2_K || t == GgmlType::kQ3_K || t == GgmlType::kQ4_K ||
          t == GgmlType::kQ5_K || t == GgmlType::kQ6_K || t == GgmlType::kIQ4_XS || t == GgmlType::kIQ2_XXS ||
-         t == GgmlType::kIQ2_XS || t == GgmlType::kIQ3_XXS || t == GgmlType::kQ4_0 || t == GgmlType::kQ5_0 ||
-         t == GgmlType::kIQ4_NL || t == GgmlType::kQ4_1 || t == GgmlType::kQ5_1;
+         t == GgmlType::kIQ2_XS || t == GgmlType::kIQ2_S || t == GgmlType::kIQ3_XXS || t == GgmlType::kIQ3_S ||
+         t == GgmlType::kIQ1_S || t == GgmlType::kQ4_0 || t == GgmlType::kQ5_0 || t == GgmlType::kIQ4_NL ||
+         t == GgmlType::kQ4_1 || t == GgmlType::kQ5_1;
 }
 
 inline bool SupportedType(GgmlType t) {

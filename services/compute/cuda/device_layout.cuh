@@ -11,7 +11,7 @@
 // weight's dot type (ActivationTypeFor): f32, f16, bf16, or Q8_0 laid out the same way with f32
 // scales holding the f16-rounded block scale.
 //
-// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS, IQ2_XS and IQ3_XXS weights and their Q8_K
+// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S and IQ1_S weights and their Q8_K
 // activations, Q4_0, Q5_0 and IQ4_NL weights (with the Q8_0 activations above), and Q4_1 and Q5_1
 // weights with their Q8_1 activations (Q8_0's layout, d and s as two f16 in each scales entry;
 // written only by LaunchQuantize, rows of `stride` bytes, a type ActRowBytes does not take):
@@ -43,7 +43,10 @@ enum DevType : int {
   kDevIQ2_XXS = 16,
   kDevIQ2_XS = 17,
   kDevIQ3_XXS = 18,
+  kDevIQ1_S = 19,
   kDevIQ4_NL = 20,
+  kDevIQ3_S = 21,
+  kDevIQ2_S = 22,
   kDevIQ4_XS = 23,
   kDevBF16 = 30
 };

@@ -37,6 +37,12 @@ __device__ __forceinline__ float EmbedValue(int type, const uint8_t* row, int64_
       return DequantIQ2_XS(row, i, kDevIQ2_XSGrid);
     case kDevIQ3_XXS:
       return DequantIQ3_XXS(row, i, kDevIQ3_XXSGrid);
+    case kDevIQ3_S:
+      return DequantIQ3_S(row, i, kDevIQ3_SGrid);
+    case kDevIQ2_S:
+      return DequantIQ2_S(row, i, kDevIQ2_SGrid);
+    case kDevIQ1_S:
+      return DequantIQ1_S(row, i, kDevIQ1_SGrid);
     case kDevQ4_0:
       return DequantTable4<false>(row, i);
     case kDevIQ4_NL:

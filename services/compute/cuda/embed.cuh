@@ -1,6 +1,6 @@
 // x[t, :] = row tokens[t] of the embedding table, dequantized to f32. The table stays in the GGUF
-// layout (F32, F16, BF16, Q8_0 34-byte blocks, Q4_0/IQ4_NL blocks, or Q4_K/Q5_K/Q6_K/IQ4_XS/IQ2_XXS
-// blocks with n a multiple of 256); n a multiple of 32.
+// layout (F32, F16, BF16, Q8_0 34-byte blocks, or the blocks of a type of kquant_layout.cuh, n a
+// multiple of the type's block); n a multiple of 32.
 #pragma once
 
 #include <cuda_runtime.h>

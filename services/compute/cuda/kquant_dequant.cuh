@@ -3,9 +3,9 @@
 // Q4_K: d_j = d * sc_j and min_j = dmin * m_j, then d_j * q - min_j, which GCC contracts into one
 // fma (C++ with -mfma); either way the same float, since d_j * q is exact (an f16 mantissa times 6
 // and 4 bits). Q6_K: (d * sc_j) * (q - 32), in that order (the second product rounds). Q5_K, Q2_K,
-// Q4_1, Q5_1: as Q4_K (their products are exact too). The others are products only, in the CPU's
-// order (each function says it). All but Q4_K and Q6_K are __host__ __device__, so the host test
-// (kquant_layout_test) runs them as they are.
+// Q4_1, Q5_1: as Q4_K (their products are exact too). The others are products only (IQ1_S's of an
+// exact sum), in the CPU's order (each function says it). All but Q4_K and Q6_K are
+// __host__ __device__, so the host test (kquant_layout_test) runs them as they are.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -182,6 +182,44 @@ __host__ __device__ inline float DequantIQ3_XXS(const uint8_t* row, int64_t i, c
   const uint32_t s7 = (word >> (7 * l)) & 127u, signs = s7 | (static_cast<uint32_t>(Popc(s7) & 1) << 7);
   const int magnitude = static_cast<int>((grid[blk[2 + 8 * j + 2 * l + k / 4]] >> (8 * (k % 4))) & 0xffu);
   return db * static_cast<float>(magnitude) * ((signs >> k) & 1 ? -1.0f : 1.0f);
+}
+
+// grid: the 512 grid points (kIQ3_SGrid). (d * (1 + 2 ls)) * grid byte, then the sign. A block: d,
+// qs at 2, qh at 66, signs at 74, scales at 106.
+__host__ __device__ inline float DequantIQ3_S(const uint8_t* row, int64_t i, const uint32_t* grid) {
+  const uint8_t* blk = row + (i / kKBlock) * kIQ3_SBlockBytes;
+  const int e = static_cast<int>(i % kKBlock), j = e / 32, k = (e % 32) / 4;
+  const int index = blk[2 + 8 * j + k] | (((blk[66 + j] >> k) & 1) << 8);
+  const int ls = (blk[106 + j / 2] >> (4 * (j % 2))) & 0xF;
+  const float db = HalfAt(blk) * static_cast<float>(1 + 2 * ls);
+  const int magnitude = static_cast<int>((grid[index] >> (8 * (e % 4))) & 0xffu);
+  const bool negative = (blk[74 + 4 * j + (e % 32) / 8] >> (e % 8)) & 1;
+  return db * static_cast<float>(magnitude) * (negative ? -1.0f : 1.0f);
+}
+
+// grid: the 1024 grid points (kIQ2_SGrid). ((d * (0.5 + ls)) * 0.25) * grid byte, then the sign.
+// A block: d, grid indices at 2, signs at 34, qh at 66, scales at 74.
+__host__ __device__ inline float DequantIQ2_S(const uint8_t* row, int64_t i, const uint64_t* grid) {
+  const uint8_t* blk = row + (i / kKBlock) * kIQ2_SBlockBytes;
+  const int e = static_cast<int>(i % kKBlock), group = e / 8, k = e % 8;
+  const int index = blk[2 + group] | (((blk[66 + group / 4] >> (2 * (group % 4))) & 3) << 8);
+  const int ls = (blk[74 + group / 4] >> (4 * ((group / 2) % 2))) & 0xF;
+  const float db = HalfAt(blk) * (0.5f + static_cast<float>(ls)) * 0.25f;
+  const int magnitude = static_cast<int>((grid[index] >> (8 * k)) & 0xffu);
+  return db * static_cast<float>(magnitude) * ((blk[34 + group] >> k) & 1 ? -1.0f : 1.0f);
+}
+
+// grid: the 2048 grid points (kIQ1_SGrid). (d * (2 ls + 1)) * (grid value + delta), the sum exact.
+// A block: d, grid indices at 2, qh (u16) at 34.
+__host__ __device__ inline float DequantIQ1_S(const uint8_t* row, int64_t i, const uint64_t* grid) {
+  const uint8_t* blk = row + (i / kKBlock) * kIQ1_SBlockBytes;
+  const int e = static_cast<int>(i % kKBlock), j = e / 32, group = e / 8, k = e % 8;
+  const int qh = blk[34 + 2 * j] | (blk[35 + 2 * j] << 8);
+  const int index = blk[2 + group] | (((qh >> (3 * (group % 4))) & 7) << 8);
+  const float dl = HalfAt(blk) * static_cast<float>(2 * ((qh >> 12) & 7) + 1);
+  const float delta = qh & 0x8000 ? -kIQ1_SDelta : kIQ1_SDelta;
+  const int value = static_cast<int8_t>((grid[index] >> (8 * k)) & 0xffu);
+  return dl * (static_cast<float>(value) + delta);
 }
 
 // grid: the 256 grid points (kIQ2_XXSGrid).

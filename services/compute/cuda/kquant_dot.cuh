@@ -1,24 +1,26 @@
 // The inner loop of the matrix products of the 256-element block types with Q8_K activations
 // (dense mat-vec and grouped experts), bit-exact with the CPU engine's VecDotRowsQ2_K / Q3_K /
-// Q4_K / Q5_K / Q6_K / IQ4_XS / IQ2_XXS / IQ2_XS / IQ3_XXS (common/quant/q2_k_rows.cc ..
-// q6_k_rows.cc, iq4_rows.cc, iq2_rows.cc, iq3_rows.cc: the avx2 and avx512 variants form the
-// same integers and floats; the scalar one, run only where MER_CPU_KERNELS=scalar forces it, sums
-// in another order):
+// Q4_K / Q5_K / Q6_K / IQ4_XS / IQ2_XXS / IQ2_XS / IQ2_S / IQ3_XXS / IQ3_S / IQ1_S
+// (common/quant/q2_k_rows.cc .. q6_k_rows.cc, iq4_rows.cc, iq2_rows.cc, iq3_rows.cc, iq1_rows.cc:
+// the avx2 and avx512 variants form the same integers and floats; the scalar one, run only where
+// MER_CPU_KERNELS=scalar forces it, sums in another order):
 //
 //   8 lanes per row (kquant_layout.cuh). Per block, in order, lane i forms the CPU's int32 lane i
 //   exactly (Q4_KLaneSum, Q5_KLaneSum, ...) and accumulates acc_i = fma(d_w * d_a, (float)isum,
 //   acc_i); Q4_K lanes 0..3 also acc_m_i = fma(dmin_w * d_a, (float)prod_m, acc_m_i); Q5_K lane 0
 //   also the block's one mins integer, acc_m = fma(-(dmin_w * d_a), (float)prod_m, acc_m); Q2_K
 //   lane i first its mins integer into the same chain, acc_i = fma(-(d_a * dmin_w), (float)m_i,
-//   acc_i), then its scaled sum as above. Then
+//   acc_i), then its scaled sum as above; IQ1_S lane 0 also the block's one offsets integer,
+//   acc_m = fma(d_w * d_a, (float)sum_offsets, acc_m). Then
 //   HorizontalSum: ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)); for Q4_K minus the 4-lane
-//   (m0+m2) + (m1+m3); for Q5_K plus acc_m; for IQ2_XXS and IQ2_XS times 0.125, for IQ3_XXS
-//   0.25.
+//   (m0+m2) + (m1+m3); for Q5_K plus acc_m; for IQ2_XXS, IQ2_XS and IQ2_S times 0.125, for IQ3_XXS
+//   0.25; for IQ1_S plus 0.125 * acc_m (a product, then a sum: the CPU kernels are built without
+//   contraction).
 //
 // Per lane and block: one 16-byte load of quants (Q6_K and Q5_K with their qh bytes; Q3_K and Q2_K
-// 8 bytes; the grid IQ types their indices and a grid point per sub-block) and one header load
-// shared by the group; per token 32 bytes of activation quants, d, and the bsums where the type
-// needs them (Q5_K in lane 0 only).
+// 8 bytes; the grid IQ types their indices (IQ2_S with its signs, IQ3_S 8 bytes more of signs) and
+// a grid point per sub-block) and one header load shared by the group; per token 32 bytes of
+// activation quants, d, and the bsums where the type needs them (Q5_K and IQ1_S in lane 0 only).
 //
 // Q4_0 and IQ4_NL (Q8_0 activations) take Table4GroupDots instead, the CPU's order of
 // common/quant/table4_rows.h: per row one f32 chain over the blocks, acc = fma((float)isum_b,
@@ -82,7 +84,7 @@ __device__ inline void KQuantGroupDots(const KQuantRowRef (&rows)[R], int64_t nb
                                        int64_t act_stride, float (&out)[R][NT]) {
   static_assert(kType == kDevQ4_K || kType == kDevQ5_K || kType == kDevQ6_K || kType == kDevIQ4_XS ||
                 kType == kDevIQ2_XXS || kType == kDevQ3_K || kType == kDevQ2_K || kType == kDevIQ2_XS ||
-                kType == kDevIQ3_XXS);
+                kType == kDevIQ3_XXS || kType == kDevIQ3_S || kType == kDevIQ2_S || kType == kDevIQ1_S);
   constexpr bool kQ4 = kType == kDevQ4_K;
   const int g = threadIdx.x % kKQuantGroup;
   float acc[R][NT], acc_m[R][NT];
@@ -92,10 +94,12 @@ __device__ inline void KQuantGroupDots(const KQuantRowRef (&rows)[R], int64_t nb
     for (int t = 0; t < NT; ++t) acc[r][t] = acc_m[r][t] = 0.0f;
   for (int64_t b0 = 0; b0 < nb; b0 += U) {
     uint4 wq[U][R];   // Q4_K, Q5_K, IQ4_XS: qs words; Q6_K: ql words; IQ2_XXS: sign words 0..3;
-                      // Q3_K: hmask word (x), scale words (y, z, w)
-    uint4 wh[U][R];   // Q4_K, Q5_K: header; Q6_K, Q2_K: scales; IQ2_XXS: sign words 4..7
-    uint2 wqh[U][R];  // Q6_K: qh words; Q5_K: qh word (x); IQ4_XS: header; IQ2_XXS: grid indices;
-                      // Q3_K, Q2_K: qs words
+                      // Q3_K: hmask word (x), scale words (y, z, w); IQ3_S: sign words (x, y), qh
+                      // (z, w); IQ2_S: index and sign words; IQ1_S: qh
+    uint4 wh[U][R];   // Q4_K, Q5_K: header; Q6_K, Q2_K: scales; IQ2_XXS: sign words 4..7; IQ3_S:
+                      // scales (x); IQ2_S: qh and scales
+    uint2 wqh[U][R];  // Q6_K: qh words; Q5_K: qh word (x); IQ4_XS: header; IQ2_XXS, IQ3_S, IQ1_S:
+                      // grid indices; Q3_K, Q2_K: qs words
     float wd[U][R], wdmin[U][R];
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -147,6 +151,21 @@ __device__ inline void KQuantGroupDots(const KQuantRowRef (&rows)[R], int64_t nb
           wq[u][r] = words[0];
           wh[u][r] = words[1];
           wd[u][r] = __half2float(*reinterpret_cast<const __half*>(m + IQ3_XXSDOffset(rows[r].n, b)));
+        } else if constexpr (kType == kDevIQ3_S) {
+          wqh[u][r] = __ldcs(reinterpret_cast<const uint2*>(m + IQ3_SIndexOffset(b, g)));
+          const uint2 signs = __ldcs(reinterpret_cast<const uint2*>(m + IQ3_SSignsOffset(rows[r].n, b, g)));
+          const uint2 qh = *reinterpret_cast<const uint2*>(m + IQ3_SQhOffset(rows[r].n, b));
+          wq[u][r] = make_uint4(signs.x, signs.y, qh.x, qh.y);
+          wh[u][r].x = *reinterpret_cast<const uint32_t*>(m + IQ3_SScalesOffset(rows[r].n, b));
+          wd[u][r] = __half2float(*reinterpret_cast<const __half*>(m + IQ3_SDOffset(rows[r].n, b)));
+        } else if constexpr (kType == kDevIQ2_S) {
+          wq[u][r] = __ldcs(reinterpret_cast<const uint4*>(m + IQ2_SWordsOffset(b, g)));
+          wh[u][r] = *reinterpret_cast<const uint4*>(m + IQ2_SHeaderOffset(rows[r].n, b));
+          wd[u][r] = __half2float(*reinterpret_cast<const __half*>(m + IQ2_SDOffset(rows[r].n, b)));
+        } else if constexpr (kType == kDevIQ1_S) {
+          wqh[u][r] = __ldcs(reinterpret_cast<const uint2*>(m + IQ1_SIndexOffset(b, g)));
+          wq[u][r] = *reinterpret_cast<const uint4*>(m + IQ1_SQhOffset(rows[r].n, b));
+          wd[u][r] = __half2float(*reinterpret_cast<const __half*>(m + IQ1_SDOffset(rows[r].n, b)));
         } else if constexpr (kType == kDevIQ2_XXS) {
           wqh[u][r] = __ldcs(reinterpret_cast<const uint2*>(m + IQ2_XXSIndexOffset(b, g)));
           const uint4* words = reinterpret_cast<const uint4*>(m + IQ2_XXSWordsOffset(rows[r].n, b));
@@ -237,6 +256,35 @@ __device__ inline void KQuantGroupDots(const KQuantRowRef (&rows)[R], int64_t nb
             const int isum = IQ3_XXSLaneSum(wqh[u][r], wq[u][r], wh[u][r], g, kDevIQ3_XXSGrid, a0, a1);
             acc[r][t] = fmaf(__fmul_rn(wd[u][r], ad), __int2float_rn(isum), acc[r][t]);
           }
+        } else if constexpr (kType == kDevIQ3_S) {
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            if (rows[r].m == nullptr) continue;
+            const int isum = IQ3_SLaneSum(wqh[u][r], make_uint2(wq[u][r].x, wq[u][r].y),
+                                          make_uint2(wq[u][r].z, wq[u][r].w), wh[u][r].x, g, kDevIQ3_SGrid, a0, a1);
+            acc[r][t] = fmaf(__fmul_rn(wd[u][r], ad), __int2float_rn(isum), acc[r][t]);
+          }
+        } else if constexpr (kType == kDevIQ2_S) {
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            if (rows[r].m == nullptr) continue;
+            const int isum = IQ2_SLaneSum(wq[u][r], wh[u][r], g, kDevIQ2_SGrid, a0, a1);
+            acc[r][t] = fmaf(__fmul_rn(wd[u][r], ad), __int2float_rn(isum), acc[r][t]);
+          }
+        } else if constexpr (kType == kDevIQ1_S) {
+          uint4 bs0 = make_uint4(0, 0, 0, 0), bs1 = make_uint4(0, 0, 0, 0);
+          if (g == 0) {
+            bs0 = *reinterpret_cast<const uint4*>(bsums);
+            bs1 = *reinterpret_cast<const uint4*>(bsums + 16);
+          }
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            if (rows[r].m == nullptr) continue;
+            const float dd = __fmul_rn(wd[u][r], ad);
+            const int isum = IQ1_SLaneSum(wqh[u][r], wq[u][r], g, kDevIQ1_SGrid, a0, a1);
+            acc[r][t] = fmaf(dd, __int2float_rn(isum), acc[r][t]);
+            if (g == 0) acc_m[r][t] = fmaf(dd, __int2float_rn(IQ1_SOffsetSum(wq[u][r], bs0, bs1)), acc_m[r][t]);
+          }
         } else if constexpr (kType == kDevIQ2_XXS) {
 #pragma unroll
           for (int r = 0; r < R; ++r) {
@@ -265,10 +313,12 @@ __device__ inline void KQuantGroupDots(const KQuantRowRef (&rows)[R], int64_t nb
         out[r][t] = __fsub_rn(sum, KQuantReduce4(acc_m[r][t]));
       } else if constexpr (kType == kDevQ5_K) {
         out[r][t] = __fadd_rn(sum, acc_m[r][t]);  // lane 0's chain
-      } else if constexpr (kType == kDevIQ2_XXS || kType == kDevIQ2_XS) {
+      } else if constexpr (kType == kDevIQ2_XXS || kType == kDevIQ2_XS || kType == kDevIQ2_S) {
         out[r][t] = __fmul_rn(0.125f, sum);
       } else if constexpr (kType == kDevIQ3_XXS) {
         out[r][t] = __fmul_rn(0.25f, sum);
+      } else if constexpr (kType == kDevIQ1_S) {
+        out[r][t] = __fadd_rn(sum, __fmul_rn(kIQ1_SDelta, acc_m[r][t]));  // lane 0's chain
       } else {
         out[r][t] = sum;
       }
@@ -423,7 +473,10 @@ inline int BlockElemsOf(int type) {
     case kDevIQ4_XS:
     case kDevIQ2_XXS:
     case kDevIQ2_XS:
+    case kDevIQ2_S:
     case kDevIQ3_XXS:
+    case kDevIQ3_S:
+    case kDevIQ1_S:
       return kKBlock;
     case kDevQ4_0:
     case kDevIQ4_NL:

@@ -159,6 +159,15 @@ void LaunchExpertGateUpKQuant(const ExpertArgs& a, const DevAct& x_act, float* h
     case kDevIQ3_XXS:
       LaunchGateUpT<kDevIQ3_XXS>(a, x_act, h, max_group_pairs, stream);
       break;
+    case kDevIQ3_S:
+      LaunchGateUpT<kDevIQ3_S>(a, x_act, h, max_group_pairs, stream);
+      break;
+    case kDevIQ2_S:
+      LaunchGateUpT<kDevIQ2_S>(a, x_act, h, max_group_pairs, stream);
+      break;
+    case kDevIQ1_S:
+      LaunchGateUpT<kDevIQ1_S>(a, x_act, h, max_group_pairs, stream);
+      break;
     case kDevQ4_0:
       LaunchGateUpT<kDevQ4_0>(a, x_act, h, max_group_pairs, stream);
       break;
@@ -208,6 +217,15 @@ void LaunchExpertDownKQuant(const ExpertArgs& a, const DevAct& h_act, float* out
       break;
     case kDevIQ3_XXS:
       LaunchDownT<kDevIQ3_XXS>(a, h_act, out, max_group_pairs, stream);
+      break;
+    case kDevIQ3_S:
+      LaunchDownT<kDevIQ3_S>(a, h_act, out, max_group_pairs, stream);
+      break;
+    case kDevIQ2_S:
+      LaunchDownT<kDevIQ2_S>(a, h_act, out, max_group_pairs, stream);
+      break;
+    case kDevIQ1_S:
+      LaunchDownT<kDevIQ1_S>(a, h_act, out, max_group_pairs, stream);
       break;
     case kDevQ4_0:
       LaunchDownT<kDevQ4_0>(a, h_act, out, max_group_pairs, stream);

@@ -1,7 +1,7 @@
-// LaunchExpertGateUp / LaunchExpertDown (moe_experts.cuh) for Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS,
-// Q4_0 and IQ4_NL expert matrices: gate and up of type args.type, down of args.down_type, each
-// dispatched here when it is one of these. Activations Q8_K (kquant_layout.cuh; n_embd for
-// gate/up, n_ff for down multiples of 256) or, for Q4_0 and IQ4_NL, Q8_0 (multiples of 32). Same
+// LaunchExpertGateUp / LaunchExpertDown (moe_experts.cuh) for expert matrices of the types of
+// kquant_layout.cuh: gate and up of type args.type, down of args.down_type, each dispatched here
+// when it is one of these. Activations Q8_K (kquant_layout.cuh; n_embd for gate/up, n_ff for down
+// multiples of 256) or, for the types of 32-element blocks, Q8_0 or Q8_1 (multiples of 32). Same
 // semantics and outputs as moe_experts.cuh, bit-exact with the CPU engine.
 #pragma once
 

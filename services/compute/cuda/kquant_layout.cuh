@@ -1,5 +1,5 @@
 // The quantized weight types other than Q8_0 in device memory: those of 256-element blocks (Q2_K to
-// Q6_K, IQ4_XS, IQ2_XXS, IQ2_XS, IQ3_XXS) with their Q8_K activations, those of 32 (Q4_0, Q5_0,
+// Q6_K, IQ4_XS, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S) with their Q8_K activations, those of 32 (Q4_0, Q5_0,
 // IQ4_NL with Q8_0 activations, Q4_1 and Q5_1 with Q8_1), and the per-lane integer arithmetic of
 // their dot products.
 // Everything here is __host__ __device__ and free of device intrinsics outside Dot4 / BytePerm /
@@ -58,6 +58,16 @@
 //   IQ3_XXS (98 bytes a block): grid indices [n][64] at 0, lane i's 8 bytes at 8i, byte j =
 //        sub-block j's index of elements 4i..4i+3 (qs[8j + i]); sign and scale words [n][32] at 64n
 //        as in the file; d f16 [n] at 96n.
+//   IQ3_S (110 bytes a block): grid indices [n][64] at 0 as IQ3_XXS's (the low 8 bits of each);
+//        signs [n][32] at 64n, lanes 2p and 2p + 1 reading the 8 bytes at 8p, byte j = sub-block j's
+//        signs of group p (signs[4j + p]); qh [n][8] at 96n, scales [n][4] at 104n as in the file;
+//        d f16 [n] at 108n.
+//   IQ2_S (82 bytes a block): grid and sign bytes [n][64] at 0, lanes 2p and 2p + 1 reading the 16
+//        bytes at 16p, byte j = sub-block j's index (low 8 bits) of group p (qs[4j + p]), byte 8 + j
+//        its signs (qs[32 + 4j + p]); headers [n][16] at 64n = qh[8], scales[8] as in the file; d
+//        f16 [n] at 80n.
+//   IQ1_S (50 bytes a block): grid indices [n][32] at 0 as IQ2_XXS's (the low 8 bits of each); qh
+//        u16 [n][8] at 32n as in the file; d f16 [n] at 48n.
 // Activations, Q8_K rows of `stride` elements (a multiple of 256), row t at t * Q8_KRowBytes:
 //   quants [stride] (block b at 256b, element e of it at LaneInterleave(e, 8): lane i's 32 bytes
 //   at 32i are its words of groups 0..7), then bsums int16 [stride / 16] (16 per block, as
@@ -80,6 +90,11 @@ inline constexpr int kIQ4_XSBlockBytes = 136;
 inline constexpr int kIQ2_XXSBlockBytes = 66;
 inline constexpr int kIQ2_XSBlockBytes = 74;
 inline constexpr int kIQ3_XXSBlockBytes = 98;
+inline constexpr int kIQ3_SBlockBytes = 110;
+inline constexpr int kIQ2_SBlockBytes = 82;
+inline constexpr int kIQ1_SBlockBytes = 50;
+// IQ1_S's offset: blocks.h's kIQ1_SDelta, repeated so device code needs no host header.
+inline constexpr float kIQ1_SDelta = 0.125f;
 inline constexpr int kTable4Block = 32;  // elements per Q4_0 / IQ4_NL block
 inline constexpr int kTable4BlockBytes = 18;
 inline constexpr int kQ5_0BlockBytes = 22;
@@ -128,6 +143,22 @@ __host__ __device__ constexpr int64_t IQ2_XSDOffset(int64_t n, int64_t b) { retu
 __host__ __device__ constexpr int64_t IQ3_XXSIndexOffset(int64_t b, int lane) { return b * 64 + 8 * lane; }
 __host__ __device__ constexpr int64_t IQ3_XXSWordsOffset(int64_t n, int64_t b) { return 64 * n + 32 * b; }
 __host__ __device__ constexpr int64_t IQ3_XXSDOffset(int64_t n, int64_t b) { return 96 * n + 2 * b; }
+// Byte offsets in an IQ3_S matrix of n blocks.
+__host__ __device__ constexpr int64_t IQ3_SIndexOffset(int64_t b, int lane) { return b * 64 + 8 * lane; }
+__host__ __device__ constexpr int64_t IQ3_SSignsOffset(int64_t n, int64_t b, int lane) {
+  return 64 * n + 32 * b + 8 * (lane / 2);
+}
+__host__ __device__ constexpr int64_t IQ3_SQhOffset(int64_t n, int64_t b) { return 96 * n + 8 * b; }
+__host__ __device__ constexpr int64_t IQ3_SScalesOffset(int64_t n, int64_t b) { return 104 * n + 4 * b; }
+__host__ __device__ constexpr int64_t IQ3_SDOffset(int64_t n, int64_t b) { return 108 * n + 2 * b; }
+// Byte offsets in an IQ2_S matrix of n blocks.
+__host__ __device__ constexpr int64_t IQ2_SWordsOffset(int64_t b, int lane) { return b * 64 + 16 * (lane / 2); }
+__host__ __device__ constexpr int64_t IQ2_SHeaderOffset(int64_t n, int64_t b) { return 64 * n + 16 * b; }
+__host__ __device__ constexpr int64_t IQ2_SDOffset(int64_t n, int64_t b) { return 80 * n + 2 * b; }
+// Byte offsets in an IQ1_S matrix of n blocks.
+__host__ __device__ constexpr int64_t IQ1_SIndexOffset(int64_t b, int lane) { return b * 32 + 8 * (lane / 2); }
+__host__ __device__ constexpr int64_t IQ1_SQhOffset(int64_t n, int64_t b) { return 32 * n + 16 * b; }
+__host__ __device__ constexpr int64_t IQ1_SDOffset(int64_t n, int64_t b) { return 48 * n + 2 * b; }
 // Byte offsets in a Q4_0 / IQ4_NL matrix of n blocks.
 __host__ __device__ constexpr int64_t Table4CodesOffset(int64_t b, int lane) { return b * 16 + 2 * lane; }
 __host__ __device__ constexpr int64_t Table4DOffset(int64_t n, int64_t b) { return 16 * n + 2 * b; }
@@ -246,6 +277,44 @@ __host__ __device__ inline void RepackIQ3_XXSBlock(const uint8_t* src, uint8_t* 
   for (int j = 0; j < 32; ++j) dst[IQ3_XXSWordsOffset(n, b) + j] = src[66 + j];
   dst[IQ3_XXSDOffset(n, b)] = src[0];
   dst[IQ3_XXSDOffset(n, b) + 1] = src[1];
+}
+// IQ3_S (d at 0, qs at 2, qh at 66, signs at 74, scales at 106): qs[8j + i] to lane i's byte j as
+// IQ3_XXS's; signs[4j + p] to lane pair p's byte j; qh, scales and d as they are.
+__host__ __device__ inline void RepackIQ3_SBlock(const uint8_t* src, uint8_t* dst, int64_t n, int64_t b) {
+  uint8_t* index = dst + IQ3_SIndexOffset(b, 0);
+  uint8_t* signs = dst + IQ3_SSignsOffset(n, b, 0);
+  for (int j = 0; j < 8; ++j) {
+    for (int i = 0; i < 8; ++i) index[8 * i + j] = src[2 + 8 * j + i];
+    for (int p = 0; p < 4; ++p) signs[8 * p + j] = src[74 + 4 * j + p];
+  }
+  for (int j = 0; j < 8; ++j) dst[IQ3_SQhOffset(n, b) + j] = src[66 + j];
+  for (int j = 0; j < 4; ++j) dst[IQ3_SScalesOffset(n, b) + j] = src[106 + j];
+  dst[IQ3_SDOffset(n, b)] = src[0];
+  dst[IQ3_SDOffset(n, b) + 1] = src[1];
+}
+// IQ2_S (d at 0, grid indices at 2, signs at 34, qh at 66, scales at 74): sub-block j's group p
+// index byte (qs[4j + p]) and sign byte (qs[32 + 4j + p]) to lane pair p's bytes j and 8 + j; qh,
+// scales and d as they are.
+__host__ __device__ inline void RepackIQ2_SBlock(const uint8_t* src, uint8_t* dst, int64_t n, int64_t b) {
+  uint8_t* words = dst + IQ2_SWordsOffset(b, 0);
+  for (int j = 0; j < 8; ++j)
+    for (int p = 0; p < 4; ++p) {
+      words[16 * p + j] = src[2 + 4 * j + p];
+      words[16 * p + 8 + j] = src[34 + 4 * j + p];
+    }
+  for (int j = 0; j < 16; ++j) dst[IQ2_SHeaderOffset(n, b) + j] = src[66 + j];
+  dst[IQ2_SDOffset(n, b)] = src[0];
+  dst[IQ2_SDOffset(n, b) + 1] = src[1];
+}
+// IQ1_S (d at 0, grid indices at 2, qh at 34): sub-block j's group p index byte (qs[4j + p]) to lane
+// pair p's byte j; qh and d as they are.
+__host__ __device__ inline void RepackIQ1_SBlock(const uint8_t* src, uint8_t* dst, int64_t n, int64_t b) {
+  uint8_t* index = dst + IQ1_SIndexOffset(b, 0);
+  for (int j = 0; j < 8; ++j)
+    for (int p = 0; p < 4; ++p) index[8 * p + j] = src[2 + 4 * j + p];
+  for (int j = 0; j < 16; ++j) dst[IQ1_SQhOffset(n, b) + j] = src[34 + j];
+  dst[IQ1_SDOffset(n, b)] = src[0];
+  dst[IQ1_SDOffset(n, b) + 1] = src[1];
 }
 // Q4_0 / IQ4_NL: element e (< 16: low nibble of qs[e], else the high nibble of qs[e - 16]) goes
 // to lane e / 4's 2 bytes, nibble e % 4.
@@ -527,13 +596,17 @@ __host__ __device__ inline int IQ2_XXSLaneSum(uint2 index, uint4 w0, uint4 w1, i
   return sum;
 }
 
-// The 4 grid bytes `points` of half `half` of a group of 8 whose 7 sign bits are s7 (the eighth
-// their parity), each negated where its sign bit is set: (b ^ 0xff) + 1, which carries into no
-// other byte (grid bytes are > 0).
-__host__ __device__ inline uint32_t SignedGridWord(uint32_t points, uint32_t s7, int half) {
-  const uint32_t signs = ((s7 | (static_cast<uint32_t>(Popc(s7) & 1) << 7)) >> (4 * half)) & 0xFu;
+// The 4 grid bytes `points`, byte k negated where bit k of `signs` (< 16) is set: (b ^ 0xff) + 1,
+// which carries into no other byte (grid bytes are > 0).
+__host__ __device__ inline uint32_t NegateBytes(uint32_t points, uint32_t signs) {
   const uint32_t mask = ((signs * 0x00204081u) & 0x01010101u) * 0xffu;  // bit k -> 0xff in byte k
   return (points ^ mask) + (mask & 0x01010101u);
+}
+
+// The 4 grid bytes `points` of half `half` of a group of 8 whose 7 sign bits are s7 (the eighth
+// their parity), each negated where its sign bit is set.
+__host__ __device__ inline uint32_t SignedGridWord(uint32_t points, uint32_t s7, int half) {
+  return NegateBytes(points, ((s7 | (static_cast<uint32_t>(Popc(s7) & 1) << 7)) >> (4 * half)) & 0xFu);
 }
 
 // IQ2_XS, lane i's int32 of one block (the CPU's lane i, iq2_rows.cc): over sub-blocks j,
@@ -568,6 +641,84 @@ __host__ __device__ inline int IQ3_XXSLaneSum(uint2 index, uint4 w0, uint4 w1, i
     const uint32_t g = ((j < 4 ? index.x : index.y) >> (8 * (j % 4))) & 0xffu;
     const uint32_t s7 = (words[j] >> (7 * group)) & 127u;
     sum += static_cast<int>(2 * (words[j] >> 28) + 1) * Dot4(SignedGridWord(grid[g], s7, half), act[j]);
+  }
+  return sum;
+}
+
+// IQ3_S, lane i's int32 of one block (the CPU's lane i of IQ3_SRowsKernel, iq3_rows.cc): over
+// sub-blocks j, (2 ls + 1) * (signed grid bytes . group j), the grid point (4 elements, grid:
+// kIQ3_SGrid) of index byte j with bit i of qh[j] as its ninth bit, each byte negated where its bit
+// of nibble i % 2 of sign byte j is set, ls nibble j of the scales. index: the lane's 8 index
+// bytes; signs: its pair's 8 sign bytes; qh: the block's 8 qh bytes; scales: its 4 scale bytes.
+// |result| <= 8 * 31 * 4 * 15 * 127 < 2^21.
+__host__ __device__ inline int IQ3_SLaneSum(uint2 index, uint2 signs, uint2 qh, uint32_t scales, int lane,
+                                            const uint32_t* grid, uint4 a0, uint4 a1) {
+  const uint32_t act[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+  const int half = lane % 2;
+  int sum = 0;
+  for (int j = 0; j < 8; ++j) {
+    const int shift = 8 * (j % 4);
+    const uint32_t low = ((j < 4 ? index.x : index.y) >> shift) & 0xffu;
+    const uint32_t high = ((j < 4 ? qh.x : qh.y) >> (shift + lane)) & 1u;
+    const uint32_t s = ((j < 4 ? signs.x : signs.y) >> (shift + 4 * half)) & 0xFu;
+    const int ls = static_cast<int>((scales >> (4 * j)) & 0xFu);
+    sum += (2 * ls + 1) * Dot4(NegateBytes(grid[low | (high << 8)], s), act[j]);
+  }
+  return sum;
+}
+
+// IQ2_S, lane i's int32 of one block (the CPU's lane i, iq2_rows.cc): IQ2_XS's sum with a 10-bit
+// index, index byte j of the lane pair's words with bits 2 (i / 2), 2 (i / 2) + 1 of qh[j] above
+// it (grid: the 1024 points, kIQ2_SGrid), and the bytes of grid point half i % 2 negated where
+// their bits of nibble i % 2 of sign byte j are set. w: the lane pair's 8 index bytes (x, y) and 8
+// sign bytes (z, w); h: the block's qh (x, y) and scales (z, w). |result| < 2^23.
+__host__ __device__ inline int IQ2_SLaneSum(uint4 w, uint4 h, int lane, const uint64_t* grid, uint4 a0, uint4 a1) {
+  const uint32_t act[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+  const int group = lane / 2, half = lane % 2, nibble = lane >= 4 ? 4 : 0;
+  int sum = 0;
+  for (int j = 0; j < 8; ++j) {
+    const int shift = 8 * (j % 4);
+    const uint32_t low = ((j < 4 ? w.x : w.y) >> shift) & 0xffu;
+    const uint32_t high = ((j < 4 ? h.x : h.y) >> (shift + 2 * group)) & 3u;
+    const uint32_t points = static_cast<uint32_t>(grid[low | (high << 8)] >> (32 * half));
+    const uint32_t s = ((j < 4 ? w.z : w.w) >> (shift + 4 * half)) & 0xFu;
+    const int ls = static_cast<int>(((j < 4 ? h.z : h.w) >> (shift + nibble)) & 0xFu);
+    sum += (2 * ls + 1) * Dot4(NegateBytes(points, s), act[j]);
+  }
+  return sum;
+}
+
+// IQ1_S, lane i's int32 of one block (the CPU's lane i, iq1_rows.cc): over sub-blocks j,
+// (2 ls + 1) * (grid values . group j), the values (-1, 0, 1 as int8) half i % 2 of the grid point
+// (grid: the 2048 points, kIQ1_SGrid) of index byte j with bits 3 (i / 2) .. 3 (i / 2) + 2 of qh[j]
+// above it, ls bits 12-14 of qh[j]. index: the lane pair's 8 index bytes; h: the block's 8 qh
+// (u16 2k in the low half of word k). |result| <= 8 * 15 * 4 * 127 < 2^16.
+__host__ __device__ inline int IQ1_SLaneSum(uint2 index, uint4 h, int lane, const uint64_t* grid, uint4 a0, uint4 a1) {
+  const uint32_t act[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+  const uint32_t words[4] = {h.x, h.y, h.z, h.w};
+  const int group = lane / 2, half = lane % 2;
+  int sum = 0;
+  for (int j = 0; j < 8; ++j) {
+    const uint32_t qh = (words[j / 2] >> (16 * (j % 2))) & 0xffffu;
+    const uint32_t low = ((j < 4 ? index.x : index.y) >> (8 * (j % 4))) & 0xffu;
+    const uint32_t values = static_cast<uint32_t>(grid[low | (((qh >> (3 * group)) & 7u) << 8)] >> (32 * half));
+    sum += static_cast<int>(2 * ((qh >> 12) & 7u) + 1) * Dot4(values, act[j]);
+  }
+  return sum;
+}
+
+// IQ1_S, the offsets' one int32 of a block (the CPU's sum_offsets): over sub-blocks j,
+// +-(2 ls + 1) * (bsums[2j] + bsums[2j + 1]), minus where bit 15 of qh[j] is set. h: the block's
+// qh as for IQ1_SLaneSum; b0, b1: its bsums[0..7], bsums[8..15] (int16 pairs). |result| < 2^19.
+__host__ __device__ inline int IQ1_SOffsetSum(uint4 h, uint4 b0, uint4 b1) {
+  const uint32_t words[4] = {h.x, h.y, h.z, h.w};
+  const uint32_t pairs[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+  int sum = 0;
+  for (int j = 0; j < 8; ++j) {
+    const uint32_t qh = (words[j / 2] >> (16 * (j % 2))) & 0xffffu;
+    const int ls = static_cast<int>(2 * ((qh >> 12) & 7u) + 1);
+    const int pair = static_cast<int16_t>(pairs[j] & 0xffffu) + static_cast<int16_t>(pairs[j] >> 16);
+    sum += (qh & 0x8000u ? -ls : ls) * pair;
   }
   return sum;
 }

@@ -118,6 +118,15 @@ void LaunchMatvecKQuant(const MatvecOutput* outputs, int n_outputs, const DevAct
     case kDevIQ3_XXS:
       Launch<kDevIQ3_XXS>(args, total, stream);
       break;
+    case kDevIQ3_S:
+      Launch<kDevIQ3_S>(args, total, stream);
+      break;
+    case kDevIQ2_S:
+      Launch<kDevIQ2_S>(args, total, stream);
+      break;
+    case kDevIQ1_S:
+      Launch<kDevIQ1_S>(args, total, stream);
+      break;
     case kDevQ4_0:
       Launch<kDevQ4_0>(args, total, stream);
       break;

@@ -1,5 +1,5 @@
-// LaunchMatvec (matvec.cuh) for Q4_K, Q5_K, Q6_K, IQ4_XS and IQ2_XXS weights (Q8_K activations,
-// cols a multiple of 256) and Q4_0 and IQ4_NL weights (Q8_0 activations, cols a multiple of 32):
+// LaunchMatvec (matvec.cuh) for the weight types of kquant_layout.cuh: those of 256-element blocks
+// (Q8_K activations, cols a multiple of 256) and those of 32 (Q8_0 or Q8_1, cols a multiple of 32):
 // out[t, r] = (residual ? residual[t, r] : 0) + W[r, :] . act[t, :] for up to three matrices of one
 // such type that read the same activations, in one launch (cols shared by the matrices). Weights
 // in the device layout of kquant_layout.cuh. Results equal the CPU engine's bit for bit

@@ -26,6 +26,9 @@ __global__ void RepackKQuantKernel(const __grid_constant__ KQuantRepackArgs args
                          : kType == kDevIQ2_XXS ? kIQ2_XXSBlockBytes
                          : kType == kDevIQ2_XS  ? kIQ2_XSBlockBytes
                          : kType == kDevIQ3_XXS ? kIQ3_XXSBlockBytes
+                         : kType == kDevIQ3_S   ? kIQ3_SBlockBytes
+                         : kType == kDevIQ2_S   ? kIQ2_SBlockBytes
+                         : kType == kDevIQ1_S   ? kIQ1_SBlockBytes
                          : kType == kDevQ5_0    ? kQ5_0BlockBytes
                          : kType == kDevQ4_1    ? kQ4_1BlockBytes
                          : kType == kDevQ5_1    ? kQ5_1BlockBytes
@@ -51,6 +54,12 @@ __global__ void RepackKQuantKernel(const __grid_constant__ KQuantRepackArgs args
       RepackIQ2_XSBlock(j.src + b * kBytes, j.dst, n, b);
     else if constexpr (kType == kDevIQ3_XXS)
       RepackIQ3_XXSBlock(j.src + b * kBytes, j.dst, n, b);
+    else if constexpr (kType == kDevIQ3_S)
+      RepackIQ3_SBlock(j.src + b * kBytes, j.dst, n, b);
+    else if constexpr (kType == kDevIQ2_S)
+      RepackIQ2_SBlock(j.src + b * kBytes, j.dst, n, b);
+    else if constexpr (kType == kDevIQ1_S)
+      RepackIQ1_SBlock(j.src + b * kBytes, j.dst, n, b);
     else if constexpr (kType == kDevQ5_0)
       RepackQ5_0Block(j.src + b * kBytes, j.dst, n, b);
     else if constexpr (kType == kDevQ4_1)
@@ -84,6 +93,12 @@ int KQuantBlockBytes(int type) {
       return kIQ2_XSBlockBytes;
     case kDevIQ3_XXS:
       return kIQ3_XXSBlockBytes;
+    case kDevIQ3_S:
+      return kIQ3_SBlockBytes;
+    case kDevIQ2_S:
+      return kIQ2_SBlockBytes;
+    case kDevIQ1_S:
+      return kIQ1_SBlockBytes;
     case kDevQ4_0:
     case kDevIQ4_NL:
       return kTable4BlockBytes;
@@ -144,6 +159,15 @@ void LaunchRepackKQuant(int type, const RepackJob* jobs, int n_jobs, cudaStream_
       break;
     case kDevIQ3_XXS:
       RepackKQuantKernel<kDevIQ3_XXS><<<grid, 256, 0, stream>>>(args);
+      break;
+    case kDevIQ3_S:
+      RepackKQuantKernel<kDevIQ3_S><<<grid, 256, 0, stream>>>(args);
+      break;
+    case kDevIQ2_S:
+      RepackKQuantKernel<kDevIQ2_S><<<grid, 256, 0, stream>>>(args);
+      break;
+    case kDevIQ1_S:
+      RepackKQuantKernel<kDevIQ1_S><<<grid, 256, 0, stream>>>(args);
       break;
     case kDevQ5_0:
       RepackKQuantKernel<kDevQ5_0><<<grid, 256, 0, stream>>>(args);

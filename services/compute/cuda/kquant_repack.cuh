@@ -1,6 +1,5 @@
-// LaunchRepack (repack.cuh) for Q4_0, IQ4_NL, Q4_K, Q5_K, Q6_K, IQ4_XS and IQ2_XXS matrices: GGUF
-// blocks -> the device layout of kquant_layout.cuh (same byte count). Up to kMaxRepackJobs
-// matrices of one type per launch.
+// LaunchRepack (repack.cuh) for matrices of the types of kquant_layout.cuh: GGUF blocks -> the
+// device layout there (same byte count). Up to kMaxRepackJobs matrices of one type per launch.
 #pragma once
 
 #include <cuda_runtime.h>

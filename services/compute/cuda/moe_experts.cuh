@@ -1,8 +1,8 @@
 // The experts of one layer, all selected ones in one launch each, reading weights through the
 // device-side slot table: expert e of the layer lives at arena + slot_table[e] * slot_bytes as
 // gate | up | down (device layout, device_layout.cuh), each [rows, cols]; gate and up of one type,
-// down of its own (Q4_K_M files mix them). Q4_0, IQ4_NL, Q4_K, Q5_K, Q6_K, IQ4_XS and IQ2_XXS
-// matrices: kquant_experts.cuh.
+// down of its own (Q4_K_M files mix them). Matrices of the types of kquant_layout.cuh:
+// kquant_experts.cuh.
 //
 // GateUp: h[p, :] = silu(gate . x[t]) * (up . x[t]) for every pair p = t * k + j routed to a used
 //   expert (moe_group.cuh), act: token rows of the gate's dot type; h: f32 [n_pairs, n_ff].

@@ -1,6 +1,6 @@
 // GGUF bytes -> device layout (device_layout.cuh) for a batch of matrices already in device
-// memory: Q8_0's 34-byte blocks split into quants and scales; Q4_0, IQ4_NL, Q4_K, Q5_K, Q6_K,
-// IQ4_XS and IQ2_XXS blocks regrouped (kquant_repack.cuh); F32, F16 and BF16 copied as is.
+// memory: Q8_0's 34-byte blocks split into quants and scales; the blocks of the types of
+// kquant_layout.cuh regrouped (kquant_repack.cuh); F32, F16 and BF16 copied as is.
 // Used for the dense weights at start and for every expert uploaded into the arena.
 #pragma once
 

@@ -15,6 +15,7 @@
 #include <random>
 #include <vector>
 
+#include "common/quant/iq1.h"
 #include "common/quant/iq2.h"
 #include "common/quant/iq3.h"
 #include "common/quant/kernel_variant.h"
@@ -48,9 +49,9 @@ T Load(const uint8_t* p) {
 }
 
 // The weight types of 256-element blocks the cuda backend computes on with Q8_K activations.
-constexpr GgmlType kTypes[] = {GgmlType::kQ2_K,    GgmlType::kQ3_K,   GgmlType::kQ4_K,
-                               GgmlType::kQ5_K,    GgmlType::kQ6_K,   GgmlType::kIQ4_XS,
-                               GgmlType::kIQ2_XXS, GgmlType::kIQ2_XS, GgmlType::kIQ3_XXS};
+constexpr GgmlType kTypes[] = {GgmlType::kQ2_K,  GgmlType::kQ3_K,    GgmlType::kQ4_K,    GgmlType::kQ5_K,
+                               GgmlType::kQ6_K,  GgmlType::kIQ4_XS,  GgmlType::kIQ2_XXS, GgmlType::kIQ2_XS,
+                               GgmlType::kIQ2_S, GgmlType::kIQ3_XXS, GgmlType::kIQ3_S,   GgmlType::kIQ1_S};
 
 int BlockBytes(GgmlType type) {
   switch (type) {
@@ -72,6 +73,12 @@ int BlockBytes(GgmlType type) {
       return cuda::kIQ2_XSBlockBytes;
     case GgmlType::kIQ3_XXS:
       return cuda::kIQ3_XXSBlockBytes;
+    case GgmlType::kIQ3_S:
+      return cuda::kIQ3_SBlockBytes;
+    case GgmlType::kIQ2_S:
+      return cuda::kIQ2_SBlockBytes;
+    case GgmlType::kIQ1_S:
+      return cuda::kIQ1_SBlockBytes;
     case GgmlType::kQ4_0:
     case GgmlType::kIQ4_NL:
       return cuda::kTable4BlockBytes;
@@ -89,7 +96,7 @@ int BlockBytes(GgmlType type) {
 
 // Weights of `rows` x `cols`: quantized from Gaussian floats, or (raw) random bytes with sane
 // f16 scales, which reach every 6-bit scale/min pattern and int8 scale (-128 included), every
-// IQ4 code and scale, every IQ2_XXS grid point, sign pattern and scale.
+// IQ4 code and scale, every grid point, sign pattern and scale of the IQ types.
 std::vector<uint8_t> RandomWeights(GgmlType type, int64_t rows, int64_t cols, bool raw) {
   const int64_t n = rows * RowBytes(type, cols) / BlockBytes(type);
   std::vector<uint8_t> w(n * BlockBytes(type));
@@ -155,6 +162,15 @@ std::vector<uint8_t> Repack(GgmlType type, const std::vector<uint8_t>& w) {
         break;
       case GgmlType::kIQ3_XXS:
         cuda::RepackIQ3_XXSBlock(src, dev.data(), n, b);
+        break;
+      case GgmlType::kIQ3_S:
+        cuda::RepackIQ3_SBlock(src, dev.data(), n, b);
+        break;
+      case GgmlType::kIQ2_S:
+        cuda::RepackIQ2_SBlock(src, dev.data(), n, b);
+        break;
+      case GgmlType::kIQ1_S:
+        cuda::RepackIQ1_SBlock(src, dev.data(), n, b);
         break;
       case GgmlType::kQ5_0:
         cuda::RepackQ5_0Block(src, dev.data(), n, b);
@@ -223,7 +239,7 @@ void EmulateQuantizeQ8_K(const float* x, int64_t cols, uint8_t* row, float* d) {
 float EmulateRowDot(GgmlType type, const uint8_t* m, int64_t n, int64_t b_row, int64_t nb, const uint8_t* act,
                     const float* act_d, int64_t stride) {
   float acc[8] = {}, acc_m[4] = {};
-  float acc_m1 = 0.0f;  // Q5_K's one dmin chain (lane 0)
+  float acc_m1 = 0.0f;  // Q5_K's one dmin chain, IQ1_S's offsets chain (lane 0)
   for (int64_t bi = 0; bi < nb; ++bi) {
     const int64_t b = b_row + bi;
     const float ad = act_d[bi];
@@ -286,6 +302,27 @@ float EmulateRowDot(GgmlType type, const uint8_t* m, int64_t n, int64_t b_row, i
         const int isum = cuda::IQ3_XXSLaneSum(Load<uint2>(m + cuda::IQ3_XXSIndexOffset(b, g)), Load<uint4>(words),
                                               Load<uint4>(words + 16), g, kIQ3_XXSGrid, a0, a1);
         acc[g] = std::fma(dw * ad, static_cast<float>(isum), acc[g]);
+      } else if (type == GgmlType::kIQ3_S) {
+        const float dw = F16ToF32(Load<f16_bits>(m + cuda::IQ3_SDOffset(n, b)));
+        const int isum = cuda::IQ3_SLaneSum(Load<uint2>(m + cuda::IQ3_SIndexOffset(b, g)),
+                                            Load<uint2>(m + cuda::IQ3_SSignsOffset(n, b, g)),
+                                            Load<uint2>(m + cuda::IQ3_SQhOffset(n, b)),
+                                            Load<uint32_t>(m + cuda::IQ3_SScalesOffset(n, b)), g, kIQ3_SGrid, a0, a1);
+        acc[g] = std::fma(dw * ad, static_cast<float>(isum), acc[g]);
+      } else if (type == GgmlType::kIQ2_S) {
+        const float dw = F16ToF32(Load<f16_bits>(m + cuda::IQ2_SDOffset(n, b)));
+        const int isum = cuda::IQ2_SLaneSum(Load<uint4>(m + cuda::IQ2_SWordsOffset(b, g)),
+                                            Load<uint4>(m + cuda::IQ2_SHeaderOffset(n, b)), g, kIQ2_SGrid, a0, a1);
+        acc[g] = std::fma(dw * ad, static_cast<float>(isum), acc[g]);
+      } else if (type == GgmlType::kIQ1_S) {
+        const float dd = F16ToF32(Load<f16_bits>(m + cuda::IQ1_SDOffset(n, b))) * ad;
+        const uint4 qh = Load<uint4>(m + cuda::IQ1_SQhOffset(n, b));
+        const int isum = cuda::IQ1_SLaneSum(Load<uint2>(m + cuda::IQ1_SIndexOffset(b, g)), qh, g, kIQ1_SGrid, a0, a1);
+        acc[g] = std::fma(dd, static_cast<float>(isum), acc[g]);
+        if (g == 0) {
+          const int osum = cuda::IQ1_SOffsetSum(qh, Load<uint4>(bsums), Load<uint4>(bsums + 16));
+          acc_m1 = std::fma(dd, static_cast<float>(osum), acc_m1);
+        }
       } else if (type == GgmlType::kIQ2_XXS) {
         const float dw = F16ToF32(Load<f16_bits>(m + cuda::IQ2_XXSDOffset(n, b)));
         const uint8_t* words = m + cuda::IQ2_XXSWordsOffset(n, b);
@@ -307,10 +344,15 @@ float EmulateRowDot(GgmlType type, const uint8_t* m, int64_t n, int64_t b_row, i
   for (int i = 0; i < 4; ++i) s4[i] = acc[i] + acc[i + 4];
   for (int i = 0; i < 2; ++i) s2[i] = s4[i] + s4[i + 2];
   const float sum = s2[0] + s2[1];
-  if (type == GgmlType::kQ6_K || type == GgmlType::kIQ4_XS || type == GgmlType::kQ3_K || type == GgmlType::kQ2_K)
+  if (type == GgmlType::kQ6_K || type == GgmlType::kIQ4_XS || type == GgmlType::kQ3_K || type == GgmlType::kQ2_K ||
+      type == GgmlType::kIQ3_S)
     return sum;
   if (type == GgmlType::kQ5_K) return sum + acc_m1;
-  if (type == GgmlType::kIQ2_XXS || type == GgmlType::kIQ2_XS) return 0.125f * sum;
+  if (type == GgmlType::kIQ1_S) {
+    volatile float offsets = cuda::kIQ1_SDelta * acc_m1;  // rounded apart, as the kernel's __fmul_rn
+    return sum + offsets;
+  }
+  if (type == GgmlType::kIQ2_XXS || type == GgmlType::kIQ2_XS || type == GgmlType::kIQ2_S) return 0.125f * sum;
   if (type == GgmlType::kIQ3_XXS) return 0.25f * sum;
   const float m0 = acc_m[0] + acc_m[2], m1 = acc_m[1] + acc_m[3];
   const float sum_m = m0 + m1;
@@ -442,6 +484,7 @@ TEST(KQuantLayout, RowBytesAndAlignment) {
     }
     ASSERT_EQ(std::memcmp(&dev[cuda::IQ4_XSHeaderOffset(n, b)], &x, 8), 0) << "header of block " << b;
   }
+  static_assert(cuda::kIQ1_SDelta == kIQ1_SDelta);
   // The codebooks' words are blocks.h's values and q - 8.
   for (int q = 0; q < 16; ++q) {
     EXPECT_EQ(static_cast<int8_t>(cuda::Q4_0Word(q / 4) >> (8 * (q % 4))), q - 8) << q;
@@ -625,9 +668,9 @@ TEST(KQuantLayout, EmbeddingDequantMatchesCpu) {
 
 // kquant_dequant.cuh's host/device functions for the other types, as they are.
 TEST(KQuantLayout, EmbeddingDequantMatchesCpuForTheOtherTypes) {
-  for (GgmlType type :
-       {GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ5_K, GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS, GgmlType::kIQ2_XS,
-        GgmlType::kIQ3_XXS, GgmlType::kQ4_0, GgmlType::kIQ4_NL, GgmlType::kQ5_0, GgmlType::kQ4_1, GgmlType::kQ5_1}) {
+  for (GgmlType type : {GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ5_K, GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS,
+                        GgmlType::kIQ2_XS, GgmlType::kIQ2_S, GgmlType::kIQ3_XXS, GgmlType::kIQ3_S, GgmlType::kIQ1_S,
+                        GgmlType::kQ4_0, GgmlType::kIQ4_NL, GgmlType::kQ5_0, GgmlType::kQ4_1, GgmlType::kQ5_1}) {
     for (bool raw : {false, true}) {
       const int64_t rows = 20, cols = 1024;
       const std::vector<uint8_t> w = RandomWeights(type, rows, cols, raw);
@@ -648,6 +691,9 @@ TEST(KQuantLayout, EmbeddingDequantMatchesCpuForTheOtherTypes) {
                             : type == GgmlType::kQ5_1    ? cuda::DequantQ5_1<true>(row, i)
                             : type == GgmlType::kIQ2_XS  ? cuda::DequantIQ2_XS(row, i, kIQ2_XSGrid)
                             : type == GgmlType::kIQ3_XXS ? cuda::DequantIQ3_XXS(row, i, kIQ3_XXSGrid)
+                            : type == GgmlType::kIQ3_S   ? cuda::DequantIQ3_S(row, i, kIQ3_SGrid)
+                            : type == GgmlType::kIQ2_S   ? cuda::DequantIQ2_S(row, i, kIQ2_SGrid)
+                            : type == GgmlType::kIQ1_S   ? cuda::DequantIQ1_S(row, i, kIQ1_SGrid)
                                                          : cuda::DequantIQ2_XXS(row, i, kIQ2_XXSGrid);
           ASSERT_EQ(got, want[i]) << TypeName(type) << (raw ? " raw" : "") << " row " << r << " element " << i;
         }
