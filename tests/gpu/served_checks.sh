@@ -32,7 +32,8 @@
 #   peer:       mer beside llama.cpp's CUDA build on the same GGUF, for each of PEER_MODELS
 #               ("LABEL:PRESET:QUANT[:LAYERS]", written by `mer synth --row-pool 61 --router-skew
 #               SKEW`, deleted after use): `mer bench --backend cuda --model` at each prompt of
-#               PEER_PROMPTS (every expert in VRAM) and a 31-token prompt at each VRAM budget of
+#               PEER_PROMPTS (every expert in VRAM) for each --multi-token-kernels of PEER_KERNELS,
+#               and a 31-token prompt at each VRAM budget of
 #               PEER_BUDGETS below 100%, then `llama-bench` (LLAMA_BENCH, default the bundle's) on
 #               the same file, all layers on the GPU (-p PEER_PROMPTS -n PEER_GEN, flash attention)
 #               and, for each budget below 100%, with the experts of the other layers on the CPU
@@ -67,6 +68,7 @@ PEER_MODELS=${PEER_MODELS:-"a3b-q8_0:qwen3-30b-a3b:q8_0"}
 PEER_PROMPTS=${PEER_PROMPTS:-"512 2048"}
 PEER_BUDGETS=${PEER_BUDGETS:-"100% 25%"}
 PEER_GEN=${PEER_GEN:-128}
+PEER_KERNELS=${PEER_KERNELS:-"auto"}  # mer bench --multi-token-kernels, each in turn
 LLAMA_BENCH=${LLAMA_BENCH:-llama-bench}
 DEADLINE=${DEADLINE:-560}
 START=$(date +%s)
@@ -238,11 +240,14 @@ if has_step peer; then
          "$(du -BM "$model" | cut -f1); disk free $(df -h --output=avail /tmp | tail -1 | tr -d ' ')"
     "$BUNDLE/run" mer info "$model" > "$OUT/peer_${label}_info.log" 2>&1
     n_layer=$(awk '$1 == "layers" {print $2}' "$OUT/peer_${label}_info.log")
-    for p in $PEER_PROMPTS; do
-      timeout "$(left 150)" "$BUNDLE/run" mer bench --model "$model" --backend cuda --vram-expert-budget 100% \
-        --prompt-tokens "$p" --gen-tokens "$PEER_GEN" --warmup 1 --runs 2 > "$OUT/peer_${label}_mer_p$p.log" 2>&1
-      note "peer $label: mer bench, VRAM 100%, prompt $p + $PEER_GEN: rc=$? $(grep -E '^(prompt_tps|decode_tps|ttft)' \
-        "$OUT/peer_${label}_mer_p$p.log" | awk '{printf "%s %s  ", $1, $2}')"
+    for k in $PEER_KERNELS; do
+      for p in $PEER_PROMPTS; do
+        log="$OUT/peer_${label}_mer_${k}_p$p.log"
+        timeout "$(left 150)" "$BUNDLE/run" mer bench --model "$model" --backend cuda --vram-expert-budget 100% \
+          --multi-token-kernels "$k" --prompt-tokens "$p" --gen-tokens "$PEER_GEN" --warmup 1 --runs 2 > "$log" 2>&1
+        note "peer $label: mer bench --multi-token-kernels $k, VRAM 100%, prompt $p + $PEER_GEN: rc=$?" \
+             "$(grep -E '^(prompt_tps|decode_tps|ttft)' "$log" | awk '{printf "%s %s  ", $1, $2}')"
+      done
     done
     for b in $PEER_BUDGETS; do
       [ "$b" = "100%" ] && continue
