@@ -1,0 +1,68 @@
+// CreateBackend's checks of the options that only one backend takes: --multi-token-kernels is the
+// cuda backend's (refused with the cpu backend, and an unknown choice refused before any device is
+// touched), so a typo or a misplaced flag fails at start-up with a message naming it.
+#include "services/compute/backend_factory.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "common/gguf/gguf_file.h"
+#include "common/model/expert_source.h"
+#include "common/model/model_weights.h"
+#include "common/model/synth_model.h"
+
+namespace mer {
+namespace {
+
+struct MicroModel {
+  std::unique_ptr<ModelWeights> weights;
+  std::unique_ptr<MappedExpertSource> experts;
+};
+
+MicroModel LoadMicro() {
+  const std::string path = ::testing::TempDir() + "/backend_factory_test_" + std::to_string(getpid()) + ".gguf";
+  SynthOptions o;
+  o.geometry = *SynthPreset("micro");
+  EXPECT_TRUE(WriteSynthModel(o, path).ok());
+  auto file = GgufFile::Open(path);
+  std::remove(path.c_str());  // the mapping keeps it
+  EXPECT_TRUE(file.ok()) << file.status();
+  MicroModel m;
+  if (!file.ok()) return m;
+  auto weights = ModelWeights::Load(std::shared_ptr<const GgufFile>(std::move(*file)));
+  EXPECT_TRUE(weights.ok()) << weights.status();
+  if (!weights.ok()) return m;
+  m.weights = std::move(*weights);
+  m.experts = std::make_unique<MappedExpertSource>(*m.weights);
+  return m;
+}
+
+TEST(BackendFactory, MultiTokenKernelsAreTheCudaBackends) {
+  MicroModel m = LoadMicro();
+  ASSERT_NE(m.weights, nullptr);
+  BackendOptions o;
+  o.backend = "cpu";
+  o.threads = 1;
+  ASSERT_TRUE(CreateBackend(*m.weights, *m.experts, o).ok());
+  o.multi_token_kernels = "fast";
+  const absl::Status on_cpu = CreateBackend(*m.weights, *m.experts, o).status();
+  EXPECT_EQ(on_cpu.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(on_cpu.message().find("--multi-token-kernels needs --backend cuda"), absl::string_view::npos) << on_cpu;
+
+  // cuda builds check the choice before creating the engine; builds without it refuse the backend.
+  o.backend = "cuda";
+  o.multi_token_kernels = "fastest";
+  const absl::Status unknown = CreateBackend(*m.weights, *m.experts, o).status();
+  ASSERT_FALSE(unknown.ok());
+  if (unknown.code() != absl::StatusCode::kUnimplemented) {
+    EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument) << unknown;
+    EXPECT_NE(unknown.message().find("unknown multi-token kernels 'fastest'"), absl::string_view::npos) << unknown;
+  }
+}
+
+}  // namespace
+}  // namespace mer
