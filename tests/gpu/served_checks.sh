@@ -17,7 +17,8 @@
 #   profile:    `mer bench --profile-kernels 1` on the same store, every expert in VRAM, one
 #               prompt of each of PROFILE_PROMPTS tokens: GPU time per kernel kind of a prompt step
 #               (a proxy for a batch step of as many tokens), for each program of PROFILE_BINS and
-#               setting of PROFILE_ENVS (e.g. "MER_CUDA_MMA=0 MER_CUDA_MMA=1");
+#               setting of PROFILE_ENVS (MER_CUDA_MMA=auto, 0, 1 or fast: the
+#               multi-token kernels, docs/cuda.md);
 #   served:     the same store through the three daemons, one stream, for each of SERVED_RUNS
 #               ("VRAM:RAM:MISS_PATH:ARENA_POLICY:RAM_POLICY[:VRAM_PREFETCH_COPIES]" each, e.g. 25%:25%:device:lfu:lfu for
 #               a quarter of the experts in VRAM, another quarter in RAM and the rest read from
@@ -59,8 +60,8 @@ SERVED_RUNS=${SERVED_RUNS:-"25%:100%:device:lfu:lfu 25%:25%:device:lfu:lfu"}
 KERNELS_FILTER=${KERNELS_FILTER:-"*"}
 PROFILE_PROMPTS=${PROFILE_PROMPTS:-"77"}
 PROFILE_BINS=${PROFILE_BINS:-"mer"}  # programs of the bundle to profile in turn (e.g. an older mer beside)
-PROFILE_ENVS=${PROFILE_ENVS:-"MER_CUDA_MMA=0"}  # an environment setting per profile run, in turn
-BATCH_ENVS=${BATCH_ENVS:-"MER_CUDA_MMA=0"}      # the same for the batch step
+PROFILE_ENVS=${PROFILE_ENVS:-"MER_CUDA_MMA=auto"}  # an environment setting per profile run, in turn
+BATCH_ENVS=${BATCH_ENVS:-"MER_CUDA_MMA=auto"}   # the same for the batch step
 ENGINE_FILTER=${ENGINE_FILTER:-"Seeds/RandomGeometry.*:Corpus/CudaVsCpu.*/tiny_q8_0:Corpus/CudaVsCpu.*/small_q4_k"}
 FAULT_COMPUTE_FLAGS=${FAULT_COMPUTE_FLAGS:-"--backend cuda --vram-expert-budget 50% --miss-path device"}
 ONE_PROCESS=${ONE_PROCESS:-1}  # 0: skip the one-process mer bench of the bench step
