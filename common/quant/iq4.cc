@@ -1,6 +1,7 @@
 #include "common/quant/iq4.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -15,14 +16,29 @@ using quant_internal::NearestInt;
 
 constexpr int kQK = kQ8_0BlockSize;  // elements per IQ4_NL block and per IQ4_XS sub-block
 
-// The index of the codebook value nearest to v (the lower one of a tie).
+// For each integer k in [-128, 127], the index of the largest codebook value <= k (0 below the
+// first): the codebook's values are integers, so the values at or below a float v are those at or
+// below floor(v).
+constexpr std::array<uint8_t, 256> kIQ4FloorIndex = [] {
+  std::array<uint8_t, 256> t{};
+  for (int k = -128; k < 128; ++k) {
+    int i = 0;
+    while (i < 15 && kIQ4Values[i + 1] <= k) ++i;
+    t[k + 128] = static_cast<uint8_t>(i);
+  }
+  return t;
+}();
+
+// The index of the codebook value nearest to v (the lower one of a tie; 0 for NaN): the value at
+// or below v from kIQ4FloorIndex, then the nearer of it and the next (the quantizer's inner loop,
+// ~26 trials per weight, so no binary search here).
 int NearestCode(float v) {
-  const int8_t* upper =
-      std::lower_bound(kIQ4Values, kIQ4Values + 16, v, [](int8_t value, float x) { return value < x; });
-  if (upper == kIQ4Values) return 0;
-  if (upper == kIQ4Values + 16) return 15;
-  const int i = static_cast<int>(upper - kIQ4Values);
-  return v - kIQ4Values[i - 1] <= kIQ4Values[i] - v ? i - 1 : i;
+  if (!(v > kIQ4Values[0])) return 0;
+  if (v >= kIQ4Values[15]) return 15;
+  int k = static_cast<int>(v);  // floor(v): v > -127
+  if (static_cast<float>(k) > v) --k;
+  const int i = kIQ4FloorIndex[k + 128];
+  return v - kIQ4Values[i] <= kIQ4Values[i + 1] - v ? i : i + 1;
 }
 
 // The 4-bit code of element i of a 32-element group's 16 bytes.
