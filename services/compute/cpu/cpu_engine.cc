@@ -9,6 +9,7 @@
 #include "common/base/check.h"
 #include "common/base/status.h"
 #include "common/quant/quant.h"
+#include "services/compute/batch_check.h"
 #include "services/compute/cpu/cpu_ops.h"
 #include "services/compute/preselected_route.h"
 #include "services/compute/sampler.h"
@@ -119,36 +120,9 @@ void CpuEngine::ClearSequence(int sequence) {
 }
 
 absl::Status CpuEngine::Validate(absl::Span<const BatchToken> batch) {
-  if (batch.empty()) return absl::InvalidArgumentError("empty batch");
-  if (batch.size() > static_cast<size_t>(options_.max_batch_tokens))
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch of ", batch.size(), " tokens exceeds max_batch_tokens ", options_.max_batch_tokens));
-  // Positions of each sequence must continue its cache without gaps (a lower start rewinds it),
-  // so attention never reads a KV entry that was not written.
-  next_pos_.assign(seq_len_.begin(), seq_len_.end());
-  seen_.assign(options_.max_sequences, 0);
-  for (const BatchToken& b : batch) {
-    if (b.token < 0 || b.token >= config_.n_vocab)
-      return absl::InvalidArgumentError(
-          absl::StrCat("token id ", b.token, " is outside the vocabulary [0, ", config_.n_vocab, ")"));
-    if (b.sequence < 0 || b.sequence >= options_.max_sequences)
-      return absl::InvalidArgumentError(absl::StrCat("sequence ", b.sequence, " out of range"));
-    if (b.position < 0 || b.position >= options_.max_context_tokens)
-      return absl::InvalidArgumentError(
-          absl::StrCat("position ", b.position, " is outside the context of ", options_.max_context_tokens, " tokens"));
-    int32_t& next = next_pos_[b.sequence];
-    if (!seen_[b.sequence]) {
-      seen_[b.sequence] = 1;
-      if (b.position > next)
-        return absl::InvalidArgumentError(
-            absl::StrCat("sequence ", b.sequence, " position ", b.position, " skips ahead of ", next));
-    } else if (b.position != next) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("sequence ", b.sequence, " positions are not consecutive in the batch"));
-    }
-    next = b.position + 1;
-  }
-  return absl::OkStatus();
+  const BatchLimits limits{options_.max_batch_tokens, config_.n_vocab, options_.max_sequences,
+                           options_.max_context_tokens};
+  return CheckBatch(batch, limits, seq_len_, &next_pos_, &seen_);
 }
 
 const uint8_t* CpuEngine::PrepareActivations(GgmlType weight_type, const float* x, int64_t x_stride, int64_t cols,

@@ -19,6 +19,7 @@
 #include "common/base/check.h"
 #include "common/base/status.h"
 #include "common/quant/quant.h"
+#include "services/compute/batch_check.h"
 #include "services/compute/cpu/cpu_ops.h"
 #include "services/compute/cuda/argmax.cuh"
 #include "services/compute/cuda/attention.cuh"
@@ -583,34 +584,8 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
 // The step.
 
 absl::Status CudaEngine::Impl::Validate(absl::Span<const BatchToken> batch) {
-  if (batch.empty()) return absl::InvalidArgumentError("empty batch");
-  if (batch.size() > static_cast<size_t>(o.max_batch_tokens))
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch of ", batch.size(), " tokens exceeds max_batch_tokens ", o.max_batch_tokens));
-  next_pos.assign(seq_len.begin(), seq_len.end());
-  seen.assign(o.max_sequences, 0);
-  for (const BatchToken& b : batch) {
-    if (b.token < 0 || b.token >= c.n_vocab)
-      return absl::InvalidArgumentError(
-          absl::StrCat("token id ", b.token, " is outside the vocabulary [0, ", c.n_vocab, ")"));
-    if (b.sequence < 0 || b.sequence >= o.max_sequences)
-      return absl::InvalidArgumentError(absl::StrCat("sequence ", b.sequence, " out of range"));
-    if (b.position < 0 || b.position >= o.max_context_tokens)
-      return absl::InvalidArgumentError(
-          absl::StrCat("position ", b.position, " is outside the context of ", o.max_context_tokens, " tokens"));
-    int32_t& next = next_pos[b.sequence];
-    if (!seen[b.sequence]) {
-      seen[b.sequence] = 1;
-      if (b.position > next)
-        return absl::InvalidArgumentError(
-            absl::StrCat("sequence ", b.sequence, " position ", b.position, " skips ahead of ", next));
-    } else if (b.position != next) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("sequence ", b.sequence, " positions are not consecutive in the batch"));
-    }
-    next = b.position + 1;
-  }
-  return absl::OkStatus();
+  return CheckBatch(batch, BatchLimits{o.max_batch_tokens, c.n_vocab, o.max_sequences, o.max_context_tokens}, seq_len,
+                    &next_pos, &seen);
 }
 
 void CudaEngine::Impl::EnqueueExperts(int layer, int n, const DevAct& x_act, int u_begin, int u_count) {
