@@ -5,8 +5,7 @@
 namespace mer {
 
 absl::Status CheckBatch(absl::Span<const BatchToken> batch, const BatchLimits& limits,
-                        absl::Span<const int32_t> seq_len, std::vector<int32_t>* next_pos,
-                        std::vector<uint8_t>* seen) {
+                        absl::Span<const int32_t> seq_len, std::vector<int32_t>* next_pos, std::vector<uint8_t>* seen) {
   if (batch.empty()) return absl::InvalidArgumentError("empty batch");
   if (batch.size() > static_cast<size_t>(limits.max_batch_tokens))
     return absl::InvalidArgumentError(
@@ -20,8 +19,8 @@ absl::Status CheckBatch(absl::Span<const BatchToken> batch, const BatchLimits& l
     if (b.sequence < 0 || b.sequence >= limits.max_sequences)
       return absl::InvalidArgumentError(absl::StrCat("sequence ", b.sequence, " out of range"));
     if (b.position < 0 || b.position >= limits.max_context_tokens)
-      return absl::InvalidArgumentError(absl::StrCat("position ", b.position, " is outside the context of ",
-                                                     limits.max_context_tokens, " tokens"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("position ", b.position, " is outside the context of ", limits.max_context_tokens, " tokens"));
     int32_t& next = (*next_pos)[b.sequence];
     if (!(*seen)[b.sequence]) {
       (*seen)[b.sequence] = 1;

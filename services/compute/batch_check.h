@@ -24,7 +24,6 @@ struct BatchLimits {
 // so that attention never reads a KV entry that was not written. next_pos and seen are scratch
 // (resized here; reserve max_sequences to allocate nothing).
 absl::Status CheckBatch(absl::Span<const BatchToken> batch, const BatchLimits& limits,
-                        absl::Span<const int32_t> seq_len, std::vector<int32_t>* next_pos,
-                        std::vector<uint8_t>* seen);
+                        absl::Span<const int32_t> seq_len, std::vector<int32_t>* next_pos, std::vector<uint8_t>* seen);
 
 }  // namespace mer

@@ -1,5 +1,7 @@
 #include "services/compute/cuda/moe_experts.cuh"
 
+#include <type_traits>
+
 #include "services/compute/cuda/act_store.cuh"
 #include "services/compute/cuda/cuda_check.cuh"
 #include "services/compute/cuda/ggml_math.cuh"
@@ -519,24 +521,33 @@ bool ExpertDownConvertsInput(int down_type, int64_t n_ff) {
   return StoreActWrites(down_type) && n_ff % 32 == 0 && DownActScaleBytes(n_ff) + n_ff * 4 <= 48 * 1024;
 }
 
-void LaunchExpertDownFromF32(const ExpertArgs& a, const float* h, float* out, cudaStream_t stream) {
-  switch (a.down_type) {
+namespace {
+
+// Calls launch(std::integral_constant<int, T>{}) for type T among F32, F16, BF16 and Q8_0, the
+// types of this file's kernels; any other type is a caller's error (the engine checks types at
+// creation).
+template <typename Launch>
+void WithExpertType(int type, const char* what, Launch launch) {
+  switch (type) {
     case kDevF32:
-      LaunchDownFromF32T<kDevF32>(a, h, out, stream);
-      break;
+      return launch(std::integral_constant<int, kDevF32>{});
     case kDevF16:
-      LaunchDownFromF32T<kDevF16>(a, h, out, stream);
-      break;
+      return launch(std::integral_constant<int, kDevF16>{});
     case kDevBF16:
-      LaunchDownFromF32T<kDevBF16>(a, h, out, stream);
-      break;
+      return launch(std::integral_constant<int, kDevBF16>{});
     case kDevQ8_0:
-      LaunchDownFromF32T<kDevQ8_0>(a, h, out, stream);
-      break;
+      return launch(std::integral_constant<int, kDevQ8_0>{});
     default:
-      std::fprintf(stderr, "experts: down from f32: unsupported type %d\n", a.down_type);
+      std::fprintf(stderr, "experts: %s: unsupported type %d\n", what, type);
       std::abort();
   }
+}
+
+}  // namespace
+
+void LaunchExpertDownFromF32(const ExpertArgs& a, const float* h, float* out, cudaStream_t stream) {
+  WithExpertType(a.down_type, "down from f32",
+                 [&](auto type) { LaunchDownFromF32T<decltype(type)::value>(a, h, out, stream); });
 }
 
 void LaunchExpertGateUp(const ExpertArgs& a, const DevAct& x_act, float* h, int max_group_pairs, cudaStream_t stream) {
@@ -544,23 +555,8 @@ void LaunchExpertGateUp(const ExpertArgs& a, const DevAct& x_act, float* h, int 
     LaunchExpertGateUpKQuant(a, x_act, h, max_group_pairs, stream);
     return;
   }
-  switch (a.type) {
-    case kDevF32:
-      LaunchGateUpT<kDevF32>(a, x_act, h, max_group_pairs, stream);
-      break;
-    case kDevF16:
-      LaunchGateUpT<kDevF16>(a, x_act, h, max_group_pairs, stream);
-      break;
-    case kDevBF16:
-      LaunchGateUpT<kDevBF16>(a, x_act, h, max_group_pairs, stream);
-      break;
-    case kDevQ8_0:
-      LaunchGateUpT<kDevQ8_0>(a, x_act, h, max_group_pairs, stream);
-      break;
-    default:
-      std::fprintf(stderr, "experts: unsupported type %d\n", a.type);
-      std::abort();
-  }
+  WithExpertType(a.type, "gate/up",
+                 [&](auto type) { LaunchGateUpT<decltype(type)::value>(a, x_act, h, max_group_pairs, stream); });
 }
 
 void LaunchExpertDown(const ExpertArgs& a, const DevAct& h_act, float* out, int max_group_pairs, cudaStream_t stream) {
@@ -568,23 +564,8 @@ void LaunchExpertDown(const ExpertArgs& a, const DevAct& h_act, float* out, int 
     LaunchExpertDownKQuant(a, h_act, out, max_group_pairs, stream);
     return;
   }
-  switch (a.down_type) {
-    case kDevF32:
-      LaunchDownT<kDevF32>(a, h_act, out, max_group_pairs, stream);
-      break;
-    case kDevF16:
-      LaunchDownT<kDevF16>(a, h_act, out, max_group_pairs, stream);
-      break;
-    case kDevBF16:
-      LaunchDownT<kDevBF16>(a, h_act, out, max_group_pairs, stream);
-      break;
-    case kDevQ8_0:
-      LaunchDownT<kDevQ8_0>(a, h_act, out, max_group_pairs, stream);
-      break;
-    default:
-      std::fprintf(stderr, "experts: unsupported down type %d\n", a.down_type);
-      std::abort();
-  }
+  WithExpertType(a.down_type, "down",
+                 [&](auto type) { LaunchDownT<decltype(type)::value>(a, h_act, out, max_group_pairs, stream); });
 }
 
 }  // namespace mer::cuda
