@@ -514,15 +514,6 @@ void LaunchDownFromF32T(const ExpertArgs& a, const float* h, float* out, cudaStr
   LaunchPdl(kernel, DownGrid<kType>(a), dim3(kWarps * 32), smem, s, a, h, out);
 }
 
-}  // namespace
-
-bool ExpertDownConvertsInput(int down_type, int64_t n_ff) {
-  // The dot type of F32/F16/BF16/Q8_0 rows is their own, which StoreAct writes.
-  return StoreActWrites(down_type) && n_ff % 32 == 0 && DownActScaleBytes(n_ff) + n_ff * 4 <= 48 * 1024;
-}
-
-namespace {
-
 // Calls launch(std::integral_constant<int, T>{}) for type T among F32, F16, BF16 and Q8_0, the
 // types of this file's kernels; any other type is a caller's error (the engine checks types at
 // creation).
@@ -544,6 +535,11 @@ void WithExpertType(int type, const char* what, Launch launch) {
 }
 
 }  // namespace
+
+bool ExpertDownConvertsInput(int down_type, int64_t n_ff) {
+  // The dot type of F32/F16/BF16/Q8_0 rows is their own, which StoreAct writes.
+  return StoreActWrites(down_type) && n_ff % 32 == 0 && DownActScaleBytes(n_ff) + n_ff * 4 <= 48 * 1024;
+}
 
 void LaunchExpertDownFromF32(const ExpertArgs& a, const float* h, float* out, cudaStream_t stream) {
   WithExpertType(a.down_type, "down from f32",
