@@ -415,6 +415,20 @@ bool ReadBody(const httplib::Request& req, const httplib::ContentReader& content
   return false;
 }
 
+// Reads the body as ReadBody does and parses it as a JSON object: false, with the error response
+// set, when it cannot be read or is not one.
+bool ReadJsonObject(const httplib::Request& req, const httplib::ContentReader& content, size_t max_body_bytes,
+                    httplib::Response& res, Json* body) {
+  std::string raw;
+  if (!ReadBody(req, content, max_body_bytes, res, &raw)) return false;
+  *body = Json::parse(raw, nullptr, false);
+  if (body->is_discarded() || !body->is_object()) {
+    SendError(res, absl::InvalidArgumentError("body: not a JSON object"));
+    return false;
+  }
+  return true;
+}
+
 absl::Status ParseListen(const std::string& listen, std::string* host, int* port) {
   const size_t colon = listen.rfind(':');
   if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), port) || *port < 0 || *port > 65535)
@@ -528,11 +542,8 @@ void HttpApi::Routes() {
            if (model == nullptr) return SendError(res, absl::UnavailableError("mer-compute is not available"));
            IntakeTurn turn(service_);
            if (absl::Status st = turn.Begin(); !st.ok()) return SendError(res, st);
-           std::string raw;
-           if (!ReadBody(req, content, options_.max_body_bytes, res, &raw)) return;
-           const Json body = Json::parse(raw, nullptr, false);
-           if (body.is_discarded() || !body.is_object())
-             return SendError(res, absl::InvalidArgumentError("body: not a JSON object"));
+           Json body;
+           if (!ReadJsonObject(req, content, options_.max_body_bytes, res, &body)) return;
            // vLLM's "prompt" or llama-server's "content"; "add_special_tokens" (vLLM) or "add_special".
            const auto text = body.contains("prompt") ? body.find("prompt") : body.find("content");
            if (text == body.end() || !text->is_string())
@@ -560,11 +571,8 @@ void HttpApi::Routes() {
          [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& content) {
            IntakeTurn turn(service_);
            if (absl::Status st = turn.Begin(); !st.ok()) return SendError(res, st);
-           std::string raw;
-           if (!ReadBody(req, content, options_.max_body_bytes, res, &raw)) return;
-           const Json body = Json::parse(raw, nullptr, false);
-           if (body.is_discarded() || !body.is_object())
-             return SendError(res, absl::InvalidArgumentError("body: not a JSON object"));
+           Json body;
+           if (!ReadJsonObject(req, content, options_.max_body_bytes, res, &body)) return;
            const auto tokens = body.find("tokens");
            if (tokens == body.end() || !tokens->is_array())
              return SendError(res, absl::InvalidArgumentError("tokens: must be an array of token ids"));

@@ -92,6 +92,11 @@ printf '{"tokens": %s}' "$(json "$WORK/t.out" "j['tokens']")" >"$WORK/d.json"
 [ "$(post /detokenize "$WORK/d.json" "$WORK/d.out")" == 200 ] &&
   [ "$(json "$WORK/d.out" "j['prompt']")" == "Hello  world" ] || fail "/detokenize: $(cat "$WORK/d.out")"
 echo "  /health, /v1/models, /tokenize, /detokenize: ok (<|im_end|> = $IM_END, <|endoftext|> = $ENDOFTEXT)"
+for path in /tokenize /detokenize; do  # a body that is not a JSON object: 400 saying so
+  printf '[1, 2]' >"$WORK/bad.json"
+  [ "$(post $path "$WORK/bad.json" "$WORK/bad.out")" == 400 ] && grep -q "not a JSON object" "$WORK/bad.out" ||
+    fail "$path with a JSON array: $(cat "$WORK/bad.out")"
+done
 
 # 1. The openai client.
 if command -v node >/dev/null && [ -f "$HERE/openai/node_modules/openai/package.json" ]; then
