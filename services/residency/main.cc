@@ -16,10 +16,10 @@
 #include "common/base/daemon_main.h"
 #include "common/base/flags.h"
 #include "common/base/status.h"
+#include "common/io/fault_injecting_io_engine.h"
 #include "common/systemd/sd_notify.h"
 #include "services/residency/daemon/host_pinning.h"
 #include "services/residency/daemon/residency_daemon.h"
-#include "services/residency/io/fault_injecting_io_engine.h"
 #include "services/residency/metrics/residency_metrics.h"
 
 namespace {

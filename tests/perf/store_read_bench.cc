@@ -20,10 +20,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "services/residency/io/io_engine.h"
-#include "services/residency/io/io_file.h"
-#include "services/residency/io/pread_io_engine.h"
-#include "services/residency/io/uring_io_engine.h"
+#include "common/io/io_engine.h"
+#include "common/io/io_file.h"
+#include "common/io/pread_io_engine.h"
+#include "common/io/uring_io_engine.h"
 
 namespace mer {
 namespace {

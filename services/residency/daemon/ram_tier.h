@@ -38,10 +38,10 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/io/io_engine.h"
 #include "common/shm/layout.h"
 #include "services/residency/daemon/residency_options.h"
 #include "services/residency/daemon/tier_context.h"
-#include "services/residency/io/io_engine.h"
 #include "services/residency/policy/replacement_policy.h"
 
 namespace mer::residency {

@@ -40,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/base/clock.h"
+#include "common/io/io_engine.h"
 #include "common/shm/segment.h"
 #include "common/store/expert_store.h"
 #include "services/residency/daemon/ram_tier.h"
@@ -47,7 +48,6 @@
 #include "services/residency/daemon/residency_options.h"
 #include "services/residency/daemon/tier_context.h"
 #include "services/residency/daemon/vram_tier.h"
-#include "services/residency/io/io_engine.h"
 #include "services/residency/policy/prefetch_predictor.h"
 #include "services/residency/vram/vram_uploader.h"
 

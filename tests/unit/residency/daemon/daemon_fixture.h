@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "common/base/check.h"
 #include "common/base/clock.h"
+#include "common/io/fault_injecting_io_engine.h"
 #include "common/model/synth_model.h"
 #include "common/shm/client.h"
 #include "common/shm/segment.h"
@@ -25,7 +26,6 @@
 #include "common/store/expert_store.h"
 #include "common/store/packer.h"
 #include "services/residency/daemon/residency_daemon.h"
-#include "services/residency/io/fault_injecting_io_engine.h"
 
 namespace mer::residency {
 

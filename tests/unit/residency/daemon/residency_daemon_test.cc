@@ -11,9 +11,9 @@
 
 #include "absl/time/clock.h"
 #include "common/base/check.h"
+#include "common/io/fault_injecting_io_engine.h"
 #include "common/model/synth_model.h"
 #include "common/store/packer.h"
-#include "services/residency/io/fault_injecting_io_engine.h"
 #include "tests/unit/residency/daemon/daemon_fixture.h"
 
 namespace mer::residency {

@@ -1,4 +1,4 @@
-#include "services/residency/io/io_file.h"
+#include "common/io/io_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/check.h"
-#include "services/residency/io/io_engine.h"
+#include "common/io/io_engine.h"
 
 namespace mer {
 namespace {

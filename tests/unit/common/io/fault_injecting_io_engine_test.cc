@@ -2,7 +2,7 @@
 // continued (data still exact), injected EIO fails the read covering it with DataLoss naming the
 // offset, EAGAIN is retried, slow reads respect Wait's timeout, bit flips are delivered (and a
 // checksum over the blob tells), and everything is deterministic for a seed.
-#include "services/residency/io/fault_injecting_io_engine.h"
+#include "common/io/fault_injecting_io_engine.h"
 
 #include <cerrno>
 #include <cstring>
@@ -14,12 +14,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/base/check.h"
+#include "common/io/io_engine.h"
+#include "common/io/io_file.h"
+#include "common/io/mem_io_engine.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "services/residency/io/io_engine.h"
-#include "services/residency/io/io_file.h"
-#include "services/residency/io/mem_io_engine.h"
-#include "tests/unit/residency/io/io_test_util.h"
+#include "tests/unit/common/io/io_test_util.h"
 
 namespace mer {
 namespace {

@@ -14,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "services/residency/io/io_engine.h"
+#include "common/io/io_engine.h"
 
 namespace mer {
 

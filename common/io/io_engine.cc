@@ -1,11 +1,11 @@
-#include "services/residency/io/io_engine.h"
+#include "common/io/io_engine.h"
 
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "services/residency/io/pread_io_engine.h"
-#include "services/residency/io/uring_io_engine.h"
+#include "common/io/pread_io_engine.h"
+#include "common/io/uring_io_engine.h"
 
 namespace mer {
 

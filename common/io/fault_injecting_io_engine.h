@@ -20,7 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "services/residency/io/chunking_io_engine.h"
+#include "common/io/chunking_io_engine.h"
 
 namespace mer {
 

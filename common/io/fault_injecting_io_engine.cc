@@ -1,4 +1,4 @@
-#include "services/residency/io/fault_injecting_io_engine.h"
+#include "common/io/fault_injecting_io_engine.h"
 
 #include <algorithm>
 #include <utility>

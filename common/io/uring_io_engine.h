@@ -8,7 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "services/residency/io/chunking_io_engine.h"
+#include "common/io/chunking_io_engine.h"
 
 struct io_uring;
 

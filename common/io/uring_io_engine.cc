@@ -1,4 +1,4 @@
-#include "services/residency/io/uring_io_engine.h"
+#include "common/io/uring_io_engine.h"
 
 #include <liburing.h>
 #include <sys/uio.h>

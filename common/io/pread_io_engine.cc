@@ -1,4 +1,4 @@
-#include "services/residency/io/pread_io_engine.h"
+#include "common/io/pread_io_engine.h"
 
 #include <unistd.h>
 

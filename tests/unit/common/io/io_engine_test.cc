@@ -2,7 +2,7 @@
 // files: many random reads with up to 64 in flight, split into chunks and reassembled, read
 // exactly what the file holds; end of file before the requested length is OutOfRange; an OS
 // error is an error naming the offset; the queue depth is respected; nothing hangs.
-#include "services/residency/io/io_engine.h"
+#include "common/io/io_engine.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -16,13 +16,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/io/io_file.h"
+#include "common/io/mem_io_engine.h"
+#include "common/io/pread_io_engine.h"
+#include "common/io/uring_io_engine.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "services/residency/io/io_file.h"
-#include "services/residency/io/mem_io_engine.h"
-#include "services/residency/io/pread_io_engine.h"
-#include "services/residency/io/uring_io_engine.h"
-#include "tests/unit/residency/io/io_test_util.h"
+#include "tests/unit/common/io/io_test_util.h"
 
 namespace mer {
 namespace {
@@ -340,7 +340,9 @@ TEST_P(IoEngineTest, DestroyedWithReadsInFlight) {
   for (uint64_t off = 0; off < kBytes; off += options.chunk_bytes) {
     const uint8_t* chunk = dest.data() + off;
     const bool untouched = std::all_of(chunk, chunk + options.chunk_bytes, [](uint8_t b) { return b == 0xA5; });
-    if (!untouched) EXPECT_EQ(std::memcmp(chunk, contents_.data() + off, options.chunk_bytes), 0) << "chunk at " << off;
+    if (!untouched) {
+      EXPECT_EQ(std::memcmp(chunk, contents_.data() + off, options.chunk_bytes), 0) << "chunk at " << off;
+    }
   }
 }
 

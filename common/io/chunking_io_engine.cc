@@ -1,4 +1,4 @@
-#include "services/residency/io/chunking_io_engine.h"
+#include "common/io/chunking_io_engine.h"
 
 #include <linux/fs.h>
 #include <sys/ioctl.h>

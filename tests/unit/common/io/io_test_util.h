@@ -16,9 +16,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/io/io_engine.h"
+#include "common/io/io_file.h"
 #include "gtest/gtest.h"
-#include "services/residency/io/io_engine.h"
-#include "services/residency/io/io_file.h"
 
 namespace mer::testing_io {
 

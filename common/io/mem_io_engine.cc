@@ -1,4 +1,4 @@
-#include "services/residency/io/mem_io_engine.h"
+#include "common/io/mem_io_engine.h"
 
 #include <algorithm>
 #include <cerrno>

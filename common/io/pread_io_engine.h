@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "services/residency/io/chunking_io_engine.h"
+#include "common/io/chunking_io_engine.h"
 
 namespace mer {
 

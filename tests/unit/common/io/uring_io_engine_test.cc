@@ -2,7 +2,7 @@
 // blocked (as under a container's seccomp profile; simulated here with a seccomp filter in a
 // child process), and CreateIoEngine(kAuto) then falls back to pread and says why; registered
 // buffers make reads READ_FIXED. The shared contract is in io_engine_test.
-#include "services/residency/io/uring_io_engine.h"
+#include "common/io/uring_io_engine.h"
 
 #include <linux/audit.h>
 #include <linux/filter.h>
@@ -22,10 +22,10 @@
 
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
+#include "common/io/io_engine.h"
+#include "common/io/io_file.h"
 #include "gtest/gtest.h"
-#include "services/residency/io/io_engine.h"
-#include "services/residency/io/io_file.h"
-#include "tests/unit/residency/io/io_test_util.h"
+#include "tests/unit/common/io/io_test_util.h"
 
 namespace mer {
 namespace {
