@@ -2,7 +2,9 @@
 // engine on a micro model) on a unix socket, the real gateway service on a TCP port, and real
 // gRPC stubs.
 #include <gtest/gtest.h>
+
 #include <unistd.h>
+#include "tests/unit/process_temp_dir.h"
 
 #include <atomic>
 #include <filesystem>
@@ -134,8 +136,7 @@ bool WaitUntil(const Done& done, absl::Duration limit = absl::Seconds(10)) {
 class GatewayApiTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new fs::path(fs::temp_directory_path() / ("mer_gateway_api_" + std::to_string(getpid())));
-    fs::create_directories(*dir_);
+    dir_ = new fs::path(testing_support::ProcessTempDir("mer_gateway_api_"));
     SynthOptions o;
     o.geometry = *SynthPreset("micro");
     o.seed = 5;

@@ -5,8 +5,10 @@
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
 #include <sys/wait.h>
 #include <unistd.h>
+#include "tests/unit/process_temp_dir.h"
 
 #include <cstring>
 #include <filesystem>
@@ -28,14 +30,7 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-fs::path TempRoot() {
-  static const fs::path root = [] {
-    fs::path p = fs::temp_directory_path() / ("mer_store_test_" + std::to_string(getpid()));
-    fs::create_directories(p);
-    return p;
-  }();
-  return root;
-}
+fs::path TempRoot() { return testing_support::ProcessTempDir("mer_store_test_"); }
 
 SynthOptions Geometry(SynthQuant quant, uint64_t seed = 7) {
   SynthOptions o;

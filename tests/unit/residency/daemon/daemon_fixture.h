@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -27,6 +26,7 @@
 #include "common/store/expert_store.h"
 #include "common/store/packer.h"
 #include "services/residency/daemon/residency_daemon.h"
+#include "tests/unit/process_temp_dir.h"
 
 namespace mer::residency {
 
@@ -35,34 +35,16 @@ struct SynthStore {
   std::string store;  // its packed expert store
 };
 
-// This process's temporary directory, named after its pid: emptied first, since one left by an
-// earlier process with the same pid (pids wrap within a CI run) would hold a store that the pack
-// refuses to overwrite, and removed when the process that made it exits.
-inline const std::filesystem::path& FixtureRoot() {
-  static const pid_t owner = getpid();
-  static const std::filesystem::path* root = [] {
-    auto* path = new std::filesystem::path(std::filesystem::temp_directory_path() /
-                                           ("mer_daemon_test_" + std::to_string(owner)));
-    std::filesystem::remove_all(*path);
-    std::filesystem::create_directories(*path);
-    std::atexit([] {
-      std::error_code ignored;
-      if (getpid() == owner) std::filesystem::remove_all(FixtureRoot(), ignored);
-    });
-    return path;
-  }();
-  return *root;
-}
-
 // Synthesizes preset `preset` in `quant` (seed 3) and packs it, once per (preset, quant) per
-// process, under FixtureRoot().
+// process, under this process's temporary directory.
 inline const SynthStore& SynthStoreFor(const std::string& preset, SynthQuant quant) {
   static auto* cache = new std::map<std::pair<std::string, int>, SynthStore>();
   const auto key = std::make_pair(preset, static_cast<int>(quant));
   auto it = cache->find(key);
   if (it != cache->end()) return it->second;
   namespace fs = std::filesystem;
-  const fs::path root = FixtureRoot() / (preset + "_" + std::to_string(static_cast<int>(quant)));
+  const fs::path root =
+      testing_support::ProcessTempDir("mer_daemon_test_") / (preset + "_" + std::to_string(static_cast<int>(quant)));
   fs::create_directories(root);
   SynthOptions o;
   o.geometry = *SynthPreset(preset);
