@@ -111,8 +111,7 @@ absl::Status ValidateGeometry(const SynthGeometry& g) {
 // Generates the rows of `plan` in parallel, in chunks of bounded size, and appends them.
 absl::Status WriteTensor(GgufWriter& writer, const SynthTensor& plan, int threads) {
   const int64_t cols = plan.shape[0];
-  int64_t rows = 1;
-  for (size_t i = 1; i < plan.shape.size(); ++i) rows *= plan.shape[i];
+  const int64_t rows = plan.rows();
   const int64_t row_bytes = RowBytes(plan.type, cols);
   const int64_t chunk_rows = std::min(rows, std::max<int64_t>(1, (64 << 20) / std::max<int64_t>(row_bytes, cols * 4)));
   std::vector<uint8_t> chunk(chunk_rows * row_bytes);
@@ -634,12 +633,9 @@ absl::StatusOr<std::vector<SynthTensor>> PlanSynthModel(const SynthOptions& opti
     t.type = it->second;
   }
   if (options.row_pool > 0) {
-    for (SynthTensor& t : plans) {
-      int64_t rows = 1;
-      for (size_t d = 1; d < t.shape.size(); ++d) rows *= t.shape[d];
-      if (t.type != GgmlType::kF32 && rows > options.row_pool)
+    for (SynthTensor& t : plans)
+      if (t.type != GgmlType::kF32 && t.rows() > options.row_pool)
         t.pool = std::make_shared<SynthRowPool>(options.row_pool);
-    }
   }
   return plans;
 }

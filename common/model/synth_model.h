@@ -146,6 +146,13 @@ struct SynthTensor {
   std::vector<int64_t> shape;  // ne[0] (row length) first
   std::function<void(int64_t row, float* out)> fill;
   std::shared_ptr<SynthRowPool> pool = nullptr;  // the rows repeated under SynthOptions::row_pool; null: none
+
+  // The matrix's rows: the product of shape[1..].
+  int64_t rows() const {
+    int64_t n = 1;
+    for (size_t d = 1; d < shape.size(); ++d) n *= shape[d];
+    return n;
+  }
 };
 
 // What WriteSynthModel writes, for writers of another layout (the expert store of

@@ -47,8 +47,7 @@ absl::Status WriteDense(const SynthOptions& synth, const std::vector<SynthTensor
     if (is_expert[i]) continue;
     const SynthTensor& t = tensors[i];
     const int64_t cols = t.shape[0];
-    int64_t rows = 1;
-    for (size_t d = 1; d < t.shape.size(); ++d) rows *= t.shape[d];
+    const int64_t rows = t.rows();
     const int64_t row_bytes = RowBytes(t.type, cols);
     const int64_t chunk_rows =
         std::min(rows, std::max<int64_t>(1, kDenseChunkBytes / std::max<int64_t>(row_bytes, cols * 4)));

@@ -162,8 +162,7 @@ TEST(SynthModel, RowPoolRepeatsAMatrixsFirstRows) {
   for (size_t i = 0; i < own->size(); ++i) {
     const SynthTensor& a = (*own)[i];
     const SynthTensor& b = (*pooled)[i];
-    int64_t rows = 1;
-    for (size_t d = 1; d < a.shape.size(); ++d) rows *= a.shape[d];
+    const int64_t rows = a.rows();
     EXPECT_EQ(b.pool != nullptr, a.type != GgmlType::kF32 && rows > 5) << a.name;
     if (b.pool == nullptr) continue;
     ++pools;
