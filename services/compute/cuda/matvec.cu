@@ -143,7 +143,8 @@ bool LaunchStaged(const MatvecArgs& args, int64_t total_rows, cudaStream_t strea
 
 // Several tokens of Q8_0 rows on the tensor cores (mma_q8_0.cuh): a warp takes 16 consecutive
 // rows of the concatenated matrices (every matrix a multiple of 16 rows, so never two), the block
-// 64, for up to 16 tokens (2 tiles) staged at once; ~250 registers, 2 blocks per SM (moe_experts.cu).
+// 64, for up to 16 tokens (2 tiles) staged at once; ~250 registers in the exact form, 2 blocks per
+// SM, ~130 in the fast one (moe_experts.cu).
 // Tokens run along the grid's x, so the blocks that read the same rows run together and all but
 // the first find them in L2 (a batch's LM head).
 constexpr int kMmaTiles = 2, kMmaSlots = kMmaTiles * kMmaTokens, kMmaRowsPerBlock = kWarps * kMmaRows;

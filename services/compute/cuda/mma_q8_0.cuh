@@ -12,8 +12,9 @@
 // source, not profiled) and keeps the weights
 // in registers (one run of 4 blocks loaded ahead, the rows pulled into L2 first) rather than in
 // shared memory; ptxas gives it ~250 registers, so 2 blocks per SM. Measured on the H100 it is
-// faster for prompt-sized chunks and slower for a batch's few pairs per expert, so it runs only
-// when turned on (MultiTokenQ8_0, matvec.cuh; docs/benchmarks.md).
+// faster for prompt-sized chunks and dense products of a batch, slower for a batch's few pairs per
+// expert, so the default choice takes it by shape (MultiTokenQ8_0::kAuto, multi_token_kernels.h;
+// docs/cuda.md "Multi-token kernels").
 //
 // The fast form (kExact false, MultiTokenQ8_0::kMmaFast) gives up the CPU's bits for one mma per
 // block: the block's whole int32 sum, one chain acc = fma(d_w * d_a, sum, acc) per output over
@@ -99,8 +100,8 @@ __device__ inline void MmaStageAct(uint8_t* smem, int64_t cols, int n_slots, int
 }
 
 // One int8 mma: c[i] = 1.5 * 2^23's bit pattern + the int32 sum of row/column i of the fragment
-// (|sum| < 2^22 for 4 products of 8-bit quants), so that MmaSumF32 gets the sum as an f32
-// with one exact subtraction instead of a conversion.
+// (|sum| < 2^22: at most 32 products of quants in [-127, 127], 516,128), so that MmaSumF32 gets
+// the sum as an f32 with one exact subtraction instead of a conversion.
 __device__ __forceinline__ void MmaS8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                       uint32_t b1) {
   constexpr int kBias = 0x4B400000;  // the f32 12582912 = 1.5 * 2^23
@@ -148,7 +149,7 @@ __device__ __forceinline__ uint32_t Word(const uint4& v, int j) {
 // row) with the first n_tiles tiles of the staged tokens. out[tile][i]: C element i (rows gid,
 // gid, gid + 8, gid + 8; tokens 2 tig, 2 tig + 1, 2 tig, 2 tig + 1 of the tile), the CPU's sum.
 // Every lane of the warp calls it (the mma is warp-wide), with a warp-uniform n_tiles. kExact: the
-// CPU's sum bit for bit; otherwise one chain per output (MultiTokenQ8_0::kMmaFast, matvec.cuh).
+// CPU's sum bit for bit; otherwise one chain per output (MultiTokenQ8_0::kMmaFast, multi_token_kernels.h).
 template <int kTiles, bool kExact>
 __device__ inline void MmaQ8_0Dots(const RowRef& lo, const RowRef& hi, int64_t cols, const uint8_t* smem, int n_slots,
                                    int n_tiles, float (&out)[kTiles][4]) {

@@ -344,8 +344,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 // Multi-token passes over Q8_0 experts on the tensor cores (mma_q8_0.cuh). Gate/up: a warp's 16
 // mma rows are 8 rows of gate and the same 8 of up, so that one thread holds both sums of each
 // SwiGLU; down: 16 rows. The block's 4 warps share the expert's pairs, up to 16 (2 tiles) staged at
-// a time; a chunk of at most 8 computes one tile. ptxas gives the kernels ~250 registers (it keeps
-// the 32 mmas of a run of 4 blocks in flight), so 2 blocks per SM.
+// a time; a chunk of at most 8 computes one tile. ptxas gives the exact kernels ~250 registers (it
+// keeps the 32 mmas of a run of 4 blocks in flight), so 2 blocks per SM; the fast ones ~140.
 constexpr int kMmaTiles = 2, kMmaSlots = kMmaTiles * kMmaTokens;
 constexpr int kGateUpMmaRows = kWarps * kMmaRows / 2, kDownMmaRows = kWarps * kMmaRows;  // per block
 
