@@ -701,12 +701,22 @@ TEST(CudaKernels, AttentionWithFusedQkNormRopeMatchesCpu) {
 }
 
 // Long contexts: the exact kernel and split-K, with splits of every fill (a last split of 1 cell,
-// a full one, one token within the first split).
+// a full one, one token within the first split), for GQA groups of 1 to 20 query heads (a block
+// takes up to 16) and head_dim 32 to 256.
 TEST(CudaKernels, LongContextAttentionSplitK) {
   const std::vector<int32_t> seq = {0, 0, 1, 1}, pos = {4096, 4351, 100, 2999};
-  for (AttentionShape sh : {AttentionShape{12, 4, 64}, AttentionShape{32, 4, 128}})
+  for (AttentionShape sh : {AttentionShape{12, 4, 64}, AttentionShape{32, 4, 128}, AttentionShape{64, 4, 128},
+                            AttentionShape{20, 1, 64}, AttentionShape{8, 8, 32}, AttentionShape{16, 2, 256}})
     for (AttentionPath path : {AttentionPath::kExact, AttentionPath::kSplit})
       CheckQkNormRopeAttention(sh, 4400, seq, pos, path);
+}
+
+// Split-K at short contexts, where the cells are cut into splits of 32 or more: one cell, one
+// split, a split and a cell, and several partial ones, in two sequences at once.
+TEST(CudaKernels, ShortContextAttentionSplitK) {
+  const std::vector<int32_t> seq = {0, 1, 0, 1, 0, 1}, pos = {0, 31, 32, 200, 700, 1023};
+  for (AttentionShape sh : {AttentionShape{32, 4, 128}, AttentionShape{12, 4, 64}})
+    CheckQkNormRopeAttention(sh, 1100, seq, pos, AttentionPath::kSplit);
 }
 
 // ---------------------------------------------------------------------------------------------

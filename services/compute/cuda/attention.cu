@@ -319,45 +319,115 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const AttentionArgs 
 // AttentionScoresStride(max_ctx) + s * SplitPartialFloats: the split's max score, its sum of
 // exp(score - max), then sum_j exp(score_j - max) v_j per dimension.
 __host__ __device__ inline int64_t SplitPartialFloats(int head_dim) { return head_dim + 2; }
-inline int SplitCount(int max_ctx) { return (max_ctx + kAttentionSplitCells - 1) / kAttentionSplitCells; }
+// Splits a launch has per (token, head): as many partials as a (token, head)'s scratch holds.
+__host__ __device__ inline int SplitsLaunched(int head_dim, int max_ctx) {
+  return static_cast<int>(AttentionScoresStride(max_ctx) / SplitPartialFloats(head_dim));
+}
+// Query heads one split block takes: a KV head's group (GQA), or a part of a larger one.
+constexpr int kMaxGroup = 16;
+// A context of n_pos cells is cut into equal splits of at least this many cells, as many as were
+// launched: short contexts still spread over several blocks per KV head, long ones over all.
+constexpr int kMinSplitCells = 32;
+static_assert(kAttentionSplitCells == kThreads, "the split kernel scores a cell per thread");
+struct SplitRange {
+  int used, cells;  // splits in use, cells per split (the last one may be shorter or empty)
+};
+__device__ inline SplitRange SplitRangeOf(int n_pos, int launched) {
+  const int used = min(launched, (n_pos + kMinSplitCells - 1) / kMinSplitCells);
+  return {used, (n_pos + used - 1) / used};
+}
 
+// A block per (token, KV head (part of its group), split): the split's K and V rows are read once
+// for every query head of the group. Scores a thread per cell (all the block's heads at once),
+// then each head's max and sum of exps, then V a thread per dimension and part of the cells.
 __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const AttentionArgs a) {
-  __shared__ float x[kAttentionSplitCells];
-  __shared__ float red_f[kWarps];
-  __shared__ float v_part[kThreads];
+  __shared__ __align__(16) float q_s[kMaxGroup * kThreads];  // the heads' q; later the V parts
+  __shared__ float x[kMaxGroup][kAttentionSplitCells];
+  __shared__ float red[kMaxGroup][kWarps];
+  __shared__ float head_max[kMaxGroup];
   AllowDependents();
   WaitForPredecessor();
-  const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int HD = a.head_dim, KD = a.n_head_kv * HD, kvh = h / (a.n_head / a.n_head_kv);
+  const int t = blockIdx.x, group = a.n_head / a.n_head_kv, parts_of_group = (group + kMaxGroup - 1) / kMaxGroup;
+  const int kvh = blockIdx.y / parts_of_group, g_first = (blockIdx.y % parts_of_group) * kMaxGroup;
+  const int ng = min(kMaxGroup, group - g_first), h0 = kvh * group + g_first;  // heads h0 .. h0 + ng - 1
   const int n_pos = a.pos[t] + 1;
-  const int begin = split * kAttentionSplitCells, end = min(begin + kAttentionSplitCells, n_pos);
-  if (begin >= n_pos) return;  // the combine reads only the token's own splits
-  const int n = end - begin;
-  const float* q = a.q + (int64_t(t) * a.n_head + h) * HD;
+  const SplitRange r = SplitRangeOf(n_pos, gridDim.z);
+  const int begin = blockIdx.z * r.cells, end = min(begin + r.cells, n_pos);
+  if (static_cast<int>(blockIdx.z) >= r.used || begin >= end) return;  // the combine skips it too
+  const int n = end - begin, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int HD = a.head_dim, KD = a.n_head_kv * HD;
+  const float* q = a.q + (int64_t(t) * a.n_head + h0) * HD;  // the ng heads' rows, one after another
+  for (int i = tid; i < ng * HD; i += kThreads) q_s[i] = q[i];
+  __syncthreads();
   const int64_t base = int64_t(a.seq[t]) * a.max_ctx * KD + kvh * HD;
   const float scale = 1.0f / sqrtf(static_cast<float>(HD));
-  const int n_chunks = HD / 64;
-  float q_lo[kMaxChunks], q_hi[kMaxChunks];
-  LoadHeadQ(q, n_chunks, q_lo, q_hi);
-  const float local_max = ScoreCells(a, base, q, q_lo, q_hi, n_chunks, begin, end, scale, x);
-  if (lane == 0) red_f[warp] = local_max;
-  __syncthreads();
-  float max = red_f[0];
-  for (int w = 1; w < kWarps; ++w) max = fmaxf(max, red_f[w]);
-  float sum = 0.0f;
-  for (int j = threadIdx.x; j < n; j += kThreads) {
-    const float e = GgmlExpf(__fsub_rn(x[j], max));
-    x[j] = e;
-    sum += e;
+
+  float m[kMaxGroup];
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g) m[g] = -FLT_MAX;
+  if (tid < n) {  // n <= kAttentionSplitCells == kThreads (AttentionSplitSupported)
+    const float4* kr = reinterpret_cast<const float4*>(a.k_cache + base + int64_t(begin + tid) * KD);
+    float acc[kMaxGroup] = {};
+    for (int i0 = 0; i0 < HD / 4; i0 += 8) {  // HD / 4 a multiple of 8; 8 loads in flight
+      float4 k4[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) k4[u] = kr[i0 + u];
+#pragma unroll
+      for (int g = 0; g < kMaxGroup; ++g) {
+        if (g >= ng) break;
+        const float4* qg = reinterpret_cast<const float4*>(q_s + g * HD) + i0;
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          const float4 q4 = qg[u];  // the same address in every lane: a broadcast
+          acc[g] = fmaf(k4[u].x, q4.x, fmaf(k4[u].y, q4.y, fmaf(k4[u].z, q4.z, fmaf(k4[u].w, q4.w, acc[g]))));
+        }
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) {
+      if (g >= ng) break;
+      const float sc = __fmul_rn(acc[g], scale);
+      x[g][tid] = sc;
+      m[g] = sc;
+    }
   }
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(kAll, sum, o);
-  __syncthreads();  // every warp has read red_f (the max) and written its exps
-  if (lane == 0) red_f[warp] = sum;
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g) {
+    if (g >= ng) break;
+    float v = m[g];
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kAll, v, o));
+    if (lane == 0) red[g][warp] = v;
+  }
   __syncthreads();
-  // V: kThreads / HD parts of the cells per dimension, 8 cells' loads in flight per thread.
-  const int parts = kThreads / HD, d = threadIdx.x % HD, part = threadIdx.x / HD;
-  float acc[8] = {};
+  if (tid < ng) {
+    float v = red[tid][0];
+    for (int w = 1; w < kWarps; ++w) v = fmaxf(v, red[tid][w]);
+    head_max[tid] = v;
+  }
+  __syncthreads();
+  float sum[kMaxGroup] = {};
+  if (tid < n) {
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) {
+      if (g >= ng) break;
+      const float e = GgmlExpf(__fsub_rn(x[g][tid], head_max[g]));
+      x[g][tid] = e;
+      sum[g] = e;
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g) {
+    if (g >= ng) break;
+    float v = sum[g];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kAll, v, o);
+    if (lane == 0) red[g][warp] = v;  // every max was read before the barrier above
+  }
+  __syncthreads();
+
+  // V: kThreads / HD parts of the cells per dimension, 8 cells' loads in flight per thread; the
+  // lanes of a warp share their part, so x[g][j] is a broadcast.
+  const int parts = kThreads / HD, d = tid % HD, part = tid / HD;
+  float o[kMaxGroup] = {};
   for (int j0 = part; j0 < n; j0 += 8 * parts) {
     float vv[8];
 #pragma unroll
@@ -368,21 +438,33 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const Attention
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
       const int j = j0 + u * parts;
-      acc[u] = fmaf(vv[u], j < n ? x[j] : 0.0f, acc[u]);
+      if (j >= n) break;
+#pragma unroll
+      for (int g = 0; g < kMaxGroup; ++g) {
+        if (g >= ng) break;
+        o[g] = fmaf(vv[u], x[g][j], o[g]);
+      }
     }
   }
-  v_part[threadIdx.x] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  __syncthreads();
-  float* p = a.scores + (int64_t(t) * a.n_head + h) * AttentionScoresStride(a.max_ctx) + split * SplitPartialFloats(HD);
-  if (part == 0) {
-    float o = v_part[d];
-    for (int k = 1; k < parts; ++k) o += v_part[k * HD + d];
-    p[2 + d] = o;
+  // The parts through shared memory (q_s is free: every score was computed before the barriers).
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g) {
+    if (g >= ng) break;
+    q_s[(part * kMaxGroup + g) * HD + d] = o[g];
   }
-  if (threadIdx.x == 0) {
+  __syncthreads();
+  const int64_t stride = AttentionScoresStride(a.max_ctx), split_at = blockIdx.z * SplitPartialFloats(HD);
+  for (int i = tid; i < ng * HD; i += kThreads) {
+    const int g = i / HD, dd = i % HD;
+    float v = q_s[g * HD + dd];
+    for (int k = 1; k < parts; ++k) v += q_s[(k * kMaxGroup + g) * HD + dd];
+    a.scores[(int64_t(t) * a.n_head + h0 + g) * stride + split_at + 2 + dd] = v;
+  }
+  if (tid < ng) {
     float total = 0.0f;
-    for (int w = 0; w < kWarps; ++w) total += red_f[w];
-    p[0] = max;
+    for (int w = 0; w < kWarps; ++w) total += red[tid][w];
+    float* p = a.scores + (int64_t(t) * a.n_head + h0 + tid) * stride + split_at;
+    p[0] = head_max[tid];
     p[1] = total;
   }
 }
@@ -392,7 +474,9 @@ __global__ void AttentionCombineKernel(const AttentionArgs a) {
   AllowDependents();
   WaitForPredecessor();
   const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x, HD = a.head_dim;
-  const int n_splits = (a.pos[t] + 1 + kAttentionSplitCells - 1) / kAttentionSplitCells;
+  const int n_pos = a.pos[t] + 1;
+  const SplitRange r = SplitRangeOf(n_pos, SplitsLaunched(HD, a.max_ctx));
+  const int n_splits = min(r.used, (n_pos + r.cells - 1) / r.cells);  // the non-empty ones
   const float* p = a.scores + (int64_t(t) * a.n_head + h) * AttentionScoresStride(a.max_ctx);
   const int64_t stride = SplitPartialFloats(HD);
   float max = -FLT_MAX;
@@ -419,8 +503,9 @@ bool AttentionFusesQkNormRope(int head_dim) {
 }
 
 bool AttentionSplitSupported(int head_dim, int max_ctx) {
-  return head_dim % 32 == 0 && head_dim <= kThreads && kThreads % head_dim == 0 &&
-         SplitCount(max_ctx) * SplitPartialFloats(head_dim) <= AttentionScoresStride(max_ctx);
+  if (head_dim % 32 != 0 || head_dim > kThreads || kThreads % head_dim != 0) return false;
+  const int launched = SplitsLaunched(head_dim, max_ctx);  // a full context's splits fit a block's cells
+  return launched >= 1 && (max_ctx + launched - 1) / launched <= kAttentionSplitCells;
 }
 
 void LaunchAttention(const AttentionArgs& args, int n_tokens, cudaStream_t stream) {
@@ -438,8 +523,11 @@ void LaunchAttention(const AttentionArgs& args, int n_tokens, cudaStream_t strea
       std::fprintf(stderr, "attention: split-K unsupported at head_dim %d, max_ctx %d\n", args.head_dim, args.max_ctx);
       std::abort();
     }
-    LaunchPdl(AttentionSplitKernel, dim3(n_tokens, args.n_head, SplitCount(args.max_ctx)), dim3(kThreads), 0, stream,
-              args);
+    const int group = args.n_head / args.n_head_kv;
+    LaunchPdl(AttentionSplitKernel,
+              dim3(n_tokens, args.n_head_kv * ((group + kMaxGroup - 1) / kMaxGroup),
+                   SplitsLaunched(args.head_dim, args.max_ctx)),
+              dim3(kThreads), 0, stream, args);
     LaunchPdl(AttentionCombineKernel, dim3(n_tokens, args.n_head), dim3(args.head_dim), 0, stream, args);
     return;
   }

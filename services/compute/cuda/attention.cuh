@@ -39,12 +39,14 @@ struct AttentionArgs {
   QkNormRopeArgs rope{};
 };
 
-// Split-K (long contexts): each (token, head) is cut into ranges of kAttentionSplitCells cells,
-// one block each, whose partial softmax (max, sum, sum of exp . V) goes to the scores scratch, and
-// a second kernel combines them. Not bit-exact with the CPU (the softmax's sums are regrouped;
-// within 1e-5 relative L2 of an exact softmax), so the engine uses it only where a step's
-// longest context passes CudaEngineOptions::attention_split_min_cells, and the exact kernel (a block
-// per token and head, attention.cu) otherwise.
+// Split-K (long contexts): each token's cells are cut into equal ranges (at least 32 cells, at
+// most kAttentionSplitCells, as many as the scores scratch of a (token, head) holds partials for),
+// one block per range and KV head, which takes the query heads of its group (up to 16 at once:
+// each K and V row is read once for all of them); the partial softmaxes (max, sum, sum of exp . V) go to the scores
+// scratch, and a second kernel combines them. Not bit-exact with the CPU (the scores' and the
+// softmax's sums are regrouped; within 1e-5 relative L2 of an exact softmax), so the engine uses
+// it only where a step's longest context passes CudaEngineOptions::attention_split_min_cells, and
+// the exact kernel (a block per token and head, attention.cu) otherwise.
 inline constexpr int kAttentionSplitCells = 256;
 // Whether split-K can run at this geometry (head_dim divides the block; its partials fit the scratch).
 bool AttentionSplitSupported(int head_dim, int max_ctx);
