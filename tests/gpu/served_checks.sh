@@ -31,14 +31,15 @@
 #   batch:      tests/gpu/batch_bench.sh with 64 streams, every expert in VRAM, for each setting of
 #               BATCH_ENVS;
 #   peer:       mer beside llama.cpp's CUDA build on the same GGUF, for each of PEER_MODELS
-#               ("LABEL:PRESET:QUANT[:LAYERS]", written by `mer synth --row-pool 61 --router-skew
+#               ("LABEL:PRESET:QUANT[:LAYERS[:DEPTH]]", written by `mer synth --row-pool 61 --router-skew
 #               SKEW`, deleted after use): `mer bench --backend cuda --model` at each prompt of
 #               PEER_PROMPTS (every expert in VRAM) for each --multi-token-kernels of PEER_KERNELS,
 #               and a 31-token prompt at each VRAM budget of
 #               PEER_BUDGETS below 100%, then `llama-bench` (LLAMA_BENCH, default the bundle's) on
 #               the same file, all layers on the GPU (-p PEER_PROMPTS -n PEER_GEN, flash attention)
 #               and, for each budget below 100%, with the experts of the other layers on the CPU
-#               (-ncmoe: llama.cpp places experts by layer, not by expert).
+#               (-ncmoe: llama.cpp places experts by layer, not by expert); with DEPTH, decode after
+#               a prompt of DEPTH tokens in both (mer bench --prompt-tokens DEPTH, llama-bench -d DEPTH).
 # Programs come from BUNDLE (bin/ and a run wrapper; docs/benchmarks.md, "Machines"); results
 # under OUT (summary.txt last). Every step is time-bounded by DEADLINE (seconds since the start),
 # so that the whole run ends within it.
@@ -232,7 +233,7 @@ if has_step batch; then
 fi
 if has_step peer; then
   for spec in $PEER_MODELS; do
-    IFS=: read -r label preset quant layers <<< "$spec"
+    IFS=: read -r label preset quant layers depth <<< "$spec"
     model="/tmp/peer-$label.gguf"
     t0=$SECONDS
     timeout "$(left 300)" "$BUNDLE/run" mer synth --preset "$preset" --quant "$quant" ${layers:+--layers "$layers"} \
@@ -257,11 +258,24 @@ if has_step peer; then
       note "peer $label: mer bench, VRAM $b, prompt 31 + $PEER_GEN: rc=$? $(grep -E '^(prompt_tps|decode_tps|vram_hit_rate|uploaded)' \
         "$OUT/peer_${label}_mer_$b.log" | awk '{printf "%s %s  ", $1, $2}')"
     done
+    if [ -n "$depth" ]; then
+      log="$OUT/peer_${label}_mer_depth$depth.log"
+      timeout "$(left 150)" "$BUNDLE/run" mer bench --model "$model" --backend cuda --vram-expert-budget 100% \
+        --prompt-tokens "$depth" --gen-tokens "$PEER_GEN" --warmup 0 --runs 1 > "$log" 2>&1
+      note "peer $label: mer bench, VRAM 100%, prompt $depth + $PEER_GEN: rc=$?" \
+           "$(grep -E '^(prompt_tps|decode_tps|ttft)' "$log" | awk '{printf "%s %s  ", $1, $2}')"
+    fi
     prompts=$(echo "$PEER_PROMPTS" | tr ' ' ',')
     timeout "$(left 200)" "$BUNDLE/run" "$LLAMA_BENCH" -m "$model" -ngl 99 -fa 1 -p "$prompts" -n "$PEER_GEN" -r 2 \
       > "$OUT/peer_${label}_llama.log" 2>&1
     note "peer $label: llama-bench, every layer on the GPU: rc=$?"
     grep -E '^\|' "$OUT/peer_${label}_llama.log" | tee -a "$summary"
+    if [ -n "$depth" ]; then
+      timeout "$(left 150)" "$BUNDLE/run" "$LLAMA_BENCH" -m "$model" -ngl 99 -fa 1 -p 0 -n "$PEER_GEN" -d "$depth" -r 1 \
+        > "$OUT/peer_${label}_llama_depth$depth.log" 2>&1
+      note "peer $label: llama-bench, decode after $depth tokens: rc=$?"
+      grep -E '^\|' "$OUT/peer_${label}_llama_depth$depth.log" | tee -a "$summary"
+    fi
     for b in $PEER_BUDGETS; do
       [ "$b" = "100%" ] && continue
       cpu_layers=$(( n_layer - n_layer * ${b%\%} / 100 ))
