@@ -67,6 +67,7 @@ struct BackendCounters {
   int64_t host_syncs = 0;             // stream/event synchronisations inside Forward
   int64_t graph_launches = 0;         // steps replayed as a CUDA graph
   int64_t attention_split_steps = 0;  // steps whose attention ran split-K
+  int64_t attention_flash_steps = 0;  // steps whose attention ran on the tensor cores (cuda)
   int64_t vram_prefetch_issued = 0;   // experts uploaded ahead of demand by the look-ahead
   int64_t vram_prefetch_useful = 0;   // of those, used by the layer they were predicted for
   int64_t vram_prefetch_wasted = 0;   // not used by it

@@ -51,6 +51,7 @@ absl::StatusOr<CreatedBackend> CreateBackend(const ModelWeights& weights, Expert
     co.vram_prefetch = o.vram_prefetch;
     co.profile_kernels = o.profile_kernels;
     if (o.attention_split_min_cells.has_value()) co.attention_split_min_cells = *o.attention_split_min_cells;
+    if (o.attention_flash_min_tokens.has_value()) co.attention_flash_min_tokens = *o.attention_flash_min_tokens;
     co.vram_residency = o.vram_residency;
     co.device_misses = o.device_misses;
     if (o.arena_policy != "lfu" && o.arena_policy != "lru")

@@ -33,6 +33,8 @@ struct BackendOptions {
   bool profile_kernels = false;  // cuda: time every kernel (ComputeBackend::KernelProfile)
   // cuda: CudaEngineOptions::attention_split_min_cells; unset: the engine's default.
   std::optional<int> attention_split_min_cells;
+  // cuda: CudaEngineOptions::attention_flash_min_tokens; unset: the engine's default.
+  std::optional<int> attention_flash_min_tokens;
   // cuda: export the arena to mer-residency over CUDA IPC (it fills it); null: upload here.
   VramResidency* vram_residency = nullptr;
   // cuda with vram_residency: the device decides each layer's hits and misses (CudaEngineOptions::

@@ -26,6 +26,7 @@
 #include "services/compute/cuda/attention.cuh"
 #include "services/compute/cuda/cuda_check.cuh"
 #include "services/compute/cuda/embed.cuh"
+#include "services/compute/cuda/flash_attention.cuh"
 #include "services/compute/cuda/kquant_layout.cuh"
 #include "services/compute/cuda/matvec.cuh"
 #include "services/compute/cuda/moe_experts.cuh"
@@ -717,6 +718,137 @@ TEST(CudaKernels, ShortContextAttentionSplitK) {
   const std::vector<int32_t> seq = {0, 1, 0, 1, 0, 1}, pos = {0, 31, 32, 200, 700, 1023};
   for (AttentionShape sh : {AttentionShape{32, 4, 128}, AttentionShape{12, 4, 64}})
     CheckQkNormRopeAttention(sh, 1100, seq, pos, AttentionPath::kSplit);
+}
+
+// The tensor-core attention (flash_attention.cuh) against the exact kernel on the same random q
+// and cache (cells of 2 sequences of max_ctx; the batch's cells already in the cache): relative
+// L2 within kFlashAttentionRelL2Bound over the whole output, every row finite and within 4x the
+// bound on its own. With poison, the cells no row may read (past each sequence's last position
+// in the batch, and the whole of a sequence the batch does not touch) hold K = 1e4 and V = NaN,
+// and the cell of the batch's last position, which only its own row reads, V = 1e3: a kernel
+// reading past a row's position, past the step's cells or across sequences fails.
+void CheckFlashAttention(AttentionShape sh, int max_ctx, const std::vector<int32_t>& seq,
+                         const std::vector<int32_t>& pos, bool poison) {
+  const int n_seq = 2, HD = sh.head_dim, KD = sh.n_head_kv * HD, QD = sh.n_head * HD, n = seq.size();
+  std::vector<float> kc = Random(int64_t(n_seq) * max_ctx * KD), vc = Random(int64_t(n_seq) * max_ctx * KD);
+  const std::vector<float> q = Random(int64_t(n) * QD);
+  if (poison) {
+    std::vector<int32_t> last(n_seq, -1);
+    for (int t = 0; t < n; ++t) last[seq[t]] = std::max(last[seq[t]], pos[t]);
+    for (int s = 0; s < n_seq; ++s)
+      for (int c = last[s] + 1; c < max_ctx; ++c)
+        for (int i = 0; i < KD; ++i) {
+          kc[(int64_t(s) * max_ctx + c) * KD + i] = 1e4f;
+          vc[(int64_t(s) * max_ctx + c) * KD + i] = std::numeric_limits<float>::quiet_NaN();
+        }
+    for (int i = 0; i < KD; ++i) vc[(int64_t(seq[n - 1]) * max_ctx + pos[n - 1]) * KD + i] = 1e3f;
+  }
+  float *dq = ToDevice(q), *dkc = ToDevice(kc), *dvc = ToDevice(vc);
+  int32_t *dseq = ToDevice(seq), *dpos = ToDevice(pos);
+  float* scores = DeviceNaN<float>(int64_t(n) * sh.n_head * cuda::AttentionScoresStride(max_ctx));
+  float *want_d = DeviceNaN<float>(int64_t(n) * QD), *got_d = DeviceNaN<float>(int64_t(n) * QD);
+  cuda::AttentionArgs a{dq, dkc, dvc, dseq, dpos, scores, want_d, cuda::DevAct{}, sh.n_head, sh.n_head_kv, HD, max_ctx};
+  cuda::LaunchAttention(a, n, nullptr);
+  a.out = got_d;
+  a.scores = nullptr;
+  ASSERT_TRUE(cuda::FlashAttentionSupported(HD)) << "head_dim " << HD;
+  cuda::LaunchFlashAttention(a, n, nullptr);
+  const std::vector<float> want = ToHost(want_d, int64_t(n) * QD), got = ToHost(got_d, int64_t(n) * QD);
+  const std::string what = "flash attention, heads " + std::to_string(sh.n_head) + "/" + std::to_string(sh.n_head_kv) +
+                           " x " + std::to_string(HD) + ", " + std::to_string(n) + " tokens" +
+                           (poison ? ", poisoned cells" : "");
+  const double err = RelL2(got, want);
+  EXPECT_LE(err, cuda::kFlashAttentionRelL2Bound) << what;
+  double worst_row = 0;
+  for (int t = 0; t < n; ++t) {
+    const std::vector<float> g(got.begin() + int64_t(t) * QD, got.begin() + int64_t(t + 1) * QD);
+    const std::vector<float> w(want.begin() + int64_t(t) * QD, want.begin() + int64_t(t + 1) * QD);
+    const double e = RelL2(g, w);  // infinite for a non-finite row
+    worst_row = std::max(worst_row, e);
+    ASSERT_LE(e, 4 * cuda::kFlashAttentionRelL2Bound)
+        << what << ": token " << t << " (seq " << seq[t] << ", pos " << pos[t] << ")";
+  }
+  std::printf("[%s] rel L2 %.3g, worst row %.3g\n", what.c_str(), err, worst_row);
+  for (void* p :
+       {(void*)dq, (void*)dkc, (void*)dvc, (void*)dseq, (void*)dpos, (void*)scores, (void*)want_d, (void*)got_d})
+    CUDA_CHECK(cudaFree(p));
+}
+
+// n consecutive positions of one sequence from `first` (a prompt chunk).
+void Chunk(int32_t s, int32_t first, int n, std::vector<int32_t>* seq, std::vector<int32_t>* pos) {
+  for (int i = 0; i < n; ++i) {
+    seq->push_back(s);
+    pos->push_back(first + i);
+  }
+}
+
+// Prompt chunks from position 0 (1 to 512 tokens: one tile, tiles partly filled, several tiles)
+// and one continuing a sequence (positions 300..811, the earlier cells already in the cache), at
+// head_dim 64 and 128 with GQA ratios 1, 4 and 8.
+TEST(CudaKernels, FlashAttentionCloseToExact) {
+  for (AttentionShape sh : {AttentionShape{8, 8, 64}, AttentionShape{16, 4, 64}, AttentionShape{8, 1, 64},
+                            AttentionShape{8, 8, 128}, AttentionShape{32, 8, 128}, AttentionShape{32, 4, 128}}) {
+    for (int n : {1, 17, 64, 200, 512}) {
+      std::vector<int32_t> seq, pos;
+      Chunk(0, 0, n, &seq, &pos);
+      CheckFlashAttention(sh, 1024, seq, pos, false);
+    }
+    std::vector<int32_t> seq, pos;
+    Chunk(1, 300, 512, &seq, &pos);
+    CheckFlashAttention(sh, 1024, seq, pos, false);
+  }
+}
+
+// Batches that are not one run: two sequences' chunks in one step (a tile holding both), and
+// single tokens of either sequence at scattered positions between and after them.
+TEST(CudaKernels, FlashAttentionMixedBatchCloseToExact) {
+  for (AttentionShape sh : {AttentionShape{16, 4, 64}, AttentionShape{32, 4, 128}}) {
+    std::vector<int32_t> seq, pos;
+    Chunk(1, 500, 70, &seq, &pos);
+    Chunk(0, 0, 60, &seq, &pos);
+    for (int32_t p : {700, 3, 999}) Chunk(0, p, 1, &seq, &pos);
+    Chunk(1, 640, 1, &seq, &pos);
+    CheckFlashAttention(sh, 1024, seq, pos, false);
+  }
+}
+
+// Masking: the cells a row may not read hold values that would show (module comment of
+// CheckFlashAttention), and the 1e3 of the last position's V reaches only its own row.
+TEST(CudaKernels, FlashAttentionMasksFutureAndOtherCells) {
+  for (AttentionShape sh : {AttentionShape{8, 2, 64}, AttentionShape{32, 4, 128}}) {
+    std::vector<int32_t> seq, pos;
+    Chunk(0, 0, 100, &seq, &pos);
+    CheckFlashAttention(sh, 512, seq, pos, true);
+    seq.clear();
+    pos.clear();
+    Chunk(1, 300, 150, &seq, &pos);  // sequence 0 untouched: all of it poisoned
+    CheckFlashAttention(sh, 512, seq, pos, true);
+  }
+}
+
+// With out_act the output goes out as activations: for Q8_0 (a warp per 32-element block) the
+// bytes of the f32 output converted by LaunchQuantize.
+TEST(CudaKernels, FlashAttentionWritesActivations) {
+  const AttentionShape sh{32, 4, 128};
+  const int max_ctx = 256, HD = sh.head_dim, KD = sh.n_head_kv * HD, QD = sh.n_head * HD;
+  std::vector<int32_t> seq, pos;
+  Chunk(0, 10, 100, &seq, &pos);
+  const int n = seq.size();
+  float *dq = ToDevice(Random(int64_t(n) * QD)), *dkc = ToDevice(Random(int64_t(max_ctx) * KD)),
+        *dvc = ToDevice(Random(int64_t(max_ctx) * KD));
+  int32_t *dseq = ToDevice(seq), *dpos = ToDevice(pos);
+  float* out = DeviceNaN<float>(int64_t(n) * QD);
+  cuda::AttentionArgs a{dq, dkc, dvc, dseq, dpos, nullptr, out, cuda::DevAct{}, sh.n_head, sh.n_head_kv, HD, max_ctx};
+  cuda::LaunchFlashAttention(a, n, nullptr);
+  DeviceAct want(GgmlType::kQ8_0, QD, n), got(GgmlType::kQ8_0, QD, n);
+  cuda::LaunchQuantize(out, QD, n, QD, want.act, nullptr);
+  a.out = nullptr;
+  a.out_act = got.act;
+  cuda::LaunchFlashAttention(a, n, nullptr);
+  const int64_t rb = cuda::ActRowBytes(want.act.type, QD);
+  EXPECT_EQ(ToHost(got.act.data, n * rb), ToHost(want.act.data, n * rb));
+  EXPECT_EQ(ToHost(got.act.scales, n * QD / 32), ToHost(want.act.scales, n * QD / 32));
+  for (void* p : {(void*)dq, (void*)dkc, (void*)dvc, (void*)dseq, (void*)dpos, (void*)out}) CUDA_CHECK(cudaFree(p));
 }
 
 // ---------------------------------------------------------------------------------------------

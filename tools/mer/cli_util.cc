@@ -40,6 +40,7 @@ absl::StatusOr<LoadedModel> LoadModel(const Flags& flags, int min_context_tokens
   ASSIGN_OR_RETURN(const int64_t vram_prefetch, flags.Int("vram-prefetch", 1));
   ASSIGN_OR_RETURN(const int64_t profile_kernels, flags.Int("profile-kernels", 0));
   ASSIGN_OR_RETURN(const int64_t split_cells, flags.Int("attention-split-cells", -1));
+  ASSIGN_OR_RETURN(const int64_t flash_tokens, flags.Int("attention-flash-min-tokens", -1));
   if (threads < 0 || threads > 1024) return absl::InvalidArgumentError("--threads must be in [0, 1024]");
   BackendOptions o;
   o.backend = m.backend = flags.String("backend", "cpu");
@@ -52,6 +53,7 @@ absl::StatusOr<LoadedModel> LoadModel(const Flags& flags, int min_context_tokens
   o.profile_kernels = profile_kernels != 0;
   o.multi_token_kernels = flags.String("multi-token-kernels");
   if (split_cells >= 0) o.attention_split_min_cells = static_cast<int>(std::min<int64_t>(split_cells, 1 << 24));
+  if (flash_tokens >= 0) o.attention_flash_min_tokens = static_cast<int>(std::min<int64_t>(flash_tokens, 1 << 24));
 
   std::string path;
   if (flags.Has("store") || flags.Has("residency")) {

@@ -19,7 +19,8 @@ constexpr char kHelp[] = R"(usage: mer bench (--model F.gguf | --store STORE_DIR
                  [--gen-tokens 128] [--runs 3] [--warmup 1]
                  [--backend cpu|cuda] [--vram-expert-budget BYTES|PERCENT%] [--pin-experts 0|1]
                  [--vram-prefetch 0|1] [--profile-kernels 0|1] [--attention-split-cells N]
-                 [--multi-token-kernels auto|dp4a|exact|fast] [--temperature T --seed S]
+                 [--attention-flash-min-tokens N] [--multi-token-kernels auto|dp4a|exact|fast]
+                 [--temperature T --seed S]
 
 Greedy generation of --gen-tokens tokens after a fixed prompt of --prompt-tokens tokens (the
 start of a fixed English text, repeated as needed), end-of-sequence ignored; --temperature > 0
@@ -32,6 +33,9 @@ look-ahead prefetches per token, and the arena and peak device memory; --profile
 times every kernel with CUDA events (graphs off, so the step is slower than without) and prints
 GPU time per kernel kind; --attention-split-cells N runs attention split-K in steps whose context
 passes N cells (not bit-exact with the CPU; 0: never; default: the cuda engine's 512);
+--attention-flash-min-tokens N runs attention on the tensor cores in steps with a run of at least
+N tokens of one sequence (prompt chunks; not bit-exact with the CPU; 0: never; default: the cuda
+engine's 64);
 --multi-token-kernels picks the kernels of prompt chunks' Q8_0 products (mer-compute --help). With --store
 and --residency the experts come from the mer-residency instance NAME (its RAM tier, filled from
 the store).
@@ -66,6 +70,7 @@ absl::Status Bench(const Args& args) {
                                           "vram-prefetch",
                                           "profile-kernels",
                                           "attention-split-cells",
+                                          "attention-flash-min-tokens",
                                           "multi-token-kernels",
                                           "temperature",
                                           "seed"},

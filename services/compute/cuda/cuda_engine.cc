@@ -685,7 +685,7 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
   const DevAct aa = ActA(ActType(L.wo_type), QD);
   cuda::AttentionArgs at{};
   // A decode step's attention does the Q/K norm, RoPE and KV append itself (one launch less).
-  at.fused_rope = n == 1 && !attention_split && cuda::AttentionFusesQkNormRope(c.head_dim);
+  at.fused_rope = n == 1 && !attention_split && !attention_flash && cuda::AttentionFusesQkNormRope(c.head_dim);
   if (at.fused_rope) {
     at.rope = r;
   } else {
@@ -706,8 +706,13 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
   at.split = attention_split;
   const bool attention_converts = cuda::AttentionConvertsOutput(c.head_dim) && cuda::KernelsStoreAct(aa.type);
   if (attention_converts) at.out_act = aa;
-  cuda::LaunchAttention(at, n, stream);
-  Mark(at.fused_rope ? "qk_norm_rope + attention" : "attention");
+  if (attention_flash) {
+    cuda::LaunchFlashAttention(at, n, stream);
+    Mark("flash attention");
+  } else {
+    cuda::LaunchAttention(at, n, stream);
+    Mark(at.fused_rope ? "qk_norm_rope + attention" : "attention");
+  }
   if (!attention_converts) cuda::LaunchQuantize(attn, QD, n, QD, aa, stream);
   Mark("quantize attn");
   const cuda::MatvecOutput wo{L.wo, x, E, x};
@@ -926,8 +931,10 @@ absl::Status CudaEngine::Run(absl::Span<const BatchToken> batch, float* logits, 
   absl::Status status;
   if (m.device_misses) m.miss_service->StepLaunched();
   m.step_is_decode = n == 1;
-  m.attention_split = m.AttentionSplitAt(max_position);
+  m.attention_flash = m.AttentionFlashFor(batch);
+  m.attention_split = !m.attention_flash && m.AttentionSplitAt(max_position);
   m.stats.attention_split_steps += m.attention_split;
+  m.stats.attention_flash_steps += m.attention_flash;
   m.Mark("start");
   const bool argmax = ids != nullptr && n_out > 0;
   m.routes_this_step = routed;
@@ -1014,6 +1021,7 @@ absl::Status CudaEngine::DecodePipelined(int sequence, int32_t token, int32_t po
     int32_t max_position = 0;
     m.FillInput(absl::MakeConstSpan(&step, 1), m.pipe_input[b], &max_position);
     m.step_is_decode = true;
+    m.attention_flash = false;
     m.attention_split = m.AttentionSplitAt(max_position);
     m.stats.attention_split_steps += m.attention_split;
     const bool from_device = i > 0;

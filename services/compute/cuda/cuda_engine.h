@@ -73,6 +73,12 @@ struct CudaEngineOptions {
   // (219.5 / 215.6). Hence 512: contexts up to 512 cells (the corpus, the benchmark's 159) stay
   // bit-exact; 0 keeps every length so.
   int attention_split_min_cells = 512;
+  // Steps with a run of at least this many consecutive batch tokens of one sequence (a prompt
+  // chunk) and more than one token run attention on the tensor cores (flash_attention.cuh)
+  // instead of the exact or split-K kernel; 0: never. Not bit-exact with the CPU (f16 inputs,
+  // within 5e-3 relative L2 of the exact kernel), so decode steps, which never take it, and
+  // short prompts keep the exact kernel's bits.
+  int attention_flash_min_tokens = 64;
   // Non-null: a partial arena is exported to mer-residency through CUDA IPC and filled by it (the
   // experts come through this, not the ExpertSource; docs/cuda.md, "The arena over CUDA IPC"); an
   // arena that holds every expert is filled from the ExpertSource at Create and not exported.

@@ -8,6 +8,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -29,6 +30,7 @@
 #include "services/compute/cuda/cuda_engine.h"
 #include "services/compute/cuda/device_buffers.h"
 #include "services/compute/cuda/device_layout.cuh"
+#include "services/compute/cuda/flash_attention.cuh"
 #include "services/compute/cuda/matvec.cuh"
 #include "services/compute/cuda/moe_experts.cuh"
 #include "services/compute/cuda/moe_group.cuh"
@@ -289,6 +291,8 @@ struct CudaEngine::Impl {
   cudaGraphExec_t pipe_graph[2][2][2] = {};
   // This step's attention is split-K: its longest context passes o.attention_split_min_cells.
   bool attention_split = false;
+  // This step's attention runs on the tensor cores (AttentionFlashFor); attention_split is then false.
+  bool attention_flash = false;
 
   BackendCounters stats;
 
@@ -434,6 +438,18 @@ struct CudaEngine::Impl {
   bool AttentionSplitAt(int32_t max_position) const {
     return o.attention_split_min_cells > 0 && max_position + 1 > o.attention_split_min_cells &&
            cuda::AttentionSplitSupported(c.head_dim, o.max_context_tokens);
+  }
+  // Whether a step runs the tensor-core attention: more than one token, and a run of at least
+  // o.attention_flash_min_tokens consecutive tokens of one sequence.
+  bool AttentionFlashFor(absl::Span<const BatchToken> batch) const {
+    if (o.attention_flash_min_tokens <= 0 || batch.size() < 2 || !cuda::FlashAttentionSupported(c.head_dim))
+      return false;
+    int run = 0, longest = 0;
+    for (size_t t = 0; t < batch.size(); ++t) {
+      run = t > 0 && batch[t].sequence == batch[t - 1].sequence ? run + 1 : 1;
+      longest = std::max(longest, run);
+    }
+    return longest >= o.attention_flash_min_tokens;
   }
 };
 
