@@ -1,8 +1,9 @@
 // The experts of one layer, all selected ones in one launch each, reading weights through the
 // device-side slot table: expert e of the layer lives at arena + slot_table[e] * slot_bytes as
-// gate | up | down (device layout, device_layout.cuh), each [rows, cols]; gate and up of one type,
-// down of its own (Q4_K_M files mix them). Matrices of the types of kquant_layout.cuh:
-// kquant_experts.cuh.
+// gate | up | down (device layout, device_layout.cuh), each [rows, cols]; down of its own type
+// (Q4_K_M files mix them). LaunchExpertGateUp takes gate and up of one type; a layer whose gate
+// and up differ takes LaunchExpertGateUpMixed (expert_product.cuh). Matrices of the types of
+// kquant_layout.cuh: kquant_experts.cuh.
 //
 // GateUp: h[p, :] = silu(gate . x[t]) * (up . x[t]) for every pair p = t * k + j routed to a used
 //   expert (moe_group.cuh), act: token rows of the gate's dot type; h: f32 [n_pairs, n_ff].
@@ -22,7 +23,7 @@
 namespace mer::cuda {
 
 struct ExpertArgs {
-  int type;       // weight type of gate and up
+  int type;       // weight type of gate
   int down_type;  // weight type of down
   const uint8_t* arena;
   int64_t slot_bytes;
@@ -34,6 +35,7 @@ struct ExpertArgs {
   const int32_t* begin;
   const int32_t* pairs;
   int u_begin, u_count;
+  int up_type;  // weight type of up (equal to type for LaunchExpertGateUp)
 };
 
 void LaunchExpertGateUp(const ExpertArgs& args, const DevAct& x_act, float* h, int max_group_pairs,
