@@ -30,12 +30,12 @@ struct ExpertArgs {
   const int32_t* slot_table;       // this layer's [n_expert] -> slot or -1
   int64_t up_offset, down_offset;  // bytes from the slot start
   int32_t n_embd, n_ff, k;
+  int up_type;  // weight type of up (equal to type for LaunchExpertGateUp); in k's padding: no offset moves
   const int32_t* n_used;
   const int32_t* used;
   const int32_t* begin;
   const int32_t* pairs;
   int u_begin, u_count;
-  int up_type;  // weight type of up (equal to type for LaunchExpertGateUp)
 };
 
 void LaunchExpertGateUp(const ExpertArgs& args, const DevAct& x_act, float* h, int max_group_pairs,
