@@ -19,7 +19,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <optional>
+#include <random>
 #include <string>
 #include <thread>
 
@@ -84,11 +87,11 @@ struct Rule {
 };
 
 void CompareWithCpu(const Model& model, const std::string& name, int n_prompts, int n_gen,
-                    std::initializer_list<double> fractions, Rule rule = {}) {
+                    std::initializer_list<double> fractions, Rule rule = {}, int prompt_tokens = kPromptTokens) {
   const ModelWeights& w = *model.weights;
   const int V = w.config().n_vocab;
   const int ctx = std::min(256, w.config().n_ctx_train);
-  const auto prompts = Corpus(n_prompts, kPromptTokens, V, 12345);
+  const auto prompts = Corpus(n_prompts, prompt_tokens, V, 12345);
 
   CpuEngineOptions co;
   co.threads = Threads();
@@ -241,8 +244,10 @@ TEST(CudaVsCpuMixedActivations, EightExpertRecipes) {
 }
 
 // A micro model (2 layers, n_embd and n_ff 256, 4 experts, every one used, so an activation
-// rounding cannot change the routing) with the given type per tensor, against the CPU engine.
-void ComparePerTensorMix(const std::map<std::string, GgmlType>& types, const std::string& name) {
+// rounding cannot change the routing) with the given type per tensor, against the CPU engine at
+// the arena fractions, with prompts of prompt_tokens.
+void ComparePerTensorMix(const std::map<std::string, GgmlType>& types, const std::string& name,
+                         std::initializer_list<double> fractions = {1.0, 0.5}, int prompt_tokens = kPromptTokens) {
   SynthOptions o = gpu_test::TestSynthOptions("micro", SynthQuant::kF32);
   o.geometry.n_embd = 256;
   o.geometry.n_ff_exp = 256;
@@ -258,7 +263,7 @@ void ComparePerTensorMix(const std::map<std::string, GgmlType>& types, const std
   std::filesystem::remove(path);
   ASSERT_NE(model, nullptr);
   for (const auto& [tensor, type] : types) ASSERT_EQ(model->file->FindTensor(tensor)->type, type) << tensor;
-  CompareWithCpu(*model, name, 4, 24, {1.0, 0.5});
+  CompareWithCpu(*model, name, 4, 24, fractions, Rule{}, prompt_tokens);
 }
 
 // Every matrix in a type of its own among those the cuda backend takes (gate and up equal): in a
@@ -289,8 +294,9 @@ TEST(CudaVsCpuMixedActivations, PerTensorMixOfTypes) {
 }
 
 // The same with IQ3_S, IQ2_S and IQ1_S in every role (the embedding rows, the LM head, attention,
-// experts: each of them as gate/up and as down), beside types of the other activation formats
-// (cpu_engine_test's PerTensorMixOfTheSGridTypes with gate and up of one type).
+// experts: each of them as gate, as up and as down), beside types of the other activation formats
+// (cpu_engine_test's PerTensorMixOfTheSGridTypes: layer 1's up Q5_1, with Q8_1 activations beside
+// its gate's Q8_K).
 TEST(CudaVsCpuMixedActivations, PerTensorMixOfTheSGridTypes) {
   ComparePerTensorMix(
       {
@@ -301,26 +307,66 @@ TEST(CudaVsCpuMixedActivations, PerTensorMixOfTheSGridTypes) {
           {"blk.0.attn_v.weight", GgmlType::kIQ3_S},
           {"blk.0.attn_output.weight", GgmlType::kIQ4_NL},
           {"blk.0.ffn_gate_exps.weight", GgmlType::kIQ1_S},
-          {"blk.0.ffn_up_exps.weight", GgmlType::kIQ1_S},
+          {"blk.0.ffn_up_exps.weight", GgmlType::kIQ2_S},
           {"blk.0.ffn_down_exps.weight", GgmlType::kIQ3_S},
           {"blk.1.attn_q.weight", GgmlType::kIQ3_S},
           {"blk.1.attn_k.weight", GgmlType::kQ8_0},
           {"blk.1.attn_v.weight", GgmlType::kIQ1_S},
           {"blk.1.attn_output.weight", GgmlType::kIQ2_S},
           {"blk.1.ffn_gate_exps.weight", GgmlType::kIQ2_S},
-          {"blk.1.ffn_up_exps.weight", GgmlType::kIQ2_S},
+          {"blk.1.ffn_up_exps.weight", GgmlType::kQ5_1},
           {"blk.1.ffn_down_exps.weight", GgmlType::kIQ1_S},
       },
       "micro per-tensor mix of IQ3_S, IQ2_S and IQ1_S");
 }
 
+// A layer's gate, up and down each of its own type (LaunchExpertGateUpMixed): K-quants of one
+// activation type; Q8_0 beside IQ4_XS (Q8_0 and Q8_K activations of one input); IQ2_XXS and
+// IQ3_S; F16 beside Q4_1 (Q8_1); Q5_0 beside Q8_0 (two weight types of one activation type);
+// BF16 beside F32. The arena holding every expert (graphs) and 10% of them (one slot: a layer in
+// 4 passes), with 8-token prompts (decode and prompt steps of a few tokens) and 72-token prompts
+// (multi-token steps of 72 and 96 tokens, every expert used by each token).
+TEST(CudaVsCpuMixedActivations, GateAndUpOfDifferentTypes) {
+  using T = GgmlType;
+  const auto experts = [](int layer, T gate, T up, T down) {
+    const std::string b = absl::StrCat("blk.", layer, ".");
+    return std::map<std::string, GgmlType>{
+        {b + "ffn_gate_exps.weight", gate}, {b + "ffn_up_exps.weight", up}, {b + "ffn_down_exps.weight", down}};
+  };
+  const auto join = [](std::map<std::string, GgmlType> a, const std::map<std::string, GgmlType>& b) {
+    a.insert(b.begin(), b.end());
+    return a;
+  };
+  const struct {
+    std::map<std::string, GgmlType> types;
+    const char* name;
+  } models[] = {
+      {join(experts(0, T::kQ4_K, T::kQ5_K, T::kQ6_K), experts(1, T::kQ8_0, T::kIQ4_XS, T::kQ4_K)),
+       "micro experts q4_k/q5_k/q6_k, q8_0/iq4_xs/q4_k"},
+      {join(experts(0, T::kIQ2_XXS, T::kIQ3_S, T::kQ8_0), experts(1, T::kF16, T::kQ4_1, T::kIQ4_NL)),
+       "micro experts iq2_xxs/iq3_s/q8_0, f16/q4_1/iq4_nl"},
+      {join(experts(0, T::kQ5_0, T::kQ8_0, T::kBF16), experts(1, T::kBF16, T::kF32, T::kQ2_K)),
+       "micro experts q5_0/q8_0/bf16, bf16/f32/q2_k"},
+  };
+  for (const auto& m : models)
+    for (int prompt_tokens : {kPromptTokens, 72}) {
+      SCOPED_TRACE(absl::StrCat(m.name, ", prompts of ", prompt_tokens));
+      ComparePerTensorMix(m.types, absl::StrCat(m.name, ", ", prompt_tokens, "-token prompts"), {1.0, 0.1},
+                          prompt_tokens);
+    }
+}
+
 // Geometries nobody tuned for (`mer synth --preset random:SEED`: widths not multiples of 64, 2-128
 // experts, top-1..8, GQA 1-8, head dims 16-256, contexts 128-1024) in `quant`: the same comparison
 // with every expert resident and with 25%.
-void CompareRandomGeometry(int seed, SynthQuant quant) {
+// tensor_types(geometry): per-tensor types that replace the quant's (SynthOptions::tensor_types).
+void CompareRandomGeometry(
+    int seed, SynthQuant quant,
+    const std::function<std::map<std::string, GgmlType>(const SynthGeometry&)>& tensor_types = nullptr) {
   SynthOptions so = gpu_test::TestSynthOptions("tiny", quant);
   so.geometry = RandomSynthGeometry(seed);
   so.seed = seed;
+  if (tensor_types) so.tensor_types = tensor_types(so.geometry);
   const SynthGeometry& g = so.geometry;
   const std::string name =
       absl::StrCat("random:", seed, " (", g.n_layer, " layers, d ", g.n_embd, ", ", g.n_head, "/", g.n_head_kv,
@@ -377,6 +423,42 @@ TEST_P(RandomGeometrySGrid, GreedyIdsEqualAndForcedLogitsClose) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, RandomGeometrySGrid, ::testing::Range(1, 13));
+
+// Every layer's gate, up and down drawn (from the seed) among the expert types whose blocks divide
+// the rows (the 256-element types only where n_embd or n_ff is whole blocks), gate and up always
+// apart, the other matrices Q8_0: mixed layers (LaunchExpertGateUpMixed) at every geometry, over
+// several pairs per expert in the prompts and batches of top-k.
+class RandomGeometryMixedExperts : public ::testing::TestWithParam<int> {};
+
+std::map<std::string, GgmlType> RandomExpertTypes(int seed, const SynthGeometry& g) {
+  using T = GgmlType;
+  const T all[] = {T::kF32,    T::kF16,     T::kBF16,   T::kQ8_0,  T::kQ4_0,    T::kQ4_1,  T::kQ5_0,
+                   T::kQ5_1,   T::kIQ4_NL,  T::kQ2_K,   T::kQ3_K,  T::kQ4_K,    T::kQ5_K,  T::kQ6_K,
+                   T::kIQ4_XS, T::kIQ2_XXS, T::kIQ2_XS, T::kIQ2_S, T::kIQ3_XXS, T::kIQ3_S, T::kIQ1_S};
+  std::mt19937 rng(static_cast<uint32_t>(seed) * 7919u + 17u);
+  const auto draw = [&](int64_t cols, std::optional<T> other) {
+    std::vector<T> valid;
+    for (T t : all)
+      if (IsRowSizeValid(t, cols) && t != other) valid.push_back(t);
+    return valid[rng() % valid.size()];
+  };
+  std::map<std::string, GgmlType> types;
+  for (int l = 0; l < g.n_layer; ++l) {
+    const std::string b = absl::StrCat("blk.", l, ".");
+    const T gate = draw(g.n_embd, std::nullopt);
+    types[b + "ffn_gate_exps.weight"] = gate;
+    types[b + "ffn_up_exps.weight"] = draw(g.n_embd, gate);
+    types[b + "ffn_down_exps.weight"] = draw(g.n_ff_exp, std::nullopt);
+  }
+  return types;
+}
+
+TEST_P(RandomGeometryMixedExperts, GreedyIdsEqualAndForcedLogitsClose) {
+  const int seed = GetParam();
+  CompareRandomGeometry(seed, SynthQuant::kQ8_0, [seed](const SynthGeometry& g) { return RandomExpertTypes(seed, g); });
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, RandomGeometryMixedExperts, ::testing::Range(1, 13));
 
 // A 1,200-token prompt (five prefill chunks, many pairs per expert in the staged expert kernels,
 // attention past 1,024 cells) and 16 greedy tokens on the small preset: the CPU reference's ids

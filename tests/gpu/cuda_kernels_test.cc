@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -26,6 +27,7 @@
 #include "services/compute/cuda/attention.cuh"
 #include "services/compute/cuda/cuda_check.cuh"
 #include "services/compute/cuda/embed.cuh"
+#include "services/compute/cuda/expert_product.cuh"
 #include "services/compute/cuda/flash_attention.cuh"
 #include "services/compute/cuda/kquant_layout.cuh"
 #include "services/compute/cuda/matvec.cuh"
@@ -999,10 +1001,14 @@ TEST(CudaKernels, KQuantMatvecMatchesCpuRowDots) {
 // Q8_0 throughout, also at the Qwen3-30B-A3B expert geometry (2,048 x 768, where the decode down
 // kernel loads its rows before its wait), experts at permuted arena slots laid out as CudaEngine
 // does, against the CPU engine's MoE: row dots, SwiGLU (cpu_ops.h), conversion of h, down row dots. One token also
-// goes through the decode path's down kernel, which converts h itself.
+// goes through the decode path's down kernel, which converts h itself. Gate and up of different
+// types go through LaunchExpertGateUpMixed, each with the activations of its own type.
 struct ExpertMix {
   GgmlType gate, down;
   int64_t E, F;  // n_embd, n_ff
+  // Up's type; gate's where not given.
+  std::optional<GgmlType> up = std::nullopt;
+  GgmlType up_type() const { return up.value_or(gate); }
 };
 
 // One layer's gate/up and down over 6 experts, top-2 of n tokens, against the CPU engine's MoE:
@@ -1020,13 +1026,15 @@ void ExpertsMatchCpuFor(const ExpertMix& mix, int n, double tolerance = 0) {
     return q;
   };
   const int64_t E = mix.E, F = mix.F;
-  const int64_t gate_bytes = F * RowBytes(mix.gate, E), down_bytes = E * RowBytes(mix.down, F);
-  const int64_t up_offset = align(gate_bytes), down_offset = up_offset + align(gate_bytes);
+  const GgmlType up_type = mix.up_type();
+  const int64_t gate_bytes = F * RowBytes(mix.gate, E), up_bytes = F * RowBytes(up_type, E);
+  const int64_t down_bytes = E * RowBytes(mix.down, F);
+  const int64_t up_offset = align(gate_bytes), down_offset = up_offset + align(up_bytes);
   const int64_t slot_bytes = align(down_offset + down_bytes);
   std::vector<std::vector<uint8_t>> gate(NE), up(NE), down(NE);
   for (int e = 0; e < NE; ++e) {
     gate[e] = weights(mix.gate, F, E, e % 2 == 1);
-    up[e] = weights(mix.gate, F, E, e % 3 == 1);
+    up[e] = weights(up_type, F, E, e % 3 == 1);
     down[e] = weights(mix.down, E, F, e % 2 == 0);
   }
   // Expert e in slot NE - 1 - e, each matrix repacked in place as CudaEngine::UploadExpert does.
@@ -1036,7 +1044,7 @@ void ExpertsMatchCpuFor(const ExpertMix& mix, int n, double tolerance = 0) {
     uint8_t* slot = arena + (NE - 1 - e) * slot_bytes;
     const std::vector<uint8_t>* parts[3] = {&gate[e], &up[e], &down[e]};
     const int64_t offsets[3] = {0, up_offset, down_offset}, cols[3] = {E, E, F};
-    const GgmlType types[3] = {mix.gate, mix.gate, mix.down};
+    const GgmlType types[3] = {mix.gate, up_type, mix.down};
     for (int i = 0; i < 3; ++i) {
       uint8_t* src = ToDevice(*parts[i]);
       sources.push_back(src);
@@ -1066,15 +1074,16 @@ void ExpertsMatchCpuFor(const ExpertMix& mix, int n, double tolerance = 0) {
   const std::vector<float> x = Random(n * E);
   const GgmlType down_act = ActivationTypeFor(mix.down);
   std::vector<float> h_want(n_pairs * F), out_want(n_pairs * E);
-  const GgmlType gate_act = ActivationTypeFor(mix.gate);
-  std::vector<uint8_t> xa(RowBytes(gate_act, E));
+  const GgmlType gate_act = ActivationTypeFor(mix.gate), up_act = ActivationTypeFor(up_type);
+  std::vector<uint8_t> xa(RowBytes(gate_act, E)), xu(RowBytes(up_act, E));
   std::vector<uint8_t> ha(RowBytes(down_act, F));
   for (int p = 0; p < n_pairs; ++p) {
     const int e = chosen[p];
     QuantizeRow(gate_act, &x[(p / K) * E], xa.data(), E);
+    QuantizeRow(up_act, &x[(p / K) * E], xu.data(), E);
     std::vector<float> g(F), u(F);
     VecDotRows(mix.gate, gate[e].data(), F, xa.data(), E, g.data());
-    VecDotRows(mix.gate, up[e].data(), F, xa.data(), E, u.data());
+    VecDotRows(up_type, up[e].data(), F, xu.data(), E, u.data());
     cpu::SwiGlu(g.data(), u.data(), static_cast<int64_t>(g.size()));
     std::copy(g.begin(), g.end(), &h_want[p * F]);
     QuantizeRow(down_act, g.data(), ha.data(), F);
@@ -1082,13 +1091,15 @@ void ExpertsMatchCpuFor(const ExpertMix& mix, int n, double tolerance = 0) {
   }
 
   float* dx = ToDevice(x);
-  DeviceAct x_act(gate_act, E, n);
+  DeviceAct x_act(gate_act, E, n), x_up_act(up_act, E, n);
   cuda::LaunchQuantize(dx, E, n, E, x_act.act, nullptr);
+  cuda::LaunchQuantize(dx, E, n, E, x_up_act.act, nullptr);
   float* h = DeviceNaN<float>(n_pairs * F);
   float* out = DeviceNaN<float>(n_pairs * E);
   DeviceAct h_act(down_act, F, n_pairs);
   cuda::ExpertArgs a{};
   a.type = static_cast<int>(mix.gate);
+  a.up_type = static_cast<int>(up_type);
   a.down_type = static_cast<int>(mix.down);
   a.arena = arena;
   a.slot_bytes = slot_bytes;
@@ -1104,11 +1115,15 @@ void ExpertsMatchCpuFor(const ExpertMix& mix, int n, double tolerance = 0) {
   a.pairs = groups.pairs;
   a.u_begin = 0;
   a.u_count = std::min(NE, n_pairs);
-  cuda::LaunchExpertGateUp(a, x_act.act, h, n, nullptr);
+  if (up_type == mix.gate) {
+    cuda::LaunchExpertGateUp(a, x_act.act, h, n, nullptr);
+  } else {
+    cuda::LaunchExpertGateUpMixed(a, x_act.act, x_up_act.act, h, n, nullptr);
+  }
   cuda::LaunchQuantize(h, F, n_pairs, F, h_act.act, nullptr);
   cuda::LaunchExpertDown(a, h_act.act, out, n, nullptr);
-  const std::string name = std::string(TypeName(mix.gate)) + " gate/up, " + std::string(TypeName(mix.down)) +
-                           " down, " + std::to_string(n) + " tokens";
+  const std::string name = std::string(TypeName(mix.gate)) + " gate, " + std::string(TypeName(up_type)) + " up, " +
+                           std::string(TypeName(mix.down)) + " down, " + std::to_string(n) + " tokens";
   const double h_bound = n > 1 ? tolerance : 0, out_bound = n > 1 ? 1000 * tolerance : 0;
   EXPECT_EQ(Mismatch(ToHost(h, n_pairs * F), h_want, F, h_bound), "") << name << ": SwiGLU output h (token = pair)";
   EXPECT_EQ(Mismatch(ToHost(out, n_pairs * E), out_want, E, out_bound), "") << name << ": down output (token = pair)";
@@ -1163,6 +1178,25 @@ TEST(CudaKernels, ExpertsMatchCpu) {
                         ExpertMix{GgmlType::kQ5_0, GgmlType::kQ5_0, 256, 160},
                         ExpertMix{GgmlType::kQ4_1, GgmlType::kQ4_1, 256, 160},
                         ExpertMix{GgmlType::kQ5_K, GgmlType::kQ5_1, 256, 128}}) {  // Q8_0: Q8_0ExpertsMatchCpu
+    for (int n : {1, 5, 40}) ExpertsMatchCpuFor(mix, n);  // 40: ~13 pairs per expert, several passes
+  }
+}
+
+// Gate and up of different types (LaunchExpertGateUpMixed): K-quants of one activation type
+// (Q8_K), pairs whose activations differ (Q8_0 and Q8_K, Q8_K and Q8_1, F16 and Q8_0, BF16 and
+// F32), two weight types of one activation type (Q8_0 and Q4_0, Q5_0 and IQ4_NL), the grid IQ
+// types and the 32-element types beside each other; one token (the decode launches, and down
+// converting h itself), a few pairs per expert and several passes.
+TEST(CudaKernels, MixedGateUpExpertsMatchCpu) {
+  using T = GgmlType;
+  for (ExpertMix mix :
+       {ExpertMix{T::kQ4_K, T::kQ6_K, 768, 512, T::kQ5_K}, ExpertMix{T::kQ8_0, T::kQ4_K, 768, 512, T::kIQ4_XS},
+        ExpertMix{T::kIQ2_XXS, T::kQ8_0, 768, 512, T::kIQ3_S}, ExpertMix{T::kIQ4_XS, T::kQ8_0, 768, 512, T::kQ8_0},
+        ExpertMix{T::kQ3_K, T::kQ5_1, 256, 160, T::kQ4_1}, ExpertMix{T::kQ5_1, T::kIQ1_S, 256, 512, T::kIQ2_S},
+        ExpertMix{T::kF16, T::kQ4_0, 256, 160, T::kQ8_0}, ExpertMix{T::kBF16, T::kF16, 96, 224, T::kF32},
+        ExpertMix{T::kQ8_0, T::kQ5_0, 160, 96, T::kQ4_0}, ExpertMix{T::kQ5_0, T::kIQ4_NL, 256, 128, T::kIQ4_NL},
+        ExpertMix{T::kIQ1_S, T::kQ2_K, 768, 512, T::kIQ2_XS}, ExpertMix{T::kIQ3_XXS, T::kQ6_K, 768, 512, T::kQ6_K},
+        ExpertMix{T::kQ2_K, T::kBF16, 256, 128, T::kQ5_0}}) {
     for (int n : {1, 5, 40}) ExpertsMatchCpuFor(mix, n);  // 40: ~13 pairs per expert, several passes
   }
 }

@@ -27,6 +27,7 @@
 #include "services/compute/cuda/device_buffers.h"
 #include "services/compute/cuda/device_layout.cuh"
 #include "services/compute/cuda/embed.cuh"
+#include "services/compute/cuda/expert_product.cuh"
 #include "services/compute/cuda/matvec.cuh"
 #include "services/compute/cuda/miss_post.cuh"
 #include "services/compute/cuda/moe_experts.cuh"
@@ -51,7 +52,7 @@ using cuda::DevMatrix;
 namespace {
 
 // A layer's expert types: from the source, or from the weights' merged expert tensors where the
-// source cannot tell and the file has them. Gate and up must share one type.
+// source cannot tell and the file has them. Gate, up and down may each have any supported type.
 absl::StatusOr<ExpertTypes> ExpertTypesOf(const ModelWeights& weights, const ExpertSource& experts, int l) {
   std::optional<ExpertTypes> t = experts.expert_types(l);
   const LayerWeights& L = weights.layers[l];
@@ -63,7 +64,6 @@ absl::StatusOr<ExpertTypes> ExpertTypesOf(const ModelWeights& weights, const Exp
     if (!SupportedType(g))
       return absl::UnimplementedError(absl::StrCat("cuda backend: expert tensor type ", TypeName(g),
                                                    " is not supported yet (", kSupportedTypeNames, ")"));
-  if (t->up != t->gate) return absl::UnimplementedError("cuda backend: the gate and up experts must share one type");
   return *t;
 }
 
@@ -225,8 +225,9 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
 
   // Types. The experts' come from the source (the file's tensors, or an expert store's manifest
   // when the weights are a store's dense.gguf), else from the weights' expert tensors; per layer
-  // they may differ (Q4_K_M), gate and up of one type. Q, K and V may read their input in two
-  // activation types (EnqueueLayer converts it into two buffers), as every GGUF mix does.
+  // they may differ (Q4_K_M), and gate, up and down may each have its own. Q, K and V may read
+  // their input in two activation types (EnqueueLayer converts it into two buffers), as every GGUF
+  // mix does; so may gate and up (act_up).
   for (const LayerWeights& L : weights.layers) {
     for (const MatrixView* mv : {&L.wq, &L.wk, &L.wv, &L.wo, &L.router})
       if (!SupportedType(mv->type))
@@ -240,18 +241,12 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   if (!SupportedType(weights.output.type) || !SupportedType(weights.token_embd.type))
     return absl::UnimplementedError("cuda backend: unsupported type of token_embd or output");
   int64_t slot_end = 0;
+  bool up_acts = false;  // whether some layer's up reads another activation type than its gate
   for (int l = 0; l < c.n_layer; ++l) {
     ASSIGN_OR_RETURN(const ExpertTypes t, ExpertTypesOf(weights, experts, l));
-    // gate, up: [n_ff_exp rows, n_embd cols]; down: [n_embd rows, n_ff_exp cols].
-    ExpertLayout el;
-    el.gate_type = t.gate;
-    el.down_type = t.down;
-    el.gate_bytes = int64_t(c.n_ff_exp) * RowBytes(t.gate, c.n_embd);
-    el.up_bytes = el.gate_bytes;
-    el.down_bytes = int64_t(c.n_embd) * RowBytes(t.down, c.n_ff_exp);
-    el.up_offset = AlignUp(el.gate_bytes);
-    el.down_offset = el.up_offset + AlignUp(el.up_bytes);
-    slot_end = std::max(slot_end, el.down_offset + el.down_bytes);
+    const cuda::ExpertLayout el = cuda::ExpertLayoutFor(t.gate, t.up, t.down, c.n_embd, c.n_ff_exp);
+    slot_end = std::max(slot_end, el.end());
+    up_acts = up_acts || ActType(t.up) != ActType(t.gate);
     // Over CUDA IPC a slot first receives the blob's bytes, converted in place (residency_vram.h).
     if (o.vram_residency != nullptr) slot_end = std::max<int64_t>(slot_end, o.vram_residency->raw_offsets(l).bytes);
     m.expert_layout.push_back(el);
@@ -370,6 +365,10 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   w.Add(&m.act_a_scales, act_a_elems / 32 * 4, "act_a_scales");
   w.Add(&m.act_b, act_b_elems * 4, "act_b");
   w.Add(&m.act_b_scales, act_b_elems / 32 * 4, "act_b_scales");
+  if (up_acts) {  // as act_a: room for f32 rows, the widest activation type
+    w.Add(&m.act_up, T * E * 4, "act_up");
+    w.Add(&m.act_up_scales, T * E / 32 * 4, "act_up_scales");
+  }
   AddMoeGroups(w, NE, T * K, &m.groups, "groups");
   w.Add(&m.router_blocks_done, 4, "router_blocks_done");
   w.Add(&m.step_input, m.in.bytes, "step_input");
@@ -473,21 +472,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   if (o.vram_residency != nullptr) {
     std::vector<cuda::VramLayerLayout> layouts;
     for (int l = 0; l < c.n_layer; ++l) {
-      const ExpertLayout& el = m.expert_layout[l];
-      cuda::VramLayerLayout v;
-      v.gate_type = DevTypeOf(el.gate_type);
-      v.down_type = DevTypeOf(el.down_type);
-      v.gate_repack = NeedsRepack(el.gate_type);
-      v.down_repack = NeedsRepack(el.down_type);
-      v.gate_bytes = el.gate_bytes;
-      v.up_bytes = el.up_bytes;
-      v.down_bytes = el.down_bytes;
-      v.up_offset = el.up_offset;
-      v.down_offset = el.down_offset;
-      v.gate_cols = c.n_embd;
-      v.down_cols = c.n_ff_exp;
-      v.raw = o.vram_residency->raw_offsets(l);
-      layouts.push_back(v);
+      layouts.push_back(cuda::VramLayerLayout{m.expert_layout[l], o.vram_residency->raw_offsets(l)});
     }
     ASSIGN_OR_RETURN(m.residency_vram,
                      cuda::ResidencyVram::Create(*o.vram_residency, o.device, m.arena, m.slot_bytes, m.n_slots,
@@ -588,17 +573,18 @@ absl::Status CudaEngine::Impl::Validate(absl::Span<const BatchToken> batch) {
                     &next_pos, &seen);
 }
 
-void CudaEngine::Impl::EnqueueExperts(int layer, int n, const DevAct& x_act, int u_begin, int u_count) {
+void CudaEngine::Impl::EnqueueExperts(int layer, int n, const ExpertInput& x_act, int u_begin, int u_count) {
   const ModelConfig& cc = c;
   const ExpertLayout& el = expert_layout[layer];
   cuda::ExpertArgs a{};
-  a.type = DevTypeOf(el.gate_type);
-  a.down_type = DevTypeOf(el.down_type);
+  a.type = DevTypeOf(el.gate.type);
+  a.up_type = DevTypeOf(el.up.type);
+  a.down_type = DevTypeOf(el.down.type);
   a.arena = arena;
   a.slot_bytes = slot_bytes;
   a.slot_table = slot_table + int64_t(layer) * cc.n_expert;
-  a.up_offset = el.up_offset;
-  a.down_offset = el.down_offset;
+  a.up_offset = el.up.offset;
+  a.down_offset = el.down.offset;
   a.n_embd = cc.n_embd;
   a.n_ff = cc.n_ff_exp;
   a.k = cc.n_expert_used;
@@ -609,14 +595,19 @@ void CudaEngine::Impl::EnqueueExperts(int layer, int n, const DevAct& x_act, int
   a.u_begin = u_begin;
   a.u_count = u_count;
   const int n_pairs = n * cc.n_expert_used;
-  cuda::LaunchExpertGateUp(a, x_act, h, n, stream);
-  Mark("gate_up");
+  if (a.up_type == a.type) {
+    cuda::LaunchExpertGateUp(a, x_act.gate, h, n, stream);
+    Mark("gate_up");
+  } else {
+    cuda::LaunchExpertGateUpMixed(a, x_act.gate, x_act.up, h, n, stream);
+    Mark("gate, up (mixed types)");
+  }
   if (n == 1 && cuda::ExpertDownConvertsInput(a.down_type, cc.n_ff_exp)) {
     cuda::LaunchExpertDownFromF32(a, h, expert_out, stream);
     Mark("down (+ conversion)");
     return;
   }
-  const DevAct h_act = ActB(ActType(el.down_type), cc.n_ff_exp);
+  const DevAct h_act = ActB(ActType(el.down.type), cc.n_ff_exp);
   cuda::LaunchQuantize(h, cc.n_ff_exp, n_pairs, cc.n_ff_exp, h_act, stream);
   Mark("quantize h");
   cuda::LaunchExpertDown(a, h_act, expert_out, n, stream);
@@ -721,7 +712,12 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
 
   // MoE block: norm, router, top-k and grouping on the GPU; its output is added into x by the
   // next norm (PreviousMoe).
-  const DevAct ea = ActA(ActType(expert_layout[layer].gate_type), E);
+  // The experts' input: in gate's activation type, and in up's where it differs (converted from
+  // the norm's f32 rows in xn below, as the CPU engine converts the normed rows once per type).
+  const ExpertLayout& el = expert_layout[layer];
+  const DevAct ea = ActA(ActType(el.gate.type), E);
+  const bool up_act = ActType(el.up.type) != ea.type;
+  const ExpertInput x_act{ea, up_act ? DevAct{ActType(el.up.type), E, act_up, act_up_scales} : ea};
   const int32_t* layer_slots = slot_table + int64_t(layer) * c.n_expert;
   // A preselected route replaces the top-k after the router's launches (router_logits stay the
   // router's, for the given experts' weights): everything below reads chosen, chosen_w and groups.
@@ -730,7 +726,8 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
     // One launch for the norm, the router, top-k and the groups (Router1Norm), where the
     // experts' activation type allows it.
     cuda::Router1Args ra{};
-    if (cuda::RouterTopK1NormSupported(ea.type)) {
+    // The fused norm writes no f32 rows, which up's conversion needs.
+    if (cuda::RouterTopK1NormSupported(ea.type) && !up_act) {
       ra.norm = cuda::Router1Norm{x, L.ffn_norm, c.rms_norm_eps, ea};
     } else {
       RmsNormAct(nullptr, n, cuda::MoeCombine{}, L.ffn_norm, xn, ea);
@@ -776,9 +773,13 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
     }
     Mark(given ? "router" : "router, topk, groups");
   }
+  if (up_act) {
+    cuda::LaunchQuantize(xn, E, n, E, x_act.up, stream);
+    Mark("quantize ffn_norm (up type)");
+  }
   if (given) EnqueueGivenRoute(layer, n);
   if (host_path) {
-    RETURN_IF_ERROR(ServeLayerExperts(layer, n, ea));
+    RETURN_IF_ERROR(ServeLayerExperts(layer, n, x_act));
     return absl::OkStatus();
   }
   if (device_misses) {
@@ -802,7 +803,7 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
     WaitGate(layer);
     Mark("gate");
   }
-  EnqueueExperts(layer, n, ea, 0, std::min(c.n_expert, n * c.n_expert_used));
+  EnqueueExperts(layer, n, x_act, 0, std::min(c.n_expert, n * c.n_expert_used));
   return absl::OkStatus();
 }
 

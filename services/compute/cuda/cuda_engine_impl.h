@@ -30,6 +30,7 @@
 #include "services/compute/cuda/cuda_engine.h"
 #include "services/compute/cuda/device_buffers.h"
 #include "services/compute/cuda/device_layout.cuh"
+#include "services/compute/cuda/expert_layout.h"
 #include "services/compute/cuda/flash_attention.cuh"
 #include "services/compute/cuda/matvec.cuh"
 #include "services/compute/cuda/moe_experts.cuh"
@@ -51,14 +52,7 @@ inline constexpr char kSupportedTypeNames[] =
     "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS, IQ2_XS, "
     "IQ2_S, IQ3_XXS, IQ3_S, IQ1_S";
 
-// Types whose device layout differs from the file's (repack.cuh): uploaded through staging.
-inline bool NeedsRepack(GgmlType t) {
-  return t == GgmlType::kQ8_0 || t == GgmlType::kQ2_K || t == GgmlType::kQ3_K || t == GgmlType::kQ4_K ||
-         t == GgmlType::kQ5_K || t == GgmlType::kQ6_K || t == GgmlType::kIQ4_XS || t == GgmlType::kIQ2_XXS ||
-         t == GgmlType::kIQ2_XS || t == GgmlType::kIQ2_S || t == GgmlType::kIQ3_XXS || t == GgmlType::kIQ3_S ||
-         t == GgmlType::kIQ1_S || t == GgmlType::kQ4_0 || t == GgmlType::kQ5_0 || t == GgmlType::kIQ4_NL ||
-         t == GgmlType::kQ4_1 || t == GgmlType::kQ5_1;
-}
+using cuda::NeedsRepack;
 
 inline bool SupportedType(GgmlType t) {
   return t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16 || NeedsRepack(t);
@@ -98,16 +92,6 @@ class DeviceAllocation {
   int64_t size_ = 0;
 };
 
-// One layer's experts: types and bytes of gate, up and down (Q4_K_M files give half the layers'
-// down another type), and where they lie in a slot (256-byte aligned for the kernels' loads).
-struct ExpertLayout {
-  GgmlType gate_type = GgmlType::kF32;  // gate and up (equal, checked at Create)
-  GgmlType down_type = GgmlType::kF32;
-  int64_t gate_bytes = 0, up_bytes = 0, down_bytes = 0;
-  int64_t up_offset = 0, down_offset = 0;  // from the slot start
-  int64_t bytes() const { return gate_bytes + up_bytes + down_bytes; }
-};
-
 struct DevLayer {
   const float* attn_norm;  // f32 [n_embd]
   const float* q_norm;     // f32 [head_dim]
@@ -128,7 +112,7 @@ struct CudaEngine::Impl {
   using DevAct = cuda::DevAct;
   using DevMatrix = cuda::DevMatrix;
   using DeviceAllocation = cuda_engine_internal::DeviceAllocation;
-  using ExpertLayout = cuda_engine_internal::ExpertLayout;
+  using ExpertLayout = cuda::ExpertLayout;
   using DevLayer = cuda_engine_internal::DevLayer;
   using StepInputLayout = cuda_engine_internal::StepInputLayout;
 
@@ -192,6 +176,10 @@ struct CudaEngine::Impl {
   float* act_a_scales = nullptr;
   uint8_t* act_b = nullptr;  // activations [max(T * K * n_ff, T * n_embd)] (+ scales)
   float* act_b_scales = nullptr;
+  // Up's activations [T, n_embd] (+ scales) where a layer's up reads another activation type than
+  // its gate (ExpertInput); not allocated for models without such a layer.
+  uint8_t* act_up = nullptr;
+  float* act_up_scales = nullptr;
   cuda::MoeGroups groups{};
   unsigned long long* lookups_total = nullptr;
   unsigned int* router_blocks_done = nullptr;  // LaunchRouterTopK1's counter
@@ -343,13 +331,18 @@ struct CudaEngine::Impl {
   absl::StatusOr<bool> TakeRoutes(int n);
   // The layer's given routes into chosen and chosen_w, and its groups, after the router's launches.
   void EnqueueGivenRoute(int layer, int n);
-  absl::Status ServeLayerExperts(int layer, int n, const DevAct& x_act);
-  absl::Status ServeFromResidency(int layer, int n, const DevAct& x_act, const int32_t* used, int n_used,
+  // A layer's expert input rows: in gate's activation type, and in up's (the same rows where the
+  // two activation types are equal; act_up where they differ).
+  struct ExpertInput {
+    DevAct gate, up;
+  };
+  absl::Status ServeLayerExperts(int layer, int n, const ExpertInput& x_act);
+  absl::Status ServeFromResidency(int layer, int n, const ExpertInput& x_act, const int32_t* used, int n_used,
                                   bool predicted);
   bool Predicts(int layer, int n, bool host_path) const;
   void PrefetchLayer(int layer);
   void UploadSlotTable();
-  void EnqueueExperts(int layer, int n, const DevAct& x_act, int u_begin, int u_count);
+  void EnqueueExperts(int layer, int n, const ExpertInput& x_act, int u_begin, int u_count);
   // Uploads through staging_base on stream s (the main stream and `staging`, or the prefetch's).
   void UploadExpert(int layer, int expert, const ExpertWeights& w, int32_t slot,
                     std::vector<cuda::TypedRepackJob>* jobs, int* staged, cudaStream_t s, uint8_t* staging_base);

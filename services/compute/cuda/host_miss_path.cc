@@ -45,20 +45,19 @@ void CudaEngine::Impl::UploadExpert(int layer, int expert, const ExpertWeights& 
   const ExpertLayout& el = expert_layout[layer];
   uint8_t* dst = arena + int64_t(slot) * slot_bytes;
   const MatrixView* parts[3] = {&ew.gate, &ew.up, &ew.down};
-  const int64_t offsets[3] = {0, el.up_offset, el.down_offset};
-  const int64_t sizes[3] = {el.gate_bytes, el.up_bytes, el.down_bytes};
-  const GgmlType types[3] = {el.gate_type, el.gate_type, el.down_type};
+  const auto places = el.matrices();
   // Matrices in another device layout go as raw blocks into a staging slot, from which the repack
   // kernel writes them into the arena slot; the others are copied in place.
-  const bool stage = NeedsRepack(el.gate_type) || NeedsRepack(el.down_type);
+  const bool stage = NeedsRepack(el.gate.type) || NeedsRepack(el.up.type) || NeedsRepack(el.down.type);
   if (stage && *staged == o.staging_experts) FlushRepack(jobs, staged, s);
   uint8_t* stage_base = staging_base + int64_t(*staged) * slot_bytes;
   for (int i = 0; i < 3; ++i) {
-    if (NeedsRepack(types[i])) {
-      CUDA_CHECK(cudaMemcpyAsync(stage_base + offsets[i], parts[i]->data, sizes[i], cudaMemcpyHostToDevice, s));
-      jobs->push_back({DevTypeOf(types[i]), {stage_base + offsets[i], dst + offsets[i], sizes[i], parts[i]->cols}});
+    const cuda::ExpertMatrixPlace& m = *places[i];
+    if (NeedsRepack(m.type)) {
+      CUDA_CHECK(cudaMemcpyAsync(stage_base + m.offset, parts[i]->data, m.bytes, cudaMemcpyHostToDevice, s));
+      jobs->push_back({DevTypeOf(m.type), {stage_base + m.offset, dst + m.offset, m.bytes, m.cols}});
     } else {
-      CUDA_CHECK(cudaMemcpyAsync(dst + offsets[i], parts[i]->data, sizes[i], cudaMemcpyHostToDevice, s));
+      CUDA_CHECK(cudaMemcpyAsync(dst + m.offset, parts[i]->data, m.bytes, cudaMemcpyHostToDevice, s));
     }
   }
   if (stage) ++*staged;
@@ -70,17 +69,17 @@ void CudaEngine::Impl::UploadExpert(int layer, int expert, const ExpertWeights& 
 }
 
 absl::Status CudaEngine::Impl::CheckView(int layer, int expert, const ExpertWeights& w) const {
-  const auto ok = [&](const MatrixView& mv, int64_t rows, int64_t cols) {
-    return mv.data != nullptr && mv.rows == rows && mv.cols == cols;
-  };
   const ExpertLayout& el = expert_layout[layer];
-  if (ok(w.gate, c.n_ff_exp, c.n_embd) && ok(w.up, c.n_ff_exp, c.n_embd) && ok(w.down, c.n_embd, c.n_ff_exp) &&
-      w.gate.type == el.gate_type && w.up.type == el.gate_type && w.down.type == el.down_type)
-    return absl::OkStatus();
+  const auto ok = [](const MatrixView& mv, const cuda::ExpertMatrixPlace& m) {
+    return mv.data != nullptr && mv.type == m.type && mv.rows == m.rows && mv.cols == m.cols;
+  };
+  if (ok(w.gate, el.gate) && ok(w.up, el.up) && ok(w.down, el.down)) return absl::OkStatus();
+  const auto name = [](const cuda::ExpertMatrixPlace& m) {
+    return absl::StrCat(TypeName(m.type), " [", m.rows, " x ", m.cols, "]");
+  };
   return absl::FailedPreconditionError(absl::StrCat("cuda backend: layer ", layer, " expert ", expert,
-                                                    " from the expert source is not ", TypeName(el.gate_type), " [",
-                                                    c.n_ff_exp, " x ", c.n_embd, "] x 2 + ", TypeName(el.down_type),
-                                                    " [", c.n_embd, " x ", c.n_ff_exp, "], the arena's layout"));
+                                                    " from the expert source is not gate ", name(el.gate), ", up ",
+                                                    name(el.up), ", down ", name(el.down), ", the arena's layout"));
 }
 
 absl::Status CudaEngine::Impl::AcquireGroup(int layer, absl::Span<const int32_t> group) {
@@ -165,7 +164,7 @@ void CudaEngine::Impl::UploadSlotTable() {
 // read, or the end of the step) and an earlier group of the same pass or layer is released after a
 // synchronisation of its own, since a source hands out a layer once between releases. Then the
 // next layer's predicted uploads start (PrefetchLayer).
-absl::Status CudaEngine::Impl::ServeLayerExperts(int layer, int n, const DevAct& x_act) {
+absl::Status CudaEngine::Impl::ServeLayerExperts(int layer, int n, const ExpertInput& x_act) {
   const int NE = c.n_expert, K = c.n_expert_used;
   const bool predicted = Predicts(layer, n, true);
   CUDA_CHECK(cudaMemcpyAsync(host_groups, groups.n_used, (NE + 2) * 4, cudaMemcpyDeviceToHost, stream));
@@ -254,7 +253,7 @@ absl::Status CudaEngine::Impl::ServeLayerExperts(int layer, int n, const DevAct&
 // experts is acquired (pinned) into the arena, its fresh fills converted, the device table
 // updated, and its kernels launched. A pass's pins go at the next synchronisation (ReleaseHeld).
 // The look-ahead's prediction becomes a hint (mer-residency moves it into VRAM if it can).
-absl::Status CudaEngine::Impl::ServeFromResidency(int layer, int n, const DevAct& x_act, const int32_t* used,
+absl::Status CudaEngine::Impl::ServeFromResidency(int layer, int n, const ExpertInput& x_act, const int32_t* used,
                                                   int n_used, bool predicted) {
   const auto t0 = std::chrono::steady_clock::now();
   residency_vram->Routed(layer, absl::MakeConstSpan(used, n_used));

@@ -1,5 +1,7 @@
 #include "services/compute/cuda/moe_experts.cuh"
 
+#include <cstdio>
+#include <cstdlib>
 #include <type_traits>
 
 #include "services/compute/cuda/act_store.cuh"
@@ -547,6 +549,10 @@ void LaunchExpertDownFromF32(const ExpertArgs& a, const float* h, float* out, cu
 }
 
 void LaunchExpertGateUp(const ExpertArgs& a, const DevAct& x_act, float* h, int max_group_pairs, cudaStream_t stream) {
+  if (a.up_type != a.type) {  // the kernels below read both with gate's type
+    std::fprintf(stderr, "experts: gate/up: gate type %d, up type %d (LaunchExpertGateUpMixed)\n", a.type, a.up_type);
+    std::abort();
+  }
   if (BlockElemsOf(a.type) != 0) {  // the K-quant and table families (kquant_dot.cuh)
     LaunchExpertGateUpKQuant(a, x_act, h, max_group_pairs, stream);
     return;

@@ -1,8 +1,9 @@
 // The experts of one layer, all selected ones in one launch each, reading weights through the
 // device-side slot table: expert e of the layer lives at arena + slot_table[e] * slot_bytes as
-// gate | up | down (device layout, device_layout.cuh), each [rows, cols]; gate and up of one type,
-// down of its own (Q4_K_M files mix them). Matrices of the types of kquant_layout.cuh:
-// kquant_experts.cuh.
+// gate | up | down (device layout, device_layout.cuh), each [rows, cols]; down of its own type
+// (Q4_K_M files mix them). LaunchExpertGateUp takes gate and up of one type; a layer whose gate
+// and up differ takes LaunchExpertGateUpMixed (expert_product.cuh). Matrices of the types of
+// kquant_layout.cuh: kquant_experts.cuh.
 //
 // GateUp: h[p, :] = silu(gate . x[t]) * (up . x[t]) for every pair p = t * k + j routed to a used
 //   expert (moe_group.cuh), act: token rows of the gate's dot type; h: f32 [n_pairs, n_ff].
@@ -22,13 +23,14 @@
 namespace mer::cuda {
 
 struct ExpertArgs {
-  int type;       // weight type of gate and up
+  int type;       // weight type of gate
   int down_type;  // weight type of down
   const uint8_t* arena;
   int64_t slot_bytes;
   const int32_t* slot_table;       // this layer's [n_expert] -> slot or -1
   int64_t up_offset, down_offset;  // bytes from the slot start
   int32_t n_embd, n_ff, k;
+  int up_type;  // weight type of up (equal to type for LaunchExpertGateUp); in k's padding: no offset moves
   const int32_t* n_used;
   const int32_t* used;
   const int32_t* begin;

@@ -88,12 +88,8 @@ void ResidencyVram::Convert(int layer, absl::Span<const int32_t> experts, int32_
   // `stream`, before the kernels that read the slots; a staging slot is reused only after the
   // launches that read it (stream order).
   const VramLayerLayout& L = layouts_[layer];
-  const int64_t sizes[3] = {L.gate_bytes, L.up_bytes, L.down_bytes};
-  const int64_t dst_off[3] = {0, L.up_offset, L.down_offset};
+  const auto places = L.slot.matrices();
   const uint64_t src_off[3] = {L.raw.gate, L.raw.up, L.raw.down};
-  const bool repack[3] = {L.gate_repack, L.gate_repack, L.down_repack};
-  const int types[3] = {L.gate_type, L.gate_type, L.down_type};
-  const int64_t cols[3] = {L.gate_cols, L.gate_cols, L.down_cols};
   for (size_t b = 0; b < fresh_.size(); b += staging_slots_) {
     const size_t n = std::min<size_t>(staging_slots_, fresh_.size() - b);
     repack_jobs_.clear();
@@ -101,12 +97,12 @@ void ResidencyVram::Convert(int layer, absl::Span<const int32_t> experts, int32_
       uint8_t* slot = arena_ + int64_t(fresh_[b + j]) * slot_bytes_;
       uint8_t* stage = staging_ + int64_t(j) * slot_bytes_;
       CUDA_CHECK(cudaMemcpyAsync(stage, slot, L.raw.bytes, cudaMemcpyDeviceToDevice, stream));
-      for (int m = 0; m < 3; ++m) {
-        if (repack[m]) {
-          repack_jobs_.push_back({types[m], {stage + src_off[m], slot + dst_off[m], sizes[m], cols[m]}});
+      for (int i = 0; i < 3; ++i) {
+        const ExpertMatrixPlace& m = *places[i];
+        if (NeedsRepack(m.type)) {
+          repack_jobs_.push_back({static_cast<int>(m.type), {stage + src_off[i], slot + m.offset, m.bytes, m.cols}});
         } else {
-          CUDA_CHECK(
-              cudaMemcpyAsync(slot + dst_off[m], stage + src_off[m], sizes[m], cudaMemcpyDeviceToDevice, stream));
+          CUDA_CHECK(cudaMemcpyAsync(slot + m.offset, stage + src_off[i], m.bytes, cudaMemcpyDeviceToDevice, stream));
         }
       }
     }

@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "services/compute/cuda/expert_layout.h"
 #include "services/compute/cuda/repack.cuh"
 #include "services/compute/vram_residency.h"
 
@@ -27,13 +28,10 @@ struct CUstream_st;
 
 namespace mer::cuda {
 
-// One layer's expert matrices in a slot (the engine's ExpertLayout) and in the raw bytes.
+// One layer's expert matrices in a slot (the engine's layout, each matrix of its own type) and in
+// the raw bytes.
 struct VramLayerLayout {
-  int gate_type = 0, down_type = 0;               // DevType of gate/up and of down
-  bool gate_repack = false, down_repack = false;  // the device layout differs (repack.cuh)
-  int64_t gate_bytes = 0, up_bytes = 0, down_bytes = 0;
-  int64_t up_offset = 0, down_offset = 0;  // in the slot, as the kernels read it
-  int64_t gate_cols = 0, down_cols = 0;
+  ExpertLayout slot;
   RawExpertOffsets raw;
 };
 
