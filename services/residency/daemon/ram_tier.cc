@@ -115,9 +115,12 @@ std::optional<uint32_t> RamTier::AllocateSlot(ExpertKey incoming, bool for_prefe
   for (int tries = 0; tries < 4; ++tries) {
     const std::optional<ExpertKey> victim = policy_->ChooseVictim(
         [&](ExpertKey key) {
-          const RamExpert& v = experts_[ctx_.Index(KeyLayer(key), KeyExpert(key))];
-          // A copy into VRAM reads the RAM slot until it completes.
-          return v.state == RamState::kResident && !v.copying && !pins.InUse(v.slot, compute.incarnation, compute.gone);
+          const uint32_t vi = ctx_.Index(KeyLayer(key), KeyExpert(key));
+          const RamExpert& v = experts_[vi];
+          // A copy into VRAM reads the RAM slot until it completes, and a demanded upload waiting
+          // for a copy event or a VRAM slot reads it next: evicted, the expert would be read again.
+          return v.state == RamState::kResident && !v.copying && ctx_.vram->state(vi) != VramState::kQueued &&
+                 !pins.InUse(v.slot, compute.incarnation, compute.gone);
         },
         for_prefetch ? kNoKey : incoming);
     if (!victim.has_value()) return std::nullopt;

@@ -18,7 +18,8 @@
 // An expert's RAM state: kAbsent -> kQueued (a demand or the VRAM tier wants it) -> kLoading (its
 // read in flight) -> kResident (published) -> kAbsent (evicted, or its load failed); a prefetch
 // goes from kAbsent to kLoading directly. A resident expert is never evicted while a compute step
-// pins its slot or a copy into VRAM reads it (HoldForCopy).
+// pins its slot, a copy into VRAM reads it (HoldForCopy), or a demanded upload waits to read it
+// (VramState::kQueued).
 //
 // Exclusive tiers (ResidencyOptions::tiers): the RAM tier holds what the VRAM arena does not. An
 // expert's RAM copy goes once a copy of it into VRAM has completed (DropAfterPromotion), and an
