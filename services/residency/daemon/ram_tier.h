@@ -163,9 +163,13 @@ class RamTier {
   // Starts the read of `index` into `slot` ahead of any demand: a guess (a prefetch, whose use is
   // counted) or warming.
   void StartLoadAhead(uint32_t index, uint32_t slot, bool guess);
-  // The hits compute made on expert `index` since the last call (from the table's count), added
-  // to compute_hits.
+  // The hits compute made on expert `index` since the last call (from the table's count); the
+  // second adds them to compute_hits.
+  uint64_t TakeHits(uint32_t index);
   uint64_t TakeComputeHits(uint32_t index);
+  // Expert `index` was just admitted (loaded or demoted): with exclusive tiers the hits compute made
+  // while it was away from this tier (in VRAM) are touches of it, at most kMaxTouchesPerSync.
+  void TouchUsesWhileAway(uint32_t index);
 
   TierContext& ctx_;
   IoEngine& io_;
