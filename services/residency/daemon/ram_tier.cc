@@ -115,9 +115,12 @@ std::optional<uint32_t> RamTier::AllocateSlot(ExpertKey incoming, bool for_prefe
   for (int tries = 0; tries < 4; ++tries) {
     const std::optional<ExpertKey> victim = policy_->ChooseVictim(
         [&](ExpertKey key) {
-          const RamExpert& v = experts_[ctx_.Index(KeyLayer(key), KeyExpert(key))];
-          // A copy into VRAM reads the RAM slot until it completes.
-          return v.state == RamState::kResident && !v.copying && !pins.InUse(v.slot, compute.incarnation, compute.gone);
+          const uint32_t vi = ctx_.Index(KeyLayer(key), KeyExpert(key));
+          const RamExpert& v = experts_[vi];
+          // A copy into VRAM reads the RAM slot until it completes, and a demanded upload waiting
+          // for a copy event or a VRAM slot reads it next: evicted, the expert would be read again.
+          return v.state == RamState::kResident && !v.copying && ctx_.vram->state(vi) != VramState::kQueued &&
+                 !pins.InUse(v.slot, compute.incarnation, compute.gone);
         },
         for_prefetch ? kNoKey : incoming);
     if (!victim.has_value()) return std::nullopt;
@@ -176,8 +179,8 @@ void RamTier::FinishDemotion(uint32_t index, bool ok) {
   } else {
     e.state = RamState::kResident;
     e.device_layout = true;
-    e.hits_seen = ctx_.ep.table().entry(ctx_.LayerOf(index), ctx_.ExpertOf(index)).hits.load(std::memory_order_relaxed);
     policy_->Admit(PackExpertKey(ctx_.LayerOf(index), ctx_.ExpertOf(index)));
+    TouchUsesWhileAway(index);
     ctx_.PublishEntry(index);
     if (e.waiters.empty()) return;
     Evict(index);  // RAM demands came meanwhile: they need the blob
@@ -219,15 +222,32 @@ absl::Status RamTier::Submit(uint32_t index) {
   return absl::OkStatus();
 }
 
-uint64_t RamTier::TakeComputeHits(uint32_t index) {
+uint64_t RamTier::TakeHits(uint32_t index) {
   RamExpert& e = experts_[index];
   const uint64_t hits =
       ctx_.ep.table().entry(ctx_.LayerOf(index), ctx_.ExpertOf(index)).hits.load(std::memory_order_relaxed);
   if (hits <= e.hits_seen) return 0;
   const uint64_t fresh = hits - e.hits_seen;
   e.hits_seen = hits;
+  return fresh;
+}
+
+uint64_t RamTier::TakeComputeHits(uint32_t index) {
+  const uint64_t fresh = TakeHits(index);
   ctx_.c.compute_hits += fresh;
   return fresh;
+}
+
+void RamTier::TouchUsesWhileAway(uint32_t index) {
+  // Not RAM hits (compute_hits): the expert was not here.
+  const uint64_t away = TakeHits(index);
+  // With inclusive tiers an expert leaves RAM because the policy let it go, and what compute did
+  // with it meanwhile does not change that choice. With exclusive tiers it left because VRAM took
+  // it, and compute's pins of it there are uses this tier would have counted had it kept a copy:
+  // without them an expert that VRAM serves looks colder here than one that keeps missing VRAM.
+  if (!exclusive_ || away == 0) return;
+  const ExpertKey key = PackExpertKey(ctx_.LayerOf(index), ctx_.ExpertOf(index));
+  for (uint64_t n = std::min(away, kMaxTouchesPerSync); n > 0; --n) policy_->Touch(key);
 }
 
 void RamTier::NoteFillDemand(uint32_t index) {
@@ -351,13 +371,13 @@ void RamTier::FinishLoad(uint32_t index, const absl::Status& status) {
     e.state = RamState::kResident;
     const uint64_t g = ctx_.PublishEntry(index);
     const ExpertKey key = PackExpertKey(layer, expert);
-    e.hits_seen = ctx_.ep.table().entry(layer, expert).hits.load(std::memory_order_relaxed);
     if (e.prefetched && e.waiters.empty()) {
       policy_->AdmitPrefetched(key);
     } else {
       e.prefetched = false;
       policy_->Admit(key);
     }
+    TouchUsesWhileAway(index);
     ++c.loads;
     for (size_t w = 0; w < e.waiters.size(); ++w)
       ctx_.Complete(e.waiters[w], e.slot, g, absl::StatusCode::kOk, e.waiter_arrival_ns[w]);

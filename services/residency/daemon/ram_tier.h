@@ -18,7 +18,8 @@
 // An expert's RAM state: kAbsent -> kQueued (a demand or the VRAM tier wants it) -> kLoading (its
 // read in flight) -> kResident (published) -> kAbsent (evicted, or its load failed); a prefetch
 // goes from kAbsent to kLoading directly. A resident expert is never evicted while a compute step
-// pins its slot or a copy into VRAM reads it (HoldForCopy).
+// pins its slot, a copy into VRAM reads it (HoldForCopy), or a demanded upload waits to read it
+// (VramState::kQueued).
 //
 // Exclusive tiers (ResidencyOptions::tiers): the RAM tier holds what the VRAM arena does not. An
 // expert's RAM copy goes once a copy of it into VRAM has completed (DropAfterPromotion), and an
@@ -162,9 +163,13 @@ class RamTier {
   // Starts the read of `index` into `slot` ahead of any demand: a guess (a prefetch, whose use is
   // counted) or warming.
   void StartLoadAhead(uint32_t index, uint32_t slot, bool guess);
-  // The hits compute made on expert `index` since the last call (from the table's count), added
-  // to compute_hits.
+  // The hits compute made on expert `index` since the last call (from the table's count); the
+  // second adds them to compute_hits.
+  uint64_t TakeHits(uint32_t index);
   uint64_t TakeComputeHits(uint32_t index);
+  // Expert `index` was just admitted (loaded or demoted): with exclusive tiers the hits compute made
+  // while it was away from this tier (in VRAM) are touches of it, at most kMaxTouchesPerSync.
+  void TouchUsesWhileAway(uint32_t index);
 
   TierContext& ctx_;
   IoEngine& io_;

@@ -417,7 +417,15 @@ void VramTier::CheckInvariants() const {
   }
   CHECK_MSG(static_cast<uint32_t>(filling) == map_.filling_slots(), "the slot map fills other slots");
   CHECK_MSG(prefetch_filling == prefetch_inflight_, "the prefetch copies are not the filling experts");
-  if (!closed_) CHECK_MSG(filling == copies_in_flight(), "the copies in flight are not the filling experts");
+  // The uploader's copies are the uploads and the demotions, each demotion's RAM slot waiting for it.
+  if (!closed_)
+    CHECK_MSG(filling + static_cast<int>(demoting_.size()) == copies_in_flight(),
+              "the copies in flight are not the filling and demoting experts");
+  size_t ram_demoting = 0;
+  for (uint32_t i = 0; i < experts_.size(); ++i) ram_demoting += ctx_.ram->state(i) == RamState::kDemoting;
+  CHECK_MSG(ram_demoting == demoting_.size(), "the RAM tier's demotions are not the copies out of the arena");
+  for (const uint32_t i : demoting_)
+    CHECK_MSG(ctx_.ram->state(i) == RamState::kDemoting, "a copy out of the arena has no RAM slot waiting");
   for (uint32_t i = 0; i < experts_.size(); ++i) {
     if (experts_[i].state != VramState::kQueued) continue;
     bool queued = false;

@@ -75,12 +75,14 @@ std::vector<MetricFamily> ResidencyMetricFamilies(const ResidencyCounters& c, co
   const std::vector<ClientMetric::Label> ram = {L("tier", "ram")};
   const std::vector<ClientMetric::Label> vram = {L("tier", "vram")};
   std::vector<MetricFamily> out;
-  out.push_back(Scalar("mer_expert_lookups_total",
-                       "Expert acquisitions by compute: hits it served itself from the table plus "
-                       "the demand requests it sent (tier=\"ram\" also counts the demanded VRAM "
-                       "fills, which read the RAM tier).",
-                       kCounter, double(c.lookups + c.compute_hits + c.vram_fills_from_ram + c.vram_fills_from_store),
-                       ram));
+  // A VRAM demand is a RAM lookup only as the fill it starts (vram_fills_*), once.
+  out.push_back(Scalar(
+      "mer_expert_lookups_total",
+      "Expert acquisitions by compute: hits it served itself from the table plus "
+      "the RAM demand requests it sent (tier=\"ram\" also counts the demanded VRAM "
+      "fills, which read the RAM tier).",
+      kCounter, double(c.lookups - c.vram_lookups + c.compute_hits + c.vram_fills_from_ram + c.vram_fills_from_store),
+      ram));
   {
     MetricFamily f = Family("mer_expert_misses_total",
                             "Expert demands not resident in the tier (a load or upload started or "

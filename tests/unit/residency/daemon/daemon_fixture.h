@@ -35,19 +35,20 @@ struct SynthStore {
   std::string store;  // its packed expert store
 };
 
-// Synthesizes preset `preset` in `quant` (seed 3) and packs it, once per (preset, quant) per
-// process, under this process's temporary directory.
-inline const SynthStore& SynthStoreFor(const std::string& preset, SynthQuant quant) {
+// Synthesizes `geometry` in `quant` (seed 3) and packs it, once per (name, quant) per process,
+// under this process's temporary directory; `name` names the geometry (one name, one geometry).
+inline const SynthStore& SynthStoreForGeometry(const std::string& name, const SynthGeometry& geometry,
+                                               SynthQuant quant) {
   static auto* cache = new std::map<std::pair<std::string, int>, SynthStore>();
-  const auto key = std::make_pair(preset, static_cast<int>(quant));
+  const auto key = std::make_pair(name, static_cast<int>(quant));
   auto it = cache->find(key);
   if (it != cache->end()) return it->second;
   namespace fs = std::filesystem;
   const fs::path root =
-      testing_support::ProcessTempDir("mer_daemon_test_") / (preset + "_" + std::to_string(static_cast<int>(quant)));
+      testing_support::ProcessTempDir("mer_daemon_test_") / (name + "_" + std::to_string(static_cast<int>(quant)));
   fs::create_directories(root);
   SynthOptions o;
-  o.geometry = *SynthPreset(preset);
+  o.geometry = geometry;
   o.quant = quant;
   o.seed = 3;
   o.threads = 2;
@@ -57,6 +58,10 @@ inline const SynthStore& SynthStoreFor(const std::string& preset, SynthQuant qua
   po.threads = 2;
   CHECK(PackExpertStore(s.gguf, s.store, po).ok());
   return cache->emplace(key, s).first->second;
+}
+// Preset `preset` (common/model/synth_model.h) in `quant`, synthesized and packed once per process.
+inline const SynthStore& SynthStoreFor(const std::string& preset, SynthQuant quant) {
+  return SynthStoreForGeometry(preset, *SynthPreset(preset), quant);
 }
 inline const std::string& SynthStoreDir(const std::string& preset, SynthQuant quant) {
   return SynthStoreFor(preset, quant).store;

@@ -70,6 +70,26 @@ TEST(ResidencyMetricsTest, RendersTheDesignDocNames) {
   EXPECT_THAT(text, HasSubstr("mer_build_info{version=\"1.2.3\"} 1\n"));
 }
 
+// With an arena, a VRAM demand that misses is counted once as a RAM lookup (the fill it starts
+// reads RAM, or the store first), not again as the demand itself: 3 RAM demands (1 miss), 8 VRAM
+// demands of which 6 missed (2 filled from RAM, 4 from the store) and 5 hits compute pinned itself
+// are 3 + 6 + 5 = 14 RAM lookups and 1 + 4 = 5 RAM misses.
+TEST(ResidencyMetricsTest, CountsAVramFillAsOneRamLookup) {
+  ResidencyCounters c;
+  c.lookups = 3 + 8;
+  c.hits = 2;
+  c.misses = 1;
+  c.vram_lookups = 8;
+  c.vram_hits = 2;
+  c.vram_misses = 6;
+  c.vram_fills_from_ram = 2;
+  c.vram_fills_from_store = 4;
+  c.compute_hits = 5;
+  const std::string text = RenderResidencyMetrics(c, "v");
+  EXPECT_THAT(text, HasSubstr("mer_expert_lookups_total{tier=\"ram\"} 14\n"));
+  EXPECT_THAT(text, HasSubstr("mer_expert_misses_total{tier=\"ram\"} 5\n"));
+}
+
 TEST(ResidencyMetricsTest, RendersTheVramTier) {
   ResidencyCounters c;
   EXPECT_THAT(RenderResidencyMetrics(c, "v"), Not(HasSubstr("tier=\"vram\",state")));
