@@ -1011,6 +1011,18 @@ struct ExpertMix {
   GgmlType up_type() const { return up.value_or(gate); }
 };
 
+// Row dots as the CPU engine's MoE takes them: F32 rows in ggml_vec_dot_f32's order
+// (cpu::DotF32Ggml, which the GPU keeps), every other type through VecDotRows.
+void EngineRowDots(GgmlType type, const uint8_t* rows, int64_t n_rows, const uint8_t* act, int64_t cols, float* out) {
+  if (type != GgmlType::kF32) {
+    VecDotRows(type, rows, n_rows, act, cols, out);
+    return;
+  }
+  const float* w = reinterpret_cast<const float*>(rows);
+  for (int64_t r = 0; r < n_rows; ++r)
+    out[r] = cpu::DotF32Ggml(w + r * cols, reinterpret_cast<const float*>(act), cols);
+}
+
 // One layer's gate/up and down over 6 experts, top-2 of n tokens, against the CPU engine's MoE:
 // h and the down output bit for bit.
 // tolerance: 0 for the CPU's bits; else the bound of Mismatch for the gate/up outputs and 1,000
@@ -1082,12 +1094,12 @@ void ExpertsMatchCpuFor(const ExpertMix& mix, int n, double tolerance = 0) {
     QuantizeRow(gate_act, &x[(p / K) * E], xa.data(), E);
     QuantizeRow(up_act, &x[(p / K) * E], xu.data(), E);
     std::vector<float> g(F), u(F);
-    VecDotRows(mix.gate, gate[e].data(), F, xa.data(), E, g.data());
-    VecDotRows(up_type, up[e].data(), F, xu.data(), E, u.data());
+    EngineRowDots(mix.gate, gate[e].data(), F, xa.data(), E, g.data());
+    EngineRowDots(up_type, up[e].data(), F, xu.data(), E, u.data());
     cpu::SwiGlu(g.data(), u.data(), static_cast<int64_t>(g.size()));
     std::copy(g.begin(), g.end(), &h_want[p * F]);
     QuantizeRow(down_act, g.data(), ha.data(), F);
-    VecDotRows(mix.down, down[e].data(), E, ha.data(), F, &out_want[p * E]);
+    EngineRowDots(mix.down, down[e].data(), E, ha.data(), F, &out_want[p * E]);
   }
 
   float* dx = ToDevice(x);
