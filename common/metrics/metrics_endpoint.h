@@ -1,6 +1,6 @@
-// A Prometheus /metrics HTTP endpoint (prometheus-cpp's Exposer) for mer-compute and
-// mer-gateway: listens on HOST:PORT (port 0 picks a free one) and serves the families of the
-// registered collectables on every scrape.
+// A Prometheus /metrics HTTP endpoint (prometheus-cpp's Exposer) for mer-compute, mer-gateway
+// and mer-residency (its MetricsServer): listens on HOST:PORT (port 0 picks a free one) and
+// serves the families of the registered collectables on every scrape.
 //
 // Thread-safety: construction and destruction on one thread; the collectables are called on the
 // exposer's thread and must be thread-safe.

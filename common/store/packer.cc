@@ -31,15 +31,12 @@
 namespace mer {
 
 using store_internal::JoinPath;
+using store_internal::SecondsSince;
 
 namespace {
 
 constexpr uint64_t kBatchBytes = 64 << 20;       // blobs filled and written per step
 constexpr uint64_t kDensePieceBytes = 16 << 20;  // dense tensors are appended in pieces of this
-
-double Since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
 
 // madvise on the pages of [p, p + n) of the read-only model mapping. DONTNEED only drops the
 // process's page table entries (the page cache keeps the file), so the range must lie wholly in
@@ -256,11 +253,11 @@ absl::StatusOr<PackStats> PackExpertStore(const std::string& gguf_path, const st
   const std::string& out = staged.path();
   const auto experts_start = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(WriteExperts(w, m, JoinPath(out, kStoreExpertsFile), options, stats.direct_io));
-  stats.experts_seconds = Since(experts_start);
+  stats.experts_seconds = SecondsSince(experts_start);
   RETURN_IF_ERROR(WriteDense(*file, w, m, JoinPath(out, kStoreDenseFile), stats.dense_tensors));
   RETURN_IF_ERROR(store_internal::CommitStore(m, out, &stats));
   RETURN_IF_ERROR(staged.Publish());
-  stats.seconds = Since(start);
+  stats.seconds = SecondsSince(start);
   return stats;
 }
 

@@ -339,4 +339,8 @@ absl::Status CommitStore(StoreManifest& m, const std::string& dir, PackStats* st
   return absl::OkStatus();
 }
 
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 }  // namespace mer::store_internal

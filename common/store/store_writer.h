@@ -4,6 +4,7 @@
 // next is filled) and the manifest, written last. Not a public interface.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -101,5 +102,8 @@ absl::Status CommitStore(StoreManifest& m, const std::string& dir, PackStats* st
 
 // fsync of a file, or of a directory.
 absl::Status SyncPath(const std::string& path, bool directory);
+
+// Seconds from `start` to now: the timings of PackStats.
+double SecondsSince(std::chrono::steady_clock::time_point start);
 
 }  // namespace mer::store_internal

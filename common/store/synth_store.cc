@@ -18,12 +18,9 @@ namespace mer {
 namespace {
 
 using store_internal::JoinPath;
+using store_internal::SecondsSince;
 
 constexpr uint64_t kDenseChunkBytes = 64 << 20;  // dense rows generated and appended per step
-
-double Since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
 
 // The three merged expert tensors of one layer (ffn_{gate,up,down}_exps), whose rows e * n .. (e +
 // 1) * n - 1 are expert e's matrix.
@@ -134,12 +131,12 @@ absl::StatusOr<PackStats> WriteSynthStore(const SynthOptions& synth, const std::
   };
   const auto experts_start = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(store_internal::WriteExpertsFile(m, JoinPath(out, kStoreExpertsFile), fill, o, &stats.direct_io));
-  stats.experts_seconds = Since(experts_start);
+  stats.experts_seconds = SecondsSince(experts_start);
   RETURN_IF_ERROR(WriteDense(synth, tensors, is_expert, m, JoinPath(out, kStoreDenseFile), threads));
   for (bool e : is_expert) stats.dense_tensors += e ? 0 : 1;
   RETURN_IF_ERROR(store_internal::CommitStore(m, out, &stats));
   RETURN_IF_ERROR(staged.Publish());
-  stats.seconds = Since(start);
+  stats.seconds = SecondsSince(start);
   return stats;
 }
 

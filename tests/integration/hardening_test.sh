@@ -31,12 +31,6 @@ start_compute() {  # LOG
   CPID=$!; PIDS+=("$CPID")
   wait_log "$1" "ready" "$CPID"
 }
-client() { timeout 60 "$MER" client --addr "$ADDR" "$@"; }
-health() { timeout 10 "$MER" client --addr "$ADDR" --health 2>/dev/null; }
-wait_health() {  # STATUS: until the gateway's health says it (10 s)
-  for _ in $(seq 1 200); do [ "$(health)" == "$1" ] && return 0; sleep 0.05; done
-  fail "health never became $1 (is $(health))"; return 1
-}
 
 timeout 120 "$MER" synth --preset micro --quant q8_0 --threads 2 --out "$WORK/m.gguf" >/dev/null || { fail synth; exit 1; }
 timeout 120 "$MER" pack --model "$WORK/m.gguf" --out "$WORK/store" --threads 2 >/dev/null || { fail pack; exit 1; }

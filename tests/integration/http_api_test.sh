@@ -23,13 +23,8 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/mer_http.XXXXXX")
 FAILURES=0
 SKIPPED=0
 UPID=
-cleanup() {
-  [ -n "$UPID" ] && kill -KILL "$UPID" 2>/dev/null
-  pkill -KILL -f "$WORK/" 2>/dev/null
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
 source "$HERE/lib.sh"
+trap cleanup_up EXIT
 
 # up MODEL LOG: mer up on MODEL in the background; sets UPID, URL (HTTP) and METRICS.
 up() {

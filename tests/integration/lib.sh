@@ -20,6 +20,14 @@ cleanup_work() {
   rm -rf "$WORK"
 }
 
+# cleanup_up: the EXIT trap of a script that runs `mer up` (its pid in UPID, empty before it
+# starts): kills it and every process started from WORK, then removes WORK.
+cleanup_up() {
+  [ -n "$UPID" ] && kill -KILL "$UPID" 2>/dev/null
+  pkill -KILL -f "$WORK/" 2>/dev/null
+  rm -rf "$WORK"
+}
+
 # finish: the script's exit, by FAILURES.
 finish() {
   if [ "$FAILURES" -ne 0 ]; then echo "$FAILURES failure(s)"; exit 1; fi
@@ -35,6 +43,17 @@ wait_log() {
     sleep 0.05
   done
   echo "no '$2' in $1:"; cat "$1"; return 1
+}
+
+# The gateway at ADDR through `mer client` (MER is the mer binary).
+# client ARGS...: one call, bounded to 60 s.
+client() { timeout 60 "$MER" client --addr "$ADDR" "$@"; }
+# health: the status the gateway's health check reports (empty if it does not answer in 10 s).
+health() { timeout 10 "$MER" client --addr "$ADDR" --health 2>/dev/null; }
+# wait_health STATUS: until health says STATUS (10 s); a failure otherwise.
+wait_health() {
+  for _ in $(seq 1 200); do [ "$(health)" == "$1" ] && return 0; sleep 0.05; done
+  fail "health never became $1 (is $(health))"; return 1
 }
 
 # metrics_url LOG: the /metrics URL a daemon printed ("metrics: http://H:P/metrics").

@@ -12,13 +12,8 @@ MER=$1
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/mer_up.XXXXXX")
 FAILURES=0
 UPID=
-cleanup() {
-  [ -n "$UPID" ] && kill -KILL "$UPID" 2>/dev/null
-  pkill -KILL -f "$WORK/" 2>/dev/null
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
 source "$(dirname "$0")/lib.sh"
+trap cleanup_up EXIT
 
 # start_up LOG [mer up flags]: runs mer up in the background, waits for its address; sets UPID and ADDR.
 start_up() {
@@ -35,7 +30,7 @@ start_up() {
   done
   echo "mer up did not come up:"; cat "$log.out" "$log.err"; return 1
 }
-health() { timeout 10 "$MER" client --addr "$ADDR" --health 2>/dev/null; }
+# client: the call this test repeats, its errors kept in client.err (it replaces lib.sh's client).
 client() { timeout 60 "$MER" client --addr "$ADDR" --prompt-tokens 1,17,42,99,7,3 --max-tokens 24 \
              --ignore-eos --print-token-ids 2>>"$WORK/client.err"; }
 

@@ -56,14 +56,15 @@ start_compute() {
   CPID=$!; PIDS+=("$CPID")
   wait_log "$1" "ready" "$CPID"
 }
-client() { timeout 60 "$MER" client --addr "$ADDR" "$@"; }
 # solo PROMPT N: the ids `mer generate --model` gives alone.
 solo() { timeout 60 "$MER" generate --model "$WORK/m.gguf" --prompt-tokens "$1" --max-tokens "$2" \
            --ignore-eos --print-token-ids --threads 1 2>/dev/null; }
-health() { timeout 10 "$MER" client --addr "$ADDR" --health 2>/dev/null; }
-wait_health() {  # STATUS: until the gateway's health says it (10 s)
-  for _ in $(seq 1 200); do [ "$(health)" == "$1" ] && return 0; sleep 0.05; done
-  fail "health never became $1 (is $(health))"; return 1
+# serves_solo WHAT: a 3-token call through the gateway gives the ids `mer generate` gives alone;
+# counted in N_OK.
+serves_solo() {
+  out=$(client --prompt-tokens 5,6,7 --max-tokens 3 --ignore-eos --print-token-ids 2>&1)
+  [ "$out" == "$(solo 5,6,7 3)" ] || fail "$1: '$out'"
+  N_OK=$((N_OK + 1))
 }
 alive() { for p in "$RPID" "$CPID" "$GPID"; do kill -0 "$p" 2>/dev/null || fail "$1: daemon $p is gone"; done; }
 # Counts of what the test did through the gateway, to compare with its counters.
@@ -148,9 +149,8 @@ invalid "repetition_penalty" --prompt-tokens 1 --max-tokens 4 --repetition-penal
 invalid "stop\[0\]: empty" --prompt-tokens 1 --max-tokens 4 --stop ""
 alive "after invalid requests"
 [ "$(health)" == SERVING ] || fail "not SERVING after invalid requests"
-out=$(client --prompt-tokens 5,6,7 --max-tokens 3 --ignore-eos --print-token-ids 2>&1)
-[ "$out" == "$(solo 5,6,7 3)" ] || fail "after invalid requests: '$out'"
-N_OK=$((N_OK + 1)); TOKENS=$((TOKENS + 3)); PROMPT_TOKENS=$((PROMPT_TOKENS + 3))
+serves_solo "after invalid requests"
+TOKENS=$((TOKENS + 3)); PROMPT_TOKENS=$((PROMPT_TOKENS + 3))
 
 # --- 3. cancel, deadline, full queue -----------------------------------------------------------
 phase "cancel"
@@ -204,9 +204,8 @@ for _ in $(seq 1 300); do
 done
 exec 2>&3 3>&-
 [ $drained == yes ] || fail "full queue: the cancelled calls did not drain"
-out=$(client --prompt-tokens 5,6,7 --max-tokens 3 --ignore-eos --print-token-ids 2>&1)
-[ "$out" == "$(solo 5,6,7 3)" ] || fail "after the full queue: '$out'"
-N_OK=$((N_OK + 1)); TOKENS=$((TOKENS + 3)); PROMPT_TOKENS=$((PROMPT_TOKENS + 3))
+serves_solo "after the full queue"
+TOKENS=$((TOKENS + 3)); PROMPT_TOKENS=$((PROMPT_TOKENS + 3))
 
 # Gateway counters so far (the killed calls' tokens are not known exactly: checked below only
 # for requests and for phases without kills).
@@ -251,9 +250,7 @@ N_UNAVAILABLE=$((N_UNAVAILABLE + 1))
 for p in "$CPID" "$GPID"; do kill -0 "$p" 2>/dev/null || fail "residency down: daemon $p is gone"; done
 start_residency "$WORK/r3.log" || fail "residency restart"
 wait_health SERVING
-out=$(client --prompt-tokens 5,6,7 --max-tokens 3 --ignore-eos --print-token-ids 2>&1)
-[ "$out" == "$(solo 5,6,7 3)" ] || fail "after the residency restart: '$out'"
-N_OK=$((N_OK + 1))
+serves_solo "after the residency restart"
 
 phase "SIGKILL compute mid-stream"
 KP=()
@@ -275,9 +272,7 @@ N_UNAVAILABLE=$((N_UNAVAILABLE + 1))
 kill -0 "$GPID" 2>/dev/null || fail "compute killed: the gateway died"
 start_compute "$WORK/c2.log" || fail "compute restart"
 wait_health SERVING
-out=$(client --prompt-tokens 5,6,7 --max-tokens 3 --ignore-eos --print-token-ids 2>&1)
-[ "$out" == "$(solo 5,6,7 3)" ] || fail "after the compute restart: '$out'"
-N_OK=$((N_OK + 1))
+serves_solo "after the compute restart"
 phase "recovered: gateway (pid $GPID, never restarted) serves again"
 
 # --- 5. metrics of the three daemons, and the merged page --------------------------------------

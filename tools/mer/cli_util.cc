@@ -160,6 +160,12 @@ void ProgressLine::Finish() {
   drawn_ = false;
 }
 
+std::string Bytes(uint64_t b) {
+  if (b >= (uint64_t{1} << 30)) return absl::StrFormat("%.2f GiB", b / double(1 << 30));
+  if (b >= (uint64_t{1} << 20)) return absl::StrFormat("%.2f MiB", b / double(1 << 20));
+  return absl::StrFormat("%.1f KiB", b / 1024.0);
+}
+
 absl::StatusOr<uint64_t> FreeDiskBytes(const std::string& path) {
   std::filesystem::path p = std::filesystem::absolute(path);
   std::error_code ec;

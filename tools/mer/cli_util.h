@@ -84,6 +84,9 @@ class ProgressLine {
   bool drawn_ = false;
 };
 
+// `b` bytes for people: "1.50 GiB", "3.25 MiB", "0.5 KiB".
+std::string Bytes(uint64_t b);
+
 // The free bytes of the filesystem that holds `path` (or its nearest existing parent).
 absl::StatusOr<uint64_t> FreeDiskBytes(const std::string& path);
 

@@ -3,7 +3,6 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/base/status.h"
 #include "common/model/model_weights.h"
@@ -18,12 +17,6 @@ constexpr char kHelp[] = R"(usage: mer info [--tensors] FILE.gguf
 Prints the model's architecture, geometry, tensor types and sizes, and the CPU kernel variant this
 process runs (MER_CPU_KERNELS=avx512|avx2|scalar forces one); --tensors lists every tensor.
 )";
-
-std::string Bytes(uint64_t b) {
-  if (b >= (uint64_t{1} << 30)) return absl::StrFormat("%.2f GiB", b / double(1 << 30));
-  if (b >= (uint64_t{1} << 20)) return absl::StrFormat("%.2f MiB", b / double(1 << 20));
-  return absl::StrFormat("%.1f KiB", b / 1024.0);
-}
 
 absl::Status Info(const Args& args) {
   ASSIGN_OR_RETURN(Flags f, Flags::Parse(args, {}, {"tensors"}));

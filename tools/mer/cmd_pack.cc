@@ -3,7 +3,6 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "common/base/status.h"
 #include "common/store/expert_store.h"
 #include "common/store/packer.h"
@@ -23,12 +22,6 @@ through; it is never held in memory. --verify re-reads the store and checks ever
 (without --model it only verifies). --force replaces a store already in STORE_DIR. --no-direct
 writes experts.bin through the page cache instead of with O_DIRECT.
 )";
-
-std::string Bytes(uint64_t b) {
-  if (b >= (uint64_t{1} << 30)) return absl::StrFormat("%.2f GiB", b / double(1 << 30));
-  if (b >= (uint64_t{1} << 20)) return absl::StrFormat("%.2f MiB", b / double(1 << 20));
-  return absl::StrFormat("%.1f KiB", b / 1024.0);
-}
 
 absl::Status Verify(const std::string& dir, int threads) {
   ASSIGN_OR_RETURN(std::unique_ptr<ExpertStore> store, ExpertStore::Open(dir));

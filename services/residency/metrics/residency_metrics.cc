@@ -1,15 +1,11 @@
 #include "services/residency/metrics/residency_metrics.h"
 
-#include <exception>
 #include <limits>
 #include <sstream>
 #include <utility>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
 #include "prometheus/client_metric.h"
 #include "prometheus/collectable.h"
-#include "prometheus/exposer.h"
 #include "prometheus/metric_type.h"
 #include "prometheus/text_serializer.h"
 
@@ -176,31 +172,10 @@ std::string RenderResidencyMetrics(const ResidencyCounters& c, const std::string
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& listen,
                                                                     std::function<ResidencyCounters()> snapshot,
                                                                     std::string version) {
-  const size_t colon = listen.rfind(':');
-  int port;
-  if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(listen.substr(colon + 1), &port) || port < 0 ||
-      port > 65535)
-    return absl::InvalidArgumentError(absl::StrCat("--metrics-listen: want HOST:PORT (or off), got '", listen, "'"));
-  std::unique_ptr<MetricsServer> s(new MetricsServer());
-  s->host_ = listen.substr(0, colon);
-  try {
-    s->exposer_ = std::make_unique<prometheus::Exposer>(listen, /*num_threads=*/1);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("metrics: cannot listen on ", listen, ": ", e.what()));
-  }
-  const std::vector<int> ports = s->exposer_->GetListeningPorts();
-  if (ports.empty()) return absl::UnavailableError(absl::StrCat("metrics: not listening on ", listen));
-  s->port_ = ports.front();
-  s->collectable_ = std::make_shared<SnapshotCollectable>(std::move(snapshot), std::move(version));
-  s->exposer_->RegisterCollectable(s->collectable_);
-  return s;
+  auto endpoint =
+      MetricsEndpoint::Start(listen, {std::make_shared<SnapshotCollectable>(std::move(snapshot), std::move(version))});
+  if (!endpoint.ok()) return endpoint.status();
+  return std::unique_ptr<MetricsServer>(new MetricsServer(std::move(*endpoint)));
 }
-
-MetricsServer::~MetricsServer() {
-  // Stop serving before the collectable (and whatever its snapshot callback reads) goes away.
-  exposer_.reset();
-}
-
-std::string MetricsServer::url() const { return absl::StrCat("http://", host_, ":", port_, "/metrics"); }
 
 }  // namespace mer::residency

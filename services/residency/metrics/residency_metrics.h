@@ -1,22 +1,19 @@
 // mer-residency's Prometheus metrics (docs/metrics.md): the metric families of a ResidencyCounters
-// snapshot, and a /metrics HTTP endpoint (prometheus-cpp's Exposer) that builds them on every
-// scrape from a snapshot callback. Collection is pull-time only: the daemon's loop thread keeps
+// snapshot, and a /metrics HTTP endpoint (a MetricsEndpoint) that builds them on every scrape
+// from a snapshot callback. Collection is pull-time only: the daemon's loop thread keeps
 // plain counters and publishes a snapshot (ResidencyDaemon::Snapshot); nothing here runs on it.
 #pragma once
 
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/metrics/metrics_endpoint.h"
 #include "prometheus/metric_family.h"
 #include "services/residency/daemon/residency_counters.h"
-
-namespace prometheus {
-class Exposer;
-class Collectable;
-}  // namespace prometheus
 
 namespace mer::residency {
 
@@ -35,19 +32,14 @@ class MetricsServer {
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& listen,
                                                               std::function<ResidencyCounters()> snapshot,
                                                               std::string version = MerVersion());
-  ~MetricsServer();
 
-  const std::string& host() const { return host_; }
-  int port() const { return port_; }
+  int port() const { return endpoint_->port(); }
   // "http://HOST:PORT/metrics".
-  std::string url() const;
+  std::string url() const { return endpoint_->url(); }
 
  private:
-  MetricsServer() = default;
-  std::string host_;
-  int port_ = 0;
-  std::shared_ptr<prometheus::Collectable> collectable_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  explicit MetricsServer(std::unique_ptr<MetricsEndpoint> endpoint) : endpoint_(std::move(endpoint)) {}
+  std::unique_ptr<MetricsEndpoint> endpoint_;
 };
 
 }  // namespace mer::residency

@@ -4,16 +4,14 @@
 #include "services/compute/backend_factory.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <cstdio>
 #include <memory>
 #include <string>
 
-#include "common/gguf/gguf_file.h"
 #include "common/model/expert_source.h"
 #include "common/model/model_weights.h"
 #include "common/model/synth_model.h"
+#include "tests/unit/synth_weights.h"
 
 namespace mer {
 namespace {
@@ -24,19 +22,13 @@ struct MicroModel {
 };
 
 MicroModel LoadMicro() {
-  const std::string path = ::testing::TempDir() + "/backend_factory_test_" + std::to_string(getpid()) + ".gguf";
   SynthOptions o;
   o.geometry = *SynthPreset("micro");
-  EXPECT_TRUE(WriteSynthModel(o, path).ok());
-  auto file = GgufFile::Open(path);
-  std::remove(path.c_str());  // the mapping keeps it
-  EXPECT_TRUE(file.ok()) << file.status();
+  auto model = testing_support::LoadSynthWeights(o, "backend_factory_test");
+  EXPECT_TRUE(model.ok()) << model.status();
   MicroModel m;
-  if (!file.ok()) return m;
-  auto weights = ModelWeights::Load(std::shared_ptr<const GgufFile>(std::move(*file)));
-  EXPECT_TRUE(weights.ok()) << weights.status();
-  if (!weights.ok()) return m;
-  m.weights = std::move(*weights);
+  if (!model.ok()) return m;
+  m.weights = std::move(model->weights);
   m.experts = std::make_unique<MappedExpertSource>(*m.weights);
   return m;
 }

@@ -1,11 +1,9 @@
 #include "services/compute/cpu/cpu_engine.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <map>
 #include <string>
 
@@ -15,30 +13,18 @@
 #include "services/compute/sampler.h"
 #include "tests/unit/compute/recorded_routes.h"
 #include "tests/unit/compute/reference_forward.h"
+#include "tests/unit/synth_weights.h"
 
 namespace mer {
 namespace {
 
-struct TestModel {
-  std::shared_ptr<const GgufFile> file;
-  std::unique_ptr<ModelWeights> weights;
-};
+using TestModel = testing_support::SynthWeights;
 
 TestModel MakeModel(SynthOptions o, const std::string& tag) {
-  const std::string path =
-      (std::filesystem::temp_directory_path() / ("mer_engine_test_" + std::to_string(getpid()) + "_" + tag + ".gguf"))
-          .string();
   o.threads = 2;
-  EXPECT_TRUE(WriteSynthModel(o, path).ok());
-  auto file = GgufFile::Open(path);
-  EXPECT_TRUE(file.ok()) << file.status();
-  std::filesystem::remove(path);  // the mapping keeps the data alive
-  TestModel m;
-  m.file = std::move(*file);
-  auto weights = ModelWeights::Load(m.file);
-  EXPECT_TRUE(weights.ok()) << weights.status();
-  m.weights = std::move(*weights);
-  return m;
+  auto m = testing_support::LoadSynthWeights(o, "engine_test_" + tag);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return std::move(*m);
 }
 
 SynthOptions SmallGeometry(SynthQuant quant) {
@@ -149,21 +135,14 @@ void ExpectMixOfTypesRuns(const std::map<std::string, GgmlType>& types, double t
   o.geometry.n_expert_used = 4;
   o.seed = 11;
   o.quant = SynthQuant::kF32;
-  const std::string path =
-      (std::filesystem::temp_directory_path() / ("mer_engine_test_" + std::to_string(getpid()) + "_mix.gguf")).string();
   o.tensor_types = types;
-  ASSERT_TRUE(WriteSynthModel(o, path).ok());
-  auto file = GgufFile::Open(path);
-  ASSERT_TRUE(file.ok()) << file.status();
-  std::filesystem::remove(path);
-  std::shared_ptr<const GgufFile> shared = std::move(*file);
-  auto weights = ModelWeights::Load(shared);
-  ASSERT_TRUE(weights.ok()) << weights.status();
-  for (const auto& [name, type] : types) ASSERT_EQ(shared->FindTensor(name)->type, type) << name;
+  auto m = testing_support::LoadSynthWeights(o, "engine_test_mix");
+  ASSERT_TRUE(m.ok()) << m.status();
+  for (const auto& [name, type] : types) ASSERT_EQ(m->file->FindTensor(name)->type, type) << name;
 
-  MappedExpertSource src(**weights);
-  auto engine = MakeEngine(**weights, src, 2);
-  ExpectCloseToReference(*engine, **weights, tolerance);
+  MappedExpertSource src(*m->weights);
+  auto engine = MakeEngine(*m->weights, src, 2);
+  ExpectCloseToReference(*engine, *m->weights, tolerance);
   const auto steps = StepByStep(*engine, 0, kTokens);
   const int V = engine->config().n_vocab;
   std::vector<float> logits(kTokens.size() * V);

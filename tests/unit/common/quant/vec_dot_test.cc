@@ -449,26 +449,7 @@ TEST(VecDot, ExtremeQuantsAreExact) {
     std::memset(w.ql, 0xFF, sizeof(w.ql));
     std::memset(w.qh, 0xFF, sizeof(w.qh));        // every code 63: q - 32 = 31
     for (int i = 0; i < 64; i += 4) w.qh[i] = 0;  // some codes 15 | 0 << 4 = 15: q - 32 = -17
-    std::vector<float> dequant(256);
-    DequantizeRowQ6_K(&w, dequant.data(), 256);
-    BlockQ8_K a{};
-    a.d = 1.0f;
-    for (int i = 0; i < 256; ++i) a.qs[i] = static_cast<int8_t>(i % 3 == 0 ? -127 : 127);
-    for (int g = 0; g < 16; ++g) {
-      int s = 0;
-      for (int i = 0; i < 16; ++i) s += a.qs[16 * g + i];
-      a.bsums[g] = static_cast<int16_t>(s);
-    }
-    double expect = 0, abs_sum = 0;
-    for (int i = 0; i < 256; ++i) {
-      expect += double(dequant[i]) * a.qs[i];
-      abs_sum += std::fabs(double(dequant[i]) * a.qs[i]);
-    }
-    for (KernelVariant v : VariantsHere()) {
-      float out;
-      VecDotRowsWith(v, GgmlType::kQ6_K, &w, 1, &a, 256, &out);
-      EXPECT_NEAR(out, expect, 1e-7 * abs_sum) << KernelVariantName(v);
-    }
+    ExpectNearDequantizedDot(GgmlType::kQ6_K, &w);
   }
 }
 

@@ -1,10 +1,8 @@
 #include "services/compute/daemon/batcher.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <atomic>
-#include <filesystem>
 #include <map>
 #include <optional>
 #include <set>
@@ -16,14 +14,12 @@
 #include "services/compute/cpu/cpu_engine.h"
 #include "services/compute/daemon/compute_metrics.h"
 #include "services/compute/generation.h"
+#include "tests/unit/synth_weights.h"
 
 namespace mer::compute {
 namespace {
 
-struct Model {
-  std::shared_ptr<const GgufFile> file;
-  std::unique_ptr<ModelWeights> weights;
-};
+using Model = testing_support::SynthWeights;
 
 const Model& MicroModel() {
   static Model* m = [] {
@@ -31,18 +27,9 @@ const Model& MicroModel() {
     o.geometry = *SynthPreset("micro");
     o.seed = 11;
     o.threads = 2;
-    const std::string path =
-        (std::filesystem::temp_directory_path() / ("mer_batcher_test_" + std::to_string(getpid()) + ".gguf")).string();
-    EXPECT_TRUE(WriteSynthModel(o, path).ok());
-    auto file = GgufFile::Open(path);
-    EXPECT_TRUE(file.ok()) << file.status();
-    std::filesystem::remove(path);
-    auto* model = new Model;
-    model->file = std::move(*file);
-    auto w = ModelWeights::Load(model->file);
-    EXPECT_TRUE(w.ok()) << w.status();
-    model->weights = std::move(*w);
-    return model;
+    auto model = testing_support::LoadSynthWeights(o, "batcher_test");
+    EXPECT_TRUE(model.ok()) << model.status();
+    return new Model(std::move(*model));
   }();
   return *m;
 }

@@ -1,9 +1,6 @@
 #include "tools/trace/route_replay.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
-
-#include <filesystem>
 
 #include "common/gguf/gguf_file.h"
 #include "common/model/expert_source.h"
@@ -11,6 +8,7 @@
 #include "common/model/synth_model.h"
 #include "services/compute/cpu/cpu_engine.h"
 #include "services/compute/generation.h"
+#include "tests/unit/synth_weights.h"
 #include "tools/trace/trace_writer.h"
 
 namespace mer::trace {
@@ -26,15 +24,10 @@ class RouteReplayTest : public ::testing::Test {
     o.geometry.n_layer = 3;
     o.router_skew = 1.0;
     o.threads = 2;
-    const std::string path = ::testing::TempDir() + "/route_replay_model_" + std::to_string(getpid()) + ".gguf";
-    ASSERT_TRUE(WriteSynthModel(o, path).ok());
-    auto file = GgufFile::Open(path);
-    ASSERT_TRUE(file.ok()) << file.status();
-    std::filesystem::remove(path);
-    file_ = std::move(*file);
-    auto weights = ModelWeights::Load(file_);
-    ASSERT_TRUE(weights.ok()) << weights.status();
-    weights_ = std::move(*weights);
+    auto model = testing_support::LoadSynthWeights(o, "route_replay_model");
+    ASSERT_TRUE(model.ok()) << model.status();
+    file_ = std::move(model->file);
+    weights_ = std::move(model->weights);
     experts_ = std::make_unique<MappedExpertSource>(*weights_);
     engine_ = NewEngine();
     ASSERT_NE(engine_, nullptr);

@@ -5,12 +5,12 @@
 
 #include <filesystem>
 
-#include "common/gguf/gguf_file.h"
 #include "common/model/expert_source.h"
 #include "common/model/model_weights.h"
 #include "common/model/synth_model.h"
 #include "services/compute/cpu/cpu_engine.h"
 #include "services/compute/generation.h"
+#include "tests/unit/synth_weights.h"
 
 namespace mer::trace {
 namespace {
@@ -106,24 +106,19 @@ TEST(TraceWriter, RecordsTheEngine) {
   o.geometry.n_layer = 3;
   o.router_skew = 1.0;
   o.threads = 2;
-  const std::string path = ::testing::TempDir() + "/trace_writer_model_" + std::to_string(getpid()) + ".gguf";
-  ASSERT_TRUE(WriteSynthModel(o, path).ok());
-  auto file = GgufFile::Open(path);
-  ASSERT_TRUE(file.ok()) << file.status();
-  std::filesystem::remove(path);
-  std::shared_ptr<const GgufFile> shared = std::move(*file);
-  auto weights = ModelWeights::Load(shared);
-  ASSERT_TRUE(weights.ok()) << weights.status();
-  MappedExpertSource experts(**weights);
+  auto model = testing_support::LoadSynthWeights(o, "trace_writer_model");
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelWeights& weights = *model->weights;
+  MappedExpertSource experts(weights);
   CpuEngineOptions eo;
   eo.threads = 2;
   eo.max_batch_tokens = 4;  // the 6-token prompt runs as chunks of 4 and 2
   eo.max_context_tokens = 64;
-  auto engine = CpuEngine::Create(**weights, experts, eo);
+  auto engine = CpuEngine::Create(weights, experts, eo);
   ASSERT_TRUE(engine.ok()) << engine.status();
 
   const auto record = [&]() {
-    auto w = TraceWriter::CreateInMemory({3, 8, 2, ExpertBytes(**weights, 0)});
+    auto w = TraceWriter::CreateInMemory({3, 8, 2, ExpertBytes(weights, 0)});
     EXPECT_TRUE(w.ok());
     (*engine)->set_routing_observer(w->get());
     (*w)->set_phase(TraceWriter::Phase::kPrompt);
