@@ -58,6 +58,7 @@ STORE=${STORE:-/tmp/mer-30b-q8_0-skew$SKEW-pool$STORE_ROW_POOL.store}
 BUDGETS=${BUDGETS:-"100%"}
 MISS_PATHS=${MISS_PATHS:-"host"}
 SERVED_RUNS=${SERVED_RUNS:-"25%:100%:device:lfu:lfu 25%:25%:device:lfu:lfu"}
+SERVED_REQUESTS=${SERVED_REQUESTS:-3}  # requests of 31 + 128 tokens per served run, one after another
 KERNELS_FILTER=${KERNELS_FILTER:-"*"}
 PROFILE_PROMPTS=${PROFILE_PROMPTS:-"77"}
 PROFILE_BINS=${PROFILE_BINS:-"mer"}  # programs of the bundle to profile in turn (e.g. an older mer beside)
@@ -204,7 +205,7 @@ if has_step served; then
     IFS=: read -r v r mp ap rp vp <<< "$run"
     vp=${vp:-3}
     d="$OUT/served_${v}_${r}_${mp}_${ap}_${rp}_${vp}"
-    OUT="$d" STORE="$STORE" STREAMS=1 REQUESTS=3 VRAM_BUDGET="$v" RAM_BUDGET="$r" POLICY="$rp" \
+    OUT="$d" STORE="$STORE" STREAMS=1 REQUESTS="$SERVED_REQUESTS" VRAM_BUDGET="$v" RAM_BUDGET="$r" POLICY="$rp" \
       EXTRA_COMPUTE_FLAGS="--miss-path $mp --arena-policy $ap" EXTRA_RESIDENCY_FLAGS="--vram-prefetch-inflight $vp" \
       DEADLINE=$(left 200) timeout "$(left 210)" bash "$here/batch_bench.sh" > /dev/null 2>&1
     note "served, 1 stream, VRAM $v, RAM $r ($rp), miss path $mp (arena $ap), VRAM prefetch copies $vp:" \
