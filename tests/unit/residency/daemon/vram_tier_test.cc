@@ -835,8 +835,10 @@ TEST(VramTierTest, ExclusiveTiersReadFewerExpertsFromTheStoreOnTheDevicePath) {
   const DecodeRun exclusive = Decode(g, d);
   EXPECT_EQ(inclusive.c.vram_demotions, 0u);
   EXPECT_GT(exclusive.c.vram_demotions, 0u);
-  EXPECT_EQ(inclusive.c.reads, inclusive.c.vram_fills_from_store);
-  EXPECT_EQ(exclusive.c.reads, exclusive.c.vram_fills_from_store);
+  // No fill reads the store twice (a fill whose expert a read already in flight brings counts
+  // without a read of its own, so reads may fall short of fills by a few).
+  EXPECT_LE(inclusive.c.reads, inclusive.c.vram_fills_from_store);
+  EXPECT_LE(exclusive.c.reads, exclusive.c.vram_fills_from_store);
   EXPECT_LT(double(exclusive.reads), 0.92 * double(inclusive.reads));
 }
 
@@ -851,7 +853,7 @@ TEST(VramTierTest, ExclusiveTiersReadFewerExpertsFromTheStoreOnTheHostPath) {
   const DecodeRun inclusive = Decode(g, d);
   d.tiers = "exclusive";
   const DecodeRun exclusive = Decode(g, d);
-  EXPECT_EQ(exclusive.c.reads, exclusive.c.vram_fills_from_store);
+  EXPECT_LE(exclusive.c.reads, exclusive.c.vram_fills_from_store);
   EXPECT_LT(double(exclusive.reads), 0.75 * double(inclusive.reads));
 }
 
