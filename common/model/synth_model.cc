@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
+#include "common/base/threads.h"
 #include "common/quant/quant.h"
 #include "common/tokenizer/tokenizer.h"
 
@@ -72,11 +73,6 @@ void RemoveComponent(const float* d, float* out, int64_t n) {
   double dot = 0;
   for (int64_t i = 0; i < n; ++i) dot += double{out[i]} * d[i];
   for (int64_t i = 0; i < n; ++i) out[i] -= static_cast<float>(dot) * d[i];
-}
-
-int ResolveThreads(int threads) {
-  if (threads > 0) return threads;
-  return std::max(1u, std::thread::hardware_concurrency());
 }
 
 absl::Status ValidateGeometry(const SynthGeometry& g) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/threads.h"
 
 namespace mer::store_internal {
 
@@ -49,11 +50,6 @@ absl::Status PwriteFull(int fd, const void* buf, uint64_t n, uint64_t offset, co
     done += static_cast<uint64_t>(r);
   }
   return absl::OkStatus();
-}
-
-int ResolveThreads(int threads) {
-  if (threads > 0) return threads;
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 void ParallelFor(int64_t n, int threads, const std::function<void(int64_t)>& fn) {

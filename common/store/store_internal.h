@@ -22,7 +22,6 @@ absl::Status PwriteFull(int fd, const void* buf, uint64_t n, uint64_t offset, co
 // Runs fn(i) for i in [0, n) on up to `threads` threads (the caller is one of them); items are
 // handed out one at a time through an atomic counter.
 void ParallelFor(int64_t n, int threads, const std::function<void(int64_t)>& fn);
-int ResolveThreads(int threads);  // 0 -> hardware concurrency
 
 std::string JoinPath(const std::string& dir, const char* file);
 

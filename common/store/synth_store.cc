@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
+#include "common/base/threads.h"
 #include "common/gguf/gguf_writer.h"
 #include "common/store/crc32c.h"
 #include "common/store/expert_store.h"
@@ -106,7 +107,7 @@ absl::StatusOr<PackStats> WriteSynthStore(const SynthOptions& synth, const std::
 
   ASSIGN_OR_RETURN(store_internal::StagedStore staged, store_internal::StagedStore::Begin(dir, pack.overwrite));
   const std::string& out = staged.path();
-  const int threads = store_internal::ResolveThreads(pack.threads);
+  const int threads = ResolveThreads(pack.threads);
   store_internal::ExpertsFileOptions o;
   o.threads = threads;
   o.direct_io = pack.direct_io;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/check.h"
 #include "common/base/status.h"
+#include "common/base/threads.h"
 #include "common/quant/quant.h"
 #include "services/compute/batch_check.h"
 #include "services/compute/cpu/cpu_ops.h"
@@ -18,11 +19,6 @@ namespace mer {
 namespace {
 
 constexpr int64_t kRowsPerChunk = 32;  // weight rows per work item: ~64 KB of Q8_0 at 2048 columns
-
-int ResolveThreads(int threads) {
-  if (threads > 0) return threads;
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
 
 // Bytes of one activation row of `cols` elements converted for weights of `weight_type`.
 int64_t ActivationRowBytes(GgmlType weight_type, int64_t cols) {
