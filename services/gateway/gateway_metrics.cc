@@ -4,6 +4,7 @@
 #include <map>
 #include <mutex>
 
+#include "common/metrics/buckets.h"
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
@@ -14,16 +15,6 @@
 #include "services/gateway/metrics_merge.h"
 
 namespace mer::gateway {
-namespace {
-
-prometheus::Histogram::BucketBoundaries Exponential(double start, double factor, int n) {
-  prometheus::Histogram::BucketBoundaries b;
-  for (int i = 0; i < n; ++i, start *= factor) b.push_back(start);
-  return b;
-}
-
-}  // namespace
-
 // The per-request series of one model_name.
 struct ModelSeries {
   std::string model_name;
@@ -63,12 +54,12 @@ struct GatewayMetrics::Impl : prometheus::Collectable {
     std::unique_ptr<ModelSeries>& s = models[name];
     if (s == nullptr) {
       const prometheus::Labels labels{{"model_name", name}};
-      const auto latency = Exponential(0.001, 2, 16);  // 1 ms .. 33 s
+      const auto latency = ExponentialBuckets(0.001, 2, 16);  // 1 ms .. 33 s
       s = std::make_unique<ModelSeries>();
       s->model_name = name;
       s->queue = &queue_family->Add(labels, latency);
       s->ttft = &ttft_family->Add(labels, latency);
-      s->itl = &itl_family->Add(labels, Exponential(0.0001, 2, 16));
+      s->itl = &itl_family->Add(labels, ExponentialBuckets(0.0001, 2, 16));
       s->duration = &duration_family->Add(labels, latency);
       s->prompt_tokens = &prompt_family->Add(labels);
       s->generated_tokens = &generated_family->Add(labels);

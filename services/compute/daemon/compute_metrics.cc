@@ -3,6 +3,7 @@
 #include <mutex>
 #include <vector>
 
+#include "common/metrics/buckets.h"
 #include "prometheus/client_metric.h"
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
@@ -57,12 +58,6 @@ class CapacityCollectable : public prometheus::Collectable {
   std::function<Capacity()> capacity_;
 };
 
-prometheus::Histogram::BucketBoundaries Exponential(double start, double factor, int n) {
-  prometheus::Histogram::BucketBoundaries b;
-  for (int i = 0; i < n; ++i, start *= factor) b.push_back(start);
-  return b;
-}
-
 }  // namespace
 
 struct ComputeMetrics::Impl {
@@ -100,12 +95,12 @@ ComputeMetrics::ComputeMetrics(const std::string& version, const std::string& ba
                              .Name("mer_step_seconds")
                              .Help("Duration of one batched forward step, sampling included.")
                              .Register(r)
-                             .Add({}, Exponential(0.0005, 2, 14));
+                             .Add({}, ExponentialBuckets(0.0005, 2, 14));
   impl_->batch_size = &prometheus::BuildHistogram()
                            .Name("mer_batch_size")
                            .Help("Tokens in one step's batch (decodes and prompt chunks).")
                            .Register(r)
-                           .Add({}, Exponential(1, 2, 11));
+                           .Add({}, ExponentialBuckets(1, 2, 11));
   impl_->prompt_tokens =
       &prometheus::BuildCounter().Name("mer_prompt_tokens_total").Help("Prompt tokens prefilled.").Register(r).Add({});
   impl_->generated_tokens =
