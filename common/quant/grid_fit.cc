@@ -4,8 +4,23 @@
 #include <cmath>
 
 #include "common/base/check.h"
+#include "common/quant/blocks.h"
 
 namespace mer::quant_internal {
+
+void MagnitudesAndSigns(const float* x, float* m, uint8_t* signs, bool odd_ok) {
+  for (int g = 0; g < kKBlockSize / 8; ++g) {
+    int mask = 0, smallest = 0;
+    for (int i = 0; i < 8; ++i) {
+      const float v = x[8 * g + i];
+      m[8 * g + i] = std::fabs(v);
+      if (v < 0) mask |= 1 << i;
+      if (m[8 * g + i] < m[8 * g + smallest]) smallest = i;
+    }
+    if (!odd_ok && __builtin_popcount(static_cast<unsigned>(mask)) & 1) mask ^= 1 << smallest;
+    signs[g] = static_cast<uint8_t>(mask);
+  }
+}
 
 Grid::Grid(const uint8_t* codes, int points, int width, std::vector<float> levels)
     : codes_(codes), points_(points), width_(width), levels_(std::move(levels)) {

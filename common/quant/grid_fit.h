@@ -1,4 +1,4 @@
-// The search the grid quantizers of common/quant share (IQ2_XXS, IQ3_XXS; internal): a group of
+// The search the grid quantizers of common/quant share (IQ2_*, IQ3_*; internal): a group of
 // `width` magnitudes mapped to one of a grid's points, and a sub-block's scale fit to the grid.
 #pragma once
 
@@ -6,6 +6,11 @@
 #include <vector>
 
 namespace mer::quant_internal {
+
+// The magnitudes m[256] of a 256-element block and per group of 8 its signs (bit i: element i
+// negative). Unless `odd_ok`, a group with an odd number of negatives has its smallest element's
+// sign flipped, which costs least: IQ2_XXS, IQ2_XS and IQ3_XXS store 7 signs and their parity.
+void MagnitudesAndSigns(const float* x, float* m, uint8_t* signs, bool odd_ok);
 
 // A grid: `points` entries of `width` codes each (codes[width * g + i] is code i of point g),
 // every code one of `levels` (ascending).

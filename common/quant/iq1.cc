@@ -12,7 +12,7 @@
 namespace mer {
 namespace {
 
-using quant_internal::NearestInt;
+using quant_internal::OddScaleCode;
 
 constexpr int kQK = kKBlockSize;
 constexpr int kSub = 32;  // elements per sub-block
@@ -98,7 +98,7 @@ void QuantizeBlock(const float* x, BlockIQ1_S* y) {
   y->d = F32ToF16(max_scale / 15.0f);
   const float d = F16ToF32(y->d);
   for (int j = 0; j < 8; ++j) {
-    const int ls = d == 0.0f ? 0 : std::clamp(NearestInt((scales[j] / d - 1.0f) / 2.0f), 0, 7);
+    const int ls = OddScaleCode(scales[j], d, 1.0f, 7);
     const float dl = d * static_cast<float>(2 * ls + 1);
     int qh = ls << 12;
     if (dl > 0.0f) {

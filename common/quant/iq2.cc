@@ -12,7 +12,8 @@
 namespace mer {
 namespace {
 
-using quant_internal::NearestInt;
+using quant_internal::MagnitudesAndSigns;
+using quant_internal::OddScaleCode;
 
 constexpr int kQK = kKBlockSize;
 constexpr int kSub = 32;  // elements per sub-block
@@ -34,30 +35,10 @@ const quant_internal::Grid& SGrid() {
   return grid;
 }
 
-// The magnitudes m[256] of a block and per group of 8 its signs (bit i: element i negative),
-// the smallest element's flipped where their number is odd (which IQ2_XXS and IQ2_XS cannot
-// store) unless `odd_ok`.
-void MagnitudesAndSigns(const float* x, float* m, uint8_t* signs, bool odd_ok = false) {
-  for (int g = 0; g < kQK / 8; ++g) {
-    int mask = 0, smallest = 0;
-    for (int i = 0; i < 8; ++i) {
-      const float v = x[8 * g + i];
-      m[8 * g + i] = std::fabs(v);
-      if (v < 0) mask |= 1 << i;
-      if (m[8 * g + i] < m[8 * g + smallest]) smallest = i;
-    }
-    if (!odd_ok && __builtin_popcount(static_cast<unsigned>(mask)) & 1) mask ^= 1 << smallest;
-    signs[g] = static_cast<uint8_t>(mask);
-  }
-}
-
-// The 4-bit code ls of a scale s = d * (2 ls + 1) / 8.
-int ScaleCode(float s, float d) { return d == 0.0f ? 0 : std::clamp(NearestInt((8.0f * s / d - 1.0f) / 2.0f), 0, 15); }
-
 void QuantizeBlock(const float* x, BlockIQ2_XXS* y) {
   float m[kQK];
   uint8_t signs[kQK / 8];
-  MagnitudesAndSigns(x, m, signs);
+  MagnitudesAndSigns(x, m, signs, /*odd_ok=*/false);
   float scales[8];
   for (int j = 0; j < 8; ++j) scales[j] = XxsGrid().FitScale(m + kSub * j, kSub);
   const float max_scale = *std::max_element(scales, scales + 8);
@@ -65,7 +46,7 @@ void QuantizeBlock(const float* x, BlockIQ2_XXS* y) {
   y->d = F32ToF16(max_scale * 8.0f / 31.0f);
   const float d = F16ToF32(y->d);
   for (int j = 0; j < 8; ++j) {
-    const int ls = ScaleCode(scales[j], d);
+    const int ls = OddScaleCode(scales[j], d, 8.0f, 15);
     const float db = d * (0.5f + ls) * 0.25f;
     uint32_t a0 = 0, a1 = static_cast<uint32_t>(ls) << 28;
     for (int l = 0; l < 4; ++l) {
@@ -82,14 +63,14 @@ void QuantizeBlock(const float* x, BlockIQ2_XXS* y) {
 void QuantizeBlock(const float* x, BlockIQ2_XS* y) {
   float m[kQK];
   uint8_t signs[kQK / 8];
-  MagnitudesAndSigns(x, m, signs);
+  MagnitudesAndSigns(x, m, signs, /*odd_ok=*/false);
   float scales[16];  // per 16 elements
   for (int h = 0; h < 16; ++h) scales[h] = XsGrid().FitScale(m + 16 * h, 16);
   const float max_scale = *std::max_element(scales, scales + 16);
   y->d = F32ToF16(max_scale * 8.0f / 31.0f);
   const float d = F16ToF32(y->d);
   for (int h = 0; h < 16; ++h) {
-    const int ls = ScaleCode(scales[h], d);
+    const int ls = OddScaleCode(scales[h], d, 8.0f, 15);
     if (h % 2 == 0)
       y->scales[h / 2] = static_cast<uint8_t>(ls);
     else
@@ -114,7 +95,7 @@ void QuantizeBlock(const float* x, BlockIQ2_S* y) {
   y->d = F32ToF16(max_scale * 8.0f / 31.0f);
   const float d = F16ToF32(y->d);
   for (int h = 0; h < 16; ++h) {
-    const int ls = ScaleCode(scales[h], d);
+    const int ls = OddScaleCode(scales[h], d, 8.0f, 15);
     y->scales[h / 2] |= static_cast<uint8_t>(ls << (4 * (h % 2)));
     const float db = d * (0.5f + ls) * 0.25f;
     for (int l = 0; l < 2; ++l) {

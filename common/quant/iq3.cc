@@ -12,7 +12,8 @@
 namespace mer {
 namespace {
 
-using quant_internal::NearestInt;
+using quant_internal::MagnitudesAndSigns;
+using quant_internal::OddScaleCode;
 
 constexpr int kQK = kKBlockSize;
 constexpr int kSub = 32;  // elements per sub-block
@@ -28,19 +29,8 @@ const quant_internal::Grid& TheGrid() {
 
 void QuantizeBlock(const float* x, BlockIQ3_XXS* y) {
   float m[kQK];
-  uint8_t signs[kQK / 8];  // per group of 8, bit i = element i negative
-  for (int g = 0; g < kQK / 8; ++g) {
-    int mask = 0, smallest = 0;
-    for (int i = 0; i < 8; ++i) {
-      const float v = x[8 * g + i];
-      m[8 * g + i] = std::fabs(v);
-      if (v < 0) mask |= 1 << i;
-      if (m[8 * g + i] < m[8 * g + smallest]) smallest = i;
-    }
-    // An odd number of negatives cannot be stored: flip the sign that costs least.
-    if (__builtin_popcount(static_cast<unsigned>(mask)) & 1) mask ^= 1 << smallest;
-    signs[g] = static_cast<uint8_t>(mask);
-  }
+  uint8_t signs[kQK / 8];
+  MagnitudesAndSigns(x, m, signs, /*odd_ok=*/false);
   float scales[8];
   for (int j = 0; j < 8; ++j) scales[j] = TheGrid().FitScale(m + kSub * j, kSub);
   const float max_scale = *std::max_element(scales, scales + 8);
@@ -48,7 +38,7 @@ void QuantizeBlock(const float* x, BlockIQ3_XXS* y) {
   y->d = F32ToF16(max_scale * 4.0f / 31.0f);
   const float d = F16ToF32(y->d);
   for (int j = 0; j < 8; ++j) {
-    const int ls = d == 0.0f ? 0 : std::clamp(NearestInt((4.0f * scales[j] / d - 1.0f) / 2.0f), 0, 15);
+    const int ls = OddScaleCode(scales[j], d, 4.0f, 15);
     const float db = d * (0.5f + ls) * 0.5f;
     uint32_t word = static_cast<uint32_t>(ls) << 28;
     for (int l = 0; l < 4; ++l) {
@@ -81,10 +71,7 @@ inline int SScale(const BlockIQ3_S& x, int j) { return (x.scales[j / 2] >> (4 * 
 void QuantizeBlock(const float* x, BlockIQ3_S* y) {
   *y = BlockIQ3_S{};
   float m[kQK];
-  for (int e = 0; e < kQK; ++e) {
-    m[e] = std::fabs(x[e]);
-    if (x[e] < 0) y->signs[e / 8] |= static_cast<uint8_t>(1 << (e % 8));
-  }
+  MagnitudesAndSigns(x, m, y->signs, /*odd_ok=*/true);
   float scales[8];
   for (int j = 0; j < 8; ++j) scales[j] = SGrid().FitScale(m + kSub * j, kSub);
   const float max_scale = *std::max_element(scales, scales + 8);
@@ -92,7 +79,7 @@ void QuantizeBlock(const float* x, BlockIQ3_S* y) {
   y->d = F32ToF16(max_scale / 31.0f);
   const float d = F16ToF32(y->d);
   for (int j = 0; j < 8; ++j) {
-    const int ls = d == 0.0f ? 0 : std::clamp(NearestInt((scales[j] / d - 1.0f) / 2.0f), 0, 15);
+    const int ls = OddScaleCode(scales[j], d, 1.0f, 15);
     y->scales[j / 2] |= static_cast<uint8_t>(ls << (4 * (j % 2)));
     const float db = d * static_cast<float>(2 * ls + 1);
     for (int k = 0; k < 8; ++k) {

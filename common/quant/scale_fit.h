@@ -5,6 +5,7 @@
 // without floating-point contraction).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -18,6 +19,12 @@ inline int NearestInt(float v) {
   int32_t bits;
   std::memcpy(&bits, &biased, 4);
   return (bits & 0x007fffff) - 0x00400000;
+}
+
+// The code ls in [0, max_code] of a sub-block scale s = d * (2 ls + 1) / k, the grid quantizers'
+// odd multiples of d (IQ1_S, IQ2_*, IQ3_*); 0 where d is 0.
+inline int OddScaleCode(float s, float d, float k, int max_code) {
+  return d == 0.0f ? 0 : std::clamp(NearestInt((k * s / d - 1.0f) / 2.0f), 0, max_code);
 }
 
 // Fits x[i] ~ scale * L[i] - min over n values, L[i] in [0, nmax], min >= 0, minimising the
