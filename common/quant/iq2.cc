@@ -18,7 +18,22 @@ using quant_internal::OddScaleCode;
 constexpr int kQK = kKBlockSize;
 constexpr int kSub = 32;  // elements per sub-block
 
-inline int GridByte(int index, int i) { return (kIQ2_XXSGrid[index] >> (8 * i)) & 0xFF; }
+// A group of 8 elements: grid byte i of `point` (a grid's entry), negated where bit i of `signs`
+// is set, times db; and its dot product with 8 activations. The three formats differ only in where
+// they keep a group's grid index, signs and scale.
+inline void DequantizeGroup(uint64_t point, uint8_t signs, float db, float* y) {
+  for (int i = 0; i < 8; ++i) {
+    y[i] = db * static_cast<float>((point >> (8 * i)) & 0xFF) * ((signs >> i) & 1 ? -1.0f : 1.0f);
+  }
+}
+inline int32_t GroupDot(uint64_t point, uint8_t signs, const int8_t* a) {
+  int32_t s = 0;
+  for (int i = 0; i < 8; ++i) {
+    const int v = static_cast<int>((point >> (8 * i)) & 0xFF) * a[i];
+    s += (signs >> i) & 1 ? -v : v;
+  }
+  return s;
+}
 
 // The grids' codes in memory order (byte i of an entry is code i).
 const quant_internal::Grid& XxsGrid() {
@@ -108,9 +123,10 @@ void QuantizeBlock(const float* x, BlockIQ2_S* y) {
   }
 }
 
-// IQ2_S's 10-bit grid index and scale code of group g.
+// IQ2_S's 10-bit grid index of group g.
 inline int SIndex(const BlockIQ2_S& x, int g) { return x.qs[g] | ((x.qh[g / 4] >> (2 * (g % 4))) & 3) << 8; }
-inline int SScale(const BlockIQ2_S& x, int g) { return (x.scales[g / 4] >> (4 * ((g / 2) % 2))) & 0xF; }
+// The scale code of group g of IQ2_XS or IQ2_S, whose scales are packed alike (a code per 16).
+inline int GroupScale(const uint8_t* scales, int g) { return (scales[g / 4] >> (4 * ((g / 2) % 2))) & 0xF; }
 
 // Sub-block j's two words.
 inline void Words(const BlockIQ2_XXS& x, int j, uint32_t* a0, uint32_t* a1) {
@@ -142,12 +158,8 @@ void DequantizeRowIQ2_S(const BlockIQ2_S* src, float* dst, int64_t n) {
     const BlockIQ2_S& x = src[b];
     const float d = F16ToF32(x.d);
     for (int group = 0; group < kQK / 8; ++group) {
-      const float db = d * (0.5f + static_cast<float>(SScale(x, group))) * 0.25f;
-      const uint8_t signs = x.qs[kQK / 8 + group];
-      for (int i = 0; i < 8; ++i) {
-        const int code = static_cast<int>((kIQ2_SGrid[SIndex(x, group)] >> (8 * i)) & 0xFF);
-        dst[b * kQK + 8 * group + i] = db * static_cast<float>(code) * ((signs >> i) & 1 ? -1.0f : 1.0f);
-      }
+      const float db = d * (0.5f + static_cast<float>(GroupScale(x.scales, group))) * 0.25f;
+      DequantizeGroup(kIQ2_SGrid[SIndex(x, group)], x.qs[kQK / 8 + group], db, dst + b * kQK + 8 * group);
     }
   }
 }
@@ -166,13 +178,8 @@ void VecDotRowsIQ2_SScalar(const BlockIQ2_S* rows, int64_t n_rows, const BlockQ8
       const BlockIQ2_S& x = rows[r * nb + b];
       int32_t sumi = 0;
       for (int group = 0; group < kQK / 8; ++group) {
-        const uint8_t signs = x.qs[kQK / 8 + group];
-        int32_t s = 0;
-        for (int i = 0; i < 8; ++i) {
-          const int v = static_cast<int>((kIQ2_SGrid[SIndex(x, group)] >> (8 * i)) & 0xFF) * a[b].qs[8 * group + i];
-          s += (signs >> i) & 1 ? -v : v;
-        }
-        sumi += (2 * SScale(x, group) + 1) * s;
+        const int32_t s = GroupDot(kIQ2_SGrid[SIndex(x, group)], x.qs[kQK / 8 + group], a[b].qs + 8 * group);
+        sumi += (2 * GroupScale(x.scales, group) + 1) * s;
       }
       sum += F16ToF32(x.d) * a[b].d * static_cast<float>(sumi);
     }
@@ -186,14 +193,9 @@ void DequantizeRowIQ2_XS(const BlockIQ2_XS* src, float* dst, int64_t n) {
   for (int64_t b = 0; b < n / kQK; ++b) {
     const float d = F16ToF32(src[b].d);
     for (int group = 0; group < kQK / 8; ++group) {
-      const int ls = (src[b].scales[group / 4] >> (4 * ((group / 2) % 2))) & 0xF;
-      const float db = d * (0.5f + static_cast<float>(ls)) * 0.25f;
+      const float db = d * (0.5f + static_cast<float>(GroupScale(src[b].scales, group))) * 0.25f;
       const uint16_t q = src[b].qs[group];
-      const uint8_t signs = IQSignBits(q >> 9);
-      for (int i = 0; i < 8; ++i) {
-        const int code = static_cast<int>((kIQ2_XSGrid[q & 511] >> (8 * i)) & 0xFF);
-        dst[b * kQK + 8 * group + i] = db * static_cast<float>(code) * ((signs >> i) & 1 ? -1.0f : 1.0f);
-      }
+      DequantizeGroup(kIQ2_XSGrid[q & 511], IQSignBits(q >> 9), db, dst + b * kQK + 8 * group);
     }
   }
 }
@@ -212,14 +214,8 @@ void VecDotRowsIQ2_XSScalar(const BlockIQ2_XS* rows, int64_t n_rows, const Block
       const BlockIQ2_XS& x = rows[r * nb + b];
       int32_t sumi = 0;
       for (int group = 0; group < kQK / 8; ++group) {
-        const int ls = (x.scales[group / 4] >> (4 * ((group / 2) % 2))) & 0xF;
-        const uint8_t signs = IQSignBits(x.qs[group] >> 9);
-        int32_t s = 0;
-        for (int i = 0; i < 8; ++i) {
-          const int v = static_cast<int>((kIQ2_XSGrid[x.qs[group] & 511] >> (8 * i)) & 0xFF) * a[b].qs[8 * group + i];
-          s += (signs >> i) & 1 ? -v : v;
-        }
-        sumi += (2 * ls + 1) * s;
+        const int32_t s = GroupDot(kIQ2_XSGrid[x.qs[group] & 511], IQSignBits(x.qs[group] >> 9), a[b].qs + 8 * group);
+        sumi += (2 * GroupScale(x.scales, group) + 1) * s;
       }
       sum += F16ToF32(x.d) * a[b].d * static_cast<float>(sumi);
     }
@@ -237,12 +233,8 @@ void DequantizeRowIQ2_XXS(const BlockIQ2_XXS* src, float* dst, int64_t n) {
       Words(src[b], j, &a0, &a1);
       const float db = d * (0.5f + static_cast<float>(a1 >> 28)) * 0.25f;
       for (int l = 0; l < 4; ++l) {
-        const int g = (a0 >> (8 * l)) & 0xFF;
-        const uint8_t signs = IQSignBits((a1 >> (7 * l)) & 127);
-        for (int i = 0; i < 8; ++i) {
-          dst[b * kQK + kSub * j + 8 * l + i] =
-              db * static_cast<float>(GridByte(g, i)) * ((signs >> i) & 1 ? -1.0f : 1.0f);
-        }
+        DequantizeGroup(kIQ2_XXSGrid[(a0 >> (8 * l)) & 0xFF], IQSignBits((a1 >> (7 * l)) & 127), db,
+                        dst + b * kQK + kSub * j + 8 * l);
       }
     }
   }
@@ -266,12 +258,8 @@ void VecDotRowsIQ2_XXSScalar(const BlockIQ2_XXS* rows, int64_t n_rows, const Blo
         Words(x, j, &a0, &a1);
         int32_t s = 0;
         for (int l = 0; l < 4; ++l) {
-          const int g = (a0 >> (8 * l)) & 0xFF;
-          const uint8_t signs = IQSignBits((a1 >> (7 * l)) & 127);
-          for (int i = 0; i < 8; ++i) {
-            const int v = GridByte(g, i) * a[b].qs[kSub * j + 8 * l + i];
-            s += (signs >> i) & 1 ? -v : v;
-          }
+          s += GroupDot(kIQ2_XXSGrid[(a0 >> (8 * l)) & 0xFF], IQSignBits((a1 >> (7 * l)) & 127),
+                        a[b].qs + kSub * j + 8 * l);
         }
         sumi += static_cast<int32_t>(2 * (a1 >> 28) + 1) * s;
       }
