@@ -55,67 +55,27 @@ inline void HalfSubBlockScales(const uint8_t* scales, __m256i out[2]) {
   out[1] = _mm256_permute2x128_si256(all_scales, all_scales, 0x11);
 }
 
-// The same for IQ2_XS: a 9-bit grid index and 7 sign bits per group, a scale per 16 elements.
-template <int R>
-void IQ2_XSRowsKernel(const BlockIQ2_XS* w, int64_t nb, const BlockQ8_K* a, float* out) {
+// The same for IQ2_XS and IQ2_S, a scale per 16 elements: Products(wb, j, av) is the int16 pair
+// sums of sub-block j's grid bytes with its activations av under its signs, the one step where
+// the formats differ.
+template <int R, typename Block, __m256i (*Products)(const Block&, int, __m256i)>
+void HalfScaleRowsKernel(const Block* w, int64_t nb, const BlockQ8_K* a, float* out) {
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     // Every cache line a block may touch.
-    PrefetchRows<R>(w, nb * sizeof(BlockIQ2_XS), b * sizeof(BlockIQ2_XS), 3);
+    PrefetchRows<R>(w, nb * sizeof(Block), b * sizeof(Block), 3);
     const BlockQ8_K& ab = a[b];
     ForEachRow<R>([&](auto r) {
-      const BlockIQ2_XS& wb = w[r * nb + b];
-      __m256i half_scales[2];
-      HalfSubBlockScales(wb.scales, half_scales);
-      __m256i sums[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-      for (int j = 0; j < 8; ++j) {
-        const uint16_t* q = wb.qs + 4 * j;
-        const __m256i grid = _mm256_setr_epi64x(
-            static_cast<int64_t>(kIQ2_XSGrid[q[0] & 511]), static_cast<int64_t>(kIQ2_XSGrid[q[1] & 511]),
-            static_cast<int64_t>(kIQ2_XSGrid[q[2] & 511]), static_cast<int64_t>(kIQ2_XSGrid[q[3] & 511]));
-        const __m256i signs = _mm256_setr_epi64x(
-            static_cast<int64_t>(kIQSignBytes.bytes[q[0] >> 9]), static_cast<int64_t>(kIQSignBytes.bytes[q[1] >> 9]),
-            static_cast<int64_t>(kIQSignBytes.bytes[q[2] >> 9]), static_cast<int64_t>(kIQSignBytes.bytes[q[3] >> 9]));
-        const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab.qs + 32 * j));
-        const __m256i pairs = _mm256_maddubs_epi16(grid, _mm256_sign_epi8(av, signs));
-        const __m256i scales = _mm256_shuffle_epi8(
-            half_scales[j / 4], _mm256_load_si256(reinterpret_cast<const __m256i*>(kRunScaleShuffles.bytes[j % 4])));
-        sums[j % 2] = DotI16(sums[j % 2], pairs, scales);
-      }
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(F16ToF32(wb.d) * ab.d),
-                               _mm256_cvtepi32_ps(_mm256_add_epi32(sums[0], sums[1])), acc[r]);
-    });
-  }
-  for (int r = 0; r < R; ++r) out[r] = 0.125f * HorizontalSum(acc[r]);
-}
-
-// The same for IQ2_S: a 10-bit grid index and 8 sign bits per group.
-template <int R>
-void IQ2_SRowsKernel(const BlockIQ2_S* w, int64_t nb, const BlockQ8_K* a, float* out) {
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    // Every cache line a block may touch.
-    PrefetchRows<R>(w, nb * sizeof(BlockIQ2_S), b * sizeof(BlockIQ2_S), 3);
-    const BlockQ8_K& ab = a[b];
-    ForEachRow<R>([&](auto r) {
-      const BlockIQ2_S& wb = w[r * nb + b];
+      const Block& wb = w[r * nb + b];
       __m256i half_scales[2];
       HalfSubBlockScales(wb.scales, half_scales);
       __m256i sums[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
       // Unrolled, so that the accumulators stay in registers (GCC keeps this loop otherwise).
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
-        const uint8_t* q = wb.qs + 4 * j;
-        const int qh = wb.qh[j];
-        const __m256i grid = _mm256_setr_epi64x(static_cast<int64_t>(kIQ2_SGrid[q[0] | ((qh << 8) & 0x300)]),
-                                                static_cast<int64_t>(kIQ2_SGrid[q[1] | ((qh << 6) & 0x300)]),
-                                                static_cast<int64_t>(kIQ2_SGrid[q[2] | ((qh << 4) & 0x300)]),
-                                                static_cast<int64_t>(kIQ2_SGrid[q[3] | ((qh << 2) & 0x300)]));
         const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab.qs + 32 * j));
-        const __m256i pairs =
-            _mm256_maddubs_epi16(grid, NegateWhereBitsSet(av, LoadU32(wb.qs + kKBlockSize / 8 + 4 * j)));
+        const __m256i pairs = Products(wb, j, av);
         const __m256i scales = _mm256_shuffle_epi8(
             half_scales[j / 4], _mm256_load_si256(reinterpret_cast<const __m256i*>(kRunScaleShuffles.bytes[j % 4])));
         sums[j % 2] = DotI16(sums[j % 2], pairs, scales);
@@ -127,16 +87,43 @@ void IQ2_SRowsKernel(const BlockIQ2_S* w, int64_t nb, const BlockQ8_K* a, float*
   for (int r = 0; r < R; ++r) out[r] = 0.125f * HorizontalSum(acc[r]);
 }
 
+// IQ2_XS: a 9-bit grid index and 7 sign bits per group.
+inline __m256i IQ2_XSGroupProducts(const BlockIQ2_XS& wb, int j, __m256i av) {
+  const uint16_t* q = wb.qs + 4 * j;
+  const __m256i grid =
+      _mm256_setr_epi64x(static_cast<int64_t>(kIQ2_XSGrid[q[0] & 511]), static_cast<int64_t>(kIQ2_XSGrid[q[1] & 511]),
+                         static_cast<int64_t>(kIQ2_XSGrid[q[2] & 511]), static_cast<int64_t>(kIQ2_XSGrid[q[3] & 511]));
+  const __m256i signs = _mm256_setr_epi64x(
+      static_cast<int64_t>(kIQSignBytes.bytes[q[0] >> 9]), static_cast<int64_t>(kIQSignBytes.bytes[q[1] >> 9]),
+      static_cast<int64_t>(kIQSignBytes.bytes[q[2] >> 9]), static_cast<int64_t>(kIQSignBytes.bytes[q[3] >> 9]));
+  return _mm256_maddubs_epi16(grid, _mm256_sign_epi8(av, signs));
+}
+
+// IQ2_S: a 10-bit grid index and 8 sign bits per group.
+inline __m256i IQ2_SGroupProducts(const BlockIQ2_S& wb, int j, __m256i av) {
+  const uint8_t* q = wb.qs + 4 * j;
+  const int qh = wb.qh[j];
+  const __m256i grid = _mm256_setr_epi64x(static_cast<int64_t>(kIQ2_SGrid[q[0] | ((qh << 8) & 0x300)]),
+                                          static_cast<int64_t>(kIQ2_SGrid[q[1] | ((qh << 6) & 0x300)]),
+                                          static_cast<int64_t>(kIQ2_SGrid[q[2] | ((qh << 4) & 0x300)]),
+                                          static_cast<int64_t>(kIQ2_SGrid[q[3] | ((qh << 2) & 0x300)]));
+  return _mm256_maddubs_epi16(grid, NegateWhereBitsSet(av, LoadU32(wb.qs + kKBlockSize / 8 + 4 * j)));
+}
+
 }  // namespace
 
 void IQ2_XSRows(const BlockIQ2_XS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
   const int64_t nb = n / kKBlockSize;
-  ForRowGroups<2>(n_rows, [&](auto group, int64_t r) { IQ2_XSRowsKernel<group>(rows + r * nb, nb, a, out + r); });
+  ForRowGroups<2>(n_rows, [&](auto group, int64_t r) {
+    HalfScaleRowsKernel<group, BlockIQ2_XS, IQ2_XSGroupProducts>(rows + r * nb, nb, a, out + r);
+  });
 }
 
 void IQ2_SRows(const BlockIQ2_S* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
   const int64_t nb = n / kKBlockSize;
-  ForRowGroups<2>(n_rows, [&](auto group, int64_t r) { IQ2_SRowsKernel<group>(rows + r * nb, nb, a, out + r); });
+  ForRowGroups<2>(n_rows, [&](auto group, int64_t r) {
+    HalfScaleRowsKernel<group, BlockIQ2_S, IQ2_SGroupProducts>(rows + r * nb, nb, a, out + r);
+  });
 }
 
 void IQ2_XXSRows(const BlockIQ2_XXS* rows, int64_t n_rows, const BlockQ8_K* a, int64_t n, float* out) {
