@@ -52,14 +52,8 @@ void PackCodes(const uint8_t* codes, uint8_t* qs) {
 // element of largest magnitude to -127 and to 113, each followed by the least-squares d for its
 // codes; the least squared error wins. Returns d (0 for an all-zero group, codes then 8: value 1).
 float FitCodebook(const float* x, uint8_t* codes) {
-  float amax = 0, max = 0;
-  for (int i = 0; i < kQK; ++i) {
-    if (std::fabs(x[i]) > amax) {
-      amax = std::fabs(x[i]);
-      max = x[i];
-    }
-  }
-  if (amax < 1e-15f) {
+  const float max = quant_internal::LargestMagnitude(x, kQK);
+  if (std::fabs(max) < 1e-15f) {
     std::fill(codes, codes + kQK, 8);
     return 0.0f;
   }
@@ -115,16 +109,11 @@ void QuantizeRowIQ4_XS(const float* src, BlockIQ4_XS* dst, int64_t n) {
     const float* x = src + b * kKBlockSize;
     BlockIQ4_XS& y = dst[b];
     uint8_t codes[kQK];
-    float scales[8], max_scale = 0, max_abs = 0;
-    for (int j = 0; j < 8; ++j) {
-      scales[j] = FitCodebook(x + kQK * j, codes);
-      if (std::fabs(scales[j]) > max_abs) {
-        max_abs = std::fabs(scales[j]);
-        max_scale = scales[j];
-      }
-    }
+    float scales[8];
+    for (int j = 0; j < 8; ++j) scales[j] = FitCodebook(x + kQK * j, codes);
     // The sub-block scale of largest magnitude maps to -32, the extra negative 6-bit level.
-    y.d = F32ToF16(max_abs > 0 ? max_scale / -32.0f : 0.0f);
+    const float max_scale = quant_internal::LargestMagnitude(scales, 8);
+    y.d = F32ToF16(max_scale != 0.0f ? max_scale / -32.0f : 0.0f);
     const float d = F16ToF32(y.d);
     y.scales_h = 0;
     std::memset(y.scales_l, 0, sizeof(y.scales_l));

@@ -34,13 +34,7 @@ void PackCodes(const int* q, int bits, uint8_t* qs, uint8_t* qh) {
 
 // Symmetric: the element of largest magnitude maps to -half (q = 0); d as decoded.
 f16_bits QuantizeSymmetric(const float* x, int half, int* q) {
-  float amax = 0, max = 0;
-  for (int i = 0; i < kQK; ++i) {
-    if (std::fabs(x[i]) > amax) {
-      amax = std::fabs(x[i]);
-      max = x[i];
-    }
-  }
+  const float max = quant_internal::LargestMagnitude(x, kQK);
   const f16_bits d16 = F32ToF16(max / static_cast<float>(-half));
   const float d = F16ToF32(d16);
   for (int i = 0; i < kQK; ++i) q[i] = d == 0.0f ? half : std::clamp(NearestInt(x[i] / d) + half, 0, 2 * half - 1);

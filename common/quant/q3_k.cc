@@ -26,17 +26,11 @@ inline int Q3Value(const BlockQ3_K& x, int e) {
 void QuantizeBlock(const float* x, BlockQ3_K* y) {
   uint8_t L[kQK];  // q + 4
   float scales[kQK / kSub];
-  float max_scale = 0, max_abs_scale = 0;
-  for (int j = 0; j < kQK / kSub; ++j) {
-    scales[j] = quant_internal::FitSignedScale(x + kSub * j, kSub, 4, L + kSub * j);
-    if (std::fabs(scales[j]) > max_abs_scale) {
-      max_abs_scale = std::fabs(scales[j]);
-      max_scale = scales[j];
-    }
-  }
+  for (int j = 0; j < kQK / kSub; ++j) scales[j] = quant_internal::FitSignedScale(x + kSub * j, kSub, 4, L + kSub * j);
+  const float max_scale = quant_internal::LargestMagnitude(scales, kQK / kSub);
   std::memset(y, 0, sizeof(*y));
   int codes[kQK / kSub];
-  if (max_abs_scale < 1e-15f) {
+  if (std::fabs(max_scale) < 1e-15f) {
     std::fill(codes, codes + kQK / kSub, 32);  // scale 0 under d = 0
     std::fill(L, L + kQK, 4);
   } else {

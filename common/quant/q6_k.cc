@@ -30,16 +30,10 @@ inline int Q6Code(const BlockQ6_K& x, int e) {
 void QuantizeBlock(const float* x, BlockQ6_K* y) {
   uint8_t L[kQK];
   float scales[kQK / kSub];
-  float max_scale = 0, max_abs_scale = 0;
-  for (int j = 0; j < kQK / kSub; ++j) {
-    scales[j] = FitSignedScale(x + kSub * j, kSub, kNmax, L + kSub * j);
-    if (std::fabs(scales[j]) > max_abs_scale) {
-      max_abs_scale = std::fabs(scales[j]);
-      max_scale = scales[j];
-    }
-  }
+  for (int j = 0; j < kQK / kSub; ++j) scales[j] = FitSignedScale(x + kSub * j, kSub, kNmax, L + kSub * j);
+  const float max_scale = quant_internal::LargestMagnitude(scales, kQK / kSub);
   std::memset(y, 0, sizeof(*y));
-  if (max_abs_scale < 1e-15f) return;  // all zero: d = 0 decodes everything to 0
+  if (std::fabs(max_scale) < 1e-15f) return;  // all zero: d = 0 decodes everything to 0
   // The largest sub-block scale maps to -128, the extra negative int8 level.
   const float iscale = -128.0f / max_scale;
   y->d = F32ToF16(1.0f / iscale);

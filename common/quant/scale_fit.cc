@@ -68,14 +68,8 @@ float FitScaleMin(const float* x, const float* w, int n, int nmax, uint8_t* L, f
 }
 
 float FitSignedScale(const float* x, int n, int nmax, uint8_t* L) {
-  float amax = 0, max = 0;
-  for (int i = 0; i < n; ++i) {
-    if (std::fabs(x[i]) > amax) {
-      amax = std::fabs(x[i]);
-      max = x[i];
-    }
-  }
-  if (amax < 1e-15f) {
+  const float max = LargestMagnitude(x, n);
+  if (std::fabs(max) < 1e-15f) {
     std::fill(L, L + n, nmax);
     return 0.0f;
   }

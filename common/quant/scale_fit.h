@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -19,6 +20,19 @@ inline int NearestInt(float v) {
   int32_t bits;
   std::memcpy(&bits, &biased, 4);
   return (bits & 0x007fffff) - 0x00400000;
+}
+
+// The element of x[0..n) of largest magnitude, with its sign (the first of equals; 0 where all
+// are 0): the signed scale searches map it to the one extra negative level of their codes.
+inline float LargestMagnitude(const float* x, int n) {
+  float amax = 0, max = 0;
+  for (int i = 0; i < n; ++i) {
+    if (std::fabs(x[i]) > amax) {
+      amax = std::fabs(x[i]);
+      max = x[i];
+    }
+  }
+  return max;
 }
 
 // The code ls in [0, max_code] of a sub-block scale s = d * (2 ls + 1) / k, the grid quantizers'
