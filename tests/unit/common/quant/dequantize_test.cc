@@ -279,16 +279,24 @@ TEST(DequantizeIQ1_S, HandBuiltBlock) {
 //   bytes 0..3  = sc[0..3] | (sc[4..7] >> 4) << 6 = 0x41 0x82 0xC3 0xFF
 //   bytes 4..7  = m[0..3]  | (m[4..7] >> 4) << 6  = 0x00 0x45 0xA8 0xFF
 //   bytes 8..11 = (sc[4..7] & 15) | (m[4..7] & 15) << 4 = 0x91 0x41 0x40 0xEF
-TEST(DequantizeQ4_K, HandBuiltBlockWithAllEightScalesAndMins) {
-  constexpr int kSc[8] = {1, 2, 3, 63, 17, 33, 48, 63};
-  constexpr int kMin[8] = {0, 5, 40, 63, 9, 20, 36, 62};
-  BlockQ4_K block;
+// d = 0.5, dmin = 0.25; the low nibble of qs byte i is i % 16, the high one 15 - i % 16. Q5_K's
+// block is the same with its fifth bits added.
+constexpr int kSc[8] = {1, 2, 3, 63, 17, 33, 48, 63};
+constexpr int kMin[8] = {0, 5, 40, 63, 9, 20, 36, 62};
+
+template <typename Block>
+Block HandBuiltScaleMinBlock() {
+  Block block;
   block.d = 0x3800;     // 0.5
   block.dmin = 0x3400;  // 0.25
   const uint8_t scales[12] = {0x41, 0x82, 0xC3, 0xFF, 0x00, 0x45, 0xA8, 0xFF, 0x91, 0x41, 0x40, 0xEF};
   std::memcpy(block.scales, scales, 12);
-  // Low nibble of byte i: i % 16; high nibble: 15 - i % 16.
   for (int i = 0; i < 128; ++i) block.qs[i] = static_cast<uint8_t>((i % 16) | ((15 - i % 16) << 4));
+  return block;
+}
+
+TEST(DequantizeQ4_K, HandBuiltBlockWithAllEightScalesAndMins) {
+  const BlockQ4_K block = HandBuiltScaleMinBlock<BlockQ4_K>();
 
   for (int j = 0; j < 8; ++j) {
     uint8_t sc, m;
@@ -316,14 +324,7 @@ TEST(DequantizeQ4_K, HandBuiltBlockWithAllEightScalesAndMins) {
 // Q5_K: the Q4_K block above (same scales and mins, same nibbles) with qh[l] = 0x5A ^ l: element
 // 64c + l gets bit 2c of qh[l] as its fifth bit, element 64c + 32 + l bit 2c + 1.
 TEST(DequantizeQ5_K, HandBuiltBlockWithFifthBits) {
-  constexpr int kSc[8] = {1, 2, 3, 63, 17, 33, 48, 63};
-  constexpr int kMin[8] = {0, 5, 40, 63, 9, 20, 36, 62};
-  BlockQ5_K block;
-  block.d = 0x3800;     // 0.5
-  block.dmin = 0x3400;  // 0.25
-  const uint8_t scales[12] = {0x41, 0x82, 0xC3, 0xFF, 0x00, 0x45, 0xA8, 0xFF, 0x91, 0x41, 0x40, 0xEF};
-  std::memcpy(block.scales, scales, 12);
-  for (int i = 0; i < 128; ++i) block.qs[i] = static_cast<uint8_t>((i % 16) | ((15 - i % 16) << 4));
+  BlockQ5_K block = HandBuiltScaleMinBlock<BlockQ5_K>();
   for (int l = 0; l < 32; ++l) block.qh[l] = static_cast<uint8_t>(0x5A ^ l);
 
   float out[256];
