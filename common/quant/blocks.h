@@ -21,6 +21,8 @@ struct BlockQ8_0 {
 };
 
 // The 32-element formats: element i < 16 is the low nibble of qs[i], element 16 + i the high one.
+inline int Nibble32(const uint8_t* qs, int i) { return i < 16 ? qs[i] & 0xF : qs[i - 16] >> 4; }
+
 // Q4_0: x = d * (q - 8), q in [0, 15].
 struct BlockQ4_0 {
   f16_bits d;

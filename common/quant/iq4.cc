@@ -41,9 +41,6 @@ int NearestCode(float v) {
   return v - kIQ4Values[i] <= kIQ4Values[i + 1] - v ? i : i + 1;
 }
 
-// The 4-bit code of element i of a 32-element group's 16 bytes.
-inline int Code(const uint8_t* qs, int i) { return i < 16 ? qs[i] & 0xF : qs[i - 16] >> 4; }
-
 void PackCodes(const uint8_t* codes, uint8_t* qs) {
   for (int i = 0; i < 16; ++i) qs[i] = static_cast<uint8_t>(codes[i] | (codes[i + 16] << 4));
 }
@@ -133,7 +130,7 @@ void DequantizeRowIQ4_NL(const BlockIQ4_NL* src, float* dst, int64_t n) {
   CHECK(n % kQK == 0);
   for (int64_t b = 0; b < n / kQK; ++b) {
     const float d = F16ToF32(src[b].d);
-    for (int i = 0; i < kQK; ++i) dst[b * kQK + i] = d * kIQ4Values[Code(src[b].qs, i)];
+    for (int i = 0; i < kQK; ++i) dst[b * kQK + i] = d * kIQ4Values[Nibble32(src[b].qs, i)];
   }
 }
 
@@ -144,7 +141,7 @@ void DequantizeRowIQ4_XS(const BlockIQ4_XS* src, float* dst, int64_t n) {
     const float d = F16ToF32(x.d);
     for (int j = 0; j < 8; ++j) {
       const float dl = d * (IQ4_XSScale(x, j) - 32);
-      for (int i = 0; i < kQK; ++i) dst[b * kKBlockSize + kQK * j + i] = dl * kIQ4Values[Code(x.qs + 16 * j, i)];
+      for (int i = 0; i < kQK; ++i) dst[b * kKBlockSize + kQK * j + i] = dl * kIQ4Values[Nibble32(x.qs + 16 * j, i)];
     }
   }
 }
@@ -167,7 +164,7 @@ void VecDotRowsIQ4_NLScalar(const BlockIQ4_NL* rows, int64_t n_rows, const Block
     for (int64_t b = 0; b < nb; ++b) {
       const BlockIQ4_NL& x = rows[r * nb + b];
       int32_t isum = 0;
-      for (int i = 0; i < kQK; ++i) isum += kIQ4Values[Code(x.qs, i)] * a[b].qs[i];
+      for (int i = 0; i < kQK; ++i) isum += kIQ4Values[Nibble32(x.qs, i)] * a[b].qs[i];
       sum += static_cast<float>(isum) * (F16ToF32(x.d) * F16ToF32(a[b].d));
     }
     out[r] = sum;
@@ -184,7 +181,7 @@ void VecDotRowsIQ4_XSScalar(const BlockIQ4_XS* rows, int64_t n_rows, const Block
       int32_t sumi = 0;
       for (int j = 0; j < 8; ++j) {
         int32_t s = 0;
-        for (int i = 0; i < kQK; ++i) s += kIQ4Values[Code(x.qs + 16 * j, i)] * a[b].qs[kQK * j + i];
+        for (int i = 0; i < kQK; ++i) s += kIQ4Values[Nibble32(x.qs + 16 * j, i)] * a[b].qs[kQK * j + i];
         sumi += (IQ4_XSScale(x, j) - 32) * s;
       }
       sum += F16ToF32(x.d) * a[b].d * static_cast<float>(sumi);

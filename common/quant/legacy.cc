@@ -15,12 +15,11 @@ using quant_internal::NearestInt;
 
 constexpr int kQK = kQ8_0BlockSize;
 
-// The code (q in [0, 15] or [0, 31]) of element i of a block.
-inline int Code4(const uint8_t* qs, int i) { return i < 16 ? qs[i] & 0xF : qs[i - 16] >> 4; }
+// The 5-bit code (q in [0, 31]) of element i of a block; the 4-bit ones are Nibble32.
 inline int Code5(const uint8_t* qs, const uint8_t* qh, int i) {
   uint32_t h;
   std::memcpy(&h, qh, 4);
-  return Code4(qs, i) | static_cast<int>(((h >> i) & 1) << 4);
+  return Nibble32(qs, i) | static_cast<int>(((h >> i) & 1) << 4);
 }
 
 void PackCodes(const int* q, int bits, uint8_t* qs, uint8_t* qh) {
@@ -97,7 +96,7 @@ void DequantizeRowQ4_0(const BlockQ4_0* src, float* dst, int64_t n) {
   CHECK(n % kQK == 0);
   for (int64_t b = 0; b < n / kQK; ++b) {
     const float d = F16ToF32(src[b].d);
-    for (int i = 0; i < kQK; ++i) dst[b * kQK + i] = static_cast<float>(Code4(src[b].qs, i) - 8) * d;
+    for (int i = 0; i < kQK; ++i) dst[b * kQK + i] = static_cast<float>(Nibble32(src[b].qs, i) - 8) * d;
   }
 }
 
@@ -105,7 +104,7 @@ void DequantizeRowQ4_1(const BlockQ4_1* src, float* dst, int64_t n) {
   CHECK(n % kQK == 0);
   for (int64_t b = 0; b < n / kQK; ++b) {
     const float d = F16ToF32(src[b].d), m = F16ToF32(src[b].m);
-    for (int i = 0; i < kQK; ++i) dst[b * kQK + i] = static_cast<float>(Code4(src[b].qs, i)) * d + m;
+    for (int i = 0; i < kQK; ++i) dst[b * kQK + i] = static_cast<float>(Nibble32(src[b].qs, i)) * d + m;
   }
 }
 
@@ -172,12 +171,12 @@ constexpr auto kMin = [](const auto& x, const BlockQ8_1& y) { return F16ToF32(x.
 
 void VecDotRowsQ4_0Scalar(const BlockQ4_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out) {
   ScalarRows(
-      rows, n_rows, a, n, out, [](const BlockQ4_0& x, int i) { return Code4(x.qs, i) - 8; }, kNoMin);
+      rows, n_rows, a, n, out, [](const BlockQ4_0& x, int i) { return Nibble32(x.qs, i) - 8; }, kNoMin);
 }
 
 void VecDotRowsQ4_1Scalar(const BlockQ4_1* rows, int64_t n_rows, const BlockQ8_1* a, int64_t n, float* out) {
   ScalarRows(
-      rows, n_rows, a, n, out, [](const BlockQ4_1& x, int i) { return Code4(x.qs, i); }, kMin);
+      rows, n_rows, a, n, out, [](const BlockQ4_1& x, int i) { return Nibble32(x.qs, i); }, kMin);
 }
 
 void VecDotRowsQ5_0Scalar(const BlockQ5_0* rows, int64_t n_rows, const BlockQ8_0* a, int64_t n, float* out) {
