@@ -143,14 +143,15 @@ bool LaunchStaged(const MatvecArgs& args, int64_t total_rows, cudaStream_t strea
 
 // Several tokens of Q8_0 rows on the tensor cores (mma_q8_0.cuh): a warp takes 16 consecutive
 // rows of the concatenated matrices (every matrix a multiple of 16 rows, so never two), the block
-// 64, for up to 16 tokens (2 tiles) staged at once; ~250 registers in the exact form, 2 blocks per
-// SM, ~130 in the fast one (moe_experts.cu).
+// 64, for up to 8 kTiles tokens staged at once (2 tiles in the exact form: ~250 registers, 2 blocks
+// per SM; MmaFastTiles in the fast one, ~130 registers at 2).
 // Tokens run along the grid's x, so the blocks that read the same rows run together and all but
 // the first find them in L2 (a batch's LM head).
-constexpr int kMmaTiles = 2, kMmaSlots = kMmaTiles * kMmaTokens, kMmaRowsPerBlock = kWarps * kMmaRows;
+constexpr int kMmaRowsPerBlock = kWarps * kMmaRows;
 
-template <bool kExact>
+template <bool kExact, int kTiles>
 __global__ void __launch_bounds__(kWarps * 32, 2) MatvecMmaKernel(const __grid_constant__ MatvecArgs args) {
+  constexpr int kSlots = kTiles * kMmaTokens;
   extern __shared__ uint4 mma_smem[];
   AllowDependents();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
@@ -163,21 +164,21 @@ __global__ void __launch_bounds__(kWarps * 32, 2) MatvecMmaKernel(const __grid_c
   const RowRef lo = active ? MatrixRow<kDevQ8_0>(o.w, row0) : RowRef{};
   const RowRef hi = active ? MatrixRow<kDevQ8_0>(o.w, row0 + 8) : RowRef{};
   const int64_t cols = args.o[0].w.cols, rb = ActRowBytes(args.act.type, args.act.stride);
-  const int t0 = blockIdx.x * kMmaSlots, n = min(kMmaSlots, args.n_tokens - t0);
+  const int t0 = blockIdx.x * kSlots, n = min(kSlots, args.n_tokens - t0);
   uint8_t* smem = reinterpret_cast<uint8_t*>(mma_smem);
   PrefetchRowToL2<kDevQ8_0, 4>(lo, cols);  // the 4 lanes of a row (tig) share its lines
   PrefetchRowToL2<kDevQ8_0, 4>(hi, cols);
   WaitForPredecessor();
-  MmaStageAct(smem, cols, kMmaSlots, n, [&](int i, const uint8_t** q, const float** s) {
+  MmaStageAct(smem, cols, kSlots, n, [&](int i, const uint8_t** q, const float** s) {
     *q = args.act.data + int64_t(t0 + i) * rb;
     *s = args.act.scales + int64_t(t0 + i) * (args.act.stride / 32);
   });
   __syncthreads();
-  float sums[kMmaTiles][4];
-  MmaQ8_0Dots<kMmaTiles, kExact>(lo, hi, cols, smem, kMmaSlots, (n + kMmaTokens - 1) / kMmaTokens, sums);
+  float sums[kTiles][4];
+  MmaQ8_0Dots<kTiles, kExact>(lo, hi, cols, smem, kSlots, (n + kMmaTokens - 1) / kMmaTokens, sums);
   if (!active) return;
 #pragma unroll
-  for (int t = 0; t < kMmaTiles; ++t)
+  for (int t = 0; t < kTiles; ++t)
 #pragma unroll
     for (int c = 0; c < 4; ++c) {  // C element c: row row0 (+ 8 for c >= 2), token 2 tig + c % 2
       const int i = t * kMmaTokens + 2 * tig + c % 2;
@@ -192,17 +193,20 @@ __global__ void __launch_bounds__(kWarps * 32, 2) MatvecMmaKernel(const __grid_c
 bool LaunchMma(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
   const int64_t cols = args.o[0].w.cols;
   const MultiTokenQ8_0 kernels = MultiTokenQ8_0Kernels();
-  if (kernels == MultiTokenQ8_0::kDp4a || !MmaQ8_0Fits(kDevQ8_0, cols, kMmaSlots)) return false;
+  const bool exact = kernels != MultiTokenQ8_0::kMmaFast;
+  const int tiles = MmaTilesFor(exact, cols);
+  if (kernels == MultiTokenQ8_0::kDp4a || !MmaQ8_0Fits(kDevQ8_0, cols, tiles * kMmaTokens)) return false;
   if (kernels == MultiTokenQ8_0::kAuto && args.n_tokens < kMmaAutoMinTokens) return false;
   for (int i = 0; i < args.n_outputs; ++i)
     if (args.o[i].w.rows % kMmaRows != 0) return false;
-  const dim3 grid(static_cast<unsigned>((args.n_tokens + kMmaSlots - 1) / kMmaSlots),
-                  static_cast<unsigned>((total_rows + kMmaRowsPerBlock - 1) / kMmaRowsPerBlock));
-  static const bool limits_set =
-      (SetStagedSmemLimit(MatvecMmaKernel<true>), SetStagedSmemLimit(MatvecMmaKernel<false>), true);
-  (void)limits_set;
-  LaunchPdl(kernels != MultiTokenQ8_0::kMmaFast ? MatvecMmaKernel<true> : MatvecMmaKernel<false>, grid,
-            dim3(kWarps * 32), MmaActSmemBytes(cols, kMmaSlots), stream, args);
+  WithMmaForm(exact, cols, [&](auto kExact, auto kTiles) {
+    const auto kernel = MatvecMmaKernel<decltype(kExact)::value, decltype(kTiles)::value>;
+    static const bool limit_set = (SetStagedSmemLimit(kernel), true);  // one per instance
+    (void)limit_set;
+    const dim3 grid(static_cast<unsigned>((args.n_tokens + decltype(kTiles)::value * kMmaTokens - 1) / (decltype(kTiles)::value * kMmaTokens)),
+                    static_cast<unsigned>((total_rows + kMmaRowsPerBlock - 1) / kMmaRowsPerBlock));
+    LaunchPdl(kernel, grid, dim3(kWarps * 32), MmaActSmemBytes(cols, decltype(kTiles)::value * kMmaTokens), stream, args);
+  });
   return true;
 }
 
@@ -290,6 +294,15 @@ MultiTokenQ8_0 MultiTokenQ8_0Kernels() {
 
 void SetMultiTokenQ8_0(MultiTokenQ8_0 kernels) {
   multi_token_q8_0.store(static_cast<int>(kernels), std::memory_order_relaxed);
+}
+
+int MmaFastTiles() {
+  static const int tiles = [] {
+    const char* v = std::getenv("MER_CUDA_MMA_TILES");
+    const int t = v != nullptr ? std::atoi(v) : 0;
+    return t == 2 || t == 4 || t == 8 ? t : kMmaFastTilesDefault;
+  }();
+  return tiles;
 }
 
 void LaunchMatvec(const MatvecOutput* outputs, int n_outputs, const DevAct& act, int n_tokens, cudaStream_t stream) {

@@ -35,7 +35,9 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
+#include "services/compute/cuda/multi_token_kernels.h"
 #include "services/compute/cuda/staged_dots.cuh"
 #include "services/compute/cuda/warp_dot.cuh"
 
@@ -60,6 +62,28 @@ __host__ __device__ inline int64_t MmaActSmemBytes(int64_t cols, int n_tokens) {
 // shared memory.
 inline bool MmaQ8_0Fits(int type, int64_t cols, int n_tokens) {
   return type == kDevQ8_0 && cols % 32 == 0 && cols > 0 && MmaActSmemBytes(cols, n_tokens) <= kStagedMaxSmem;
+}
+// Tiles per pass for products of `cols` columns: the exact kernels' 2, or MmaFastTiles halved
+// until its tokens fit in shared memory (down to 2, which MmaQ8_0Fits then decides).
+inline constexpr int kMmaExactTiles = 2;
+inline int MmaTilesFor(bool exact, int64_t cols) {
+  int tiles = exact ? kMmaExactTiles : MmaFastTiles();
+  while (tiles > 2 && MmaActSmemBytes(cols, tiles * kMmaTokens) > kStagedMaxSmem) tiles /= 2;
+  return tiles;
+}
+// Calls launch(kExact, kTiles) with the two as std::integral_constant, for the form and tiles of
+// MmaTilesFor: one instance of a kernel per form and tile count.
+template <typename Launch>
+void WithMmaForm(bool exact, int64_t cols, Launch launch) {
+  if (exact) {
+    launch(std::true_type{}, std::integral_constant<int, kMmaExactTiles>{});
+    return;
+  }
+  switch (MmaTilesFor(false, cols)) {
+    case 8: launch(std::false_type{}, std::integral_constant<int, 8>{}); break;
+    case 4: launch(std::false_type{}, std::integral_constant<int, 4>{}); break;
+    default: launch(std::false_type{}, std::integral_constant<int, 2>{}); break;
+  }
 }
 
 // Copies n of n_slots token rows into shared memory with cp.async, zero rows after them;

@@ -345,15 +345,16 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 // Multi-token passes over Q8_0 experts on the tensor cores (mma_q8_0.cuh). Gate/up: a warp's 16
 // mma rows are 8 rows of gate and the same 8 of up, so that one thread holds both sums of each
-// SwiGLU; down: 16 rows. The block's 4 warps share the expert's pairs, up to 16 (2 tiles) staged at
-// a time; a chunk of at most 8 computes one tile. ptxas gives the exact kernels ~250 registers (it
-// keeps the 32 mmas of a run of 4 blocks in flight), so 2 blocks per SM; the fast ones ~140.
-constexpr int kMmaTiles = 2, kMmaSlots = kMmaTiles * kMmaTokens;
+// SwiGLU; down: 16 rows. The block's 4 warps share the expert's pairs, up to 8 kTiles staged at a
+// time (2 tiles in the exact form, MmaTilesFor in the fast one); a chunk of at most 8 computes one
+// tile. ptxas gives the exact kernels ~250 registers (it keeps the 32 mmas of a run of 4 blocks in
+// flight), so 2 blocks per SM; the fast ones ~140 at 2 tiles.
 constexpr int kGateUpMmaRows = kWarps * kMmaRows / 2, kDownMmaRows = kWarps * kMmaRows;  // per block
 
-template <bool kExact>
+template <bool kExact, int kTiles>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     GateUpMmaKernel(const __grid_constant__ ExpertArgs a, DevAct act, float* h) {
+  constexpr int kSlots = kTiles * kMmaTokens;
   extern __shared__ uint4 mma_smem[];
   WaitForPredecessor();
   AllowDependents();   // after the wait, as GateUpKernel
@@ -373,20 +374,20 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   PrefetchRowToL2<kDevQ8_0, 4>(hi, a.n_embd);
   const int64_t rb = ActRowBytes(act.type, act.stride);
   uint8_t* smem = reinterpret_cast<uint8_t*>(mma_smem);
-  for (int p0 = 0; p0 < n_pairs; p0 += kMmaSlots) {
-    const int n = min(kMmaSlots, n_pairs - p0);
+  for (int p0 = 0; p0 < n_pairs; p0 += kSlots) {
+    const int n = min(kSlots, n_pairs - p0);
     if (p0 > 0) __syncthreads();  // every warp is done with the previous pairs
-    MmaStageAct(smem, a.n_embd, kMmaSlots, n, [&](int i, const uint8_t** q, const float** s) {
+    MmaStageAct(smem, a.n_embd, kSlots, n, [&](int i, const uint8_t** q, const float** s) {
       const int64_t tok = __ldcg(pairs + p0 + i) / a.k;
       *q = act.data + tok * rb;
       *s = act.scales + tok * (act.stride / 32);
     });
     __syncthreads();
-    float sums[kMmaTiles][4];
-    MmaQ8_0Dots<kMmaTiles, kExact>(lo, hi, a.n_embd, smem, kMmaSlots, (n + kMmaTokens - 1) / kMmaTokens, sums);
+    float sums[kTiles][4];
+    MmaQ8_0Dots<kTiles, kExact>(lo, hi, a.n_embd, smem, kSlots, (n + kMmaTokens - 1) / kMmaTokens, sums);
     if (!active) continue;
 #pragma unroll
-    for (int t = 0; t < kMmaTiles; ++t)
+    for (int t = 0; t < kTiles; ++t)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {  // token 2 tig + c: gate in C element c, up in c + 2
         const int i = t * kMmaTokens + 2 * tig + c;
@@ -397,9 +398,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 
 // The routing is final once this kernel starts (as for DownStagedKernel), so the block finds its
 // expert before the wait, and waits only before reading h.
-template <bool kExact>
+template <bool kExact, int kTiles>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     DownMmaKernel(const __grid_constant__ ExpertArgs a, DevAct act, float* out) {
+  constexpr int kSlots = kTiles * kMmaTokens;
   extern __shared__ uint4 mma_smem[];
   AllowDependents();
   int64_t lane_group;  // (unused)
@@ -417,19 +419,19 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   const int64_t rb = ActRowBytes(act.type, act.stride);
   uint8_t* smem = reinterpret_cast<uint8_t*>(mma_smem);
   WaitForPredecessor();
-  for (int p0 = 0; p0 < n_pairs; p0 += kMmaSlots) {
-    const int n = min(kMmaSlots, n_pairs - p0);
+  for (int p0 = 0; p0 < n_pairs; p0 += kSlots) {
+    const int n = min(kSlots, n_pairs - p0);
     if (p0 > 0) __syncthreads();
-    MmaStageAct(smem, a.n_ff, kMmaSlots, n, [&](int i, const uint8_t** q, const float** s) {
+    MmaStageAct(smem, a.n_ff, kSlots, n, [&](int i, const uint8_t** q, const float** s) {
       const int64_t pair = __ldcg(pairs + p0 + i);
       *q = act.data + pair * rb;
       *s = act.scales + pair * (act.stride / 32);
     });
     __syncthreads();
-    float sums[kMmaTiles][4];
-    MmaQ8_0Dots<kMmaTiles, kExact>(lo, hi, a.n_ff, smem, kMmaSlots, (n + kMmaTokens - 1) / kMmaTokens, sums);
+    float sums[kTiles][4];
+    MmaQ8_0Dots<kTiles, kExact>(lo, hi, a.n_ff, smem, kSlots, (n + kMmaTokens - 1) / kMmaTokens, sums);
 #pragma unroll
-    for (int t = 0; t < kMmaTiles; ++t)
+    for (int t = 0; t < kTiles; ++t)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {  // C element c: row r (+ 8 for c >= 2), pair 2 tig + c % 2
         const int i = t * kMmaTokens + 2 * tig + c % 2;
@@ -440,14 +442,16 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   }
 }
 
+bool MmaExact() { return MultiTokenQ8_0Kernels() != MultiTokenQ8_0::kMmaFast; }
+
 // Whether the mma kernels take these Q8_0 products of a step of n tokens (cols: the activations'
 // columns): under kAuto where the pass's experts have kMmaAutoMinPairs pairs each on average.
 bool UseMma(int type, int64_t cols, const ExpertArgs& a, int n) {
   const MultiTokenQ8_0 kernels = MultiTokenQ8_0Kernels();
-  if (kernels == MultiTokenQ8_0::kDp4a || !MmaQ8_0Fits(type, cols, kMmaSlots)) return false;
+  if (kernels == MultiTokenQ8_0::kDp4a || !MmaQ8_0Fits(type, cols, MmaTilesFor(MmaExact(), cols) * kMmaTokens))
+    return false;
   return kernels != MultiTokenQ8_0::kAuto || int64_t(n) * a.k >= int64_t(kMmaAutoMinPairs) * a.u_count;
 }
-bool MmaExact() { return MultiTokenQ8_0Kernels() != MultiTokenQ8_0::kMmaFast; }
 
 template <int kType>
 void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pairs, cudaStream_t s) {
@@ -460,12 +464,13 @@ void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pai
     else
       LaunchPdl(GateUpKernel<kType, 1>, grid, dim3(kWarps * 32), smem, s, a, act, h, smem > 0);
   } else if (UseMma(kType, a.n_embd, a, max_pairs)) {
-    static const bool limits_set =
-        (SetStagedSmemLimit(GateUpMmaKernel<true>), SetStagedSmemLimit(GateUpMmaKernel<false>), true);
-    (void)limits_set;
-    LaunchPdl(MmaExact() ? GateUpMmaKernel<true> : GateUpMmaKernel<false>,
-              dim3((a.n_ff + kGateUpMmaRows - 1) / kGateUpMmaRows, a.u_count), dim3(kWarps * 32),
-              MmaActSmemBytes(a.n_embd, kMmaSlots), s, a, act, h);
+    WithMmaForm(MmaExact(), a.n_embd, [&](auto kExact, auto kTiles) {
+      const auto kernel = GateUpMmaKernel<decltype(kExact)::value, decltype(kTiles)::value>;
+      static const bool limit_set = (SetStagedSmemLimit(kernel), true);  // one per instance
+      (void)limit_set;
+      LaunchPdl(kernel, dim3((a.n_ff + kGateUpMmaRows - 1) / kGateUpMmaRows, a.u_count), dim3(kWarps * 32),
+                MmaActSmemBytes(a.n_embd, decltype(kTiles)::value * kMmaTokens), s, a, act, h);
+    });
   } else if (StagedFits(kType, a.n_embd, kWarps * 32, kGateUpStagedNT)) {
     static const bool limit_set = (SetStagedSmemLimit(GateUpStagedKernel), true);
     (void)limit_set;
@@ -481,12 +486,13 @@ template <int kType>
 void LaunchDownT(const ExpertArgs& a, const DevAct& act, float* out, int max_pairs, cudaStream_t s) {
   const dim3 grid = DownGrid<kType>(a);
   if (max_pairs > 1 && UseMma(kType, a.n_ff, a, max_pairs)) {
-    static const bool limits_set =
-        (SetStagedSmemLimit(DownMmaKernel<true>), SetStagedSmemLimit(DownMmaKernel<false>), true);
-    (void)limits_set;
-    LaunchPdl(MmaExact() ? DownMmaKernel<true> : DownMmaKernel<false>,
-              dim3((a.n_embd + kDownMmaRows - 1) / kDownMmaRows, a.u_count), dim3(kWarps * 32),
-              MmaActSmemBytes(a.n_ff, kMmaSlots), s, a, act, out);
+    WithMmaForm(MmaExact(), a.n_ff, [&](auto kExact, auto kTiles) {
+      const auto kernel = DownMmaKernel<decltype(kExact)::value, decltype(kTiles)::value>;
+      static const bool limit_set = (SetStagedSmemLimit(kernel), true);  // one per instance
+      (void)limit_set;
+      LaunchPdl(kernel, dim3((a.n_embd + kDownMmaRows - 1) / kDownMmaRows, a.u_count), dim3(kWarps * 32),
+                MmaActSmemBytes(a.n_ff, decltype(kTiles)::value * kMmaTokens), s, a, act, out);
+    });
     return;
   }
   if (max_pairs > 1 && StagedFits(kType, a.n_ff, kWarps * 32, kDownStagedNT)) {

@@ -26,5 +26,12 @@ enum class MultiTokenQ8_0 { kAuto, kDp4a, kMmaExact, kMmaFast };
 inline constexpr int kMmaAutoMinTokens = 64, kMmaAutoMinPairs = 16;
 MultiTokenQ8_0 MultiTokenQ8_0Kernels();
 void SetMultiTokenQ8_0(MultiTokenQ8_0 kernels);
+// Tiles of 8 tokens that the fast kernels stage and compute per pass over their weight rows: 2, 4
+// or 8 (MER_CUDA_MMA_TILES, read at the first call; the exact kernels always take 2, their 8 chains
+// per output leave no registers for more). More tiles read each weight row fewer times for an
+// expert of many pairs or a long prompt chunk, at the cost of shared memory. The results do not
+// depend on it: each output is the same chain over the blocks.
+inline constexpr int kMmaFastTilesDefault = 4;
+int MmaFastTiles();
 
 }  // namespace mer::cuda
