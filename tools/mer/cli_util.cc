@@ -31,10 +31,12 @@ bool MaybeHelp(const Args& args, const char* help) {
   return true;
 }
 
-absl::StatusOr<LoadedModel> LoadModel(const Flags& flags, int min_context_tokens) {
+absl::StatusOr<LoadedModel> LoadModel(const Flags& flags, int min_context_tokens, int default_batch) {
   LoadedModel m;
+  const std::string backend = flags.String("backend", "cpu");
+  if (default_batch <= 0) default_batch = backend == "cuda" ? kCudaPromptChunkTokens : kCpuPromptChunkTokens;
   ASSIGN_OR_RETURN(const int64_t threads, flags.Int("threads", 0));
-  ASSIGN_OR_RETURN(const int64_t batch, flags.Int("batch", 256));
+  ASSIGN_OR_RETURN(const int64_t batch, flags.Int("batch", default_batch));
   ASSIGN_OR_RETURN(const int64_t ctx, flags.Int("ctx", std::max(4096, min_context_tokens)));
   ASSIGN_OR_RETURN(const int64_t pin, flags.Int("pin-experts", 1));
   ASSIGN_OR_RETURN(const int64_t vram_prefetch, flags.Int("vram-prefetch", 1));
@@ -43,7 +45,7 @@ absl::StatusOr<LoadedModel> LoadModel(const Flags& flags, int min_context_tokens
   ASSIGN_OR_RETURN(const int64_t flash_tokens, flags.Int("attention-flash-min-tokens", -1));
   if (threads < 0 || threads > 1024) return absl::InvalidArgumentError("--threads must be in [0, 1024]");
   BackendOptions o;
-  o.backend = m.backend = flags.String("backend", "cpu");
+  o.backend = m.backend = backend;
   o.threads = static_cast<int>(threads);
   o.max_batch_tokens = static_cast<int>(std::clamp<int64_t>(batch, 1, 65536));
   o.max_context_tokens = static_cast<int>(std::clamp<int64_t>(ctx, 1, 1 << 24));

@@ -16,7 +16,7 @@ namespace {
 
 constexpr char kHelp[] = R"(usage: mer bench (--model F.gguf | --store STORE_DIR --residency NAME) [--threads N]
                  [--prompt-tokens 31 | --prompt-ids 1,2,3]
-                 [--gen-tokens 128] [--runs 3] [--warmup 1]
+                 [--gen-tokens 128] [--runs 3] [--warmup 1] [--batch N] [--ctx N]
                  [--backend cpu|cuda] [--vram-expert-budget BYTES|PERCENT%] [--pin-experts 0|1]
                  [--vram-prefetch 0|1] [--profile-kernels 0|1] [--attention-split-cells N]
                  [--attention-flash-min-tokens N] [--multi-token-kernels auto|dp4a|exact|fast]
@@ -35,7 +35,8 @@ GPU time per kernel kind; --attention-split-cells N runs attention split-K in st
 passes N cells (not bit-exact with the CPU; 0: never; default: the cuda engine's 512);
 --attention-flash-min-tokens N runs attention on the tensor cores in steps with a run of at least
 N tokens of one sequence (prompt chunks; not bit-exact with the CPU; 0: never; default: the cuda
-engine's 64);
+engine's 64); --batch N: the prompt chunk, tokens per step (default 256 on cpu, 1024 on cuda,
+where longer chunks run faster);
 --multi-token-kernels picks the kernels of prompt chunks' Q8_0 products (mer-compute --help). With --store
 and --residency the experts come from the mer-residency instance NAME (its RAM tier, filled from
 the store).

@@ -18,7 +18,8 @@ constexpr char kGenerateHelp[] = R"(usage: mer generate (--model F.gguf | --stor
                     [--temperature T --top-k K --top-p P --seed S --repetition-penalty R]
                     [--threads N] [--print-token-ids] [--ignore-eos] [--ctx N] [--batch N]
 
-Generates up to N tokens. Greedy unless --temperature > 0. Prints the text as it is generated,
+Generates up to N tokens. Greedy unless --temperature > 0. --batch: the prompt chunk, tokens per
+step (default 256 on cpu, 1024 on cuda). Prints the text as it is generated,
 or with --print-token-ids the generated ids (not the prompt's) on one line. Speed goes to stderr.
 Generation stops at the vocabulary's end-of-generation tokens (EOS, <|im_end|>, <|endoftext|>,
 ...) unless --ignore-eos; why it stopped goes to stderr ("finish: stop token ..." or "finish: length").

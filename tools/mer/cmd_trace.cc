@@ -88,7 +88,7 @@ absl::Status Record(const Args& args) {
   ASSIGN_OR_RETURN(const int64_t max_tokens, f.Int("max-tokens", 64));
   if (max_tokens < 1 || max_tokens > (1 << 24)) return absl::InvalidArgumentError("--max-tokens must be >= 1");
   ASSIGN_OR_RETURN(const std::string out_path, f.Required("out"));
-  ASSIGN_OR_RETURN(LoadedModel m, LoadModel(f, static_cast<int>(max_tokens) + 1024));
+  ASSIGN_OR_RETURN(LoadedModel m, LoadModel(f, static_cast<int>(max_tokens) + 1024, kCpuPromptChunkTokens));
   ASSIGN_OR_RETURN(const GenerationRequest req, GenerationRequestFromFlags(f, *m.tokenizer));
 
   const ModelConfig& c = m.weights->config();
@@ -248,7 +248,7 @@ absl::Status RunCommand(const Args& args) {
   ASSIGN_OR_RETURN(Flags f, Flags::Parse(args, flags, {}));
   ASSIGN_OR_RETURN(const RoutingTrace trace, LoadTrace(f));
   if (trace.tokens() > (1 << 24)) return absl::InvalidArgumentError("the trace is longer than 2^24 tokens");
-  ASSIGN_OR_RETURN(LoadedModel m, LoadModel(f, static_cast<int>(trace.tokens())));
+  ASSIGN_OR_RETURN(LoadedModel m, LoadModel(f, static_cast<int>(trace.tokens()), kCpuPromptChunkTokens));
   ASSIGN_OR_RETURN(const std::vector<int32_t> prompt, PromptTokens(f, *m.tokenizer));
   std::fprintf(stderr, "%s\nbackend %s: every layer of every record routed as the trace says\n",
                Describe(trace, f.String("trace"), trace.geometry().expert_bytes).c_str(), m.backend.c_str());
