@@ -203,9 +203,10 @@ bool LaunchMma(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) 
     const auto kernel = MatvecMmaKernel<decltype(kExact)::value, decltype(kTiles)::value>;
     static const bool limit_set = (SetStagedSmemLimit(kernel), true);  // one per instance
     (void)limit_set;
-    const dim3 grid(static_cast<unsigned>((args.n_tokens + decltype(kTiles)::value * kMmaTokens - 1) / (decltype(kTiles)::value * kMmaTokens)),
+    constexpr int kSlots = decltype(kTiles)::value * kMmaTokens;
+    const dim3 grid(static_cast<unsigned>((args.n_tokens + kSlots - 1) / kSlots),
                     static_cast<unsigned>((total_rows + kMmaRowsPerBlock - 1) / kMmaRowsPerBlock));
-    LaunchPdl(kernel, grid, dim3(kWarps * 32), MmaActSmemBytes(cols, decltype(kTiles)::value * kMmaTokens), stream, args);
+    LaunchPdl(kernel, grid, dim3(kWarps * 32), MmaActSmemBytes(cols, kSlots), stream, args);
   });
   return true;
 }

@@ -80,9 +80,15 @@ void WithMmaForm(bool exact, int64_t cols, Launch launch) {
     return;
   }
   switch (MmaTilesFor(false, cols)) {
-    case 8: launch(std::false_type{}, std::integral_constant<int, 8>{}); break;
-    case 4: launch(std::false_type{}, std::integral_constant<int, 4>{}); break;
-    default: launch(std::false_type{}, std::integral_constant<int, 2>{}); break;
+    case 8:
+      launch(std::false_type{}, std::integral_constant<int, 8>{});
+      break;
+    case 4:
+      launch(std::false_type{}, std::integral_constant<int, 4>{});
+      break;
+    default:
+      launch(std::false_type{}, std::integral_constant<int, 2>{});
+      break;
   }
 }
 
