@@ -71,15 +71,15 @@ inline int MmaTilesFor(bool exact, int64_t cols) {
   while (tiles > 2 && MmaActSmemBytes(cols, tiles * kMmaTokens) > kStagedMaxSmem) tiles /= 2;
   return tiles;
 }
-// Calls launch(kExact, kTiles) with the two as std::integral_constant, for the form and tiles of
-// MmaTilesFor: one instance of a kernel per form and tile count.
+// Calls launch(kExact, kTiles) with the two as std::integral_constant, for the form and the tiles
+// that MmaTilesFor gave: one instance of a kernel per form and tile count.
 template <typename Launch>
-void WithMmaForm(bool exact, int64_t cols, Launch launch) {
+void WithMmaForm(bool exact, int tiles, Launch launch) {
   if (exact) {
     launch(std::true_type{}, std::integral_constant<int, kMmaExactTiles>{});
     return;
   }
-  switch (MmaTilesFor(false, cols)) {
+  switch (tiles) {
     case 8:
       launch(std::false_type{}, std::integral_constant<int, 8>{});
       break;

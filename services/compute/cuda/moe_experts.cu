@@ -442,14 +442,12 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   }
 }
 
-bool MmaExact() { return MultiTokenQ8_0Kernels() != MultiTokenQ8_0::kMmaFast; }
-
 // Whether the mma kernels take these Q8_0 products of a step of n tokens (cols: the activations'
-// columns): under kAuto where the pass's experts have kMmaAutoMinPairs pairs each on average.
-bool UseMma(int type, int64_t cols, const ExpertArgs& a, int n) {
+// columns; tiles: MmaTilesFor's): under kAuto where the pass's experts have kMmaAutoMinPairs pairs
+// each on average.
+bool UseMma(int type, int64_t cols, int tiles, const ExpertArgs& a, int n) {
   const MultiTokenQ8_0 kernels = MultiTokenQ8_0Kernels();
-  if (kernels == MultiTokenQ8_0::kDp4a || !MmaQ8_0Fits(type, cols, MmaTilesFor(MmaExact(), cols) * kMmaTokens))
-    return false;
+  if (kernels == MultiTokenQ8_0::kDp4a || !MmaQ8_0Fits(type, cols, tiles * kMmaTokens)) return false;
   return kernels != MultiTokenQ8_0::kAuto || int64_t(n) * a.k >= int64_t(kMmaAutoMinPairs) * a.u_count;
 }
 
@@ -457,14 +455,15 @@ template <int kType>
 void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pairs, cudaStream_t s) {
   constexpr int kRowsPerBlock = kWarps * (32 / kGroup<kType>);
   const dim3 grid((a.n_ff + kRowsPerBlock - 1) / kRowsPerBlock, a.u_count);
+  const int mma_tiles = MmaTilesFor(MultiTokenQ8_0Exact(), a.n_embd);
   if (max_pairs <= 1) {
     const int64_t smem = StagedActSmem<kType>(1, a.n_embd);
     if (kType == kDevQ8_0 && smem > 0)  // a lane group per row: twice the blocks
       LaunchPdl(GateUpRowKernel, dim3(2 * grid.x, grid.y), dim3(kWarps * 32), smem, s, a, act, h);
     else
       LaunchPdl(GateUpKernel<kType, 1>, grid, dim3(kWarps * 32), smem, s, a, act, h, smem > 0);
-  } else if (UseMma(kType, a.n_embd, a, max_pairs)) {
-    WithMmaForm(MmaExact(), a.n_embd, [&](auto kExact, auto kTiles) {
+  } else if (UseMma(kType, a.n_embd, mma_tiles, a, max_pairs)) {
+    WithMmaForm(MultiTokenQ8_0Exact(), mma_tiles, [&](auto kExact, auto kTiles) {
       const auto kernel = GateUpMmaKernel<decltype(kExact)::value, decltype(kTiles)::value>;
       static const bool limit_set = (SetStagedSmemLimit(kernel), true);  // one per instance
       (void)limit_set;
@@ -485,8 +484,9 @@ void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pai
 template <int kType>
 void LaunchDownT(const ExpertArgs& a, const DevAct& act, float* out, int max_pairs, cudaStream_t s) {
   const dim3 grid = DownGrid<kType>(a);
-  if (max_pairs > 1 && UseMma(kType, a.n_ff, a, max_pairs)) {
-    WithMmaForm(MmaExact(), a.n_ff, [&](auto kExact, auto kTiles) {
+  const int mma_tiles = MmaTilesFor(MultiTokenQ8_0Exact(), a.n_ff);
+  if (max_pairs > 1 && UseMma(kType, a.n_ff, mma_tiles, a, max_pairs)) {
+    WithMmaForm(MultiTokenQ8_0Exact(), mma_tiles, [&](auto kExact, auto kTiles) {
       const auto kernel = DownMmaKernel<decltype(kExact)::value, decltype(kTiles)::value>;
       static const bool limit_set = (SetStagedSmemLimit(kernel), true);  // one per instance
       (void)limit_set;

@@ -26,6 +26,8 @@ enum class MultiTokenQ8_0 { kAuto, kDp4a, kMmaExact, kMmaFast };
 inline constexpr int kMmaAutoMinTokens = 64, kMmaAutoMinPairs = 16;
 MultiTokenQ8_0 MultiTokenQ8_0Kernels();
 void SetMultiTokenQ8_0(MultiTokenQ8_0 kernels);
+// Whether the multi-token Q8_0 products give the CPU's bits (every choice but kMmaFast).
+inline bool MultiTokenQ8_0Exact() { return MultiTokenQ8_0Kernels() != MultiTokenQ8_0::kMmaFast; }
 // Tiles of 8 tokens that the fast kernels stage and compute per pass over their weight rows: 2, 4
 // or 8 (MER_CUDA_MMA_TILES, read at the first call; the exact kernels always take 2, their 8 chains
 // per output leave no registers for more). More tiles read each weight row fewer times for an
