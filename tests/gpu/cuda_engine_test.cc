@@ -37,6 +37,7 @@
 #include "tests/gpu/corpus.h"
 #include "tests/gpu/test_models.h"
 #include "tests/unit/compute/recorded_routes.h"
+#include "tests/unit/compute/type_mix_models.h"
 
 namespace mer {
 namespace {
@@ -243,18 +244,12 @@ TEST(CudaVsCpuMixedActivations, EightExpertRecipes) {
   }
 }
 
-// A micro model (2 layers, n_embd and n_ff 256, 4 experts, every one used, so an activation
-// rounding cannot change the routing) with the given type per tensor, against the CPU engine at
-// the arena fractions, with prompts of prompt_tokens.
+// A model of test::TypeMixGeometry() with the given type per tensor, against the CPU engine at the
+// arena fractions, with prompts of prompt_tokens.
 void ComparePerTensorMix(const std::map<std::string, GgmlType>& types, const std::string& name,
                          std::initializer_list<double> fractions = {1.0, 0.5}, int prompt_tokens = kPromptTokens) {
   SynthOptions o = gpu_test::TestSynthOptions("micro", SynthQuant::kF32);
-  o.geometry.n_embd = 256;
-  o.geometry.n_ff_exp = 256;
-  o.geometry.n_head = 4;
-  o.geometry.head_dim = 64;
-  o.geometry.n_expert = 4;
-  o.geometry.n_expert_used = 4;
+  o.geometry = test::TypeMixGeometry();
   const std::string path =
       (std::filesystem::temp_directory_path() / ("mer_cuda_mix_" + std::to_string(getpid()) + ".gguf")).string();
   o.tensor_types = types;
@@ -293,31 +288,10 @@ TEST(CudaVsCpuMixedActivations, PerTensorMixOfTypes) {
       "micro per-tensor type mix");
 }
 
-// The same with IQ3_S, IQ2_S and IQ1_S in every role (the embedding rows, the LM head, attention,
-// experts: each of them as gate, as up and as down), beside types of the other activation formats
-// (cpu_engine_test's PerTensorMixOfTheSGridTypes: layer 1's up Q5_1, with Q8_1 activations beside
-// its gate's Q8_K).
+// The same with IQ3_S, IQ2_S and IQ1_S in every role, the mix the CPU engine's test runs too
+// (test::SGridTypeMix).
 TEST(CudaVsCpuMixedActivations, PerTensorMixOfTheSGridTypes) {
-  ComparePerTensorMix(
-      {
-          {"token_embd.weight", GgmlType::kIQ3_S},
-          {"output.weight", GgmlType::kIQ2_S},
-          {"blk.0.attn_q.weight", GgmlType::kIQ1_S},
-          {"blk.0.attn_k.weight", GgmlType::kIQ2_S},
-          {"blk.0.attn_v.weight", GgmlType::kIQ3_S},
-          {"blk.0.attn_output.weight", GgmlType::kIQ4_NL},
-          {"blk.0.ffn_gate_exps.weight", GgmlType::kIQ1_S},
-          {"blk.0.ffn_up_exps.weight", GgmlType::kIQ2_S},
-          {"blk.0.ffn_down_exps.weight", GgmlType::kIQ3_S},
-          {"blk.1.attn_q.weight", GgmlType::kIQ3_S},
-          {"blk.1.attn_k.weight", GgmlType::kQ8_0},
-          {"blk.1.attn_v.weight", GgmlType::kIQ1_S},
-          {"blk.1.attn_output.weight", GgmlType::kIQ2_S},
-          {"blk.1.ffn_gate_exps.weight", GgmlType::kIQ2_S},
-          {"blk.1.ffn_up_exps.weight", GgmlType::kQ5_1},
-          {"blk.1.ffn_down_exps.weight", GgmlType::kIQ1_S},
-      },
-      "micro per-tensor mix of IQ3_S, IQ2_S and IQ1_S");
+  ComparePerTensorMix(test::SGridTypeMix(), "micro per-tensor mix of IQ3_S, IQ2_S and IQ1_S");
 }
 
 // A layer's gate, up and down each of its own type (LaunchExpertGateUpMixed): K-quants of one

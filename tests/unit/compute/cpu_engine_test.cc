@@ -13,6 +13,7 @@
 #include "services/compute/sampler.h"
 #include "tests/unit/compute/recorded_routes.h"
 #include "tests/unit/compute/reference_forward.h"
+#include "tests/unit/compute/type_mix_models.h"
 #include "tests/unit/synth_weights.h"
 
 namespace mer {
@@ -124,15 +125,7 @@ TEST(CpuEngine, Q8_0CloseToDoubleReference) {
 // apart, within `tolerance`), and a batch gives the logits of token-by-token decoding bit for bit.
 void ExpectMixOfTypesRuns(const std::map<std::string, GgmlType>& types, double tolerance) {
   SynthOptions o;
-  o.geometry = *SynthPreset("micro");
-  o.geometry.n_embd = 256;
-  o.geometry.n_ff_exp = 256;
-  o.geometry.n_head = 4;
-  o.geometry.head_dim = 64;
-  // Every expert used: an activation rounding cannot change which experts a token takes (which
-  // would move its logits far from the reference's).
-  o.geometry.n_expert = 4;
-  o.geometry.n_expert_used = 4;
+  o.geometry = test::TypeMixGeometry();
   o.seed = 11;
   o.quant = SynthQuant::kF32;
   o.tensor_types = types;
@@ -174,29 +167,9 @@ TEST(CpuEngine, AnyPerTensorMixOfTypes) {
       0.15);  // measured 0.083
 }
 
-// The same with IQ3_S, IQ2_S and IQ1_S in every role (the embedding rows, the LM head, attention,
-// experts), beside types of the other activation formats.
+// The same with IQ3_S, IQ2_S and IQ1_S in every role (test::SGridTypeMix).
 TEST(CpuEngine, PerTensorMixOfTheSGridTypes) {
-  ExpectMixOfTypesRuns(
-      {
-          {"token_embd.weight", GgmlType::kIQ3_S},
-          {"output.weight", GgmlType::kIQ2_S},
-          {"blk.0.attn_q.weight", GgmlType::kIQ1_S},
-          {"blk.0.attn_k.weight", GgmlType::kIQ2_S},
-          {"blk.0.attn_v.weight", GgmlType::kIQ3_S},
-          {"blk.0.attn_output.weight", GgmlType::kIQ4_NL},
-          {"blk.0.ffn_gate_exps.weight", GgmlType::kIQ1_S},
-          {"blk.0.ffn_up_exps.weight", GgmlType::kIQ2_S},
-          {"blk.0.ffn_down_exps.weight", GgmlType::kIQ3_S},
-          {"blk.1.attn_q.weight", GgmlType::kIQ3_S},
-          {"blk.1.attn_k.weight", GgmlType::kQ8_0},
-          {"blk.1.attn_v.weight", GgmlType::kIQ1_S},
-          {"blk.1.attn_output.weight", GgmlType::kIQ2_S},
-          {"blk.1.ffn_gate_exps.weight", GgmlType::kIQ2_S},
-          {"blk.1.ffn_up_exps.weight", GgmlType::kQ5_1},
-          {"blk.1.ffn_down_exps.weight", GgmlType::kIQ1_S},
-      },
-      0.15);  // measured 0.089
+  ExpectMixOfTypesRuns(test::SGridTypeMix(), 0.15);  // measured 0.089
 }
 
 // A prompt in one batch, in chunks, or token by token gives the same logits bit for bit: each
