@@ -55,17 +55,23 @@ constexpr double kLogitsBound = 1e-3;  // relative L2 per step
 
 using gpu_test::Model;
 
-std::unique_ptr<Model> MakeModel(const std::string& preset, SynthQuant quant) {
+// The model `o` describes, written to a temporary GGUF named after `tag` and mapped. Failures are
+// reported on stderr at once (stdout is lost if the process dies) and give nullptr.
+std::unique_ptr<Model> MakeModel(const SynthOptions& o, const std::string& tag) {
   const std::string path =
-      (std::filesystem::temp_directory_path() / ("mer_cuda_test_" + std::to_string(getpid()) + "_" + preset + ".gguf"))
+      (std::filesystem::temp_directory_path() / ("mer_cuda_test_" + std::to_string(getpid()) + "_" + tag + ".gguf"))
           .string();
-  // Failures are reported on stderr at once (stdout is lost if the process dies) and give nullptr.
-  const absl::Status written = WriteSynthModel(gpu_test::TestSynthOptions(preset, quant), path);
-  std::fprintf(stderr, "%s: model written: %s\n", preset.c_str(), written.ToString().c_str());
+  const absl::Status written = WriteSynthModel(o, path);
+  std::fprintf(stderr, "%s: model written: %s\n", tag.c_str(), written.ToString().c_str());
   if (!written.ok()) return nullptr;
   std::unique_ptr<Model> m = gpu_test::LoadModel(path);
   std::filesystem::remove(path);  // the mapping keeps it
   return m;
+}
+
+// A preset in `quant` with the GPU tests' synthesizer settings (gpu_test::TestSynthOptions).
+std::unique_ptr<Model> MakeModel(const std::string& preset, SynthQuant quant) {
+  return MakeModel(gpu_test::TestSynthOptions(preset, quant), preset);
 }
 
 using Case = gpu_test::ModelCase;
@@ -231,11 +237,7 @@ TEST(CudaVsCpuMixedActivations, EightExpertRecipes) {
     so.geometry.n_expert = 8;
     so.geometry.n_expert_used = 2;
     const std::string name = quant == SynthQuant::kQ4_K_M ? "small 8 experts q4_k_m" : "small 8 experts q5_k_m";
-    const std::string path =
-        (std::filesystem::temp_directory_path() / ("mer_cuda_8x_" + std::to_string(getpid()) + ".gguf")).string();
-    ASSERT_TRUE(WriteSynthModel(so, path).ok());
-    std::unique_ptr<Model> model = gpu_test::LoadModel(path);
-    std::filesystem::remove(path);
+    std::unique_ptr<Model> model = MakeModel(so, "8x");
     ASSERT_NE(model, nullptr);
     const LayerWeights& L = model->weights->layers[0];
     ASSERT_EQ(L.wk.type, GgmlType::kQ8_0) << name;  // the case this test is for
@@ -250,12 +252,8 @@ void ComparePerTensorMix(const std::map<std::string, GgmlType>& types, const std
                          std::initializer_list<double> fractions = {1.0, 0.5}, int prompt_tokens = kPromptTokens) {
   SynthOptions o = gpu_test::TestSynthOptions("micro", SynthQuant::kF32);
   o.geometry = test::TypeMixGeometry();
-  const std::string path =
-      (std::filesystem::temp_directory_path() / ("mer_cuda_mix_" + std::to_string(getpid()) + ".gguf")).string();
   o.tensor_types = types;
-  ASSERT_TRUE(WriteSynthModel(o, path).ok());
-  std::unique_ptr<Model> model = gpu_test::LoadModel(path);
-  std::filesystem::remove(path);
+  std::unique_ptr<Model> model = MakeModel(o, "mix");
   ASSERT_NE(model, nullptr);
   for (const auto& [tensor, type] : types) ASSERT_EQ(model->file->FindTensor(tensor)->type, type) << tensor;
   CompareWithCpu(*model, name, 4, 24, fractions, Rule{}, prompt_tokens);
@@ -346,12 +344,7 @@ void CompareRandomGeometry(
       absl::StrCat("random:", seed, " (", g.n_layer, " layers, d ", g.n_embd, ", ", g.n_head, "/", g.n_head_kv,
                    " heads x ", g.head_dim, ", ", g.n_expert, " experts top-", g.n_expert_used, ", ff ", g.n_ff_exp,
                    ", vocab ", g.n_vocab, ", ctx ", g.n_ctx, ")");
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("mer_cuda_random_" + std::to_string(getpid()) + "_" + std::to_string(seed) + ".gguf"))
-                               .string();
-  ASSERT_TRUE(WriteSynthModel(so, path).ok());
-  std::unique_ptr<Model> model = gpu_test::LoadModel(path);
-  std::filesystem::remove(path);
+  std::unique_ptr<Model> model = MakeModel(so, "random_" + std::to_string(seed));
   ASSERT_NE(model, nullptr);
   CompareWithCpu(*model, name, 4, 24, {1.0, 0.25});
 }
@@ -888,11 +881,7 @@ TEST(CudaEngine, PreselectedRoutesEqualCpu) {
     SynthOptions so = gpu_test::TestSynthOptions("tiny", norm_topk ? SynthQuant::kQ8_0 : SynthQuant::kF16);
     so.norm_topk_prob = norm_topk;
     const std::string name = norm_topk ? "tiny_q8_0" : "tiny_f16 (no top-k norm)";
-    const std::string path =
-        (std::filesystem::temp_directory_path() / ("mer_cuda_routes_" + std::to_string(getpid()) + ".gguf")).string();
-    ASSERT_TRUE(WriteSynthModel(so, path).ok());
-    std::unique_ptr<Model> model = gpu_test::LoadModel(path);
-    std::filesystem::remove(path);
+    std::unique_ptr<Model> model = MakeModel(so, "routes");
     ASSERT_NE(model, nullptr);
     ASSERT_EQ(model->weights->config().norm_topk_prob, norm_topk);
     ComparePreselectedRoutes(*model, name);
