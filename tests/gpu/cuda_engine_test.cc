@@ -482,55 +482,48 @@ TEST(CudaEngine, LongContextMatchesCpu) {
               r.got == r.want ? "equal" : "differ", *std::max_element(r.rel_l2.begin(), r.rel_l2.end()));
 }
 
-// Split-K attention (not bit-exact: its softmax sums are regrouped): with F32 weights, whose
-// activations are not rounded to 8 bits, the logits stay within 1e-4 of the CPU's and the greedy
-// ids equal. With Q8_0 the difference is printed: an activation within an ulp of a rounding step
-// of its Q8_0 block flips to the next int8, and such flips then grow through the layers and the
-// later tokens.
-TEST(CudaEngine, LongContextSplitKCloseToCpu) {
+// The long context in F32 and in Q8_0 with attention split-K past 512 cells and on the tensor
+// cores in steps with runs of flash_tokens: paths that are not bit-exact, `path` naming the one
+// under test, whose steps `path_steps` counts (each run must take it). With F32 weights, whose
+// activations are not rounded to 8 bits, every step's teacher-forced logits are within f32_bound
+// relative L2 of the CPU's and the greedy ids equal. With Q8_0 the difference is only printed: an
+// activation within an ulp of a rounding step of its Q8_0 block flips to the next int8, and such
+// flips then grow through the layers and the later tokens.
+void ExpectLongContextCloseToCpu(const std::string& path, int flash_tokens, int64_t LongContextRun::*path_steps,
+                                 double f32_bound) {
   for (SynthQuant quant : {SynthQuant::kF32, SynthQuant::kQ8_0}) {
     const bool f32 = quant == SynthQuant::kF32;
     LongContextRun r;
-    RunLongContext(quant, 512, 0, &r);
-    ASSERT_FALSE(HasFatalFailure());
-    EXPECT_GT(r.split_steps, 0);
+    RunLongContext(quant, 512, flash_tokens, &r);
+    ASSERT_FALSE(::testing::Test::HasFatalFailure());
+    EXPECT_GT(r.*path_steps, 0) << path;
     if (f32) {
-      for (size_t i = 0; i < r.rel_l2.size(); ++i) EXPECT_LE(r.rel_l2[i], 1e-4) << "step " << i;
-      EXPECT_EQ(r.got, r.want);
+      for (size_t i = 0; i < r.rel_l2.size(); ++i) EXPECT_LE(r.rel_l2[i], f32_bound) << path << " step " << i;
+      EXPECT_EQ(r.got, r.want) << path;
     }
     int same = 0;
     for (size_t i = 0; i < r.got.size(); ++i) same += r.got[i] == r.want[i];
     std::printf(
-        "[small_%s, 1200-token prompt, split-K] %d of %zu greedy ids equal, forced-logits rel L2 first %.3g "
-        "worst %.3g\n",
-        f32 ? "f32" : "q8_0", same, r.got.size(), r.rel_l2[0], *std::max_element(r.rel_l2.begin(), r.rel_l2.end()));
+        "[small_%s, 1200-token prompt, %s] %d of %zu greedy ids equal, forced-logits rel L2 first %.3g worst %.3g, "
+        "%lld split-K steps, %lld flash steps\n",
+        f32 ? "f32" : "q8_0", path.c_str(), same, r.got.size(), r.rel_l2[0],
+        *std::max_element(r.rel_l2.begin(), r.rel_l2.end()), static_cast<long long>(r.split_steps),
+        static_cast<long long>(r.flash_steps));
   }
+}
+
+// Split-K attention (not bit-exact: its softmax sums are regrouped): with F32 weights the logits
+// stay within 1e-4 of the CPU's.
+TEST(CudaEngine, LongContextSplitKCloseToCpu) {
+  ExpectLongContextCloseToCpu("split-K", /*flash_tokens=*/0, &LongContextRun::split_steps, 1e-4);
 }
 
 // Prompt chunks on the tensor cores (flash_attention.cuh: f16 q, K, V and probabilities, within
 // 5e-3 of the exact kernel), split-K past 512 cells for the decode steps: with F32 weights the
-// teacher-forced logits stay within 1e-2 relative L2 of the CPU's and the greedy ids equal; with
-// Q8_0 the difference is printed, as for split-K. Every prompt chunk (256 tokens) takes it, and
-// no decode step does.
+// teacher-forced logits stay within 1e-2 relative L2 of the CPU's. Every prompt chunk (256
+// tokens) takes it, and no decode step does.
 TEST(CudaEngine, LongContextFlashAttentionCloseToCpu) {
-  for (SynthQuant quant : {SynthQuant::kF32, SynthQuant::kQ8_0}) {
-    const bool f32 = quant == SynthQuant::kF32;
-    LongContextRun r;
-    RunLongContext(quant, 512, 64, &r);
-    ASSERT_FALSE(HasFatalFailure());
-    EXPECT_GT(r.flash_steps, 0);
-    if (f32) {
-      for (size_t i = 0; i < r.rel_l2.size(); ++i) EXPECT_LE(r.rel_l2[i], 1e-2) << "step " << i;
-      EXPECT_EQ(r.got, r.want);
-    }
-    int same = 0;
-    for (size_t i = 0; i < r.got.size(); ++i) same += r.got[i] == r.want[i];
-    std::printf(
-        "[small_%s, 1200-token prompt, flash attention] %d of %zu greedy ids equal, forced-logits rel L2 first %.3g "
-        "worst %.3g, %lld flash steps\n",
-        f32 ? "f32" : "q8_0", same, r.got.size(), r.rel_l2[0], *std::max_element(r.rel_l2.begin(), r.rel_l2.end()),
-        static_cast<long long>(r.flash_steps));
-  }
+  ExpectLongContextCloseToCpu("flash attention", /*flash_tokens=*/64, &LongContextRun::flash_steps, 1e-2);
 }
 
 // Two sequences interleaved in one batch (and a chunked prompt) give the logits of each run alone.
