@@ -12,6 +12,7 @@
 namespace mer {
 namespace {
 
+using quant_internal::OddScaleBlockScale;
 using quant_internal::OddScaleCode;
 
 constexpr int kQK = kKBlockSize;
@@ -93,9 +94,8 @@ void QuantizeBlock(const float* x, BlockIQ1_S* y) {
   *y = BlockIQ1_S{};
   float scales[8];
   for (int j = 0; j < 8; ++j) scales[j] = FitSubBlock(x + kSub * j).scale;
-  const float max_scale = *std::max_element(scales, scales + 8);
-  // Sub-block j's scale is d * (2 ls + 1) with ls in [0, 7]: the largest gets ls = 7.
-  y->d = F32ToF16(max_scale / 15.0f);
+  // Sub-block j's scale is d * (2 ls + 1) with ls in [0, 7].
+  y->d = OddScaleBlockScale(scales, 8, 1.0f, 7);
   const float d = F16ToF32(y->d);
   for (int j = 0; j < 8; ++j) {
     const int ls = OddScaleCode(scales[j], d, 1.0f, 7);

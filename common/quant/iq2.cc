@@ -1,6 +1,5 @@
 #include "common/quant/iq2.h"
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -13,6 +12,7 @@ namespace mer {
 namespace {
 
 using quant_internal::MagnitudesAndSigns;
+using quant_internal::OddScaleBlockScale;
 using quant_internal::OddScaleCode;
 
 constexpr int kQK = kKBlockSize;
@@ -56,9 +56,8 @@ void QuantizeBlock(const float* x, BlockIQ2_XXS* y) {
   MagnitudesAndSigns(x, m, signs, /*odd_ok=*/false);
   float scales[8];
   for (int j = 0; j < 8; ++j) scales[j] = XxsGrid().FitScale(m + kSub * j, kSub);
-  const float max_scale = *std::max_element(scales, scales + 8);
-  // Sub-block j's scale is d * (2 ls + 1) / 8 with ls in [0, 15]: the largest gets ls = 15.
-  y->d = F32ToF16(max_scale * 8.0f / 31.0f);
+  // Sub-block j's scale is d * (2 ls + 1) / 8 with ls in [0, 15].
+  y->d = OddScaleBlockScale(scales, 8, 8.0f, 15);
   const float d = F16ToF32(y->d);
   for (int j = 0; j < 8; ++j) {
     const int ls = OddScaleCode(scales[j], d, 8.0f, 15);
@@ -81,8 +80,7 @@ void QuantizeBlock(const float* x, BlockIQ2_XS* y) {
   MagnitudesAndSigns(x, m, signs, /*odd_ok=*/false);
   float scales[16];  // per 16 elements
   for (int h = 0; h < 16; ++h) scales[h] = XsGrid().FitScale(m + 16 * h, 16);
-  const float max_scale = *std::max_element(scales, scales + 16);
-  y->d = F32ToF16(max_scale * 8.0f / 31.0f);
+  y->d = OddScaleBlockScale(scales, 16, 8.0f, 15);
   const float d = F16ToF32(y->d);
   for (int h = 0; h < 16; ++h) {
     const int ls = OddScaleCode(scales[h], d, 8.0f, 15);
@@ -106,8 +104,7 @@ void QuantizeBlock(const float* x, BlockIQ2_S* y) {
   MagnitudesAndSigns(x, m, y->qs + kQK / 8, /*odd_ok=*/true);
   float scales[16];  // per 16 elements
   for (int h = 0; h < 16; ++h) scales[h] = SGrid().FitScale(m + 16 * h, 16);
-  const float max_scale = *std::max_element(scales, scales + 16);
-  y->d = F32ToF16(max_scale * 8.0f / 31.0f);
+  y->d = OddScaleBlockScale(scales, 16, 8.0f, 15);
   const float d = F16ToF32(y->d);
   for (int h = 0; h < 16; ++h) {
     const int ls = OddScaleCode(scales[h], d, 8.0f, 15);

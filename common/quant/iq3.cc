@@ -1,6 +1,5 @@
 #include "common/quant/iq3.h"
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -13,6 +12,7 @@ namespace mer {
 namespace {
 
 using quant_internal::MagnitudesAndSigns;
+using quant_internal::OddScaleBlockScale;
 using quant_internal::OddScaleCode;
 
 constexpr int kQK = kKBlockSize;
@@ -33,9 +33,8 @@ void QuantizeBlock(const float* x, BlockIQ3_XXS* y) {
   MagnitudesAndSigns(x, m, signs, /*odd_ok=*/false);
   float scales[8];
   for (int j = 0; j < 8; ++j) scales[j] = TheGrid().FitScale(m + kSub * j, kSub);
-  const float max_scale = *std::max_element(scales, scales + 8);
-  // Sub-block j's scale is d * (2 ls + 1) / 4 with ls in [0, 15]: the largest gets ls = 15.
-  y->d = F32ToF16(max_scale * 4.0f / 31.0f);
+  // Sub-block j's scale is d * (2 ls + 1) / 4 with ls in [0, 15].
+  y->d = OddScaleBlockScale(scales, 8, 4.0f, 15);
   const float d = F16ToF32(y->d);
   for (int j = 0; j < 8; ++j) {
     const int ls = OddScaleCode(scales[j], d, 4.0f, 15);
@@ -74,9 +73,8 @@ void QuantizeBlock(const float* x, BlockIQ3_S* y) {
   MagnitudesAndSigns(x, m, y->signs, /*odd_ok=*/true);
   float scales[8];
   for (int j = 0; j < 8; ++j) scales[j] = SGrid().FitScale(m + kSub * j, kSub);
-  const float max_scale = *std::max_element(scales, scales + 8);
-  // Sub-block j's scale is d * (2 ls + 1) with ls in [0, 15]: the largest gets ls = 15.
-  y->d = F32ToF16(max_scale / 31.0f);
+  // Sub-block j's scale is d * (2 ls + 1) with ls in [0, 15].
+  y->d = OddScaleBlockScale(scales, 8, 1.0f, 15);
   const float d = F16ToF32(y->d);
   for (int j = 0; j < 8; ++j) {
     const int ls = OddScaleCode(scales[j], d, 1.0f, 15);

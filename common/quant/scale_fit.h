@@ -41,6 +41,13 @@ inline int OddScaleCode(float s, float d, float k, int max_code) {
   return d == 0.0f ? 0 : std::clamp(NearestInt((k * s / d - 1.0f) / 2.0f), 0, max_code);
 }
 
+// The block scale d, rounded to f16, under which OddScaleCode codes the sub-block scales
+// scales[0..n): d * (2 max_code + 1) / k is the largest of them, which gets ls = max_code.
+inline f16_bits OddScaleBlockScale(const float* scales, int n, float k, int max_code) {
+  const float max_scale = *std::max_element(scales, scales + n);
+  return F32ToF16(max_scale * k / static_cast<float>(2 * max_code + 1));
+}
+
 // Fits x[i] ~ scale * L[i] - min over n values, L[i] in [0, nmax], min >= 0, minimising the
 // squared error weighted by w: a start from the (lo, hi) range, then 21 trial inverse scales
 // around nmax / (hi - lo), each followed by the closed-form least-squares scale and offset for
