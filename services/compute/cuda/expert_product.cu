@@ -21,12 +21,6 @@ inline constexpr bool kIsWarpDotType = kType == kDevF32 || kType == kDevF16 || k
 template <int kType>
 inline constexpr int kLanes = kIsWarpDotType<kType> ? kGroup<kType> : kKQuantGroup;  // per row
 
-// ggml_vec_swiglu_f32 (cpu_ops.h SwiGlu; n_ff is a multiple of 16, so no scalar tail), as the
-// fused kernels compute it.
-__device__ inline float SwiGlu(float gate, float up) {
-  return __fmul_rn(__fdiv_rn(gate, __fadd_rn(1.0f, GgmlExpf(0.0f - gate))), up);
-}
-
 // Gate's launch (kUp false) stores its sums in h; up's (kUp true) reads gate's sum of the same
 // element back and stores SwiGLU. The same lane writes an element in both launches.
 template <bool kUp>

@@ -26,6 +26,12 @@ __device__ inline float GgmlExpf(float x) {
   return ldexpf(j, static_cast<int>(n));
 }
 
+// One element of ggml_vec_swiglu_f32 (cpu_ops.h SwiGlu), silu(gate) * up: the expert products'
+// n_ff is a multiple of 16, so every element takes the vector form, never the scalar tail.
+__device__ inline float SwiGlu(float gate, float up) {
+  return __fmul_rn(__fdiv_rn(gate, __fadd_rn(1.0f, GgmlExpf(0.0f - gate))), up);
+}
+
 // glibc's expf, which the CPU engine (as ggml) uses past the last whole group of 16 of a softmax:
 // glibc's is within 0.502 ulp, i.e. the correctly rounded float except for arguments whose exact
 // value lies within 0.002 ulp of a rounding midpoint, and the double exp rounded to float is

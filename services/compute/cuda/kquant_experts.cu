@@ -56,9 +56,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       if (pair[t] < 0) continue;
-      // ggml_vec_swiglu_f32 (cpu_ops.h SwiGlu; n_ff is a multiple of 16, so no scalar tail).
-      const float x = acc[0][t];
-      h[int64_t(pair[t]) * a.n_ff + r] = __fmul_rn(__fdiv_rn(x, __fadd_rn(1.0f, GgmlExpf(0.0f - x))), acc[1][t]);
+      h[int64_t(pair[t]) * a.n_ff + r] = SwiGlu(acc[0][t], acc[1][t]);
     }
   }
 }

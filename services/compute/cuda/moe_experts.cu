@@ -24,11 +24,6 @@ constexpr int kWarps = 4;
 // multiple of 16, so the row's 16-byte loads stay aligned).
 __host__ __device__ inline int64_t DownActScaleBytes(int64_t n_ff) { return (n_ff / 32 * 4 + 15) / 16 * 16; }
 
-// ggml_vec_swiglu_f32 (cpu_ops.h SwiGlu; n_ff is a multiple of 16, so no scalar tail).
-__device__ inline float SwiGlu(float gate, float up) {
-  return __fmul_rn(__fdiv_rn(gate, __fadd_rn(1.0f, GgmlExpf(0.0f - gate))), up);
-}
-
 // Gate/up: each lane group takes row r of gate and of up of the block's expert (group u =
 // u_begin + blockIdx.y). Its row r (*active: r < n_ff), both rows and the group's pairs; false when
 // the block has no group. Inactive lane groups still join the warp's shuffles.
