@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <type_traits>
 
+#include "services/compute/cuda/expert_group.cuh"
 #include "services/compute/cuda/ggml_math.cuh"
 #include "services/compute/cuda/kquant_dot.cuh"
 #include "services/compute/cuda/pdl.cuh"
@@ -12,7 +13,7 @@
 namespace mer::cuda {
 namespace {
 
-constexpr int kWarps = 4;
+constexpr int kWarps = kExpertWarps;
 constexpr int kRows = 2;  // rows per lane group
 
 // The float and Q8_0 types (warp_dot.cuh's GroupDots) against the block types of kquant_dot.cuh.
@@ -28,25 +29,6 @@ __device__ inline void Store(float* h, int64_t i, float sum) {
   h[i] = kUp ? SwiGlu(__ldcg(h + i), sum) : sum;  // through L2: gate's launch wrote it
 }
 
-// The block's expert (u = u_begin + blockIdx.y) and its pairs, and the first of this lane group's
-// kRows rows; false when the block has no group (uniform over the block). The routing's outputs
-// and the slot table are read through L2, as moe_experts.cu's BlockExpert does.
-template <int kType>
-__device__ inline const uint8_t* BlockExpert(const ExpertArgs& a, int64_t* r0, int* n_pairs, const int32_t** pairs) {
-  const int u = a.u_begin + blockIdx.y;
-  if (blockIdx.y >= a.u_count || u >= __ldcg(a.n_used)) return nullptr;
-  const int e = __ldcg(a.used + u);
-  const int32_t begin = __ldcg(a.begin + u), end = __ldcg(a.begin + u + 1);
-  const int32_t slot = __ldcg(a.slot_table + e);
-  if (slot < 0) __trap();  // the host uploads every processed expert first
-  *pairs = a.pairs + begin;
-  *n_pairs = end - begin;
-  constexpr int G = kLanes<kType>;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  *r0 = ((int64_t(blockIdx.x) * kWarps + warp) * (32 / G) + lane / G) * kRows;
-  return a.arena + int64_t(slot) * a.slot_bytes;
-}
-
 // Rows r0, r0 + 1 of gate or up (kUp) of type kType per lane group against the token rows of the
 // group's pairs, NT at a time: GroupDots, as GateUpKernel and DownKernel (moe_experts.cu).
 // stage_act: the pairs' token rows in shared memory (StageActRows).
@@ -59,34 +41,19 @@ __global__ void __launch_bounds__(kWarps * 32)
   AllowDependents();
   constexpr int G = kLanes<kType>;
   const int lane = threadIdx.x % 32;
-  int64_t r0;
   int n_pairs;
   const int32_t* pairs;
-  const uint8_t* base = BlockExpert<kType>(a, &r0, &n_pairs, &pairs);
+  const uint8_t* base = GroupExpert(a, &n_pairs, &pairs);
   if (base == nullptr) return;
+  const int64_t r0 = GridLaneGroup<kLanes<kType>>() * kRows;
   const DevMatrix m{kType, a.n_ff, a.n_embd, base + (kUp ? a.up_offset : 0)};
   RowRef rows[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) rows[r] = r0 + r < a.n_ff ? MatrixRow<kType>(m, r0 + r) : RowRef{};
-  const int64_t rb = ActRowBytes(act.type, act.stride);
   for (int g = 0; g < n_pairs; g += NT) {
-    const uint8_t* act_rows[NT];
-    const float* act_scales[NT];
     int pair[NT];
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      pair[t] = g + t < n_pairs ? __ldcg(pairs + g + t) : -1;
-      const int64_t tok = pair[t] / a.k;
-      act_rows[t] = pair[t] >= 0 ? act.data + tok * rb : nullptr;
-      act_scales[t] = pair[t] >= 0 && kType == kDevQ8_0 ? act.scales + tok * (act.stride / 32) : nullptr;
-    }
-    if (stage_act) {
-      extern __shared__ uint4 product_act[];
-      if (g > 0) __syncthreads();
-      StageActRows<kType, NT>(product_act, act_rows, act_scales, a.n_embd);
-    }
     float acc[kRows][NT];
-    GroupDots<kType, kRows, NT, NT == 1 ? 8 : 2>(rows, a.n_embd, act_rows, act_scales, acc);
+    PairRunDots<kType>(rows, a.n_embd, pairs, g, n_pairs, a.k, act, stage_act, pair, acc);
     if (lane % G != 0) continue;
 #pragma unroll
     for (int r = 0; r < kRows; ++r)
@@ -103,25 +70,19 @@ __global__ void __launch_bounds__(kWarps * 32)
   WaitForPredecessor();
   AllowDependents();  // after the wait, as WarpDotProductKernel
   const int lane = threadIdx.x % 32;
-  int64_t r0;
   int n_pairs;
   const int32_t* pairs;
-  const uint8_t* base = BlockExpert<kType>(a, &r0, &n_pairs, &pairs);
+  const uint8_t* base = GroupExpert(a, &n_pairs, &pairs);
   if (base == nullptr) return;
+  const int64_t r0 = GridLaneGroup<kLanes<kType>>() * kRows;
   const DevMatrix m{kType, a.n_ff, a.n_embd, base + (kUp ? a.up_offset : 0)};
   KQuantRowRef rows[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) rows[r] = r0 + r < a.n_ff ? BlockRow<kType>(m, r0 + r) : KQuantRowRef{};
   for (int g = 0; g < n_pairs; g += NT) {
-    KQuantActRef acts[NT];
     int pair[NT];
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      pair[t] = g + t < n_pairs ? __ldcg(pairs + g + t) : -1;
-      acts[t] = pair[t] >= 0 ? BlockAct<kType>(act, pair[t] / a.k) : KQuantActRef{};
-    }
     float acc[kRows][NT];
-    BlockGroupDots<kType, kRows, NT, NT == 1 ? 4 : 2>(rows, a.n_embd / kBlockElems<kType>, acts, act.stride, acc);
+    PairRunBlockDots<kType>(rows, a.n_embd, pairs, g, n_pairs, a.k, act, pair, acc);
     if (lane % kKQuantGroup != 0) continue;
 #pragma unroll
     for (int r = 0; r < kRows; ++r)

@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "services/compute/cuda/cuda_check.cuh"
+#include "services/compute/cuda/expert_group.cuh"
 #include "services/compute/cuda/ggml_math.cuh"
 #include "services/compute/cuda/kquant_dot.cuh"
 #include "services/compute/cuda/pdl.cuh"
@@ -11,17 +12,8 @@
 namespace mer::cuda {
 namespace {
 
-constexpr int kWarps = 4;
+constexpr int kWarps = kExpertWarps;
 constexpr int kGroupsPerBlock = kWarps * (32 / kKQuantGroup);
-
-__device__ inline const uint8_t* SlotBase(const ExpertArgs& a, int u, int* n_pairs, const int32_t** pairs) {
-  const int e = a.used[u];
-  const int32_t slot = a.slot_table[e];
-  if (slot < 0) __trap();  // the host uploads every processed expert first
-  *pairs = a.pairs + a.begin[u];
-  *n_pairs = a.begin[u + 1] - a.begin[u];
-  return a.arena + int64_t(slot) * a.slot_bytes;
-}
 
 // Row r of gate and up per lane group (gate r, up r) over the group's pairs, NT at a time, then
 // SwiGLU into h.
@@ -30,28 +22,21 @@ __global__ void __launch_bounds__(kWarps * 32)
     KQuantGateUpKernel(const __grid_constant__ ExpertArgs a, DevAct act, float* h) {
   WaitForPredecessor();
   AllowDependents();  // after the wait, as GateUpKernel: the down kernel may read the routing early
-  const int u = a.u_begin + blockIdx.y;
-  if (u >= *a.n_used || blockIdx.y >= a.u_count) return;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t r = (int64_t(blockIdx.x) * kWarps + warp) * (32 / kKQuantGroup) + lane / kKQuantGroup;
   int n_pairs;
   const int32_t* pairs;
-  const uint8_t* base = SlotBase(a, u, &n_pairs, &pairs);
+  const uint8_t* base = GroupExpert(a, &n_pairs, &pairs);
+  if (base == nullptr) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t r = GridLaneGroup<kKQuantGroup>();
   const DevMatrix gate{kType, a.n_ff, a.n_embd, base};
   const DevMatrix up{kType, a.n_ff, a.n_embd, base + a.up_offset};
   const bool active = r < a.n_ff;  // inactive groups still join the warp's shuffles
   const KQuantRowRef rows[2] = {active ? BlockRow<kType>(gate, r) : KQuantRowRef{},
                                 active ? BlockRow<kType>(up, r) : KQuantRowRef{}};
   for (int g = 0; g < n_pairs; g += NT) {
-    KQuantActRef acts[NT];
     int pair[NT];
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      pair[t] = g + t < n_pairs ? pairs[g + t] : -1;
-      acts[t] = pair[t] >= 0 ? BlockAct<kType>(act, pair[t] / a.k) : KQuantActRef{};
-    }
     float acc[2][NT];
-    BlockGroupDots<kType, 2, NT, NT == 1 ? 4 : 2>(rows, a.n_embd / kBlockElems<kType>, acts, act.stride, acc);
+    PairRunBlockDots<kType>(rows, a.n_embd, pairs, g, n_pairs, a.k, act, pair, acc);
     if (lane % kKQuantGroup != 0 || !active) continue;
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
@@ -68,27 +53,20 @@ __global__ void __launch_bounds__(kWarps * 32)
   AllowDependents();
   WaitForPredecessor();
   constexpr int R = 2;
-  const int u = a.u_begin + blockIdx.y;
-  if (u >= *a.n_used || blockIdx.y >= a.u_count) return;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t r0 = ((int64_t(blockIdx.x) * kWarps + warp) * (32 / kKQuantGroup) + lane / kKQuantGroup) * R;
   int n_pairs;
   const int32_t* pairs;
-  const uint8_t* base = SlotBase(a, u, &n_pairs, &pairs);
+  const uint8_t* base = GroupExpert(a, &n_pairs, &pairs);
+  if (base == nullptr) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t r0 = GridLaneGroup<kKQuantGroup>() * R;
   const DevMatrix down{kType, a.n_embd, a.n_ff, base + a.down_offset};
   KQuantRowRef rows[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) rows[r] = r0 + r < a.n_embd ? BlockRow<kType>(down, r0 + r) : KQuantRowRef{};
   for (int g = 0; g < n_pairs; g += NT) {
-    KQuantActRef acts[NT];
     int pair[NT];
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      pair[t] = g + t < n_pairs ? pairs[g + t] : -1;
-      acts[t] = pair[t] >= 0 ? BlockAct<kType>(act, pair[t]) : KQuantActRef{};
-    }
     float acc[R][NT];
-    BlockGroupDots<kType, R, NT, NT == 1 ? 4 : 2>(rows, a.n_ff / kBlockElems<kType>, acts, act.stride, acc);
+    PairRunBlockDots<kType>(rows, a.n_ff, pairs, g, n_pairs, 1, act, pair, acc);
     if (lane % kKQuantGroup != 0) continue;
 #pragma unroll
     for (int r = 0; r < R; ++r)

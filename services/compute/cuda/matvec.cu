@@ -192,14 +192,12 @@ __global__ void __launch_bounds__(kWarps * 32, 2) MatvecMmaKernel(const __grid_c
 // matrix's rows are not a multiple of 16, or the tokens' rows do not fit in shared memory.
 bool LaunchMma(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
   const int64_t cols = args.o[0].w.cols;
-  const MultiTokenQ8_0 kernels = MultiTokenQ8_0Kernels();
-  const bool exact = MultiTokenQ8_0Exact();
-  const int tiles = MmaTilesFor(exact, cols);
-  if (kernels == MultiTokenQ8_0::kDp4a || !MmaQ8_0Fits(kDevQ8_0, cols, tiles * kMmaTokens)) return false;
-  if (kernels == MultiTokenQ8_0::kAuto && args.n_tokens < kMmaAutoMinTokens) return false;
+  const int tiles = MmaTilesTaking(kDevQ8_0, cols);
+  if (tiles == 0) return false;
+  if (MultiTokenQ8_0Kernels() == MultiTokenQ8_0::kAuto && args.n_tokens < kMmaAutoMinTokens) return false;
   for (int i = 0; i < args.n_outputs; ++i)
     if (args.o[i].w.rows % kMmaRows != 0) return false;
-  WithMmaForm(exact, tiles, [&](auto kExact, auto kTiles) {
+  WithMmaForm(MultiTokenQ8_0Exact(), tiles, [&](auto kExact, auto kTiles) {
     const auto kernel = MatvecMmaKernel<decltype(kExact)::value, decltype(kTiles)::value>;
     static const bool limit_set = (SetStagedSmemLimit(kernel), true);  // one per instance
     (void)limit_set;

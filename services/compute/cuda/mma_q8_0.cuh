@@ -71,6 +71,14 @@ inline int MmaTilesFor(bool exact, int64_t cols) {
   while (tiles > 2 && MmaActSmemBytes(cols, tiles * kMmaTokens) > kStagedMaxSmem) tiles /= 2;
   return tiles;
 }
+// The tiles per pass with which the mma kernels take Q8_0 products of `cols` columns (MmaTilesFor),
+// or 0 where the dp4a kernels take them: chosen (MultiTokenQ8_0::kDp4a), or the tokens' rows do
+// not fit in shared memory.
+inline int MmaTilesTaking(int type, int64_t cols) {
+  if (MultiTokenQ8_0Kernels() == MultiTokenQ8_0::kDp4a) return 0;
+  const int tiles = MmaTilesFor(MultiTokenQ8_0Exact(), cols);
+  return MmaQ8_0Fits(type, cols, tiles * kMmaTokens) ? tiles : 0;
+}
 // Calls launch(kExact, kTiles) with the two as std::integral_constant, for the form and the tiles
 // that MmaTilesFor gave: one instance of a kernel per form and tile count.
 template <typename Launch>

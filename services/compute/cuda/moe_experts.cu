@@ -6,6 +6,7 @@
 
 #include "services/compute/cuda/act_store.cuh"
 #include "services/compute/cuda/cuda_check.cuh"
+#include "services/compute/cuda/expert_group.cuh"
 #include "services/compute/cuda/ggml_math.cuh"
 #include "services/compute/cuda/kquant_dot.cuh"
 #include "services/compute/cuda/kquant_experts.cuh"
@@ -18,45 +19,21 @@
 namespace mer::cuda {
 namespace {
 
-constexpr int kWarps = 4;
+constexpr int kWarps = kExpertWarps;
 
 // Bytes of f32 block scales before the converted row in DownFromF32Kernel's shared memory (a
 // multiple of 16, so the row's 16-byte loads stay aligned).
 __host__ __device__ inline int64_t DownActScaleBytes(int64_t n_ff) { return (n_ff / 32 * 4 + 15) / 16 * 16; }
 
-// Gate/up: each lane group takes row r of gate and of up of the block's expert (group u =
-// u_begin + blockIdx.y). Its row r (*active: r < n_ff), both rows and the group's pairs; false when
-// the block has no group. Inactive lane groups still join the warp's shuffles.
-// The block's expert (its slot's start) and pairs, and this lane group's index among the block's
-// lane groups of the grid's x; false when the block has no group (u = u_begin + blockIdx.y).
-// The routing's outputs and the slot table are read through L2 (ld.cg): the down kernel reads
-// them before its WaitForPredecessor, where an L1 line of an earlier kernel could be stale. The
-// group's count, expert and range are loaded together (one round trip, not one per dependent
-// step: used and begin have n_expert + 1 entries, so u < n_expert is in range), then its slot.
-template <int kType>
-__device__ inline const uint8_t* BlockExpert(const ExpertArgs& a, int64_t* lane_group, int* n_pairs,
-                                             const int32_t** pairs) {
-  const int u = a.u_begin + blockIdx.y;
-  if (blockIdx.y >= a.u_count) return nullptr;
-  const int n_used = __ldcg(a.n_used);
-  const int e = __ldcg(a.used + u);
-  const int32_t begin = __ldcg(a.begin + u), end = __ldcg(a.begin + u + 1);
-  if (u >= n_used) return nullptr;
-  const int32_t slot = __ldcg(a.slot_table + e);
-  if (slot < 0) __trap();  // the host uploads every processed expert first
-  *pairs = a.pairs + begin;
-  *n_pairs = end - begin;
-  constexpr int G = kGroup<kType>;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  *lane_group = (int64_t(blockIdx.x) * kWarps + warp) * (32 / G) + lane / G;
-  return a.arena + int64_t(slot) * a.slot_bytes;
-}
-
+// Gate/up: each lane group takes row r of gate and of up of the block's expert (GroupExpert). Its
+// row r (*active: r < n_ff), both rows and the group's pairs; false when the block has no group.
+// Inactive lane groups still join the warp's shuffles.
 template <int kType>
 __device__ inline bool GateUpGroupRows(const ExpertArgs& a, int64_t* r, bool* active, RowRef (&rows)[2], int* n_pairs,
                                        const int32_t** pairs) {
-  const uint8_t* base = BlockExpert<kType>(a, r, n_pairs, pairs);
+  const uint8_t* base = GroupExpert(a, n_pairs, pairs);
   if (base == nullptr) return false;
+  *r = GridLaneGroup<kGroup<kType>>();
   const DevMatrix gate{kType, a.n_ff, a.n_embd, base};
   const DevMatrix up{kType, a.n_ff, a.n_embd, base + a.up_offset};
   *active = *r < a.n_ff;
@@ -84,25 +61,10 @@ __global__ void __launch_bounds__(kWarps * 32, 3)
   int n_pairs;
   const int32_t* pairs;
   if (!GateUpGroupRows<kType>(a, &r, &active, rows, &n_pairs, &pairs)) return;
-  const int64_t rb = ActRowBytes(act.type, act.stride);
   for (int g = 0; g < n_pairs; g += NT) {
-    const uint8_t* act_rows[NT];
-    const float* act_scales[NT];
     int pair[NT];
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      pair[t] = g + t < n_pairs ? pairs[g + t] : -1;
-      const int64_t tok = pair[t] / a.k;
-      act_rows[t] = pair[t] >= 0 ? act.data + tok * rb : nullptr;
-      act_scales[t] = pair[t] >= 0 && kType == kDevQ8_0 ? act.scales + tok * (act.stride / 32) : nullptr;
-    }
-    if (stage_act) {  // the pairs' token rows in shared memory, as MatvecKernel's
-      extern __shared__ uint4 gate_up_act[];
-      if (g > 0) __syncthreads();
-      StageActRows<kType, NT>(gate_up_act, act_rows, act_scales, a.n_embd);
-    }
     float acc[2][NT];
-    GroupDots<kType, 2, NT, NT == 1 ? 8 : 2>(rows, a.n_embd, act_rows, act_scales, acc);
+    PairRunDots<kType>(rows, a.n_embd, pairs, g, n_pairs, a.k, act, stage_act, pair, acc);
     if (lane % G != 0 || !active) continue;
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
@@ -127,11 +89,11 @@ __global__ void __launch_bounds__(kWarps * 32, 6)
   AllowDependents();  // after the wait, as GateUpKernel
   constexpr int G = kGroup<kDevQ8_0>;
   const int lane = threadIdx.x % 32;
-  int64_t lane_group;
   int n_pairs;
   const int32_t* pairs;
-  const uint8_t* base = BlockExpert<kDevQ8_0>(a, &lane_group, &n_pairs, &pairs);
+  const uint8_t* base = GroupExpert(a, &n_pairs, &pairs);
   if (base == nullptr) return;
+  const int64_t lane_group = GridLaneGroup<G>();
   const int64_t r = lane_group / 2;
   const bool active = r < a.n_ff;
   const DevMatrix m{kDevQ8_0, a.n_ff, a.n_embd, base + (lane_group % 2 == 1 ? a.up_offset : 0)};
@@ -162,10 +124,9 @@ constexpr int DownBlocksPerSm(int runs) { return runs <= kDownPreloadRunsSmall ?
 template <int kType>
 __device__ inline bool DownGroupRows(const ExpertArgs& a, int64_t* r0, RowRef (&rows)[kDownRows], int* n_pairs,
                                      const int32_t** pairs) {
-  int64_t lane_group;
-  const uint8_t* base = BlockExpert<kType>(a, &lane_group, n_pairs, pairs);
+  const uint8_t* base = GroupExpert(a, n_pairs, pairs);
   if (base == nullptr) return false;
-  *r0 = lane_group * kDownRows;
+  *r0 = GridLaneGroup<kGroup<kType>>() * kDownRows;
   const DevMatrix down{kType, a.n_embd, a.n_ff, base + a.down_offset};
 #pragma unroll
   for (int r = 0; r < kDownRows; ++r) rows[r] = *r0 + r < a.n_embd ? MatrixRow<kType>(down, *r0 + r) : RowRef{};
@@ -190,24 +151,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   int n_pairs;
   const int32_t* pairs;
   if (!DownGroupRows<kType>(a, &r0, rows, &n_pairs, &pairs)) return;
-  const int64_t rb = ActRowBytes(act.type, act.stride);
   for (int g = 0; g < n_pairs; g += NT) {
-    const uint8_t* act_rows[NT];
-    const float* act_scales[NT];
     int pair[NT];
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      pair[t] = g + t < n_pairs ? pairs[g + t] : -1;
-      act_rows[t] = pair[t] >= 0 ? act.data + int64_t(pair[t]) * rb : nullptr;
-      act_scales[t] = pair[t] >= 0 && kType == kDevQ8_0 ? act.scales + int64_t(pair[t]) * (act.stride / 32) : nullptr;
-    }
-    if (stage_act) {
-      extern __shared__ uint4 down_act[];
-      if (g > 0) __syncthreads();
-      StageActRows<kType, NT>(down_act, act_rows, act_scales, a.n_ff);
-    }
     float acc[R][NT];
-    GroupDots<kType, R, NT, NT == 1 ? 8 : 2>(rows, a.n_ff, act_rows, act_scales, acc);
+    PairRunDots<kType>(rows, a.n_ff, pairs, g, n_pairs, 1, act, stage_act, pair, acc);
     if (lane % G != 0) continue;
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -352,11 +299,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   constexpr int kSlots = kTiles * kMmaTokens;
   extern __shared__ uint4 mma_smem[];
   WaitForPredecessor();
-  AllowDependents();   // after the wait, as GateUpKernel
-  int64_t lane_group;  // (the dp4a kernels' row index; unused here)
+  AllowDependents();  // after the wait, as GateUpKernel
   int n_pairs;
   const int32_t* pairs;
-  const uint8_t* base = BlockExpert<kDevQ8_0>(a, &lane_group, &n_pairs, &pairs);
+  const uint8_t* base = GroupExpert(a, &n_pairs, &pairs);
   if (base == nullptr) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
   const int64_t r = int64_t(blockIdx.x) * kGateUpMmaRows + warp * (kMmaRows / 2) + gid;
@@ -399,10 +345,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   constexpr int kSlots = kTiles * kMmaTokens;
   extern __shared__ uint4 mma_smem[];
   AllowDependents();
-  int64_t lane_group;  // (unused)
   int n_pairs;
   const int32_t* pairs;
-  const uint8_t* base = BlockExpert<kDevQ8_0>(a, &lane_group, &n_pairs, &pairs);
+  const uint8_t* base = GroupExpert(a, &n_pairs, &pairs);
   if (base == nullptr) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
   const int64_t r = int64_t(blockIdx.x) * kDownMmaRows + warp * kMmaRows + gid;  // and r + 8
@@ -437,27 +382,26 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   }
 }
 
-// Whether the mma kernels take these Q8_0 products of a step of n tokens (cols: the activations'
-// columns; tiles: MmaTilesFor's): under kAuto where the pass's experts have kMmaAutoMinPairs pairs
-// each on average.
-bool UseMma(int type, int64_t cols, int tiles, const ExpertArgs& a, int n) {
-  const MultiTokenQ8_0 kernels = MultiTokenQ8_0Kernels();
-  if (kernels == MultiTokenQ8_0::kDp4a || !MmaQ8_0Fits(type, cols, tiles * kMmaTokens)) return false;
-  return kernels != MultiTokenQ8_0::kAuto || int64_t(n) * a.k >= int64_t(kMmaAutoMinPairs) * a.u_count;
+// The mma kernels' tiles per pass for these Q8_0 products of a step of n tokens (cols: the
+// activations' columns), or 0 where the dp4a kernels take them: MmaTilesTaking's, and under kAuto
+// only where the pass's experts have kMmaAutoMinPairs pairs each on average.
+int ExpertMmaTiles(int type, int64_t cols, const ExpertArgs& a, int n) {
+  const bool enough_pairs =
+      MultiTokenQ8_0Kernels() != MultiTokenQ8_0::kAuto || int64_t(n) * a.k >= int64_t(kMmaAutoMinPairs) * a.u_count;
+  return enough_pairs ? MmaTilesTaking(type, cols) : 0;
 }
 
 template <int kType>
 void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pairs, cudaStream_t s) {
   constexpr int kRowsPerBlock = kWarps * (32 / kGroup<kType>);
   const dim3 grid((a.n_ff + kRowsPerBlock - 1) / kRowsPerBlock, a.u_count);
-  const int mma_tiles = MmaTilesFor(MultiTokenQ8_0Exact(), a.n_embd);
   if (max_pairs <= 1) {
     const int64_t smem = StagedActSmem<kType>(1, a.n_embd);
     if (kType == kDevQ8_0 && smem > 0)  // a lane group per row: twice the blocks
       LaunchPdl(GateUpRowKernel, dim3(2 * grid.x, grid.y), dim3(kWarps * 32), smem, s, a, act, h);
     else
       LaunchPdl(GateUpKernel<kType, 1>, grid, dim3(kWarps * 32), smem, s, a, act, h, smem > 0);
-  } else if (UseMma(kType, a.n_embd, mma_tiles, a, max_pairs)) {
+  } else if (const int mma_tiles = ExpertMmaTiles(kType, a.n_embd, a, max_pairs); mma_tiles > 0) {
     WithMmaForm(MultiTokenQ8_0Exact(), mma_tiles, [&](auto kExact, auto kTiles) {
       const auto kernel = GateUpMmaKernel<decltype(kExact)::value, decltype(kTiles)::value>;
       static const bool limit_set = (SetStagedSmemLimit(kernel), true);  // one per instance
@@ -479,8 +423,8 @@ void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pai
 template <int kType>
 void LaunchDownT(const ExpertArgs& a, const DevAct& act, float* out, int max_pairs, cudaStream_t s) {
   const dim3 grid = DownGrid<kType>(a);
-  const int mma_tiles = MmaTilesFor(MultiTokenQ8_0Exact(), a.n_ff);
-  if (max_pairs > 1 && UseMma(kType, a.n_ff, mma_tiles, a, max_pairs)) {
+  const int mma_tiles = max_pairs > 1 ? ExpertMmaTiles(kType, a.n_ff, a, max_pairs) : 0;
+  if (mma_tiles > 0) {
     WithMmaForm(MultiTokenQ8_0Exact(), mma_tiles, [&](auto kExact, auto kTiles) {
       const auto kernel = DownMmaKernel<decltype(kExact)::value, decltype(kTiles)::value>;
       static const bool limit_set = (SetStagedSmemLimit(kernel), true);  // one per instance
