@@ -73,6 +73,11 @@ const std::string& WeightTypeNames() {
   return names;
 }
 
+bool IsQuantizedWeightType(GgmlType type) {
+  const std::optional<GgmlTypeTraits> t = FindGgmlType(static_cast<uint32_t>(type));
+  return t.has_value() && t->weight && t->block_elements > 1;
+}
+
 int64_t RowBytes(GgmlType type, int64_t n) {
   const GgmlTypeTraits& t = Traits(type);
   CHECK(n % t.block_elements == 0);

@@ -57,6 +57,11 @@ std::optional<GgmlType> ParseGgmlTypeName(absl::string_view name);
 int64_t RowBytes(GgmlType type, int64_t n);
 inline bool IsRowSizeValid(GgmlType type, int64_t n) { return n % Traits(type).block_elements == 0; }
 
+// A weight type stored as blocks of quantized values with their scales: every weight type but F32,
+// F16 and BF16. False for the activation-only formats (Q8_1, Q8_K) and for numbers mer does not
+// know.
+bool IsQuantizedWeightType(GgmlType type);
+
 // The names of the weight types, comma-separated in numbering order ("f32, f16, q8_0, ..."):
 // for messages that list what mer reads.
 const std::string& WeightTypeNames();

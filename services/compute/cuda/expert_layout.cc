@@ -4,31 +4,7 @@
 
 namespace mer::cuda {
 
-bool NeedsRepack(GgmlType t) {
-  switch (t) {
-    case GgmlType::kQ8_0:
-    case GgmlType::kQ2_K:
-    case GgmlType::kQ3_K:
-    case GgmlType::kQ4_K:
-    case GgmlType::kQ5_K:
-    case GgmlType::kQ6_K:
-    case GgmlType::kIQ4_XS:
-    case GgmlType::kIQ2_XXS:
-    case GgmlType::kIQ2_XS:
-    case GgmlType::kIQ2_S:
-    case GgmlType::kIQ3_XXS:
-    case GgmlType::kIQ3_S:
-    case GgmlType::kIQ1_S:
-    case GgmlType::kQ4_0:
-    case GgmlType::kQ5_0:
-    case GgmlType::kIQ4_NL:
-    case GgmlType::kQ4_1:
-    case GgmlType::kQ5_1:
-      return true;
-    default:
-      return false;
-  }
-}
+bool NeedsRepack(GgmlType t) { return IsQuantizedWeightType(t); }
 
 ExpertLayout ExpertLayoutFor(GgmlType gate, GgmlType up, GgmlType down, int64_t n_embd, int64_t n_ff) {
   const auto place = [](GgmlType type, int64_t rows, int64_t cols, int64_t offset) {

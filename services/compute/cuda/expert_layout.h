@@ -17,7 +17,8 @@
 namespace mer::cuda {
 
 // Types whose device layout differs from the file's (repack.cuh, kquant_repack.cuh): uploaded
-// through staging and converted by the repack kernel.
+// through staging and converted by the repack kernel. Every quantized weight type
+// (IsQuantizedWeightType); the float types are used as the file lays them out.
 bool NeedsRepack(GgmlType type);
 
 // One matrix of an expert in a slot.

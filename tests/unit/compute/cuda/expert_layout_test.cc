@@ -74,7 +74,9 @@ TEST(ExpertLayout, EveryPairOfExpertTypes) {
 TEST(ExpertLayout, NeedsRepackAllButTheFloatTypes) {
   for (GgmlType t : kExpertTypes)
     EXPECT_EQ(NeedsRepack(t), t != GgmlType::kF32 && t != GgmlType::kF16 && t != GgmlType::kBF16) << TypeName(t);
-  EXPECT_FALSE(NeedsRepack(GgmlType::kQ8_K));  // an activation type, never a weight's
+  EXPECT_FALSE(NeedsRepack(GgmlType::kQ8_K));  // activation types, never a weight's
+  EXPECT_FALSE(NeedsRepack(GgmlType::kQ8_1));
+  EXPECT_FALSE(NeedsRepack(static_cast<GgmlType>(4)));  // a number mer does not know
 }
 
 }  // namespace
