@@ -1,7 +1,6 @@
 #include "common/quant/q2_k.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 
 #include "common/base/check.h"
@@ -26,13 +25,7 @@ void QuantizeBlock(const float* x, BlockQ2_K* y) {
   uint8_t L[kQK];
   float scales[kQK / kSub], mins[kQK / kSub];
   for (int j = 0; j < kQK / kSub; ++j) {
-    const float* xs = x + kSub * j;
-    float sum_x2 = 0;
-    for (int i = 0; i < kSub; ++i) sum_x2 += xs[i] * xs[i];
-    const float av_x = std::sqrt(sum_x2 / kSub);
-    float weights[kSub];
-    for (int i = 0; i < kSub; ++i) weights[i] = av_x + std::fabs(xs[i]);
-    scales[j] = quant_internal::FitScaleMin(xs, weights, kSub, 3, L + kSub * j, &mins[j]);
+    scales[j] = quant_internal::FitRmsWeightedScaleMin(x + kSub * j, kSub, 3, L + kSub * j, &mins[j]);
   }
   const float max_scale = *std::max_element(scales, scales + kQK / kSub);
   const float max_min = *std::max_element(mins, mins + kQK / kSub);

@@ -106,18 +106,20 @@ float FitSignedScale(const float* x, int n, int nmax, uint8_t* L) {
   return scale;
 }
 
+float FitRmsWeightedScaleMin(const float* x, int n, int nmax, uint8_t* L, float* min_out) {
+  CHECK(n >= 1 && n <= 32);
+  float sum_x2 = 0;
+  for (int i = 0; i < n; ++i) sum_x2 += x[i] * x[i];
+  const float av_x = std::sqrt(sum_x2 / n);
+  float weights[32];
+  for (int i = 0; i < n; ++i) weights[i] = av_x + std::fabs(x[i]);
+  return FitScaleMin(x, weights, n, nmax, L, min_out);
+}
+
 void QuantizeScaleMinBlock(const float* x, int nmax, uint8_t* packed, f16_bits* d_out, f16_bits* dmin_out, uint8_t* L) {
   constexpr int kSub = 32;
   float scales[8], mins[8];
-  for (int j = 0; j < 8; ++j) {
-    const float* xs = x + kSub * j;
-    float sum_x2 = 0;
-    for (int i = 0; i < kSub; ++i) sum_x2 += xs[i] * xs[i];
-    const float av_x = std::sqrt(sum_x2 / kSub);
-    float weights[kSub];
-    for (int i = 0; i < kSub; ++i) weights[i] = av_x + std::fabs(xs[i]);
-    scales[j] = FitScaleMin(xs, weights, kSub, nmax, L + kSub * j, &mins[j]);
-  }
+  for (int j = 0; j < 8; ++j) scales[j] = FitRmsWeightedScaleMin(x + kSub * j, kSub, nmax, L + kSub * j, &mins[j]);
   const float max_scale = *std::max_element(scales, scales + 8);
   const float max_min = *std::max_element(mins, mins + 8);
   const float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;

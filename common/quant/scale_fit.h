@@ -54,6 +54,10 @@ inline f16_bits OddScaleBlockScale(const float* scales, int n, float k, int max_
 // its L. Returns scale; *min_out = min. n <= 32.
 float FitScaleMin(const float* x, const float* w, int n, int nmax, uint8_t* L, float* min_out);
 
+// FitScaleMin with the weights the K-quant quantizers give a sub-block (as ggml does without an
+// importance matrix): w[i] = rms(x) + |x[i]|. n <= 32.
+float FitRmsWeightedScaleMin(const float* x, int n, int nmax, uint8_t* L, float* min_out);
+
 // Fits x[i] ~ scale * (L[i] - nmax) with L[i] in [0, 2 nmax - 1] over n values, weighting by
 // x^2: the largest-magnitude element maps to -nmax (the one extra negative level), then 18 trial
 // inverse scales around nmax / max, keeping the least-squares scale of the best. Returns the
@@ -61,8 +65,7 @@ float FitScaleMin(const float* x, const float* w, int n, int nmax, uint8_t* L, f
 float FitSignedScale(const float* x, int n, int nmax, uint8_t* L);
 
 // The Q4_K and Q5_K block quantizer but for the packing of the quants: per 32-element sub-block
-// a FitScaleMin to [0, nmax], weighting elements by rms + |x| (as ggml does without an
-// importance matrix); the scales and mins as 6-bit codes under f16 d and dmin, packed into
+// a FitRmsWeightedScaleMin to [0, nmax]; the scales and mins as 6-bit codes under f16 d and dmin, packed into
 // scales[12] as blocks.h describes; then every element requantized against the decoded scales
 // and mins into L[256], L in [0, nmax].
 void QuantizeScaleMinBlock(const float* x, int nmax, uint8_t* scales, f16_bits* d, f16_bits* dmin, uint8_t* L);
