@@ -27,6 +27,7 @@ namespace mer::cli {
 namespace {
 
 using trace::ReadTraceFile;
+using trace::RecordGeneration;
 using trace::Replay;
 using trace::ReplayOptions;
 using trace::ReplayRoutes;
@@ -94,12 +95,8 @@ absl::Status Record(const Args& args) {
   const ModelConfig& c = m.weights->config();
   const TraceGeometry g{c.n_layer, c.n_expert, c.n_expert_used, ExpertBytes(*m.weights, 0)};
   ASSIGN_OR_RETURN(std::unique_ptr<TraceWriter> writer, TraceWriter::Create(out_path, g));
-  writer->set_phase(TraceWriter::Phase::kPrompt);
-  m.engine->set_routing_observer(writer.get());
   GenerationStats stats;
-  auto out = mer::Generate(
-      *m.engine, 0, req, [&](int32_t) { writer->set_phase(TraceWriter::Phase::kDecode); }, &stats);
-  m.engine->set_routing_observer(nullptr);
+  auto out = RecordGeneration(*m.engine, 0, req, *writer, &stats);
   const absl::Status finished = writer->Finish();
   if (!out.ok()) return out.status();
   RETURN_IF_ERROR(finished);

@@ -110,4 +110,15 @@ absl::Status TraceWriter::Finish() {
   return status_;
 }
 
+absl::StatusOr<std::vector<int32_t>> RecordGeneration(ComputeBackend& backend, int sequence,
+                                                      const GenerationRequest& request, TraceWriter& writer,
+                                                      GenerationStats* stats) {
+  writer.set_phase(TraceWriter::Phase::kPrompt);
+  backend.set_routing_observer(&writer);
+  auto out = Generate(
+      backend, sequence, request, [&](int32_t) { writer.set_phase(TraceWriter::Phase::kDecode); }, stats);
+  backend.set_routing_observer(nullptr);
+  return out;
+}
+
 }  // namespace mer::trace

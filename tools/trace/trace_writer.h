@@ -3,9 +3,9 @@
 // chunks and decode steps alike, in the order they run.
 //
 // A record is a prompt record or a decode record by set_phase(); in kAuto (the default) a batch of
-// one token is a decode step and a larger one a prompt chunk. `mer trace record` sets kPrompt
-// before generation and kDecode once the first token is sampled, so a one-token prompt is
-// recorded right.
+// one token is a decode step and a larger one a prompt chunk. RecordGeneration (what `mer trace
+// record` runs) sets kPrompt before generation and kDecode once the first token is sampled, so a
+// one-token prompt is recorded right.
 //
 // OnRouting cannot return an error; the first one (routing that does not match the geometry,
 // a write failure) is kept, later calls are ignored, and Finish() returns it. Finish writes the
@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "services/compute/backend.h"
+#include "services/compute/generation.h"
 #include "tools/trace/routing_trace.h"
 
 namespace mer::trace {
@@ -67,5 +68,13 @@ class TraceWriter final : public RoutingObserver {
   int64_t tokens_ = 0;
   int64_t decode_tokens_ = 0;
 };
+
+// Generate (services/compute/generation.h) with `writer` as the backend's routing observer: the
+// prompt's batches recorded as prompt records, every later batch as a decode step. The observer is
+// removed before it returns; the writer is left to be finished. Returns what Generate returns (the
+// writer's own errors: writer.status()).
+absl::StatusOr<std::vector<int32_t>> RecordGeneration(ComputeBackend& backend, int sequence,
+                                                      const GenerationRequest& request, TraceWriter& writer,
+                                                      GenerationStats* stats = nullptr);
 
 }  // namespace mer::trace
