@@ -2,13 +2,9 @@
 
 #include <gtest/gtest.h>
 
-#include "common/gguf/gguf_file.h"
-#include "common/model/expert_source.h"
-#include "common/model/model_weights.h"
-#include "common/model/synth_model.h"
 #include "services/compute/cpu/cpu_engine.h"
 #include "services/compute/generation.h"
-#include "tests/unit/synth_weights.h"
+#include "tests/unit/tools/trace/trace_test_model.h"
 #include "tools/trace/trace_writer.h"
 
 namespace mer::trace {
@@ -19,32 +15,21 @@ const std::vector<int32_t> kPrompt = {1, 2, 3, 4, 5, 6};
 class RouteReplayTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    SynthOptions o;
-    o.geometry = *SynthPreset("micro");
-    o.geometry.n_layer = 3;
-    o.router_skew = 1.0;
-    o.threads = 2;
-    auto model = testing_support::LoadSynthWeights(o, "route_replay_model");
+    auto model = testing_support::LoadTraceTestModel("route_replay_model");
     ASSERT_TRUE(model.ok()) << model.status();
-    file_ = std::move(model->file);
-    weights_ = std::move(model->weights);
-    experts_ = std::make_unique<MappedExpertSource>(*weights_);
+    model_ = std::move(*model);
     engine_ = NewEngine();
     ASSERT_NE(engine_, nullptr);
   }
 
   std::unique_ptr<CpuEngine> NewEngine(int batch = 4) {
-    CpuEngineOptions eo;
-    eo.threads = 2;
-    eo.max_batch_tokens = batch;
-    eo.max_context_tokens = 64;
-    auto engine = CpuEngine::Create(*weights_, *experts_, eo);
+    auto engine = model_.NewEngine(batch);
     EXPECT_TRUE(engine.ok()) << engine.status();
     return engine.ok() ? std::move(*engine) : nullptr;
   }
 
   TraceGeometry Geometry() const {
-    const ModelConfig& c = weights_->config();
+    const ModelConfig& c = model_.weights().config();
     return {c.n_layer, c.n_expert, c.n_expert_used, 0};
   }
 
@@ -53,14 +38,11 @@ class RouteReplayTest : public ::testing::Test {
   RoutingTrace Record(std::vector<int32_t>* ids) {
     auto w = TraceWriter::CreateInMemory(Geometry());
     EXPECT_TRUE(w.ok());
-    engine_->set_routing_observer(w->get());
-    (*w)->set_phase(TraceWriter::Phase::kPrompt);
     GenerationRequest req;
     req.prompt = kPrompt;
     req.max_new_tokens = 6;
-    auto out = Generate(*engine_, 0, req, [&](int32_t) { (*w)->set_phase(TraceWriter::Phase::kDecode); });
+    auto out = RecordGeneration(*engine_, 0, req, **w);
     EXPECT_TRUE(out.ok()) << out.status();
-    engine_->set_routing_observer(nullptr);
     EXPECT_TRUE((*w)->Finish().ok()) << (*w)->status();
     if (out.ok()) *ids = *out;
     const std::string& bytes = (*w)->bytes();
@@ -93,7 +75,7 @@ class RouteReplayTest : public ::testing::Test {
 
   // The digests of the same batches without preselected routes (the router's own choice).
   std::vector<uint64_t> FreeDigests(const RoutingTrace& t, const std::vector<int32_t>& generated) {
-    const int V = weights_->config().n_vocab;
+    const int V = model_.weights().config().n_vocab;
     std::vector<uint64_t> out;
     engine_->ClearSequence(0);
     int32_t pos = 0;
@@ -111,9 +93,7 @@ class RouteReplayTest : public ::testing::Test {
     return out;
   }
 
-  std::shared_ptr<const GgufFile> file_;
-  std::unique_ptr<ModelWeights> weights_;
-  std::unique_ptr<MappedExpertSource> experts_;
+  testing_support::TraceTestModel model_;
   std::unique_ptr<CpuEngine> engine_;
 };
 

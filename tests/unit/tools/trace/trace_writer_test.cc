@@ -5,12 +5,9 @@
 
 #include <filesystem>
 
-#include "common/model/expert_source.h"
 #include "common/model/model_weights.h"
-#include "common/model/synth_model.h"
-#include "services/compute/cpu/cpu_engine.h"
 #include "services/compute/generation.h"
-#include "tests/unit/synth_weights.h"
+#include "tests/unit/tools/trace/trace_test_model.h"
 
 namespace mer::trace {
 namespace {
@@ -99,35 +96,26 @@ TEST(TraceWriter, FileIsReadableOnlyOnceFinished) {
   std::filesystem::remove(path);
 }
 
-// The writer as the engine's observer: a prompt, then decode steps, on a small synthetic model.
+// The writer as the engine's observer (RecordGeneration): a prompt, then decode steps, on a small
+// synthetic model.
 TEST(TraceWriter, RecordsTheEngine) {
-  SynthOptions o;
-  o.geometry = *SynthPreset("micro");
-  o.geometry.n_layer = 3;
-  o.router_skew = 1.0;
-  o.threads = 2;
-  auto model = testing_support::LoadSynthWeights(o, "trace_writer_model");
+  auto model = testing_support::LoadTraceTestModel("trace_writer_model");
   ASSERT_TRUE(model.ok()) << model.status();
-  const ModelWeights& weights = *model->weights;
-  MappedExpertSource experts(weights);
-  CpuEngineOptions eo;
-  eo.threads = 2;
-  eo.max_batch_tokens = 4;  // the 6-token prompt runs as chunks of 4 and 2
-  eo.max_context_tokens = 64;
-  auto engine = CpuEngine::Create(weights, experts, eo);
+  auto engine = model->NewEngine(4);  // the 6-token prompt runs as chunks of 4 and 2
   ASSERT_TRUE(engine.ok()) << engine.status();
 
+  GenerationRequest req;
+  req.prompt = {1, 2, 3, 4, 5, 6};
+  req.max_new_tokens = 5;
   const auto record = [&]() {
-    auto w = TraceWriter::CreateInMemory({3, 8, 2, ExpertBytes(weights, 0)});
+    auto w = TraceWriter::CreateInMemory({3, 8, 2, ExpertBytes(model->weights(), 0)});
     EXPECT_TRUE(w.ok());
-    (*engine)->set_routing_observer(w->get());
-    (*w)->set_phase(TraceWriter::Phase::kPrompt);
-    GenerationRequest req;
-    req.prompt = {1, 2, 3, 4, 5, 6};
-    req.max_new_tokens = 5;
-    auto out = Generate(**engine, 0, req, [&](int32_t) { (*w)->set_phase(TraceWriter::Phase::kDecode); });
+    auto out = RecordGeneration(**engine, 0, req, **w);
     EXPECT_TRUE(out.ok()) << out.status();
-    (*engine)->set_routing_observer(nullptr);
+    // The observer is gone: a generation after it records nothing more.
+    const int64_t records = (*w)->records();
+    EXPECT_TRUE(Generate(**engine, 0, req, {}).ok());
+    EXPECT_EQ((*w)->records(), records);
     EXPECT_TRUE((*w)->Finish().ok()) << (*w)->status();
     return (*w)->bytes();
   };
@@ -149,6 +137,16 @@ TEST(TraceWriter, RecordsTheEngine) {
   EXPECT_GT(t->geometry().expert_bytes, 0);
   // Deterministic: the same run records the same bytes.
   EXPECT_EQ(record(), bytes);
+
+  // A one-token prompt is a prompt record, though its batch is one token as a decode step's is.
+  req.prompt = {7};
+  req.max_new_tokens = 2;
+  auto one = Parse(record());
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_EQ(one->records().size(), 2u);
+  EXPECT_EQ(one->records()[0].phase, TracePhase::kPrompt);
+  EXPECT_EQ(one->records()[0].n_tokens, 1);
+  EXPECT_EQ(one->records()[1].phase, TracePhase::kDecode);
 }
 
 }  // namespace
