@@ -91,6 +91,14 @@ absl::StatusOr<CreatedBackend> CreateBackend(const ModelWeights& weights, Expert
   return out;
 }
 
+int DefaultPromptChunkTokens(std::string_view backend) { return backend == "cuda" ? 1024 : kCpuPromptChunkTokens; }
+
+bool SharesArenaWithResidency(std::string_view backend) { return backend == "cuda"; }
+
+void PrepareProcessFor(std::string_view backend, bool device_misses) {
+  if (backend == "cuda" && device_misses) setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/1);
+}
+
 HostMemoryPinner HostMemoryPinnerFor(const BackendOptions& options) {
 #if MER_HAVE_CUDA
   if (options.backend == "cuda" && options.pin_host_experts) return CudaRegisterHostMemory;

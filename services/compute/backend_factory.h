@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "common/model/expert_source.h"
@@ -52,6 +53,22 @@ struct CreatedBackend {
   std::unique_ptr<ComputeBackend> engine;
   int threads = 0;  // CPU threads the backend computes on (the cpu backend's pool; 1 for cuda)
 };
+
+// The prompt chunk (tokens per Forward) a backend takes by default: its prompt tokens/s rises with
+// the chunk on cuda (on the H200, Qwen3-30B-A3B geometry Q8_0, a 2,048-token prompt: 4,428 tokens/s
+// in chunks of 256, 5,089 in chunks of 1,024, 5,199 in one of 2,048; docs/benchmarks.md), not on
+// the cpu. The cpu's is also `mer trace`'s, whose recordings replay on either backend.
+inline constexpr int kCpuPromptChunkTokens = 256;
+int DefaultPromptChunkTokens(std::string_view backend);
+
+// Whether the backend can compute over a VRAM expert arena that mer-residency fills (exported
+// over CUDA IPC, BackendOptions::vram_residency): cuda.
+bool SharesArenaWithResidency(std::string_view backend);
+
+// What the process must set before the backend's first runtime call: with misses decided on the
+// device, cuda needs every kernel loaded when its context is made (CUDA_MODULE_LOADING=EAGER;
+// cuda/stream_memops.h, KernelsLoadLazily). Nothing for the cpu.
+void PrepareProcessFor(std::string_view backend, bool device_misses);
 
 // InvalidArgument for an unknown backend or a bad budget; Unimplemented for `cuda` in a build
 // without it; the backend's own errors otherwise (no GPU, VRAM too small, ...).

@@ -146,18 +146,17 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
   int64_t vram_prefetch = 1;
   ASSIGN_OR_RETURN(vram_prefetch, f.IntInRange("vram-prefetch", vram_prefetch, 0, 1));
   a->vram_prefetch = vram_prefetch != 0;
-  ASSIGN_OR_RETURN(a->vram_arena,
-                   f.OneOf("vram-arena", !a->store.empty() && a->backend == "cuda" ? "residency" : "compute",
-                           {"residency", "compute"}));
+  ASSIGN_OR_RETURN(
+      a->vram_arena,
+      f.OneOf("vram-arena", !a->store.empty() && mer::SharesArenaWithResidency(a->backend) ? "residency" : "compute",
+              {"residency", "compute"}));
   ASSIGN_OR_RETURN(a->miss_path, f.OneOf("miss-path", "device", {"device", "host"}));
   ASSIGN_OR_RETURN(a->arena_policy, f.OneOf("arena-policy", "lfu", {"lfu", "lru"}));
   if (f.Has("multi-token-kernels")) {
     ASSIGN_OR_RETURN(a->multi_token_kernels, f.OneOf("multi-token-kernels", "auto", {"auto", "dp4a", "exact", "fast"}));
   }
-  // Before the first CUDA call: the device path needs every kernel loaded when the context is
-  // made (services/compute/cuda/stream_memops.h, KernelsLoadLazily).
-  if (a->backend == "cuda" && a->miss_path == "device") setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/1);
-  if (a->vram_arena == "residency" && (a->store.empty() || a->backend != "cuda"))
+  mer::PrepareProcessFor(a->backend, a->miss_path == "device");  // before the backend's first runtime call
+  if (a->vram_arena == "residency" && (a->store.empty() || !mer::SharesArenaWithResidency(a->backend)))
     return absl::InvalidArgumentError("--vram-arena residency needs --backend cuda and --store/--residency");
   if (a->model.empty() == a->store.empty())
     return absl::InvalidArgumentError("give exactly one of --model and --store");

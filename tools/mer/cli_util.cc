@@ -34,7 +34,7 @@ bool MaybeHelp(const Args& args, const char* help) {
 absl::StatusOr<LoadedModel> LoadModel(const Flags& flags, int min_context_tokens, int default_batch) {
   LoadedModel m;
   const std::string backend = flags.String("backend", "cpu");
-  if (default_batch <= 0) default_batch = backend == "cuda" ? kCudaPromptChunkTokens : kCpuPromptChunkTokens;
+  if (default_batch <= 0) default_batch = DefaultPromptChunkTokens(backend);
   ASSIGN_OR_RETURN(const int64_t threads, flags.Int("threads", 0));
   ASSIGN_OR_RETURN(const int64_t batch, flags.Int("batch", default_batch));
   ASSIGN_OR_RETURN(const int64_t ctx, flags.Int("ctx", std::max(4096, min_context_tokens)));

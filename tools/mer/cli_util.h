@@ -45,14 +45,9 @@ struct LoadedModel {
   std::string backend = "cpu";  // --backend cpu|cuda
 };
 
-// Prompt chunk (--batch) defaults: the cuda backend's prompt tokens/s rises with the chunk (on the
-// H200, Qwen3-30B-A3B geometry Q8_0, a 2,048-token prompt: 4,428 tokens/s in chunks of 256, 5,089
-// in chunks of 1,024, 5,199 in one of 2,048; docs/benchmarks.md), the CPU's does not.
-inline constexpr int kCpuPromptChunkTokens = 256, kCudaPromptChunkTokens = 1024;
-
 // Flags read: --model, or --store and --residency (instance name); --threads, --ctx (KV
-// positions), --batch (prompt chunk; default_batch, or 0 for the backend's: kCpuPromptChunkTokens
-// or kCudaPromptChunkTokens); --backend cpu|cuda, and for cuda --vram-expert-budget
+// positions), --batch (prompt chunk; default_batch, or 0 for the backend's:
+// DefaultPromptChunkTokens); --backend cpu|cuda, and for cuda --vram-expert-budget
 // BYTES|PERCENT% (a cap on the expert arena: bytes, or a percentage of all experts) and
 // --pin-experts 0|1 (cudaHostRegister the host memory experts are uploaded from: the mapped file,
 // or with --residency this process's mapping of the RAM tier; default 1), --vram-prefetch 0|1

@@ -1,10 +1,12 @@
 // CreateBackend's checks of the options that only one backend takes: --multi-token-kernels is the
 // cuda backend's (refused with the cpu backend, and an unknown choice refused before any device is
-// touched), so a typo or a misplaced flag fails at start-up with a message naming it.
+// touched), so a typo or a misplaced flag fails at start-up with a message naming it; and what the
+// callers ask of the factory before a backend exists.
 #include "services/compute/backend_factory.h"
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -54,6 +56,23 @@ TEST(BackendFactory, MultiTokenKernelsAreTheCudaBackends) {
     EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument) << unknown;
     EXPECT_NE(unknown.message().find("unknown multi-token kernels 'fastest'"), absl::string_view::npos) << unknown;
   }
+}
+
+// What the callers ask of the factory before a backend exists, instead of comparing names.
+TEST(BackendFactory, WhatDiffersByBackendBeforeOneExists) {
+  EXPECT_EQ(DefaultPromptChunkTokens("cpu"), kCpuPromptChunkTokens);
+  EXPECT_EQ(DefaultPromptChunkTokens("cuda"), 1024);
+  EXPECT_FALSE(SharesArenaWithResidency("cpu"));
+  EXPECT_TRUE(SharesArenaWithResidency("cuda"));
+
+  unsetenv("CUDA_MODULE_LOADING");
+  PrepareProcessFor("cpu", /*device_misses=*/true);
+  PrepareProcessFor("cuda", /*device_misses=*/false);
+  EXPECT_EQ(std::getenv("CUDA_MODULE_LOADING"), nullptr);
+  PrepareProcessFor("cuda", /*device_misses=*/true);
+  ASSERT_NE(std::getenv("CUDA_MODULE_LOADING"), nullptr);
+  EXPECT_STREQ(std::getenv("CUDA_MODULE_LOADING"), "EAGER");
+  unsetenv("CUDA_MODULE_LOADING");
 }
 
 }  // namespace
