@@ -3,9 +3,11 @@
 #   ipc:        cuda_ipc_test (the arena over CUDA IPC filled by a mer-residency process: preloaded,
 #               device-decided misses, host-served misses) on tiny and small Q8_0;
 #   kernels:    cuda_kernels_test (KERNELS_FILTER, default all), every kernel against its CPU
-#               reference;
+#               reference, for at most KERNELS_SECONDS (default 120; the whole suite takes longer
+#               on an H100);
 #   engine:     cuda_engine_test with ENGINE_FILTER (default: random geometries, RandomGeometry: 24
-#               of them, arena 100% and 25%, and two corpus cases);
+#               of them, arena 100% and 25%, and two corpus cases), for at most ENGINE_SECONDS
+#               (default 240: enough for the default filter, not for '*' on an H100);
 #   geometries: tests/integration/served_geometries_test.sh with --backend cuda on GEOM_SEEDS
 #               (engine alone, mer bench, and mer up + mer client, against the CPU reference);
 #   bench:      the Qwen3-30B-A3B geometry Q8_0 (--router-skew SKEW) as an expert store
@@ -60,6 +62,8 @@ MISS_PATHS=${MISS_PATHS:-"host"}
 SERVED_RUNS=${SERVED_RUNS:-"25%:100%:device:lfu:lfu 25%:25%:device:lfu:lfu"}
 SERVED_REQUESTS=${SERVED_REQUESTS:-3}  # requests of 31 + 128 tokens per served run, one after another
 KERNELS_FILTER=${KERNELS_FILTER:-"*"}
+KERNELS_SECONDS=${KERNELS_SECONDS:-120}
+ENGINE_SECONDS=${ENGINE_SECONDS:-240}
 PROFILE_PROMPTS=${PROFILE_PROMPTS:-"77"}
 PROFILE_BINS=${PROFILE_BINS:-"mer"}  # programs of the bundle to profile in turn (e.g. an older mer beside)
 PROFILE_ENVS=${PROFILE_ENVS:-"MER_CUDA_MMA=auto"}  # an environment setting per profile run, in turn
@@ -89,8 +93,8 @@ note "cpus: $(nproc); disk free: $(df -h --output=avail /tmp | tail -1 | tr -d '
 
 if has_step engine; then
   t0=$SECONDS
-  timeout "$(left 240)" "$BUNDLE/run" cuda_engine_test --gtest_filter="$ENGINE_FILTER" > "$OUT/engine.log" 2>&1
-  note "cuda_engine_test random geometries + corpus: rc=$? in $((SECONDS - t0)) s," \
+  timeout "$(left "$ENGINE_SECONDS")" "$BUNDLE/run" cuda_engine_test --gtest_filter="$ENGINE_FILTER" > "$OUT/engine.log" 2>&1
+  note "cuda_engine_test ($ENGINE_FILTER): rc=$? in $((SECONDS - t0)) s," \
        "$(grep -c '^\[       OK' "$OUT/engine.log") ok, $(grep -c '^\[  FAILED' "$OUT/engine.log") failed"
   grep -E '^\[  FAILED|^\[random|^\[tiny|^\[small' "$OUT/engine.log" | head -60 >> "$summary"
   grep -E 'Failure|Expected|Which is|CHECK' "$OUT/engine.log" | head -10 | tee -a "$summary"
@@ -98,7 +102,7 @@ fi
 
 if has_step kernels; then
   t0=$SECONDS
-  timeout "$(left 120)" "$BUNDLE/run" cuda_kernels_test --gtest_filter="$KERNELS_FILTER" > "$OUT/kernels.log" 2>&1
+  timeout "$(left "$KERNELS_SECONDS")" "$BUNDLE/run" cuda_kernels_test --gtest_filter="$KERNELS_FILTER" > "$OUT/kernels.log" 2>&1
   note "cuda_kernels_test: rc=$? in $((SECONDS - t0)) s, $(grep -c '^\[       OK' "$OUT/kernels.log") ok," \
        "$(grep -c '^\[  FAILED' "$OUT/kernels.log") failed"
   grep -E '^\[  FAILED|Failure|Expected|Which is' "$OUT/kernels.log" | head -20 | tee -a "$summary"
