@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
@@ -1245,8 +1246,36 @@ class Renderer {
     const Value target = Lookup(n.name);
     if (target.kind() != Value::Kind::kObject || !IsNamespace(target))
       return Error(absl::StrCat("line ", n.line, ": cannot set an attribute of '", n.name, "', not a namespace"));
+    ASSIGN_OR_RETURN(const bool cycle, Reaches(v, target));
+    if (cycle)
+      return Error(
+          absl::StrCat("line ", n.line, ": '", n.name, ".", n.attr, "' would hold '", n.name, "' itself (a cycle)"));
     target.Set(n.attr, std::move(v));
     return absl::OkStatus();
+  }
+
+  // Whether `object` is `v` or inside it, through lists, dicts and namespaces. Each container is
+  // visited once (shared ones too) and counts as a loop iteration, so that walking a large value
+  // on every assignment stays within the render's bound.
+  absl::StatusOr<bool> Reaches(const Value& v, const Value& object) {
+    std::vector<const Value*> pending = {&v};
+    std::set<const void*> visited;
+    while (!pending.empty()) {
+      const Value& at = *pending.back();
+      pending.pop_back();
+      if (at.kind() == Value::Kind::kObject) {
+        if (&at.object() == &object.object()) return true;
+        if (!visited.insert(&at.object()).second) continue;
+        for (const auto& [k, m] : at.object()) pending.push_back(&m);
+      } else if (at.kind() == Value::Kind::kArray) {
+        if (!visited.insert(&at.array()).second) continue;
+        for (const Value& m : at.array()) pending.push_back(&m);
+      } else {
+        continue;
+      }
+      if (++iterations_ > kMaxIterations) return Error("too many loop iterations");
+    }
+    return false;
   }
 
   // Namespaces are objects made by namespace(); only they take attribute assignments.

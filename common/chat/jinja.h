@@ -18,8 +18,10 @@
 //  - the filters and tests listed in jinja.cc (length, tojson, trim, join, default, map,
 //    selectattr, ...; defined, none, string, mapping, ...), and namespace(), range(), dict().
 // Not supported (a parse or render error, never a wrong render): macros, call blocks, filter
-// blocks, include/import/extends, raw blocks. upper/lower/title/capitalize change ASCII letters
-// only.
+// blocks, include/import/extends, raw blocks, and a namespace that holds itself (directly or
+// through lists, dicts and other namespaces: Python allows it, but the cycle would have every
+// printer and comparison here recurse without end). upper/lower/title/capitalize change ASCII
+// letters only.
 //
 // Limits (inputs are untrusted): nesting depth, output size and loop iterations are bounded; a
 // template that exceeds them fails to parse or render with InvalidArgument.
@@ -40,7 +42,7 @@ namespace mer::jinja {
 
 // A template value: Python's None, bool, int, float, str, list and dict (insertion-ordered), and
 // jinja2's Undefined. Lists and dicts are shared, as Python's objects are (namespace attributes
-// assigned inside a loop are seen after it).
+// assigned inside a loop are seen after it). Only a namespace changes once made.
 class Value {
  public:
   enum class Kind { kUndefined, kNone, kBool, kInt, kFloat, kString, kArray, kObject };
@@ -70,7 +72,6 @@ class Value {
   double float_value() const { return kind_ == Kind::kFloat ? float_ : static_cast<double>(int_); }
   const std::string& string_value() const { return *string_; }
   const Array& array() const { return *array_; }
-  Array& mutable_array() const { return *array_; }
   const Object& object() const { return *object_; }
 
   // Object members: the value of `key`, or null.

@@ -239,6 +239,29 @@ TEST(ChatTemplateTest, RenderErrorsAreInvalidArgument) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A namespace that would hold itself is refused where it is assigned: the cycle would leak and
+// have every printer and comparison recurse without end. Sharing without a cycle still renders.
+TEST(ChatTemplateTest, NamespaceThatWouldHoldItselfIsAnError) {
+  for (const char* cycle : {
+           "{% set ns = namespace(n=0) %}{% set ns.n = ns %}{{ ns.n }}",
+           "{% set ns = namespace(l=[]) %}{% set ns.l = [1, {'k': [ns]}] %}{{ ns.l }}",
+           "{% set a = namespace() %}{% set b = namespace(x=a) %}{% set a.y = b %}{{ a }}",
+       }) {
+    absl::StatusOr<ChatTemplate> t = ChatTemplate::Parse(cycle);
+    ASSERT_TRUE(t.ok()) << cycle;
+    const absl::Status s = t->Render({}).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << cycle;
+    EXPECT_NE(s.message().find("a cycle"), std::string::npos) << s;
+  }
+  absl::StatusOr<ChatTemplate> t = ChatTemplate::Parse(
+      "{% set l = [1, 2] %}{% set a = namespace(x=l) %}{% set b = namespace(p=a, q=a) %}"
+      "{% set a.y = [l, l] %}{% set b.r = b.p %}{{ b.r.y }}{{ b.q.x }}");
+  ASSERT_TRUE(t.ok());
+  absl::StatusOr<std::string> out = t->Render({});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "[[1, 2], [1, 2]][1, 2]");
+}
+
 // Feeds `text` in pieces of `step` bytes; returns (reasoning, content).
 std::pair<std::string, std::string> Split(std::string_view text, size_t step, bool starts_in_reasoning = false) {
   ReasoningStream s(starts_in_reasoning);
