@@ -58,6 +58,8 @@ absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Create(const ModelWeights&
   if (o.max_sequences < 1 || o.max_sequences > 4096)
     return absl::InvalidArgumentError("max_sequences must be in [1, 4096]");
   if (o.max_context_tokens < 1) return absl::InvalidArgumentError("max_context_tokens must be >= 1");
+  if ((o.placement == nullptr) != (o.exchange == nullptr))
+    return absl::InvalidArgumentError("expert parallelism needs both a placement and an exchange");
   const ModelConfig& c = weights.config();
   o.max_context_tokens = std::min(o.max_context_tokens, c.n_ctx_train);
   o.threads = ResolveThreads(o.threads);
@@ -279,8 +281,18 @@ absl::Status CpuEngine::MoE(int layer, int n) {
   if (routing_observer_ != nullptr) routing_observer_->OnRouting(layer, absl::MakeConstSpan(chosen_.data(), n * K), K);
 
   // Group the (token, slot) pairs by expert: each expert's weights are read once for all its tokens.
+  // A rank of an expert-parallel group takes only the pairs placed on it; the others' outputs are
+  // zeros until the exchange below fills them in.
+  const ExpertPlacement* placement = options_.placement;
+  const auto runs_here = [&](int pair) {
+    return placement == nullptr || placement->Runs(layer, chosen_[pair], pair / K);
+  };
   used_experts_.clear();
   for (int i = 0; i < n * K; ++i) {
+    if (!runs_here(i)) {
+      std::fill_n(&expert_out_[int64_t(i) * E], E, 0.0f);
+      continue;
+    }
     const int32_t e = chosen_[i];
     if (expert_index_[e] < 0) {
       expert_index_[e] = 0;
@@ -291,12 +303,14 @@ absl::Status CpuEngine::MoE(int layer, int n) {
   const int n_used = static_cast<int>(used_experts_.size());
   for (int u = 0; u < n_used; ++u) expert_index_[used_experts_[u]] = u;
   std::fill(group_begin_.begin(), group_begin_.begin() + n_used + 1, 0);
-  for (int i = 0; i < n * K; ++i) ++group_begin_[expert_index_[chosen_[i]] + 1];
+  for (int i = 0; i < n * K; ++i)
+    if (runs_here(i)) ++group_begin_[expert_index_[chosen_[i]] + 1];
   for (int u = 0; u < n_used; ++u) group_begin_[u + 1] += group_begin_[u];
   {
     std::vector<int32_t>& fill = group_fill_;
     fill.assign(group_begin_.begin(), group_begin_.begin() + n_used);
-    for (int i = 0; i < n * K; ++i) group_pairs_[fill[expert_index_[chosen_[i]]]++] = i;
+    for (int i = 0; i < n * K; ++i)
+      if (runs_here(i)) group_pairs_[fill[expert_index_[chosen_[i]]]++] = i;
   }
   for (int u = 0; u < n_used; ++u) expert_index_[used_experts_[u]] = -1;
 
@@ -381,6 +395,8 @@ absl::Status CpuEngine::MoE(int layer, int n) {
     experts_.ReleaseLayer(layer);
   }
 
+  if (options_.exchange != nullptr) RETURN_IF_ERROR(options_.exchange->SumAcrossRanks(expert_out_.data(), n * K * E));
+
   // Weighted sum in top-k order (each product rounded, then added, as ggml's mul + add chain).
   for (int t = 0; t < n; ++t) {
     float* x = &x_[t * E];
@@ -431,6 +447,8 @@ absl::Status CpuEngine::Forward(absl::Span<const BatchToken> batch, float* logit
     Attention(layer, batch);
     absl::Status status = MoE(layer, n);
     if (!status.ok()) {
+      // The other ranks of an expert-parallel group wait for this one's outputs: none can finish.
+      if (options_.exchange != nullptr) options_.exchange->Fail(status);
       // The cache holds this batch's K/V for the layers before the failure: forget the batch.
       for (const BatchToken& b : batch) seq_len_[b.sequence] = std::min(seq_len_[b.sequence], b.position);
       return status;

@@ -24,6 +24,7 @@
 #include "common/model/model_weights.h"
 #include "services/compute/backend.h"
 #include "services/compute/cpu/thread_pool.h"
+#include "services/compute/expert_parallel.h"
 
 namespace mer {
 
@@ -32,6 +33,12 @@ struct CpuEngineOptions {
   int max_batch_tokens = 256;     // tokens per Forward call (prompt chunk size), >= 1
   int max_sequences = 1;          // KV cache slots
   int max_context_tokens = 4096;  // KV positions per sequence; capped at the model's context_length
+  // Expert parallelism (expert_parallel.h), both or neither, not owned: this engine is one rank of
+  // a group, runs only the (token, expert) pairs `placement` gives it, acquires only their experts,
+  // and sums each MoE layer's expert outputs with the other ranks through `exchange`. Every rank
+  // must be given the same calls (Forward, ClearSequence) in the same order.
+  const ExpertPlacement* placement = nullptr;
+  ExpertExchange* exchange = nullptr;
 };
 
 class CpuEngine final : public ComputeBackend {

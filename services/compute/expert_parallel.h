@@ -1,0 +1,70 @@
+// Expert parallelism: a step's routed experts split over N ranks, each of which computes the whole
+// dense part (attention, router, norms) and only the experts placed on it (docs/design.md, "Several
+// GPUs and several hosts").
+//
+// The rule that keeps results equal to one rank's: a rank writes the output of every (token, slot)
+// pair it runs, unweighted, into the layer's [tokens, k, n_embd] buffer and zeros into the rest;
+// the ranks then sum that buffer elementwise (an all-reduce); each element has one non-zero term at
+// most, so the sum is that term exactly, whatever order the reduction adds in; and every rank
+// combines the k outputs of each token in top-k order as one rank does. Outputs are exchanged per
+// expert, not pre-summed, because pre-summing would change the order of the additions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <set>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace mer {
+
+// Which experts a rank holds and which (token, expert) pairs it runs. Expert e of every layer is
+// placed on rank e mod n_ranks; a replicated expert (a hot one) is held by every rank, and its
+// pairs are spread over the ranks by token index, so that no rank runs all of a hot expert's rows.
+class ExpertPlacement {
+ public:
+  // InvalidArgument unless 1 <= n_ranks and 0 <= rank < n_ranks.
+  static absl::StatusOr<ExpertPlacement> Create(int n_ranks, int rank);
+
+  int n_ranks() const { return n_ranks_; }
+  int rank() const { return rank_; }
+
+  // Places (layer, expert) on every rank. Every rank of a group must replicate the same experts.
+  void Replicate(int layer, int expert) { replicated_.insert({layer, expert}); }
+
+  // Whether this rank's arena holds (layer, expert).
+  bool Holds(int layer, int expert) const { return IsReplicated(layer, expert) || expert % n_ranks_ == rank_; }
+  // The rank that runs `token`'s pair with (layer, expert); `token` is its index in the step.
+  int RunnerOf(int layer, int expert, int token) const {
+    return IsReplicated(layer, expert) ? token % n_ranks_ : expert % n_ranks_;
+  }
+  bool Runs(int layer, int expert, int token) const { return RunnerOf(layer, expert, token) == rank_; }
+
+ private:
+  ExpertPlacement(int n_ranks, int rank) : n_ranks_(n_ranks), rank_(rank) {}
+  bool IsReplicated(int layer, int expert) const {
+    return !replicated_.empty() && replicated_.count({layer, expert}) != 0;
+  }
+
+  int n_ranks_ = 1;
+  int rank_ = 0;
+  std::set<std::pair<int, int>> replicated_;
+};
+
+// The exchange between the ranks of a group: one call per MoE layer of every step, made by every
+// rank in the same order with the same count.
+class ExpertExchange {
+ public:
+  virtual ~ExpertExchange() = default;
+  // Replaces values[i] on every rank with the sum over the ranks of their values[i], i < count.
+  // An error once the group has failed (Fail, or a rank gone): the step cannot complete.
+  virtual absl::Status SumAcrossRanks(float* values, size_t count) = 0;
+  // Called by a rank that cannot reach its next exchange (its expert source failed, say): the other
+  // ranks' waiting exchanges, and every later one, return `why`. A group that failed stays failed
+  // (as an NCCL communicator, which cannot shrink, is aborted and made anew).
+  virtual void Fail(const absl::Status& why) = 0;
+};
+
+}  // namespace mer
