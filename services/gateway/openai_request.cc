@@ -42,6 +42,26 @@ const Json* Get(const Json& body, const char* key) {
   return &*it;
 }
 
+// Output constraints (OpenAI's response_format other than text, vLLM's guided_* fields,
+// llama-server's grammar and json_schema) are refused rather than ignored: a reply generated
+// without them would read as one in the asked-for format and not be one.
+absl::Status RefuseOutputConstraints(const Json& body) {
+  if (const Json* format = Get(body, "response_format")) {
+    if (!format->is_object()) return Bad("response_format", "must be an object");
+    const Json* type = Get(*format, "type");
+    if (type == nullptr || !type->is_string()) return Bad("response_format.type", "must be a string");
+    if (type->get<std::string>() != "text")
+      return Bad("response_format",
+                 absl::StrCat("type \"", type->get<std::string>(),
+                              "\" is not supported: this server does not constrain its output (only \"text\")"));
+  }
+  for (const char* key : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
+                          "grammar", "json_schema"}) {
+    if (Get(body, key) != nullptr) return Bad(key, "is not supported: this server does not constrain its output");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::optional<double>> Number(const Json& body, const char* key, double lo, double hi) {
   const Json* v = Get(body, key);
   if (v == nullptr) return std::optional<double>();
@@ -203,6 +223,7 @@ absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, std::string_view b
     if (!m->is_string()) return Bad("model", absl::StrCat("must be a string, got ", TypeName(*m)));
     r.model = m->get<std::string>();
   }
+  RETURN_IF_ERROR(RefuseOutputConstraints(body));
   ASSIGN_OR_RETURN(r.stream, Bool(body, "stream", false));
   if (const Json* so = Get(body, "stream_options")) {
     if (!so->is_object()) return Bad("stream_options", "must be an object");

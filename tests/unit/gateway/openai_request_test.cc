@@ -122,6 +122,18 @@ TEST(OpenAiRequestTest, BadRequestsNameTheParameter) {
   ExpectBad(chat, R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", "top_logprobs");
   ExpectBad(chat, R"({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": []})",
             "chat_template_kwargs");
+  // Output constraints are refused, not ignored; response_format text (the default) is served.
+  const std::string user = R"("messages": [{"role": "user", "content": "x"}])";
+  ExpectBad(chat, "{" + user + R"(, "response_format": {"type": "json_object"}})", "response_format");
+  ExpectBad(chat, "{" + user + R"(, "response_format": {"type": "json_schema", "json_schema": {}}})",
+            "response_format");
+  ExpectBad(chat, "{" + user + R"(, "response_format": {}})", "response_format.type");
+  ExpectBad(chat, "{" + user + R"(, "response_format": "json"})", "response_format");
+  ExpectBad(chat, "{" + user + R"(, "guided_json": {"type": "object"}})", "guided_json");
+  ExpectBad(c, R"({"prompt": "a", "grammar": "root ::= \"x\""})", "grammar");
+  ExpectBad(c, R"({"prompt": "a", "json_schema": {}})", "json_schema");
+  EXPECT_TRUE(ParseRequest(chat, "{" + user + R"(, "response_format": {"type": "text"}})").ok());
+  EXPECT_TRUE(ParseRequest(chat, "{" + user + R"(, "response_format": null, "guided_json": null})").ok());
 }
 
 TEST(OpenAiRequestTest, StatusCodes) {
