@@ -91,7 +91,9 @@ absl::StatusOr<CreatedBackend> CreateBackend(const ModelWeights& weights, Expert
   return out;
 }
 
-int DefaultPromptChunkTokens(std::string_view backend) { return backend == "cuda" ? 1024 : kCpuPromptChunkTokens; }
+int DefaultPromptChunkTokens(std::string_view backend) {
+  return backend == "cuda" ? kCudaPromptChunkTokens : kCpuPromptChunkTokens;
+}
 
 bool SharesArenaWithResidency(std::string_view backend) { return backend == "cuda"; }
 

@@ -59,6 +59,7 @@ struct CreatedBackend {
 // in chunks of 256, 5,089 in chunks of 1,024, 5,199 in one of 2,048; docs/benchmarks.md), not on
 // the cpu. The cpu's is also `mer trace`'s, whose recordings replay on either backend.
 inline constexpr int kCpuPromptChunkTokens = 256;
+inline constexpr int kCudaPromptChunkTokens = 1024;
 int DefaultPromptChunkTokens(std::string_view backend);
 
 // Whether the backend can compute over a VRAM expert arena that mer-residency fills (exported
