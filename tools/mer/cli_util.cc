@@ -123,8 +123,11 @@ absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(const Flags& f, con
   ASSIGN_OR_RETURN(const double top_p, f.Double("top-p", 1.0));
   ASSIGN_OR_RETURN(const int64_t seed, f.Int("seed", 0));
   ASSIGN_OR_RETURN(const double penalty, f.Double("repetition-penalty", 1.0));
-  req.sampling = {static_cast<float>(temperature), static_cast<int32_t>(top_k), static_cast<float>(top_p),
-                  static_cast<uint64_t>(seed), static_cast<float>(penalty)};
+  req.sampling.temperature = static_cast<float>(temperature);
+  req.sampling.top_k = static_cast<int32_t>(top_k);
+  req.sampling.top_p = static_cast<float>(top_p);
+  req.sampling.seed = static_cast<uint64_t>(seed);
+  req.sampling.repetition_penalty = static_cast<float>(penalty);
   // Every end-of-generation token of the vocabulary stops: EOS, <|im_end|>, <|endoftext|>, ...
   if (!f.Has("ignore-eos")) req.stop_ids = tokenizer.EndOfGenerationIds();
   return req;

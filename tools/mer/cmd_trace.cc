@@ -43,7 +43,7 @@ constexpr char kHelp[] =
     R"(usage: mer trace record --model F.gguf (--prompt TEXT | --prompt-tokens 1,2,3) --max-tokens N
                         --out T.trace [--threads N] [--ignore-eos]
                         [--temperature T --top-k K --top-p P --seed S --repetition-penalty R]
-       mer trace replay --trace T.trace (--budget 25% | --slots N) [--policy lru|lfu|arc]
+       mer trace replay --trace T.trace (--budget 25% | --slots N) [--policy lru|lfu|arc|opt]
                         [--prefetch [--confidence 0.3] [--prefetch-budget K]]
                         [--expert-bytes B] [--bandwidth 1.5] [--latency-us 100] [--decode-only]
        mer trace sweep  --trace T.trace [--budgets 12.5,25,50] [--confidence 0.3]
@@ -62,8 +62,10 @@ replay: simulates an expert cache of --slots slots, or --budget (a percentage or
   --prefetch-budget (default top_k) reads per layer step. Prints lookups, hits, misses, bytes read
   and the stall modelled as misses x (--latency-us + expert bytes / --bandwidth GB/s).
   --expert-bytes defaults to the size recorded in the trace. --decode-only leaves the prompt out
-  of the counts (it still warms the cache).
-sweep: the replay table for every policy, the --budgets and prefetch off and on.
+  of the counts (it still warms the cache). --policy opt is no policy but the bound on them all:
+  Belady's MIN, which evicts the expert used farthest ahead, reading the future from the trace (no
+  prefetch).
+sweep: the replay table for every policy, the --budgets and prefetch off and on, then the opt bound.
 run: computes the trace on a backend with its routes given (preselected routes: every layer of
   every record routed as recorded, weighted by the router's probabilities of those experts): the
   prompt (the one the trace was recorded with) in the trace's prompt chunks, then each decode
@@ -220,9 +222,12 @@ absl::Status SweepCommand(const Args& args) {
   std::printf(
       "|--------|-------:|------:|----------|---------:|-------:|--------:|---------------:|----------:|----------:|---"
       "-------:|\n");
-  for (const std::string& policy : residency::PolicyNames()) {
+  std::vector<std::string> policies = residency::PolicyNames();
+  policies.push_back("opt");  // the bound: Belady's MIN, demand only
+  for (const std::string& policy : policies) {
     for (double fraction : budgets) {
       for (bool prefetch : {false, true}) {
+        if (prefetch && policy == "opt") continue;
         ReplayOptions o = base;
         o.policy = policy;
         o.slots = SlotsForFraction(trace.geometry(), fraction);

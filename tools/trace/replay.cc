@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
+#include <set>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -28,11 +31,92 @@ int64_t SlotsForFraction(const TraceGeometry& g, double fraction) {
 
 namespace {
 
+// Belady's MIN: evicts the resident key whose next use lies farthest ahead (one never used again
+// first). It reads the future from the trace, so no tier could run it: its misses are the fewest
+// any replacement policy can have with the same slots (demand only), the bound the real policies
+// are measured against. Steps are record * n_layer + layer, in replay order.
+class BeladyBound final : public ReplacementPolicy {
+ public:
+  BeladyBound(int64_t capacity, const RoutingTrace& trace) : ReplacementPolicy(capacity), g_(trace.geometry()) {
+    const size_t keys = static_cast<size_t>(g_.n_layer) * g_.n_expert;
+    uses_.resize(keys);
+    next_.assign(keys, kAbsent);
+    std::vector<uint32_t> seen(g_.n_expert, 0);
+    uint32_t stamp = 0;
+    for (size_t r = 0; r < trace.records().size(); ++r) {
+      for (int l = 0; l < g_.n_layer; ++l) {
+        ++stamp;
+        const int64_t step = static_cast<int64_t>(r) * g_.n_layer + l;
+        for (uint16_t e : trace.Experts(r, l)) {
+          if (seen[e] == stamp) continue;
+          seen[e] = stamp;
+          uses_[Index(PackExpertKey(l, e))].push_back(step);
+        }
+      }
+    }
+  }
+
+  // The step whose lookups come next.
+  void AtStep(int64_t step) { now_ = step; }
+
+  absl::string_view name() const override { return "opt"; }
+  int64_t size() const override { return static_cast<int64_t>(by_next_use_.size()); }
+  bool Contains(ExpertKey key) const override { return next_[Index(key)] != kAbsent; }
+  void Touch(ExpertKey key) override {
+    CHECK(Contains(key));
+    by_next_use_.erase({next_[Index(key)], key});
+    Place(key);
+  }
+  void Admit(ExpertKey key) override {
+    CHECK(!Contains(key) && size() < capacity());
+    Place(key);
+  }
+  bool Remove(ExpertKey key) override {
+    if (!Contains(key)) return false;
+    by_next_use_.erase({next_[Index(key)], key});
+    next_[Index(key)] = kAbsent;
+    return true;
+  }
+  std::vector<ExpertKey> ResidentKeys() const override {
+    std::vector<ExpertKey> keys;
+    for (const auto& [next, key] : by_next_use_) keys.push_back(key);
+    return keys;
+  }
+
+ protected:
+  std::optional<ExpertKey> DoChooseVictim(absl::FunctionRef<bool(ExpertKey)> evictable, ExpertKey) override {
+    for (auto it = by_next_use_.rbegin(); it != by_next_use_.rend(); ++it)
+      if (evictable(it->second)) return it->second;
+    return std::nullopt;
+  }
+
+ private:
+  static constexpr int64_t kAbsent = -1;
+  static constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+
+  size_t Index(ExpertKey k) const { return static_cast<size_t>(KeyLayer(k)) * g_.n_expert + KeyExpert(k); }
+  // Files `key` under its first use after the current step.
+  void Place(ExpertKey key) {
+    const std::vector<int64_t>& u = uses_[Index(key)];
+    const auto next = std::upper_bound(u.begin(), u.end(), now_);
+    next_[Index(key)] = next == u.end() ? kNever : *next;
+    by_next_use_.insert({next_[Index(key)], key});
+  }
+
+  const TraceGeometry& g_;
+  std::vector<std::vector<int64_t>> uses_;  // [key index] the steps that look it up, ascending
+  std::vector<int64_t> next_;               // [key index] its next use while resident, else kAbsent
+  std::set<std::pair<int64_t, ExpertKey>> by_next_use_;
+  int64_t now_ = 0;
+};
+
 class Simulator {
  public:
+  // `belady`: the policy when it is the Belady bound (told each step), else null.
   Simulator(const RoutingTrace& trace, const ReplayOptions& o, std::unique_ptr<ReplacementPolicy> policy,
-            int64_t expert_bytes)
-      : trace_(trace),
+            BeladyBound* belady, int64_t expert_bytes)
+      : belady_(belady),
+        trace_(trace),
         g_(trace.geometry()),
         o_(o),
         policy_(std::move(policy)),
@@ -57,6 +141,7 @@ class Simulator {
       if (counting_) stats_.tokens += rec.n_tokens;
       const bool prefetch = o_.prefetch && decode && rec.n_tokens == 1;
       for (int l = 0; l < g_.n_layer; ++l) {
+        if (belady_ != nullptr) belady_->AtStep(static_cast<int64_t>(r) * g_.n_layer + l);
         DistinctExperts(r, l);
         for (int32_t e : distinct_) pinned_[Index(l, e)] = 1;
         for (int32_t e : distinct_) Demand(PackExpertKey(l, e));
@@ -170,6 +255,7 @@ class Simulator {
     stats_.prefetch_bytes += issued * stats_.expert_bytes;
   }
 
+  BeladyBound* const belady_;
   const RoutingTrace& trace_;
   const TraceGeometry& g_;
   const ReplayOptions& o_;
@@ -201,8 +287,17 @@ absl::StatusOr<ReplayStats> Replay(const RoutingTrace& trace, const ReplayOption
   if (options.prefetch_budget < 0) return absl::InvalidArgumentError("prefetch budget must be >= 0");
   if (!(options.confidence >= 0 && options.confidence <= 1))
     return absl::InvalidArgumentError("prefetch confidence must be in [0, 1]");
+  if (options.policy == "opt") {
+    if (options.prefetch) return absl::InvalidArgumentError("the opt bound reads the future: it takes no prefetch");
+    if (options.slots < 1 || options.slots > ReplacementPolicy::kMaxCapacity)
+      return absl::InvalidArgumentError(absl::StrCat("cache capacity ", options.slots, " is out of range"));
+    auto belady = std::make_unique<BeladyBound>(options.slots, trace);
+    BeladyBound* const bound = belady.get();
+    Simulator sim(trace, options, std::move(belady), bound, expert_bytes);
+    return sim.Run();
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<ReplacementPolicy> policy, CreatePolicy(options.policy, options.slots));
-  Simulator sim(trace, options, std::move(policy), expert_bytes);
+  Simulator sim(trace, options, std::move(policy), nullptr, expert_bytes);
   return sim.Run();
 }
 

@@ -38,8 +38,10 @@
 namespace mer::trace {
 
 struct ReplayOptions {
-  int64_t slots = 0;           // >= 1
-  std::string policy = "lru";  // "lru", "lfu", "arc"
+  int64_t slots = 0;  // >= 1
+  // "lru", "lfu", "arc", or "opt": Belady's MIN, which reads the future from the trace (no prefetch),
+  // the fewest misses any policy can have with these slots.
+  std::string policy = "lru";
   bool prefetch = false;
   double confidence = 0.3;      // prefetch threshold on the predictor's confidence
   int32_t prefetch_budget = 0;  // prefetch reads per layer step; 0 = the trace's top_k

@@ -49,6 +49,48 @@ RoutingTrace SkewedTrace(int n_layer, int n_expert, int top_k, int tokens, doubl
   return t;
 }
 
+// Belady's MIN, 2 slots, 1 layer x 4 experts, top-1, lookups 0 1 2 0 1 3 0 1:
+//   0 miss, 1 miss; 2 miss, evicts 1 (next used at step 4, 0 at step 3); 0 hit; 1 miss, evicts 2
+//   (never used again); 3 miss, evicts 1 (next at 7, 0 at 6); 0 hit; 1 miss. 6 misses; LRU has 8.
+TEST(Replay, HandCheckedBeladyBound) {
+  const RoutingTrace t = DecodeTrace({1, 4, 1, 1000}, {{0}, {1}, {2}, {0}, {1}, {3}, {0}, {1}});
+  ReplayOptions o;
+  o.slots = 2;
+  o.policy = "opt";
+  auto s = Replay(t, o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->lookups, 8);
+  EXPECT_EQ(s->misses, 6);
+  o.policy = "lru";
+  EXPECT_EQ(Replay(t, o)->misses, 8);
+  o.policy = "opt";
+  o.prefetch = true;
+  EXPECT_EQ(Replay(t, o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// No policy misses less than the bound, and on skewed routing the bound is well below them all.
+TEST(Replay, NoPolicyBeatsTheBeladyBound) {
+  const RoutingTrace t = SkewedTrace(8, 32, 4, 300, 0.675, 5);
+  for (double fraction : {0.125, 0.25, 0.5}) {
+    ReplayOptions o;
+    o.slots = SlotsForFraction(t.geometry(), fraction);
+    o.policy = "opt";
+    const ReplayStats bound = *Replay(t, o);
+    EXPECT_GT(bound.misses, 0);
+    for (const std::string& p : PolicyNames()) {
+      for (bool prefetch : {false, true}) {
+        o.policy = p;
+        o.prefetch = prefetch;
+        const ReplayStats s = *Replay(t, o);
+        EXPECT_GE(s.misses, bound.misses) << p << " " << fraction << " " << prefetch;
+        if (!prefetch) {
+          EXPECT_GT(s.misses, bound.misses) << p << " " << fraction;
+        }
+      }
+    }
+  }
+}
+
 TEST(Replay, SlotsForFraction) {
   const TraceGeometry small{12, 32, 4, 0};
   EXPECT_EQ(SlotsForFraction(small, 0.125), 48);
