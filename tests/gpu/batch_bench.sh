@@ -225,6 +225,18 @@ misses=$(d 'mer_expert_misses_total{tier="ram"}')
 note "residency: $lookups RAM lookups, $misses misses$( [ "$(calc '%d' "$lookups > 0")" = 1 ] &&
       echo ", hit rate $(calc '%.4f' "1 - $misses / $lookups")"), read $(calc '%.1f' "$(d mer_expert_read_bytes_total) / 1048576") MiB" \
      "($(calc '%.1f' "$(d mer_expert_read_bytes_total) / 1048576 / ($(m "$WORK/compute.after" mer_generated_tokens_total) - $(m "$WORK/compute.before" mer_generated_tokens_total) + 1e-9)") MiB per generated token)"
+# The disk bound (docs/benchmarks.md): the disk's speed, as it warmed the RAM tier at start, over the
+# bytes read from the store per generated token; the run's generated tokens/s as a share of it.
+gen_tokens=$(calc '%.0f' "$(m "$WORK/compute.after" mer_generated_tokens_total) - $(m "$WORK/compute.before" mer_generated_tokens_total)")
+read_bytes=$(d mer_expert_read_bytes_total)
+warm_gbps=$(sed -n 's/.*RAM tier warmed: .*(\([0-9.]*\) GB\/s).*/\1/p' "$WORK/residency.log" | tail -1)
+throughput=$(sed -n 's/^throughput: \([0-9.]*\) generated tokens\/s.*/\1/p' "$OUT/loadgen.log" | tail -1)
+if [ -n "$warm_gbps" ] && [ -n "$throughput" ] && [ "$(calc '%d' "$read_bytes > 0 && $gen_tokens > 0")" = 1 ]; then
+  bound=$(calc '%.2f' "$warm_gbps * 1e9 / ($read_bytes / $gen_tokens)")
+  note "residency: disk bound $bound tokens/s ($warm_gbps GB/s at warm-up over" \
+       "$(calc '%.1f' "$read_bytes / $gen_tokens / 1e6") MB read per generated token); generated $throughput tokens/s," \
+       "$(calc '%.2f' "$throughput / $bound") of the bound"
+fi
 D=gateway
 # The gateway's page carries all three daemons' series, each labelled daemon="...".
 note "gateway: requests ok $(d 'mer_requests_total{daemon="gateway",status="OK"}'), TTFT mean" \
