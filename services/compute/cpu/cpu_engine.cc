@@ -395,7 +395,8 @@ absl::Status CpuEngine::MoE(int layer, int n) {
     experts_.ReleaseLayer(layer);
   }
 
-  if (options_.exchange != nullptr) RETURN_IF_ERROR(options_.exchange->SumAcrossRanks(expert_out_.data(), n * K * E));
+  if (options_.exchange != nullptr)
+    RETURN_IF_ERROR(options_.exchange->SumAcrossRanks(expert_out_.data(), size_t(n) * K * E));
 
   // Weighted sum in top-k order (each product rounded, then added, as ggml's mul + add chain).
   for (int t = 0; t < n; ++t) {
