@@ -17,12 +17,15 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 
 namespace mer {
 
-// Which experts a rank holds and which (token, expert) pairs it runs. Expert e of every layer is
-// placed on rank e mod n_ranks; a replicated expert (a hot one) is held by every rank, and its
-// pairs are spread over the ranks by token index, so that no rank runs all of a hot expert's rows.
+// Which experts a rank holds and which rank runs each (token, expert) pair of a step. Expert e of
+// every layer is placed on rank e mod n_ranks; a replicated expert (a hot one) is held by every
+// rank. Its pairs go, in pair order, each to the holder with the fewest pairs of the layer so far
+// (ties to the lower rank), after every pair of a placed-once expert went to its owner: the
+// ranks' loads even out, and every rank, computing from the same routing, assigns alike.
 class ExpertPlacement {
  public:
   // InvalidArgument unless 1 <= n_ranks and 0 <= rank < n_ranks.
@@ -33,20 +36,18 @@ class ExpertPlacement {
 
   // Places (layer, expert) on every rank. Every rank of a group must replicate the same experts.
   void Replicate(int layer, int expert) { replicated_.insert({layer, expert}); }
-
-  // Whether this rank's arena holds (layer, expert).
-  bool Holds(int layer, int expert) const { return IsReplicated(layer, expert) || expert % n_ranks_ == rank_; }
-  // The rank that runs `token`'s pair with (layer, expert); `token` is its index in the step.
-  int RunnerOf(int layer, int expert, int token) const {
-    return IsReplicated(layer, expert) ? token % n_ranks_ : expert % n_ranks_;
-  }
-  bool Runs(int layer, int expert, int token) const { return RunnerOf(layer, expert, token) == rank_; }
-
- private:
-  ExpertPlacement(int n_ranks, int rank) : n_ranks_(n_ranks), rank_(rank) {}
   bool IsReplicated(int layer, int expert) const {
     return !replicated_.empty() && replicated_.count({layer, expert}) != 0;
   }
+
+  // Whether this rank's arena holds (layer, expert).
+  bool Holds(int layer, int expert) const { return IsReplicated(layer, expert) || expert % n_ranks_ == rank_; }
+  // runners[i] = the rank that runs pair i of a layer's routing `experts` (pair i is token i / k's
+  // slot i % k), for every pair.
+  void AssignRunners(int layer, absl::Span<const int32_t> experts, absl::Span<int32_t> runners) const;
+
+ private:
+  ExpertPlacement(int n_ranks, int rank) : n_ranks_(n_ranks), rank_(rank) {}
 
   int n_ranks_ = 1;
   int rank_ = 0;
@@ -62,8 +63,8 @@ class ExpertExchange {
   // An error once the group has failed (Fail, or a rank gone): the step cannot complete.
   virtual absl::Status SumAcrossRanks(float* values, size_t count) = 0;
   // Called by a rank that cannot reach its next exchange (its expert source failed, say): the other
-  // ranks' waiting exchanges, and every later one, return `why`. A group that failed stays failed
-  // (as an NCCL communicator, which cannot shrink, is aborted and made anew).
+  // ranks' waiting exchanges, and every later one, return `why`. A group that failed stays failed,
+  // as an aborted NCCL communicator does: the ranks make a new group.
   virtual void Fail(const absl::Status& why) = 0;
 };
 

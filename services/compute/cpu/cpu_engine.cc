@@ -93,6 +93,7 @@ absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Create(const ModelWeights&
   e->gate_.resize(T * K * c.n_ff_exp);
   e->up_.resize(T * K * c.n_ff_exp);
   e->expert_out_.resize(T * K * c.n_embd);
+  if (o.placement != nullptr) e->pair_runners_.resize(T * K);
   e->rope_cos_.resize(T * c.head_dim / 2);
   e->rope_sin_.resize(T * c.head_dim / 2);
   e->used_experts_.reserve(c.n_expert);
@@ -284,9 +285,10 @@ absl::Status CpuEngine::MoE(int layer, int n) {
   // A rank of an expert-parallel group takes only the pairs placed on it; the others' outputs are
   // zeros until the exchange below fills them in.
   const ExpertPlacement* placement = options_.placement;
-  const auto runs_here = [&](int pair) {
-    return placement == nullptr || placement->Runs(layer, chosen_[pair], pair / K);
-  };
+  if (placement != nullptr)
+    placement->AssignRunners(layer, absl::MakeConstSpan(chosen_.data(), n * K),
+                             absl::MakeSpan(pair_runners_.data(), n * K));
+  const auto runs_here = [&](int pair) { return placement == nullptr || pair_runners_[pair] == placement->rank(); };
   used_experts_.clear();
   for (int i = 0; i < n * K; ++i) {
     if (!runs_here(i)) {

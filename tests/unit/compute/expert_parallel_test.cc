@@ -29,6 +29,8 @@ TEST(ExpertPlacement, EveryPairHasOneRunnerWhichHoldsItsExpert) {
   EXPECT_FALSE(ExpertPlacement::Create(0, 0).ok());
   EXPECT_FALSE(ExpertPlacement::Create(2, 2).ok());
   EXPECT_FALSE(ExpertPlacement::Create(2, -1).ok());
+  // Two layers' routing of 3 tokens, top-4 of 16 experts; expert 5 of layer 1 replicated.
+  const std::vector<int32_t> routing = {1, 5, 9, 13, 5, 2, 3, 4, 0, 5, 6, 7};
   for (int n_ranks : {1, 2, 3, 4}) {
     std::vector<ExpertPlacement> ranks;
     for (int r = 0; r < n_ranks; ++r) {
@@ -40,23 +42,35 @@ TEST(ExpertPlacement, EveryPairHasOneRunnerWhichHoldsItsExpert) {
         int holders = 0;
         for (const ExpertPlacement& p : ranks) holders += p.Holds(layer, expert);
         EXPECT_EQ(holders, layer == 1 && expert == 5 ? n_ranks : 1) << layer << " " << expert;
-        std::set<int> runners;
-        for (int token = 0; token < 8; ++token) {
-          int running = 0;
-          for (const ExpertPlacement& p : ranks) {
-            if (!p.Runs(layer, expert, token)) continue;
-            ++running;
-            EXPECT_TRUE(p.Holds(layer, expert));
-            EXPECT_EQ(p.RunnerOf(layer, expert, token), p.rank());
-          }
-          EXPECT_EQ(running, 1);
-          runners.insert(ranks[0].RunnerOf(layer, expert, token));
-        }
-        // A replicated expert's rows are spread over every rank; another runs on its owner alone.
-        EXPECT_EQ(runners.size(), layer == 1 && expert == 5 ? size_t(n_ranks) : 1u);
+      }
+      // Every rank assigns the same runners, and each runner holds its pair's expert.
+      std::vector<int32_t> want(routing.size());
+      ranks[0].AssignRunners(layer, routing, absl::MakeSpan(want));
+      for (const ExpertPlacement& p : ranks) {
+        std::vector<int32_t> got(routing.size());
+        p.AssignRunners(layer, routing, absl::MakeSpan(got));
+        EXPECT_EQ(got, want) << n_ranks;
+      }
+      for (size_t i = 0; i < routing.size(); ++i) {
+        ASSERT_TRUE(want[i] >= 0 && want[i] < n_ranks);
+        EXPECT_TRUE(ranks[want[i]].Holds(layer, routing[i])) << layer << " pair " << i;
       }
     }
   }
+  // 4 ranks, layer 1: experts 1, 9, 13 and 5 -> rank 1 owns 1, 5 (placed once at layer 0), 9 and
+  // 13; at layer 1 expert 5's three pairs go to the least loaded ranks, one each, not to rank 1.
+  std::vector<ExpertPlacement> four;
+  for (int r = 0; r < 4; ++r) {
+    four.push_back(*ExpertPlacement::Create(4, r));
+    four.back().Replicate(1, 5);
+  }
+  std::vector<int32_t> runners(routing.size());
+  four[0].AssignRunners(0, routing, absl::MakeSpan(runners));
+  EXPECT_EQ(runners, (std::vector<int32_t>{1, 1, 1, 1, 1, 2, 3, 0, 0, 1, 2, 3}));
+  four[0].AssignRunners(1, routing, absl::MakeSpan(runners));
+  // Placed once: 1, 9, 13 -> 1; 2 -> 2; 3 -> 3; 4, 0 -> 0; 6 -> 2; 7 -> 3: loads 2, 3, 2, 2. The
+  // replicated 5s (pairs 1, 4, 9) go to ranks 0, 2, 3.
+  EXPECT_EQ(runners, (std::vector<int32_t>{1, 0, 1, 1, 2, 2, 3, 0, 0, 3, 2, 3}));
 }
 
 // The weights' experts, recording which experts were acquired and failing from `fail_at_call` on.
