@@ -3,9 +3,11 @@
 //   record  generation with a TraceWriter as the engine's routing observer
 //   replay  one policy / budget / prefetch setting
 //   sweep   every policy x budgets 12.5/25/50% x prefetch off/on
+//   ranks   the spread of the expert work over expert-parallel ranks
 //   run     the trace's routes as preselected routes of a backend, a digest of the logits per record
 #include <cstdio>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -18,6 +20,7 @@
 #include "services/compute/generation.h"
 #include "services/residency/policy/replacement_policy.h"
 #include "tools/mer/cli_util.h"
+#include "tools/trace/rank_load.h"
 #include "tools/trace/replay.h"
 #include "tools/trace/route_replay.h"
 #include "tools/trace/routing_trace.h"
@@ -26,6 +29,9 @@
 namespace mer::cli {
 namespace {
 
+using trace::RankLoad;
+using trace::RankLoadOptions;
+using trace::RankLoadStats;
 using trace::ReadTraceFile;
 using trace::RecordGeneration;
 using trace::Replay;
@@ -49,6 +55,7 @@ constexpr char kHelp[] =
        mer trace sweep  --trace T.trace [--budgets 12.5,25,50] [--confidence 0.3]
                         [--prefetch-budget K] [--expert-bytes B] [--bandwidth 1.5]
                         [--latency-us 100] [--decode-only]
+       mer trace ranks  --trace T.trace [--ranks 2,4,8] [--replicate 0,4,16] [--prompt]
        mer trace run    --trace T.trace --model F.gguf (--prompt TEXT | --prompt-tokens 1,2,3)
                         [--backend cpu|cuda] [--threads N] [--batch N] [--ctx N]
                         [--vram-expert-budget B|P%] [--pin-experts 0|1] [--vram-prefetch 0|1]
@@ -66,6 +73,11 @@ replay: simulates an expert cache of --slots slots, or --budget (a percentage or
   Belady's MIN, which evicts the expert used farthest ahead, reading the future from the trace (no
   prefetch).
 sweep: the replay table for every policy, the --budgets and prefetch off and on, then the opt bound.
+ranks: how evenly expert parallelism spreads the trace's expert work: for each --ranks N and each
+  --replicate R (the R most used experts of each layer held by every rank, their pairs given to
+  the least loaded ranks), every layer's pairs assigned as the ranks would, and the expert work's
+  speed-up over one rank (pairs over the busiest rank's, summed over layer steps) and each rank's
+  share of time at work. Decode records only unless --prompt.
 run: computes the trace on a backend with its routes given (preselected routes: every layer of
   every record routed as recorded, weighted by the router's probabilities of those experts): the
   prompt (the one the trace was recorded with) in the trace's prompt chunks, then each decode
@@ -244,6 +256,34 @@ absl::Status SweepCommand(const Args& args) {
   return absl::OkStatus();
 }
 
+absl::Status RanksCommand(const Args& args) {
+  ASSIGN_OR_RETURN(Flags f, Flags::Parse(args, {"trace", "ranks", "replicate"}, {"prompt"}));
+  ASSIGN_OR_RETURN(const RoutingTrace trace, LoadTrace(f));
+  std::vector<int> ranks, replicate;
+  for (auto [flag, fallback, out] : {std::tuple{"ranks", "2,4,8", &ranks}, std::tuple{"replicate", "0", &replicate}}) {
+    for (absl::string_view v : absl::StrSplit(f.String(flag, fallback), ',')) {
+      int n;
+      if (!absl::SimpleAtoi(v, &n) || n < 0 || n > (1 << 16))
+        return absl::InvalidArgumentError(absl::StrCat("--", flag, ": a list of counts, got '", v, "'"));
+      out->push_back(n);
+    }
+  }
+  std::printf("%s\n\n", Describe(trace, f.String("trace"), trace.geometry().expert_bytes).c_str());
+  std::printf("| ranks | replicated per layer | expert work speed-up | ranks at work |\n");
+  std::printf("|------:|---------------------:|---------------------:|--------------:|\n");
+  for (int n : ranks) {
+    for (int r : replicate) {
+      RankLoadOptions o;
+      o.n_ranks = n;
+      o.replicate_per_layer = r;
+      o.count_prompt = f.Has("prompt");
+      ASSIGN_OR_RETURN(const RankLoadStats s, RankLoad(trace, o));
+      std::printf("| %d | %d | %.2fx | %.1f%% |\n", n, r, s.speedup(), 100 * s.efficiency());
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RunCommand(const Args& args) {
   std::vector<std::string> flags = kEngineFlags;
   for (const char* f : {"trace", "prompt", "prompt-tokens"}) flags.push_back(f);
@@ -284,10 +324,13 @@ int RunTrace(const Args& args) {
     s = ReplayCommand(rest);
   else if (sub == "sweep")
     s = SweepCommand(rest);
+  else if (sub == "ranks")
+    s = RanksCommand(rest);
   else if (sub == "run")
     s = RunCommand(rest);
   else
-    s = absl::InvalidArgumentError(absl::StrCat("unknown subcommand '", sub, "' (record, replay, sweep or run)"));
+    s = absl::InvalidArgumentError(
+        absl::StrCat("unknown subcommand '", sub, "' (record, replay, sweep, ranks or run)"));
   return s.ok() ? 0 : Fail("trace", s);
 }
 
