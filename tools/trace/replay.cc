@@ -31,6 +31,31 @@ int64_t SlotsForFraction(const TraceGeometry& g, double fraction) {
 
 namespace {
 
+// The distinct experts a record routes to at a layer (the lookups of that layer step), in order of
+// first use; the vector is reused from call to call.
+class DistinctExperts {
+ public:
+  explicit DistinctExperts(int n_expert) : seen_(n_expert, 0) { distinct_.reserve(n_expert); }
+  const std::vector<int32_t>& Of(const RoutingTrace& trace, size_t record, int layer) {
+    distinct_.clear();
+    if (++stamp_ == 0) {
+      std::fill(seen_.begin(), seen_.end(), 0);
+      stamp_ = 1;
+    }
+    for (uint16_t e : trace.Experts(record, layer)) {
+      if (seen_[e] == stamp_) continue;
+      seen_[e] = stamp_;
+      distinct_.push_back(e);
+    }
+    return distinct_;
+  }
+
+ private:
+  std::vector<uint32_t> seen_;
+  uint32_t stamp_ = 0;
+  std::vector<int32_t> distinct_;
+};
+
 // Belady's MIN: evicts the resident key whose next use lies farthest ahead (one never used again
 // first). It reads the future from the trace, so no tier could run it: its misses are the fewest
 // any replacement policy can have with the same slots (demand only), the bound the real policies
@@ -41,17 +66,11 @@ class BeladyBound final : public ReplacementPolicy {
     const size_t keys = static_cast<size_t>(g_.n_layer) * g_.n_expert;
     uses_.resize(keys);
     next_.assign(keys, kAbsent);
-    std::vector<uint32_t> seen(g_.n_expert, 0);
-    uint32_t stamp = 0;
+    DistinctExperts distinct(g_.n_expert);
     for (size_t r = 0; r < trace.records().size(); ++r) {
       for (int l = 0; l < g_.n_layer; ++l) {
-        ++stamp;
         const int64_t step = static_cast<int64_t>(r) * g_.n_layer + l;
-        for (uint16_t e : trace.Experts(r, l)) {
-          if (seen[e] == stamp) continue;
-          seen[e] = stamp;
-          uses_[Index(PackExpertKey(l, e))].push_back(step);
-        }
+        for (int32_t e : distinct.Of(trace, r, l)) uses_[Index(PackExpertKey(l, e))].push_back(step);
       }
     }
   }
@@ -121,12 +140,11 @@ class Simulator {
         o_(o),
         policy_(std::move(policy)),
         predictor_(g_.n_layer, g_.n_expert, o.predictor),
-        budget_(o.prefetch_budget > 0 ? o.prefetch_budget : g_.top_k) {
+        budget_(o.prefetch_budget > 0 ? o.prefetch_budget : g_.top_k),
+        distinct_(g_.n_expert) {
     const size_t keys = static_cast<size_t>(g_.n_layer) * g_.n_expert;
     pinned_.assign(keys, 0);
     prefetched_.assign(keys, 0);
-    seen_.assign(g_.n_expert, 0);
-    distinct_.reserve(g_.n_expert);
     token_.resize(g_.top_k);
     stats_.slots = o.slots;
     stats_.expert_bytes = expert_bytes;
@@ -142,16 +160,16 @@ class Simulator {
       const bool prefetch = o_.prefetch && decode && rec.n_tokens == 1;
       for (int l = 0; l < g_.n_layer; ++l) {
         if (belady_ != nullptr) belady_->AtStep(static_cast<int64_t>(r) * g_.n_layer + l);
-        DistinctExperts(r, l);
-        for (int32_t e : distinct_) pinned_[Index(l, e)] = 1;
-        for (int32_t e : distinct_) Demand(PackExpertKey(l, e));
+        const std::vector<int32_t>& distinct = distinct_.Of(trace_, r, l);
+        for (int32_t e : distinct) pinned_[Index(l, e)] = 1;
+        for (int32_t e : distinct) Demand(PackExpertKey(l, e));
         if (prefetch) {
           // Learn this layer, then guess the next one (layer 0 of the next token after the last).
           Observe(r, 0, l);
           const bool last = l + 1 == g_.n_layer;
           if (!last || r + 1 < records.size()) Prefetch(last ? 0 : l + 1);
         }
-        for (int32_t e : distinct_) pinned_[Index(l, e)] = 0;
+        for (int32_t e : distinct) pinned_[Index(l, e)] = 0;
       }
       if (o_.prefetch && !prefetch) {  // the predictor learns from batches too
         for (int32_t t = 0; t < rec.n_tokens; ++t)
@@ -170,19 +188,6 @@ class Simulator {
  private:
   size_t Index(int layer, int expert) const { return static_cast<size_t>(layer) * g_.n_expert + expert; }
   size_t Index(ExpertKey k) const { return Index(KeyLayer(k), KeyExpert(k)); }
-
-  void DistinctExperts(size_t r, int l) {
-    distinct_.clear();
-    if (++stamp_ == 0) {
-      std::fill(seen_.begin(), seen_.end(), 0);
-      stamp_ = 1;
-    }
-    for (uint16_t e : trace_.Experts(r, l)) {
-      if (seen_[e] == stamp_) continue;
-      seen_[e] = stamp_;
-      distinct_.push_back(e);
-    }
-  }
 
   void Observe(size_t r, int32_t t, int l) {
     absl::Span<const uint16_t> ids = trace_.Experts(r, l).subspan(static_cast<size_t>(t) * g_.top_k, g_.top_k);
@@ -266,9 +271,7 @@ class Simulator {
   ReplayStats stats_;
   std::vector<uint8_t> pinned_;      // [layer * n_expert + expert]
   std::vector<uint8_t> prefetched_;  // resident, prefetched, not yet used
-  std::vector<uint32_t> seen_;
-  uint32_t stamp_ = 0;
-  std::vector<int32_t> distinct_;
+  DistinctExperts distinct_;
   std::vector<int32_t> token_;
   std::vector<ExpertPrediction> predictions_;
   std::vector<ExpertKey> step_;
