@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/check.h"
 
 namespace mer {
 
@@ -14,10 +14,12 @@ absl::StatusOr<ExpertPlacement> ExpertPlacement::Create(int n_ranks, int rank) {
   return ExpertPlacement(n_ranks, rank);
 }
 
-void ExpertPlacement::AssignRunners(int layer, absl::Span<const int32_t> experts, absl::Span<int32_t> runners) const {
+void ExpertPlacement::AssignRunners(int layer, absl::Span<const int32_t> experts, absl::Span<int32_t> runners,
+                                    absl::Span<int64_t> load) const {
+  CHECK(load.size() == static_cast<size_t>(n_ranks_));
   // Placed-once experts first: their pairs have one possible runner and set the loads that the
   // replicated experts' pairs then even out.
-  std::vector<int64_t> load(n_ranks_, 0);
+  std::fill(load.begin(), load.end(), 0);
   for (size_t i = 0; i < experts.size(); ++i) {
     runners[i] = IsReplicated(layer, experts[i]) ? -1 : experts[i] % n_ranks_;
     if (runners[i] >= 0) ++load[runners[i]];

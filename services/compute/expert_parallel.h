@@ -43,8 +43,10 @@ class ExpertPlacement {
   // Whether this rank's arena holds (layer, expert).
   bool Holds(int layer, int expert) const { return IsReplicated(layer, expert) || expert % n_ranks_ == rank_; }
   // runners[i] = the rank that runs pair i of a layer's routing `experts` (pair i is token i / k's
-  // slot i % k), for every pair.
-  void AssignRunners(int layer, absl::Span<const int32_t> experts, absl::Span<int32_t> runners) const;
+  // slot i % k), for every pair. `load` (n_ranks entries) is scratch, left holding each rank's
+  // pairs: the caller owns it, so that a step allocates nothing.
+  void AssignRunners(int layer, absl::Span<const int32_t> experts, absl::Span<int32_t> runners,
+                     absl::Span<int64_t> load) const;
 
  private:
   ExpertPlacement(int n_ranks, int rank) : n_ranks_(n_ranks), rank_(rank) {}

@@ -41,9 +41,7 @@ absl::StatusOr<RankLoadStats> RankLoad(const RoutingTrace& trace, const RankLoad
       const absl::Span<const uint16_t> ids = trace.Experts(r, l);
       experts.assign(ids.begin(), ids.end());
       runners.resize(experts.size());
-      placement.AssignRunners(l, experts, absl::MakeSpan(runners));
-      std::fill(load.begin(), load.end(), 0);
-      for (int32_t rank : runners) ++load[rank];
+      placement.AssignRunners(l, experts, absl::MakeSpan(runners), absl::MakeSpan(load));
       ++s.layer_steps;
       s.pairs += static_cast<int64_t>(experts.size());
       s.busiest_pairs += *std::max_element(load.begin(), load.end());

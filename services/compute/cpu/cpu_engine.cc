@@ -93,7 +93,10 @@ absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Create(const ModelWeights&
   e->gate_.resize(T * K * c.n_ff_exp);
   e->up_.resize(T * K * c.n_ff_exp);
   e->expert_out_.resize(T * K * c.n_embd);
-  if (o.placement != nullptr) e->pair_runners_.resize(T * K);
+  if (o.placement != nullptr) {
+    e->pair_runners_.resize(T * K);
+    e->rank_load_.resize(o.placement->n_ranks());
+  }
   e->rope_cos_.resize(T * c.head_dim / 2);
   e->rope_sin_.resize(T * c.head_dim / 2);
   e->used_experts_.reserve(c.n_expert);
@@ -287,7 +290,7 @@ absl::Status CpuEngine::MoE(int layer, int n) {
   const ExpertPlacement* placement = options_.placement;
   if (placement != nullptr)
     placement->AssignRunners(layer, absl::MakeConstSpan(chosen_.data(), n * K),
-                             absl::MakeSpan(pair_runners_.data(), n * K));
+                             absl::MakeSpan(pair_runners_.data(), n * K), absl::MakeSpan(rank_load_));
   const auto runs_here = [&](int pair) { return placement == nullptr || pair_runners_[pair] == placement->rank(); };
   used_experts_.clear();
   for (int i = 0; i < n * K; ++i) {

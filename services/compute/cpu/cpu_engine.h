@@ -130,6 +130,7 @@ class CpuEngine final : public ComputeBackend {
   std::vector<int32_t> group_pairs_;   // (t * k + j) sorted by expert
   std::vector<int32_t> group_fill_;    // scratch of the grouping
   std::vector<int32_t> pair_runners_;  // [T * k] the rank that runs each pair (expert parallelism)
+  std::vector<int64_t> rank_load_;     // [n_ranks] AssignRunners' scratch
   std::vector<ExpertWeights> expert_views_;
   std::vector<int32_t> output_rows_;  // batch indices that want logits
 };

@@ -44,11 +44,12 @@ TEST(ExpertPlacement, EveryPairHasOneRunnerWhichHoldsItsExpert) {
         EXPECT_EQ(holders, layer == 1 && expert == 5 ? n_ranks : 1) << layer << " " << expert;
       }
       // Every rank assigns the same runners, and each runner holds its pair's expert.
+      std::vector<int64_t> load(n_ranks);
       std::vector<int32_t> want(routing.size());
-      ranks[0].AssignRunners(layer, routing, absl::MakeSpan(want));
+      ranks[0].AssignRunners(layer, routing, absl::MakeSpan(want), absl::MakeSpan(load));
       for (const ExpertPlacement& p : ranks) {
         std::vector<int32_t> got(routing.size());
-        p.AssignRunners(layer, routing, absl::MakeSpan(got));
+        p.AssignRunners(layer, routing, absl::MakeSpan(got), absl::MakeSpan(load));
         EXPECT_EQ(got, want) << n_ranks;
       }
       for (size_t i = 0; i < routing.size(); ++i) {
@@ -65,12 +66,14 @@ TEST(ExpertPlacement, EveryPairHasOneRunnerWhichHoldsItsExpert) {
     four.back().Replicate(1, 5);
   }
   std::vector<int32_t> runners(routing.size());
-  four[0].AssignRunners(0, routing, absl::MakeSpan(runners));
+  std::vector<int64_t> load4(4);
+  four[0].AssignRunners(0, routing, absl::MakeSpan(runners), absl::MakeSpan(load4));
   EXPECT_EQ(runners, (std::vector<int32_t>{1, 1, 1, 1, 1, 2, 3, 0, 0, 1, 2, 3}));
-  four[0].AssignRunners(1, routing, absl::MakeSpan(runners));
+  four[0].AssignRunners(1, routing, absl::MakeSpan(runners), absl::MakeSpan(load4));
   // Placed once: 1, 9, 13 -> 1; 2 -> 2; 3 -> 3; 4, 0 -> 0; 6 -> 2; 7 -> 3: loads 2, 3, 2, 2. The
   // replicated 5s (pairs 1, 4, 9) go to ranks 0, 2, 3.
   EXPECT_EQ(runners, (std::vector<int32_t>{1, 0, 1, 1, 2, 2, 3, 0, 0, 3, 2, 3}));
+  EXPECT_EQ(load4, (std::vector<int64_t>{3, 3, 3, 3}));
 }
 
 // The weights' experts, recording which experts were acquired and failing from `fail_at_call` on.
