@@ -1027,7 +1027,12 @@ void EngineRowDots(GgmlType type, const uint8_t* rows, int64_t n_rows, const uin
 // h and the down output bit for bit.
 // tolerance: 0 for the CPU's bits; else the bound of Mismatch for the gate/up outputs and 1,000
 // times it for down's (whose input h, quantized to Q8_0 again, may round differently from the CPU's).
-void ExpertsMatchCpuFor(const ExpertMix& mix, int n, double tolerance = 0) {
+// The GPU's outputs of one ExpertsMatchCpuFor case: SwiGLU h [pairs, n_ff] and down [pairs, n_embd].
+struct ExpertOutputs {
+  std::vector<float> h, out;
+};
+
+ExpertOutputs ExpertsMatchCpuFor(const ExpertMix& mix, int n, double tolerance = 0) {
   const int NE = 6, K = 2;
   auto align = [](int64_t b) { return (b + 255) / 256 * 256; };
   auto weights = [](GgmlType type, int64_t rows, int64_t cols, bool raw) {
@@ -1137,8 +1142,9 @@ void ExpertsMatchCpuFor(const ExpertMix& mix, int n, double tolerance = 0) {
   const std::string name = std::string(TypeName(mix.gate)) + " gate, " + std::string(TypeName(up_type)) + " up, " +
                            std::string(TypeName(mix.down)) + " down, " + std::to_string(n) + " tokens";
   const double h_bound = n > 1 ? tolerance : 0, out_bound = n > 1 ? 1000 * tolerance : 0;
-  EXPECT_EQ(Mismatch(ToHost(h, n_pairs * F), h_want, F, h_bound), "") << name << ": SwiGLU output h (token = pair)";
-  EXPECT_EQ(Mismatch(ToHost(out, n_pairs * E), out_want, E, out_bound), "") << name << ": down output (token = pair)";
+  ExpertOutputs got{ToHost(h, n_pairs * F), ToHost(out, n_pairs * E)};
+  EXPECT_EQ(Mismatch(got.h, h_want, F, h_bound), "") << name << ": SwiGLU output h (token = pair)";
+  EXPECT_EQ(Mismatch(got.out, out_want, E, out_bound), "") << name << ": down output (token = pair)";
   if (n == 1 && cuda::ExpertDownConvertsInput(a.down_type, F)) {
     float* out_f32 = DeviceNaN<float>(n_pairs * E);
     cuda::LaunchExpertDownFromF32(a, h, out_f32, nullptr);
@@ -1149,6 +1155,7 @@ void ExpertsMatchCpuFor(const ExpertMix& mix, int n, double tolerance = 0) {
   for (void* p :
        {(void*)arena, (void*)d_slots, (void*)d_chosen, (void*)buf, (void*)lookups, (void*)dx, (void*)h, (void*)out})
     CUDA_CHECK(cudaFree(p));
+  return got;
 }
 
 TEST(CudaKernels, ExpertsMatchCpu) {
@@ -1232,5 +1239,104 @@ TEST(CudaKernels, Q8_0ExpertsMatchCpu) {
   }
   cuda::SetMultiTokenQ8_0(MultiTokenQ8_0::kAuto);
 }
+
+// The fast form's products of n tokens by Q8_0 matrices of `rows` each over `cols` columns, all in
+// one launch as Q/K/V (the last with a residual), with the shared-memory tiles wherever they fit
+// or never (cuda::SetFastTiles); *cpu: the CPU engine's products. The same seed for the same case.
+std::vector<float> FastQ8_0Matvec(const std::vector<int64_t>& rows, int64_t cols, int n, bool tiled,
+                                  std::vector<float>* cpu) {
+  rng.seed(static_cast<unsigned>(7 * cols + n));
+  cuda::SetMultiTokenQ8_0(cuda::MultiTokenQ8_0::kMmaFast);
+  cuda::SetFastTiles(tiled ? cuda::FastTiles::kAlways : cuda::FastTiles::kOff);
+  const int64_t rb = RowBytes(GgmlType::kQ8_0, cols);
+  const std::vector<float> x = Random(n * cols);
+  float* dx = ToDevice(x);
+  DeviceAct a(GgmlType::kQ8_0, cols, n);
+  cuda::LaunchQuantize(dx, cols, n, cols, a.act, nullptr);
+  std::vector<uint8_t> act(rb);
+  std::vector<cuda::MatvecOutput> outs;
+  std::vector<void*> buffers = {dx};
+  std::vector<float> want;
+  for (size_t m = 0; m < rows.size(); ++m) {
+    const std::vector<float> wf = Random(rows[m] * cols, 0.05f);
+    std::vector<uint8_t> w(rows[m] * rb);
+    for (int64_t r = 0; r < rows[m]; ++r) QuantizeRow(GgmlType::kQ8_0, &wf[r * cols], &w[r * rb], cols);
+    const bool residual = m + 1 == rows.size();
+    const std::vector<float> res = Random(n * rows[m]);
+    for (int t = 0; t < n; ++t) {
+      QuantizeRow(GgmlType::kQ8_0, &x[t * cols], act.data(), cols);
+      for (int64_t r = 0; r < rows[m]; ++r) {
+        const float dot = VecDot(GgmlType::kQ8_0, &w[r * rb], act.data(), cols);
+        want.push_back(residual ? res[t * rows[m] + r] + dot : dot);
+      }
+    }
+    uint8_t* raw = ToDevice(w);
+    uint8_t* dw = DeviceNaN<uint8_t>(w.size());
+    const cuda::RepackJob job{raw, dw, int64_t(w.size()), cols};
+    cuda::LaunchRepack(static_cast<int>(GgmlType::kQ8_0), &job, 1, nullptr);
+    float* out = residual ? ToDevice(res) : DeviceNaN<float>(n * rows[m]);
+    outs.push_back({cuda::DevMatrix{static_cast<int>(GgmlType::kQ8_0), rows[m], cols, dw}, out, rows[m],
+                    residual ? out : nullptr});
+    buffers.insert(buffers.end(), {raw, dw, out});
+  }
+  cuda::LaunchMatvec(outs.data(), static_cast<int>(outs.size()), a.act, n, nullptr);
+  std::vector<float> got;
+  for (const cuda::MatvecOutput& o : outs) {
+    const std::vector<float> part = ToHost(o.out, n * o.w.rows);
+    got.insert(got.end(), part.begin(), part.end());
+  }
+  for (void* p : buffers) CUDA_CHECK(cudaFree(p));
+  if (cpu != nullptr) *cpu = std::move(want);
+  cuda::SetFastTiles(cuda::FastTiles::kByShape);
+  cuda::SetMultiTokenQ8_0(cuda::MultiTokenQ8_0::kAuto);
+  return got;
+}
+
+// The fast form's shared-memory tiles (mma_q8_0_tiles.cuh) give the warp kernels' bits
+// (mma_q8_0.cuh), for mat-vecs (32 and 64 tokens per tile, tiles spanning two matrices of one
+// launch, tokens and rows that end inside a tile) and experts (2 to ~67 pairs per expert), with the
+// tiles wherever they fit (FastTiles::kAlways); rows that are not a multiple of 16, which the warp
+// kernels do not take, against the CPU within the fast form's bound.
+TEST(CudaKernels, FastTilesGiveTheWarpKernelsBits) {
+  struct Case {
+    std::vector<int64_t> rows;
+    int64_t cols;
+    int n;
+  };
+  for (const Case& c : {Case{{48}, 128, 3}, Case{{48}, 128, 32}, Case{{1040}, 2048, 100}, Case{{64, 16, 16}, 256, 64},
+                        Case{{144, 48, 48}, 4096, 47}, Case{{512}, 768, 130}, Case{{32, 96}, 384, 200}}) {
+    std::vector<float> cpu;
+    const std::vector<float> tiles = FastQ8_0Matvec(c.rows, c.cols, c.n, true, &cpu);
+    const std::vector<float> warps = FastQ8_0Matvec(c.rows, c.cols, c.n, false, nullptr);
+    const std::string name = std::to_string(c.rows[0]) + " rows first, " + std::to_string(c.cols) + " cols, " +
+                             std::to_string(c.n) + " tokens";
+    EXPECT_EQ(Mismatch(tiles, warps, c.rows[0]), "") << name << ": tiles against warp kernels";
+    EXPECT_EQ(Mismatch(tiles, cpu, c.rows[0], 1e-5), "") << name << ": tiles against the CPU";
+  }
+  for (const Case& c : {Case{{70}, 256, 40}, Case{{33, 7}, 128, 64}}) {
+    std::vector<float> cpu;
+    const std::vector<float> tiles = FastQ8_0Matvec(c.rows, c.cols, c.n, true, &cpu);
+    EXPECT_EQ(Mismatch(tiles, cpu, c.rows[0], 1e-5), "") << c.rows[0] << " rows: tiles against the CPU";
+  }
+  cuda::SetMultiTokenQ8_0(cuda::MultiTokenQ8_0::kMmaFast);
+  for (ExpertMix mix :
+       {ExpertMix{GgmlType::kQ8_0, GgmlType::kQ8_0, 2048, 768}, ExpertMix{GgmlType::kQ8_0, GgmlType::kQ8_0, 768, 512},
+        ExpertMix{GgmlType::kQ8_0, GgmlType::kQ8_0, 256, 384}}) {
+    for (int n : {5, 60, 100, 200}) {  // ~2, ~20, ~33 and ~67 pairs per expert: tiles of 32, 32, 32 and 64
+      SCOPED_TRACE(std::to_string(mix.E) + " x " + std::to_string(mix.F) + ", " + std::to_string(n) + " tokens");
+      rng.seed(static_cast<unsigned>(mix.E + n));
+      cuda::SetFastTiles(cuda::FastTiles::kAlways);
+      const ExpertOutputs tiles = ExpertsMatchCpuFor(mix, n, 1e-5);
+      rng.seed(static_cast<unsigned>(mix.E + n));
+      cuda::SetFastTiles(cuda::FastTiles::kOff);
+      const ExpertOutputs warps = ExpertsMatchCpuFor(mix, n, 1e-5);
+      EXPECT_EQ(Mismatch(tiles.h, warps.h, mix.F), "") << "SwiGLU output h: tiles against warp kernels";
+      EXPECT_EQ(Mismatch(tiles.out, warps.out, mix.E), "") << "down output: tiles against warp kernels";
+    }
+  }
+  cuda::SetFastTiles(cuda::FastTiles::kByShape);
+  cuda::SetMultiTokenQ8_0(cuda::MultiTokenQ8_0::kAuto);
+}
+
 }  // namespace
 }  // namespace mer

@@ -35,7 +35,8 @@
 #   peer:       mer beside llama.cpp's CUDA build on the same GGUF, for each of PEER_MODELS
 #               ("LABEL:PRESET:QUANT[:LAYERS[:DEPTH]]", written by `mer synth --row-pool 61 --router-skew
 #               SKEW`, deleted after use): `mer bench --backend cuda --model` at each prompt of
-#               PEER_PROMPTS (every expert in VRAM) for each --multi-token-kernels of PEER_KERNELS,
+#               PEER_PROMPTS (every expert in VRAM) for each --multi-token-kernels of PEER_KERNELS
+#               (each "KERNELS[,VAR=value...]": the environment of that run, e.g. fast,MER_CUDA_MMA_TILED=0),
 #               and a 31-token prompt at each VRAM budget of
 #               PEER_BUDGETS below 100%, then `llama-bench` (LLAMA_BENCH, default the bundle's) on
 #               the same file, all layers on the GPU (-p PEER_PROMPTS -n PEER_GEN, flash attention)
@@ -67,7 +68,7 @@ ENGINE_SECONDS=${ENGINE_SECONDS:-240}
 PROFILE_PROMPTS=${PROFILE_PROMPTS:-"77"}
 PROFILE_BINS=${PROFILE_BINS:-"mer"}  # programs of the bundle to profile in turn (e.g. an older mer beside)
 PROFILE_ENVS=${PROFILE_ENVS:-"MER_CUDA_MMA=auto"}  # an environment setting per profile run, in turn
-BATCH_ENVS=${BATCH_ENVS:-"MER_CUDA_MMA=auto"}   # the same for the batch step
+BATCH_ENVS=${BATCH_ENVS:-"MER_CUDA_MMA=auto"}   # the same for the batch step (settings of a run joined by ',')
 ENGINE_FILTER=${ENGINE_FILTER:-"Seeds/RandomGeometry.*:Corpus/CudaVsCpu.*/tiny_q8_0:Corpus/CudaVsCpu.*/small_q4_k"}
 FAULT_COMPUTE_FLAGS=${FAULT_COMPUTE_FLAGS:-"--backend cuda --vram-expert-budget 50% --miss-path device"}
 ONE_PROCESS=${ONE_PROCESS:-1}  # 0: skip the one-process mer bench of the bench step
@@ -172,7 +173,7 @@ if has_step profile; then
   for bin in $PROFILE_BINS; do
    for env in $PROFILE_ENVS; do
     for p in $PROFILE_PROMPTS; do
-      timeout "$(left 150)" env "$env" "$BUNDLE/run" "$bin" bench --store "$STORE" --residency "$tag" --backend cuda \
+      timeout "$(left 150)" env ${env//,/ } "$BUNDLE/run" "$bin" bench --store "$STORE" --residency "$tag" --backend cuda \
         --vram-expert-budget 100% --prompt-tokens "$p" --gen-tokens 8 --warmup 1 --runs 1 --profile-kernels 1 \
         > "$OUT/profile_${bin}_${env}_$p.log" 2>&1
       note "$env $bin bench --profile-kernels 1, prompt $p tokens: rc=$?"
@@ -230,7 +231,7 @@ fi
 if has_step batch; then
   for env in $BATCH_ENVS; do
     d="$OUT/batch64_$env"
-    env "$env" OUT="$d" STORE="$STORE" STREAMS=64 VRAM_BUDGET=100% RAM_BUDGET=100% \
+    env ${env//,/ } OUT="$d" STORE="$STORE" STREAMS=64 VRAM_BUDGET=100% RAM_BUDGET=100% \
       DEADLINE=$(left 300) timeout "$(left 310)" bash "$here/batch_bench.sh" > /dev/null 2>&1
     note "64 streams ($env): $(grep -E '^(throughput|ttft)' "$d/summary.txt" | tr '\n' ' ')"
     grep -E 'host syncs|tokens per step|FAILED' "$d/summary.txt" | tee -a "$summary"
@@ -247,12 +248,15 @@ if has_step peer; then
          "$(du -BM "$model" | cut -f1); disk free $(df -h --output=avail /tmp | tail -1 | tr -d ' ')"
     "$BUNDLE/run" mer info "$model" > "$OUT/peer_${label}_info.log" 2>&1
     n_layer=$(awk '$1 == "layers" {print $2}' "$OUT/peer_${label}_info.log")
-    for k in $PEER_KERNELS; do
+    for kspec in $PEER_KERNELS; do
+      k=${kspec%%,*} kenv=""
+      [[ $kspec == *,* ]] && kenv=${kspec#*,}
       for p in $PEER_PROMPTS; do
-        log="$OUT/peer_${label}_mer_${k}_p$p.log"
-        timeout "$(left 150)" "$BUNDLE/run" mer bench --model "$model" --backend cuda --vram-expert-budget 100% \
-          --multi-token-kernels "$k" --prompt-tokens "$p" --gen-tokens "$PEER_GEN" --warmup 1 --runs 2 > "$log" 2>&1
-        note "peer $label: mer bench --multi-token-kernels $k, VRAM 100%, prompt $p + $PEER_GEN: rc=$?" \
+        log="$OUT/peer_${label}_mer_${kspec}_p$p.log"
+        env ${kenv//,/ } timeout "$(left 150)" "$BUNDLE/run" mer bench --model "$model" --backend cuda \
+          --vram-expert-budget 100% --multi-token-kernels "$k" --prompt-tokens "$p" --gen-tokens "$PEER_GEN" \
+          --warmup 1 --runs 2 > "$log" 2>&1
+        note "peer $label: mer bench --multi-token-kernels $k${kenv:+ ($kenv)}, VRAM 100%, prompt $p + $PEER_GEN: rc=$?" \
              "$(grep -E '^(prompt_tps|decode_tps|ttft)' "$log" | awk '{printf "%s %s  ", $1, $2}')"
       done
     done

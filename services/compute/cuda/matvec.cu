@@ -8,6 +8,7 @@
 #include "services/compute/cuda/kquant_dot.cuh"
 #include "services/compute/cuda/kquant_matvec.cuh"
 #include "services/compute/cuda/mma_q8_0.cuh"
+#include "services/compute/cuda/mma_q8_0_tiles.cuh"
 #include "services/compute/cuda/pdl.cuh"
 #include "services/compute/cuda/staged_dots.cuh"
 #include "services/compute/cuda/warp_dot.cuh"
@@ -209,6 +210,78 @@ bool LaunchMma(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) 
   return true;
 }
 
+// Several tokens of Q8_0 rows in the fast form's shared-memory tiles (mma_q8_0_tiles.cuh): 64 rows
+// of the concatenated matrices (a tile may span two) x kBN tokens per block; tokens along the
+// grid's x, as in MatvecMmaKernel.
+template <int kBN>
+__global__ void __launch_bounds__(kMmaTileThreads, 3) MatvecTiledKernel(const __grid_constant__ MatvecArgs args) {
+  extern __shared__ uint4 tiled_smem[];
+  AllowDependents();
+  const MmaTileSmem<kBN> s(reinterpret_cast<uint8_t*>(tiled_smem));
+  const int64_t row_base = int64_t(blockIdx.y) * kMmaTileRows;
+  const int64_t total = args.row_begin[args.n_outputs];
+  const int t0 = blockIdx.x * kBN, n = min(kBN, args.n_tokens - t0);
+  // The matrix and row of concatenated row g, or -1 past the end.
+  const auto locate = [&](int64_t g, int* m) -> int64_t {
+    if (g >= total) return -1;
+    *m = 0;
+    while (*m + 1 < args.n_outputs && g >= args.row_begin[*m + 1]) ++*m;
+    const int64_t row = g - args.row_begin[*m];
+    return row < args.o[*m].w.rows ? row : -1;
+  };
+  if (threadIdx.x < kMmaTileRows) {
+    int m = 0;
+    const int64_t row = locate(row_base + threadIdx.x, &m);
+    const RowRef ref = row >= 0 ? MatrixRow<kDevQ8_0>(args.o[m].w, row) : RowRef{};
+    s.row_q[threadIdx.x] = ref.q;
+    s.row_s[threadIdx.x] = ref.s;
+  } else if (const int i = threadIdx.x - kMmaTileRows; i < kBN) {
+    const int64_t rb = ActRowBytes(args.act.type, args.act.stride);
+    s.tok_q[i] = i < n ? args.act.data + int64_t(t0 + i) * rb : nullptr;
+    s.tok_s[i] = i < n ? args.act.scales + int64_t(t0 + i) * (args.act.stride / 32) : nullptr;
+  }
+  WaitForPredecessor();
+  __syncthreads();
+  float acc[2][kBN / 16][1][4];
+  MmaTileDots(s, args.o[0].w.cols, acc);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kBN / 16; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {  // C element c: row gid (+ 8 for c >= 2), token 2 tig + c % 2
+        const int i = (warp % 2) * (kBN / 2) + nt * 8 + 2 * tig + c % 2;
+        int m = 0;
+        const int64_t row = locate(row_base + (warp / 2) * 32 + mt * 16 + gid + (c >= 2 ? 8 : 0), &m);
+        if (i >= n || row < 0) continue;
+        const MatvecOutput& o = args.o[m];
+        const int64_t at = int64_t(t0 + i) * o.out_stride + row;
+        const float v = acc[mt][nt][0][c];
+        o.out[at] = o.residual != nullptr ? __fadd_rn(o.residual[at], v) : v;
+      }
+}
+
+// The tiled kernel for these outputs; false where the fast form or its tiles are not chosen for
+// the step's tokens (MultiTokenQ8_0, FastTiles) or the rows do not fit the tiles.
+bool LaunchTiled(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
+  const FastTiles tiles = FastTilesChoice();
+  if (MultiTokenQ8_0Kernels() != MultiTokenQ8_0::kMmaFast || tiles == FastTiles::kOff ||
+      (tiles == FastTiles::kByShape && args.n_tokens < kMmaTiledMinTokens) ||
+      !MmaTilesFit(args.o[0].w.type, args.o[0].w.cols, args.act.stride))
+    return false;
+  WithMmaTileTokens(args.n_tokens, [&](auto tokens) {
+    constexpr int kBN = decltype(tokens)::value;
+    const auto kernel = MatvecTiledKernel<kBN>;
+    static const bool limit_set = (SetStagedSmemLimit(kernel), true);  // one per instance
+    (void)limit_set;
+    const dim3 grid(static_cast<unsigned>((args.n_tokens + kBN - 1) / kBN),
+                    static_cast<unsigned>((total_rows + kMmaTileRows - 1) / kMmaTileRows));
+    LaunchPdl(kernel, grid, dim3(kMmaTileThreads), MmaTileSmem<kBN>::kBytes, stream, args);
+  });
+  return true;
+}
+
 // One token, Q8_0 rows that WarpQ8_0Fits: a warp per row (WarpQ8_0Rows). The weight loads are
 // issued before waiting for the kernel that writes the activations.
 __global__ void __launch_bounds__(kWarps * 32, 4) MatvecQ8_0DecodeKernel(const __grid_constant__ MatvecArgs args) {
@@ -260,6 +333,7 @@ void Launch(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
     LaunchLaneGroups<kType, 1>(args, bx, stream);
     return;
   }
+  if (kType == kDevQ8_0 && LaunchTiled(args, total_rows, stream)) return;
   if (kType == kDevQ8_0 && LaunchMma(args, total_rows, stream)) return;
   if (kType == kDevQ8_0 && LaunchStaged(args, total_rows, stream)) return;
   if (StagedActSmem<kType>(8, cols) == 0 && StagedActSmem<kType>(4, cols) > 0) {
@@ -303,6 +377,26 @@ int MmaFastTiles() {
   }();
   return tiles;
 }
+
+namespace {
+std::atomic<int> fast_tiles{-1};  // -1: MER_CUDA_MMA_TILED not read yet
+}  // namespace
+
+FastTiles FastTilesChoice() {
+  int t = fast_tiles.load(std::memory_order_relaxed);
+  if (t < 0) {
+    const char* v = std::getenv("MER_CUDA_MMA_TILED");
+    const FastTiles chosen = v == nullptr                 ? FastTiles::kByShape
+                             : std::strcmp(v, "0") == 0   ? FastTiles::kOff
+                             : std::strcmp(v, "all") == 0 ? FastTiles::kAlways
+                                                          : FastTiles::kByShape;
+    t = static_cast<int>(chosen);
+    fast_tiles.store(t, std::memory_order_relaxed);
+  }
+  return static_cast<FastTiles>(t);
+}
+
+void SetFastTiles(FastTiles tiles) { fast_tiles.store(static_cast<int>(tiles), std::memory_order_relaxed); }
 
 void LaunchMatvec(const MatvecOutput* outputs, int n_outputs, const DevAct& act, int n_tokens, cudaStream_t stream) {
   if (n_outputs < 1 || n_outputs > kMaxOutputs) {

@@ -35,5 +35,17 @@ inline bool MultiTokenQ8_0Exact() { return MultiTokenQ8_0Kernels() != MultiToken
 // depend on it: each output is the same chain over the blocks.
 inline constexpr int kMmaFastTilesDefault = 4;
 int MmaFastTiles();
+// Where the fast form takes its products in shared-memory tiles (mma_q8_0_tiles.cuh: 64 rows x 32
+// or 64 tokens per block) rather than in the warp kernels of mma_q8_0.cuh; the same bits either
+// way, only the speed differs:
+//   kOff:     never;
+//   kByShape: where enough tokens share each weight row (the default): mat-vecs of
+//             kMmaTiledMinTokens tokens or more, experts with kMmaAutoMinPairs pairs each on average;
+//   kAlways:  every product of several tokens that fits them (for measuring those thresholds).
+// MER_CUDA_MMA_TILED = 0, 1 or all, read at the first call; SetFastTiles is for tests and benchmarks.
+enum class FastTiles { kOff, kByShape, kAlways };
+inline constexpr int kMmaTiledMinTokens = 32;
+FastTiles FastTilesChoice();
+void SetFastTiles(FastTiles tiles);
 
 }  // namespace mer::cuda
