@@ -42,7 +42,9 @@
 #               the same file, all layers on the GPU (-p PEER_PROMPTS -n PEER_GEN, flash attention)
 #               and, for each budget below 100%, with the experts of the other layers on the CPU
 #               (-ncmoe: llama.cpp places experts by layer, not by expert); with DEPTH, decode after
-#               a prompt of DEPTH tokens in both (mer bench --prompt-tokens DEPTH, llama-bench -d DEPTH).
+#               a prompt of DEPTH tokens in both (mer bench --prompt-tokens DEPTH, llama-bench -d DEPTH);
+#               each kernel choice's per-kernel GPU time at each prompt of PEER_PROFILE_PROMPTS; with
+#               PEER_REMOVE_STORE=1 the store of the steps before is deleted first (disk room).
 # Programs come from BUNDLE (bin/ and a run wrapper; docs/benchmarks.md, "Machines"); results
 # under OUT (summary.txt last). Every step is time-bounded by DEADLINE (seconds since the start),
 # so that the whole run ends within it.
@@ -77,6 +79,8 @@ PEER_PROMPTS=${PEER_PROMPTS:-"512 2048"}
 PEER_BUDGETS=${PEER_BUDGETS:-"100% 25%"}
 PEER_GEN=${PEER_GEN:-128}
 PEER_KERNELS=${PEER_KERNELS:-"auto"}  # mer bench --multi-token-kernels, each in turn
+PEER_PROFILE_PROMPTS=${PEER_PROFILE_PROMPTS:-""}  # prompts to profile per kernel choice (--profile-kernels 1)
+PEER_REMOVE_STORE=${PEER_REMOVE_STORE:-0}  # 1: delete STORE before the peer step (disk room for its GGUF)
 LLAMA_BENCH=${LLAMA_BENCH:-llama-bench}
 DEADLINE=${DEADLINE:-560}
 START=$(date +%s)
@@ -238,6 +242,10 @@ if has_step batch; then
   done
 fi
 if has_step peer; then
+  if [ "$PEER_REMOVE_STORE" = 1 ] && [ -d "$STORE" ]; then  # a store and a GGUF of 30B do not fit the disk together
+    rm -rf "$STORE"
+    note "peer: removed $STORE; disk free $(df -h --output=avail /tmp | tail -1 | tr -d ' ')"
+  fi
   for spec in $PEER_MODELS; do
     IFS=: read -r label preset quant layers depth <<< "$spec"
     model="/tmp/peer-$label.gguf"
@@ -258,6 +266,14 @@ if has_step peer; then
           --warmup 1 --runs 2 > "$log" 2>&1
         note "peer $label: mer bench --multi-token-kernels $k${kenv:+ ($kenv)}, VRAM 100%, prompt $p + $PEER_GEN: rc=$?" \
              "$(grep -E '^(prompt_tps|decode_tps|ttft)' "$log" | awk '{printf "%s %s  ", $1, $2}')"
+      done
+      for p in $PEER_PROFILE_PROMPTS; do
+        log="$OUT/peer_${label}_profile_${kspec}_p$p.log"
+        env ${kenv//,/ } timeout "$(left 150)" "$BUNDLE/run" mer bench --model "$model" --backend cuda \
+          --vram-expert-budget 100% --multi-token-kernels "$k" --prompt-tokens "$p" --gen-tokens 8 --warmup 1 \
+          --runs 1 --profile-kernels 1 > "$log" 2>&1
+        note "peer $label: mer bench --profile-kernels 1 --multi-token-kernels $k${kenv:+ ($kenv)}, prompt $p: rc=$?"
+        sed -n '/^multi-token steps/,/^decode steps/p' "$log" | grep -v '^decode' | tee -a "$summary"
       done
     done
     for b in $PEER_BUDGETS; do

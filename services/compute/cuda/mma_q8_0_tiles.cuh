@@ -1,6 +1,6 @@
 // The fast form's multi-token Q8_0 products (MultiTokenQ8_0::kMmaFast) as shared-memory tiles: a
 // block of 4 warps takes 64 mma rows x kBN tokens, and both operands pass through shared memory a
-// run of 4 blocks (128 columns) at a time, double-buffered by cp.async, so that each weight byte
+// run of 4 blocks (128 columns) at a time, 3 runs in flight (cp.async), so that each weight byte
 // loaded serves kBN tokens and each activation byte 64 rows. mma_q8_0.cuh's warp kernels load
 // each warp's 16 rows straight into registers and reuse them for at most 8 tiles of 8 tokens; on a
 // 1,024-token chunk they ran at ~35 clocks per mma and SM (docs/cuda.md, "Multi-token kernels").
@@ -38,7 +38,8 @@ struct MmaTileSmem {
   static constexpr int kQuantBytes = (kMmaTileRows + kBN) * kRowStride;
   static constexpr int kBufferBytes = kQuantBytes + kMmaTileRows * 8 + kBN * 16;
   static constexpr int kHeaderBytes = (kMmaTileRows + kBN) * 2 * static_cast<int>(sizeof(void*));
-  static constexpr int kBytes = kHeaderBytes + 2 * kBufferBytes;
+  static constexpr int kStages = 3;  // runs in flight: the one computed and the next two loading
+  static constexpr int kBytes = kHeaderBytes + kStages * kBufferBytes;
 
   // The header: each mma row's quants and f16 scales, each token's quants and f32 scales (the
   // starts of their rows; nullptr: zero).
@@ -151,20 +152,22 @@ __device__ inline void MmaTileDots(const MmaTileSmem<kBN>& s, int64_t cols, floa
     for (int nt = 0; nt < S::kNTiles; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[mt][nt][0][i] = 0.0f;
+  // Run i goes to buffer i % kStages; a commit group per run (empty past the last), so that
+  // waiting for all but the newest kStages - 1 groups is waiting for run i.
   const int runs = static_cast<int>(cols / 128);
-  MmaTileStage(s, s.buffers, 0);
-  CpAsyncCommit();
+#pragma unroll
+  for (int i = 0; i < S::kStages - 1; ++i) {
+    if (i < runs) MmaTileStage(s, s.buffers + i * S::kBufferBytes, i);
+    CpAsyncCommit();
+  }
   for (int i = 0; i < runs; ++i) {
-    if (i + 1 < runs) {
-      MmaTileStage(s, s.buffers + ((i + 1) % 2) * S::kBufferBytes, i + 1);
-      CpAsyncCommit();
-      CpAsyncWait<1>();
-    } else {
-      CpAsyncWait<0>();
-    }
+    const int ahead = i + S::kStages - 1;
+    if (ahead < runs) MmaTileStage(s, s.buffers + (ahead % S::kStages) * S::kBufferBytes, ahead);
+    CpAsyncCommit();
+    CpAsyncWait<S::kStages - 1>();
     __syncthreads();  // run i's copies (and zero stores) by every thread are in place
-    MmaTileRun<kBN>(s.buffers + (i % 2) * S::kBufferBytes, acc);
-    __syncthreads();  // every warp is done with this buffer before run i + 2 fills it
+    MmaTileRun<kBN>(s.buffers + (i % S::kStages) * S::kBufferBytes, acc);
+    __syncthreads();  // every warp is done with this buffer before run i + kStages fills it
   }
 }
 

@@ -488,16 +488,13 @@ __global__ void __launch_bounds__(kMmaTileThreads, kTiledBlocksPerSm<kBN>)
 }
 
 // Tokens per tile where the tiled kernels take these Q8_0 products of a step of n tokens (cols:
-// the activations' columns), else 0: the fast form and its tiles chosen for the pass's pairs per
-// expert (FastTiles; kMmaAutoMinPairs on average by shape), rows and activations that fit them.
+// the activations' columns), else 0: the fast form with its tiles (FastTiles), rows and
+// activations that fit them; the tile's tokens by the pass's pairs per expert on average.
 int ExpertTileTokens(int type, int64_t cols, const DevAct& act, const ExpertArgs& a, int n) {
-  const FastTiles tiles = FastTilesChoice();
-  if (MultiTokenQ8_0Kernels() != MultiTokenQ8_0::kMmaFast || tiles == FastTiles::kOff ||
+  if (MultiTokenQ8_0Kernels() != MultiTokenQ8_0::kMmaFast || FastTilesChoice() == FastTiles::kOff ||
       !MmaTilesFit(type, cols, act.stride))
     return 0;
-  const int64_t pairs_per_expert = int64_t(n) * a.k / std::max(a.u_count, 1);
-  if (tiles == FastTiles::kByShape && pairs_per_expert < kMmaAutoMinPairs) return 0;
-  return MmaTileTokens(pairs_per_expert);
+  return MmaTileTokens(int64_t(n) * a.k / std::max(a.u_count, 1));
 }
 
 // The mma kernels' tiles per pass for these Q8_0 products of a step of n tokens (cols: the
