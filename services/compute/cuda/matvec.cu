@@ -244,22 +244,14 @@ __global__ void __launch_bounds__(kMmaTileThreads, 3) MatvecTiledKernel(const __
   __syncthreads();
   float acc[2][kBN / 16][1][4];
   MmaTileDots(s, args.o[0].w.cols, acc);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < kBN / 16; ++nt)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {  // C element c: row gid (+ 8 for c >= 2), token 2 tig + c % 2
-        const int i = (warp % 2) * (kBN / 2) + nt * 8 + 2 * tig + c % 2;
-        int m = 0;
-        const int64_t row = locate(row_base + (warp / 2) * 32 + mt * 16 + gid + (c >= 2 ? 8 : 0), &m);
-        if (i >= n || row < 0) continue;
-        const MatvecOutput& o = args.o[m];
-        const int64_t at = int64_t(t0 + i) * o.out_stride + row;
-        const float v = acc[mt][nt][0][c];
-        o.out[at] = o.residual != nullptr ? __fadd_rn(o.residual[at], v) : v;
-      }
+  ForEachTileOutput<kBN>(acc, [&](int r, int i, float v) {
+    int m = 0;
+    const int64_t row = locate(row_base + r, &m);
+    if (i >= n || row < 0) return;
+    const MatvecOutput& o = args.o[m];
+    const int64_t at = int64_t(t0 + i) * o.out_stride + row;
+    o.out[at] = o.residual != nullptr ? __fadd_rn(o.residual[at], v) : v;
+  });
 }
 
 // The tiled kernel for these outputs; false where the fast form or its tiles are not chosen for

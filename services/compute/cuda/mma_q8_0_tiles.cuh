@@ -171,6 +171,21 @@ __device__ inline void MmaTileDots(const MmaTileSmem<kBN>& s, int64_t cols, floa
   }
 }
 
+// Calls out(row, token, v) for each of this thread's outputs of MmaTileDots: v at row (of the
+// block's 64) and token (of its kBN).
+template <int kBN, typename Out>
+__device__ inline void ForEachTileOutput(const float (&acc)[2][kBN / 16][1][4], Out out) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kBN / 16; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c)  // C element c: row gid (+ 8 for c >= 2), token 2 tig + c % 2
+        out((warp / 2) * 32 + mt * 16 + gid + (c >= 2 ? 8 : 0), (warp % 2) * (kBN / 2) + nt * 8 + 2 * tig + c % 2,
+            acc[mt][nt][0][c]);
+}
+
 // Products the tiles take: whole runs of 4 blocks, and activation rows whose runs and f32 scales
 // are 16-byte aligned (a stride of whole runs).
 inline bool MmaTilesFit(int type, int64_t cols, int64_t act_stride) {

@@ -468,22 +468,15 @@ __global__ void __launch_bounds__(kMmaTileThreads, kTiledBlocksPerSm<kBN>)
     s.row_s[threadIdx.x] = ref.s;
   }
   WaitForPredecessor();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
   for (int p0 = 0; p0 < n_pairs; p0 += kBN) {
     TileTokens(s, act, pairs, p0, n_pairs, 1);
     __syncthreads();
     float acc[2][kBN / 16][1][4];
     MmaTileDots(s, a.n_ff, acc);
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < kBN / 16; ++nt)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {  // C element c: row gid (+ 8 for c >= 2), pair 2 tig + c % 2
-          const int64_t r = r_base + (warp / 2) * 32 + mt * 16 + gid + (c >= 2 ? 8 : 0);
-          const int i = (warp % 2) * (kBN / 2) + nt * 8 + 2 * tig + c % 2;
-          if (r < a.n_embd && p0 + i < n_pairs) out[int64_t(__ldcg(pairs + p0 + i)) * a.n_embd + r] = acc[mt][nt][0][c];
-        }
+    ForEachTileOutput<kBN>(acc, [&](int row, int i, float v) {
+      const int64_t r = r_base + row;
+      if (r < a.n_embd && p0 + i < n_pairs) out[int64_t(__ldcg(pairs + p0 + i)) * a.n_embd + r] = v;
+    });
   }
 }
 
