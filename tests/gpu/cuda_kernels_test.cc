@@ -107,62 +107,63 @@ struct DeviceAct {
 TEST(CudaKernels, QuantizeIsBitExact) {
   for (GgmlType w : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0}) {
     const GgmlType at = ActivationTypeFor(w);
-    for (int64_t cols : {32, 96, 256, 768, 2048}) {
-      const int n = 5;
-      const std::vector<float> x = Random(n * cols, 3.0f);
-      float* dx = ToDevice(x);
-      DeviceAct a(at, cols, n);
-      cuda::LaunchQuantize(dx, cols, n, cols, a.act, nullptr);
-      const int64_t rb = cuda::ActRowBytes(a.act.type, cols);
-      const std::vector<uint8_t> got = ToHost(a.act.data, n * rb);
-      const std::vector<float> got_s = ToHost(a.act.scales, n * cols / 32);
-      for (int t = 0; t < n; ++t) {
-        std::vector<uint8_t> want(RowBytes(at, cols));
-        QuantizeRow(at, &x[t * cols], want.data(), cols);
-        if (at == GgmlType::kQ8_0) {
-          const BlockQ8_0* b = reinterpret_cast<const BlockQ8_0*>(want.data());
-          for (int64_t k = 0; k < cols / 32; ++k) {
-            for (int j = 0; j < 32; ++j)  // device rows interleave runs of 4 blocks (device_layout.cuh)
-              ASSERT_EQ(b[k].qs[j], static_cast<int8_t>(got[t * rb + cuda::Q8_0QuantOffset(k * 32 + j, cols / 32)]))
-                  << "q8_0 cols " << cols << " block " << k;
-            ASSERT_EQ(F16ToF32(b[k].d), got_s[t * (cols / 32) + k]);
+    // 19 rows: blocks of 8 rows, the last one partial.
+    for (int64_t cols : {32, 96, 256, 768, 2048})
+      for (int n : {5, 19}) {
+        const std::vector<float> x = Random(n * cols, 3.0f);
+        float* dx = ToDevice(x);
+        DeviceAct a(at, cols, n);
+        cuda::LaunchQuantize(dx, cols, n, cols, a.act, nullptr);
+        const int64_t rb = cuda::ActRowBytes(a.act.type, cols);
+        const std::vector<uint8_t> got = ToHost(a.act.data, n * rb);
+        const std::vector<float> got_s = ToHost(a.act.scales, n * cols / 32);
+        for (int t = 0; t < n; ++t) {
+          std::vector<uint8_t> want(RowBytes(at, cols));
+          QuantizeRow(at, &x[t * cols], want.data(), cols);
+          if (at == GgmlType::kQ8_0) {
+            const BlockQ8_0* b = reinterpret_cast<const BlockQ8_0*>(want.data());
+            for (int64_t k = 0; k < cols / 32; ++k) {
+              for (int j = 0; j < 32; ++j)  // device rows interleave runs of 4 blocks (device_layout.cuh)
+                ASSERT_EQ(b[k].qs[j], static_cast<int8_t>(got[t * rb + cuda::Q8_0QuantOffset(k * 32 + j, cols / 32)]))
+                    << "q8_0 cols " << cols << " block " << k;
+              ASSERT_EQ(F16ToF32(b[k].d), got_s[t * (cols / 32) + k]);
+            }
+          } else {
+            ASSERT_EQ(0, std::memcmp(want.data(), &got[t * rb], want.size())) << TypeName(at) << " cols " << cols;
           }
-        } else {
-          ASSERT_EQ(0, std::memcmp(want.data(), &got[t * rb], want.size())) << TypeName(at) << " cols " << cols;
         }
+        CUDA_CHECK(cudaFree(dx));
       }
-      CUDA_CHECK(cudaFree(dx));
-    }
   }
 }
 
 // Q8_1 conversion (the activations of Q4_1 and Q5_1) against QuantizeRowQ8_1: Q8_0's quants, and
 // d and s as two f16 in each block's scales entry.
 TEST(CudaKernels, QuantizeQ8_1IsBitExact) {
-  for (int64_t cols : {32, 96, 256, 768, 2048}) {
-    const int n = 5;
-    std::vector<float> x = Random(n * cols, 3.0f);
-    std::fill(x.begin(), x.begin() + 32, 0.0f);  // row 0, block 0: all zero
-    float* dx = ToDevice(x);
-    DeviceAct a(GgmlType::kQ8_1, cols, n);
-    cuda::LaunchQuantize(dx, cols, n, cols, a.act, nullptr);
-    const std::vector<uint8_t> got = ToHost(a.act.data, n * cols);
-    const std::vector<float> got_s = ToHost(a.act.scales, n * cols / 32);
-    for (int t = 0; t < n; ++t) {
-      std::vector<BlockQ8_1> want(cols / 32);
-      QuantizeRow(GgmlType::kQ8_1, &x[t * cols], want.data(), cols);
-      for (int64_t k = 0; k < cols / 32; ++k) {
-        for (int j = 0; j < 32; ++j)
-          ASSERT_EQ(want[k].qs[j], static_cast<int8_t>(got[t * cols + cuda::Q8_0QuantOffset(k * 32 + j, cols / 32)]))
-              << "q8_1 cols " << cols << " row " << t << " block " << k;
-        uint32_t ds;
-        std::memcpy(&ds, &got_s[t * (cols / 32) + k], 4);
-        ASSERT_EQ(want[k].d, ds & 0xffffu) << "q8_1 d, cols " << cols << " row " << t << " block " << k;
-        ASSERT_EQ(want[k].s, ds >> 16) << "q8_1 s, cols " << cols << " row " << t << " block " << k;
+  for (int64_t cols : {32, 96, 256, 768, 2048})
+    for (int n : {5, 19}) {  // 19: blocks of 8 rows, the last one partial
+      std::vector<float> x = Random(n * cols, 3.0f);
+      std::fill(x.begin(), x.begin() + 32, 0.0f);  // row 0, block 0: all zero
+      float* dx = ToDevice(x);
+      DeviceAct a(GgmlType::kQ8_1, cols, n);
+      cuda::LaunchQuantize(dx, cols, n, cols, a.act, nullptr);
+      const std::vector<uint8_t> got = ToHost(a.act.data, n * cols);
+      const std::vector<float> got_s = ToHost(a.act.scales, n * cols / 32);
+      for (int t = 0; t < n; ++t) {
+        std::vector<BlockQ8_1> want(cols / 32);
+        QuantizeRow(GgmlType::kQ8_1, &x[t * cols], want.data(), cols);
+        for (int64_t k = 0; k < cols / 32; ++k) {
+          for (int j = 0; j < 32; ++j)
+            ASSERT_EQ(want[k].qs[j], static_cast<int8_t>(got[t * cols + cuda::Q8_0QuantOffset(k * 32 + j, cols / 32)]))
+                << "q8_1 cols " << cols << " row " << t << " block " << k;
+          uint32_t ds;
+          std::memcpy(&ds, &got_s[t * (cols / 32) + k], 4);
+          ASSERT_EQ(want[k].d, ds & 0xffffu) << "q8_1 d, cols " << cols << " row " << t << " block " << k;
+          ASSERT_EQ(want[k].s, ds >> 16) << "q8_1 s, cols " << cols << " row " << t << " block " << k;
+        }
       }
+      CUDA_CHECK(cudaFree(dx));
     }
-    CUDA_CHECK(cudaFree(dx));
-  }
 }
 
 // The outputs that differ from the CPU's: any bit (tolerance 0), or by more than tolerance times
@@ -1322,7 +1323,9 @@ TEST(CudaKernels, FastTilesGiveTheWarpKernelsBits) {
   for (ExpertMix mix :
        {ExpertMix{GgmlType::kQ8_0, GgmlType::kQ8_0, 2048, 768}, ExpertMix{GgmlType::kQ8_0, GgmlType::kQ8_0, 768, 512},
         ExpertMix{GgmlType::kQ8_0, GgmlType::kQ8_0, 256, 384}}) {
-    for (int n : {5, 60, 100, 200}) {  // ~2, ~20, ~33 and ~67 pairs per expert: tiles of 32, 32, 32 and 64
+    // ~2, ~20, ~33, ~67 and 100 pairs per expert: tiles of 32, 32, 32, 64 and 64 tokens, 2 passes
+    // of them at 300 tokens.
+    for (int n : {5, 60, 100, 200, 300}) {
       SCOPED_TRACE(std::to_string(mix.E) + " x " + std::to_string(mix.F) + ", " + std::to_string(n) + " tokens");
       rng.seed(static_cast<unsigned>(mix.E + n));
       cuda::SetFastTiles(cuda::FastTiles::kAlways);
