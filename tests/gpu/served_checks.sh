@@ -78,6 +78,7 @@ PEER_MODELS=${PEER_MODELS:-"a3b-q8_0:qwen3-30b-a3b:q8_0"}
 PEER_PROMPTS=${PEER_PROMPTS:-"512 2048"}
 PEER_BUDGETS=${PEER_BUDGETS:-"100% 25%"}
 PEER_GEN=${PEER_GEN:-128}
+PEER_RUNS=${PEER_RUNS:-2}  # measured runs of each mer bench and llama-bench repetitions (-r)
 PEER_KERNELS=${PEER_KERNELS:-"auto"}  # mer bench --multi-token-kernels, each in turn
 PEER_PROFILE_PROMPTS=${PEER_PROFILE_PROMPTS:-""}  # prompts to profile per kernel choice (--profile-kernels 1)
 PEER_REMOVE_STORE=${PEER_REMOVE_STORE:-0}  # 1: delete STORE before the peer step (disk room for its GGUF)
@@ -263,7 +264,7 @@ if has_step peer; then
         log="$OUT/peer_${label}_mer_${kspec}_p$p.log"
         env ${kenv//,/ } timeout "$(left 150)" "$BUNDLE/run" mer bench --model "$model" --backend cuda \
           --vram-expert-budget 100% --multi-token-kernels "$k" --prompt-tokens "$p" --gen-tokens "$PEER_GEN" \
-          --warmup 1 --runs 2 > "$log" 2>&1
+          --warmup 1 --runs "$PEER_RUNS" > "$log" 2>&1
         note "peer $label: mer bench --multi-token-kernels $k${kenv:+ ($kenv)}, VRAM 100%, prompt $p + $PEER_GEN: rc=$?" \
              "$(grep -E '^(prompt_tps|decode_tps|ttft)' "$log" | awk '{printf "%s %s  ", $1, $2}')"
       done
@@ -291,7 +292,7 @@ if has_step peer; then
            "$(grep -E '^(prompt_tps|decode_tps|ttft)' "$log" | awk '{printf "%s %s  ", $1, $2}')"
     fi
     prompts=$(echo "$PEER_PROMPTS" | tr ' ' ',')
-    timeout "$(left 200)" "$BUNDLE/run" "$LLAMA_BENCH" -m "$model" -ngl 99 -fa 1 -p "$prompts" -n "$PEER_GEN" -r 2 \
+    timeout "$(left 200)" "$BUNDLE/run" "$LLAMA_BENCH" -m "$model" -ngl 99 -fa 1 -p "$prompts" -n "$PEER_GEN" -r "$PEER_RUNS" \
       > "$OUT/peer_${label}_llama.log" 2>&1
     note "peer $label: llama-bench, every layer on the GPU: rc=$?"
     grep -E '^\|' "$OUT/peer_${label}_llama.log" | tee -a "$summary"
