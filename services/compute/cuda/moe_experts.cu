@@ -384,8 +384,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   }
 }
 
-// The same products in the fast form's shared-memory tiles (mma_q8_0_tiles.cuh), where the pass's
-// experts have enough pairs each for a tile of kBN. Gate/up: a block's 64 mma rows are 4 m-tiles of
+// The same products in the fast form's shared-memory tiles (mma_q8_0_tiles.cuh; ExpertTileTokens
+// says where, kBN by the pass's pairs per expert). Gate/up: a block's 64 mma rows are 4 m-tiles of
 // 8 gate rows and the same 8 up rows (32 rows of each), so that one thread holds both sums of each
 // SwiGLU, as in GateUpMmaKernel; down: 64 rows. The block takes its expert's pairs kBN at a time.
 constexpr int kGateUpTileRows = kMmaTileRows / 2;  // rows of gate (and of up) per block
