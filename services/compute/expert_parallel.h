@@ -70,4 +70,16 @@ class ExpertExchange {
   virtual void Fail(const absl::Status& why) = 0;
 };
 
+// The exchanges of a group's ranks, as a whole (the CPU's InProcessExchangeGroup; NCCL for GPUs).
+class ExpertExchangeGroup {
+ public:
+  virtual ~ExpertExchangeGroup() = default;
+  virtual int n_ranks() const = 0;
+  // Rank r's side, owned by the group.
+  virtual ExpertExchange& rank(int r) = 0;
+  // Clears a failure, once every rank has returned from the step that failed, so that the ranks
+  // take the next step together.
+  virtual void Reset() = 0;
+};
+
 }  // namespace mer

@@ -58,6 +58,14 @@ absl::Status InProcessExchangeGroup::SumAcrossRanks(int rank, float* values, siz
   return absl::OkStatus();
 }
 
+void InProcessExchangeGroup::Reset() {
+  std::lock_guard<std::mutex> lock(mu_);
+  failed_ = absl::OkStatus();
+  std::fill(posted_.begin(), posted_.end(), nullptr);
+  arrived_ = 0;
+  departing_ = 0;
+}
+
 void InProcessExchangeGroup::Fail(const absl::Status& why) {
   std::lock_guard<std::mutex> lock(mu_);
   if (failed_.ok()) failed_ = why.ok() ? absl::InternalError("expert exchange failed") : why;

@@ -21,16 +21,17 @@
 
 namespace mer {
 
-class InProcessExchangeGroup {
+class InProcessExchangeGroup final : public ExpertExchangeGroup {
  public:
   explicit InProcessExchangeGroup(int n_ranks);
-  ~InProcessExchangeGroup();
+  ~InProcessExchangeGroup() override;
   InProcessExchangeGroup(const InProcessExchangeGroup&) = delete;
   InProcessExchangeGroup& operator=(const InProcessExchangeGroup&) = delete;
 
-  int n_ranks() const { return static_cast<int>(ranks_.size()); }
+  int n_ranks() const override { return static_cast<int>(ranks_.size()); }
   // Rank r's side of the exchange, owned by the group.
-  ExpertExchange& rank(int r);
+  ExpertExchange& rank(int r) override;
+  void Reset() override;
 
  private:
   class Rank;

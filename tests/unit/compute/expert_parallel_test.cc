@@ -20,6 +20,7 @@
 #include "common/model/synth_model.h"
 #include "services/compute/cpu/cpu_engine.h"
 #include "services/compute/cpu/in_process_exchange.h"
+#include "services/compute/expert_parallel_backend.h"
 #include "tests/unit/synth_weights.h"
 
 namespace mer {
@@ -132,7 +133,7 @@ struct RankRun {
   std::vector<absl::Status> statuses;
 };
 
-RankRun Drive(CpuEngine& e, int steps) {
+RankRun Drive(ComputeBackend& e, int steps) {
   RankRun run;
   const std::vector<int32_t> prompt = {5, 17, 250, 3, 99, 42, 42, 7};
   std::vector<BatchToken> batch;
@@ -263,6 +264,88 @@ TEST(InProcessExchange, SumsInRankOrderAndRefusesMismatchedCounts) {
   for (std::thread& t : threads) t.join();
   for (int r = 0; r < 3; ++r) EXPECT_EQ(statuses[r].code(), absl::StatusCode::kInternal) << r;
   EXPECT_FALSE(group.rank(0).SumAcrossRanks(values[0].data(), 3).ok());
+}
+
+// N CpuEngine ranks behind one ExpertParallelBackend, each with its own recording source (declared
+// before the backend, which owns the engines that read them).
+struct BackendGroup {
+  std::vector<std::unique_ptr<RecordingSource>> sources;
+  std::unique_ptr<ExpertParallelBackend> backend;
+};
+
+BackendGroup MakeBackendGroup(const ModelWeights& w, int n_ranks) {
+  BackendGroup g;
+  ExpertParallelBackend::Group group;
+  group.exchange = std::make_unique<InProcessExchangeGroup>(n_ranks);
+  std::vector<std::unique_ptr<ComputeBackend>> ranks;
+  for (int r = 0; r < n_ranks; ++r) {
+    group.placements.push_back(std::make_unique<ExpertPlacement>(*ExpertPlacement::Create(n_ranks, r)));
+    g.sources.push_back(std::make_unique<RecordingSource>(w));
+    ranks.push_back(MakeEngine(w, *g.sources.back(), group.placements.back().get(), &group.exchange->rank(r)));
+  }
+  auto backend = ExpertParallelBackend::Create(std::move(group), std::move(ranks));
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  g.backend = std::move(*backend);
+  return g;
+}
+
+// The ranks behind one backend, driven as one engine is (a batch of two interleaved prompts, then
+// greedy steps), give its logits bit for bit and its ids.
+TEST(ExpertParallelBackend, RanksBehindOneBackendGiveTheOneEngineResults) {
+  testing_support::SynthWeights m = MakeModel();
+  RecordingSource one_source(*m.weights);
+  auto one = MakeEngine(*m.weights, one_source, nullptr, nullptr);
+  constexpr int kSteps = 32;
+  const RankRun want = Drive(*one, kSteps);
+  for (int n_ranks : {1, 2, 3}) {
+    BackendGroup g = MakeBackendGroup(*m.weights, n_ranks);
+    const RankRun got = Drive(*g.backend, kSteps);
+    for (const absl::Status& s : got.statuses) ASSERT_TRUE(s.ok()) << n_ranks << ": " << s;
+    EXPECT_EQ(std::memcmp(got.prompt_logits.data(), want.prompt_logits.data(), want.prompt_logits.size() * 4), 0)
+        << n_ranks << " ranks";
+    EXPECT_EQ(got.greedy, want.greedy) << n_ranks << " ranks";
+    // Each rank acquired only its own experts, and together the ones the one engine did.
+    std::set<std::pair<int, int>> acquired_by_all;
+    for (int r = 0; r < n_ranks; ++r) {
+      for (const auto& [layer, expert] : g.sources[r]->acquired) {
+        EXPECT_EQ(expert % n_ranks, r) << layer << "/" << expert;
+        acquired_by_all.insert({layer, expert});
+      }
+    }
+    EXPECT_EQ(acquired_by_all, one_source.acquired) << n_ranks;
+    EXPECT_EQ(g.backend->counters().tokens, one->counters().tokens) << n_ranks;
+  }
+}
+
+// A step that fails on one rank fails the backend's call with that rank's error, on every rank,
+// without a hang; the group is reset, so the next steps run and give the one engine's results.
+TEST(ExpertParallelBackend, AFailedStepFailsOnceAndTheNextStepsRun) {
+  testing_support::SynthWeights m = MakeModel();
+  RecordingSource one_source(*m.weights);
+  auto one = MakeEngine(*m.weights, one_source, nullptr, nullptr);
+  const RankRun want = Drive(*one, 8);
+  BackendGroup g = MakeBackendGroup(*m.weights, 3);
+  g.sources[1]->fail_at_call = 2;  // rank 1's second acquire: in the prompt's second layer
+  const RankRun failed = Drive(*g.backend, 8);
+  ASSERT_EQ(failed.statuses.size(), 1u);
+  EXPECT_EQ(failed.statuses[0].code(), absl::StatusCode::kUnavailable) << failed.statuses[0];
+  for (int s = 0; s < 2; ++s) g.backend->ClearSequence(s);
+  const RankRun again = Drive(*g.backend, 8);
+  for (const absl::Status& s : again.statuses) ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(std::memcmp(again.prompt_logits.data(), want.prompt_logits.data(), want.prompt_logits.size() * 4), 0);
+  EXPECT_EQ(again.greedy, want.greedy);
+}
+
+TEST(ExpertParallelBackend, RefusesRanksThatDoNotMatchTheGroup) {
+  testing_support::SynthWeights m = MakeModel();
+  RecordingSource src(*m.weights);
+  ExpertParallelBackend::Group group;
+  group.exchange = std::make_unique<InProcessExchangeGroup>(2);
+  group.placements.push_back(std::make_unique<ExpertPlacement>(*ExpertPlacement::Create(2, 0)));
+  std::vector<std::unique_ptr<ComputeBackend>> ranks;
+  ranks.push_back(MakeEngine(*m.weights, src, group.placements[0].get(), &group.exchange->rank(0)));
+  EXPECT_EQ(ExpertParallelBackend::Create(std::move(group), std::move(ranks)).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

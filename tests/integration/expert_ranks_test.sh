@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# usage: expert_ranks_test.sh MER MER_COMPUTE MER_GATEWAY
+# Expert-parallel ranks through the daemons: mer-compute --expert-ranks N (N CpuEngine ranks in
+# one process, each running the experts e with e mod N its rank) behind mer-gateway serves the
+# greedy ids `mer generate` gives with one engine, for 1, 2 and 3 ranks and 8 concurrent streams
+# of different prompts; --expert-ranks with --store, with --backend cuda, or 0 is refused at start.
+set -u
+MER=$1
+COMP=$2
+GW=$3
+source "$(dirname "$0")/lib.sh"
+setup_work ranks
+
+timeout 120 "$MER" synth --preset micro --quant q8_0 --threads 2 --out "$WORK/m.gguf" >/dev/null || { fail synth; exit 1; }
+prompt() { echo "$((1 + $1)),17,$((40 + 3 * $1)),99,7,3,250,$((11 + $1))"; }
+declare -A want
+for s in $(seq 0 7); do
+  want[$s]=$(timeout 60 "$MER" generate --model "$WORK/m.gguf" --prompt-tokens "$(prompt "$s")" --max-tokens 24 \
+               --ignore-eos --print-token-ids --threads 1 2>/dev/null | tail -1)
+  [ -n "${want[$s]}" ] || fail "reference ids of prompt $s"
+done
+
+for ranks in 1 2 3; do
+  sock="$WORK/c$ranks.sock"
+  ( exec "$COMP" --model "$WORK/m.gguf" --listen "unix:$sock" --max-sequences 8 --ctx 1024 --threads 3 \
+      --expert-ranks "$ranks" --metrics-listen off >"$WORK/c$ranks.log" 2>&1 ) &
+  CPID=$!; PIDS+=("$CPID")
+  wait_log "$WORK/c$ranks.log" "ready" "$CPID" || { fail "mer-compute --expert-ranks $ranks did not start"; continue; }
+  ( exec "$GW" --compute "unix:$sock" --listen 127.0.0.1:0 >"$WORK/g$ranks.log" 2>&1 ) &
+  GPID=$!; PIDS+=("$GPID")
+  wait_log "$WORK/g$ranks.log" "mer-compute up" "$GPID" || { fail "mer-gateway did not see mer-compute"; continue; }
+  ADDR=$(grep -o 'listening on [0-9.:]*' "$WORK/g$ranks.log" | awk '{print $3}')
+  for s in $(seq 0 7); do
+    timeout 60 "$MER" client --addr "$ADDR" --prompt-tokens "$(prompt "$s")" --max-tokens 24 --ignore-eos \
+      --print-token-ids >"$WORK/out$ranks.$s" 2>&1 &
+  done
+  wait_clients=0
+  for s in $(seq 0 7); do
+    for _ in $(seq 1 600); do kill -0 "$GPID" 2>/dev/null || break; [ -s "$WORK/out$ranks.$s" ] && break; sleep 0.1; done
+  done
+  for job in $(jobs -p); do
+    case " ${PIDS[*]} " in *" $job "*) ;; *) wait "$job" || wait_clients=$((wait_clients + 1)) ;; esac
+  done
+  [ "$wait_clients" -eq 0 ] || fail "$wait_clients clients failed with $ranks ranks"
+  same=0
+  for s in $(seq 0 7); do
+    got=$(tail -1 "$WORK/out$ranks.$s")
+    if [ "$got" == "${want[$s]}" ]; then same=$((same + 1)); else fail "$ranks ranks, prompt $s: '$got' vs '${want[$s]}'"; fi
+  done
+  echo "expert ranks $ranks: $same of 8 streams give the one-engine ids"
+  kill -TERM "$GPID" "$CPID" 2>/dev/null
+  wait "$GPID" "$CPID" 2>/dev/null
+done
+
+# Refused at start, with a message naming the flag.
+refused() {
+  local log=$1; shift
+  timeout 30 "$COMP" "$@" --listen "unix:$WORK/r.sock" --metrics-listen off >"$log" 2>&1
+  local rc=$?
+  [ $rc -ne 0 ] && [ $rc -lt 124 ] && grep -q -- '--expert-ranks' "$log" ||
+    fail "mer-compute $* was not refused with a message (rc=$rc): $(tail -1 "$log")"
+}
+mkdir -p "$WORK/store"
+refused "$WORK/r1.log" --store "$WORK/store" --residency x --expert-ranks 2
+refused "$WORK/r2.log" --model "$WORK/m.gguf" --backend cuda --expert-ranks 2
+refused "$WORK/r3.log" --model "$WORK/m.gguf" --expert-ranks 0
+finish
