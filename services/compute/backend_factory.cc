@@ -4,10 +4,16 @@
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
 #include "services/compute/cpu/cpu_engine.h"
+#include "services/compute/cpu/in_process_exchange.h"
+#include "services/compute/expert_parallel.h"
+#include "services/compute/expert_parallel_backend.h"
 #if MER_HAVE_CUDA
 #include "services/compute/cuda/cuda_engine.h"
 #include "services/compute/cuda/host_memory.h"
@@ -36,11 +42,48 @@ absl::Status ParseVramBudget(const std::string& b, CudaEngineOptions* co) {
 }
 #endif
 
+// o.expert_ranks CpuEngine ranks behind one ExpertParallelBackend, the threads split evenly.
+absl::StatusOr<CreatedBackend> CreateCpuRanks(const ModelWeights& weights, ExpertSource& experts, CpuEngineOptions co,
+                                              const BackendOptions& o) {
+  const int n = o.expert_ranks;
+  if (!o.rank_experts) return absl::InvalidArgumentError("expert ranks: no expert source for the ranks above 0");
+  const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  co.threads = std::max(1, threads / n);
+  ExpertParallelBackend::Group group;
+  group.exchange = std::make_unique<InProcessExchangeGroup>(n);
+  std::vector<std::unique_ptr<ComputeBackend>> ranks;
+  CreatedBackend out;
+  for (int r = 0; r < n; ++r) {
+    absl::StatusOr<ExpertPlacement> placed = ExpertPlacement::Create(n, r);
+    if (!placed.ok()) return placed.status();
+    auto placement = std::make_unique<ExpertPlacement>(std::move(*placed));
+    ExpertSource* source = &experts;
+    if (r > 0) {
+      ASSIGN_OR_RETURN(std::unique_ptr<ExpertSource> own, o.rank_experts(r));
+      source = own.get();
+      group.sources.push_back(std::move(own));
+    }
+    co.placement = placement.get();
+    co.exchange = &group.exchange->rank(r);
+    group.placements.push_back(std::move(placement));
+    ASSIGN_OR_RETURN(std::unique_ptr<CpuEngine> engine, CpuEngine::Create(weights, *source, co));
+    out.threads += engine->options().threads;
+    ranks.push_back(std::move(engine));
+  }
+  ASSIGN_OR_RETURN(out.engine, ExpertParallelBackend::Create(std::move(group), std::move(ranks)));
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<CreatedBackend> CreateBackend(const ModelWeights& weights, ExpertSource& experts,
                                              const BackendOptions& o) {
   CreatedBackend out;
+  if (o.expert_ranks < 1 || o.expert_ranks > kMaxExpertRanks)
+    return absl::InvalidArgumentError(absl::StrCat("--expert-ranks ", o.expert_ranks, ": 1 to ", kMaxExpertRanks));
+  if (o.expert_ranks > 1 && o.backend != "cpu")
+    return absl::InvalidArgumentError(
+        "--expert-ranks above 1 needs --backend cpu: the cuda ranks and their NCCL exchange are not built");
   if (o.backend == "cuda") {
 #if MER_HAVE_CUDA
     CudaEngineOptions co;
@@ -85,6 +128,7 @@ absl::StatusOr<CreatedBackend> CreateBackend(const ModelWeights& weights, Expert
   co.max_batch_tokens = o.max_batch_tokens;
   co.max_sequences = o.max_sequences;
   co.max_context_tokens = o.max_context_tokens;
+  if (o.expert_ranks > 1) return CreateCpuRanks(weights, experts, co, o);
   ASSIGN_OR_RETURN(std::unique_ptr<CpuEngine> engine, CpuEngine::Create(weights, experts, co));
   out.threads = engine->options().threads;
   out.engine = std::move(engine);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -47,7 +48,15 @@ struct BackendOptions {
   // cuda: which kernels take multi-token Q8_0 products: "auto", "dp4a", "exact" or "fast"
   // (cuda::MultiTokenQ8_0: a setting of the whole process); empty: MER_CUDA_MMA's, else auto.
   std::string multi_token_kernels;
+  // Expert-parallel ranks (expert_parallel_backend.h): each computes the dense part and the experts
+  // e with e mod expert_ranks == its rank, `threads` split between them; cpu only (the cuda
+  // ranks' NCCL exchange is not built). Rank 0 reads `experts`, rank r > 0 rank_experts(r): an
+  // ExpertSource serves one engine.
+  int expert_ranks = 1;  // 1 to kMaxExpertRanks
+  std::function<absl::StatusOr<std::unique_ptr<ExpertSource>>(int rank)> rank_experts;
 };
+
+inline constexpr int kMaxExpertRanks = 64;
 
 struct CreatedBackend {
   std::unique_ptr<ComputeBackend> engine;

@@ -50,7 +50,7 @@ constexpr char kHelp[] =
                    [--arena-policy lfu|lru] [--multi-token-kernels auto|dp4a|exact|fast]
                    [--max-sequences N] [--max-batch-tokens N] [--ctx N] [--kv-budget-tokens N]
                    [--threads N] [--admission-wait-ms N] [--metrics-listen HOST:PORT|off]
-                   [--verify-model SHA256]
+                   [--verify-model SHA256] [--expert-ranks N]
 
 Serves the model to mer-gateway over the internal gRPC API on the unix socket PATH, generating
 up to --max-sequences (default 8) sequences at once with continuous batching: each step carries
@@ -86,7 +86,10 @@ everywhere) keep the CPU reference's results bit for bit; fast runs them on the 
 one sum per 32-block, ~1.4x the batch throughput, and gives up the bit-exactness (logits within
 a few percent of the reference's, as any other summation order; docs/cuda.md). Prometheus metrics are served on http://HOST:PORT/metrics (default
 127.0.0.1:0: a free port, printed on stderr as "metrics: http://127.0.0.1:PORT/metrics"); off
-serves none.
+serves none. --expert-ranks N (default 1; --backend cpu with --model) runs N expert-parallel
+ranks in this process, each computing the dense part and the experts e with e mod N its rank, with
+--threads split between them: the same results as one engine, bit for bit; the layout the GPU
+ranks will take (docs/design.md, "Several GPUs and several hosts").
 )";
 
 struct Args {
@@ -101,6 +104,7 @@ struct Args {
   std::string miss_path;            // "device" or "host"
   std::string arena_policy;         // "lfu" or "lru"
   std::string multi_token_kernels;  // "auto", "dp4a", "exact", "fast"; empty: the environment's
+  int64_t expert_ranks = 1;
 };
 
 absl::Status ParseArgs(int argc, char** argv, Args* a) {
@@ -124,7 +128,8 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
                                                               "miss-path",
                                                               "arena-policy",
                                                               "verify-model",
-                                                              "multi-token-kernels"},
+                                                              "multi-token-kernels",
+                                                              "expert-ranks"},
                                                              {}));
   a->model = f.String("model");
   a->store = f.String("store");
@@ -155,6 +160,11 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
   if (f.Has("multi-token-kernels")) {
     ASSIGN_OR_RETURN(a->multi_token_kernels, f.OneOf("multi-token-kernels", "auto", {"auto", "dp4a", "exact", "fast"}));
   }
+  ASSIGN_OR_RETURN(a->expert_ranks, f.IntInRange("expert-ranks", a->expert_ranks, 1, mer::kMaxExpertRanks));
+  if (a->expert_ranks > 1 && !a->store.empty())
+    return absl::InvalidArgumentError(
+        "--expert-ranks above 1 goes with --model: each rank reads its experts from its own source, "
+        "and a mer-residency instance serves one");
   mer::PrepareProcessFor(a->backend, a->miss_path == "device");  // before the backend's first runtime call
   if (a->vram_arena == "residency" && (a->store.empty() || !mer::SharesArenaWithResidency(a->backend)))
     return absl::InvalidArgumentError("--vram-arena residency needs --backend cuda and --store/--residency");
@@ -227,6 +237,10 @@ absl::Status Main(const Args& a) {
   bo_engine.device_misses = a.miss_path == "device";
   bo_engine.arena_policy = a.arena_policy;
   bo_engine.multi_token_kernels = a.multi_token_kernels;
+  bo_engine.expert_ranks = static_cast<int>(a.expert_ranks);
+  bo_engine.rank_experts = [&weights](int) -> absl::StatusOr<std::unique_ptr<ExpertSource>> {
+    return std::make_unique<MappedExpertSource>(*weights);
+  };
   if (store) {
     systemd::NotifyStatus(absl::StrCat("waiting for mer-residency instance ", a.residency));
     ResidencyExpertSourceOptions so;

@@ -35,6 +35,40 @@ MicroModel LoadMicro() {
   return m;
 }
 
+// --expert-ranks: 1 to kMaxExpertRanks, the cpu backend's, a source for every rank above 0; N
+// ranks split the threads and answer as one engine does (expert_parallel_test checks the bits).
+TEST(BackendFactory, ExpertRanksAreCpuRanksWithASourceEach) {
+  MicroModel m = LoadMicro();
+  ASSERT_NE(m.weights, nullptr);
+  BackendOptions o;
+  o.threads = 4;
+  o.expert_ranks = 0;
+  EXPECT_EQ(CreateBackend(*m.weights, *m.experts, o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.expert_ranks = kMaxExpertRanks + 1;
+  EXPECT_EQ(CreateBackend(*m.weights, *m.experts, o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.expert_ranks = 2;
+  EXPECT_EQ(CreateBackend(*m.weights, *m.experts, o).status().code(), absl::StatusCode::kInvalidArgument)
+      << "no source for rank 1";
+  o.backend = "cuda";
+  const absl::Status cuda = CreateBackend(*m.weights, *m.experts, o).status();
+  EXPECT_EQ(cuda.code(), absl::StatusCode::kInvalidArgument) << cuda;
+  EXPECT_NE(cuda.message().find("--expert-ranks above 1 needs --backend cpu"), absl::string_view::npos) << cuda;
+  o.backend = "cpu";
+  int sources = 0;
+  o.rank_experts = [&](int) -> absl::StatusOr<std::unique_ptr<ExpertSource>> {
+    ++sources;
+    return std::make_unique<MappedExpertSource>(*m.weights);
+  };
+  auto created = CreateBackend(*m.weights, *m.experts, o);
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_EQ(sources, 1);
+  EXPECT_EQ(created->threads, 4);  // 2 ranks x 2 threads
+  const BatchToken b{1, 0, 0, true};
+  int32_t id = -1;
+  EXPECT_TRUE(created->engine->ForwardArgmax(absl::MakeConstSpan(&b, 1), &id).ok());
+  EXPECT_GE(id, 0);
+}
+
 TEST(BackendFactory, MultiTokenKernelsAreTheCudaBackends) {
   MicroModel m = LoadMicro();
   ASSERT_NE(m.weights, nullptr);
