@@ -4,12 +4,12 @@
 #include <cstdlib>
 #include <map>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
+#include "common/base/threads.h"
 #include "services/compute/cpu/cpu_engine.h"
 #include "services/compute/cpu/in_process_exchange.h"
 #include "services/compute/expert_parallel.h"
@@ -47,8 +47,7 @@ absl::StatusOr<CreatedBackend> CreateCpuRanks(const ModelWeights& weights, Exper
                                               const BackendOptions& o) {
   const int n = o.expert_ranks;
   if (!o.rank_experts) return absl::InvalidArgumentError("expert ranks: no expert source for the ranks above 0");
-  const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  co.threads = std::max(1, threads / n);
+  co.threads = std::max(1, ResolveThreads(o.threads) / n);
   ExpertParallelBackend::Group group;
   group.exchange = std::make_unique<InProcessExchangeGroup>(n);
   std::vector<std::unique_ptr<ComputeBackend>> ranks;

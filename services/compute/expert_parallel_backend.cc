@@ -74,9 +74,7 @@ absl::Status ExpertParallelBackend::OnEveryRank(absl::FunctionRef<absl::Status(i
   work_ = nullptr;
   absl::Status status = results_[0];
   for (int r = 1; r < n_ranks() && status.ok(); ++r) status = results_[r];
-  bool failed = false;
-  for (const absl::Status& s : results_) failed |= !s.ok();
-  if (failed) group_.exchange->Reset();  // every rank has returned from the step
+  if (!status.ok()) group_.exchange->Reset();  // some rank failed, and every rank has returned
   return status;
 }
 

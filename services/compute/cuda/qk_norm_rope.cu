@@ -19,8 +19,8 @@ __global__ void QkNormRopeKernel(const QkNormRopeArgs a) {
   const float* src = is_q ? a.q + (int64_t(t) * a.n_head + h) * HD : a.k + int64_t(t) * KD + hk * HD;
   const float x = src[d];
   // head_dim may be below a warp (16 in the unit-test geometry): reduce through shared memory, the
-  // CPU's chain in one thread (in every thread, a 512-token step's 18,432 heads spent ~20 us of
-  // the H100's f64 adds on copies of it).
+  // CPU's chain in one thread (run by every thread of the head, it took 86 us a layer at 1,024
+  // tokens on the H100, 50 in one).
   __shared__ float head_scale;
   squares[d] = static_cast<double>(x * x);
   __syncthreads();
