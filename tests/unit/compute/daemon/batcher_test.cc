@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
@@ -372,11 +373,13 @@ TEST(BatcherTest, BackendFailureFailsTheBatchAndServesAgain) {
 }
 
 // Records which experts are acquired; fails with DataLoss any acquire that includes `bad`, as
-// mer-residency answers for a blob that fails its checksum.
+// mer-residency answers for a blob that fails its checksum. While a caller holds `gate`, every
+// acquire waits for it: the step thread cannot run ahead of the submitting thread.
 class DamagedExpertSource final : public ExpertSource {
  public:
   explicit DamagedExpertSource(const ModelWeights& w) : mapped_(w) {}
   absl::Status AcquireLayer(int layer, absl::Span<const int32_t> experts, absl::Span<ExpertWeights> out) override {
+    { std::lock_guard<std::mutex> wait_for_the_gate(gate); }
     for (int32_t e : experts) {
       used.insert({layer, e});
       if (bad == std::make_pair(layer, e)) {
@@ -390,6 +393,7 @@ class DamagedExpertSource final : public ExpertSource {
   std::set<std::pair<int, int>> used;
   std::pair<int, int> bad{-1, -1};
   int failures = 0;
+  std::mutex gate;
 
  private:
   MappedExpertSource mapped_;
@@ -426,10 +430,15 @@ TEST(BatcherTest, ADamagedExpertFailsOnlyTheSequencesRoutedToIt) {
   std::vector<std::shared_ptr<SequenceStream>> streams(kRequests);
   std::vector<std::vector<int32_t>> got(kRequests);
   for (int first = 0; first < kRequests; first += 8) {  // 8 slots: two groups of 8 at once
-    for (int i = first; i < first + 8; ++i) {
-      auto s = batcher.Submit(Request(i));
-      ASSERT_TRUE(s.ok()) << s.status();
-      streams[i] = *s;
+    {
+      // The group is submitted before the first step of it is through, so its sequences share
+      // steps on any host; a step thread let run would take each request alone on one core.
+      std::lock_guard<std::mutex> hold_the_steps(src.gate);
+      for (int i = first; i < first + 8; ++i) {
+        auto s = batcher.Submit(Request(i));
+        ASSERT_TRUE(s.ok()) << s.status();
+        streams[i] = *s;
+      }
     }
     for (int i = first; i < first + 8; ++i) got[i] = Drain(*streams[i]);
   }
