@@ -12,6 +12,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/base/daemon_main.h"
 #include "common/base/flags.h"
@@ -27,7 +28,7 @@ namespace {
 constexpr char kHelp[] =
     R"(usage: mer-residency --store STORE_DIR --instance NAME --ram-budget BYTES|PERCENT%
                      [--io auto|uring|pread] [--policy lru|lfu|arc] [--prefetch] [--warm]
-                     [--tiers auto|exclusive|inclusive]
+                     [--tiers auto|exclusive|inclusive] [--expert-share RANK/RANKS]
                      [--check-invariants]
                      [--io-inflight N] [--prefetch-inflight N] [--vram-prefetch-inflight N]
                      [--stats-interval SECONDS]
@@ -41,7 +42,11 @@ holds that name, /dev/shm/NAME.<16 hex digits> instead, which mer-compute finds 
 bytes ("10%"); the RAM tier holds budget / blob size slots (at least one; compute acquires a
 layer's experts in groups of half the slots). --warm fills the RAM tier from the store at start,
 while no demand waits (free slots only, layer by layer, io-inflight - 2 reads at a time; the log
-says when it is done and at what rate the store read). --check-invariants CHECKs the tiers'
+says when it is done and at what rate the store read). --expert-share RANK/RANKS makes the instance one expert-parallel rank's (mer-compute
+--expert-ranks RANKS gives each rank an instance of its own): its share is expert e of every layer
+with e mod RANKS = RANK, the experts that rank computes; a --ram-budget percentage is of the share's
+bytes, and --warm reads only the share (a demand for any other expert is served all the same).
+--check-invariants CHECKs the tiers'
 bookkeeping at every census (for tests: a violation aborts the daemon). With --pin auto (the default) the RAM tier is page-locked with cudaHostRegister when a GPU and
 the CUDA runtime are present (uploads to VRAM then run at the pinned rate); the log says whether
 it was. When mer-compute exports its VRAM expert arena over CUDA IPC (--vram-arena residency,
@@ -66,6 +71,7 @@ struct Args {
   std::string metrics_listen = "127.0.0.1:0";
   std::string pin = "auto";
   std::string io_faults;
+  int expert_share_rank = 0, expert_share_ranks = 1;
   bool prefetch = false, take_over = false, warm = false, check_invariants = false;
   int64_t io_inflight = 16, prefetch_inflight = 2, vram_prefetch_inflight = 3;
   double stats_interval = 0;
@@ -73,11 +79,11 @@ struct Args {
 
 absl::Status ParseArgs(int argc, char** argv, Args* a) {
   ASSIGN_OR_RETURN(const mer::Flags f,
-                   mer::Flags::ParseMain(
-                       argc, argv,
-                       {"store", "instance", "ram-budget", "io", "policy", "tiers", "metrics-listen", "pin",
-                        "io-inflight", "prefetch-inflight", "vram-prefetch-inflight", "stats-interval", "io-faults"},
-                       {"prefetch", "take-over", "warm", "check-invariants"}));
+                   mer::Flags::ParseMain(argc, argv,
+                                         {"store", "instance", "ram-budget", "io", "policy", "tiers", "metrics-listen",
+                                          "pin", "io-inflight", "prefetch-inflight", "vram-prefetch-inflight",
+                                          "stats-interval", "io-faults", "expert-share"},
+                                         {"prefetch", "take-over", "warm", "check-invariants"}));
   a->store = f.String("store");
   a->instance = f.String("instance");
   a->budget = f.String("ram-budget");
@@ -96,6 +102,15 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
   ASSIGN_OR_RETURN(a->vram_prefetch_inflight, f.IntInRange("vram-prefetch-inflight", a->vram_prefetch_inflight, 0, 3));
   ASSIGN_OR_RETURN(a->stats_interval, f.Double("stats-interval", a->stats_interval));
   if (a->stats_interval < 0) return absl::InvalidArgumentError("--stats-interval must be >= 0");
+  if (f.Has("expert-share")) {
+    const std::string share = f.String("expert-share");
+    const std::vector<std::string> parts = absl::StrSplit(share, '/');
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &a->expert_share_rank) ||
+        !absl::SimpleAtoi(parts[1], &a->expert_share_ranks) || a->expert_share_ranks < 1 ||
+        a->expert_share_ranks > 64 || a->expert_share_rank < 0 || a->expert_share_rank >= a->expert_share_ranks)
+      return absl::InvalidArgumentError(
+          absl::StrCat("--expert-share '", share, "': RANK/RANKS with 1 <= RANKS <= 64 and 0 <= RANK < RANKS"));
+  }
   if (a->store.empty() || a->instance.empty() || a->budget.empty())
     return absl::InvalidArgumentError("--store, --instance and --ram-budget are required");
   return absl::OkStatus();
@@ -128,8 +143,12 @@ absl::Status Main(const Args& a) {
   using namespace mer::residency;
   ASSIGN_OR_RETURN(std::unique_ptr<ExpertStore> store, ExpertStore::Open(a.store));
   ResidencyOptions o;
-  const uint64_t total = uint64_t(store->n_layer()) * store->n_expert() * store->blob_bytes();
-  ASSIGN_OR_RETURN(o.ram_budget_bytes, ParseBudget(a.budget, total));
+  o.expert_share_rank = a.expert_share_rank;
+  o.expert_share_ranks = a.expert_share_ranks;
+  // A percentage budget is of the experts this instance is there for: its share.
+  const uint64_t share_bytes =
+      uint64_t(store->n_layer()) * ShareExpertsPerLayer(o, store->n_expert()) * store->blob_bytes();
+  ASSIGN_OR_RETURN(o.ram_budget_bytes, ParseBudget(a.budget, share_bytes));
   o.policy = a.policy;
   o.tiers = a.tiers;
   o.vram_prefetch_inflight_max = static_cast<int>(a.vram_prefetch_inflight);
@@ -166,14 +185,19 @@ absl::Status Main(const Args& a) {
                    ResidencyDaemon::Create(*store, segment.get(), std::move(engine.engine), store->experts_fd(), o));
   std::fprintf(stderr,
                "mer-residency: instance %s, store %s: %d layers x %d experts of %llu bytes; "
-               "RAM tier %u slots (%.1f MiB), io %s%s%s, %s, policy %s%s, %s tiers\n",
+               "RAM tier %u slots (%.1f MiB), io %s%s%s, %s, policy %s%s, %s tiers%s\n",
                a.instance.c_str(), a.store.c_str(), store->n_layer(), store->n_expert(),
                static_cast<unsigned long long>(store->blob_bytes()), daemon->ram_slots(),
                daemon->ram_slots() * double(store->blob_bytes()) / (1 << 20), daemon->io().name().c_str(),
                engine.fallback_reason.empty() ? "" : " (io_uring unavailable: ",
                engine.fallback_reason.empty() ? "" : (engine.fallback_reason + ")").c_str(),
                store->direct_io() ? "O_DIRECT" : "buffered", o.policy.c_str(), o.prefetch ? ", prefetch" : "",
-               daemon->exclusive_tiers() ? "exclusive" : "inclusive");
+               daemon->exclusive_tiers() ? "exclusive" : "inclusive",
+               o.expert_share_ranks > 1
+                   ? absl::StrCat(", expert share ", o.expert_share_rank, "/", o.expert_share_ranks, " (",
+                                  ShareExpertsPerLayer(o, store->n_expert()), " experts a layer)")
+                         .c_str()
+                   : "");
   std::optional<HostPinning> pinning;
   if (a.pin == "auto" && daemon->ram_slots() > 0) {
     pinning.emplace(HostPinning::Register(segment->ram_slot(0).data(),

@@ -24,7 +24,8 @@ RamTier::RamTier(TierContext& ctx, IoEngine& io, int experts_fd, const Residency
       options_(options),
       n_slots_(ctx.segment->header().ram_slot_count),
       exclusive_(options.tiers == "exclusive" ||
-                 (options.tiers == "auto" && uint64_t{n_slots_} < uint64_t{ctx.n_layer} * ctx.n_expert)),
+                 (options.tiers == "auto" &&
+                  uint64_t{n_slots_} < uint64_t{ctx.n_layer} * ShareExpertsPerLayer(options, ctx.n_expert))),
       policy_(std::move(policy)),
       experts_(size_t{ctx.n_layer} * ctx.n_expert),
       slot_owner_(n_slots_, kFreeOwner),
@@ -342,6 +343,7 @@ bool RamTier::Warm() {
     const uint32_t i = warm_next_++;
     const uint32_t layer = ctx_.LayerOf(i), expert = ctx_.ExpertOf(i);
     if (!ctx_.ep.table().Contains(layer, expert) || experts_[i].state != RamState::kAbsent) continue;
+    if (!InExpertShare(options_, expert)) continue;  // another rank's
     const std::optional<uint32_t> slot = AllocateSlot(PackExpertKey(layer, expert), true);
     if (!slot.has_value()) break;
     StartLoadAhead(i, *slot, /*guess=*/false);

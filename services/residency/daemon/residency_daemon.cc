@@ -55,6 +55,10 @@ absl::StatusOr<std::unique_ptr<ResidencyDaemon>> ResidencyDaemon::Create(const E
       options.vram_upload_inflight_max < 1 || options.vram_prefetch_inflight_max < 0)
     return absl::InvalidArgumentError(
         "io_inflight_max and vram_upload_inflight_max must be >= 1, the other limits >= 0");
+  if (options.expert_share_ranks < 1 || options.expert_share_rank < 0 ||
+      options.expert_share_rank >= options.expert_share_ranks)
+    return absl::InvalidArgumentError(absl::StrCat("expert share ", options.expert_share_rank, "/",
+                                                   options.expert_share_ranks, ": the rank must be in [0, ranks)"));
   ASSIGN_OR_RETURN(std::unique_ptr<ReplacementPolicy> policy, CreatePolicy(options.policy, h.ram_slot_count));
   uint64_t max_used_bytes = 0;
   for (const StoreLayer& l : store.manifest().layers) max_used_bytes = std::max(max_used_bytes, l.used_bytes());

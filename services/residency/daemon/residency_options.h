@@ -27,6 +27,12 @@ struct ResidencyOptions {
   // RAM slots until none is left, io_inflight_max - 2 reads at a time, so that the first requests
   // do not wait for the disk. Only free slots: warming evicts nothing.
   bool warm = false;
+  // The share of the experts this instance serves when it is one expert-parallel rank's
+  // (mer-compute --expert-ranks, the rank's own instance): expert e of every layer is the share of
+  // rank e mod expert_share_ranks, as ExpertPlacement places it. Warming reads only the share; a
+  // demand for another expert (a replicated one) is served all the same. 1: every expert.
+  int expert_share_ranks = 1;
+  int expert_share_rank = 0;
   // Predictions below this confidence (0..1) are not prefetched.
   double prefetch_threshold = 0.5;
   // Most experts prefetched per hint.
@@ -66,5 +72,15 @@ struct ResidencyOptions {
   // census. Tests turn it on.
   bool check_invariants = false;
 };
+
+// Whether `expert` (of any layer) is in the instance's share (ResidencyOptions::expert_share_*).
+inline bool InExpertShare(const ResidencyOptions& o, uint32_t expert) {
+  return static_cast<int>(expert % static_cast<uint32_t>(o.expert_share_ranks)) == o.expert_share_rank;
+}
+// How many of a layer's n_expert experts are in the share.
+inline uint32_t ShareExpertsPerLayer(const ResidencyOptions& o, uint32_t n_expert) {
+  const uint32_t ranks = static_cast<uint32_t>(o.expert_share_ranks), rank = static_cast<uint32_t>(o.expert_share_rank);
+  return rank < n_expert ? (n_expert - rank + ranks - 1) / ranks : 0;
+}
 
 }  // namespace mer::residency

@@ -112,6 +112,45 @@ TEST(ResidencyDaemonTest, WarmingFillsFreeSlotsOnlyAndDemandsThenHit) {
   EXPECT_EQ(c.misses, 0u);
 }
 
+// One expert-parallel rank's instance (expert share 1/3): warming reads the experts e = 1 mod 3 of
+// every layer, though the tier could hold them all, and a demand for another rank's expert (a
+// replicated one) is served from the store.
+TEST(ResidencyDaemonTest, WarmingReadsOnlyTheExpertShare) {
+  const auto store = ExpertStore::Open(StoreDir());
+  ASSERT_TRUE(store.ok());
+  const int n_layer = (*store)->n_layer(), n_expert = (*store)->n_expert();
+  ResidencyOptions o;
+  o.warm = true;
+  o.expert_share_ranks = 3;
+  o.expert_share_rank = 1;
+  o.ram_budget_bytes = (*store)->blob_bytes() * n_layer * n_expert;
+  const uint32_t share = static_cast<uint32_t>(n_layer) * ShareExpertsPerLayer(o, n_expert);
+  ASSERT_EQ(ShareExpertsPerLayer(o, n_expert), static_cast<uint32_t>((n_expert + 1) / 3));
+  DaemonFixture f(o);
+  auto seg = AttachCompute(f);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (f.daemon().Snapshot().slots_resident < share && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  shm::ResidencyClient client(seg.get());
+  const int last = n_layer - 1;
+  const std::vector<int32_t> ours = {1, 4}, theirs = {0, 2};
+  for (const auto* experts : {&ours, &theirs}) {
+    auto step = client.BeginStep();
+    ASSERT_TRUE(step.ok());
+    std::vector<shm::PinnedExpert> pinned;
+    ASSERT_TRUE(client.Acquire(*step, last, *experts, absl::Now() + absl::Seconds(10), &pinned).ok());
+    for (size_t i = 0; i < experts->size(); ++i)
+      EXPECT_TRUE(SameAsStore(f.store(), last, (*experts)[i], pinned[i].bytes)) << (*experts)[i];
+    client.Release(pinned);
+    client.EndStep(*step);
+  }
+  EXPECT_EQ(client.stats().hits, 2u);     // the share's, warmed
+  EXPECT_EQ(client.stats().demands, 2u);  // the others', read on demand
+  const ResidencyCounters c = f.Stop();
+  EXPECT_EQ(c.warm_loads, share);
+  EXPECT_EQ(c.misses, 2u);
+  EXPECT_EQ(c.slots_resident, share + 2);
+}
+
 TEST(ResidencyDaemonTest, CoalescesDuplicateDemands) {
   DaemonFixture f({}, {}, /*thread=*/false);
   auto seg = AttachCompute(f);

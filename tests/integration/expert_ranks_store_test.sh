@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# usage: expert_ranks_store_test.sh MER MER_COMPUTE
+# Expert-parallel ranks over the expert store, as `mer up --expert-ranks 2` runs them: one
+# mer-residency per rank (--expert-share r/2, its RAM tier sized and warmed for that rank's
+# experts), mer-compute's rank r reading from the r-th. 8 concurrent streams get the greedy ids of
+# one engine on the GGUF file; the gateway's /metrics carries each residency's series with a rank
+# label (and passes promtool); each rank's residency reads only its own share's experts; rank 1's
+# mer-residency SIGKILLed is restarted by mer up and the same ids are served after; mer-compute
+# refuses a --residency list that does not name one instance per rank.
+set -u
+MER=$1
+COMP=$2
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/mer_ranks_store.XXXXXX")
+FAILURES=0
+UPID=
+source "$(dirname "$0")/lib.sh"
+trap cleanup_up EXIT
+
+timeout 120 "$MER" synth --preset micro --quant q8_0 --threads 2 --out "$WORK/m.gguf" >/dev/null || { fail synth; exit 1; }
+prompt() { echo "$((1 + $1)),17,$((40 + 3 * $1)),99,7,3,250,$((11 + $1))"; }
+declare -A want
+for s in $(seq 0 7); do
+  want[$s]=$(timeout 60 "$MER" generate --model "$WORK/m.gguf" --prompt-tokens "$(prompt "$s")" --max-tokens 24 \
+               --ignore-eos --print-token-ids --threads 1 2>/dev/null | tail -1)
+  [ -n "${want[$s]}" ] || fail "reference ids of prompt $s"
+done
+
+# streams TAG: the 8 prompts at once through the gateway; prints how many gave the one-engine ids.
+streams() {
+  local pids=() same=0
+  for s in $(seq 0 7); do
+    timeout 60 "$MER" client --addr "$ADDR" --prompt-tokens "$(prompt "$s")" --max-tokens 24 --ignore-eos \
+      --print-token-ids >"$WORK/out$1.$s" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p"; done
+  for s in $(seq 0 7); do
+    got=$(tail -1 "$WORK/out$1.$s")
+    if [ "$got" == "${want[$s]}" ]; then same=$((same + 1)); else fail "$1, prompt $s: '$got' vs '${want[$s]}'"; fi
+  done
+  echo "$same"
+}
+
+"$MER" up --model "$WORK/m.gguf" --listen 127.0.0.1:0 --http-listen off --metrics-listen 127.0.0.1:0 \
+  --ram-budget 50% --threads 2 --expert-ranks 2 >"$WORK/up.out" 2>"$WORK/up.err" &
+UPID=$!
+ADDR=
+for _ in $(seq 1 600); do
+  ADDR=$(grep -o 'gRPC API *[0-9.]*:[0-9]*' "$WORK/up.out" 2>/dev/null | awk '{print $3}')
+  [ -n "$ADDR" ] && break
+  kill -0 "$UPID" 2>/dev/null || break
+  sleep 0.1
+done
+if [ -z "$ADDR" ]; then
+  fail "mer up --expert-ranks 2 did not come up: $(tail -5 "$WORK/up.err")"
+  finish
+fi
+for r in 0 1; do
+  grep -q "^\[residency\[$r\]\] .*expert share $r/2" "$WORK/up.err" || fail "residency[$r] does not serve share $r/2"
+done
+grep -q -- "--expert-ranks 2" <(pgrep -af "mer-compute --store") || fail "mer-compute was not started with 2 ranks"
+echo "mer up --expert-ranks 2: $(streams first) of 8 streams give the one-engine ids"
+
+# The gateway's page: both residencies' series, labelled by rank.
+GW_METRICS=$(grep -o 'metrics *http://[^ ]*' "$WORK/up.out" | head -1 | awk '{print $2}')
+if fetch "$GW_METRICS" "$WORK/metrics.txt"; then
+  for r in 0 1; do
+    [ "$(metric "mer_scrape_up{daemon=\"residency\",rank=\"$r\"}" "$WORK/metrics.txt")" == 1 ] ||
+      fail "no scrape of rank $r's residency: $(grep mer_scrape_up "$WORK/metrics.txt")"
+    grep -q "^mer_expert_read_bytes_total{.*rank=\"$r\"" "$WORK/metrics.txt" ||
+      fail "no read bytes of rank $r's residency on the gateway's page"
+  done
+  lint_metrics "gateway /metrics with 2 residencies" "$WORK/metrics.txt"
+else
+  fail "no /metrics from the gateway ($GW_METRICS)"
+fi
+
+# Rank 1's mer-residency dies: mer up restarts it, rank 1 re-attaches, the same ids are served.
+rpid=$(pgrep -f "mer-residency .*--instance mer-up-$UPID.rank1" | head -1)
+if [ -n "$rpid" ]; then
+  kill -KILL "$rpid"
+  for _ in $(seq 1 300); do grep -q "mer-residency\[1\] exited" "$WORK/up.err" && break; sleep 0.1; done
+  grep -q "mer-residency\[1\] exited" "$WORK/up.err" || fail "mer up did not notice rank 1's residency die"
+  got=
+  for _ in $(seq 1 60); do
+    got=$(timeout 60 "$MER" client --addr "$ADDR" --prompt-tokens "$(prompt 0)" --max-tokens 24 --ignore-eos \
+            --print-token-ids 2>/dev/null | tail -1) && [ -n "$got" ] && break
+    sleep 0.5
+  done
+  [ "$got" == "${want[0]}" ] || fail "after rank 1's residency restarted: '$got' vs '${want[0]}'"
+  echo "rank 1's residency SIGKILLed and restarted: $(streams after) of 8 streams give the one-engine ids"
+else
+  fail "no mer-residency of rank 1 found"
+fi
+upid=$UPID
+kill -TERM "$UPID"; wait "$UPID"; rc=$?; UPID=
+[ $rc -eq 0 ] || fail "mer up exited $rc after SIGTERM"
+ls /dev/shm/mer-up-$upid* >/dev/null 2>&1 && fail "segments left: $(ls /dev/shm/mer-up-$upid*)"
+
+# One instance per rank, or refused at start naming the flags.
+timeout 30 "$COMP" --store "$WORK/m.gguf.store" --residency x --expert-ranks 2 --listen "unix:$WORK/r.sock" \
+  --metrics-listen off >"$WORK/r.log" 2>&1
+rc=$?
+[ $rc -ne 0 ] && [ $rc -lt 124 ] && grep -q -- '--residency names 1 .* --expert-ranks 2' "$WORK/r.log" ||
+  fail "a --residency list of 1 for 2 ranks was not refused (rc=$rc): $(tail -1 "$WORK/r.log")"
+finish
