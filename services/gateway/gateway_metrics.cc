@@ -3,7 +3,10 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/metrics/buckets.h"
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
@@ -82,12 +85,13 @@ struct GatewayMetrics::Impl : prometheus::Collectable {
     }
     if (kv) kv_usage_ratio->Set(kv());
     std::vector<prometheus::MetricFamily> out = registry->Collect();
-    LabelDaemon(&out, "gateway");
+    AddLabel(&out, "daemon", "gateway");
     prometheus::MetricFamily up;
     up.name = "mer_scrape_up";
     up.help = "Whether the gateway's scrape of the daemon's /metrics worked at this scrape (1) or not (0).";
     up.type = prometheus::MetricType::Gauge;
-    auto scrape = [&](const std::string& url, const std::string& daemon) {
+    // `rank`: the expert-parallel rank whose mer-residency the page is (empty: no rank label).
+    auto scrape = [&](const std::string& url, const std::string& daemon, const std::string& rank) {
       if (url.empty()) return;
       bool ok = false;
       if (auto body = HttpGet(url, options.scrape_timeout); body.ok()) {
@@ -95,18 +99,22 @@ struct GatewayMetrics::Impl : prometheus::Collectable {
           // The other exposer's own families (exposer_scrapes_total, ...) would clash with
           // the ones this page's exposer adds after the collectables; they describe only HTTP.
           std::erase_if(*families, [](const prometheus::MetricFamily& f) { return f.name.rfind("exposer_", 0) == 0; });
-          LabelDaemon(&*families, daemon);
+          if (!rank.empty()) AddLabel(&*families, "rank", rank);
+          AddLabel(&*families, "daemon", daemon);  // first: each is put before the labels there
           MergeFamilies(&out, std::move(*families));
           ok = true;
         }
       }
       prometheus::ClientMetric m;
       m.label.push_back({"daemon", daemon});
+      if (!rank.empty()) m.label.push_back({"rank", rank});
       m.gauge.value = ok ? 1 : 0;
       up.metric.push_back(std::move(m));
     };
-    scrape(options.compute_metrics_url, "compute");
-    scrape(options.residency_metrics_url, "residency");
+    scrape(options.compute_metrics_url, "compute", "");
+    const std::vector<std::string>& residencies = options.residency_metrics_urls;
+    for (size_t r = 0; r < residencies.size(); ++r)
+      scrape(residencies[r], "residency", residencies.size() > 1 ? absl::StrCat(r) : "");
     if (!up.metric.empty()) out.push_back(std::move(up));
     return out;
   }

@@ -26,9 +26,11 @@ namespace mer::gateway {
 
 struct GatewayMetricsOptions {
   std::string version;
-  std::string model_name;             // the model_name label until SetModelName
-  std::string compute_metrics_url;    // empty: not scraped
-  std::string residency_metrics_url;  // empty: not scraped
+  std::string model_name;           // the model_name label until SetModelName
+  std::string compute_metrics_url;  // empty: not scraped
+  // One per mer-residency instance (one per expert-parallel rank of mer-compute, rank r's the
+  // r-th); with several, each page's series are labelled rank="r". Empty: none scraped.
+  std::vector<std::string> residency_metrics_urls;
   absl::Duration scrape_timeout = absl::Seconds(2);
 };
 

@@ -8,9 +8,11 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/base/daemon_main.h"
 #include "common/base/flags.h"
@@ -35,7 +37,7 @@ namespace {
 constexpr char kHelp[] =
     R"(usage: mer-gateway --compute unix:PATH [--listen HOST:PORT] [--http-listen HOST:PORT|off]
                    [--served-model-name NAME] [--metrics-listen HOST:PORT|off]
-                   [--compute-metrics URL] [--residency-metrics URL] [--max-queue N]
+                   [--compute-metrics URL] [--residency-metrics URL[,URL...]] [--max-queue N]
                    [--max-request-bytes N] [--max-call-seconds N]
 
 Serves mer's public gRPC API (mer.v1.Mer: Generate, Tokenize, Detokenize, GetModelInfo;
@@ -56,13 +58,16 @@ one, printed as "http: URL"; off serves none), under the model id --served-model
 the model's general.name), from the same queue as the gRPC API. Prometheus metrics are served on
 http://HOST:PORT/metrics (default 127.0.0.1:0, printed as "metrics: URL"; off serves none), with
 the pages of --compute-metrics and --residency-metrics (their /metrics URLs) merged in, each
-series labelled daemon="gateway", "compute" or "residency".
+series labelled daemon="gateway", "compute" or "residency". --residency-metrics may list several
+URLs, comma-separated: one per mer-residency instance of mer-compute's expert ranks, rank r's the
+r-th, whose series are then also labelled rank="r".
 )";
 
 struct Args {
   std::string compute, listen = "127.0.0.1:50051", metrics_listen = "127.0.0.1:0";
   std::string http_listen = "127.0.0.1:8080", served_model_name;
-  std::string compute_metrics, residency_metrics;
+  std::string compute_metrics;
+  std::vector<std::string> residency_metrics;  // one per mer-residency instance
   int64_t max_queue = 256;
   int64_t max_request_bytes = 4 << 20;
   int64_t max_call_seconds = 600;
@@ -80,7 +85,7 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
   a->served_model_name = f.String("served-model-name");
   a->metrics_listen = f.String("metrics-listen", a->metrics_listen);
   a->compute_metrics = f.String("compute-metrics");
-  a->residency_metrics = f.String("residency-metrics");
+  a->residency_metrics = absl::StrSplit(f.String("residency-metrics"), ',', absl::SkipEmpty());
   ASSIGN_OR_RETURN(a->max_queue, f.IntInRange("max-queue", a->max_queue, 0, 1000000));
   ASSIGN_OR_RETURN(a->max_request_bytes,
                    f.IntInRange("max-request-bytes", a->max_request_bytes, 1024, int64_t{1} << 30));
@@ -88,9 +93,11 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
                    f.IntInRange("max-call-seconds", a->max_call_seconds, 1, int64_t{30} * 24 * 3600));
   if (a->compute.rfind("unix:", 0) != 0 || a->compute.size() <= 5)
     return absl::InvalidArgumentError("--compute unix:PATH is required");
-  for (const std::string* url : {&a->compute_metrics, &a->residency_metrics}) {
-    if (!url->empty() && url->rfind("http://", 0) != 0)
-      return absl::InvalidArgumentError(absl::StrCat("metrics URL '", *url, "' is not http://HOST:PORT/PATH"));
+  std::vector<std::string> urls = a->residency_metrics;
+  urls.push_back(a->compute_metrics);
+  for (const std::string& url : urls) {
+    if (!url.empty() && url.rfind("http://", 0) != 0)
+      return absl::InvalidArgumentError(absl::StrCat("metrics URL '", url, "' is not http://HOST:PORT/PATH"));
   }
   return absl::OkStatus();
 }
@@ -106,7 +113,7 @@ absl::Status Main(const Args& a) {
   GatewayMetricsOptions mo;
   mo.version = MER_VERSION;
   mo.compute_metrics_url = a.compute_metrics;
-  mo.residency_metrics_url = a.residency_metrics;
+  mo.residency_metrics_urls = a.residency_metrics;
   GatewayMetrics metrics(mo);
   SchedulerOptions so;
   so.max_queue = static_cast<int>(a.max_queue);

@@ -221,12 +221,12 @@ absl::StatusOr<std::vector<MetricFamily>> ParseMetricsText(absl::string_view tex
   return out;
 }
 
-void LabelDaemon(std::vector<MetricFamily>* families, const std::string& daemon) {
+void AddLabel(std::vector<MetricFamily>* families, const std::string& name, const std::string& value) {
   for (auto& f : *families) {
     for (auto& m : f.metric) {
       bool has = false;
-      for (const auto& l : m.label) has |= l.name == "daemon";
-      if (!has) m.label.insert(m.label.begin(), ClientMetric::Label{"daemon", daemon});
+      for (const auto& l : m.label) has |= l.name == name;
+      if (!has) m.label.insert(m.label.begin(), ClientMetric::Label{name, value});
     }
   }
 }

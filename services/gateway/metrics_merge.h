@@ -24,8 +24,8 @@ namespace mer::gateway {
 
 absl::StatusOr<std::vector<prometheus::MetricFamily>> ParseMetricsText(absl::string_view text);
 
-// Adds daemon="<daemon>" to every metric that has no daemon label.
-void LabelDaemon(std::vector<prometheus::MetricFamily>* families, const std::string& daemon);
+// Adds name="<value>" to every metric that has no label `name` (daemon="compute", rank="1").
+void AddLabel(std::vector<prometheus::MetricFamily>* families, const std::string& name, const std::string& value);
 
 // Appends `more` to `into`, merging families with an existing name (the first HELP and TYPE
 // win; a family whose TYPE disagrees with the first is dropped).

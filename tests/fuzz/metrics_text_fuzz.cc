@@ -14,7 +14,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   auto families = mer::gateway::ParseMetricsText(text);
   if (!families.ok()) return 0;
-  mer::gateway::LabelDaemon(&*families, "fuzz");
+  mer::gateway::AddLabel(&*families, "daemon", "fuzz");
   std::vector<prometheus::MetricFamily> merged;
   mer::gateway::MergeFamilies(&merged, std::move(*families));
   std::ostringstream os;

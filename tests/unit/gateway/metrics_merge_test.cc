@@ -61,8 +61,8 @@ TEST(MetricsMergeTest, MergesFamiliesAndLabelsDaemons) {
   ASSERT_TRUE(c.ok() && r.ok());
   EXPECT_EQ((*r)[1].help, "Slots \"of the tier\" \\\\ by state.");  // kept escaped
   std::vector<prometheus::MetricFamily> all;
-  LabelDaemon(&*c, "compute");
-  LabelDaemon(&*r, "residency");
+  AddLabel(&*c, "daemon", "compute");
+  AddLabel(&*r, "daemon", "residency");
   MergeFamilies(&all, std::move(*c));
   MergeFamilies(&all, std::move(*r));
   ASSERT_EQ(all.size(), 4u);
