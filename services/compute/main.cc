@@ -12,10 +12,13 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/base/daemon_main.h"
 #include "common/base/flags.h"
@@ -44,7 +47,7 @@
 namespace {
 
 constexpr char kHelp[] =
-    R"(usage: mer-compute (--model F.gguf | --store STORE_DIR --residency NAME) --listen unix:PATH
+    R"(usage: mer-compute (--model F.gguf | --store STORE_DIR --residency NAME[,NAME...]) --listen unix:PATH
                    [--backend cpu|cuda] [--vram-expert-budget BYTES|PERCENT%] [--pin-experts 0|1]
                    [--vram-prefetch 0|1] [--vram-arena residency|compute] [--miss-path device|host]
                    [--arena-policy lfu|lru] [--multi-token-kernels auto|dp4a|exact|fast]
@@ -86,10 +89,12 @@ everywhere) keep the CPU reference's results bit for bit; fast runs them on the 
 one sum per 32-block, ~1.4x the batch throughput, and gives up the bit-exactness (logits within
 a few percent of the reference's, as any other summation order; docs/cuda.md). Prometheus metrics are served on http://HOST:PORT/metrics (default
 127.0.0.1:0: a free port, printed on stderr as "metrics: http://127.0.0.1:PORT/metrics"); off
-serves none. --expert-ranks N (default 1; --backend cpu with --model) runs N expert-parallel
-ranks in this process, each computing the dense part and the experts e with e mod N its rank, with
---threads split between them: the same results as one engine, bit for bit; the layout the GPU
-ranks will take (docs/design.md, "Several GPUs and several hosts").
+serves none. --expert-ranks N (default 1; --backend cpu) runs N expert-parallel ranks in this
+process, each computing the dense part and the experts e with e mod N its rank, with --threads
+split between them: the same results as one engine, bit for bit; the layout the GPU ranks will
+take (docs/design.md, "Several GPUs and several hosts"). With --store each rank reads its experts
+from a mer-residency instance of its own: --residency names N instances, rank r's the r-th (each
+best started with --expert-share r/N, which sizes and warms its RAM tier for that rank's share).
 )";
 
 struct Args {
@@ -105,6 +110,7 @@ struct Args {
   std::string arena_policy;         // "lfu" or "lru"
   std::string multi_token_kernels;  // "auto", "dp4a", "exact", "fast"; empty: the environment's
   int64_t expert_ranks = 1;
+  std::vector<std::string> residencies;  // --residency's names: rank r's is the r-th
 };
 
 absl::Status ParseArgs(int argc, char** argv, Args* a) {
@@ -161,10 +167,11 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
     ASSIGN_OR_RETURN(a->multi_token_kernels, f.OneOf("multi-token-kernels", "auto", {"auto", "dp4a", "exact", "fast"}));
   }
   ASSIGN_OR_RETURN(a->expert_ranks, f.IntInRange("expert-ranks", a->expert_ranks, 1, mer::kMaxExpertRanks));
-  if (a->expert_ranks > 1 && !a->store.empty())
-    return absl::InvalidArgumentError(
-        "--expert-ranks above 1 goes with --model: each rank reads its experts from its own source, "
-        "and a mer-residency instance serves one");
+  a->residencies = absl::StrSplit(a->residency, ',', absl::SkipEmpty());
+  if (!a->store.empty() && int64_t(a->residencies.size()) != a->expert_ranks)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--residency names ", a->residencies.size(), " mer-residency instance(s) for --expert-ranks ", a->expert_ranks,
+        ": each rank reads its experts from an instance of its own (a segment serves one client)"));
   mer::PrepareProcessFor(a->backend, a->miss_path == "device");  // before the backend's first runtime call
   if (a->vram_arena == "residency" && (a->store.empty() || !mer::SharesArenaWithResidency(a->backend)))
     return absl::InvalidArgumentError("--vram-arena residency needs --backend cuda and --store/--residency");
@@ -204,7 +211,8 @@ absl::Status Main(const Args& a) {
   std::shared_ptr<const GgufFile> file;
   std::unique_ptr<ModelWeights> weights;
   std::unique_ptr<ExpertSource> experts;
-  ResidencyExpertSource* residency = nullptr;
+  // With --store, rank r's source from instance a.residencies[r]; rank 0's is `experts`.
+  std::vector<ResidencyExpertSource*> residencies;
   std::string path = a.model;
   if (!a.store.empty()) {
     ASSIGN_OR_RETURN(store, ExpertStore::Open(a.store));
@@ -238,21 +246,27 @@ absl::Status Main(const Args& a) {
   bo_engine.arena_policy = a.arena_policy;
   bo_engine.multi_token_kernels = a.multi_token_kernels;
   bo_engine.expert_ranks = static_cast<int>(a.expert_ranks);
-  bo_engine.rank_experts = [&weights](int) -> absl::StatusOr<std::unique_ptr<ExpertSource>> {
+  ResidencyExpertSourceOptions so;
+  // cuda: register the RAM tier in this process too, for the uploads compute makes itself (all
+  // of them with --vram-arena compute; the fill of an arena that holds every expert otherwise).
+  so.pin_ram_tier = HostMemoryPinnerFor(bo_engine);
+  const auto connect = [&](int rank) -> absl::StatusOr<std::unique_ptr<ResidencyExpertSource>> {
+    const std::string& name = a.residencies[rank];
+    systemd::NotifyStatus(absl::StrCat("waiting for mer-residency instance ", name));
+    ASSIGN_OR_RETURN(std::unique_ptr<ResidencyExpertSource> source, ResidencyExpertSource::Connect(*store, name, so));
+    residencies.push_back(source.get());
+    if (so.pin_ram_tier)
+      std::fprintf(stderr, "mer-compute: RAM tier of %s %s\n", name.c_str(), source->ram_tier_pinning().c_str());
+    return source;
+  };
+  bo_engine.rank_experts = [&](int rank) -> absl::StatusOr<std::unique_ptr<ExpertSource>> {
+    if (store) return connect(rank);
     return std::make_unique<MappedExpertSource>(*weights);
   };
   if (store) {
-    systemd::NotifyStatus(absl::StrCat("waiting for mer-residency instance ", a.residency));
-    ResidencyExpertSourceOptions so;
-    // cuda: register the RAM tier in this process too, for the uploads compute makes itself (all
-    // of them with --vram-arena compute; the fill of an arena that holds every expert otherwise).
-    so.pin_ram_tier = HostMemoryPinnerFor(bo_engine);
-    ASSIGN_OR_RETURN(std::unique_ptr<ResidencyExpertSource> source,
-                     ResidencyExpertSource::Connect(*store, a.residency, so));
-    residency = source.get();
-    if (a.vram_arena == "residency") bo_engine.vram_residency = residency;
+    ASSIGN_OR_RETURN(std::unique_ptr<ResidencyExpertSource> source, connect(0));
+    if (a.vram_arena == "residency") bo_engine.vram_residency = source.get();
     experts = std::move(source);
-    if (so.pin_ram_tier) std::fprintf(stderr, "mer-compute: RAM tier %s\n", residency->ram_tier_pinning().c_str());
   } else {
     experts = std::make_unique<MappedExpertSource>(*weights);
   }
@@ -284,7 +298,9 @@ absl::Status Main(const Args& a) {
   uint64_t all_experts = 0;
   if (store) {
     all_experts = uint64_t(store->n_layer()) * store->n_expert() * store->blob_bytes();
-    info.set_ram_expert_bytes(residency->ram_tier_bytes());
+    uint64_t ram = 0;
+    for (const ResidencyExpertSource* r : residencies) ram += r->ram_tier_bytes();
+    info.set_ram_expert_bytes(ram);
   } else {
     for (int l = 0; l < c.n_layer; ++l) all_experts += uint64_t(ExpertBytes(*weights, l)) * c.n_expert;
   }
@@ -321,12 +337,19 @@ absl::Status Main(const Args& a) {
   metrics.set_capacity([b] {
     return compute::Capacity{b->max_sequences(), b->free_sequences(), b->kv_budget_tokens(), b->kv_free_tokens()};
   });
-  // With a store: whether mer-residency is reachable, for GetInfo, Generate and the log.
-  std::unique_ptr<compute::ResidencyMonitor> monitor;
+  // With a store: whether every rank's mer-residency is reachable, for GetInfo, Generate and the
+  // log (a step needs every rank).
+  std::vector<std::unique_ptr<compute::ResidencyMonitor>> monitors;
   compute::ComputeServiceOptions service_options;
   if (store) {
-    monitor = std::make_unique<compute::ResidencyMonitor>(a.residency, shm::ExpectedSegmentIdentity(store->manifest()));
-    service_options.serving = [m = monitor.get()] { return m->status(); };
+    for (const std::string& name : a.residencies)
+      monitors.push_back(
+          std::make_unique<compute::ResidencyMonitor>(name, shm::ExpectedSegmentIdentity(store->manifest())));
+    service_options.serving = [&monitors] {
+      for (const auto& m : monitors)
+        if (absl::Status s = m->status(); !s.ok()) return s;
+      return absl::OkStatus();
+    };
   }
   compute::ComputeService service(*batcher, info, std::move(vp), service_options);
 
@@ -345,13 +368,13 @@ absl::Status Main(const Args& a) {
     ASSIGN_OR_RETURN(endpoint, MetricsEndpoint::Start(a.metrics_listen, metrics.collectables()));
     std::fprintf(stderr, "metrics: %s\n", endpoint->url().c_str());
   }
-  std::fprintf(stderr,
-               "mer-compute: %s (%s), backend %s, %d threads, %d sequences x %d positions, "
-               "%d batch tokens, KV budget %lld positions, experts %s\n",
-               path.c_str(), info.quantization().c_str(), a.backend.c_str(), created.threads, engine->max_sequences(),
-               engine->max_context_tokens(), batcher->max_batch_tokens(),
-               static_cast<long long>(batcher->kv_budget_tokens()),
-               store ? absl::StrCat("from mer-residency ", a.residency).c_str() : "from the file");
+  std::fprintf(
+      stderr,
+      "mer-compute: %s (%s), backend %s, %d threads, %d sequences x %d positions, "
+      "%d batch tokens, KV budget %lld positions, experts %s\n",
+      path.c_str(), info.quantization().c_str(), a.backend.c_str(), created.threads, engine->max_sequences(),
+      engine->max_context_tokens(), batcher->max_batch_tokens(), static_cast<long long>(batcher->kv_budget_tokens()),
+      store ? absl::StrCat("from mer-residency ", absl::StrJoin(a.residencies, ", ")).c_str() : "from the file");
   std::fprintf(stderr, "mer-compute: listening on %s\n", a.listen.c_str());
   std::fprintf(stderr, "mer-compute: ready\n");
   systemd::NotifyReady(absl::StrCat("serving on ", a.listen));

@@ -3,7 +3,8 @@
 # Expert-parallel ranks through the daemons: mer-compute --expert-ranks N (N CpuEngine ranks in
 # one process, each running the experts e with e mod N its rank) behind mer-gateway serves the
 # greedy ids `mer generate` gives with one engine, for 1, 2 and 3 ranks and 8 concurrent streams
-# of different prompts; --expert-ranks with --store, with --backend cuda, or 0 is refused at start.
+# of different prompts; --expert-ranks with --backend cuda, or 0, is refused at start (the ranks
+# over a store: expert_ranks_store_test.sh).
 set -u
 MER=$1
 COMP=$2
@@ -60,8 +61,6 @@ refused() {
   [ $rc -ne 0 ] && [ $rc -lt 124 ] && grep -q -- '--expert-ranks' "$log" ||
     fail "mer-compute $* was not refused with a message (rc=$rc): $(tail -1 "$log")"
 }
-mkdir -p "$WORK/store"
-refused "$WORK/r1.log" --store "$WORK/store" --residency x --expert-ranks 2
 refused "$WORK/r2.log" --model "$WORK/m.gguf" --backend cuda --expert-ranks 2
 refused "$WORK/r3.log" --model "$WORK/m.gguf" --expert-ranks 0
 finish

@@ -28,6 +28,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -35,12 +36,14 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/base/status.h"
 #include "common/shm/segment.h"
 #include "common/store/expert_store.h"
 #include "common/store/packer.h"
+#include "services/compute/backend_factory.h"
 #include "tools/mer/cli_util.h"
 
 namespace mer::cli {
@@ -51,7 +54,7 @@ constexpr char kHelp[] = R"(usage: mer up (--model F.gguf [--store-dir DIR] | --
               [--metrics-listen HOST:PORT] [--ram-budget BYTES|PERCENT%] [--policy lru|lfu|arc]
               [--prefetch] [--backend cpu|cuda] [--vram-expert-budget BYTES|PERCENT%]
               [--multi-token-kernels auto|dp4a|exact|fast] [--max-sequences N] [--max-batch-tokens N] [--ctx N] [--threads N] [--max-queue N]
-              [--watchdog-seconds N]
+              [--watchdog-seconds N] [--expert-ranks N]
 
 Starts mer-residency, mer-compute and mer-gateway (found beside this `mer`), each once the one
 before is ready, and prints where they serve: the public gRPC API on --listen (default
@@ -65,7 +68,10 @@ tier holds --ram-budget of the experts (default 25%) under --policy (default lfu
 the store at start (mer-residency --warm) while the first requests are served;
 --backend, --vram-expert-budget, --multi-token-kernels, --max-sequences (default 8), --max-batch-tokens, --ctx (default
 4096 positions per sequence, at most the model's context) and --threads are mer-compute's (see
-mer-compute --help); these defaults are deploy/mer.conf's. A
+mer-compute --help); these defaults are deploy/mer.conf's. --expert-ranks N (default 1; --backend
+cpu) runs mer-compute as N expert-parallel ranks, each reading its share of the experts (e mod N)
+from a mer-residency of its own (--expert-share r/N: --ram-budget is then of each share), whose
+metrics are labelled rank="r" on the gateway's page. A
 daemon that exits, or that sends no watchdog ping for --watchdog-seconds (default 30, as the
 systemd units' WatchdogSec=; 0: no watchdog) and is killed for it, is restarted (at most 5
 times a minute); SIGINT or SIGTERM stops all three; if mer up is killed, they stop too.
@@ -411,7 +417,7 @@ absl::Status Up(const Args& args) {
                                          {"model", "store", "store-dir", "listen", "http-listen", "served-model-name",
                                           "metrics-listen", "ram-budget", "policy", "backend", "vram-expert-budget",
                                           "multi-token-kernels", "max-sequences", "max-batch-tokens", "ctx", "threads",
-                                          "max-queue", "watchdog-seconds"},
+                                          "max-queue", "watchdog-seconds", "expert-ranks"},
                                          {"prefetch"}));
   if (f.Has("model") == f.Has("store")) return absl::InvalidArgumentError("give exactly one of --model and --store");
   struct sigaction sa {};
@@ -422,6 +428,7 @@ absl::Status Up(const Args& args) {
   signal(SIGPIPE, SIG_IGN);
 
   ASSIGN_OR_RETURN(const int64_t watchdog_seconds, f.IntInRange("watchdog-seconds", 30, 0, 3600));
+  ASSIGN_OR_RETURN(const int64_t ranks, f.IntInRange("expert-ranks", 1, 1, kMaxExpertRanks));
   // The ports first: a taken one would otherwise fail only after a long pack and load.
   const std::string listen = f.String("listen", "127.0.0.1:50051");
   const std::string http_listen = f.String("http-listen", "127.0.0.1:8080");
@@ -448,16 +455,43 @@ absl::Status Up(const Args& args) {
   (void)janitor_pipe;  // held open until mer up exits, by whatever means
   const std::string socket = absl::StrCat("unix:", run_dir, "/compute.sock");
 
-  Daemon residency{
-      "residency",
-      {bin + "/mer-residency", "--store", store, "--instance", instance, "--ram-budget", f.String("ram-budget", "25%"),
-       "--policy", f.String("policy", "lfu"), "--metrics-listen", "127.0.0.1:0", "--warm"}};
-  if (f.Has("prefetch")) residency.argv.push_back("--prefetch");
+  // One mer-residency per expert rank: rank r's instance is `instance`.rank<r> (the janitor's
+  // RemoveSegments takes every `instance`.* segment), its output prefixed residency[r].
+  std::deque<Daemon> residencies;
+  std::vector<std::string> instances;
+  for (int r = 0; r < ranks; ++r) {
+    const std::string name = r == 0 ? instance : absl::StrCat(instance, ".rank", r);
+    instances.push_back(name);
+    Daemon& d = residencies.emplace_back(
+        ranks == 1 ? "residency" : absl::StrCat("residency[", r, "]"),
+        std::vector<std::string>{bin + "/mer-residency", "--store", store, "--instance", name, "--ram-budget",
+                                 f.String("ram-budget", "25%"), "--policy", f.String("policy", "lfu"),
+                                 "--metrics-listen", "127.0.0.1:0", "--warm"});
+    if (ranks > 1) d.argv.insert(d.argv.end(), {"--expert-share", absl::StrCat(r, "/", ranks)});
+    if (f.Has("prefetch")) d.argv.push_back("--prefetch");
+  }
   Daemon compute{"compute",
-                 {bin + "/mer-compute", "--store", store, "--residency", instance, "--listen", socket, "--backend",
-                  f.String("backend", "cpu"), "--max-sequences", f.String("max-sequences", "8"), "--max-batch-tokens",
-                  f.String("max-batch-tokens", "256"), "--ctx", f.String("ctx", "4096"), "--threads",
-                  f.String("threads", "0"), "--metrics-listen", "127.0.0.1:0"}};
+                 {bin + "/mer-compute",
+                  "--store",
+                  store,
+                  "--residency",
+                  absl::StrJoin(instances, ","),
+                  "--listen",
+                  socket,
+                  "--expert-ranks",
+                  absl::StrCat(ranks),
+                  "--backend",
+                  f.String("backend", "cpu"),
+                  "--max-sequences",
+                  f.String("max-sequences", "8"),
+                  "--max-batch-tokens",
+                  f.String("max-batch-tokens", "256"),
+                  "--ctx",
+                  f.String("ctx", "4096"),
+                  "--threads",
+                  f.String("threads", "0"),
+                  "--metrics-listen",
+                  "127.0.0.1:0"}};
   if (f.Has("vram-expert-budget"))
     compute.argv.insert(compute.argv.end(), {"--vram-expert-budget", f.String("vram-expert-budget")});
   if (f.Has("multi-token-kernels"))
@@ -467,14 +501,20 @@ absl::Status Up(const Args& args) {
                   "--metrics-listen", metrics_listen, "--max-queue", f.String("max-queue", "256")}};
   if (f.Has("served-model-name"))
     gateway.argv.insert(gateway.argv.end(), {"--served-model-name", f.String("served-model-name")});
-  std::vector<Daemon*> all = {&residency, &compute, &gateway};
+  std::vector<Daemon*> all;
+  for (Daemon& d : residencies) all.push_back(&d);
+  all.insert(all.end(), {&compute, &gateway});
   g_daemons = all;
 
-  absl::Status status = StartAndWait(residency, absl::Seconds(120));
+  absl::Status status;
+  for (Daemon& d : residencies)
+    if (status.ok()) status = StartAndWait(d, absl::Seconds(120));
   if (status.ok()) status = StartAndWait(compute, absl::Seconds(600));
+  std::vector<std::string> residency_metrics;
+  for (const Daemon& d : residencies) residency_metrics.push_back(d.metrics_url);
   if (status.ok()) {
-    gateway.argv.insert(gateway.argv.end(),
-                        {"--compute-metrics", compute.metrics_url, "--residency-metrics", residency.metrics_url});
+    gateway.argv.insert(gateway.argv.end(), {"--compute-metrics", compute.metrics_url, "--residency-metrics",
+                                             absl::StrJoin(residency_metrics, ",")});
     status = StartAndWait(gateway, absl::Seconds(60));
   }
   // Ready means a first request is served: the gateway says "serving" once it has seen
@@ -497,7 +537,8 @@ absl::Status Up(const Args& args) {
       std::printf("  HTTP API   %s   (OpenAI-compatible: %s/v1/chat/completions)\n", gateway.http_url.c_str(),
                   gateway.http_url.c_str());
     std::printf("  metrics    %s   (all three daemons)\n", gateway.metrics_url.c_str());
-    std::printf("             compute %s, residency %s\n", compute.metrics_url.c_str(), residency.metrics_url.c_str());
+    std::printf("             compute %s, residency %s\n", compute.metrics_url.c_str(),
+                absl::StrJoin(residency_metrics, ", ").c_str());
     std::printf("  Ctrl-C stops them.\n");
     std::fflush(stdout);
   }
