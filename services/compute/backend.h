@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
@@ -59,7 +60,13 @@ class RouteOverride {
 struct BackendCounters {
   bool device = false;  // a backend with a device arena (cuda): the fields below count
   int64_t forward_calls = 0;
-  int64_t tokens = 0;                 // batch tokens processed
+  int64_t tokens = 0;  // batch tokens processed
+  // (token, expert) pairs whose expert FFN this backend computed, summed over layers (an
+  // expert-parallel rank computes only the pairs placed on it).
+  int64_t expert_pairs = 0;
+  // An expert-parallel rank's wall time in its layers' exchanges (waiting for the slowest rank,
+  // then summing), microseconds.
+  int64_t exchange_seconds_x1e6 = 0;
   int64_t expert_lookups = 0;         // distinct (layer, expert) a batch needs, summed over layers
   int64_t expert_misses = 0;          // of those, not in the arena
   int64_t expert_upload_bytes = 0;    // host -> VRAM
@@ -145,6 +152,9 @@ class ComputeBackend {
 
   // The counters above; read by the thread that runs Forward (between calls).
   virtual BackendCounters counters() const = 0;
+  // Each expert-parallel rank's own counters, rank r's the r-th (same thread rule); empty for a
+  // backend that is not made of ranks.
+  virtual std::vector<BackendCounters> rank_counters() const { return {}; }
   // Where the time of each kind of kernel went, when the backend was asked to time them (the
   // cuda backend's profile_kernels); empty otherwise.
   virtual std::string KernelProfile() const { return {}; }

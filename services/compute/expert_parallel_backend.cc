@@ -107,12 +107,20 @@ BackendCounters ExpertParallelBackend::counters() const {
   BackendCounters c = ranks_[0]->counters();
   for (int r = 1; r < n_ranks(); ++r) {
     const BackendCounters o = ranks_[r]->counters();
+    c.expert_pairs += o.expert_pairs;
     c.expert_lookups += o.expert_lookups;
     c.expert_misses += o.expert_misses;
     c.expert_upload_bytes += o.expert_upload_bytes;
     c.evictions += o.evictions;
   }
   return c;
+}
+
+std::vector<BackendCounters> ExpertParallelBackend::rank_counters() const {
+  std::vector<BackendCounters> out;
+  out.reserve(ranks_.size());
+  for (const auto& rank : ranks_) out.push_back(rank->counters());
+  return out;
 }
 
 }  // namespace mer

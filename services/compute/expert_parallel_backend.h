@@ -61,9 +61,10 @@ class ExpertParallelBackend final : public ComputeBackend {
   // Unimplemented (but nullptr): each rank would call a RouteOverride for every layer, where it
   // expects one call per layer of a step.
   absl::Status set_route_override(RouteOverride* route) override;
-  // Rank 0's counters, the experts' lookups, misses, uploads and evictions summed over the ranks
-  // (each rank looks up only the experts it runs).
+  // Rank 0's counters, the experts' pairs, lookups, misses, uploads and evictions summed over the
+  // ranks (each rank computes and looks up only the experts it runs).
   BackendCounters counters() const override;
+  std::vector<BackendCounters> rank_counters() const override;
   std::string KernelProfile() const override { return ranks_[0]->KernelProfile(); }
 
  private:

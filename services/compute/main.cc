@@ -321,15 +321,15 @@ absl::Status Main(const Args& a) {
   bo.kv_budget_tokens = a.kv_budget_tokens;
   bo.admission_wait = absl::Milliseconds(a.admission_wait_ms);
   {
-    // The backend's counters (VRAM hit rate, uploads, host syncs: a device backend's) as
-    // metrics: read on the step thread, at most every 100 ms while steps run and at every idle
+    // The backend's counters (expert pairs, by rank with ranks; VRAM hit rate, uploads, host
+    // syncs: a device backend's) as metrics: read on the step thread, at most every 100 ms while steps run and at every idle
     // tick, so a scrape after a burst sees its end.
     ComputeBackend* e = engine.get();
     bo.after_step = [e, &metrics, last = absl::InfinitePast()](bool idle) mutable {
       const absl::Time now = absl::Now();
       if (!idle && now - last < absl::Milliseconds(100)) return;
       last = now;
-      metrics.OnBackendCounters(e->counters());
+      metrics.OnBackendCounters(e->counters(), e->rank_counters());
     };
   }
   auto batcher = std::make_unique<compute::Batcher>(*engine, bo, &metrics);

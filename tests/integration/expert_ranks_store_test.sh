@@ -4,7 +4,7 @@
 # mer-residency per rank (--expert-share r/2, its RAM tier sized and warmed for that rank's
 # experts), mer-compute's rank r reading from the r-th. 8 concurrent streams get the greedy ids of
 # one engine on the GGUF file; the gateway's /metrics carries each residency's series with a rank
-# label (and passes promtool); each rank's residency reads only its own share's experts; rank 1's
+# label, and each compute rank's expert pairs (and passes promtool); rank 1's
 # mer-residency SIGKILLed is restarted by mer up and the same ids are served after; mer-compute
 # refuses a --residency list that does not name one instance per rank.
 set -u
@@ -63,12 +63,22 @@ echo "mer up --expert-ranks 2: $(streams first) of 8 streams give the one-engine
 
 # The gateway's page: both residencies' series, labelled by rank.
 GW_METRICS=$(grep -o 'metrics *http://[^ ]*' "$WORK/up.out" | head -1 | awk '{print $2}')
-if fetch "$GW_METRICS" "$WORK/metrics.txt"; then
+# compute samples its engine counters after steps at most every 100 ms and at idle ticks (100 ms):
+# a scrape right after a burst may precede the sample that counts its end.
+for _ in $(seq 1 50); do
+  fetch "$GW_METRICS" "$WORK/metrics.txt" || break
+  [ "$(metric 'mer_expert_pairs_total{daemon="compute",rank="1"}' "$WORK/metrics.txt")" -gt 0 ] 2>/dev/null && break
+  sleep 0.1
+done
+if [ -s "$WORK/metrics.txt" ]; then
   for r in 0 1; do
     [ "$(metric "mer_scrape_up{daemon=\"residency\",rank=\"$r\"}" "$WORK/metrics.txt")" == 1 ] ||
       fail "no scrape of rank $r's residency: $(grep mer_scrape_up "$WORK/metrics.txt")"
     grep -q "^mer_expert_read_bytes_total{.*rank=\"$r\"" "$WORK/metrics.txt" ||
       fail "no read bytes of rank $r's residency on the gateway's page"
+    pairs=$(metric "mer_expert_pairs_total{daemon=\"compute\",rank=\"$r\"}" "$WORK/metrics.txt")
+    [ -n "$pairs" ] && [ "$pairs" -gt 0 ] || fail "rank $r computed no expert pairs: $(grep pairs "$WORK/metrics.txt")"
+    echo "  rank $r: $pairs expert pairs computed"
   done
   lint_metrics "gateway /metrics with 2 residencies" "$WORK/metrics.txt"
 else

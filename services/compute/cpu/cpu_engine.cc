@@ -6,6 +6,8 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/base/check.h"
 #include "common/base/status.h"
 #include "common/base/threads.h"
@@ -311,6 +313,7 @@ absl::Status CpuEngine::MoE(int layer, int n) {
   for (int i = 0; i < n * K; ++i)
     if (runs_here(i)) ++group_begin_[expert_index_[chosen_[i]] + 1];
   for (int u = 0; u < n_used; ++u) group_begin_[u + 1] += group_begin_[u];
+  counters_.expert_pairs += group_begin_[n_used];
   {
     std::vector<int32_t>& fill = group_fill_;
     fill.assign(group_begin_.begin(), group_begin_.begin() + n_used);
@@ -400,8 +403,12 @@ absl::Status CpuEngine::MoE(int layer, int n) {
     experts_.ReleaseLayer(layer);
   }
 
-  if (options_.exchange != nullptr)
-    RETURN_IF_ERROR(options_.exchange->SumAcrossRanks(expert_out_.data(), size_t(n) * K * E));
+  if (options_.exchange != nullptr) {
+    const absl::Time start = absl::Now();
+    const absl::Status exchanged = options_.exchange->SumAcrossRanks(expert_out_.data(), size_t(n) * K * E);
+    counters_.exchange_seconds_x1e6 += absl::ToInt64Microseconds(absl::Now() - start);
+    RETURN_IF_ERROR(exchanged);
+  }
 
   // Weighted sum in top-k order (each product rounded, then added, as ggml's mul + add chain).
   for (int t = 0; t < n; ++t) {

@@ -85,6 +85,12 @@ struct ComputeMetrics::Impl {
   prometheus::Gauge* vram_bytes[6] = {};  // dense, kv, workspace, arena, used, peak
   BackendCounters last;
   void AddDeviceFamilies();
+  // Expert pairs computed: one series for a single engine, or one per expert-parallel rank
+  // (labelled rank="r", with the rank's exchange time beside it), made at the first sample.
+  prometheus::Family<prometheus::Counter>* pairs_family = nullptr;
+  std::vector<prometheus::Counter*> pairs;
+  std::vector<prometheus::Counter*> exchange_seconds;
+  std::vector<BackendCounters> last_ranks;
 };
 
 ComputeMetrics::ComputeMetrics(const std::string& version, const std::string& backend,
@@ -114,6 +120,10 @@ ComputeMetrics::ComputeMetrics(const std::string& version, const std::string& ba
   impl_->seq_ok = &seqs.Add({{"result", "ok"}});
   impl_->seq_cancelled = &seqs.Add({{"result", "cancelled"}});
   impl_->seq_failed = &seqs.Add({{"result", "error"}});
+  impl_->pairs_family = &prometheus::BuildCounter()
+                             .Name("mer_expert_pairs_total")
+                             .Help("(token, expert) pairs whose expert FFN was computed, by expert-parallel rank.")
+                             .Register(r);
   prometheus::BuildGauge()
       .Name("mer_build_info")
       .Help("Build of the daemon; always 1.")
@@ -162,13 +172,38 @@ void ComputeMetrics::Impl::AddDeviceFamilies() {
 
 ComputeMetrics::~ComputeMetrics() = default;
 
-void ComputeMetrics::OnBackendCounters(const BackendCounters& s) {
+void ComputeMetrics::OnBackendCounters(const BackendCounters& s, const std::vector<BackendCounters>& ranks) {
   Impl& m = *impl_;
-  if (!s.device) return;
-  if (m.vram_lookups == nullptr) m.AddDeviceFamilies();
   const auto advance = [](prometheus::Counter* c, int64_t now, int64_t before) {
     if (now > before) c->Increment(static_cast<double>(now - before));
   };
+  // One engine's pairs as the rank-less series; each rank's as its own.
+  const std::vector<BackendCounters> one = {s};
+  const std::vector<BackendCounters>& by_rank = ranks.empty() ? one : ranks;
+  if (m.pairs.empty()) {
+    prometheus::Family<prometheus::Counter>* exchange_family = nullptr;
+    if (!ranks.empty())
+      exchange_family = &prometheus::BuildCounter()
+                             .Name("mer_expert_exchange_seconds_total")
+                             .Help("Wall time of an expert-parallel rank in its layers' exchanges of expert outputs.")
+                             .Register(*m.registry);
+    for (size_t r = 0; r < by_rank.size(); ++r) {
+      const prometheus::Labels labels =
+          ranks.empty() ? prometheus::Labels{} : prometheus::Labels{{"rank", std::to_string(r)}};
+      m.pairs.push_back(&m.pairs_family->Add(labels));
+      if (exchange_family != nullptr) m.exchange_seconds.push_back(&exchange_family->Add(labels));
+    }
+    m.last_ranks.assign(by_rank.size(), BackendCounters{});
+  }
+  for (size_t r = 0; r < by_rank.size() && r < m.pairs.size(); ++r) {
+    advance(m.pairs[r], by_rank[r].expert_pairs, m.last_ranks[r].expert_pairs);
+    if (r < m.exchange_seconds.size() && by_rank[r].exchange_seconds_x1e6 > m.last_ranks[r].exchange_seconds_x1e6)
+      m.exchange_seconds[r]->Increment(
+          double(by_rank[r].exchange_seconds_x1e6 - m.last_ranks[r].exchange_seconds_x1e6) / 1e6);
+    m.last_ranks[r] = by_rank[r];
+  }
+  if (!s.device) return;
+  if (m.vram_lookups == nullptr) m.AddDeviceFamilies();
   advance(m.vram_lookups, s.expert_lookups, m.last.expert_lookups);
   advance(m.vram_misses, s.expert_misses, m.last.expert_misses);
   advance(m.upload_bytes, s.expert_upload_bytes, m.last.expert_upload_bytes);

@@ -44,11 +44,13 @@ class ComputeMetrics {
   void OnStep(double seconds, int batch_tokens, int sequences, int prompt_tokens, int generated);
   // A sequence left the batch (OK, cancelled or failed) after generating `generated` tokens.
   void OnSequenceEnd(const absl::Status& status, int generated);
-  // A sample of the backend's counters (families exist only for a backend with a device, the
-  // cuda one): the counters advance by the difference to the previous sample. Called by the
-  // thread that runs the forward pass (BatcherOptions::after_step), the only one that may read
-  // them.
-  void OnBackendCounters(const BackendCounters& counters);
+  // A sample of the backend's counters, and of each expert-parallel rank's (ComputeBackend::
+  // rank_counters; empty for one engine): the counters advance by the difference to the previous
+  // sample. The expert pairs are counted for every backend (by rank with ranks, which also count
+  // their exchange time); the other families exist only for a backend with a device, the cuda
+  // one. Called by the thread that runs the forward pass (BatcherOptions::after_step), the only
+  // one that may read them; the ranks' count must not change between calls.
+  void OnBackendCounters(const BackendCounters& counters, const std::vector<BackendCounters>& ranks = {});
 
   void set_capacity(std::function<Capacity()> capacity);
 

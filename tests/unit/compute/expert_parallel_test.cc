@@ -314,6 +314,17 @@ TEST(ExpertParallelBackend, RanksBehindOneBackendGiveTheOneEngineResults) {
     }
     EXPECT_EQ(acquired_by_all, one_source.acquired) << n_ranks;
     EXPECT_EQ(g.backend->counters().tokens, one->counters().tokens) << n_ranks;
+    // The pairs split over the ranks add up to the one engine's, each rank having computed some.
+    const std::vector<BackendCounters> by_rank = g.backend->rank_counters();
+    ASSERT_EQ(by_rank.size(), size_t(n_ranks));
+    int64_t pairs = 0;
+    for (const BackendCounters& c : by_rank) {
+      EXPECT_GT(c.expert_pairs, 0) << n_ranks;
+      pairs += c.expert_pairs;
+    }
+    EXPECT_GT(one->counters().expert_pairs, 0);
+    EXPECT_EQ(pairs, one->counters().expert_pairs) << n_ranks;
+    EXPECT_EQ(g.backend->counters().expert_pairs, pairs) << n_ranks;
   }
 }
 

@@ -8,6 +8,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
@@ -50,6 +51,37 @@ TEST(ComputeMetricsTest, VramTierSlotsUnlessResidencyPlacesTheArena) {
 TEST(ComputeMetricsTest, TheCpuBackendHasNoVramFamilies) {
   ComputeMetrics m("test", "cpu", {});
   EXPECT_THAT(Page(m), Not(HasSubstr("tier=\"vram\"")));
+}
+
+// Expert pairs for any backend: one series for one engine, one per rank (with its exchange time)
+// for expert-parallel ranks, advanced by the difference between samples.
+TEST(ComputeMetricsTest, ExpertPairsOfOneEngineAndByRank) {
+  ComputeMetrics one("test", "cpu", {});
+  BackendCounters s;
+  s.expert_pairs = 40;
+  one.OnBackendCounters(s);
+  s.expert_pairs = 64;
+  one.OnBackendCounters(s);
+  EXPECT_THAT(Page(one), HasSubstr("mer_expert_pairs_total 64\n"));
+  EXPECT_THAT(Page(one), Not(HasSubstr("mer_expert_exchange_seconds_total")));
+
+  ComputeMetrics ranks("test", "cpu", {});
+  std::vector<BackendCounters> r(2);
+  r[0].expert_pairs = 30;
+  r[0].exchange_seconds_x1e6 = 1'500'000;
+  r[1].expert_pairs = 10;
+  r[1].exchange_seconds_x1e6 = 250'000;
+  s.expert_pairs = 40;  // their sum, as ExpertParallelBackend::counters gives it
+  ranks.OnBackendCounters(s, r);
+  r[1].expert_pairs = 26;
+  s.expert_pairs = 56;
+  ranks.OnBackendCounters(s, r);
+  const std::string page = Page(ranks);
+  EXPECT_THAT(page, HasSubstr("mer_expert_pairs_total{rank=\"0\"} 30\n"));
+  EXPECT_THAT(page, HasSubstr("mer_expert_pairs_total{rank=\"1\"} 26\n"));
+  EXPECT_THAT(page, HasSubstr("mer_expert_exchange_seconds_total{rank=\"0\"} 1.5\n"));
+  EXPECT_THAT(page, HasSubstr("mer_expert_exchange_seconds_total{rank=\"1\"} 0.25\n"));
+  EXPECT_THAT(page, Not(HasSubstr("mer_expert_pairs_total 56")));  // no rank-less series beside them
 }
 
 }  // namespace
