@@ -42,12 +42,13 @@ holds that name, /dev/shm/NAME.<16 hex digits> instead, which mer-compute finds 
 bytes ("10%"); the RAM tier holds budget / blob size slots (at least one; compute acquires a
 layer's experts in groups of half the slots). --warm fills the RAM tier from the store at start,
 while no demand waits (free slots only, layer by layer, io-inflight - 2 reads at a time; the log
-says when it is done and at what rate the store read). --expert-share RANK/RANKS makes the instance one expert-parallel rank's (mer-compute
---expert-ranks RANKS gives each rank an instance of its own): its share is expert e of every layer
-with e mod RANKS = RANK, the experts that rank computes; a --ram-budget percentage is of the share's
-bytes, and --warm reads only the share (a demand for any other expert is served all the same).
---check-invariants CHECKs the tiers'
-bookkeeping at every census (for tests: a violation aborts the daemon). With --pin auto (the default) the RAM tier is page-locked with cudaHostRegister when a GPU and
+says when it is done and at what rate the store read). --expert-share RANK/RANKS makes the
+instance one expert-parallel rank's (mer-compute --expert-ranks RANKS gives each rank an instance
+of its own): its share is expert e of every layer with e mod RANKS = RANK, the experts that rank
+computes; a --ram-budget percentage is of the share's bytes, and --warm reads only the share (a
+demand for any other expert is served all the same). --check-invariants CHECKs the tiers'
+bookkeeping at every census (for tests: a violation aborts the daemon). With --pin auto (the
+default) the RAM tier is page-locked with cudaHostRegister when a GPU and
 the CUDA runtime are present (uploads to VRAM then run at the pinned rate); the log says whether
 it was. When mer-compute exports its VRAM expert arena over CUDA IPC (--vram-arena residency,
 its default with --backend cuda), this daemon fills it: uploads from the RAM tier on demand and
