@@ -64,6 +64,11 @@ struct BackendCounters {
   // (token, expert) pairs whose expert FFN this backend computed, summed over layers (an
   // expert-parallel rank computes only the pairs placed on it).
   int64_t expert_pairs = 0;
+  // An expert-parallel rank's count, over layers and steps, of the pairs of the group's busiest
+  // rank in that layer (every rank counts the same): the expert part waits for that rank, so the
+  // group's expert pairs over this is the expert work's speed-up over one rank.
+  int64_t busiest_rank_pairs = 0;
+  int64_t replicated_experts = 0;  // expert-parallel ranks: (layer, expert) held by every rank now
   // An expert-parallel rank's wall time in its layers' exchanges (waiting for the slowest rank,
   // then summing), microseconds.
   int64_t exchange_seconds_x1e6 = 0;

@@ -69,7 +69,9 @@ absl::StatusOr<CreatedBackend> CreateCpuRanks(const ModelWeights& weights, Exper
     out.threads += engine->options().threads;
     ranks.push_back(std::move(engine));
   }
-  ASSIGN_OR_RETURN(out.engine, ExpertParallelBackend::Create(std::move(group), std::move(ranks)));
+  HotExpertReplication replication;
+  replication.per_layer = o.replicate_hot_experts;
+  ASSIGN_OR_RETURN(out.engine, ExpertParallelBackend::Create(std::move(group), std::move(ranks), replication));
   return out;
 }
 
@@ -80,6 +82,8 @@ absl::StatusOr<CreatedBackend> CreateBackend(const ModelWeights& weights, Expert
   CreatedBackend out;
   if (o.expert_ranks < 1 || o.expert_ranks > kMaxExpertRanks)
     return absl::InvalidArgumentError(absl::StrCat("--expert-ranks ", o.expert_ranks, ": 1 to ", kMaxExpertRanks));
+  if (o.replicate_hot_experts != 0 && o.expert_ranks < 2)
+    return absl::InvalidArgumentError("--replicate-hot-experts needs --expert-ranks 2 or more");
   if (o.expert_ranks > 1 && o.backend != "cpu")
     return absl::InvalidArgumentError(
         "--expert-ranks above 1 needs --backend cpu: the cuda ranks and their NCCL exchange are not built");

@@ -53,6 +53,9 @@ struct BackendOptions {
   // ranks' NCCL exchange is not built). Rank 0 reads `experts`, rank r > 0 rank_experts(r): an
   // ExpertSource serves one engine.
   int expert_ranks = 1;  // 1 to kMaxExpertRanks
+  // With expert ranks: each layer's this many most used experts replicated on every rank, chosen
+  // again every 64 calls from the routing served (HotExpertReplication); 0: none.
+  int replicate_hot_experts = 0;
   std::function<absl::StatusOr<std::unique_ptr<ExpertSource>>(int rank)> rank_experts;
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/check.h"
@@ -30,6 +31,31 @@ void ExpertPlacement::AssignRunners(int layer, absl::Span<const int32_t> experts
     runners[i] = static_cast<int32_t>(std::min_element(load.begin(), load.end()) - load.begin());
     ++load[runners[i]];
   }
+}
+
+HotExpertCounter::HotExpertCounter(int n_layer, int n_expert)
+    : n_layer_(n_layer), n_expert_(n_expert), pairs_(size_t(n_layer) * n_expert, 0.0) {}
+
+void HotExpertCounter::Count(int layer, absl::Span<const int32_t> experts) {
+  if (layer < 0 || layer >= n_layer_) return;
+  double* row = &pairs_[size_t(layer) * n_expert_];
+  for (int32_t e : experts)
+    if (e >= 0 && e < n_expert_) row[e] += 1.0;
+}
+
+std::vector<std::pair<int, int>> HotExpertCounter::ChooseAndAge(int per_layer) {
+  std::vector<std::pair<int, int>> chosen;
+  std::vector<int> order(n_expert_);
+  for (int l = 0; l < n_layer_; ++l) {
+    double* row = &pairs_[size_t(l) * n_expert_];
+    std::iota(order.begin(), order.end(), 0);
+    const int take = std::clamp(per_layer, 0, n_expert_);
+    std::partial_sort(order.begin(), order.begin() + take, order.end(),
+                      [row](int a, int b) { return row[a] != row[b] ? row[a] > row[b] : a < b; });
+    for (int i = 0; i < take && row[order[i]] > 0; ++i) chosen.push_back({l, order[i]});
+    for (int e = 0; e < n_expert_; ++e) row[e] *= 0.5;
+  }
+  return chosen;
 }
 
 }  // namespace mer

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <set>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -34,8 +35,11 @@ class ExpertPlacement {
   int n_ranks() const { return n_ranks_; }
   int rank() const { return rank_; }
 
-  // Places (layer, expert) on every rank. Every rank of a group must replicate the same experts.
+  // Places (layer, expert) on every rank. Every rank of a group must replicate the same experts,
+  // and change them only between steps.
   void Replicate(int layer, int expert) { replicated_.insert({layer, expert}); }
+  void ClearReplicas() { replicated_.clear(); }
+  size_t replicas() const { return replicated_.size(); }
   bool IsReplicated(int layer, int expert) const {
     return !replicated_.empty() && replicated_.count({layer, expert}) != 0;
   }
@@ -54,6 +58,24 @@ class ExpertPlacement {
   int n_ranks_ = 1;
   int rank_ = 0;
   std::set<std::pair<int, int>> replicated_;
+};
+
+// Which experts a group replicates, chosen from the routing it serves: each layer's `per_layer`
+// experts with the most pairs, counted over the steps since the last choice plus half the counts
+// before it (so the choice follows a workload that drifts). Ties go to the lower expert; an expert
+// never routed to is never chosen. The same routings give the same choice.
+class HotExpertCounter {
+ public:
+  HotExpertCounter(int n_layer, int n_expert);
+  // A layer's routing of one step: the chosen experts of every token (ids in [0, n_expert)).
+  void Count(int layer, absl::Span<const int32_t> experts);
+  // Each layer's `per_layer` most counted experts as (layer, expert), layer by layer; then halves
+  // every count.
+  std::vector<std::pair<int, int>> ChooseAndAge(int per_layer);
+
+ private:
+  const int n_layer_, n_expert_;
+  std::vector<double> pairs_;  // [n_layer, n_expert]
 };
 
 // The exchange between the ranks of a group: one call per MoE layer of every step, made by every

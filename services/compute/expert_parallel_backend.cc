@@ -7,7 +7,7 @@
 namespace mer {
 
 absl::StatusOr<std::unique_ptr<ExpertParallelBackend>> ExpertParallelBackend::Create(
-    Group group, std::vector<std::unique_ptr<ComputeBackend>> ranks) {
+    Group group, std::vector<std::unique_ptr<ComputeBackend>> ranks, HotExpertReplication replication) {
   const size_t n = ranks.size();
   if (n == 0 || group.exchange == nullptr || group.placements.size() != n ||
       group.exchange->n_ranks() != static_cast<int>(n))
@@ -26,13 +26,48 @@ absl::StatusOr<std::unique_ptr<ExpertParallelBackend>> ExpertParallelBackend::Cr
       return absl::InvalidArgumentError(
           absl::StrCat("expert-parallel backend: rank ", r, "'s model or sizes differ from rank 0's"));
   }
-  return std::unique_ptr<ExpertParallelBackend>(new ExpertParallelBackend(std::move(group), std::move(ranks)));
+  if (replication.per_layer < 0 || replication.per_layer > ranks[0]->config().n_expert || replication.every_calls < 1)
+    return absl::InvalidArgumentError(absl::StrCat("expert-parallel backend: ", replication.per_layer,
+                                                   " hot experts a layer of ", ranks[0]->config().n_expert,
+                                                   ", chosen every ", replication.every_calls, " calls"));
+  return std::unique_ptr<ExpertParallelBackend>(
+      new ExpertParallelBackend(std::move(group), std::move(ranks), replication));
 }
 
-ExpertParallelBackend::ExpertParallelBackend(Group group, std::vector<std::unique_ptr<ComputeBackend>> ranks)
-    : group_(std::move(group)), ranks_(std::move(ranks)), results_(ranks_.size()) {
+ExpertParallelBackend::ExpertParallelBackend(Group group, std::vector<std::unique_ptr<ComputeBackend>> ranks,
+                                             HotExpertReplication replication)
+    : group_(std::move(group)),
+      ranks_(std::move(ranks)),
+      replication_(replication),
+      hot_(ranks_[0]->config().n_layer, ranks_[0]->config().n_expert),
+      results_(ranks_.size()) {
   scratch_ids_.resize(size_t(ranks_.size()) * ranks_[0]->max_batch_tokens());
+  if (replication_.per_layer > 0) ranks_[0]->set_routing_observer(&hot_observer_);
   for (int r = 1; r < n_ranks(); ++r) workers_.emplace_back([this, r] { Worker(r); });
+}
+
+void ExpertParallelBackend::HotExpertObserver::OnRouting(int layer, absl::Span<const int32_t> experts_per_token,
+                                                         int k) {
+  counter_.Count(layer, experts_per_token);
+  if (next != nullptr) next->OnRouting(layer, experts_per_token, k);
+}
+
+void ExpertParallelBackend::set_routing_observer(RoutingObserver* observer) {
+  if (replication_.per_layer > 0) {
+    hot_observer_.next = observer;
+  } else {
+    ranks_[0]->set_routing_observer(observer);
+  }
+}
+
+void ExpertParallelBackend::MaybeReplicate() {
+  if (replication_.per_layer == 0 || ++calls_ % uint64_t(replication_.every_calls) != 0) return;
+  // Between calls: no rank is inside a step, so every placement changes before any reads it again.
+  const std::vector<std::pair<int, int>> hot = hot_.ChooseAndAge(replication_.per_layer);
+  for (const std::unique_ptr<ExpertPlacement>& placement : group_.placements) {
+    placement->ClearReplicas();
+    for (const auto& [layer, expert] : hot) placement->Replicate(layer, expert);
+  }
 }
 
 ExpertParallelBackend::~ExpertParallelBackend() {
@@ -80,16 +115,20 @@ absl::Status ExpertParallelBackend::OnEveryRank(absl::FunctionRef<absl::Status(i
 
 absl::Status ExpertParallelBackend::Forward(absl::Span<const BatchToken> batch, float* logits) {
   // Ranks > 0 compute the same logits; they take the argmax path so that nothing is copied twice.
-  return OnEveryRank([&](int rank) {
+  const absl::Status status = OnEveryRank([&](int rank) {
     if (rank == 0) return ranks_[0]->Forward(batch, logits);
     return ranks_[rank]->ForwardArgmax(batch, &scratch_ids_[size_t(rank) * max_batch_tokens()]);
   });
+  MaybeReplicate();
+  return status;
 }
 
 absl::Status ExpertParallelBackend::ForwardArgmax(absl::Span<const BatchToken> batch, int32_t* ids) {
-  return OnEveryRank([&](int rank) {
+  const absl::Status status = OnEveryRank([&](int rank) {
     return ranks_[rank]->ForwardArgmax(batch, rank == 0 ? ids : &scratch_ids_[size_t(rank) * max_batch_tokens()]);
   });
+  MaybeReplicate();
+  return status;
 }
 
 void ExpertParallelBackend::ClearSequence(int sequence) {
@@ -113,6 +152,7 @@ BackendCounters ExpertParallelBackend::counters() const {
     c.expert_upload_bytes += o.expert_upload_bytes;
     c.evictions += o.evictions;
   }
+  c.replicated_experts = static_cast<int64_t>(replicas());
   return c;
 }
 

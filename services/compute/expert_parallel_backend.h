@@ -9,6 +9,13 @@
 // A step that fails on one rank fails on every rank (the rank fails the group's exchange, and the
 // others' exchanges return its error); the group is reset once all have returned, so the next
 // step runs on all of them again.
+//
+// Hot experts (HotExpertReplication): expert e mod N leaves the rank that owns a layer's most used experts
+// with more than its share of the pairs, and a layer's expert time is its busiest rank's. With
+// HotExpertReplication::per_layer > 0 the backend counts rank 0's routing (every rank computes the same)
+// and, every `every_calls` calls, makes each layer's most used experts replicas on every rank,
+// whose pairs then go to the least loaded ranks (ExpertPlacement); the results stay bit for bit
+// those of one engine whatever is replicated (expert_parallel.h's rule).
 #pragma once
 
 #include <condition_variable>
@@ -28,6 +35,13 @@
 
 namespace mer {
 
+// Which experts every rank of an ExpertParallelBackend holds besides its own: each layer's
+// per_layer most used (0: none), chosen again every every_calls calls of Forward or ForwardArgmax.
+struct HotExpertReplication {
+  int per_layer = 0;
+  int every_calls = 64;
+};
+
 class ExpertParallelBackend final : public ComputeBackend {
  public:
   // What the ranks were made with, kept alive as long as they are: rank r's placement and its side
@@ -39,9 +53,10 @@ class ExpertParallelBackend final : public ComputeBackend {
   };
 
   // ranks[r] computes with group.placements[r] and group.exchange->rank(r). InvalidArgument unless
-  // there are as many ranks as placements and exchange ranks, all of one geometry and sizes.
+  // there are as many ranks as placements and exchange ranks, all of one geometry and sizes, and
+  // the replication is in range (per_layer <= n_expert, every_calls >= 1).
   static absl::StatusOr<std::unique_ptr<ExpertParallelBackend>> Create(
-      Group group, std::vector<std::unique_ptr<ComputeBackend>> ranks);
+      Group group, std::vector<std::unique_ptr<ComputeBackend>> ranks, HotExpertReplication replication = {});
   ~ExpertParallelBackend() override;
 
   int n_ranks() const { return static_cast<int>(ranks_.size()); }
@@ -57,18 +72,36 @@ class ExpertParallelBackend final : public ComputeBackend {
   int32_t sequence_length(int sequence) const override { return ranks_[0]->sequence_length(sequence); }
 
   // Rank 0's routing: every rank computes the same.
-  void set_routing_observer(RoutingObserver* observer) override { ranks_[0]->set_routing_observer(observer); }
+  void set_routing_observer(RoutingObserver* observer) override;
   // Unimplemented (but nullptr): each rank would call a RouteOverride for every layer, where it
   // expects one call per layer of a step.
   absl::Status set_route_override(RouteOverride* route) override;
-  // Rank 0's counters, the experts' pairs, lookups, misses, uploads and evictions summed over the
-  // ranks (each rank computes and looks up only the experts it runs).
+  // Rank 0's counters (busiest_rank_pairs is the same on every rank), the experts' pairs, lookups,
+  // misses, uploads and evictions summed over the ranks (each rank computes and looks up only the
+  // experts it runs).
   BackendCounters counters() const override;
   std::vector<BackendCounters> rank_counters() const override;
   std::string KernelProfile() const override { return ranks_[0]->KernelProfile(); }
 
+  // The experts replicated now, over all layers (the same on every rank).
+  size_t replicas() const { return group_.placements[0]->replicas(); }
+
  private:
-  ExpertParallelBackend(Group group, std::vector<std::unique_ptr<ComputeBackend>> ranks);
+  ExpertParallelBackend(Group group, std::vector<std::unique_ptr<ComputeBackend>> ranks,
+                        HotExpertReplication replication);
+
+  // Rank 0's routing observer while experts are replicated: counts the routing, then passes it on.
+  class HotExpertObserver final : public RoutingObserver {
+   public:
+    explicit HotExpertObserver(HotExpertCounter& counter) : counter_(counter) {}
+    void OnRouting(int layer, absl::Span<const int32_t> experts_per_token, int k) override;
+    RoutingObserver* next = nullptr;  // the observer set on the backend
+
+   private:
+    HotExpertCounter& counter_;
+  };
+  // After a call: every replication_.every_calls calls, the replicas chosen again on every rank.
+  void MaybeReplicate();
 
   // Runs work(rank) on every rank at once and returns rank 0's status, else the first failing
   // rank's; resets the group's exchange after a failure.
@@ -78,6 +111,10 @@ class ExpertParallelBackend final : public ComputeBackend {
   Group group_;  // before ranks_, so that it outlives them
   std::vector<std::unique_ptr<ComputeBackend>> ranks_;
   std::vector<int32_t> scratch_ids_;  // ranks > 0: the ids of ForwardArgmax, max_batch_tokens each
+  const HotExpertReplication replication_;
+  HotExpertCounter hot_;
+  HotExpertObserver hot_observer_{hot_};
+  uint64_t calls_ = 0;
 
   std::mutex mu_;
   std::condition_variable cv_;

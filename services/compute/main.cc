@@ -53,7 +53,7 @@ constexpr char kHelp[] =
                    [--arena-policy lfu|lru] [--multi-token-kernels auto|dp4a|exact|fast]
                    [--max-sequences N] [--max-batch-tokens N] [--ctx N] [--kv-budget-tokens N]
                    [--threads N] [--admission-wait-ms N] [--metrics-listen HOST:PORT|off]
-                   [--verify-model SHA256] [--expert-ranks N]
+                   [--verify-model SHA256] [--expert-ranks N] [--replicate-hot-experts K]
 
 Serves the model to mer-gateway over the internal gRPC API on the unix socket PATH, generating
 up to --max-sequences (default 8) sequences at once with continuous batching: each step carries
@@ -95,6 +95,10 @@ split between them: the same results as one engine, bit for bit; the layout the 
 take (docs/design.md, "Several GPUs and several hosts"). With --store each rank reads its experts
 from a mer-residency instance of its own: --residency names N instances, rank r's the r-th (each
 best started with --expert-share r/N, which sizes and warms its RAM tier for that rank's share).
+--replicate-hot-experts K (with 2 or more ranks; default 0) also places each layer's K most used
+experts on every rank, chosen again every 64 steps from the routing served: their pairs go to the
+least loaded ranks, which evens out the ranks' expert work (mer_expert_busiest_rank_pairs_total);
+the results stay bit for bit.
 )";
 
 struct Args {
@@ -110,6 +114,7 @@ struct Args {
   std::string arena_policy;         // "lfu" or "lru"
   std::string multi_token_kernels;  // "auto", "dp4a", "exact", "fast"; empty: the environment's
   int64_t expert_ranks = 1;
+  int64_t replicate_hot_experts = 0;
   std::vector<std::string> residencies;  // --residency's names: rank r's is the r-th
 };
 
@@ -135,7 +140,8 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
                                                               "arena-policy",
                                                               "verify-model",
                                                               "multi-token-kernels",
-                                                              "expert-ranks"},
+                                                              "expert-ranks",
+                                                              "replicate-hot-experts"},
                                                              {}));
   a->model = f.String("model");
   a->store = f.String("store");
@@ -167,6 +173,7 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
     ASSIGN_OR_RETURN(a->multi_token_kernels, f.OneOf("multi-token-kernels", "auto", {"auto", "dp4a", "exact", "fast"}));
   }
   ASSIGN_OR_RETURN(a->expert_ranks, f.IntInRange("expert-ranks", a->expert_ranks, 1, mer::kMaxExpertRanks));
+  ASSIGN_OR_RETURN(a->replicate_hot_experts, f.IntInRange("replicate-hot-experts", 0, 0, 1 << 20));
   a->residencies = absl::StrSplit(a->residency, ',', absl::SkipEmpty());
   if (!a->store.empty() && int64_t(a->residencies.size()) != a->expert_ranks)
     return absl::InvalidArgumentError(absl::StrCat(
@@ -246,6 +253,7 @@ absl::Status Main(const Args& a) {
   bo_engine.arena_policy = a.arena_policy;
   bo_engine.multi_token_kernels = a.multi_token_kernels;
   bo_engine.expert_ranks = static_cast<int>(a.expert_ranks);
+  bo_engine.replicate_hot_experts = static_cast<int>(a.replicate_hot_experts);
   ResidencyExpertSourceOptions so;
   // cuda: register the RAM tier in this process too, for the uploads compute makes itself (all
   // of them with --vram-arena compute; the fill of an arena that holds every expert otherwise).

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # usage: expert_ranks_store_test.sh MER MER_COMPUTE
-# Expert-parallel ranks over the expert store, as `mer up --expert-ranks 2` runs them: one
-# mer-residency per rank (--expert-share r/2, its RAM tier sized and warmed for that rank's
-# experts), mer-compute's rank r reading from the r-th. 8 concurrent streams get the greedy ids of
-# one engine on the GGUF file; the gateway's /metrics carries each residency's series with a rank
-# label, and each compute rank's expert pairs (and passes promtool); rank 1's
-# mer-residency SIGKILLed is restarted by mer up and the same ids are served after; mer-compute
-# refuses a --residency list that does not name one instance per rank.
+# Expert-parallel ranks over the expert store, as `mer up --expert-ranks 2 --replicate-hot-experts 2`
+# runs them: one mer-residency per rank (--expert-share r/2, its RAM tier sized and warmed for that
+# rank's experts), mer-compute's rank r reading from the r-th, each layer's 2 most used experts
+# replicated on both ranks. 3 rounds of 8 concurrent streams get the greedy ids of one engine on the
+# GGUF file; the gateway's /metrics carries each residency's series with a rank label, each
+# compute rank's expert pairs, the replicas and the busiest rank's pairs (and passes promtool);
+# rank 1's mer-residency SIGKILLed is restarted by mer up and the same ids are served after;
+# mer-compute refuses a --residency list that does not name one instance per rank.
 set -u
 MER=$1
 COMP=$2
@@ -42,7 +43,7 @@ streams() {
 }
 
 "$MER" up --model "$WORK/m.gguf" --listen 127.0.0.1:0 --http-listen off --metrics-listen 127.0.0.1:0 \
-  --ram-budget 50% --threads 2 --expert-ranks 2 >"$WORK/up.out" 2>"$WORK/up.err" &
+  --ram-budget 50% --threads 2 --expert-ranks 2 --replicate-hot-experts 2 >"$WORK/up.out" 2>"$WORK/up.err" &
 UPID=$!
 ADDR=
 for _ in $(seq 1 600); do
@@ -59,7 +60,9 @@ for r in 0 1; do
   grep -q "^\[residency\[$r\]\] .*expert share $r/2" "$WORK/up.err" || fail "residency[$r] does not serve share $r/2"
 done
 grep -q -- "--expert-ranks 2" <(pgrep -af "mer-compute --store") || fail "mer-compute was not started with 2 ranks"
-echo "mer up --expert-ranks 2: $(streams first) of 8 streams give the one-engine ids"
+echo "mer up --expert-ranks 2 --replicate-hot-experts 2: $(streams first) of 8 streams give the one-engine ids"
+# Enough steps for the replicas to be chosen (every 64 calls) and used.
+echo "  again, twice: $(streams second) and $(streams third) of 8"
 
 # The gateway's page: both residencies' series, labelled by rank.
 GW_METRICS=$(grep -o 'metrics *http://[^ ]*' "$WORK/up.out" | head -1 | awk '{print $2}')
@@ -80,6 +83,11 @@ if [ -s "$WORK/metrics.txt" ]; then
     [ -n "$pairs" ] && [ "$pairs" -gt 0 ] || fail "rank $r computed no expert pairs: $(grep pairs "$WORK/metrics.txt")"
     echo "  rank $r: $pairs expert pairs computed"
   done
+  replicas=$(metric 'mer_expert_replicas{daemon="compute"}' "$WORK/metrics.txt")
+  busiest=$(metric 'mer_expert_busiest_rank_pairs_total{daemon="compute"}' "$WORK/metrics.txt")
+  [ "${replicas:-0}" -gt 0 ] || fail "no hot experts replicated: $(grep replicas "$WORK/metrics.txt")"
+  [ "${busiest:-0}" -gt 0 ] || fail "no busiest-rank pairs: $(grep busiest "$WORK/metrics.txt")"
+  echo "  $replicas experts replicated; the layers' busiest rank's pairs: $busiest"
   lint_metrics "gateway /metrics with 2 residencies" "$WORK/metrics.txt"
 else
   fail "no /metrics from the gateway ($GW_METRICS)"

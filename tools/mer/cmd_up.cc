@@ -54,7 +54,7 @@ constexpr char kHelp[] = R"(usage: mer up (--model F.gguf [--store-dir DIR] | --
               [--metrics-listen HOST:PORT] [--ram-budget BYTES|PERCENT%] [--policy lru|lfu|arc]
               [--prefetch] [--backend cpu|cuda] [--vram-expert-budget BYTES|PERCENT%]
               [--multi-token-kernels auto|dp4a|exact|fast] [--max-sequences N] [--max-batch-tokens N] [--ctx N] [--threads N] [--max-queue N]
-              [--watchdog-seconds N] [--expert-ranks N]
+              [--watchdog-seconds N] [--expert-ranks N] [--replicate-hot-experts K]
 
 Starts mer-residency, mer-compute and mer-gateway (found beside this `mer`), each once the one
 before is ready, and prints where they serve: the public gRPC API on --listen (default
@@ -71,7 +71,7 @@ the store at start (mer-residency --warm) while the first requests are served;
 mer-compute --help); these defaults are deploy/mer.conf's. --expert-ranks N (default 1; --backend
 cpu) runs mer-compute as N expert-parallel ranks, each reading its share of the experts (e mod N)
 from a mer-residency of its own (--expert-share r/N: --ram-budget is then of each share), whose
-metrics are labelled rank="r" on the gateway's page. A
+metrics are labelled rank="r" on the gateway's page; --replicate-hot-experts is mer-compute's. A
 daemon that exits, or that sends no watchdog ping for --watchdog-seconds (default 30, as the
 systemd units' WatchdogSec=; 0: no watchdog) and is killed for it, is restarted (at most 5
 times a minute); SIGINT or SIGTERM stops all three; if mer up is killed, they stop too.
@@ -414,10 +414,26 @@ absl::StatusOr<std::string> EnsureStore(const Flags& f) {
 
 absl::Status Up(const Args& args) {
   ASSIGN_OR_RETURN(Flags f, Flags::Parse(args,
-                                         {"model", "store", "store-dir", "listen", "http-listen", "served-model-name",
-                                          "metrics-listen", "ram-budget", "policy", "backend", "vram-expert-budget",
-                                          "multi-token-kernels", "max-sequences", "max-batch-tokens", "ctx", "threads",
-                                          "max-queue", "watchdog-seconds", "expert-ranks"},
+                                         {"model",
+                                          "store",
+                                          "store-dir",
+                                          "listen",
+                                          "http-listen",
+                                          "served-model-name",
+                                          "metrics-listen",
+                                          "ram-budget",
+                                          "policy",
+                                          "backend",
+                                          "vram-expert-budget",
+                                          "multi-token-kernels",
+                                          "max-sequences",
+                                          "max-batch-tokens",
+                                          "ctx",
+                                          "threads",
+                                          "max-queue",
+                                          "watchdog-seconds",
+                                          "expert-ranks",
+                                          "replicate-hot-experts"},
                                          {"prefetch"}));
   if (f.Has("model") == f.Has("store")) return absl::InvalidArgumentError("give exactly one of --model and --store");
   struct sigaction sa {};
@@ -496,6 +512,8 @@ absl::Status Up(const Args& args) {
     compute.argv.insert(compute.argv.end(), {"--vram-expert-budget", f.String("vram-expert-budget")});
   if (f.Has("multi-token-kernels"))
     compute.argv.insert(compute.argv.end(), {"--multi-token-kernels", f.String("multi-token-kernels")});
+  if (f.Has("replicate-hot-experts"))
+    compute.argv.insert(compute.argv.end(), {"--replicate-hot-experts", f.String("replicate-hot-experts")});
   Daemon gateway{"gateway",
                  {bin + "/mer-gateway", "--compute", socket, "--listen", listen, "--http-listen", http_listen,
                   "--metrics-listen", metrics_listen, "--max-queue", f.String("max-queue", "256")}};

@@ -1,7 +1,6 @@
 #include "tools/trace/rank_load.h"
 
 #include <algorithm>
-#include <numeric>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -18,18 +17,16 @@ absl::StatusOr<RankLoadStats> RankLoad(const RoutingTrace& trace, const RankLoad
         absl::StrCat("replication of ", o.replicate_per_layer, " experts per layer: must be in [0, ", g.n_expert, "]"));
   // One placement stands for every rank: they assign alike.
   ASSIGN_OR_RETURN(ExpertPlacement placement, ExpertPlacement::Create(o.n_ranks, 0));
-  if (o.replicate_per_layer > 0) {
-    std::vector<int64_t> uses(static_cast<size_t>(g.n_layer) * g.n_expert, 0);
+  if (o.replicate_per_layer > 0) {  // the most used over the whole trace, as the served ranks count
+    HotExpertCounter hot(g.n_layer, g.n_expert);
+    std::vector<int32_t> ids;
     for (size_t r = 0; r < trace.records().size(); ++r)
-      for (int l = 0; l < g.n_layer; ++l)
-        for (uint16_t e : trace.Experts(r, l)) ++uses[static_cast<size_t>(l) * g.n_expert + e];
-    std::vector<int32_t> order(g.n_expert);
-    for (int l = 0; l < g.n_layer; ++l) {
-      const int64_t* u = uses.data() + static_cast<size_t>(l) * g.n_expert;
-      std::iota(order.begin(), order.end(), 0);
-      std::stable_sort(order.begin(), order.end(), [u](int32_t a, int32_t b) { return u[a] > u[b]; });
-      for (int i = 0; i < o.replicate_per_layer; ++i) placement.Replicate(l, order[i]);
-    }
+      for (int l = 0; l < g.n_layer; ++l) {
+        const absl::Span<const uint16_t> e = trace.Experts(r, l);
+        ids.assign(e.begin(), e.end());
+        hot.Count(l, ids);
+      }
+    for (const auto& [layer, expert] : hot.ChooseAndAge(o.replicate_per_layer)) placement.Replicate(layer, expert);
   }
   RankLoadStats s;
   s.n_ranks = o.n_ranks;

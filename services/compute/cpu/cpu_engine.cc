@@ -290,9 +290,11 @@ absl::Status CpuEngine::MoE(int layer, int n) {
   // A rank of an expert-parallel group takes only the pairs placed on it; the others' outputs are
   // zeros until the exchange below fills them in.
   const ExpertPlacement* placement = options_.placement;
-  if (placement != nullptr)
+  if (placement != nullptr) {
     placement->AssignRunners(layer, absl::MakeConstSpan(chosen_.data(), n * K),
                              absl::MakeSpan(pair_runners_.data(), n * K), absl::MakeSpan(rank_load_));
+    counters_.busiest_rank_pairs += *std::max_element(rank_load_.begin(), rank_load_.end());
+  }
   const auto runs_here = [&](int pair) { return placement == nullptr || pair_runners_[pair] == placement->rank(); };
   used_experts_.clear();
   for (int i = 0; i < n * K; ++i) {

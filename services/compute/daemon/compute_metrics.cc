@@ -90,6 +90,8 @@ struct ComputeMetrics::Impl {
   prometheus::Family<prometheus::Counter>* pairs_family = nullptr;
   std::vector<prometheus::Counter*> pairs;
   std::vector<prometheus::Counter*> exchange_seconds;
+  prometheus::Counter* busiest_rank_pairs = nullptr;  // with ranks
+  prometheus::Gauge* replicas = nullptr;              // with ranks
   std::vector<BackendCounters> last_ranks;
 };
 
@@ -194,7 +196,24 @@ void ComputeMetrics::OnBackendCounters(const BackendCounters& s, const std::vect
       if (exchange_family != nullptr) m.exchange_seconds.push_back(&exchange_family->Add(labels));
     }
     m.last_ranks.assign(by_rank.size(), BackendCounters{});
+    if (!ranks.empty())
+      m.busiest_rank_pairs =
+          &prometheus::BuildCounter()
+               .Name("mer_expert_busiest_rank_pairs_total")
+               .Help("Over layers and steps, the pairs of the expert-parallel rank with the most in the layer.")
+               .Register(*m.registry)
+               .Add({});
+    if (!ranks.empty())
+      m.replicas = &prometheus::BuildGauge()
+                        .Name("mer_expert_replicas")
+                        .Help("(layer, expert) held by every expert-parallel rank, at the last sample.")
+                        .Register(*m.registry)
+                        .Add({});
   }
+  if (m.replicas != nullptr) m.replicas->Set(static_cast<double>(s.replicated_experts));
+  // Every rank counts the busiest rank's pairs alike: rank 0's (before its sample is kept below).
+  if (m.busiest_rank_pairs != nullptr)
+    advance(m.busiest_rank_pairs, by_rank[0].busiest_rank_pairs, m.last_ranks[0].busiest_rank_pairs);
   for (size_t r = 0; r < by_rank.size() && r < m.pairs.size(); ++r) {
     advance(m.pairs[r], by_rank[r].expert_pairs, m.last_ranks[r].expert_pairs);
     if (r < m.exchange_seconds.size() && by_rank[r].exchange_seconds_x1e6 > m.last_ranks[r].exchange_seconds_x1e6)

@@ -69,6 +69,25 @@ TEST(BackendFactory, ExpertRanksAreCpuRanksWithASourceEach) {
   EXPECT_GE(id, 0);
 }
 
+// Hot-expert replicas are the ranks' option: refused with one rank and beyond the layer's experts.
+TEST(BackendFactory, HotExpertReplicasNeedRanksAndARange) {
+  MicroModel m = LoadMicro();
+  ASSERT_NE(m.weights, nullptr);
+  BackendOptions o;
+  o.threads = 2;
+  o.replicate_hot_experts = 2;
+  const absl::Status one_rank = CreateBackend(*m.weights, *m.experts, o).status();
+  EXPECT_EQ(one_rank.code(), absl::StatusCode::kInvalidArgument) << one_rank;
+  EXPECT_NE(one_rank.message().find("--expert-ranks 2 or more"), absl::string_view::npos) << one_rank;
+  o.expert_ranks = 2;
+  o.rank_experts = [&](int) -> absl::StatusOr<std::unique_ptr<ExpertSource>> {
+    return std::make_unique<MappedExpertSource>(*m.weights);
+  };
+  EXPECT_TRUE(CreateBackend(*m.weights, *m.experts, o).ok());
+  o.replicate_hot_experts = m.weights->config().n_expert + 1;
+  EXPECT_EQ(CreateBackend(*m.weights, *m.experts, o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(BackendFactory, MultiTokenKernelsAreTheCudaBackends) {
   MicroModel m = LoadMicro();
   ASSERT_NE(m.weights, nullptr);

@@ -273,7 +273,7 @@ struct BackendGroup {
   std::unique_ptr<ExpertParallelBackend> backend;
 };
 
-BackendGroup MakeBackendGroup(const ModelWeights& w, int n_ranks) {
+BackendGroup MakeBackendGroup(const ModelWeights& w, int n_ranks, HotExpertReplication replication = {}) {
   BackendGroup g;
   ExpertParallelBackend::Group group;
   group.exchange = std::make_unique<InProcessExchangeGroup>(n_ranks);
@@ -283,7 +283,7 @@ BackendGroup MakeBackendGroup(const ModelWeights& w, int n_ranks) {
     g.sources.push_back(std::make_unique<RecordingSource>(w));
     ranks.push_back(MakeEngine(w, *g.sources.back(), group.placements.back().get(), &group.exchange->rank(r)));
   }
-  auto backend = ExpertParallelBackend::Create(std::move(group), std::move(ranks));
+  auto backend = ExpertParallelBackend::Create(std::move(group), std::move(ranks), replication);
   EXPECT_TRUE(backend.ok()) << backend.status();
   g.backend = std::move(*backend);
   return g;
@@ -326,6 +326,61 @@ TEST(ExpertParallelBackend, RanksBehindOneBackendGiveTheOneEngineResults) {
     EXPECT_EQ(pairs, one->counters().expert_pairs) << n_ranks;
     EXPECT_EQ(g.backend->counters().expert_pairs, pairs) << n_ranks;
   }
+}
+
+// The hot experts of a layer: most pairs first, ties to the lower id, never one not routed to; the
+// counts before a choice weigh half at the next.
+TEST(HotExpertCounter, ChoosesEachLayersMostUsedAndAges) {
+  HotExpertCounter hot(2, 6);
+  const std::vector<int32_t> layer0 = {3, 1, 3, 5, 1, 3};  // 3 x3, 1 x2, 5 x1
+  hot.Count(0, layer0);
+  hot.Count(1, std::vector<int32_t>{4, 2});  // a tie: 2 before 4
+  hot.Count(7, std::vector<int32_t>{1});     // out of range: ignored
+  using Chosen = std::vector<std::pair<int, int>>;
+  EXPECT_EQ(hot.ChooseAndAge(2), (Chosen{{0, 3}, {0, 1}, {1, 2}, {1, 4}}));
+  // Aged to 1.5, 1, 0.5 and 0.5, 0.5: two new pairs of expert 5 in layer 0 (2.5) now lead.
+  hot.Count(0, std::vector<int32_t>{5, 5});
+  EXPECT_EQ(hot.ChooseAndAge(1), (Chosen{{0, 5}, {1, 2}}));
+  EXPECT_EQ(hot.ChooseAndAge(0), Chosen{});
+  HotExpertCounter idle(1, 4);
+  EXPECT_EQ(idle.ChooseAndAge(3), Chosen{});  // nothing routed: nothing replicated
+}
+
+// Replicas chosen from the routing served: the ranks still give one engine's results bit for bit,
+// the replicated experts run on ranks that do not own them, and the layers' busiest ranks compute
+// fewer pairs (the expert part's time) than with experts e mod N alone, on the same steps.
+TEST(ExpertParallelBackend, HotReplicasKeepTheResultsAndEvenTheRanksPairs) {
+  testing_support::SynthWeights m = MakeModel();
+  RecordingSource one_source(*m.weights);
+  auto one = MakeEngine(*m.weights, one_source, nullptr, nullptr);
+  constexpr int kSteps = 48;
+  const RankRun want = Drive(*one, kSteps);
+  BackendGroup plain = MakeBackendGroup(*m.weights, 2);
+  Drive(*plain.backend, kSteps);
+  HotExpertReplication replication;
+  replication.per_layer = 4;
+  replication.every_calls = 4;
+  BackendGroup hot = MakeBackendGroup(*m.weights, 2, replication);
+  const RankRun got = Drive(*hot.backend, kSteps);
+  for (const absl::Status& s : got.statuses) ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(std::memcmp(got.prompt_logits.data(), want.prompt_logits.data(), want.prompt_logits.size() * 4), 0);
+  EXPECT_EQ(got.greedy, want.greedy);
+  EXPECT_EQ(hot.backend->replicas(), size_t(4 * m.weights->config().n_layer));
+  int foreign = 0;  // acquisitions of an expert another rank owns: a replica at work
+  for (int r = 0; r < 2; ++r)
+    for (const auto& [layer, expert] : hot.sources[r]->acquired) foreign += expert % 2 != r;
+  EXPECT_GT(foreign, 0);
+  const BackendCounters with = hot.backend->counters(), without = plain.backend->counters();
+  EXPECT_EQ(with.expert_pairs, without.expert_pairs);
+  for (const BackendCounters& c : hot.backend->rank_counters())
+    EXPECT_EQ(c.busiest_rank_pairs, with.busiest_rank_pairs);  // every rank counts the same
+  EXPECT_LT(with.busiest_rank_pairs, without.busiest_rank_pairs);
+  std::printf(
+      "%lld pairs; the layers' busiest rank's: %lld with e mod 2 (%.2fx one rank), %lld with 4 hot "
+      "experts a layer replicated (%.2fx)\n",
+      static_cast<long long>(with.expert_pairs), static_cast<long long>(without.busiest_rank_pairs),
+      double(without.expert_pairs) / without.busiest_rank_pairs, static_cast<long long>(with.busiest_rank_pairs),
+      double(with.expert_pairs) / with.busiest_rank_pairs);
 }
 
 // A step that fails on one rank fails the backend's call with that rank's error, on every rank,

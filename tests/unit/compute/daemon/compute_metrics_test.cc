@@ -64,23 +64,28 @@ TEST(ComputeMetricsTest, ExpertPairsOfOneEngineAndByRank) {
   one.OnBackendCounters(s);
   EXPECT_THAT(Page(one), HasSubstr("mer_expert_pairs_total 64\n"));
   EXPECT_THAT(Page(one), Not(HasSubstr("mer_expert_exchange_seconds_total")));
+  EXPECT_THAT(Page(one), Not(HasSubstr("mer_expert_busiest_rank_pairs_total")));
 
   ComputeMetrics ranks("test", "cpu", {});
   std::vector<BackendCounters> r(2);
   r[0].expert_pairs = 30;
   r[0].exchange_seconds_x1e6 = 1'500'000;
+  r[0].busiest_rank_pairs = r[1].busiest_rank_pairs = 33;
   r[1].expert_pairs = 10;
   r[1].exchange_seconds_x1e6 = 250'000;
   s.expert_pairs = 40;  // their sum, as ExpertParallelBackend::counters gives it
   ranks.OnBackendCounters(s, r);
   r[1].expert_pairs = 26;
   s.expert_pairs = 56;
+  s.replicated_experts = 12;
   ranks.OnBackendCounters(s, r);
   const std::string page = Page(ranks);
   EXPECT_THAT(page, HasSubstr("mer_expert_pairs_total{rank=\"0\"} 30\n"));
   EXPECT_THAT(page, HasSubstr("mer_expert_pairs_total{rank=\"1\"} 26\n"));
   EXPECT_THAT(page, HasSubstr("mer_expert_exchange_seconds_total{rank=\"0\"} 1.5\n"));
   EXPECT_THAT(page, HasSubstr("mer_expert_exchange_seconds_total{rank=\"1\"} 0.25\n"));
+  EXPECT_THAT(page, HasSubstr("mer_expert_busiest_rank_pairs_total 33\n"));
+  EXPECT_THAT(page, HasSubstr("mer_expert_replicas 12\n"));
   EXPECT_THAT(page, Not(HasSubstr("mer_expert_pairs_total 56")));  // no rank-less series beside them
 }
 
