@@ -70,8 +70,9 @@ the store at start (mer-residency --warm) while the first requests are served;
 4096 positions per sequence, at most the model's context) and --threads are mer-compute's (see
 mer-compute --help); these defaults are deploy/mer.conf's. --expert-ranks N (default 1; --backend
 cpu) runs mer-compute as N expert-parallel ranks, each reading its share of the experts (e mod N)
-from a mer-residency of its own (--expert-share r/N: --ram-budget is then of each share), whose
-metrics are labelled rank="r" on the gateway's page; --replicate-hot-experts is mer-compute's. A
+from a mer-residency of its own (--expert-share r/N: each instance's --ram-budget, a percentage
+of its share's experts), whose metrics are labelled rank="r" on the gateway's page;
+--replicate-hot-experts is mer-compute's. A
 daemon that exits, or that sends no watchdog ping for --watchdog-seconds (default 30, as the
 systemd units' WatchdogSec=; 0: no watchdog) and is killed for it, is restarted (at most 5
 times a minute); SIGINT or SIGTERM stops all three; if mer up is killed, they stop too.
