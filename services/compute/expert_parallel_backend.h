@@ -10,12 +10,12 @@
 // others' exchanges return its error); the group is reset once all have returned, so the next
 // step runs on all of them again.
 //
-// Hot experts (HotExpertReplication): expert e mod N leaves the rank that owns a layer's most used experts
-// with more than its share of the pairs, and a layer's expert time is its busiest rank's. With
-// HotExpertReplication::per_layer > 0 the backend counts rank 0's routing (every rank computes the same)
-// and, every `every_calls` calls, makes each layer's most used experts replicas on every rank,
-// whose pairs then go to the least loaded ranks (ExpertPlacement); the results stay bit for bit
-// those of one engine whatever is replicated (expert_parallel.h's rule).
+// Hot experts (HotExpertReplication): expert e mod N leaves the rank that owns a layer's most used
+// experts with more than its share of the pairs, and a layer's expert time is its busiest rank's.
+// With per_layer > 0 the backend counts rank 0's routing (every rank computes the same) and, every
+// `every_calls` calls, makes each layer's most used experts replicas on every rank, whose pairs
+// then go to the least loaded ranks (ExpertPlacement); the results stay bit for bit those of one
+// engine whatever is replicated (expert_parallel.h's rule).
 #pragma once
 
 #include <condition_variable>

@@ -182,33 +182,32 @@ void ComputeMetrics::OnBackendCounters(const BackendCounters& s, const std::vect
   // One engine's pairs as the rank-less series; each rank's as its own.
   const std::vector<BackendCounters> one = {s};
   const std::vector<BackendCounters>& by_rank = ranks.empty() ? one : ranks;
-  if (m.pairs.empty()) {
-    prometheus::Family<prometheus::Counter>* exchange_family = nullptr;
-    if (!ranks.empty())
-      exchange_family = &prometheus::BuildCounter()
-                             .Name("mer_expert_exchange_seconds_total")
-                             .Help("Wall time of an expert-parallel rank in its layers' exchanges of expert outputs.")
-                             .Register(*m.registry);
-    for (size_t r = 0; r < by_rank.size(); ++r) {
-      const prometheus::Labels labels =
-          ranks.empty() ? prometheus::Labels{} : prometheus::Labels{{"rank", std::to_string(r)}};
-      m.pairs.push_back(&m.pairs_family->Add(labels));
-      if (exchange_family != nullptr) m.exchange_seconds.push_back(&exchange_family->Add(labels));
-    }
+  if (m.pairs.empty()) {  // the first sample: one series, or the ranks' families
     m.last_ranks.assign(by_rank.size(), BackendCounters{});
-    if (!ranks.empty())
+    if (ranks.empty()) {
+      m.pairs.push_back(&m.pairs_family->Add({}));
+    } else {
+      auto& exchange = prometheus::BuildCounter()
+                           .Name("mer_expert_exchange_seconds_total")
+                           .Help("Wall time of an expert-parallel rank in its layers' exchanges of expert outputs.")
+                           .Register(*m.registry);
+      for (size_t r = 0; r < ranks.size(); ++r) {
+        const prometheus::Labels labels = {{"rank", std::to_string(r)}};
+        m.pairs.push_back(&m.pairs_family->Add(labels));
+        m.exchange_seconds.push_back(&exchange.Add(labels));
+      }
       m.busiest_rank_pairs =
           &prometheus::BuildCounter()
                .Name("mer_expert_busiest_rank_pairs_total")
                .Help("Over layers and steps, the pairs of the expert-parallel rank with the most in the layer.")
                .Register(*m.registry)
                .Add({});
-    if (!ranks.empty())
       m.replicas = &prometheus::BuildGauge()
                         .Name("mer_expert_replicas")
                         .Help("(layer, expert) held by every expert-parallel rank, at the last sample.")
                         .Register(*m.registry)
                         .Add({});
+    }
   }
   if (m.replicas != nullptr) m.replicas->Set(static_cast<double>(s.replicated_experts));
   // Every rank counts the busiest rank's pairs alike: rank 0's (before its sample is kept below).
