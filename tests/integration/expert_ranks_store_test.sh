@@ -61,16 +61,19 @@ for r in 0 1; do
 done
 grep -q -- "--expert-ranks 2" <(pgrep -af "mer-compute --store") || fail "mer-compute was not started with 2 ranks"
 echo "mer up --expert-ranks 2 --replicate-hot-experts 2: $(streams first) of 8 streams give the one-engine ids"
-# Enough steps for the replicas to be chosen (every 64 calls) and used.
+# Enough steps for the replicas to be chosen (every 64 calls) and used: each round takes a step per
+# generated token at least, 24.
 echo "  again, twice: $(streams second) and $(streams third) of 8"
 
 # The gateway's page: both residencies' series, labelled by rank.
 GW_METRICS=$(grep -o 'metrics *http://[^ ]*' "$WORK/up.out" | head -1 | awk '{print $2}')
 # compute samples its engine counters after steps at most every 100 ms and at idle ticks (100 ms):
-# a scrape right after a burst may precede the sample that counts its end.
+# a scrape right after a burst may precede the sample that counts its end (the 3 rounds' 72 or more
+# steps, past the 64th, where the replicas are chosen).
 for _ in $(seq 1 50); do
   fetch "$GW_METRICS" "$WORK/metrics.txt" || break
-  [ "$(metric 'mer_expert_pairs_total{daemon="compute",rank="1"}' "$WORK/metrics.txt")" -gt 0 ] 2>/dev/null && break
+  [ "$(metric 'mer_expert_pairs_total{daemon="compute",rank="1"}' "$WORK/metrics.txt")" -gt 0 ] 2>/dev/null &&
+    [ "$(metric 'mer_expert_replicas{daemon="compute"}' "$WORK/metrics.txt")" -gt 0 ] 2>/dev/null && break
   sleep 0.1
 done
 if [ -s "$WORK/metrics.txt" ]; then
