@@ -18,41 +18,12 @@ source "$(dirname "$0")/lib.sh"
 trap cleanup_up EXIT
 
 timeout 120 "$MER" synth --preset micro --quant q8_0 --threads 2 --out "$WORK/m.gguf" >/dev/null || { fail synth; exit 1; }
-prompt() { echo "$((1 + $1)),17,$((40 + 3 * $1)),99,7,3,250,$((11 + $1))"; }
-declare -A want
-for s in $(seq 0 7); do
-  want[$s]=$(timeout 60 "$MER" generate --model "$WORK/m.gguf" --prompt-tokens "$(prompt "$s")" --max-tokens 24 \
-               --ignore-eos --print-token-ids --threads 1 2>/dev/null | tail -1)
-  [ -n "${want[$s]}" ] || fail "reference ids of prompt $s"
-done
-
-# streams TAG: the 8 prompts at once through the gateway; prints how many gave the one-engine ids.
-streams() {
-  local pids=() same=0
-  for s in $(seq 0 7); do
-    timeout 60 "$MER" client --addr "$ADDR" --prompt-tokens "$(prompt "$s")" --max-tokens 24 --ignore-eos \
-      --print-token-ids >"$WORK/out$1.$s" 2>&1 &
-    pids+=($!)
-  done
-  for p in "${pids[@]}"; do wait "$p"; done
-  for s in $(seq 0 7); do
-    got=$(tail -1 "$WORK/out$1.$s")
-    if [ "$got" == "${want[$s]}" ]; then same=$((same + 1)); else fail "$1, prompt $s: '$got' vs '${want[$s]}'"; fi
-  done
-  echo "$same"
-}
+eight_reference_ids "$WORK/m.gguf"
 
 "$MER" up --model "$WORK/m.gguf" --listen 127.0.0.1:0 --http-listen off --metrics-listen 127.0.0.1:0 \
   --ram-budget 50% --threads 2 --expert-ranks 2 --replicate-hot-experts 2 >"$WORK/up.out" 2>"$WORK/up.err" &
 UPID=$!
-ADDR=
-for _ in $(seq 1 600); do
-  ADDR=$(grep -o 'gRPC API *[0-9.]*:[0-9]*' "$WORK/up.out" 2>/dev/null | awk '{print $3}')
-  [ -n "$ADDR" ] && break
-  kill -0 "$UPID" 2>/dev/null || break
-  sleep 0.1
-done
-if [ -z "$ADDR" ]; then
+if ! wait_up "$WORK/up"; then
   fail "mer up --expert-ranks 2 did not come up: $(tail -5 "$WORK/up.err")"
   finish
 fi
@@ -60,10 +31,14 @@ for r in 0 1; do
   grep -q "^\[residency\[$r\]\] .*expert share $r/2" "$WORK/up.err" || fail "residency[$r] does not serve share $r/2"
 done
 grep -q -- "--expert-ranks 2" <(pgrep -af "mer-compute --store") || fail "mer-compute was not started with 2 ranks"
-echo "mer up --expert-ranks 2 --replicate-hot-experts 2: $(streams first) of 8 streams give the one-engine ids"
+eight_streams first
+echo "mer up --expert-ranks 2 --replicate-hot-experts 2: $SAME of 8 streams give the one-engine ids"
 # Enough steps for the replicas to be chosen (every 64 calls) and used: each round takes a step per
 # generated token at least, 24.
-echo "  again, twice: $(streams second) and $(streams third) of 8"
+eight_streams second
+echo "  again: $SAME of 8"
+eight_streams third
+echo "  and again: $SAME of 8"
 
 # The gateway's page: both residencies' series, labelled by rank.
 GW_METRICS=$(grep -o 'metrics *http://[^ ]*' "$WORK/up.out" | head -1 | awk '{print $2}')
@@ -104,12 +79,13 @@ if [ -n "$rpid" ]; then
   grep -q "mer-residency\[1\] exited" "$WORK/up.err" || fail "mer up did not notice rank 1's residency die"
   got=
   for _ in $(seq 1 60); do
-    got=$(timeout 60 "$MER" client --addr "$ADDR" --prompt-tokens "$(prompt 0)" --max-tokens 24 --ignore-eos \
+    got=$(timeout 60 "$MER" client --addr "$ADDR" --prompt-tokens "$(eight_prompt 0)" --max-tokens 24 --ignore-eos \
             --print-token-ids 2>/dev/null | tail -1) && [ -n "$got" ] && break
     sleep 0.5
   done
-  [ "$got" == "${want[0]}" ] || fail "after rank 1's residency restarted: '$got' vs '${want[0]}'"
-  echo "rank 1's residency SIGKILLed and restarted: $(streams after) of 8 streams give the one-engine ids"
+  [ "$got" == "${WANT[0]}" ] || fail "after rank 1's residency restarted: '$got' vs '${WANT[0]}'"
+  eight_streams after
+  echo "rank 1's residency SIGKILLed and restarted: $SAME of 8 streams give the one-engine ids"
 else
   fail "no mer-residency of rank 1 found"
 fi

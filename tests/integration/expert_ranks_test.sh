@@ -13,13 +13,7 @@ source "$(dirname "$0")/lib.sh"
 setup_work ranks
 
 timeout 120 "$MER" synth --preset micro --quant q8_0 --threads 2 --out "$WORK/m.gguf" >/dev/null || { fail synth; exit 1; }
-prompt() { echo "$((1 + $1)),17,$((40 + 3 * $1)),99,7,3,250,$((11 + $1))"; }
-declare -A want
-for s in $(seq 0 7); do
-  want[$s]=$(timeout 60 "$MER" generate --model "$WORK/m.gguf" --prompt-tokens "$(prompt "$s")" --max-tokens 24 \
-               --ignore-eos --print-token-ids --threads 1 2>/dev/null | tail -1)
-  [ -n "${want[$s]}" ] || fail "reference ids of prompt $s"
-done
+eight_reference_ids "$WORK/m.gguf"
 
 for ranks in 1 2 3; do
   sock="$WORK/c$ranks.sock"
@@ -31,24 +25,8 @@ for ranks in 1 2 3; do
   GPID=$!; PIDS+=("$GPID")
   wait_log "$WORK/g$ranks.log" "mer-compute up" "$GPID" || { fail "mer-gateway did not see mer-compute"; continue; }
   ADDR=$(grep -o 'listening on [0-9.:]*' "$WORK/g$ranks.log" | awk '{print $3}')
-  for s in $(seq 0 7); do
-    timeout 60 "$MER" client --addr "$ADDR" --prompt-tokens "$(prompt "$s")" --max-tokens 24 --ignore-eos \
-      --print-token-ids >"$WORK/out$ranks.$s" 2>&1 &
-  done
-  wait_clients=0
-  for s in $(seq 0 7); do
-    for _ in $(seq 1 600); do kill -0 "$GPID" 2>/dev/null || break; [ -s "$WORK/out$ranks.$s" ] && break; sleep 0.1; done
-  done
-  for job in $(jobs -p); do
-    case " ${PIDS[*]} " in *" $job "*) ;; *) wait "$job" || wait_clients=$((wait_clients + 1)) ;; esac
-  done
-  [ "$wait_clients" -eq 0 ] || fail "$wait_clients clients failed with $ranks ranks"
-  same=0
-  for s in $(seq 0 7); do
-    got=$(tail -1 "$WORK/out$ranks.$s")
-    if [ "$got" == "${want[$s]}" ]; then same=$((same + 1)); else fail "$ranks ranks, prompt $s: '$got' vs '${want[$s]}'"; fi
-  done
-  echo "expert ranks $ranks: $same of 8 streams give the one-engine ids"
+  eight_streams "ranks$ranks"
+  echo "expert ranks $ranks: $SAME of 8 streams give the one-engine ids"
   kill -TERM "$GPID" "$CPID" 2>/dev/null
   wait "$GPID" "$CPID" 2>/dev/null
 done

@@ -28,6 +28,46 @@ cleanup_up() {
   rm -rf "$WORK"
 }
 
+# wait_up LOG: until the `mer up` of pid UPID prints its gRPC address into LOG.out (60 s), or
+# exits; sets ADDR. False if it never did.
+wait_up() {
+  ADDR=
+  for _ in $(seq 1 600); do
+    ADDR=$(grep -o 'gRPC API *[0-9.]*:[0-9]*' "$1.out" 2>/dev/null | awk '{print $3}')
+    [ -n "$ADDR" ] && return 0
+    kill -0 "$UPID" 2>/dev/null || break
+    sleep 0.1
+  done
+  return 1
+}
+
+# Eight different prompts, their greedy ids from one engine, and the eight as concurrent streams
+# through a gateway: what the expert-rank tests compare (ranks must give one engine's ids).
+eight_prompt() { echo "$((1 + $1)),17,$((40 + 3 * $1)),99,7,3,250,$((11 + $1))"; }
+# eight_reference_ids MODEL: WANT[0..7], `mer generate --model MODEL`'s 24 greedy ids of each.
+eight_reference_ids() {
+  WANT=()
+  for s in $(seq 0 7); do
+    WANT[$s]=$(timeout 60 "$MER" generate --model "$1" --prompt-tokens "$(eight_prompt "$s")" --max-tokens 24                  --ignore-eos --print-token-ids --threads 1 2>/dev/null | tail -1)
+    [ -n "${WANT[$s]}" ] || fail "reference ids of prompt $s"
+  done
+}
+# eight_streams TAG: the eight at once through the gateway at ADDR (outputs WORK/outTAG.N); a
+# failure for each client that fails and each whose ids are not WANT's; SAME = how many matched.
+eight_streams() {
+  local pids=() s got
+  for s in $(seq 0 7); do
+    timeout 60 "$MER" client --addr "$ADDR" --prompt-tokens "$(eight_prompt "$s")" --max-tokens 24 --ignore-eos       --print-token-ids >"$WORK/out$1.$s" 2>&1 &
+    pids+=($!)
+  done
+  for s in $(seq 0 7); do wait "${pids[$s]}" || fail "$1, prompt $s: mer client failed: $(tail -1 "$WORK/out$1.$s")"; done
+  SAME=0
+  for s in $(seq 0 7); do
+    got=$(tail -1 "$WORK/out$1.$s")
+    if [ "$got" == "${WANT[$s]}" ]; then SAME=$((SAME + 1)); else fail "$1, prompt $s: '$got' vs '${WANT[$s]}'"; fi
+  done
+}
+
 # finish: the script's exit, by FAILURES.
 finish() {
   if [ "$FAILURES" -ne 0 ]; then echo "$FAILURES failure(s)"; exit 1; fi

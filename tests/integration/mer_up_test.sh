@@ -21,13 +21,7 @@ start_up() {
   "$MER" up --model "$WORK/m.gguf" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
     --ram-budget 50% --threads 2 "$@" >"$log.out" 2>"$log.err" &
   UPID=$!
-  ADDR=
-  for _ in $(seq 1 600); do
-    ADDR=$(grep -o 'gRPC API *[0-9.]*:[0-9]*' "$log.out" 2>/dev/null | awk '{print $3}')
-    [ -n "$ADDR" ] && return 0
-    kill -0 "$UPID" 2>/dev/null || break
-    sleep 0.1
-  done
+  wait_up "$log" && return 0
   echo "mer up did not come up:"; cat "$log.out" "$log.err"; return 1
 }
 # client: the call this test repeats, its errors kept in client.err (it replaces lib.sh's client).

@@ -75,14 +75,7 @@ for seed in $SEEDS; do
   [ "$BACKEND" = cuda ] && up_flags+=(--vram-expert-budget 40%)
   "$MER" up "${up_flags[@]}" >"$WORK/up.out" 2>"$WORK/up.err" &
   UPID=$!
-  ADDR=
-  for _ in $(seq 1 600); do
-    ADDR=$(grep -o 'gRPC API *[0-9.]*:[0-9]*' "$WORK/up.out" 2>/dev/null | awk '{print $3}')
-    [ -n "$ADDR" ] && break
-    kill -0 "$UPID" 2>/dev/null || break
-    sleep 0.1
-  done
-  if [ -z "$ADDR" ]; then
+  if ! wait_up "$WORK/up"; then
     fail "random:$seed $q ($geom): mer up did not come up: $(tail -5 "$WORK/up.err")"
     ok=0
   else
