@@ -106,11 +106,14 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
   if (f.Has("expert-share")) {
     const std::string share = f.String("expert-share");
     const std::vector<std::string> parts = absl::StrSplit(share, '/');
-    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &a->expert_share_rank) ||
-        !absl::SimpleAtoi(parts[1], &a->expert_share_ranks) || a->expert_share_ranks < 1 ||
-        a->expert_share_ranks > 64 || a->expert_share_rank < 0 || a->expert_share_rank >= a->expert_share_ranks)
+    mer::residency::ResidencyOptions o;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &o.expert_share_rank) ||
+        !absl::SimpleAtoi(parts[1], &o.expert_share_ranks) || o.expert_share_ranks > 64 ||
+        !mer::residency::CheckExpertShare(o).ok())
       return absl::InvalidArgumentError(
           absl::StrCat("--expert-share '", share, "': RANK/RANKS with 1 <= RANKS <= 64 and 0 <= RANK < RANKS"));
+    a->expert_share_rank = o.expert_share_rank;
+    a->expert_share_ranks = o.expert_share_ranks;
   }
   if (a->store.empty() || a->instance.empty() || a->budget.empty())
     return absl::InvalidArgumentError("--store, --instance and --ram-budget are required");

@@ -24,6 +24,13 @@ uint32_t RamSlotCount(const ExpertStore& store, const ResidencyOptions& options)
   return static_cast<uint32_t>(slots);
 }
 
+absl::Status CheckExpertShare(const ResidencyOptions& o) {
+  if (o.expert_share_ranks < 1 || o.expert_share_rank < 0 || o.expert_share_rank >= o.expert_share_ranks)
+    return absl::InvalidArgumentError(absl::StrCat("expert share ", o.expert_share_rank, "/", o.expert_share_ranks,
+                                                   ": the rank must be in [0, ranks)"));
+  return absl::OkStatus();
+}
+
 shm::SegmentGeometry DaemonGeometry(const ExpertStore& store, const ResidencyOptions& options) {
   shm::SegmentGeometry g;
   g.model_identity = shm::StoreSegmentIdentity(store.manifest());
@@ -55,10 +62,7 @@ absl::StatusOr<std::unique_ptr<ResidencyDaemon>> ResidencyDaemon::Create(const E
       options.vram_upload_inflight_max < 1 || options.vram_prefetch_inflight_max < 0)
     return absl::InvalidArgumentError(
         "io_inflight_max and vram_upload_inflight_max must be >= 1, the other limits >= 0");
-  if (options.expert_share_ranks < 1 || options.expert_share_rank < 0 ||
-      options.expert_share_rank >= options.expert_share_ranks)
-    return absl::InvalidArgumentError(absl::StrCat("expert share ", options.expert_share_rank, "/",
-                                                   options.expert_share_ranks, ": the rank must be in [0, ranks)"));
+  RETURN_IF_ERROR(CheckExpertShare(options));
   ASSIGN_OR_RETURN(std::unique_ptr<ReplacementPolicy> policy, CreatePolicy(options.policy, h.ram_slot_count));
   uint64_t max_used_bytes = 0;
   for (const StoreLayer& l : store.manifest().layers) max_used_bytes = std::max(max_used_bytes, l.used_bytes());

@@ -55,6 +55,8 @@ namespace mer::residency {
 
 // RAM slots for a budget: budget / blob_bytes, at least the floor of ResidencyOptions.
 uint32_t RamSlotCount(const ExpertStore& store, const ResidencyOptions& options);
+// InvalidArgument unless 1 <= expert_share_ranks and 0 <= expert_share_rank < expert_share_ranks.
+absl::Status CheckExpertShare(const ResidencyOptions& options);
 // The segment geometry mer-residency creates for `store` (identity from StoreSegmentIdentity).
 shm::SegmentGeometry DaemonGeometry(const ExpertStore& store, const ResidencyOptions& options);
 
