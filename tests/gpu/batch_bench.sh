@@ -126,9 +126,10 @@ if [[ "$RAM_BUDGET" == *% ]]; then
 fi
 
 # 2. The daemons.
-# EXTRA_RESIDENCY_FLAGS: more mer-residency flags (e.g. --vram-prefetch-inflight 2).
+# EXTRA_RESIDENCY_FLAGS: more mer-residency flags (e.g. --vram-prefetch-inflight 2); RESIDENCY_BIN:
+# the bundle's program to run as mer-residency (another build of it, to compare in one run).
 # shellcheck disable=SC2086
-daemon mer-residency --store "$STORE" --instance "$TAG" --ram-budget "$RAM_BUDGET" --policy "$POLICY" \
+daemon "${RESIDENCY_BIN:-mer-residency}" --store "$STORE" --instance "$TAG" --ram-budget "$RAM_BUDGET" --policy "$POLICY" \
   --metrics-listen 127.0.0.1:0 --warm ${EXTRA_RESIDENCY_FLAGS:-} > "$WORK/residency.log" 2>&1 &
 PIDS+=($!)
 wait_ready "$WORK/residency.log" $! "$(left 120)"
