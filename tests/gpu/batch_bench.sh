@@ -143,7 +143,8 @@ compute_flags+=(${EXTRA_COMPUTE_FLAGS:-})
 # The cuda backend logs its VRAM breakdown at start; with CUDA_DEBUG=1 (MER_CUDA_DEBUG) its stages
 # and, on the device miss path, every layer it serves.
 [ "${CUDA_DEBUG:-0}" = 1 ] && export MER_CUDA_DEBUG=1
-daemon mer-compute "${compute_flags[@]}" > "$WORK/compute.log" 2>&1 &
+# COMPUTE_BIN: the bundle's program to run as mer-compute (as RESIDENCY_BIN above).
+daemon "${COMPUTE_BIN:-mer-compute}" "${compute_flags[@]}" > "$WORK/compute.log" 2>&1 &
 PIDS+=($!)
 wait_ready "$WORK/compute.log" $! "$(left 300)"
 grep -E '^cuda: VRAM|RAM tier|^mer-compute: .*sequences' "$WORK/compute.log" | tee -a "$summary"

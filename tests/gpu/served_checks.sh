@@ -22,8 +22,9 @@
 #               setting of PROFILE_ENVS (MER_CUDA_MMA=auto, 0, 1 or fast: the
 #               multi-token kernels, docs/cuda.md);
 #   served:     the same store through the three daemons, one stream, for each of SERVED_RUNS
-#               ("VRAM:RAM:MISS_PATH:ARENA_POLICY:RAM_POLICY[:VRAM_PREFETCH_COPIES[:RESIDENCY_BIN]]" each,
-#               RESIDENCY_BIN a program of the bundle run as mer-residency; e.g. 25%:25%:device:lfu:lfu for
+#               ("VRAM:RAM:MISS_PATH:ARENA_POLICY:RAM_POLICY[:VRAM_PREFETCH_COPIES[:RESIDENCY_BIN[:COMPUTE_BIN]]]"
+#               each, the last two programs of the bundle run as mer-residency and mer-compute, to
+#               compare builds in one run; e.g. 25%:25%:device:lfu:lfu for
 #               a quarter of the experts in VRAM, another quarter in RAM and the rest read from
 #               the store): decode tokens/s, hit rates, disk MiB per generated token;
 #   faults:     tests/integration/system_integration_test.sh with mer-compute on the GPU
@@ -212,15 +213,15 @@ fi
 
 if has_step served; then
   for run in $SERVED_RUNS; do
-    # Optional sixth and seventh fields: VRAM prefetch copies in flight (mer-residency
-    # --vram-prefetch-inflight), and the bundle's program to run as mer-residency.
-    IFS=: read -r v r mp ap rp vp rb <<< "$run"
-    vp=${vp:-3} rb=${rb:-mer-residency}
-    d="$OUT/served_${v}_${r}_${mp}_${ap}_${rp}_${vp}_$rb"
-    RESIDENCY_BIN="$rb" OUT="$d" STORE="$STORE" STREAMS=1 REQUESTS="$SERVED_REQUESTS" VRAM_BUDGET="$v" RAM_BUDGET="$r" POLICY="$rp" \
+    # Optional sixth to eighth fields: VRAM prefetch copies in flight (mer-residency
+    # --vram-prefetch-inflight), and the bundle's programs to run as mer-residency and mer-compute.
+    IFS=: read -r v r mp ap rp vp rb cb <<< "$run"
+    vp=${vp:-3} rb=${rb:-mer-residency} cb=${cb:-mer-compute}
+    d="$OUT/served_${v}_${r}_${mp}_${ap}_${rp}_${vp}_${rb}_$cb"
+    COMPUTE_BIN="$cb" RESIDENCY_BIN="$rb" OUT="$d" STORE="$STORE" STREAMS=1 REQUESTS="$SERVED_REQUESTS" VRAM_BUDGET="$v" RAM_BUDGET="$r" POLICY="$rp" \
       EXTRA_COMPUTE_FLAGS="--miss-path $mp --arena-policy $ap" EXTRA_RESIDENCY_FLAGS="--vram-prefetch-inflight $vp" \
       DEADLINE=$(left 200) timeout "$(left 210)" bash "$here/batch_bench.sh" > /dev/null 2>&1
-    note "served, 1 stream, VRAM $v, RAM $r ($rp), miss path $mp (arena $ap), VRAM prefetch copies $vp, $rb:" \
+    note "served, 1 stream, VRAM $v, RAM $r ($rp), miss path $mp (arena $ap), VRAM prefetch copies $vp, $rb, $cb:" \
          "$(grep -E '^(throughput|itl)' "$d/summary.txt" | tr '\n' ' ')"
     grep -E 'host syncs|VRAM hit|FAILED|^residency' "$d/summary.txt" | tee -a "$summary"
   done

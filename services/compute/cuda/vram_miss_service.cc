@@ -144,7 +144,13 @@ void VramMissService::Serve(const RoutingRecord& r) {
   const int layer = static_cast<int>(r.header.layer);
   published_.Used(layer, r.used.data(), static_cast<int>(r.used.size()), r.header.step);
   residency_.Routed(layer, r.used);
-  if (!r.pred.empty() && layer + 1 < o_.n_layer) residency_.Predicted(layer + 1, r.pred);
+  // The look-ahead's guesses for the next layer go to mer-residency after this layer's misses
+  // are placed, not before: its copies into the arena run one after another, and a guess sent
+  // first would start copies that this layer's demands, which the device waits for, queue behind.
+  // Sent after, the guesses' copies run while the device computes this layer and the next one's
+  // attention, where the link would otherwise wait for the next record.
+  const bool predicts = !r.pred.empty() && layer + 1 < o_.n_layer;
+  if (predicts && r.header.n_missing == 0) residency_.Predicted(layer + 1, r.pred);
   {
     std::lock_guard<std::mutex> l(stats_mu_);
     ++stats_.records;
@@ -173,6 +179,7 @@ void VramMissService::Serve(const RoutingRecord& r) {
   }
 
   absl::Status status;
+  bool predicted = false;
   serving_layer_.store(layer);
   serving_step_.store(r.header.step);
   serving_missing_.store(static_cast<int>(missing_.size()));
@@ -181,6 +188,8 @@ void VramMissService::Serve(const RoutingRecord& r) {
     // Place writes the slots it got into a scratch row; they are published from there.
     std::fill(place_row_.begin(), place_row_.end(), -1);
     absl::StatusOr<int> demanded = residency_.Place(layer, missing_, place_row_.data(), stream_);
+    if (predicts) residency_.Predicted(layer + 1, r.pred);
+    predicted = true;
     if (residency_.attachment() != attachment_) {
       // A new mer-residency: what was pinned in the old one is void, and the new one may fill any
       // slot. Forget it all (every other expert misses again) and publish what is placed in the
@@ -216,6 +225,7 @@ void VramMissService::Serve(const RoutingRecord& r) {
       }
     }
   }
+  if (predicts && !predicted) residency_.Predicted(layer + 1, r.pred);
   if (std::find(placed_rows_.begin(), placed_rows_.end(), layer) == placed_rows_.end()) placed_rows_.push_back(layer);
   for (int l : placed_rows_) UploadRow(l);
   // Opens the gate after the conversions and the rows: the step's wait sees every one of them.
