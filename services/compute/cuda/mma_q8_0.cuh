@@ -4,8 +4,9 @@
 // each 32-block as an exact int32, acc_l = fma(d_w * d_a, isum, acc_l) over the blocks in order,
 // then ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)). Its integer sums are 4-product sums, not
 // 32-product ones, so a block's mma cannot give them whole: here each block takes 8 int8 mmas
-// (m16n8k32: 16 weight rows x 8 tokens), mma l with the activations zeroed outside lane l's 4
-// columns, so that its result is exactly lane l's int32 for each of the 128 row/token pairs. The
+// (m16n8k16: 16 weight rows x 8 tokens over the block's half that holds lane l), mma l with the
+// activations zeroed outside lane l's 4 columns, so that its result is exactly lane l's int32 for
+// each of the 128 row/token pairs (k16 rather than k32: half the multiply-adds thrown away). The
 // f32 part stays the CPU's: per pair and block one product of the scales, 8 fmas in block order,
 // the same tree at the end (all within one thread, no shuffles). Against the dp4a kernels
 // (staged_dots.cuh) this leaves ~2.7 instructions per lane sum instead of ~5 (counted in the
@@ -23,7 +24,8 @@
 // Fragments (PTX ISA, mma.m16n8k32 with .s8): thread (gid = lane / 4, tig = lane % 4) holds A's
 // rows gid and gid + 8 at columns 4 tig..4 tig + 3 (registers 0, 1) and 16 + 4 tig.. (2, 3), B's
 // column (token) gid at rows 4 tig.. and 16 + 4 tig.., and C's rows gid, gid + 8 at columns
-// 2 tig, 2 tig + 1. In the device layout (device_layout.cuh) lane l's 4 quants of the 4 blocks of
+// 2 tig, 2 tig + 1. m16n8k16 is its first half: A's registers 0, 1 and B's first (or, for
+// columns 16..31, A's 2, 3 and B's second). In the device layout (device_layout.cuh) lane l's 4 quants of the 4 blocks of
 // a run are 16 contiguous bytes, so thread tig loads lanes tig and tig + 4 of 4 blocks with two
 // 16-byte loads per row, for weights and activations alike.
 //
@@ -148,6 +150,14 @@ __device__ __forceinline__ void MmaS8(int (&c)[4], uint32_t a0, uint32_t a1, uin
       : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(kBias));
 }
+// The same over 16 columns (m16n8k16): A's rows gid, gid + 8 and B's token gid at columns
+// 4 tig..4 tig + 3 of the half.
+__device__ __forceinline__ void MmaS8K16(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+  constexpr int kBias = 0x4B400000;
+  asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %7, %7, %7};"
+      : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+      : "r"(a0), "r"(a1), "r"(b0), "r"(kBias));
+}
 __device__ __forceinline__ float MmaSumF32(int biased) { return __fsub_rn(__int_as_float(biased), 12582912.0f); }
 
 // One 32-block for one tile of 8 tokens: w* the weights of rows gid / gid + 8 at lanes tig (lo)
@@ -168,11 +178,13 @@ __device__ __forceinline__ void MmaQ8_0Block(uint32_t w_lo0, uint32_t w_lo8, uin
   } else {
 #pragma unroll
     for (int l = 0; l < 8; ++l) {
-      // Only lane l's 4 columns of the block: thread tig holds lanes tig (x_lo) and tig + 4 (x_hi).
-      const uint32_t b0 = l < 4 && tig == l ? x_lo : 0u;
-      const uint32_t b1 = l >= 4 && tig == l - 4 ? x_hi : 0u;
+      // Only lane l's 4 columns of the block, in the half that holds them: thread tig holds
+      // lanes tig (x_lo) and tig + 4 (x_hi).
       int c[4];
-      MmaS8(c, w_lo0, w_lo8, w_hi0, w_hi8, b0, b1);
+      if (l < 4)
+        MmaS8K16(c, w_lo0, w_lo8, tig == l ? x_lo : 0u);
+      else
+        MmaS8K16(c, w_hi0, w_hi8, tig == l - 4 ? x_hi : 0u);
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[l][i] = fmaf(d[i], MmaSumF32(c[i]), acc[l][i]);
     }
