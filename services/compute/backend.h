@@ -69,8 +69,9 @@ struct BackendCounters {
   // group's expert pairs over this is the expert work's speed-up over one rank.
   int64_t busiest_rank_pairs = 0;
   int64_t replicated_experts = 0;  // expert-parallel ranks: (layer, expert) held by every rank now
-  // An expert-parallel rank's wall time in its layers' exchanges (waiting for the slowest rank,
-  // then summing), microseconds.
+  // An expert-parallel rank's wall time in its layers' exchanges on the host (waiting for the
+  // slowest rank, then summing), microseconds. A cuda rank that sums on its GPU (NCCL) counts none:
+  // its exchanges are device work inside the step.
   int64_t exchange_seconds_x1e6 = 0;
   int64_t expert_lookups = 0;         // distinct (layer, expert) a batch needs, summed over layers
   int64_t expert_misses = 0;          // of those, not in the arena
@@ -99,7 +100,7 @@ struct BackendCounters {
   // to report; arena_resident counts nothing here.
   bool arena_placed_by_residency = false;
   int64_t slot_bytes = 0;
-  int64_t total_experts = 0;
+  int64_t total_experts = 0;  // the experts an arena holds to miss none (a cuda rank's: its share)
   int64_t vram_total_bytes = 0;
   int64_t vram_used_bytes = 0;  // device-wide (total - free), when sampled
   int64_t vram_used_peak_bytes = 0;

@@ -7,7 +7,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/base/status.h"
 #include "common/base/threads.h"
 #include "services/compute/cpu/cpu_engine.h"
@@ -18,6 +20,7 @@
 #include "services/compute/cuda/cuda_engine.h"
 #include "services/compute/cuda/host_memory.h"
 #include "services/compute/cuda/multi_token_kernels.h"
+#include "services/compute/cuda/nccl_exchange.h"
 #endif
 
 namespace mer {
@@ -40,6 +43,60 @@ absl::Status ParseVramBudget(const std::string& b, CudaEngineOptions* co) {
   }
   return absl::OkStatus();
 }
+
+// o.expert_ranks CudaEngine ranks behind one ExpertParallelBackend, rank r on GPU o.gpus[r] (GPU r
+// without a list): the NCCL exchange where every rank has a GPU of its own, the host's where some
+// share one (NCCL takes one rank per device).
+absl::StatusOr<CreatedBackend> CreateCudaRanks(const ModelWeights& weights, ExpertSource& experts, CudaEngineOptions co,
+                                               const BackendOptions& o) {
+  const int n = o.expert_ranks;
+  if (!o.rank_experts) return absl::InvalidArgumentError("expert ranks: no expert source for the ranks above 0");
+  if (!CudaEngine::DeviceAvailable()) return absl::FailedPreconditionError("no CUDA device is available");
+  std::vector<int> gpus = o.gpus;
+  for (int r = 0; gpus.empty() && r < n; ++r) gpus.push_back(r);
+  bool shared = false;
+  for (size_t r = 0; r < gpus.size(); ++r)
+    shared = shared || std::find(gpus.begin(), gpus.begin() + r, gpus[r]) != gpus.begin() + r;
+  std::unique_ptr<InProcessExchangeGroup> host;
+  std::unique_ptr<NcclExchangeGroup> device;
+  if (shared) {
+    host = std::make_unique<InProcessExchangeGroup>(n);
+  } else {
+    ASSIGN_OR_RETURN(device, NcclExchangeGroup::Create(gpus));
+  }
+  ExpertParallelBackend::Group group;
+  std::vector<std::unique_ptr<ComputeBackend>> ranks;
+  for (int r = 0; r < n; ++r) {
+    absl::StatusOr<ExpertPlacement> placed = ExpertPlacement::Create(n, r);
+    if (!placed.ok()) return placed.status();
+    auto placement = std::make_unique<ExpertPlacement>(std::move(*placed));
+    ExpertSource* source = &experts;
+    if (r > 0) {
+      ASSIGN_OR_RETURN(std::unique_ptr<ExpertSource> own, o.rank_experts(r));
+      source = own.get();
+      group.sources.push_back(std::move(own));
+    }
+    co.device = gpus[r];
+    co.placement = placement.get();
+    co.device_exchange = device != nullptr ? &device->rank(r) : nullptr;
+    co.host_exchange = host != nullptr ? &host->rank(r) : nullptr;
+    // Rank 0 registers the mapped file for every GPU (cudaHostRegisterPortable); a second
+    // registration of the same memory would fail.
+    co.pin_host_experts = o.pin_host_experts && r == 0;
+    group.placements.push_back(std::move(placement));
+    ASSIGN_OR_RETURN(std::unique_ptr<CudaEngine> engine, CudaEngine::Create(weights, *source, co));
+    ranks.push_back(std::move(engine));
+  }
+  if (host != nullptr) {
+    group.exchange = std::move(host);
+  } else {
+    group.exchange = std::move(device);
+  }
+  CreatedBackend out;
+  out.threads = n;
+  ASSIGN_OR_RETURN(out.engine, ExpertParallelBackend::Create(std::move(group), std::move(ranks)));
+  return out;
+}
 #endif
 
 // o.expert_ranks CpuEngine ranks behind one ExpertParallelBackend, the threads split evenly.
@@ -49,7 +106,7 @@ absl::StatusOr<CreatedBackend> CreateCpuRanks(const ModelWeights& weights, Exper
   if (!o.rank_experts) return absl::InvalidArgumentError("expert ranks: no expert source for the ranks above 0");
   co.threads = std::max(1, ResolveThreads(o.threads) / n);
   ExpertParallelBackend::Group group;
-  group.exchange = std::make_unique<InProcessExchangeGroup>(n);
+  auto exchange = std::make_unique<InProcessExchangeGroup>(n);
   std::vector<std::unique_ptr<ComputeBackend>> ranks;
   CreatedBackend out;
   for (int r = 0; r < n; ++r) {
@@ -63,12 +120,13 @@ absl::StatusOr<CreatedBackend> CreateCpuRanks(const ModelWeights& weights, Exper
       group.sources.push_back(std::move(own));
     }
     co.placement = placement.get();
-    co.exchange = &group.exchange->rank(r);
+    co.exchange = &exchange->rank(r);
     group.placements.push_back(std::move(placement));
     ASSIGN_OR_RETURN(std::unique_ptr<CpuEngine> engine, CpuEngine::Create(weights, *source, co));
     out.threads += engine->options().threads;
     ranks.push_back(std::move(engine));
   }
+  group.exchange = std::move(exchange);
   HotExpertReplication replication;
   replication.per_layer = o.replicate_hot_experts;
   ASSIGN_OR_RETURN(out.engine, ExpertParallelBackend::Create(std::move(group), std::move(ranks), replication));
@@ -84,9 +142,14 @@ absl::StatusOr<CreatedBackend> CreateBackend(const ModelWeights& weights, Expert
     return absl::InvalidArgumentError(absl::StrCat("--expert-ranks ", o.expert_ranks, ": 1 to ", kMaxExpertRanks));
   if (o.replicate_hot_experts != 0 && o.expert_ranks < 2)
     return absl::InvalidArgumentError("--replicate-hot-experts needs --expert-ranks 2 or more");
-  if (o.expert_ranks > 1 && o.backend != "cpu")
+  if (!o.gpus.empty() && o.backend != "cuda") return absl::InvalidArgumentError("--gpus needs --backend cuda");
+  if (!o.gpus.empty() && static_cast<int>(o.gpus.size()) != o.expert_ranks)
     return absl::InvalidArgumentError(
-        "--expert-ranks above 1 needs --backend cpu: the cuda ranks and their NCCL exchange are not built");
+        absl::StrCat("--gpus lists ", o.gpus.size(), " GPU(s) for --expert-ranks ", o.expert_ranks, ": one per rank"));
+  if (o.backend == "cuda" && o.expert_ranks > 1 && o.replicate_hot_experts != 0)
+    return absl::UnimplementedError(
+        "--replicate-hot-experts with --backend cuda: replicated experts are not built on the cuda ranks (each "
+        "rank's arena holds its share only)");
   if (o.backend == "cuda") {
 #if MER_HAVE_CUDA
     CudaEngineOptions co;
@@ -115,6 +178,8 @@ absl::StatusOr<CreatedBackend> CreateBackend(const ModelWeights& weights, Expert
       cuda::SetMultiTokenQ8_0(kind->second);
     }
     RETURN_IF_ERROR(ParseVramBudget(o.vram_expert_budget, &co));
+    if (o.expert_ranks > 1) return CreateCudaRanks(weights, experts, co, o);
+    if (!o.gpus.empty()) co.device = o.gpus[0];
     ASSIGN_OR_RETURN(out.engine, CudaEngine::Create(weights, experts, co));
     out.threads = 1;
     return out;
@@ -136,6 +201,19 @@ absl::StatusOr<CreatedBackend> CreateBackend(const ModelWeights& weights, Expert
   out.threads = engine->options().threads;
   out.engine = std::move(engine);
   return out;
+}
+
+absl::StatusOr<std::vector<int>> ParseGpuList(const std::string& list) {
+  std::vector<int> gpus;
+  for (absl::string_view item : absl::StrSplit(list, ',')) {
+    int gpu = -1;
+    if (!absl::SimpleAtoi(item, &gpu) || gpu < 0 || gpu > kMaxGpuOrdinal)
+      return absl::InvalidArgumentError(absl::StrCat("--gpus '", list, "': '", item,
+                                                     "' is not a GPU (CUDA ordinals 0 to ", kMaxGpuOrdinal,
+                                                     ", comma-separated, one per expert rank)"));
+    gpus.push_back(gpu);
+  }
+  return gpus;
 }
 
 int DefaultPromptChunkTokens(std::string_view backend) {

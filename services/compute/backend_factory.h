@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/model/expert_source.h"
@@ -49,12 +50,18 @@ struct BackendOptions {
   // (cuda::MultiTokenQ8_0: a setting of the whole process); empty: MER_CUDA_MMA's, else auto.
   std::string multi_token_kernels;
   // Expert-parallel ranks (expert_parallel_backend.h): each computes the dense part and the experts
-  // e with e mod expert_ranks == its rank, `threads` split between them; cpu only (the cuda
-  // ranks' NCCL exchange is not built). Rank 0 reads `experts`, rank r > 0 rank_experts(r): an
-  // ExpertSource serves one engine.
+  // e with e mod expert_ranks == its rank. cpu: `threads` split between them. cuda: a CudaEngine
+  // per rank, rank r on GPU gpus[r], each with its share of the experts preloaded into its arena
+  // (all of it must fit: CudaEngineOptions::placement); ranks on distinct GPUs sum their experts'
+  // outputs through NCCL, ranks that share a GPU on the host. Rank 0 reads `experts`, rank r > 0
+  // rank_experts(r): an ExpertSource serves one engine.
   int expert_ranks = 1;  // 1 to kMaxExpertRanks
+  // cuda: the GPU of each rank (CUDA ordinals, expert_ranks of them; one for a single engine); a GPU
+  // may repeat (ranks that share it). Empty: GPUs 0 .. expert_ranks - 1.
+  std::vector<int> gpus;
   // With expert ranks: each layer's this many most used experts replicated on every rank, chosen
-  // again every 64 calls from the routing served (HotExpertReplication); 0: none.
+  // again every 64 calls from the routing served (HotExpertReplication); 0: none. cpu only (the
+  // cuda ranks' arenas hold their shares only).
   int replicate_hot_experts = 0;
   std::function<absl::StatusOr<std::unique_ptr<ExpertSource>>(int rank)> rank_experts;
 };
@@ -83,8 +90,15 @@ bool SharesArenaWithResidency(std::string_view backend);
 // cuda/stream_memops.h, KernelsLoadLazily). Nothing for the cpu.
 void PrepareProcessFor(std::string_view backend, bool device_misses);
 
-// InvalidArgument for an unknown backend or a bad budget; Unimplemented for `cuda` in a build
-// without it; the backend's own errors otherwise (no GPU, VRAM too small, ...).
+// --gpus's "0,1,...": CUDA ordinals (0 to kMaxGpuOrdinal), one per rank, a GPU possibly repeated.
+// InvalidArgument naming --gpus for an empty list, an empty item or one that is not an ordinal.
+inline constexpr int kMaxGpuOrdinal = 1023;
+absl::StatusOr<std::vector<int>> ParseGpuList(const std::string& list);
+
+// InvalidArgument for an unknown backend, a bad budget or a GPU list that is not one GPU per rank
+// (or not the cuda backend's); Unimplemented for `cuda` in a build without it, and for what the
+// cuda ranks do not build (replicated experts, a rank's share that does not fit its arena); the
+// backend's own errors otherwise (no GPU, VRAM too small, ...).
 absl::StatusOr<CreatedBackend> CreateBackend(const ModelWeights& weights, ExpertSource& experts,
                                              const BackendOptions& options);
 

@@ -46,6 +46,9 @@ class ExpertPlacement {
 
   // Whether this rank's arena holds (layer, expert).
   bool Holds(int layer, int expert) const { return IsReplicated(layer, expert) || expert % n_ranks_ == rank_; }
+  // How many of a layer's n_expert experts are placed on this rank, replicas aside: the e with
+  // e mod n_ranks == rank, ceil((n_expert - rank) / n_ranks) (0 where rank >= n_expert).
+  int OwnedExperts(int n_expert) const { return n_expert > rank_ ? (n_expert - rank_ + n_ranks_ - 1) / n_ranks_ : 0; }
   // runners[i] = the rank that runs pair i of a layer's routing `experts` (pair i is token i / k's
   // slot i % k), for every pair. `load` (n_ranks entries) is scratch, left holding each rank's
   // pairs: the caller owns it, so that a step allocates nothing.
@@ -92,13 +95,14 @@ class ExpertExchange {
   virtual void Fail(const absl::Status& why) = 0;
 };
 
-// The exchanges of a group's ranks, as a whole (the CPU's InProcessExchangeGroup; NCCL for GPUs).
+// The exchanges of a group's ranks, as a whole: what ExpertParallelBackend needs of a group,
+// whichever side its ranks sum on. Each group hands out its ranks' sides itself (rank(r)): the
+// host's ExpertExchange (the CPU's InProcessExchangeGroup, cpu/in_process_exchange.h) or the
+// device's (NCCL, cuda/nccl_exchange.h).
 class ExpertExchangeGroup {
  public:
   virtual ~ExpertExchangeGroup() = default;
   virtual int n_ranks() const = 0;
-  // Rank r's side, owned by the group.
-  virtual ExpertExchange& rank(int r) = 0;
   // Clears a failure, once every rank has returned from the step that failed, so that the ranks
   // take the next step together.
   virtual void Reset() = 0;

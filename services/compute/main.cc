@@ -53,7 +53,7 @@ constexpr char kHelp[] =
                    [--arena-policy lfu|lru] [--multi-token-kernels auto|dp4a|exact|fast]
                    [--max-sequences N] [--max-batch-tokens N] [--ctx N] [--kv-budget-tokens N]
                    [--threads N] [--admission-wait-ms N] [--metrics-listen HOST:PORT|off]
-                   [--verify-model SHA256] [--expert-ranks N] [--replicate-hot-experts K]
+                   [--verify-model SHA256] [--expert-ranks N] [--gpus G,G,...] [--replicate-hot-experts K]
 
 Serves the model to mer-gateway over the internal gRPC API on the unix socket PATH, generating
 up to --max-sequences (default 8) sequences at once with continuous batching: each step carries
@@ -89,16 +89,21 @@ everywhere) keep the CPU reference's results bit for bit; fast runs them on the 
 one sum per 32-block, ~1.4x the batch throughput, and gives up the bit-exactness (logits within
 a few percent of the reference's, as any other summation order; docs/cuda.md). Prometheus metrics are served on http://HOST:PORT/metrics (default
 127.0.0.1:0: a free port, printed on stderr as "metrics: http://127.0.0.1:PORT/metrics"); off
-serves none. --expert-ranks N (default 1; --backend cpu) runs N expert-parallel ranks in this
-process, each computing the dense part and the experts e with e mod N its rank, with --threads
-split between them: the same results as one engine, bit for bit; the layout the GPU ranks will
-take (docs/design.md, "Several GPUs and several hosts"). With --store each rank reads its experts
-from a mer-residency instance of its own: --residency names N instances, rank r's the r-th (each
-best started with --expert-share r/N, which sizes and warms its RAM tier for that rank's share).
---replicate-hot-experts K (with 2 or more ranks; default 0) also places each layer's K most used
-experts on every rank, chosen again every 64 steps from the routing served: their pairs go to the
-least loaded ranks, which evens out the ranks' expert work (mer_expert_busiest_rank_pairs_total);
-the results stay bit for bit.
+serves none. --expert-ranks N (default 1) runs N expert-parallel ranks in this process, each
+computing the dense part and the experts e with e mod N its rank: the same results as one engine,
+bit for bit (docs/design.md, "Several GPUs and several hosts"). With --backend cpu the ranks split
+--threads between them; with --store each rank reads its experts from a mer-residency instance of
+its own: --residency names N instances, rank r's the r-th (each best started with --expert-share
+r/N, which sizes and warms its RAM tier for that rank's share). With --backend cuda (--model only)
+rank r runs on GPU r, or on the r-th GPU of --gpus (CUDA ordinals, one per rank; given alone it
+sets the ranks; one GPU picks the device of a single engine), with its share of the experts
+preloaded into its arena, which must hold all of it (--vram-expert-budget caps the share): ranks
+on distinct GPUs sum their experts' outputs through NCCL inside the step, ranks that share a GPU
+through the host, a synchronisation per layer (docs/cuda.md, "Expert-parallel ranks").
+--replicate-hot-experts K (--backend cpu with 2 or more ranks; default 0) also places each layer's
+K most used experts on every rank, chosen again every 64 steps from the routing served: their
+pairs go to the least loaded ranks, which evens out the ranks' expert work
+(mer_expert_busiest_rank_pairs_total); the results stay bit for bit.
 )";
 
 struct Args {
@@ -114,6 +119,7 @@ struct Args {
   std::string arena_policy;         // "lfu" or "lru"
   std::string multi_token_kernels;  // "auto", "dp4a", "exact", "fast"; empty: the environment's
   int64_t expert_ranks = 1;
+  std::vector<int> gpus;  // --gpus: rank r's GPU is the r-th; empty: GPU r
   int64_t replicate_hot_experts = 0;
   std::vector<std::string> residencies;  // --residency's names: rank r's is the r-th
 };
@@ -141,6 +147,7 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
                                                               "verify-model",
                                                               "multi-token-kernels",
                                                               "expert-ranks",
+                                                              "gpus",
                                                               "replicate-hot-experts"},
                                                              {}));
   a->model = f.String("model");
@@ -172,7 +179,18 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
   if (f.Has("multi-token-kernels")) {
     ASSIGN_OR_RETURN(a->multi_token_kernels, f.OneOf("multi-token-kernels", "auto", {"auto", "dp4a", "exact", "fast"}));
   }
+  if (f.Has("gpus")) {
+    ASSIGN_OR_RETURN(a->gpus, mer::ParseGpuList(f.String("gpus")));
+    a->expert_ranks = static_cast<int64_t>(a->gpus.size());  // --gpus alone sets the ranks
+  }
   ASSIGN_OR_RETURN(a->expert_ranks, f.IntInRange("expert-ranks", a->expert_ranks, 1, mer::kMaxExpertRanks));
+  if (!a->gpus.empty() && int64_t(a->gpus.size()) != a->expert_ranks)
+    return absl::InvalidArgumentError(absl::StrCat("--gpus lists ", a->gpus.size(), " GPU(s) for --expert-ranks ",
+                                                   a->expert_ranks, ": one per rank"));
+  if (!a->store.empty() && a->backend == "cuda" && a->expert_ranks > 1)
+    return absl::UnimplementedError(
+        "--store with --backend cuda and --expert-ranks above 1 is not built: the cuda ranks preload their shares "
+        "from --model (each rank's mer-residency would place experts on that rank's GPU)");
   ASSIGN_OR_RETURN(a->replicate_hot_experts, f.IntInRange("replicate-hot-experts", 0, 0, 1 << 20));
   a->residencies = absl::StrSplit(a->residency, ',', absl::SkipEmpty());
   if (!a->store.empty() && int64_t(a->residencies.size()) != a->expert_ranks)
@@ -253,6 +271,7 @@ absl::Status Main(const Args& a) {
   bo_engine.arena_policy = a.arena_policy;
   bo_engine.multi_token_kernels = a.multi_token_kernels;
   bo_engine.expert_ranks = static_cast<int>(a.expert_ranks);
+  bo_engine.gpus = a.gpus;
   bo_engine.replicate_hot_experts = static_cast<int>(a.replicate_hot_experts);
   ResidencyExpertSourceOptions so;
   // cuda: register the RAM tier in this process too, for the uploads compute makes itself (all

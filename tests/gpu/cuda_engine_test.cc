@@ -5,11 +5,13 @@
 // and the other quantized types the backend takes (the K_M recipes, K-quants, IQ types, Q4_0,
 // Q5_0, IQ4_NL), the greedy ids are equal, and with the reference's tokens forced (Score) every step's logits
 // are within 1e-3 relative L2 -- with the expert arena holding all experts, 30% and 10% of them.
-// Also: mixed batches equal solo runs, preselected routes give the CPU's logits bit for bit, and
-// 10,000 decode steps grow neither VRAM nor RSS.
+// Also: mixed batches equal solo runs, preselected routes give the CPU's logits bit for bit,
+// 10,000 decode steps grow neither VRAM nor RSS, and expert-parallel ranks (1 to 3 on one GPU,
+// more with more GPUs) give one engine's ids and logits bit for bit.
 #include "services/compute/cuda/cuda_engine.h"
 #include "services/compute/sampler.h"
 
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -26,13 +28,19 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
 #include "common/gguf/gguf_writer.h"
 #include "common/model/synth_model.h"
 #include "common/quant/quant.h"
+#include "services/compute/backend_factory.h"
 #include "services/compute/cpu/cpu_engine.h"
+#include "services/compute/cpu/in_process_exchange.h"
 #include "services/compute/cuda/multi_token_kernels.h"
+#include "services/compute/cuda/nccl_exchange.h"
+#include "services/compute/expert_parallel.h"
+#include "services/compute/expert_parallel_backend.h"
 #include "services/compute/generation.h"
 #include "tests/gpu/corpus.h"
 #include "tests/gpu/test_models.h"
@@ -919,6 +927,418 @@ TEST(CudaEngine, NoMemoryGrowthOver10000DecodeSteps) {
   EXPECT_EQ(s.vram_used_bytes, vram0);
   EXPECT_LE(rss1 - rss0, 1 << 20);  // under 1 MiB (allocator noise), over 10,000 steps
   EXPECT_GT(s.evictions, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Expert-parallel ranks (CudaEngineOptions::placement; docs/cuda.md, "Expert-parallel ranks").
+
+// What a backend gives on the ranks' drill, from empty sequences 0 and 1: their 8-token prompts
+// interleaved in one batch (a multi-token step), kMixedSteps decode steps of both in one batch of
+// two, kSoloSteps single-token steps of sequence 0 (Forward: a CUDA graph each where the engine
+// captures them), then DecodeGreedy of sequence 1 for kGreedySteps ids. Every row's logits in
+// order, and the greedy ids: each row's argmax, then DecodeGreedy's.
+struct RanksRun {
+  std::vector<float> logits;
+  std::vector<int32_t> ids;
+};
+
+constexpr int kMixedSteps = 6;
+constexpr int kSoloSteps = 8;
+constexpr int kGreedySteps = 24;
+
+RanksRun DriveRanks(ComputeBackend& e, const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  RanksRun run;
+  const int V = e.config().n_vocab;
+  e.ClearSequence(0);
+  e.ClearSequence(1);
+  const auto forward = [&](const std::vector<BatchToken>& batch) {
+    std::vector<float> l(batch.size() * V);
+    const absl::Status s = e.Forward(batch, l.data());
+    EXPECT_TRUE(s.ok()) << s;
+    run.logits.insert(run.logits.end(), l.begin(), l.end());
+    std::vector<int32_t> next;
+    for (size_t r = 0; r < batch.size(); ++r) next.push_back(Sampler::Argmax(absl::MakeConstSpan(&l[r * V], V)));
+    run.ids.insert(run.ids.end(), next.begin(), next.end());
+    return next;
+  };
+  std::vector<BatchToken> prompt;
+  for (size_t i = 0; i < a.size(); ++i) {
+    prompt.push_back({a[i], int32_t(i), 0, true});
+    prompt.push_back({b[i], int32_t(i), 1, true});
+  }
+  std::vector<int32_t> next = forward(prompt);
+  int32_t t0 = next[next.size() - 2], t1 = next.back();
+  int32_t p = static_cast<int32_t>(a.size());
+  for (int i = 0; i < kMixedSteps; ++i, ++p) {
+    next = forward({{t0, p, 0, true}, {t1, p, 1, true}});
+    t0 = next[0];
+    t1 = next[1];
+  }
+  for (int i = 0; i < kSoloSteps; ++i) t0 = forward({{t0, p + i, 0, true}})[0];
+  const absl::Status s = e.DecodeGreedy(1, t1, p, kGreedySteps, [&](int32_t id) {
+    run.ids.push_back(id);
+    return true;
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  return run;
+}
+
+// The ranks' layouts: rank r on gpus[r], summing through NCCL or the host.
+struct RankLayout {
+  std::vector<int> gpus;
+  bool nccl;
+  std::string Name() const {
+    std::string gpu_list;
+    for (int g : gpus) absl::StrAppend(&gpu_list, gpu_list.empty() ? "" : ",", g);
+    return absl::StrCat(gpus.size(), " rank(s) on GPUs ", gpu_list, nccl ? " (NCCL)" : " (host exchange)");
+  }
+};
+
+// 1 rank with NCCL and 2 and 3 ranks sharing GPU 0 (the host exchange) on any machine; with more
+// GPUs, 2 ranks and a rank per GPU with NCCL, and 3 ranks over two GPUs with the host exchange.
+std::vector<RankLayout> RankLayouts() {
+  std::vector<RankLayout> layouts = {{{0}, true}, {{0, 0}, false}, {{0, 0, 0}, false}};
+  const int devices = CudaEngine::DeviceCount();
+  if (devices >= 2) {
+    layouts.push_back({{0, 1}, true});
+    layouts.push_back({{0, 1, 1}, false});
+  }
+  if (devices >= 3) {
+    RankLayout all{{}, true};
+    for (int d = 0; d < devices; ++d) all.gpus.push_back(d);
+    layouts.push_back(all);
+  }
+  return layouts;
+}
+
+// n = layout.gpus.size() CudaEngine ranks of `model` with options `o` behind one
+// ExpertParallelBackend, each with an expert source of its own; *nccl (if not null) is the NCCL
+// group, owned by the backend.
+absl::StatusOr<std::unique_ptr<ExpertParallelBackend>> MakeCudaRanks(const Model& model, CudaEngineOptions o,
+                                                                     const RankLayout& layout,
+                                                                     NcclExchangeGroup** nccl = nullptr) {
+  const int n = static_cast<int>(layout.gpus.size());
+  std::unique_ptr<NcclExchangeGroup> device;
+  std::unique_ptr<InProcessExchangeGroup> host;
+  if (layout.nccl) {
+    ASSIGN_OR_RETURN(device, NcclExchangeGroup::Create(layout.gpus));
+    if (nccl != nullptr) *nccl = device.get();
+  } else {
+    host = std::make_unique<InProcessExchangeGroup>(n);
+  }
+  ExpertParallelBackend::Group group;
+  std::vector<std::unique_ptr<ComputeBackend>> ranks;
+  for (int r = 0; r < n; ++r) {
+    group.placements.push_back(std::make_unique<ExpertPlacement>(*ExpertPlacement::Create(n, r)));
+    group.sources.push_back(std::make_unique<MappedExpertSource>(*model.weights));
+    o.device = layout.gpus[r];
+    o.placement = group.placements.back().get();
+    o.device_exchange = device != nullptr ? &device->rank(r) : nullptr;
+    o.host_exchange = host != nullptr ? &host->rank(r) : nullptr;
+    o.pin_host_experts = false;  // the one engine beside them has pinned the mapping
+    ASSIGN_OR_RETURN(std::unique_ptr<CudaEngine> engine, CudaEngine::Create(*model.weights, *group.sources.back(), o));
+    ranks.push_back(std::move(engine));
+  }
+  if (device != nullptr) {
+    group.exchange = std::move(device);
+  } else {
+    group.exchange = std::move(host);
+  }
+  return ExpertParallelBackend::Create(std::move(group), std::move(ranks));
+}
+
+CudaEngineOptions RankTestOptions(const ModelConfig& c) {
+  CudaEngineOptions o;
+  o.max_batch_tokens = 64;
+  o.max_sequences = 2;
+  o.max_context_tokens = std::min(256, c.n_ctx_train);
+  return o;
+}
+
+// The ranks in every layout give one engine's greedy ids and every row's logits bit for bit, on
+// prompts, mixed batches and decode steps (graphs where the exchange is NCCL's); their pairs add
+// up to the engine's, each rank's share in its arena and no miss.
+void ExpectRanksEqualOneEngine(const Model& model, const std::string& name) {
+  const ModelWeights& w = *model.weights;
+  const ModelConfig& c = w.config();
+  const int V = c.n_vocab;
+  const CudaEngineOptions o = RankTestOptions(c);
+  auto one = CudaEngine::Create(w, *model.experts, o);
+  ASSERT_TRUE(one.ok()) << name << ": " << one.status();
+  const auto prompts = Corpus(2, kPromptTokens, V, 777);
+  const RanksRun want = DriveRanks(**one, prompts[0], prompts[1]);
+  const BackendCounters one_counters = (*one)->counters();
+  ASSERT_GT(one_counters.expert_pairs, 0);
+  for (const RankLayout& layout : RankLayouts()) {
+    const std::string what = absl::StrCat(name, ", ", layout.Name());
+    const int n = static_cast<int>(layout.gpus.size());
+    if (n > c.n_expert) continue;  // a rank would hold none (refused: RefusesWhatIsNotBuilt)
+    auto ranks = MakeCudaRanks(model, o, layout);
+    ASSERT_TRUE(ranks.ok()) << what << ": " << ranks.status();
+    const RanksRun got = DriveRanks(**ranks, prompts[0], prompts[1]);
+    EXPECT_EQ(got.ids, want.ids) << what;
+    ExpectSameBits(got.logits, want.logits, V, what);
+    const std::vector<BackendCounters> rc = (*ranks)->rank_counters();
+    ASSERT_EQ(rc.size(), size_t(n));
+    int64_t pairs = 0;
+    for (int r = 0; r < n; ++r) {
+      const ExpertPlacement p = *ExpertPlacement::Create(n, r);
+      pairs += rc[r].expert_pairs;
+      EXPECT_EQ(rc[r].total_experts, int64_t(c.n_layer) * p.OwnedExperts(c.n_expert)) << what << " rank " << r;
+      EXPECT_EQ(rc[r].arena_slots, rc[r].total_experts) << what << " rank " << r;
+      EXPECT_EQ(rc[r].expert_misses, 0) << what << " rank " << r;
+      EXPECT_EQ(rc[r].busiest_rank_pairs, rc[0].busiest_rank_pairs) << what << " rank " << r;
+      EXPECT_GE(rc[r].busiest_rank_pairs, rc[r].expert_pairs) << what << " rank " << r;
+      if (layout.nccl) {
+        EXPECT_GT(rc[r].graph_launches, 0) << what << " rank " << r;
+        EXPECT_EQ(rc[r].exchange_seconds_x1e6, 0) << what << " rank " << r;
+      } else {
+        EXPECT_EQ(rc[r].graph_launches, 0) << what << " rank " << r;
+        EXPECT_GT(rc[r].exchange_seconds_x1e6, 0) << what << " rank " << r;
+      }
+    }
+    EXPECT_EQ(pairs, one_counters.expert_pairs) << what;
+    EXPECT_GE(rc[0].busiest_rank_pairs * n, pairs) << what;
+    std::printf("[%s] pairs %lld over the ranks, busiest rank %lld; ids and logits equal one engine's: %s\n",
+                what.c_str(), (long long)pairs, (long long)rc[0].busiest_rank_pairs,
+                got.ids == want.ids ? "yes" : "NO");
+  }
+}
+
+class CudaExpertRanks : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CudaExpertRanks, ExpertRanksEqualOneEngine) {
+  const Case& tc = GetParam();
+  std::unique_ptr<Model> model;
+  if (absl::StartsWith(tc.preset, "random:")) {
+    const int seed = std::stoi(tc.preset.substr(7));
+    SynthOptions so = gpu_test::TestSynthOptions("tiny", tc.quant);
+    so.geometry = RandomSynthGeometry(seed);
+    so.seed = seed;
+    model = MakeModel(so, tc.name);
+  } else {
+    model = MakeModel(tc.preset, tc.quant);
+  }
+  ASSERT_NE(model, nullptr);
+  const ModelConfig& c = model->weights->config();
+  std::fprintf(stderr, "%s: %d layers, %d experts top-%d\n", tc.name.c_str(), c.n_layer, c.n_expert, c.n_expert_used);
+  // random:3 has 31 experts top-8 (a multiple of neither 2 nor 3 ranks), random:7 64 top-8.
+  if (tc.preset == "random:3") {
+    ASSERT_TRUE(c.n_expert % 2 != 0 && c.n_expert % 3 != 0) << c.n_expert;
+  }
+  ExpectRanksEqualOneEngine(*model, tc.name);
+}
+
+// tiny Q4_K takes the K-quant expert kernels for gate and up (rows of 256).
+INSTANTIATE_TEST_SUITE_P(Models, CudaExpertRanks,
+                         ::testing::Values(Case{"tiny", SynthQuant::kQ8_0, "tiny_q8_0"},
+                                           Case{"small", SynthQuant::kQ8_0, "small_q8_0"},
+                                           Case{"tiny", SynthQuant::kQ4_K, "tiny_q4_k"},
+                                           Case{"random:3", SynthQuant::kQ8_0, "random_3_q8_0"},
+                                           Case{"random:7", SynthQuant::kQ8_0, "random_7_q8_0"}),
+                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// A VramResidency that must never be used: the ranks refuse it before they would call it.
+class UnusedVramResidency final : public VramResidency {
+ public:
+  uint32_t max_vram_slots() const override { return Unused<uint32_t>(); }
+  RawExpertOffsets raw_offsets(int) const override { return Unused<RawExpertOffsets>(); }
+  absl::Status ExportArena(const VramArenaDescriptor&) override { return Unused<absl::Status>(); }
+  void WithdrawArena() override { Unused<int>(); }
+  absl::StatusOr<int> AcquireVram(int, absl::Span<const int32_t>, absl::Span<VramPlacement>) override {
+    return Unused<absl::StatusOr<int>>();
+  }
+  void ReleaseVram() override { Unused<int>(); }
+  void HintVram(int, absl::Span<const int32_t>, absl::Span<const uint8_t>, bool) override { Unused<int>(); }
+  absl::StatusOr<int> PinVram(int, absl::Span<const int32_t>, absl::Span<VramPlacement>) override {
+    return Unused<absl::StatusOr<int>>();
+  }
+  void UnpinVram(int, int32_t) override { Unused<int>(); }
+  uint64_t attachment() const override { return Unused<uint64_t>(); }
+
+ private:
+  template <typename T>
+  static T Unused() {
+    ADD_FAILURE() << "the cuda ranks used the VramResidency they refuse";
+    return T{};
+  }
+};
+
+// What the cuda ranks do not build is refused at Create with the limit named, never an abort:
+// an exchange without a placement or a placement without exactly one exchange, replicated
+// experts, a share that does not fit the arena, an arena placed by mer-residency, a rank with no
+// expert, a GPU out of range or given twice to NCCL; and through the factory, replicas and a GPU
+// list that does not fit the ranks. A rank whose share fits is made, its arena that share.
+TEST(CudaExpertRanks, RefusesWhatIsNotBuilt) {
+  auto model = MakeModel("tiny", SynthQuant::kQ8_0);
+  ASSERT_NE(model, nullptr);
+  const ModelWeights& w = *model->weights;
+  const ModelConfig& c = w.config();
+  const auto refused = [&](const CudaEngineOptions& o, absl::StatusCode code, const std::string& limit) {
+    const absl::Status s = CudaEngine::Create(w, *model->experts, o).status();
+    EXPECT_EQ(s.code(), code) << s;
+    EXPECT_NE(s.message().find(limit), std::string::npos) << "'" << limit << "' not in: " << s;
+  };
+  InProcessExchangeGroup host(2);
+  const ExpertPlacement p = *ExpertPlacement::Create(2, 1);
+  CudaEngineOptions o = RankTestOptions(c);
+  o.host_exchange = &host.rank(1);
+  refused(o, absl::StatusCode::kInvalidArgument, "an expert exchange without a placement");
+  o.placement = &p;
+  o.host_exchange = nullptr;
+  refused(o, absl::StatusCode::kInvalidArgument, "exactly one exchange");
+  o.host_exchange = &host.rank(1);
+  ExpertPlacement replicated = p;
+  replicated.Replicate(0, 0);
+  o.placement = &replicated;
+  refused(o, absl::StatusCode::kUnimplemented, "replicated experts");
+  o.placement = &p;
+  o.vram_expert_budget_fraction = 0.5;
+  refused(o, absl::StatusCode::kUnimplemented, "need each rank's share of the experts in its arena");
+  o.vram_expert_budget_fraction = -1;
+  o.vram_expert_budget_bytes = 1 << 20;
+  refused(o, absl::StatusCode::kUnimplemented, "need each rank's share of the experts in its arena");
+  o.vram_expert_budget_bytes = -1;
+  UnusedVramResidency residency;
+  o.vram_residency = &residency;
+  o.device_misses = true;
+  refused(o, absl::StatusCode::kUnimplemented, "an arena placed by mer-residency");
+  o.vram_residency = nullptr;
+  o.device_misses = false;
+  InProcessExchangeGroup wide(c.n_expert + 1);
+  const ExpertPlacement past = *ExpertPlacement::Create(c.n_expert + 1, c.n_expert);
+  o.placement = &past;
+  o.host_exchange = &wide.rank(c.n_expert);
+  refused(o, absl::StatusCode::kInvalidArgument, "holds none of the model's");
+  o.placement = &p;
+  o.host_exchange = &host.rank(1);
+  o.device = CudaEngine::DeviceCount();
+  refused(o, absl::StatusCode::kInvalidArgument, "GPU");
+  o.device = 0;
+
+  // The share of rank 1 of 2, whole.
+  o.vram_expert_budget_fraction = 1.0;
+  auto rank = CudaEngine::Create(w, *model->experts, o);
+  ASSERT_TRUE(rank.ok()) << rank.status();
+  const BackendCounters rc = (*rank)->counters();
+  EXPECT_EQ(rc.total_experts, int64_t(c.n_layer) * p.OwnedExperts(c.n_expert));
+  EXPECT_EQ(rc.arena_slots, rc.total_experts);
+  EXPECT_EQ(rc.arena_resident, rc.total_experts);
+
+  const absl::Status twice = NcclExchangeGroup::Create({0, 0}).status();
+  EXPECT_EQ(twice.code(), absl::StatusCode::kInvalidArgument) << twice;
+  EXPECT_NE(twice.message().find("given twice"), std::string::npos) << twice;
+  EXPECT_EQ(NcclExchangeGroup::Create({CudaEngine::DeviceCount()}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(NcclExchangeGroup::Create({}).status().code(), absl::StatusCode::kInvalidArgument);
+
+  BackendOptions bo;
+  bo.backend = "cuda";
+  bo.max_batch_tokens = 64;
+  bo.max_sequences = 2;
+  bo.max_context_tokens = 256;
+  bo.expert_ranks = 2;
+  bo.rank_experts = [&](int) -> absl::StatusOr<std::unique_ptr<ExpertSource>> {
+    return std::make_unique<MappedExpertSource>(w);
+  };
+  bo.gpus = {0};
+  EXPECT_EQ(CreateBackend(w, *model->experts, bo).status().code(), absl::StatusCode::kInvalidArgument);
+  bo.gpus = {0, 0};
+  bo.replicate_hot_experts = 1;
+  EXPECT_EQ(CreateBackend(w, *model->experts, bo).status().code(), absl::StatusCode::kUnimplemented);
+  bo.replicate_hot_experts = 0;
+  bo.vram_expert_budget = "50%";
+  const absl::Status half = CreateBackend(w, *model->experts, bo).status();
+  EXPECT_EQ(half.code(), absl::StatusCode::kUnimplemented) << half;
+  EXPECT_NE(half.message().find("need each rank's share of the experts in its arena"), std::string::npos) << half;
+}
+
+// The factory's cuda ranks (--backend cuda --expert-ranks 2 --gpus 0,0: the host exchange) give
+// the one engine's ids and logits, as the ranks made by hand do.
+TEST(CudaExpertRanks, FactoryRanksEqualOneEngine) {
+  auto model = MakeModel("tiny", SynthQuant::kQ8_0);
+  ASSERT_NE(model, nullptr);
+  const ModelWeights& w = *model->weights;
+  const int V = w.config().n_vocab;
+  const CudaEngineOptions o = RankTestOptions(w.config());
+  auto one = CudaEngine::Create(w, *model->experts, o);
+  ASSERT_TRUE(one.ok()) << one.status();
+  const auto prompts = Corpus(2, kPromptTokens, V, 778);
+  const RanksRun want = DriveRanks(**one, prompts[0], prompts[1]);
+  one->reset();  // the factory's rank 0 pins the mapping the engine had pinned
+  BackendOptions bo;
+  bo.backend = "cuda";
+  bo.max_batch_tokens = o.max_batch_tokens;
+  bo.max_sequences = o.max_sequences;
+  bo.max_context_tokens = o.max_context_tokens;
+  bo.expert_ranks = 2;
+  bo.gpus = {0, 0};
+  bo.rank_experts = [&](int) -> absl::StatusOr<std::unique_ptr<ExpertSource>> {
+    return std::make_unique<MappedExpertSource>(w);
+  };
+  auto created = CreateBackend(w, *model->experts, bo);
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_EQ(created->threads, 2);
+  const RanksRun got = DriveRanks(*created->engine, prompts[0], prompts[1]);
+  EXPECT_EQ(got.ids, want.ids);
+  ExpectSameBits(got.logits, want.logits, V, "factory ranks on GPUs 0,0");
+}
+
+// The NCCL group sums in place on the rank's stream; a failed group refuses every sum, and the
+// steps of its ranks, until it is reset: then new communicators under a new generation, the
+// ranks' graphs captured again, and the same logits as before the failure.
+TEST(CudaExpertRanks, NcclGroupFailsAndIsMadeAnew) {
+  auto made = NcclExchangeGroup::Create({0});
+  ASSERT_TRUE(made.ok()) << made.status();
+  NcclExchangeGroup& g = **made;
+  float* values = nullptr;
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&values, 4 * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  const std::vector<float> in = {1.5f, -2.0f, 0.0f, 3.25f};
+  const auto sum_of_one = [&]() {
+    EXPECT_EQ(cudaMemcpy(values, in.data(), 4 * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+    const absl::Status s = g.rank(0).EnqueueSum(values, 4, stream);
+    std::vector<float> out(4, -1.0f);
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(out.data(), values, 4 * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    if (s.ok()) {
+      EXPECT_EQ(out, in);  // the sum over one rank
+    }
+    return s;
+  };
+  EXPECT_TRUE(sum_of_one().ok());
+  const uint64_t generation = g.rank(0).generation();
+  g.rank(0).Fail(absl::UnavailableError("rank 1 is gone"));
+  EXPECT_EQ(g.rank(0).status().message(), "rank 1 is gone");
+  EXPECT_EQ(sum_of_one().message(), "rank 1 is gone");
+  g.Reset();
+  EXPECT_TRUE(g.rank(0).status().ok());
+  EXPECT_EQ(g.rank(0).generation(), generation + 1);
+  EXPECT_TRUE(sum_of_one().ok());
+  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+  ASSERT_EQ(cudaFree(values), cudaSuccess);
+
+  // A rank behind the backend: a step after the failure fails, the backend resets the group, and
+  // the next steps (single-token ones replayed from graphs captured anew) give the same logits.
+  auto model = MakeModel("tiny", SynthQuant::kQ8_0);
+  ASSERT_NE(model, nullptr);
+  const int V = model->weights->config().n_vocab;
+  NcclExchangeGroup* nccl = nullptr;
+  auto ranks = MakeCudaRanks(*model, RankTestOptions(model->weights->config()), RankLayout{{0}, true}, &nccl);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  const auto prompts = Corpus(2, kPromptTokens, V, 779);
+  const RanksRun before = DriveRanks(**ranks, prompts[0], prompts[1]);
+  ASSERT_GT((*ranks)->counters().graph_launches, 0);
+  nccl->rank(0).Fail(absl::UnavailableError("a rank failed"));
+  std::vector<float> l(V);
+  const BatchToken t{prompts[0][0], 0, 0, true};
+  (*ranks)->ClearSequence(0);
+  EXPECT_EQ((*ranks)->Forward(absl::MakeConstSpan(&t, 1), l.data()).message(), "a rank failed");
+  EXPECT_TRUE(nccl->rank(0).status().ok());  // reset by the backend after the failed call
+  const RanksRun after = DriveRanks(**ranks, prompts[0], prompts[1]);
+  EXPECT_EQ(after.ids, before.ids);
+  ExpectSameBits(after.logits, before.logits, V, "after the group was made anew");
 }
 
 }  // namespace

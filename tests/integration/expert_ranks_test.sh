@@ -3,8 +3,9 @@
 # Expert-parallel ranks through the daemons: mer-compute --expert-ranks N (N CpuEngine ranks in
 # one process, each running the experts e with e mod N its rank) behind mer-gateway serves the
 # greedy ids `mer generate` gives with one engine, for 1, 2 and 3 ranks and 8 concurrent streams
-# of different prompts; --expert-ranks with --backend cuda, or 0, is refused at start (the ranks
-# over a store: expert_ranks_store_test.sh).
+# of different prompts; --expert-ranks 0, a --gpus list that is not one GPU per rank or given to
+# the cpu backend, and the cuda ranks over a store or with replicas are refused at start (the cpu
+# ranks over a store: expert_ranks_store_test.sh; the cuda ranks' results: cuda_engine_test).
 set -u
 MER=$1
 COMP=$2
@@ -31,14 +32,21 @@ for ranks in 1 2 3; do
   wait "$GPID" "$CPID" 2>/dev/null
 done
 
-# Refused at start, with a message naming the flag.
+# Refused at start, before any device is touched, with a message naming the flag (the pattern).
 refused() {
-  local log=$1; shift
+  local log=$1 pattern=$2; shift 2
   timeout 30 "$COMP" "$@" --listen "unix:$WORK/r.sock" --metrics-listen off >"$log" 2>&1
   local rc=$?
-  [ $rc -ne 0 ] && [ $rc -lt 124 ] && grep -q -- '--expert-ranks' "$log" ||
-    fail "mer-compute $* was not refused with a message (rc=$rc): $(tail -1 "$log")"
+  [ $rc -ne 0 ] && [ $rc -lt 124 ] && grep -q -- "$pattern" "$log" ||
+    fail "mer-compute $* was not refused with a message naming $pattern (rc=$rc): $(tail -1 "$log")"
 }
-refused "$WORK/r2.log" --model "$WORK/m.gguf" --backend cuda --expert-ranks 2
-refused "$WORK/r3.log" --model "$WORK/m.gguf" --expert-ranks 0
+refused "$WORK/r1.log" '--gpus lists 1 GPU(s) for --expert-ranks 2' --model "$WORK/m.gguf" --backend cuda \
+  --expert-ranks 2 --gpus 0
+refused "$WORK/r2.log" '--gpus needs --backend cuda' --model "$WORK/m.gguf" --gpus 0,1
+refused "$WORK/r3.log" '--expert-ranks' --model "$WORK/m.gguf" --expert-ranks 0
+refused "$WORK/r4.log" '--gpus .*is not a GPU' --model "$WORK/m.gguf" --backend cuda --gpus 0,x
+refused "$WORK/r5.log" '--store with --backend cuda and --expert-ranks above 1' --store "$WORK/none" \
+  --residency a,b --backend cuda --expert-ranks 2
+refused "$WORK/r6.log" '--replicate-hot-experts with --backend cuda' --model "$WORK/m.gguf" --backend cuda \
+  --expert-ranks 2 --replicate-hot-experts 1
 finish

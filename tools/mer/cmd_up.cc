@@ -69,7 +69,8 @@ the store at start (mer-residency --warm) while the first requests are served;
 --backend, --vram-expert-budget, --multi-token-kernels, --max-sequences (default 8), --max-batch-tokens, --ctx (default
 4096 positions per sequence, at most the model's context) and --threads are mer-compute's (see
 mer-compute --help); these defaults are deploy/mer.conf's. --expert-ranks N (default 1; --backend
-cpu) runs mer-compute as N expert-parallel ranks, each reading its share of the experts (e mod N)
+cpu: the cuda ranks take a model file, not a store, so mer-compute --model runs them) runs
+mer-compute as N expert-parallel ranks, each reading its share of the experts (e mod N)
 from a mer-residency of its own (--expert-share r/N: each instance's --ram-budget, a percentage
 of its share's experts), whose metrics are labelled rank="r" on the gateway's page;
 --replicate-hot-experts is mer-compute's. A
@@ -446,6 +447,10 @@ absl::Status Up(const Args& args) {
 
   ASSIGN_OR_RETURN(const int64_t watchdog_seconds, f.IntInRange("watchdog-seconds", 30, 0, 3600));
   ASSIGN_OR_RETURN(const int64_t ranks, f.IntInRange("expert-ranks", 1, 1, kMaxExpertRanks));
+  if (ranks > 1 && f.String("backend", "cpu") == "cuda")
+    return absl::UnimplementedError(
+        "--expert-ranks above 1 with --backend cuda: mer up serves from an expert store, which the cuda ranks do "
+        "not take yet (mer-compute --model F.gguf --backend cuda --expert-ranks N runs them)");
   // The ports first: a taken one would otherwise fail only after a long pack and load.
   const std::string listen = f.String("listen", "127.0.0.1:50051");
   const std::string http_listen = f.String("http-listen", "127.0.0.1:8080");

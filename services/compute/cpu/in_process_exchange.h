@@ -30,7 +30,7 @@ class InProcessExchangeGroup final : public ExpertExchangeGroup {
 
   int n_ranks() const override { return static_cast<int>(ranks_.size()); }
   // Rank r's side of the exchange, owned by the group.
-  ExpertExchange& rank(int r) override;
+  ExpertExchange& rank(int r);
   void Reset() override;
 
  private:

@@ -34,6 +34,7 @@
 #include "services/compute/cuda/moe_group.cuh"
 #include "services/compute/cuda/qk_norm_rope.cuh"
 #include "services/compute/cuda/quantize.cuh"
+#include "services/compute/cuda/rank_layer.cuh"
 #include "services/compute/cuda/repack.cuh"
 #include "services/compute/cuda/residency_vram.h"
 #include "services/compute/cuda/rms_norm.cuh"
@@ -110,6 +111,36 @@ bool GraphsTakeStreamMemOps(cudaStream_t stream) {
   return ok;
 }
 
+// The expert-parallel options (CudaEngineOptions::placement and its exchange) that the engine
+// runs; the others refused, naming the limit.
+absl::Status CheckRankOptions(const ModelConfig& c, const CudaEngineOptions& o) {
+  if (o.placement == nullptr) {
+    if (o.device_exchange != nullptr || o.host_exchange != nullptr)
+      return absl::InvalidArgumentError("cuda backend: an expert exchange without a placement (ranks need both)");
+    return absl::OkStatus();
+  }
+  const ExpertPlacement& p = *o.placement;
+  if ((o.device_exchange == nullptr) == (o.host_exchange == nullptr))
+    return absl::InvalidArgumentError(
+        "cuda expert ranks: a placement needs exactly one exchange, the device's (NCCL) or the host's");
+  if (p.n_ranks() > cuda::kRankLayerMaxRanks)
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda expert ranks: ", p.n_ranks(), " ranks, at most ", cuda::kRankLayerMaxRanks));
+  if (p.OwnedExperts(c.n_expert) == 0)
+    return absl::InvalidArgumentError(absl::StrCat("cuda expert ranks: rank ", p.rank(), " of ", p.n_ranks(),
+                                                   " holds none of the model's ", c.n_expert,
+                                                   " experts (at most as many ranks as experts)"));
+  if (p.replicas() > 0)
+    return absl::UnimplementedError(
+        "cuda expert ranks: replicated experts (--replicate-hot-experts) are not built: a rank's arena holds its "
+        "share only");
+  if (o.vram_residency != nullptr)
+    return absl::UnimplementedError(
+        "cuda expert ranks: an arena placed by mer-residency (vram_residency, device_misses) is not built: each "
+        "rank preloads its share into an arena of its own");
+  return absl::OkStatus();
+}
+
 // MER_CUDA_DEBUG=1 logs the stages of Create to stderr (start-up problems on a new machine).
 void DebugLog(const char* stage) {
   static const bool on = std::getenv("MER_CUDA_DEBUG") != nullptr;
@@ -146,6 +177,7 @@ void AddMoeGroups(cuda::DeviceBufferTable& table, int64_t n_expert, int64_t n_pa
 }  // namespace
 
 CudaEngine::Impl::~Impl() {
+  CUDA_CHECK(cudaSetDevice(o.device));  // the thread that destroys the engine may have another current
   if (stream != nullptr) CUDA_CHECK(cudaStreamSynchronize(stream));
   cuda::TimelineWrite();
   miss_service.reset();    // stops its thread, unpins what it published
@@ -166,7 +198,8 @@ CudaEngine::Impl::~Impl() {
        {static_cast<void*>(host_input), static_cast<void*>(pipe_input[0]), static_cast<void*>(pipe_input[1]),
         static_cast<void*>(pipe_ids), static_cast<void*>(host_slot_table), static_cast<void*>(host_groups),
         static_cast<void*>(host_chosen), static_cast<void*>(host_lookups), static_cast<void*>(host_table_upload),
-        static_cast<void*>(host_pred), static_cast<void*>(route_ids), static_cast<void*>(route_weights)})
+        static_cast<void*>(host_pred), static_cast<void*>(route_ids), static_cast<void*>(route_weights),
+        static_cast<void*>(host_rank_counts), static_cast<void*>(host_expert_out)})
     if (p != nullptr) CUDA_CHECK(cudaFreeHost(p));
   dense_pool.Free();
   work_pool.Free();
@@ -176,15 +209,17 @@ CudaEngine::Impl::~Impl() {
   if (stream != nullptr) CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
-bool CudaEngine::DeviceAvailable() {
+int CudaEngine::DeviceCount() {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
-    return false;
+    return 0;
   }
-  return n > 0;
+  return n;
 }
+
+bool CudaEngine::DeviceAvailable() { return DeviceCount() > 0; }
 
 CudaEngine::CudaEngine(const ModelConfig& config, const CudaEngineOptions& options, std::unique_ptr<Impl> impl)
     : config_(config), options_(options), impl_(std::move(impl)) {}
@@ -204,6 +239,10 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
     return absl::InvalidArgumentError("staging_experts must be in [1, 16]");
   o.max_context_tokens = std::min(o.max_context_tokens, c.n_ctx_train);
   if (!DeviceAvailable()) return absl::FailedPreconditionError("no CUDA device is available");
+  if (o.device < 0 || o.device >= DeviceCount())
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda backend: GPU ", o.device, " of the ", DeviceCount(), " this process sees"));
+  RETURN_IF_ERROR(CheckRankOptions(c, o));
   cuda::TimelineStart();
 
   // Sizes the kernels support (each kernel's header states them).
@@ -253,6 +292,8 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   }
   m.slot_bytes = AlignUp(slot_end);
   m.total_experts = int64_t(c.n_layer) * c.n_expert;
+  m.held_experts =
+      o.placement != nullptr ? int64_t(c.n_layer) * o.placement->OwnedExperts(c.n_expert) : m.total_experts;
 
   // Dense weights: one table entry per tensor, then the upload of each (matrices whose device
   // layout differs go through a staging buffer and the repack kernel).
@@ -381,6 +422,8 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   w.Add(&m.slot_table, m.total_experts * 4, "slot_table");
   w.Add(&m.gates, int64_t(c.n_layer) * 4, "gates");
   w.Add(&m.record_head, 8, "record_head");
+  w.Add(&m.rank_counts, sizeof(cuda::RankCounts), "rank_counts");
+  if (o.placement != nullptr) w.Add(&m.held, m.total_experts, "held");
   RETURN_IF_ERROR(m.work_pool.Allocate(w, "workspaces"));
   m.lookups_total = m.groups.lookups_total;
   // Rows of pairs a pass has not computed yet are quantized too: keep them finite.
@@ -390,6 +433,13 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   CUDA_CHECK(cudaMemsetAsync(m.router_blocks_done, 0, 4, m.stream));
   CUDA_CHECK(cudaMemsetAsync(m.gates, 0, int64_t(c.n_layer) * 4, m.stream));
   CUDA_CHECK(cudaMemsetAsync(m.record_head, 0, 8, m.stream));
+  CUDA_CHECK(cudaMemsetAsync(m.rank_counts, 0, sizeof(cuda::RankCounts), m.stream));
+  if (o.placement != nullptr) {
+    std::vector<uint8_t> held(m.total_experts);
+    for (int l = 0; l < c.n_layer; ++l)
+      for (int e = 0; e < c.n_expert; ++e) held[int64_t(l) * c.n_expert + e] = o.placement->Holds(l, e);
+    CUDA_CHECK(cudaMemcpy(m.held, held.data(), m.total_experts, cudaMemcpyHostToDevice));
+  }
   CUDA_CHECK(cudaMemsetAsync(m.argmax_scratch, 0, cuda::ArgmaxScratchBytes(T), m.stream));
   m.stats.workspace_bytes = w.bytes();
   {
@@ -419,6 +469,11 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   CUDA_CHECK(cudaMallocHost(&m.host_table_upload, m.total_experts * 4));
   CUDA_CHECK(cudaMallocHost(&m.host_pred, K * 4));
   *m.host_lookups = 0;
+  if (o.placement != nullptr) {
+    CUDA_CHECK(cudaMallocHost(&m.host_rank_counts, sizeof(cuda::RankCounts)));
+    *m.host_rank_counts = cuda::RankCounts{};
+  }
+  if (o.host_exchange != nullptr) CUDA_CHECK(cudaMallocHost(&m.host_expert_out, T * K * E * 4));
 
   // The arena: what is left after everything above, less the margin, under the caps.
   size_t free_b = 0, total_b = 0;
@@ -426,14 +481,22 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   int64_t arena_max = static_cast<int64_t>(free_b) - o.vram_margin_bytes;
   if (o.vram_expert_budget_bytes >= 0) arena_max = std::min(arena_max, o.vram_expert_budget_bytes);
   int64_t slots = std::max<int64_t>(0, arena_max / m.slot_bytes);
+  // The fraction is of the experts this engine runs: all of them, or an expert-parallel rank's share.
   if (o.vram_expert_budget_fraction > 0)
-    slots = std::min<int64_t>(slots, static_cast<int64_t>(o.vram_expert_budget_fraction * m.total_experts + 0.5));
-  slots = std::min(slots, m.total_experts);
+    slots = std::min<int64_t>(slots, static_cast<int64_t>(o.vram_expert_budget_fraction * m.held_experts + 0.5));
+  slots = std::min(slots, m.held_experts);
+  if (o.placement != nullptr && slots < m.held_experts)
+    return absl::UnimplementedError(
+        absl::StrCat("cuda expert ranks need each rank's share of the experts in its arena: rank ", o.placement->rank(),
+                     " of ", o.placement->n_ranks(), " holds ", m.held_experts, " experts (", c.n_layer, " layers x ",
+                     o.placement->OwnedExperts(c.n_expert), ", ",
+                     absl::StrFormat("%.2f", m.held_experts * m.slot_bytes / 1073741824.0), " GiB), its arena ", slots,
+                     " (the VRAM budget, or the free VRAM less the margin); misses on ranks are not built"));
   // An arena that holds every expert needs no placement: compute fills it once, below, through the
   // expert source (mer-residency's RAM tier when served) and then runs every step on the device
   // path, with no residency round trip and nothing for mer-residency to evict. Only an arena of a
   // part of the experts is exported to mer-residency, which then places them.
-  if (slots == m.total_experts) o.vram_residency = nullptr;
+  if (slots == m.held_experts) o.vram_residency = nullptr;
   m.o.vram_residency = o.vram_residency;
   if (o.vram_residency != nullptr) slots = std::min<int64_t>(slots, o.vram_residency->max_vram_slots());
   if (slots < 1)
@@ -464,7 +527,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
   m.stats.arena_slots = slots;
   m.stats.arena_placed_by_residency = o.vram_residency != nullptr;
   m.stats.slot_bytes = m.slot_bytes;
-  m.stats.total_experts = m.total_experts;
+  m.stats.total_experts = m.held_experts;
   m.owner.assign(slots, -1);
   m.pin_epoch.assign(slots, 0);
   m.lru_nodes.resize(slots);
@@ -552,13 +615,16 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
       absl::StrFormat("%.2f", m.stats.dense_bytes / gib), " GiB, KV ", absl::StrFormat("%.2f", m.stats.kv_bytes / gib),
       " GiB, workspaces ", absl::StrFormat("%.2f", m.stats.workspace_bytes / gib), " GiB, margin ",
       absl::StrFormat("%.2f", o.vram_margin_bytes / gib), " GiB, free before the arena ",
-      absl::StrFormat("%.2f", free_b / gib), " GiB; arena ", slots, " of ", m.total_experts, " experts (",
-      absl::StrFormat("%.1f", 100.0 * slots / m.total_experts), "%) x ", m.slot_bytes,
-      " B = ", absl::StrFormat("%.2f", m.stats.arena_bytes / gib), " GiB");
+      absl::StrFormat("%.2f", free_b / gib), " GiB; arena ", slots, " of ", m.held_experts, " experts (",
+      absl::StrFormat("%.1f", 100.0 * slots / m.held_experts), "%) x ", m.slot_bytes,
+      " B = ", absl::StrFormat("%.2f", m.stats.arena_bytes / gib), " GiB",
+      o.placement == nullptr ? ""
+                             : absl::StrCat(" (expert rank ", o.placement->rank(), " of ", o.placement->n_ranks(),
+                                            " on GPU ", o.device, ": its share of ", m.total_experts, ")"));
   std::fprintf(stderr, "%s\n", engine->budget_report_.c_str());
   // A full arena is filled here (above: never exported); a partial one exported over CUDA IPC is
   // filled by mer-residency, on demand and ahead of it.
-  if (slots == m.total_experts) {
+  if (slots == m.held_experts) {
     ASSIGN_OR_RETURN(const int64_t loaded, engine->Preload());
     std::fprintf(stderr, "cuda: preloaded all %lld experts\n", static_cast<long long>(loaded));
   }
@@ -594,6 +660,7 @@ void CudaEngine::Impl::EnqueueExperts(int layer, int n, const ExpertInput& x_act
   a.pairs = groups.pairs;
   a.u_begin = u_begin;
   a.u_count = u_count;
+  a.held = held != nullptr ? held + int64_t(layer) * cc.n_expert : nullptr;
   const int n_pairs = n * cc.n_expert_used;
   if (a.up_type == a.type) {
     cuda::LaunchExpertGateUp(a, x_act.gate, h, n, stream);
@@ -778,8 +845,14 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
     Mark("quantize ffn_norm (up type)");
   }
   if (given) EnqueueGivenRoute(layer, n);
+  if (o.placement != nullptr) {
+    cuda::LaunchRankLayerStart(chosen, n * c.n_expert_used, c.n_expert, o.placement->n_ranks(), o.placement->rank(),
+                               expert_out, E, rank_counts, stream);
+    Mark("rank: zero outputs, count");
+  }
   if (host_path) {
     RETURN_IF_ERROR(ServeLayerExperts(layer, n, x_act));
+    if (o.placement != nullptr) RETURN_IF_ERROR(ExchangeExperts(n));
     return absl::OkStatus();
   }
   if (device_misses) {
@@ -804,7 +877,44 @@ absl::Status CudaEngine::Impl::EnqueueLayer(int layer, int n, bool host_path) {
     Mark("gate");
   }
   EnqueueExperts(layer, n, x_act, 0, std::min(c.n_expert, n * c.n_expert_used));
+  if (o.placement != nullptr) RETURN_IF_ERROR(ExchangeExperts(n));
   return absl::OkStatus();
+}
+
+// The device exchange is enqueued on the stream (a graph captures it); the host's synchronises,
+// sums on the host and copies the sum back before the next layer's norm reads it. Its time is the
+// wait for the other ranks and the sum (SumAcrossRanks), not the copies.
+absl::Status CudaEngine::Impl::ExchangeExperts(int n) {
+  const size_t count = size_t(n) * c.n_expert_used * c.n_embd;
+  if (o.device_exchange != nullptr) {
+    RETURN_IF_ERROR(o.device_exchange->EnqueueSum(expert_out, count, stream));
+    Mark("exchange (device)");
+    return absl::OkStatus();
+  }
+  CHECK(!capturing);  // Run captures no step with a host exchange
+  CUDA_CHECK(cudaMemcpyAsync(host_expert_out, expert_out, count * 4, cudaMemcpyDeviceToHost, stream));
+  Sync();
+  const auto t0 = std::chrono::steady_clock::now();
+  const absl::Status summed = o.host_exchange->SumAcrossRanks(host_expert_out, count);
+  exchange_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  stats.exchange_seconds_x1e6 = static_cast<int64_t>(exchange_us);
+  RETURN_IF_ERROR(summed);
+  CUDA_CHECK(cudaMemcpyAsync(expert_out, host_expert_out, count * 4, cudaMemcpyHostToDevice, stream));
+  Mark("exchange (host)");
+  return absl::OkStatus();
+}
+
+void CudaEngine::Impl::DropStaleGraphs() {
+  if (o.device_exchange == nullptr || o.device_exchange->generation() == graphs_generation) return;
+  for (auto* graphs : {&graph, &pipe_graph})
+    for (auto& by_rows : *graphs)
+      for (auto& by_split : by_rows)
+        for (cudaGraphExec_t& g : by_split)
+          if (g != nullptr) {
+            CUDA_CHECK(cudaGraphExecDestroy(g));
+            g = nullptr;
+          }
+  graphs_generation = o.device_exchange->generation();
 }
 
 absl::StatusOr<bool> CudaEngine::Impl::TakeRoutes(int n) {
@@ -916,7 +1026,13 @@ absl::Status CudaEngine::ForwardArgmax(absl::Span<const BatchToken> batch, int32
 
 absl::Status CudaEngine::Run(absl::Span<const BatchToken> batch, float* logits, int32_t* ids) {
   Impl& m = *impl_;
+  m.MakeCurrent();
   RETURN_IF_ERROR(m.Validate(batch));
+  if (m.o.placement != nullptr && m.o.placement->replicas() > 0)  // every rank alike, before any exchange
+    return absl::UnimplementedError("cuda expert ranks: replicated experts are not built");
+  // A failed group until it is reset: nothing runs, least of all a graph captured with the
+  // communicators its failure aborted.
+  if (m.o.device_exchange != nullptr) RETURN_IF_ERROR(m.o.device_exchange->status());
   const ModelConfig& c = config_;
   const int n = static_cast<int>(batch.size());
   bool routed = false;
@@ -939,8 +1055,9 @@ absl::Status CudaEngine::Run(absl::Span<const BatchToken> batch, float* logits, 
   m.Mark("start");
   const bool argmax = ids != nullptr && n_out > 0;
   m.routes_this_step = routed;
+  m.DropStaleGraphs();
   if (!host_path && !routed && n == 1 && m.o.use_graphs && !m.o.profile_kernels &&
-      (!m.device_misses || m.device_graphs)) {
+      (!m.device_misses || m.device_graphs) && m.o.host_exchange == nullptr) {
     cudaGraphExec_t& exec = m.graph[n_out][m.attention_split][argmax];
     if (exec == nullptr)
       m.CaptureGraph(&exec, [&](absl::Status* s) { m.EnqueueStep(n, n_out, false, argmax, s, m.host_input); });
@@ -950,6 +1067,9 @@ absl::Status CudaEngine::Run(absl::Span<const BatchToken> batch, float* logits, 
   } else {
     m.EnqueueStep(n, n_out, host_path, argmax, &status, m.host_input);
   }
+  // The other ranks of an expert-parallel group wait for this one's outputs: none can finish.
+  if (!status.ok() && m.o.host_exchange != nullptr) m.o.host_exchange->Fail(status);
+  if (!status.ok() && m.o.device_exchange != nullptr) m.o.device_exchange->Fail(status);
   // The outputs go to the caller's memory (pageable: the copy is synchronous): on the device miss
   // path only once the step is done (WaitEvent says why).
   if (m.device_misses) m.WaitStepDone();
@@ -961,13 +1081,16 @@ absl::Status CudaEngine::Run(absl::Span<const BatchToken> batch, float* logits, 
     m.Mark("logits D2H");
   }
   CUDA_CHECK(cudaMemcpyAsync(m.host_lookups, m.lookups_total, 8, cudaMemcpyDeviceToHost, m.stream));
+  m.CopyRankCounts();
   if (m.device_misses) {
     CUDA_CHECK(cudaStreamSynchronize(m.stream));  // the copies of a finished step: part of its sync
   } else {
     m.Sync();
   }
   m.CollectMarks();
-  m.stats.expert_lookups = static_cast<int64_t>(*m.host_lookups);
+  m.TakeDeviceCounts();
+  // A sum that another rank's failure abandoned finished with meaningless values.
+  if (status.ok() && m.o.device_exchange != nullptr) status = m.o.device_exchange->status();
   if (m.device_misses) {
     m.miss_service->StepDone();
     if (status.ok()) status = m.miss_service->TakeError();  // a layer read the poison slot
@@ -984,6 +1107,7 @@ absl::Status CudaEngine::Run(absl::Span<const BatchToken> batch, float* logits, 
   m.routes_this_step = false;
   ++m.stats.forward_calls;
   m.stats.tokens += n;
+  if (status.ok() && m.o.placement == nullptr) m.stats.expert_pairs += int64_t(n) * c.n_expert_used * c.n_layer;
   if (!status.ok()) {
     for (const BatchToken& b : batch) m.seq_len[b.sequence] = std::min(m.seq_len[b.sequence], b.position);
     return status;
@@ -995,8 +1119,11 @@ absl::Status CudaEngine::Run(absl::Span<const BatchToken> batch, float* logits, 
 absl::Status CudaEngine::DecodeGreedy(int sequence, int32_t token, int32_t position, int max_steps,
                                       const std::function<bool(int32_t)>& on_token) {
   Impl& m = *impl_;
+  m.MakeCurrent();
   const bool one_graph_per_step = (m.AllResident() || (m.device_misses && m.device_graphs)) && m.observer == nullptr &&
-                                  m.route == nullptr && m.o.use_graphs && !m.o.profile_kernels;
+                                  m.route == nullptr && m.o.use_graphs && !m.o.profile_kernels &&
+                                  m.o.host_exchange == nullptr &&
+                                  (m.o.placement == nullptr || m.o.placement->replicas() == 0);
   if (!one_graph_per_step || max_steps < 1)
     return ComputeBackend::DecodeGreedy(sequence, token, position, max_steps, on_token);
   return DecodePipelined(sequence, token, position, max_steps, on_token);
@@ -1014,6 +1141,8 @@ absl::Status CudaEngine::DecodePipelined(int sequence, int32_t token, int32_t po
   Impl& m = *impl_;
   const BatchToken first{token, position, sequence, true};
   RETURN_IF_ERROR(m.Validate(absl::MakeConstSpan(&first, 1)));
+  if (m.o.device_exchange != nullptr) RETURN_IF_ERROR(m.o.device_exchange->status());
+  m.DropStaleGraphs();
   // A step past the context fails as ForwardArgmax's loop would, once the steps before it are done.
   const int in_context = std::min(max_steps, m.o.max_context_tokens - position);
   const auto launch = [&](int i) {
@@ -1057,17 +1186,27 @@ absl::Status CudaEngine::DecodePipelined(int sequence, int32_t token, int32_t po
         return m.miss_service->TakeError();
       }
     }
+    if (m.o.device_exchange != nullptr) {
+      // Another rank failed: this step's sums, and the one launched ahead's, were abandoned.
+      if (absl::Status exchanged = m.o.device_exchange->status(); !exchanged.ok()) {
+        m.Sync();
+        m.seq_len[sequence] = position + done;
+        return exchanged;
+      }
+    }
     const int32_t id = m.pipe_ids[done % 2];
     if (!more) break;  // the step launched ahead, waited for and dropped
     m.seq_len[sequence] = position + done + 1;
     ++m.stats.forward_calls;
     ++m.stats.tokens;
+    if (m.o.placement == nullptr) m.stats.expert_pairs += int64_t(m.c.n_expert_used) * m.c.n_layer;
     ++done;
     more = on_token(id) && done < max_steps;
   }
   CUDA_CHECK(cudaMemcpyAsync(m.host_lookups, m.lookups_total, 8, cudaMemcpyDeviceToHost, m.stream));
+  m.CopyRankCounts();
   m.Sync();
-  m.stats.expert_lookups = static_cast<int64_t>(*m.host_lookups);
+  m.TakeDeviceCounts();
   if (more && done < max_steps) {
     const BatchToken past{0, position + done, sequence, true};
     return m.Validate(absl::MakeConstSpan(&past, 1));  // the context's end
@@ -1086,6 +1225,7 @@ void CudaEngine::set_routing_observer(RoutingObserver* observer) { impl_->observ
 
 absl::Status CudaEngine::set_route_override(RouteOverride* route) {
   Impl& m = *impl_;
+  m.MakeCurrent();
   if (route != nullptr && m.route_ids == nullptr) {
     const int64_t bytes = int64_t(config_.n_layer) * options_.max_batch_tokens * config_.n_expert_used * 4;
     void* ids = nullptr;
@@ -1126,6 +1266,7 @@ std::string CudaEngine::KernelProfile() const {
 
 BackendCounters CudaEngine::counters() const {
   Impl& m = *impl_;
+  m.MakeCurrent();
   m.SampleVram();
   m.stats.device = true;
   m.stats.arena_resident = m.resident;

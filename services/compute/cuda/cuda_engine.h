@@ -24,8 +24,13 @@
 //   - vram_residency set and device_misses: the device decides each layer's hits and misses and
 //     waits for the misses at a gate that the miss service opens (vram_miss_service.h).
 //
+// An engine may be one rank of an expert-parallel group (CudaEngineOptions::placement), on a GPU
+// of its own or sharing one with other ranks.
+//
 // This header exposes no CUDA types (the implementation's are behind Impl).
-// Thread-safety: one Forward at a time; Create, ClearSequence and stats likewise.
+// Thread-safety: one Forward at a time; Create, ClearSequence and stats likewise. Each call makes
+// the engine's device current on the calling thread, so that the ranks of a group, each driven
+// by a thread of its own, may sit on different GPUs.
 #pragma once
 
 #include <cstdint>
@@ -37,7 +42,9 @@
 #include "common/model/expert_source.h"
 #include "common/model/model_weights.h"
 #include "services/compute/backend.h"
+#include "services/compute/cuda/device_exchange.h"
 #include "services/compute/cuda/published_experts.h"
+#include "services/compute/expert_parallel.h"
 #include "services/compute/vram_residency.h"
 
 namespace mer {
@@ -93,12 +100,30 @@ struct CudaEngineOptions {
   bool device_misses = false;
   // With device_misses: which published experts make room for a layer's misses (published_experts.h).
   cuda::ArenaPolicy arena_policy = cuda::ArenaPolicy::kLfu;
+  // Expert parallelism (expert_parallel.h; docs/cuda.md, "Expert-parallel ranks"), not owned: this
+  // engine is one rank of a group. Its arena holds only its share, the experts e mod n_ranks ==
+  // rank of every layer, and must hold all of it (the budget caps the share; no misses, so neither
+  // vram_residency nor device_misses); each MoE layer's expert kernels run only the pairs of its
+  // experts into outputs zeroed first, and the ranks sum those outputs through one of two
+  // exchanges, given with the placement and not both:
+  //   - device_exchange (NCCL, ranks on distinct GPUs): the sum is enqueued on the step's stream,
+  //     so single-token steps still run as CUDA graphs;
+  //   - host_exchange (ranks that share a GPU, which NCCL refuses): each layer's outputs are copied
+  //     to the host, summed there (ExpertExchange::SumAcrossRanks) and copied back, a
+  //     synchronisation per layer, and the steps run without graphs, as the host miss path's do.
+  // Replicated experts (placement->replicas() > 0) are not built: a step with any fails. Every
+  // rank must be given the same calls (Forward, ForwardArgmax, ClearSequence) in the same order.
+  const ExpertPlacement* placement = nullptr;
+  DeviceExpertExchange* device_exchange = nullptr;
+  ExpertExchange* host_exchange = nullptr;
 };
 
 class CudaEngine final : public ComputeBackend {
  public:
   // False when no CUDA device is usable (no driver, no GPU): callers fall back or skip.
   static bool DeviceAvailable();
+  // The CUDA devices this process sees (0 without a driver).
+  static int DeviceCount();
 
   static absl::StatusOr<std::unique_ptr<CudaEngine>> Create(const ModelWeights& weights, ExpertSource& experts,
                                                             const CudaEngineOptions& options);

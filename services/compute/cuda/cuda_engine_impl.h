@@ -35,6 +35,7 @@
 #include "services/compute/cuda/matvec.cuh"
 #include "services/compute/cuda/moe_experts.cuh"
 #include "services/compute/cuda/moe_group.cuh"
+#include "services/compute/cuda/rank_layer.cuh"
 #include "services/compute/cuda/repack.cuh"
 #include "services/compute/cuda/residency_vram.h"
 #include "services/compute/cuda/rms_norm.cuh"
@@ -228,7 +229,10 @@ struct CudaEngine::Impl {
   std::vector<uint64_t> pin_epoch;  // [n_slots]: == epoch while the current pass uses it
   uint64_t epoch = 0;
   int64_t resident = 0;
-  int64_t total_experts = 0;
+  int64_t total_experts = 0;  // n_layer * n_expert: the slot table's entries
+  // The experts this engine holds when its arena has all it runs: total_experts, or on an
+  // expert-parallel rank its share (every layer's o.placement->OwnedExperts).
+  int64_t held_experts = 0;
   void* pinned_base = nullptr;  // cudaHostRegister'ed range of the experts' host memory
 
   // Sequences.
@@ -283,6 +287,40 @@ struct CudaEngine::Impl {
   bool attention_flash = false;
 
   BackendCounters stats;
+
+  // Expert parallelism (o.placement; CudaEngineOptions says what is built): each MoE layer starts
+  // by zeroing expert_out and counting this rank's work (LaunchRankLayerStart), and its expert
+  // outputs are summed over the ranks after its expert kernels (ExchangeExperts).
+  cuda::RankCounts* rank_counts = nullptr;       // device, accumulated over the steps
+  uint8_t* held = nullptr;                       // device [n_layer, n_expert]: 1 for this rank's experts
+  cuda::RankCounts* host_rank_counts = nullptr;  // pinned: copied back at the end of each step
+  float* host_expert_out = nullptr;              // pinned f32 [T * K, n_embd]: the host exchange's buffer
+  double exchange_us = 0;                        // the host exchange's time (stats has it rounded)
+  // The device exchange's generation the graphs were captured under (DropStaleGraphs).
+  uint64_t graphs_generation = 0;
+  // The rank's side of the exchange, after the layer's expert kernels were enqueued.
+  absl::Status ExchangeExperts(int n);
+  // Whether this engine runs `expert` of `layer`: every expert, or this rank's.
+  bool Runs(int layer, int expert) const { return o.placement == nullptr || o.placement->Holds(layer, expert); }
+  // Destroys the captured graphs when the device exchange has made new communicators since they
+  // were captured (a graph keeps the communicator it was captured with).
+  void DropStaleGraphs();
+  // Copies the rank's counters back with the step's outputs (pinned: read after the step's sync).
+  void CopyRankCounts() {
+    if (o.placement != nullptr)
+      CUDA_CHECK(
+          cudaMemcpyAsync(host_rank_counts, rank_counts, sizeof(cuda::RankCounts), cudaMemcpyDeviceToHost, stream));
+  }
+  // After the step's sync: the lookups (and, on a rank, the pairs) counted on the device.
+  void TakeDeviceCounts() {
+    if (o.placement == nullptr) {
+      stats.expert_lookups = static_cast<int64_t>(*host_lookups);
+      return;
+    }
+    stats.expert_lookups = static_cast<int64_t>(host_rank_counts->lookups);
+    stats.expert_pairs = static_cast<int64_t>(host_rank_counts->pairs);
+    stats.busiest_rank_pairs = static_cast<int64_t>(host_rank_counts->busiest_rank_pairs);
+  }
 
   // Kernel profile (o.profile_kernels): an event after each launch of a step, and per name the
   // GPU time from the previous event, summed over steps. Graphs are off while it is on.
@@ -417,6 +455,8 @@ struct CudaEngine::Impl {
   static constexpr int kEnqueueLayersAhead = 6;
   uint64_t records_posted = 0;
   bool capturing = false;  // in CaptureGraph: nothing runs, nothing is waited for
+  // Makes the engine's device current on the calling thread (every public call begins so).
+  void MakeCurrent() const { CUDA_CHECK(cudaSetDevice(o.device)); }
   void SampleVram() {
     size_t free_b = 0, total_b = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
@@ -426,7 +466,7 @@ struct CudaEngine::Impl {
   }
   DevAct ActA(int type, int64_t stride) const { return DevAct{type, stride, act_a, act_a_scales}; }
   DevAct ActB(int type, int64_t stride) const { return DevAct{type, stride, act_b, act_b_scales}; }
-  bool AllResident() const { return resident == total_experts; }
+  bool AllResident() const { return resident == held_experts; }
   // Whether a step whose largest position is max_position runs split-K attention.
   bool AttentionSplitAt(int32_t max_position) const {
     return o.attention_split_min_cells > 0 && max_position + 1 > o.attention_split_min_cells &&

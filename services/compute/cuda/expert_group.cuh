@@ -16,7 +16,8 @@ namespace mer::cuda {
 inline constexpr int kExpertWarps = 4;  // warps per block of every expert kernel
 
 // The block's expert group (u = u_begin + blockIdx.y): the start of its expert's slot in the
-// arena, its pairs and their count; nullptr when the block has no group (uniform over the block).
+// arena, its pairs and their count; nullptr when the block has no group or, on an expert-parallel
+// rank, its expert is another rank's (uniform over the block).
 // The routing's outputs and the slot table are read through L2 (ld.cg): a down kernel reads them
 // before its WaitForPredecessor, where an L1 line of an earlier kernel could be stale. The
 // group's count, expert and range are loaded together (one round trip, not one per dependent
@@ -29,7 +30,13 @@ __device__ inline const uint8_t* GroupExpert(const ExpertArgs& a, int* n_pairs, 
   const int32_t begin = __ldcg(a.begin + u), end = __ldcg(a.begin + u + 1);
   if (u >= n_used) return nullptr;
   const int32_t slot = __ldcg(a.slot_table + e);
-  if (slot < 0) __trap();  // the host uploads every processed expert first
+  if (slot < 0) {
+    // Another rank's expert (its entry is -1 here): none of this rank's work. The check sits on
+    // this path only, and reads a mask rather than dividing, so that a block with a slot runs as
+    // it does without ranks (the same registers: the kernels' spills are unchanged).
+    if (a.held != nullptr && a.held[e] == 0) return nullptr;
+    __trap();  // the host uploads every processed expert first
+  }
   *pairs = a.pairs + begin;
   *n_pairs = end - begin;
   return a.arena + int64_t(slot) * a.slot_bytes;

@@ -96,6 +96,7 @@ absl::Status CudaEngine::Impl::AcquireGroup(int layer, absl::Span<const int32_t>
 
 absl::StatusOr<int64_t> CudaEngine::Preload() {
   Impl& m = *impl_;
+  m.MakeCurrent();
   const ModelConfig& c = config_;
   const int group_max = std::max(1, m.source.max_experts_per_acquire());
   int64_t loaded = 0;
@@ -104,7 +105,7 @@ absl::StatusOr<int64_t> CudaEngine::Preload() {
   // (mer-compute's log; `mer up` shows it while it waits).
   const auto t0 = std::chrono::steady_clock::now();
   auto last_report = t0;
-  const int64_t target = std::min<int64_t>(m.n_slots, m.total_experts);
+  const int64_t target = std::min<int64_t>(m.n_slots, m.held_experts);
   // Layer by layer, in groups the source can hand out at once; each group's copies are complete
   // (synchronised) before it is released.
   for (int l = 0; l < c.n_layer && m.resident < m.n_slots && status.ok(); ++l) {
@@ -119,7 +120,7 @@ absl::StatusOr<int64_t> CudaEngine::Preload() {
     }
     m.missing.clear();
     for (int e = 0; e < c.n_expert && m.resident + int64_t(m.missing.size()) < m.n_slots; ++e)
-      if (m.host_slot_table[l * c.n_expert + e] < 0) m.missing.push_back(e);
+      if (m.host_slot_table[l * c.n_expert + e] < 0 && m.Runs(l, e)) m.missing.push_back(e);
     for (size_t g0 = 0; g0 < m.missing.size() && status.ok(); g0 += group_max) {
       const absl::Span<const int32_t> group(m.missing.data() + g0, std::min<size_t>(group_max, m.missing.size() - g0));
       status = m.AcquireGroup(l, group);
@@ -210,7 +211,7 @@ absl::Status CudaEngine::Impl::ServeLayerExperts(int layer, int n, const ExpertI
       const int32_t s = host_slot_table[layer * NE + used[u]];
       if (s >= 0) {
         pin_epoch[s] = epoch;
-      } else {
+      } else if (Runs(layer, used[u])) {  // another rank's expert is that rank's to run
         missing.push_back(used[u]);
       }
     }
@@ -239,7 +240,8 @@ absl::Status CudaEngine::Impl::ServeLayerExperts(int layer, int n, const ExpertI
     // The device table follows the host's before anything reads it, also after a failure.
     if (table_dirty) UploadSlotTable();
     if (!status.ok()) break;
-    for (int u = u0; u < u0 + count; ++u) Touch(host_slot_table[layer * NE + used[u]]);
+    for (int u = u0; u < u0 + count; ++u)
+      if (Runs(layer, used[u])) Touch(host_slot_table[layer * NE + used[u]]);
     Mark("serve: sync, uploads");
     EnqueueExperts(layer, n, x_act, u0, count);
   }
@@ -283,6 +285,7 @@ absl::Status CudaEngine::Impl::ServeFromResidency(int layer, int n, const Expert
 
 bool CudaEngine::Impl::Predicts(int layer, int n, bool host_path) const {
   if (!o.vram_prefetch || !host_path || n != 1 || layer + 1 >= c.n_layer) return false;
+  if (o.placement != nullptr) return false;         // a rank's arena holds all it runs
   if (n_slots < 4 * c.n_expert_used) return false;  // an arena this small has no room to guess
   // The prediction rides in the fused routing launch (EnqueueLayer).
   return layers[layer].router_type == GgmlType::kF32 && layers[layer + 1].router_type == GgmlType::kF32 &&

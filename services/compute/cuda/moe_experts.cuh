@@ -10,6 +10,8 @@
 // Down:   out[p, :] = down . h_act[p], act: pair rows of the down's dot type; out f32 [n_pairs, n_embd].
 // Groups u in [u_begin, u_begin + u_count) ∩ [0, *n_used) are processed (the host splits a layer
 // into passes when the arena cannot hold all its experts at once).
+// An expert-parallel rank (held set) processes only the groups of its experts (expert_parallel.h),
+// whose slot_table entries are the only ones >= 0; the blocks of the others' return at once.
 // n_embd and n_ff multiples of 32; every processed expert's slot_table entry must be >= 0 (trap).
 #pragma once
 
@@ -36,6 +38,7 @@ struct ExpertArgs {
   const int32_t* begin;
   const int32_t* pairs;
   int u_begin, u_count;
+  const uint8_t* held;  // expert parallelism: this layer's [n_expert], non-zero for this rank's experts; null: all
 };
 
 void LaunchExpertGateUp(const ExpertArgs& args, const DevAct& x_act, float* h, int max_group_pairs,

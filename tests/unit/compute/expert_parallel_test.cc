@@ -77,6 +77,22 @@ TEST(ExpertPlacement, EveryPairHasOneRunnerWhichHoldsItsExpert) {
   EXPECT_EQ(load4, (std::vector<int64_t>{3, 3, 3, 3}));
 }
 
+// A rank's share of a layer's experts, counted (the cuda ranks size their arenas by it): the
+// experts e mod n_ranks == rank, whatever n_expert is, and none for a rank past the experts.
+TEST(ExpertPlacement, OwnedExpertsCountTheRanksShare) {
+  for (int n_ranks : {1, 2, 3, 4, 7, 64})
+    for (int n_expert : {1, 2, 3, 16, 60, 128, 129})
+      for (int r = 0; r < n_ranks; ++r) {
+        const ExpertPlacement p = *ExpertPlacement::Create(n_ranks, r);
+        int want = 0;
+        for (int e = 0; e < n_expert; ++e) want += p.Holds(0, e);
+        EXPECT_EQ(p.OwnedExperts(n_expert), want) << n_ranks << " ranks, " << n_expert << " experts, rank " << r;
+      }
+  EXPECT_EQ(ExpertPlacement::Create(3, 0)->OwnedExperts(128), 43);
+  EXPECT_EQ(ExpertPlacement::Create(3, 2)->OwnedExperts(128), 42);
+  EXPECT_EQ(ExpertPlacement::Create(4, 3)->OwnedExperts(2), 0);
+}
+
 // The weights' experts, recording which experts were acquired and failing from `fail_at_call` on.
 class RecordingSource final : public ExpertSource {
  public:
@@ -276,13 +292,14 @@ struct BackendGroup {
 BackendGroup MakeBackendGroup(const ModelWeights& w, int n_ranks, HotExpertReplication replication = {}) {
   BackendGroup g;
   ExpertParallelBackend::Group group;
-  group.exchange = std::make_unique<InProcessExchangeGroup>(n_ranks);
+  auto exchange = std::make_unique<InProcessExchangeGroup>(n_ranks);
   std::vector<std::unique_ptr<ComputeBackend>> ranks;
   for (int r = 0; r < n_ranks; ++r) {
     group.placements.push_back(std::make_unique<ExpertPlacement>(*ExpertPlacement::Create(n_ranks, r)));
     g.sources.push_back(std::make_unique<RecordingSource>(w));
-    ranks.push_back(MakeEngine(w, *g.sources.back(), group.placements.back().get(), &group.exchange->rank(r)));
+    ranks.push_back(MakeEngine(w, *g.sources.back(), group.placements.back().get(), &exchange->rank(r)));
   }
+  group.exchange = std::move(exchange);
   auto backend = ExpertParallelBackend::Create(std::move(group), std::move(ranks), replication);
   EXPECT_TRUE(backend.ok()) << backend.status();
   g.backend = std::move(*backend);
@@ -406,10 +423,11 @@ TEST(ExpertParallelBackend, RefusesRanksThatDoNotMatchTheGroup) {
   testing_support::SynthWeights m = MakeModel();
   RecordingSource src(*m.weights);
   ExpertParallelBackend::Group group;
-  group.exchange = std::make_unique<InProcessExchangeGroup>(2);
+  auto exchange = std::make_unique<InProcessExchangeGroup>(2);
   group.placements.push_back(std::make_unique<ExpertPlacement>(*ExpertPlacement::Create(2, 0)));
   std::vector<std::unique_ptr<ComputeBackend>> ranks;
-  ranks.push_back(MakeEngine(*m.weights, src, group.placements[0].get(), &group.exchange->rank(0)));
+  ranks.push_back(MakeEngine(*m.weights, src, group.placements[0].get(), &exchange->rank(0)));
+  group.exchange = std::move(exchange);
   EXPECT_EQ(ExpertParallelBackend::Create(std::move(group), std::move(ranks)).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
