@@ -1,7 +1,6 @@
 #include "services/compute/cuda/nccl_exchange.h"
 
 #include <cuda_runtime.h>
-#include <nccl.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -12,6 +11,7 @@
 #include "common/base/check.h"
 #include "common/base/status.h"
 #include "services/compute/cuda/cuda_check.cuh"
+#include "services/compute/cuda/nccl_api.h"
 
 namespace mer {
 
@@ -50,12 +50,14 @@ absl::StatusOr<std::unique_ptr<NcclExchangeGroup>> NcclExchangeGroup::Create(std
   // collective of each kind: its buffers are then taken before the engines size their arenas from
   // the free VRAM. An operator's own setting stands.
   setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
-  std::unique_ptr<NcclExchangeGroup> group(new NcclExchangeGroup(std::move(devices)));
+  ASSIGN_OR_RETURN(const cuda::NcclApi* nccl, cuda::LoadNccl());
+  std::unique_ptr<NcclExchangeGroup> group(new NcclExchangeGroup(nccl, std::move(devices)));
   RETURN_IF_ERROR(group->MakeCommunicators());
   return group;
 }
 
-NcclExchangeGroup::NcclExchangeGroup(std::vector<int> devices) : devices_(std::move(devices)) {
+NcclExchangeGroup::NcclExchangeGroup(const cuda::NcclApi* nccl, std::vector<int> devices)
+    : nccl_(nccl), devices_(std::move(devices)) {
   for (int r = 0; r < n_ranks(); ++r) {
     ranks_.push_back(std::make_unique<Rank>(*this, r));
     comms_.push_back(std::make_unique<Comm>());
@@ -66,7 +68,7 @@ NcclExchangeGroup::~NcclExchangeGroup() {
   // The ranks' engines, which synchronise their streams when they go, are gone before the group.
   for (const std::unique_ptr<Comm>& c : comms_) {
     std::lock_guard<std::mutex> lock(c->mu);
-    if (c->comm != nullptr) (void)ncclCommDestroy(c->comm);
+    if (c->comm != nullptr) (void)nccl_->CommDestroy(c->comm);
   }
 }
 
@@ -75,10 +77,10 @@ DeviceExpertExchange& NcclExchangeGroup::rank(int r) { return *ranks_[r]; }
 absl::Status NcclExchangeGroup::MakeCommunicators() {
   const int n = n_ranks();
   std::vector<ncclComm_t> made(n, nullptr);
-  const ncclResult_t init = ncclCommInitAll(made.data(), n, devices_.data());
+  const ncclResult_t init = nccl_->CommInitAll(made.data(), n, devices_.data());
   if (init != ncclSuccess)
     return absl::UnavailableError(absl::StrCat("ncclCommInitAll over GPUs ", absl::StrJoin(devices_, ","), ": ",
-                                               ncclGetErrorString(init), " (", ncclGetLastError(nullptr), ")"));
+                                               nccl_->GetErrorString(init), " (", nccl_->GetLastError(nullptr), ")"));
   // One sum of each rank's 1.0, issued from this thread (hence the NCCL group call): n on every
   // device, or the group does not work on these devices.
   int previous = 0;
@@ -92,10 +94,10 @@ absl::Status NcclExchangeGroup::MakeCommunicators() {
     CUDA_CHECK(cudaMemcpy(one[r], &value, sizeof(float), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking));
   }
-  ncclResult_t sum = ncclGroupStart();
+  ncclResult_t sum = nccl_->GroupStart();
   for (int r = 0; r < n && sum == ncclSuccess; ++r)
-    sum = ncclAllReduce(one[r], one[r], 1, ncclFloat, ncclSum, made[r], streams[r]);
-  const ncclResult_t end = ncclGroupEnd();
+    sum = nccl_->AllReduce(one[r], one[r], 1, ncclFloat, ncclSum, made[r], streams[r]);
+  const ncclResult_t end = nccl_->GroupEnd();
   if (sum == ncclSuccess) sum = end;
   absl::Status status;
   for (int r = 0; r < n; ++r) {
@@ -113,10 +115,11 @@ absl::Status NcclExchangeGroup::MakeCommunicators() {
   }
   CUDA_CHECK(cudaSetDevice(previous));
   if (sum != ncclSuccess)
-    status = absl::UnavailableError(absl::StrCat("NCCL exchange: the check's ncclAllReduce: ", ncclGetErrorString(sum),
-                                                 " (", ncclGetLastError(made[0]), ")"));
+    status =
+        absl::UnavailableError(absl::StrCat("NCCL exchange: the check's ncclAllReduce: ", nccl_->GetErrorString(sum),
+                                            " (", nccl_->GetLastError(made[0]), ")"));
   if (!status.ok()) {
-    for (ncclComm_t c : made) (void)ncclCommAbort(c);
+    for (ncclComm_t c : made) (void)nccl_->CommAbort(c);
     return status;
   }
   for (int r = 0; r < n; ++r) {
@@ -133,10 +136,10 @@ absl::Status NcclExchangeGroup::EnqueueSum(int rank, float* values, size_t count
   if (c.comm == nullptr) return status();  // aborted by a Fail that has set failed_ first
   // NCCL's enqueue does not wait for the other ranks (each rank calls from a thread of its own):
   // the all-reduce runs on the device once every rank's is there.
-  const ncclResult_t r = ncclAllReduce(values, values, count, ncclFloat, ncclSum, c.comm, stream);
+  const ncclResult_t r = nccl_->AllReduce(values, values, count, ncclFloat, ncclSum, c.comm, stream);
   if (r != ncclSuccess)
-    return absl::UnavailableError(absl::StrCat("ncclAllReduce of rank ", rank, " (GPU ", devices_[rank],
-                                               "): ", ncclGetErrorString(r), " (", ncclGetLastError(c.comm), ")"));
+    return absl::UnavailableError(absl::StrCat("ncclAllReduce of rank ", rank, " (GPU ", devices_[rank], "): ",
+                                               nccl_->GetErrorString(r), " (", nccl_->GetLastError(c.comm), ")"));
   return absl::OkStatus();
 }
 
@@ -148,7 +151,7 @@ void NcclExchangeGroup::Fail(const absl::Status& why) {
   }
   for (const std::unique_ptr<Comm>& c : comms_) {
     std::lock_guard<std::mutex> lock(c->mu);
-    if (c->comm != nullptr) (void)ncclCommAbort(c->comm);
+    if (c->comm != nullptr) (void)nccl_->CommAbort(c->comm);
     c->comm = nullptr;
   }
 }

@@ -34,6 +34,10 @@
 
 struct ncclComm;  // ncclComm_t is an ncclComm*
 
+namespace mer::cuda {
+struct NcclApi;
+}  // namespace mer::cuda
+
 namespace mer {
 
 class NcclExchangeGroup final : public ExpertExchangeGroup {
@@ -58,13 +62,14 @@ class NcclExchangeGroup final : public ExpertExchangeGroup {
     ncclComm* comm ABSL_GUARDED_BY(mu) = nullptr;  // null once Fail aborted it
   };
 
-  explicit NcclExchangeGroup(std::vector<int> devices);
+  NcclExchangeGroup(const cuda::NcclApi* nccl, std::vector<int> devices);
   // Makes every rank's communicator and checks it with one sum.
   absl::Status MakeCommunicators();
   absl::Status EnqueueSum(int rank, float* values, size_t count, CUstream_st* stream);
   void Fail(const absl::Status& why);
   absl::Status status() const;
 
+  const cuda::NcclApi* const nccl_;  // loaded at Create (nccl_api.h)
   const std::vector<int> devices_;
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::vector<std::unique_ptr<Comm>> comms_;  // [rank]
