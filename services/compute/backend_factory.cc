@@ -26,6 +26,25 @@
 namespace mer {
 namespace {
 
+// Rank r's placement and expert source, kept in `group` for as long as the ranks live: `experts`
+// serves rank 0, o.rank_experts(r) the others (an ExpertSource serves one engine).
+struct RankParts {
+  const ExpertPlacement* placement;
+  ExpertSource* source;
+};
+absl::StatusOr<RankParts> AddRank(int r, ExpertSource& experts, const BackendOptions& o,
+                                  ExpertParallelBackend::Group& group) {
+  ASSIGN_OR_RETURN(ExpertPlacement placement, ExpertPlacement::Create(o.expert_ranks, r));
+  group.placements.push_back(std::make_unique<ExpertPlacement>(std::move(placement)));
+  RankParts parts{group.placements.back().get(), &experts};
+  if (r > 0) {
+    ASSIGN_OR_RETURN(std::unique_ptr<ExpertSource> own, o.rank_experts(r));
+    parts.source = own.get();
+    group.sources.push_back(std::move(own));
+  }
+  return parts;
+}
+
 #if MER_HAVE_CUDA
 // "BYTES" or "PERCENT%" into the cuda options' two caps.
 absl::Status ParseVramBudget(const std::string& b, CudaEngineOptions* co) {
@@ -67,24 +86,15 @@ absl::StatusOr<CreatedBackend> CreateCudaRanks(const ModelWeights& weights, Expe
   ExpertParallelBackend::Group group;
   std::vector<std::unique_ptr<ComputeBackend>> ranks;
   for (int r = 0; r < n; ++r) {
-    absl::StatusOr<ExpertPlacement> placed = ExpertPlacement::Create(n, r);
-    if (!placed.ok()) return placed.status();
-    auto placement = std::make_unique<ExpertPlacement>(std::move(*placed));
-    ExpertSource* source = &experts;
-    if (r > 0) {
-      ASSIGN_OR_RETURN(std::unique_ptr<ExpertSource> own, o.rank_experts(r));
-      source = own.get();
-      group.sources.push_back(std::move(own));
-    }
+    ASSIGN_OR_RETURN(const RankParts rank, AddRank(r, experts, o, group));
     co.device = gpus[r];
-    co.placement = placement.get();
+    co.placement = rank.placement;
     co.device_exchange = device != nullptr ? &device->rank(r) : nullptr;
     co.host_exchange = host != nullptr ? &host->rank(r) : nullptr;
     // Rank 0 registers the mapped file for every GPU (cudaHostRegisterPortable); a second
     // registration of the same memory would fail.
     co.pin_host_experts = o.pin_host_experts && r == 0;
-    group.placements.push_back(std::move(placement));
-    ASSIGN_OR_RETURN(std::unique_ptr<CudaEngine> engine, CudaEngine::Create(weights, *source, co));
+    ASSIGN_OR_RETURN(std::unique_ptr<CudaEngine> engine, CudaEngine::Create(weights, *rank.source, co));
     ranks.push_back(std::move(engine));
   }
   if (host != nullptr) {
@@ -110,19 +120,10 @@ absl::StatusOr<CreatedBackend> CreateCpuRanks(const ModelWeights& weights, Exper
   std::vector<std::unique_ptr<ComputeBackend>> ranks;
   CreatedBackend out;
   for (int r = 0; r < n; ++r) {
-    absl::StatusOr<ExpertPlacement> placed = ExpertPlacement::Create(n, r);
-    if (!placed.ok()) return placed.status();
-    auto placement = std::make_unique<ExpertPlacement>(std::move(*placed));
-    ExpertSource* source = &experts;
-    if (r > 0) {
-      ASSIGN_OR_RETURN(std::unique_ptr<ExpertSource> own, o.rank_experts(r));
-      source = own.get();
-      group.sources.push_back(std::move(own));
-    }
-    co.placement = placement.get();
+    ASSIGN_OR_RETURN(const RankParts rank, AddRank(r, experts, o, group));
+    co.placement = rank.placement;
     co.exchange = &exchange->rank(r);
-    group.placements.push_back(std::move(placement));
-    ASSIGN_OR_RETURN(std::unique_ptr<CpuEngine> engine, CpuEngine::Create(weights, *source, co));
+    ASSIGN_OR_RETURN(std::unique_ptr<CpuEngine> engine, CpuEngine::Create(weights, *rank.source, co));
     out.threads += engine->options().threads;
     ranks.push_back(std::move(engine));
   }
