@@ -179,7 +179,6 @@ void VramMissService::Serve(const RoutingRecord& r) {
   }
 
   absl::Status status;
-  bool predicted = false;
   serving_layer_.store(layer);
   serving_step_.store(r.header.step);
   serving_missing_.store(static_cast<int>(missing_.size()));
@@ -189,7 +188,6 @@ void VramMissService::Serve(const RoutingRecord& r) {
     std::fill(place_row_.begin(), place_row_.end(), -1);
     absl::StatusOr<int> demanded = residency_.Place(layer, missing_, place_row_.data(), stream_);
     if (predicts) residency_.Predicted(layer + 1, r.pred);
-    predicted = true;
     if (residency_.attachment() != attachment_) {
       // A new mer-residency: what was pinned in the old one is void, and the new one may fill any
       // slot. Forget it all (every other expert misses again) and publish what is placed in the
@@ -224,8 +222,9 @@ void VramMissService::Serve(const RoutingRecord& r) {
         poisoned_.push_back(int64_t(layer) * o_.n_expert + e);
       }
     }
+  } else if (predicts) {
+    residency_.Predicted(layer + 1, r.pred);  // the device's misses were placed meanwhile
   }
-  if (predicts && !predicted) residency_.Predicted(layer + 1, r.pred);
   if (std::find(placed_rows_.begin(), placed_rows_.end(), layer) == placed_rows_.end()) placed_rows_.push_back(layer);
   for (int l : placed_rows_) UploadRow(l);
   // Opens the gate after the conversions and the rows: the step's wait sees every one of them.
