@@ -144,9 +144,7 @@ absl::StatusOr<CreatedBackend> CreateBackend(const ModelWeights& weights, Expert
   if (o.replicate_hot_experts != 0 && o.expert_ranks < 2)
     return absl::InvalidArgumentError("--replicate-hot-experts needs --expert-ranks 2 or more");
   if (!o.gpus.empty() && o.backend != "cuda") return absl::InvalidArgumentError("--gpus needs --backend cuda");
-  if (!o.gpus.empty() && static_cast<int>(o.gpus.size()) != o.expert_ranks)
-    return absl::InvalidArgumentError(
-        absl::StrCat("--gpus lists ", o.gpus.size(), " GPU(s) for --expert-ranks ", o.expert_ranks, ": one per rank"));
+  RETURN_IF_ERROR(CheckGpuList(o.gpus, o.expert_ranks));
   if (o.backend == "cuda" && o.expert_ranks > 1 && o.replicate_hot_experts != 0)
     return absl::UnimplementedError(
         "--replicate-hot-experts with --backend cuda: replicated experts are not built on the cuda ranks (each "
@@ -202,6 +200,12 @@ absl::StatusOr<CreatedBackend> CreateBackend(const ModelWeights& weights, Expert
   out.threads = engine->options().threads;
   out.engine = std::move(engine);
   return out;
+}
+
+absl::Status CheckGpuList(const std::vector<int>& gpus, int expert_ranks) {
+  if (gpus.empty() || static_cast<int>(gpus.size()) == expert_ranks) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("--gpus lists ", gpus.size(), " GPU(s) for --expert-ranks ", expert_ranks, ": one per rank"));
 }
 
 absl::StatusOr<std::vector<int>> ParseGpuList(const std::string& list) {

@@ -94,6 +94,8 @@ void PrepareProcessFor(std::string_view backend, bool device_misses);
 // InvalidArgument naming --gpus for an empty list, an empty item or one that is not an ordinal.
 inline constexpr int kMaxGpuOrdinal = 1023;
 absl::StatusOr<std::vector<int>> ParseGpuList(const std::string& list);
+// InvalidArgument unless a --gpus list (empty: none given) names one GPU per expert rank.
+absl::Status CheckGpuList(const std::vector<int>& gpus, int expert_ranks);
 
 // InvalidArgument for an unknown backend, a bad budget or a GPU list that is not one GPU per rank
 // (or not the cuda backend's); Unimplemented for `cuda` in a build without it, and for what the

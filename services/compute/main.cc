@@ -184,9 +184,7 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
     a->expert_ranks = static_cast<int64_t>(a->gpus.size());  // --gpus alone sets the ranks
   }
   ASSIGN_OR_RETURN(a->expert_ranks, f.IntInRange("expert-ranks", a->expert_ranks, 1, mer::kMaxExpertRanks));
-  if (!a->gpus.empty() && int64_t(a->gpus.size()) != a->expert_ranks)
-    return absl::InvalidArgumentError(absl::StrCat("--gpus lists ", a->gpus.size(), " GPU(s) for --expert-ranks ",
-                                                   a->expert_ranks, ": one per rank"));
+  RETURN_IF_ERROR(mer::CheckGpuList(a->gpus, static_cast<int>(a->expert_ranks)));
   if (!a->store.empty() && a->backend == "cuda" && a->expert_ranks > 1)
     return absl::UnimplementedError(
         "--store with --backend cuda and --expert-ranks above 1 is not built: the cuda ranks preload their shares "
