@@ -94,6 +94,9 @@ absl::StatusOr<CreatedBackend> CreateCudaRanks(const ModelWeights& weights, Expe
     // Rank 0 registers the mapped file for every GPU (cudaHostRegisterPortable); a second
     // registration of the same memory would fail.
     co.pin_host_experts = o.pin_host_experts && r == 0;
+    // A rank's arena holds its whole share, filled by the engine from the rank's own source (its
+    // mer-residency's RAM tier when served): no instance places experts in it.
+    co.vram_residency = nullptr;
     ASSIGN_OR_RETURN(std::unique_ptr<CudaEngine> engine, CudaEngine::Create(weights, *rank.source, co));
     ranks.push_back(std::move(engine));
   }

@@ -94,10 +94,11 @@ computing the dense part and the experts e with e mod N its rank: the same resul
 bit for bit (docs/design.md, "Several GPUs and several hosts"). With --backend cpu the ranks split
 --threads between them; with --store each rank reads its experts from a mer-residency instance of
 its own: --residency names N instances, rank r's the r-th (each best started with --expert-share
-r/N, which sizes and warms its RAM tier for that rank's share). With --backend cuda (--model only)
-rank r runs on GPU r, or on the r-th GPU of --gpus (CUDA ordinals, one per rank; given alone it
-sets the ranks; one GPU picks the device of a single engine), with its share of the experts
-preloaded into its arena, which must hold all of it (--vram-expert-budget caps the share): ranks
+r/N, which sizes and warms its RAM tier for that rank's share). With --backend cuda rank r runs on
+GPU r, or on the r-th GPU of --gpus (CUDA ordinals, one per rank; given alone it sets the ranks;
+one GPU picks the device of a single engine), with its share of the experts preloaded into its
+arena (from the file, or with --store through its mer-residency's RAM tier), which must hold all
+of it (--vram-expert-budget caps the share; misses on cuda ranks are not built): ranks
 on distinct GPUs sum their experts' outputs through NCCL inside the step, ranks that share a GPU
 through the host, a synchronisation per layer (docs/cuda.md, "Expert-parallel ranks").
 --replicate-hot-experts K (--backend cpu with 2 or more ranks; default 0) also places each layer's
@@ -185,10 +186,6 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
   }
   ASSIGN_OR_RETURN(a->expert_ranks, f.IntInRange("expert-ranks", a->expert_ranks, 1, mer::kMaxExpertRanks));
   RETURN_IF_ERROR(mer::CheckGpuList(a->gpus, static_cast<int>(a->expert_ranks)));
-  if (!a->store.empty() && a->backend == "cuda" && a->expert_ranks > 1)
-    return absl::UnimplementedError(
-        "--store with --backend cuda and --expert-ranks above 1 is not built: the cuda ranks preload their shares "
-        "from --model (each rank's mer-residency would place experts on that rank's GPU)");
   ASSIGN_OR_RETURN(a->replicate_hot_experts, f.IntInRange("replicate-hot-experts", 0, 0, 1 << 20));
   a->residencies = absl::StrSplit(a->residency, ',', absl::SkipEmpty());
   if (!a->store.empty() && int64_t(a->residencies.size()) != a->expert_ranks)

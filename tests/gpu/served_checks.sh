@@ -8,7 +8,8 @@
 #   engine:     cuda_engine_test with ENGINE_FILTER (default: random geometries, RandomGeometry: 24
 #               of them, arena 100% and 25%, and two corpus cases), for at most ENGINE_SECONDS
 #               (default 240: enough for the default filter, not for '*' on an H100);
-#   geometries: tests/integration/served_geometries_test.sh with --backend cuda on GEOM_SEEDS
+#   geometries: tests/integration/served_geometries_test.sh with --backend cuda on GEOM_SEEDS (RANK_GPUS,
+#               e.g. 0,0: also through two cuda expert ranks on those GPUs)
 #               (engine alone, mer bench, and mer up + mer client, against the CPU reference);
 #   bench:      the Qwen3-30B-A3B geometry Q8_0 (--router-skew SKEW) as an expert store
 #               (mer synth --store-out, reused if STORE has one), then for each VRAM budget of

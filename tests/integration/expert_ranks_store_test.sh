@@ -7,7 +7,8 @@
 # GGUF file; the gateway's /metrics carries each residency's series with a rank label, each
 # compute rank's expert pairs, the replicas and the busiest rank's pairs (and passes promtool);
 # rank 1's mer-residency SIGKILLed is restarted by mer up and the same ids are served after;
-# mer-compute refuses a --residency list that does not name one instance per rank.
+# mer-compute refuses a --residency list that does not name one instance per rank, mer up a --gpus
+# list that is not one GPU per rank or comes without --backend cuda.
 set -u
 MER=$1
 COMP=$2
@@ -100,4 +101,16 @@ timeout 30 "$COMP" --store "$WORK/m.gguf.store" --residency x --expert-ranks 2 -
 rc=$?
 [ $rc -ne 0 ] && [ $rc -lt 124 ] && grep -q -- '--residency names 1 .* --expert-ranks 2' "$WORK/r.log" ||
   fail "a --residency list of 1 for 2 ranks was not refused (rc=$rc): $(tail -1 "$WORK/r.log")"
+# mer up checks its GPU list before it packs or starts anything.
+up_refused() {
+  local pattern=$1; shift
+  timeout 30 "$MER" up --model "$WORK/m.gguf" --listen 127.0.0.1:0 --http-listen off --metrics-listen 127.0.0.1:0 \
+    "$@" >"$WORK/u.log" 2>&1
+  local rc=$?
+  [ $rc -ne 0 ] && [ $rc -lt 124 ] && grep -q -- "$pattern" "$WORK/u.log" ||
+    fail "mer up $* was not refused with a message naming $pattern (rc=$rc): $(tail -1 "$WORK/u.log")"
+}
+up_refused '--gpus needs --backend cuda' --gpus 0,1
+up_refused '--gpus lists 2 GPU(s) for --expert-ranks 3' --backend cuda --expert-ranks 3 --gpus 0,1
+up_refused '--gpus .*is not a GPU' --backend cuda --gpus 0,x
 finish

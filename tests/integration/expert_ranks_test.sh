@@ -4,7 +4,7 @@
 # one process, each running the experts e with e mod N its rank) behind mer-gateway serves the
 # greedy ids `mer generate` gives with one engine, for 1, 2 and 3 ranks and 8 concurrent streams
 # of different prompts; --expert-ranks 0, a --gpus list that is not one GPU per rank or given to
-# the cpu backend, and the cuda ranks over a store or with replicas are refused at start (the cpu
+# the cpu backend, and the cuda ranks with replicas are refused at start (the cpu
 # ranks over a store: expert_ranks_store_test.sh; the cuda ranks' results: cuda_engine_test).
 set -u
 MER=$1
@@ -45,8 +45,6 @@ refused "$WORK/r1.log" '--gpus lists 1 GPU(s) for --expert-ranks 2' --model "$WO
 refused "$WORK/r2.log" '--gpus needs --backend cuda' --model "$WORK/m.gguf" --gpus 0,1
 refused "$WORK/r3.log" '--expert-ranks' --model "$WORK/m.gguf" --expert-ranks 0
 refused "$WORK/r4.log" '--gpus .*is not a GPU' --model "$WORK/m.gguf" --backend cuda --gpus 0,x
-refused "$WORK/r5.log" '--store with --backend cuda and --expert-ranks above 1' --store "$WORK/none" \
-  --residency a,b --backend cuda --expert-ranks 2
 refused "$WORK/r6.log" '--replicate-hot-experts with --backend cuda' --model "$WORK/m.gguf" --backend cuda \
   --expert-ranks 2 --replicate-hot-experts 1
 finish

@@ -6,7 +6,8 @@
 #   2. the engine alone: `mer generate --backend BACKEND` (cuda: with every expert in VRAM and
 #      with 30% of them), and `mer bench --backend BACKEND` (it must not fail);
 #   3. the three daemons: `mer up --backend BACKEND` (cuda: a 40% VRAM arena placed by
-#      mer-residency over CUDA IPC) and `mer client`.
+#      mer-residency over CUDA IPC; with RANK_GPUS, e.g. 0,0, also expert-parallel cuda ranks on
+#      those GPUs, `mer up --gpus RANK_GPUS`, each rank's arena its whole share) and `mer client`.
 # Every id list must equal the reference. A geometry the backend cannot run must be refused at
 # start-up with a message (no abort, no signal): such a case is counted as refused, and fails the
 # test only if the message is missing. SEEDS defaults to "1 2 3 4 5"; BACKEND to cpu (CI); the GPU
@@ -41,6 +42,33 @@ ids() {
 # refused_cleanly FILE: the backend refused the geometry with a message, not a crash.
 refused_cleanly() { grep -qiE 'unimplemented|not supported|must be|at most' "$1" && ! grep -qiE 'CHECK failed|Aborted|core dumped|signal' "$1"; }
 
+# serve LABEL FLAGS...: `mer up FLAGS` and `mer client`'s ids against the reference ($want);
+# clears ok on a failure.
+serve() {
+  local label=$1 got; shift
+  "$MER" up --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --ram-budget 50% --threads 2 "$@" \
+    >"$WORK/up.out" 2>"$WORK/up.err" &
+  UPID=$!
+  if ! wait_up "$WORK/up"; then
+    fail "$label: mer up $* did not come up: $(tail -5 "$WORK/up.err")"
+    ok=0
+  else
+    got=
+    for _ in $(seq 1 50); do
+      got=$(ids timeout 60 "$MER" client --addr "$ADDR" --prompt-tokens $PROMPT --max-tokens $N --ignore-eos \
+              --print-token-ids)
+      [[ "$got" == rc=* ]] || break
+      sleep 0.2
+    done
+    # (mer up's last lines too: a daemon it restarted or gave up on explains a refused connection)
+    [ "$got" == "$want" ] || { fail "$label: served ($*): '$got' vs '$want' $(tail -2 "$WORK/last.err"); mer up: $(tail -5 "$WORK/up.err")"; ok=0; }
+  fi
+  kill -TERM "$UPID" 2>/dev/null
+  timeout 30 tail --pid="$UPID" -f /dev/null 2>/dev/null || kill -KILL "$UPID" 2>/dev/null
+  UPID=
+  grep -qE 'CHECK failed|Aborted|core dumped' "$WORK/up.err" && { fail "$label: a daemon aborted: $(grep -m1 -E 'CHECK failed|Aborted' "$WORK/up.err")"; ok=0; }
+}
+
 for seed in $SEEDS; do
   q=${quants[$((i % 4))]}
   i=$((i + 1))
@@ -70,29 +98,13 @@ for seed in $SEEDS; do
     --threads 2 >"$WORK/bench.out" 2>"$WORK/bench.err" ||
     { fail "random:$seed $q: mer bench --backend $BACKEND rc=$?: $(tail -2 "$WORK/bench.err")"; ok=0; }
 
-  up_flags=(--model "$m" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --ram-budget 50% --threads 2
-            --backend "$BACKEND")
-  [ "$BACKEND" = cuda ] && up_flags+=(--vram-expert-budget 40%)
-  "$MER" up "${up_flags[@]}" >"$WORK/up.out" 2>"$WORK/up.err" &
-  UPID=$!
-  if ! wait_up "$WORK/up"; then
-    fail "random:$seed $q ($geom): mer up did not come up: $(tail -5 "$WORK/up.err")"
-    ok=0
-  else
-    got=
-    for _ in $(seq 1 50); do
-      got=$(ids timeout 60 "$MER" client --addr "$ADDR" --prompt-tokens $PROMPT --max-tokens $N --ignore-eos \
-              --print-token-ids)
-      [[ "$got" == rc=* ]] || break
-      sleep 0.2
-    done
-    # (mer up's last lines too: a daemon it restarted or gave up on explains a refused connection)
-    [ "$got" == "$want" ] || { fail "random:$seed $q ($geom): served: '$got' vs '$want' $(tail -2 "$WORK/last.err"); mer up: $(tail -5 "$WORK/up.err")"; ok=0; }
-  fi
-  kill -TERM "$UPID" 2>/dev/null
-  timeout 30 tail --pid="$UPID" -f /dev/null 2>/dev/null || kill -KILL "$UPID" 2>/dev/null
-  UPID=
-  grep -qE 'CHECK failed|Aborted|core dumped' "$WORK/up.err" && { fail "random:$seed $q: a daemon aborted: $(grep -m1 -E 'CHECK failed|Aborted' "$WORK/up.err")"; ok=0; }
+  up_runs=("")
+  [ "$BACKEND" = cuda ] && up_runs=("--vram-expert-budget 40%")
+  [ "$BACKEND" = cuda ] && [ -n "${RANK_GPUS:-}" ] && up_runs+=("--gpus $RANK_GPUS")
+  for extra in "${up_runs[@]}"; do
+    # shellcheck disable=SC2086
+    serve "random:$seed $q ($geom)" --model "$m" --backend "$BACKEND" $extra
+  done
   [ $ok -eq 1 ] && passed=$((passed + 1)) && echo "random:$seed $q ($geom): ids equal (engine, bench, served)"
 done
 echo "served geometries ($BACKEND): $passed passed, $refused refused at start-up, $FAILURES failures"

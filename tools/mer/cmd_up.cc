@@ -54,7 +54,7 @@ constexpr char kHelp[] = R"(usage: mer up (--model F.gguf [--store-dir DIR] | --
               [--metrics-listen HOST:PORT] [--ram-budget BYTES|PERCENT%] [--policy lru|lfu|arc]
               [--prefetch] [--backend cpu|cuda] [--vram-expert-budget BYTES|PERCENT%]
               [--multi-token-kernels auto|dp4a|exact|fast] [--max-sequences N] [--max-batch-tokens N] [--ctx N] [--threads N] [--max-queue N]
-              [--watchdog-seconds N] [--expert-ranks N] [--replicate-hot-experts K]
+              [--watchdog-seconds N] [--expert-ranks N] [--gpus G,G,...] [--replicate-hot-experts K]
 
 Starts mer-residency, mer-compute and mer-gateway (found beside this `mer`), each once the one
 before is ready, and prints where they serve: the public gRPC API on --listen (default
@@ -68,12 +68,12 @@ tier holds --ram-budget of the experts (default 25%) under --policy (default lfu
 the store at start (mer-residency --warm) while the first requests are served;
 --backend, --vram-expert-budget, --multi-token-kernels, --max-sequences (default 8), --max-batch-tokens, --ctx (default
 4096 positions per sequence, at most the model's context) and --threads are mer-compute's (see
-mer-compute --help); these defaults are deploy/mer.conf's. --expert-ranks N (default 1; --backend
-cpu: the cuda ranks take a model file, not a store, so mer-compute --model runs them) runs
+mer-compute --help); these defaults are deploy/mer.conf's. --expert-ranks N (default 1) runs
 mer-compute as N expert-parallel ranks, each reading its share of the experts (e mod N)
 from a mer-residency of its own (--expert-share r/N: each instance's --ram-budget, a percentage
-of its share's experts), whose metrics are labelled rank="r" on the gateway's page;
---replicate-hot-experts is mer-compute's. A
+of its share's experts), whose metrics are labelled rank="r" on the gateway's page; with
+--backend cuda rank r runs on GPU r, or on the r-th GPU of --gpus (given alone it sets the
+ranks), its arena holding its whole share; --gpus and --replicate-hot-experts are mer-compute's. A
 daemon that exits, or that sends no watchdog ping for --watchdog-seconds (default 30, as the
 systemd units' WatchdogSec=; 0: no watchdog) and is killed for it, is restarted (at most 5
 times a minute); SIGINT or SIGTERM stops all three; if mer up is killed, they stop too.
@@ -435,6 +435,7 @@ absl::Status Up(const Args& args) {
                                           "max-queue",
                                           "watchdog-seconds",
                                           "expert-ranks",
+                                          "gpus",
                                           "replicate-hot-experts"},
                                          {"prefetch"}));
   if (f.Has("model") == f.Has("store")) return absl::InvalidArgumentError("give exactly one of --model and --store");
@@ -446,11 +447,16 @@ absl::Status Up(const Args& args) {
   signal(SIGPIPE, SIG_IGN);
 
   ASSIGN_OR_RETURN(const int64_t watchdog_seconds, f.IntInRange("watchdog-seconds", 30, 0, 3600));
-  ASSIGN_OR_RETURN(const int64_t ranks, f.IntInRange("expert-ranks", 1, 1, kMaxExpertRanks));
-  if (ranks > 1 && f.String("backend", "cpu") == "cuda")
-    return absl::UnimplementedError(
-        "--expert-ranks above 1 with --backend cuda: mer up serves from an expert store, which the cuda ranks do "
-        "not take yet (mer-compute --model F.gguf --backend cuda --expert-ranks N runs them)");
+  std::vector<int> gpus;
+  if (f.Has("gpus")) {
+    ASSIGN_OR_RETURN(gpus, ParseGpuList(f.String("gpus")));
+  }
+  // --gpus alone sets the ranks, as mer-compute's does.
+  ASSIGN_OR_RETURN(const int64_t ranks,
+                   f.IntInRange("expert-ranks", gpus.empty() ? 1 : int64_t(gpus.size()), 1, kMaxExpertRanks));
+  RETURN_IF_ERROR(CheckGpuList(gpus, static_cast<int>(ranks)));
+  if (!gpus.empty() && f.String("backend", "cpu") != "cuda")
+    return absl::InvalidArgumentError("--gpus needs --backend cuda");
   // The ports first: a taken one would otherwise fail only after a long pack and load.
   const std::string listen = f.String("listen", "127.0.0.1:50051");
   const std::string http_listen = f.String("http-listen", "127.0.0.1:8080");
@@ -520,6 +526,7 @@ absl::Status Up(const Args& args) {
     compute.argv.insert(compute.argv.end(), {"--multi-token-kernels", f.String("multi-token-kernels")});
   if (f.Has("replicate-hot-experts"))
     compute.argv.insert(compute.argv.end(), {"--replicate-hot-experts", f.String("replicate-hot-experts")});
+  if (f.Has("gpus")) compute.argv.insert(compute.argv.end(), {"--gpus", f.String("gpus")});
   Daemon gateway{"gateway",
                  {bin + "/mer-gateway", "--compute", socket, "--listen", listen, "--http-listen", http_listen,
                   "--metrics-listen", metrics_listen, "--max-queue", f.String("max-queue", "256")}};
