@@ -59,6 +59,7 @@ class RouteOverride {
 // prints them.
 struct BackendCounters {
   bool device = false;  // a backend with a device arena (cuda): the fields below count
+  int gpu = -1;         // its device's CUDA ordinal
   int64_t forward_calls = 0;
   int64_t tokens = 0;  // batch tokens processed
   // (token, expert) pairs whose expert FFN this backend computed, summed over layers (an

@@ -62,6 +62,12 @@ serve() {
     done
     # (mer up's last lines too: a daemon it restarted or gave up on explains a refused connection)
     [ "$got" == "$want" ] || { fail "$label: served ($*): '$got' vs '$want' $(tail -2 "$WORK/last.err"); mer up: $(tail -5 "$WORK/up.err")"; ok=0; }
+    # cuda ranks: the host's page has each rank's device memory, labelled by its GPU.
+    if [[ " $* " == *" --gpus "* ]]; then
+      fetch "$(grep -o 'metrics *http://[^ ]*' "$WORK/up.out" | head -1 | awk '{print $2}')" "$WORK/metrics.txt"
+      grep '^mer_vram_bytes{' "$WORK/metrics.txt" | grep 'rank="1"' | grep 'use="arena"' | grep -q 'gpu="' ||
+        { fail "$label: no mer_vram_bytes of rank 1 with a gpu label on the gateway's page"; ok=0; }
+    fi
   fi
   kill -TERM "$UPID" 2>/dev/null
   timeout 30 tail --pid="$UPID" -f /dev/null 2>/dev/null || kill -KILL "$UPID" 2>/dev/null

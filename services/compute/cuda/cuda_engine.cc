@@ -1269,6 +1269,7 @@ BackendCounters CudaEngine::counters() const {
   m.MakeCurrent();
   m.SampleVram();
   m.stats.device = true;
+  m.stats.gpu = m.o.device;
   m.stats.arena_resident = m.resident;
   BackendCounters c = m.stats;
   if (m.miss_service != nullptr) {

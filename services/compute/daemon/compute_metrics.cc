@@ -71,20 +71,26 @@ struct ComputeMetrics::Impl {
   prometheus::Counter* seq_ok;
   prometheus::Counter* seq_cancelled;
   prometheus::Counter* seq_failed;
-  // The cuda backend's (null for cpu), and the sample they were last advanced to.
-  prometheus::Counter* vram_lookups = nullptr;
-  prometheus::Counter* vram_misses = nullptr;
-  prometheus::Counter* upload_bytes = nullptr;
-  prometheus::Counter* vram_evictions = nullptr;
+  // The cuda backend's step-level series (null for cpu; rank 0's with ranks: every rank runs every
+  // step), and the sample they were last advanced to.
   prometheus::Counter* host_syncs = nullptr;
   prometheus::Counter* graph_launches = nullptr;
   prometheus::Counter* backend_tokens = nullptr;
-  prometheus::Counter* prefetch[3] = {};  // issued, useful, wasted
-  prometheus::Family<prometheus::Gauge>* tier_slots = nullptr;
-  prometheus::Gauge* vram_slots[2] = {};  // resident, free; null once dropped (arena_placed_by_residency)
-  prometheus::Gauge* vram_bytes[6] = {};  // dense, kv, workspace, arena, used, peak
   BackendCounters last;
-  void AddDeviceFamilies();
+  // A device's series: the engine's, or each cuda rank's, labelled by its rank and GPU.
+  struct DeviceSeries {
+    prometheus::Counter* lookups;
+    prometheus::Counter* misses;
+    prometheus::Counter* upload_bytes;
+    prometheus::Counter* evictions;
+    prometheus::Counter* prefetch[3];  // issued, useful, wasted
+    prometheus::Gauge* slots[2];       // resident, free; null once dropped (arena_placed_by_residency)
+    prometheus::Gauge* vram_bytes[6];  // dense, kv, workspace, arena, used, peak
+    BackendCounters last;
+  };
+  std::vector<DeviceSeries> devices;
+  prometheus::Family<prometheus::Gauge>* tier_slots = nullptr;
+  void AddDeviceFamilies(const std::vector<BackendCounters>& by_device, bool ranks);
   // Expert pairs computed: one series for a single engine, or one per expert-parallel rank
   // (labelled rank="r", with the rank's exchange time beside it), made at the first sample.
   prometheus::Family<prometheus::Counter>* pairs_family = nullptr;
@@ -136,40 +142,51 @@ ComputeMetrics::ComputeMetrics(const std::string& version, const std::string& ba
 }
 
 // The device backend's families (expert lookups in VRAM, uploads, host syncs, VRAM by use),
-// registered when its first counters arrive.
-void ComputeMetrics::Impl::AddDeviceFamilies() {
+// registered when its first counters arrive: the per-device ones with a series for each device
+// in `by_device`, labelled gpu and rank when they are expert-parallel ranks.
+void ComputeMetrics::Impl::AddDeviceFamilies(const std::vector<BackendCounters>& by_device, bool ranks) {
   auto& r = *registry;
   auto counter = [&r](const char* name, const char* help) -> prometheus::Family<prometheus::Counter>& {
     return prometheus::BuildCounter().Name(name).Help(help).Register(r);
   };
-  vram_lookups = &counter("mer_expert_lookups_total", "Distinct (layer, expert) a batch needed, summed over layers.")
-                      .Add({{"tier", "vram"}});
-  vram_misses = &counter("mer_expert_misses_total", "Expert lookups not in the VRAM arena (uploaded from the host).")
-                     .Add({{"tier", "vram"}});
-  upload_bytes = &counter("mer_expert_upload_bytes_total", "Bytes of expert uploads host -> VRAM.").Add({});
-  vram_evictions =
-      &counter("mer_evictions_total", "VRAM arena slots reused for another expert.").Add({{"tier", "vram"}});
   host_syncs = &counter("mer_host_syncs_total", "Host synchronisations with the GPU inside forward passes.").Add({});
+  graph_launches = &counter("mer_graph_launches_total", "Forward steps replayed as a CUDA graph.").Add({});
+  backend_tokens = &counter("mer_backend_tokens_total", "Batch tokens the backend processed.").Add({});
+  auto& lookups = counter("mer_expert_lookups_total", "Distinct (layer, expert) a batch needed, summed over layers.");
+  auto& misses = counter("mer_expert_misses_total", "Expert lookups not in the VRAM arena (uploaded from the host).");
+  auto& upload_bytes = counter("mer_expert_upload_bytes_total", "Bytes of expert uploads host -> VRAM.");
+  auto& evictions = counter("mer_evictions_total", "VRAM arena slots reused for another expert.");
+  const char* prefetch_families[3][2] = {
+      {"mer_prefetch_issued_total", "Experts uploaded into the tier ahead of demand (look-ahead)."},
+      {"mer_prefetch_useful_total", "Prefetched experts that the predicted layer used."},
+      {"mer_prefetch_wasted_total", "Prefetched experts that the predicted layer did not use."}};
+  prometheus::Family<prometheus::Counter>* prefetch_family[3];
+  for (int i = 0; i < 3; ++i) prefetch_family[i] = &counter(prefetch_families[i][0], prefetch_families[i][1]);
   auto& vram = prometheus::BuildGauge()
                    .Name("mer_vram_bytes")
                    .Help(
                        "Device memory by use: dense weights, KV cache, workspaces, expert arena; "
                        "used: device-wide at the last sample.")
                    .Register(r);
+  tier_slots = &prometheus::BuildGauge().Name("mer_tier_slots").Help("Expert slots of the tier by state.").Register(r);
   const char* uses[6] = {"dense", "kv", "workspace", "arena", "used", "peak"};
-  for (int i = 0; i < 6; ++i) vram_bytes[i] = &vram.Add({{"use", uses[i]}});
-  graph_launches = &counter("mer_graph_launches_total", "Forward steps replayed as a CUDA graph.").Add({});
-  backend_tokens = &counter("mer_backend_tokens_total", "Batch tokens the backend processed.").Add({});
-  const char* prefetch_families[3][2] = {
-      {"mer_prefetch_issued_total", "Experts uploaded into the tier ahead of demand (look-ahead)."},
-      {"mer_prefetch_useful_total", "Prefetched experts that the predicted layer used."},
-      {"mer_prefetch_wasted_total", "Prefetched experts that the predicted layer did not use."}};
-  for (int i = 0; i < 3; ++i)
-    prefetch[i] = &counter(prefetch_families[i][0], prefetch_families[i][1]).Add({{"tier", "vram"}});
-  auto& slots = prometheus::BuildGauge().Name("mer_tier_slots").Help("Expert slots of the tier by state.").Register(r);
-  tier_slots = &slots;
-  vram_slots[0] = &slots.Add({{"state", "resident"}, {"tier", "vram"}});
-  vram_slots[1] = &slots.Add({{"state", "free"}, {"tier", "vram"}});
+  for (size_t d = 0; d < by_device.size(); ++d) {
+    prometheus::Labels device;
+    if (ranks) device = {{"gpu", std::to_string(by_device[d].gpu)}, {"rank", std::to_string(d)}};
+    const auto with = [&device](prometheus::Labels more) {
+      more.insert(device.begin(), device.end());
+      return more;
+    };
+    DeviceSeries& ds = devices.emplace_back();
+    ds.lookups = &lookups.Add(with({{"tier", "vram"}}));
+    ds.misses = &misses.Add(with({{"tier", "vram"}}));
+    ds.upload_bytes = &upload_bytes.Add(with({}));
+    ds.evictions = &evictions.Add(with({{"tier", "vram"}}));
+    for (int i = 0; i < 3; ++i) ds.prefetch[i] = &prefetch_family[i]->Add(with({{"tier", "vram"}}));
+    ds.slots[0] = &tier_slots->Add(with({{"state", "resident"}, {"tier", "vram"}}));
+    ds.slots[1] = &tier_slots->Add(with({{"state", "free"}, {"tier", "vram"}}));
+    for (int i = 0; i < 6; ++i) ds.vram_bytes[i] = &vram.Add(with({{"use", uses[i]}}));
+  }
 }
 
 ComputeMetrics::~ComputeMetrics() = default;
@@ -221,31 +238,36 @@ void ComputeMetrics::OnBackendCounters(const BackendCounters& s, const std::vect
     m.last_ranks[r] = by_rank[r];
   }
   if (!s.device) return;
-  if (m.vram_lookups == nullptr) m.AddDeviceFamilies();
-  advance(m.vram_lookups, s.expert_lookups, m.last.expert_lookups);
-  advance(m.vram_misses, s.expert_misses, m.last.expert_misses);
-  advance(m.upload_bytes, s.expert_upload_bytes, m.last.expert_upload_bytes);
-  advance(m.vram_evictions, s.evictions, m.last.evictions);
+  if (m.devices.empty()) m.AddDeviceFamilies(by_rank, !ranks.empty());
   advance(m.host_syncs, s.host_syncs, m.last.host_syncs);
   advance(m.graph_launches, s.graph_launches, m.last.graph_launches);
   advance(m.backend_tokens, s.tokens, m.last.tokens);
-  advance(m.prefetch[0], s.vram_prefetch_issued, m.last.vram_prefetch_issued);
-  advance(m.prefetch[1], s.vram_prefetch_useful, m.last.vram_prefetch_useful);
-  advance(m.prefetch[2], s.vram_prefetch_wasted, m.last.vram_prefetch_wasted);
-  if (s.arena_placed_by_residency && m.vram_slots[0] != nullptr) {
-    for (prometheus::Gauge*& g : m.vram_slots) {
-      m.tier_slots->Remove(g);
-      g = nullptr;
-    }
-  }
-  if (m.vram_slots[0] != nullptr) {
-    m.vram_slots[0]->Set(static_cast<double>(s.arena_resident));
-    m.vram_slots[1]->Set(static_cast<double>(s.arena_slots - s.arena_resident));
-  }
-  const int64_t bytes[6] = {s.dense_bytes, s.kv_bytes,        s.workspace_bytes,
-                            s.arena_bytes, s.vram_used_bytes, s.vram_used_peak_bytes};
-  for (int i = 0; i < 6; ++i) m.vram_bytes[i]->Set(static_cast<double>(bytes[i]));
   m.last = s;
+  for (size_t d = 0; d < by_rank.size() && d < m.devices.size(); ++d) {
+    Impl::DeviceSeries& ds = m.devices[d];
+    const BackendCounters& c = by_rank[d];
+    advance(ds.lookups, c.expert_lookups, ds.last.expert_lookups);
+    advance(ds.misses, c.expert_misses, ds.last.expert_misses);
+    advance(ds.upload_bytes, c.expert_upload_bytes, ds.last.expert_upload_bytes);
+    advance(ds.evictions, c.evictions, ds.last.evictions);
+    advance(ds.prefetch[0], c.vram_prefetch_issued, ds.last.vram_prefetch_issued);
+    advance(ds.prefetch[1], c.vram_prefetch_useful, ds.last.vram_prefetch_useful);
+    advance(ds.prefetch[2], c.vram_prefetch_wasted, ds.last.vram_prefetch_wasted);
+    if (c.arena_placed_by_residency && ds.slots[0] != nullptr) {
+      for (prometheus::Gauge*& g : ds.slots) {
+        m.tier_slots->Remove(g);
+        g = nullptr;
+      }
+    }
+    if (ds.slots[0] != nullptr) {
+      ds.slots[0]->Set(static_cast<double>(c.arena_resident));
+      ds.slots[1]->Set(static_cast<double>(c.arena_slots - c.arena_resident));
+    }
+    const int64_t bytes[6] = {c.dense_bytes, c.kv_bytes,        c.workspace_bytes,
+                              c.arena_bytes, c.vram_used_bytes, c.vram_used_peak_bytes};
+    for (int i = 0; i < 6; ++i) ds.vram_bytes[i]->Set(static_cast<double>(bytes[i]));
+    ds.last = c;
+  }
 }
 
 void ComputeMetrics::OnStep(double seconds, int batch_tokens, int sequences, int prompt_tokens, int generated) {

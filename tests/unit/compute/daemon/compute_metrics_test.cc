@@ -89,6 +89,42 @@ TEST(ComputeMetricsTest, ExpertPairsOfOneEngineAndByRank) {
   EXPECT_THAT(page, Not(HasSubstr("mer_expert_pairs_total 56")));  // no rank-less series beside them
 }
 
+// cuda ranks: each device's series labelled by its GPU and rank (two ranks may share a GPU); the
+// step-level series (host syncs, graph launches, tokens) once, every rank running every step.
+TEST(ComputeMetricsTest, CudaRanksGetDeviceSeriesByGpuAndRank) {
+  ComputeMetrics m("test", "cuda", {});
+  std::vector<BackendCounters> r(2);
+  for (int i = 0; i < 2; ++i) {
+    r[i].device = true;
+    r[i].gpu = 3 - i;
+    r[i].arena_slots = 10;
+    r[i].host_syncs = 5;
+  }
+  r[0].expert_lookups = 100;
+  r[0].arena_bytes = 1000;
+  r[0].arena_resident = 10;
+  r[1].expert_lookups = 60;
+  r[1].expert_misses = 4;
+  r[1].arena_bytes = 2000;
+  r[1].arena_resident = 7;
+  BackendCounters s = r[0];  // as ExpertParallelBackend::counters sums them
+  s.expert_lookups = 160;
+  s.expert_misses = 4;
+  m.OnBackendCounters(s, r);
+  r[1].expert_lookups = 90;
+  s.expert_lookups = 190;
+  m.OnBackendCounters(s, r);
+  const std::string page = Page(m);
+  EXPECT_THAT(page, HasSubstr("mer_expert_lookups_total{gpu=\"3\",rank=\"0\",tier=\"vram\"} 100\n"));
+  EXPECT_THAT(page, HasSubstr("mer_expert_lookups_total{gpu=\"2\",rank=\"1\",tier=\"vram\"} 90\n"));
+  EXPECT_THAT(page, HasSubstr("mer_expert_misses_total{gpu=\"2\",rank=\"1\",tier=\"vram\"} 4\n"));
+  EXPECT_THAT(page, HasSubstr("mer_vram_bytes{gpu=\"3\",rank=\"0\",use=\"arena\"} 1000\n"));
+  EXPECT_THAT(page, HasSubstr("mer_vram_bytes{gpu=\"2\",rank=\"1\",use=\"arena\"} 2000\n"));
+  EXPECT_THAT(page, HasSubstr("mer_tier_slots{gpu=\"2\",rank=\"1\",state=\"free\",tier=\"vram\"} 3\n"));
+  EXPECT_THAT(page, HasSubstr("mer_host_syncs_total 5\n"));
+  EXPECT_THAT(page, Not(HasSubstr("mer_expert_lookups_total{tier=\"vram\"}")));  // no unlabelled device series
+}
+
 }  // namespace
 // A device backend's counters as Prometheus counters: advanced by the difference between samples.
 TEST(ComputeMetricsTest, DeviceCountersBecomeCountersForADeviceBackendOnly) {
