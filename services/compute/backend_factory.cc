@@ -205,6 +205,10 @@ absl::StatusOr<CreatedBackend> CreateBackend(const ModelWeights& weights, Expert
   return out;
 }
 
+std::string RankResidencyInstance(const std::string& name, int rank) {
+  return rank == 0 ? name : absl::StrCat(name, ".rank", rank);
+}
+
 absl::Status CheckGpuList(const std::vector<int>& gpus, int expert_ranks) {
   if (gpus.empty() || static_cast<int>(gpus.size()) == expert_ranks) return absl::OkStatus();
   return absl::InvalidArgumentError(

@@ -97,6 +97,10 @@ absl::StatusOr<std::vector<int>> ParseGpuList(const std::string& list);
 // InvalidArgument unless a --gpus list (empty: none given) names one GPU per expert rank.
 absl::Status CheckGpuList(const std::vector<int>& gpus, int expert_ranks);
 
+// The mer-residency instance of expert rank `rank` when the ranks share one instance name: NAME
+// for rank 0, NAME.rank<r> for the others (mer up's and the mer-residency@.service units' names).
+std::string RankResidencyInstance(const std::string& name, int rank);
+
 // InvalidArgument for an unknown backend, a bad budget or a GPU list that is not one GPU per rank
 // (or not the cuda backend's); Unimplemented for `cuda` in a build without it, and for what the
 // cuda ranks do not build (replicated experts, a rank's share that does not fit its arena); the

@@ -93,8 +93,9 @@ serves none. --expert-ranks N (default 1) runs N expert-parallel ranks in this p
 computing the dense part and the experts e with e mod N its rank: the same results as one engine,
 bit for bit (docs/design.md, "Several GPUs and several hosts"). With --backend cpu the ranks split
 --threads between them; with --store each rank reads its experts from a mer-residency instance of
-its own: --residency names N instances, rank r's the r-th (each best started with --expert-share
-r/N, which sizes and warms its RAM tier for that rank's share). With --backend cuda rank r runs on
+its own: --residency names N instances, rank r's the r-th, or one NAME for NAME, NAME.rank1, ...,
+NAME.rank<N-1> (each best started with --expert-share r/N, which sizes and warms its RAM tier for
+that rank's share; the mer-residency@.service units of deploy/ do). With --backend cuda rank r runs on
 GPU r, or on the r-th GPU of --gpus (CUDA ordinals, one per rank; given alone it sets the ranks;
 one GPU picks the device of a single engine), with its share of the experts preloaded into its
 arena (from the file, or with --store through its mer-residency's RAM tier), which must hold all
@@ -188,10 +189,15 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
   RETURN_IF_ERROR(mer::CheckGpuList(a->gpus, static_cast<int>(a->expert_ranks)));
   ASSIGN_OR_RETURN(a->replicate_hot_experts, f.IntInRange("replicate-hot-experts", 0, 0, 1 << 20));
   a->residencies = absl::StrSplit(a->residency, ',', absl::SkipEmpty());
+  // One name for several ranks: rank r > 0 reads from NAME.rank<r>, as mer up and the
+  // mer-residency@r units name them.
+  for (int r = 1; a->residencies.size() == 1 && r < a->expert_ranks; ++r)
+    a->residencies.push_back(mer::RankResidencyInstance(a->residencies[0], r));
   if (!a->store.empty() && int64_t(a->residencies.size()) != a->expert_ranks)
     return absl::InvalidArgumentError(absl::StrCat(
         "--residency names ", a->residencies.size(), " mer-residency instance(s) for --expert-ranks ", a->expert_ranks,
-        ": each rank reads its experts from an instance of its own (a segment serves one client)"));
+        ": each rank reads its experts from an instance of its own (a segment serves one client); one NAME stands "
+        "for NAME, NAME.rank1, NAME.rank2, ..."));
   mer::PrepareProcessFor(a->backend, a->miss_path == "device");  // before the backend's first runtime call
   if (a->vram_arena == "residency" && (a->store.empty() || !mer::SharesArenaWithResidency(a->backend)))
     return absl::InvalidArgumentError("--vram-arena residency needs --backend cuda and --store/--residency");

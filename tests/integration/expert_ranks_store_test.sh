@@ -96,11 +96,11 @@ kill -TERM "$UPID"; wait "$UPID"; rc=$?; UPID=
 ls /dev/shm/mer-up-$upid* >/dev/null 2>&1 && fail "segments left: $(ls /dev/shm/mer-up-$upid*)"
 
 # One instance per rank, or refused at start naming the flags.
-timeout 30 "$COMP" --store "$WORK/m.gguf.store" --residency x --expert-ranks 2 --listen "unix:$WORK/r.sock" \
+timeout 30 "$COMP" --store "$WORK/m.gguf.store" --residency x,y,z --expert-ranks 2 --listen "unix:$WORK/r.sock" \
   --metrics-listen off >"$WORK/r.log" 2>&1
 rc=$?
-[ $rc -ne 0 ] && [ $rc -lt 124 ] && grep -q -- '--residency names 1 .* --expert-ranks 2' "$WORK/r.log" ||
-  fail "a --residency list of 1 for 2 ranks was not refused (rc=$rc): $(tail -1 "$WORK/r.log")"
+[ $rc -ne 0 ] && [ $rc -lt 124 ] && grep -q -- '--residency names 3 .* --expert-ranks 2' "$WORK/r.log" ||
+  fail "a --residency list of 3 for 2 ranks was not refused (rc=$rc): $(tail -1 "$WORK/r.log")"
 # mer up checks its GPU list before it packs or starts anything.
 up_refused() {
   local pattern=$1; shift

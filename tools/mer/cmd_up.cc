@@ -486,10 +486,8 @@ absl::Status Up(const Args& args) {
   // One mer-residency per expert rank: rank r's instance is `instance`.rank<r> (the janitor's
   // RemoveSegments takes every `instance`.* segment), its output prefixed residency[r].
   std::deque<Daemon> residencies;
-  std::vector<std::string> instances;
   for (int r = 0; r < ranks; ++r) {
-    const std::string name = r == 0 ? instance : absl::StrCat(instance, ".rank", r);
-    instances.push_back(name);
+    const std::string name = RankResidencyInstance(instance, r);
     Daemon& d = residencies.emplace_back(
         ranks == 1 ? "residency" : absl::StrCat("residency[", r, "]"),
         std::vector<std::string>{bin + "/mer-residency", "--store", store, "--instance", name, "--ram-budget",
@@ -503,7 +501,7 @@ absl::Status Up(const Args& args) {
                   "--store",
                   store,
                   "--residency",
-                  absl::StrJoin(instances, ","),
+                  instance,  // rank r's is RankResidencyInstance(instance, r)
                   "--listen",
                   socket,
                   "--expert-ranks",

@@ -73,6 +73,13 @@ TEST(BackendFactory, ExpertRanksAreRanksWithASourceEach) {
   EXPECT_GE(id, 0);
 }
 
+// Ranks that share one mer-residency name read from NAME, NAME.rank1, NAME.rank2, ...
+TEST(BackendFactory, RankResidencyInstancesFollowTheFirstName) {
+  EXPECT_EQ(RankResidencyInstance("mer", 0), "mer");
+  EXPECT_EQ(RankResidencyInstance("mer", 1), "mer.rank1");
+  EXPECT_EQ(RankResidencyInstance("mer-up-42", 13), "mer-up-42.rank13");
+}
+
 // --gpus: CUDA ordinals, comma-separated, one per rank (repeats allowed: ranks that share a GPU);
 // the list must fit --expert-ranks and the cuda backend, checked before any device is touched.
 TEST(BackendFactory, GpuListIsOnePerCudaRank) {
