@@ -27,7 +27,8 @@ DESTDIR=$WORK/root timeout 120 cmake --install "$BUILD" --prefix /usr/local >"$W
 ROOT=$WORK/root
 UNITS=$ROOT/usr/local/lib/systemd/system
 for f in usr/local/bin/mer usr/local/bin/mer-residency usr/local/bin/mer-compute usr/local/bin/mer-gateway \
-         usr/local/lib/systemd/system/mer-residency.service usr/local/lib/systemd/system/mer-compute.service \
+         usr/local/lib/systemd/system/mer-residency.service usr/local/lib/systemd/system/mer-residency@.service \
+         usr/local/lib/systemd/system/mer-compute.service \
          usr/local/lib/systemd/system/mer-gateway.service usr/local/lib/systemd/system/mer.target \
          usr/local/lib/sysusers.d/mer.conf etc/mer/mer.conf etc/mer/mer.conf.sample \
          usr/local/share/mer/prometheus/prometheus.yml; do
@@ -41,14 +42,16 @@ for f in "$UNITS"/mer*; do
   sed -e "s|/usr/local/bin/|$ROOT/usr/local/bin/|" -e "s|EnvironmentFile=/etc/mer/|EnvironmentFile=$ROOT/etc/mer/|" \
     "$f" >"$WORK/units/$(basename "$f")"
 done
-out=$(cd "$WORK/units" && timeout 60 systemd-analyze verify --man=no ./mer-residency.service ./mer-compute.service \
-        ./mer-gateway.service ./mer.target 2>&1); rc=$?
+# The template as rank 1's instance (verify and security take a unit file, named as the instance).
+cp "$WORK/units/mer-residency@.service" "$WORK/units/mer-residency@1.service"
+out=$(cd "$WORK/units" && timeout 60 systemd-analyze verify --man=no ./mer-residency.service ./mer-residency@1.service \
+        ./mer-compute.service ./mer-gateway.service ./mer.target 2>&1); rc=$?
 if [ $rc -ne 0 ] || [ -n "$out" ]; then fail "systemd-analyze verify (rc=$rc): $out"; else echo "systemd-analyze verify: clean"; fi
 
 # 3. The properties the deployment relies on.
 has() { grep -q "^$2" "$UNITS/$1" || fail "$1: no '$2'"; }
 lacks() { ! grep -q "^$2" "$UNITS/$1" || fail "$1: has '$2'"; }
-for u in mer-residency mer-compute mer-gateway; do
+for u in mer-residency mer-residency@ mer-compute mer-gateway; do
   for key in "Type=notify" "WatchdogSec=" "Restart=on-failure" "EnvironmentFile=/etc/mer/mer.conf" \
              "User=mer" "PartOf=mer.target" "WantedBy=mer.target"; do
     has $u.service "$key"
@@ -56,30 +59,39 @@ for u in mer-residency mer-compute mer-gateway; do
   lacks $u.service "DynamicUser=yes"
   lacks $u.service "RemoveIPC=yes"
 done
-for u in mer-residency mer-compute; do  # pinned memory and GPUs
+for u in mer-residency mer-residency@ mer-compute; do  # pinned memory and GPUs
   has $u.service "LimitMEMLOCK=infinity"
   has $u.service "DeviceAllow=/dev/nvidiactl"
   lacks $u.service "PrivateDevices=yes"
 done
 has mer-compute.service "After=mer-residency.service"
+has mer-residency@.service "Before=mer-compute.service"
+# Expert ranks: rank 0's share, rank R's instance and share, mer-compute's rank count.
+grep -q -- "--expert-share 0/\${MER_EXPERT_RANKS}" "$UNITS/mer-residency.service" || fail "mer-residency.service: no share 0"
+grep -q -- "--instance \${MER_INSTANCE}.rank%i" "$UNITS/mer-residency@.service" || fail "mer-residency@.service: instance"
+grep -q -- "--expert-share %i/\${MER_EXPERT_RANKS}" "$UNITS/mer-residency@.service" || fail "mer-residency@.service: share"
+grep -q -- "--expert-ranks \${MER_EXPERT_RANKS}" "$UNITS/mer-compute.service" || fail "mer-compute.service: no --expert-ranks"
+for v in MER_EXPERT_RANKS MER_RANK_RESIDENCY_METRICS MER_RESIDENCY_METRICS_URLS; do
+  grep -q "^$v=" "$ROOT/etc/mer/mer.conf" || fail "mer.conf does not set $v"
+done
 grep -q "^After=.*mer-compute.service" "$UNITS/mer-gateway.service" || fail "mer-gateway.service: not After mer-compute"
 grep -q "^Wants=.*mer-residency.service.*mer-compute.service.*mer-gateway.service" "$UNITS/mer.target" ||
   fail "mer.target does not want the three daemons"
 
 # Exposure: `systemd-analyze security` (offline, on the installed units) rates each 3.x or lower.
-for u in mer-residency mer-compute mer-gateway; do
+for u in mer-residency mer-residency@1 mer-compute mer-gateway; do
   score=$(cd "$WORK/units" && timeout 60 systemd-analyze security --offline=true --no-pager ./$u.service 2>&1 |
             sed -n 's/.*Overall exposure level for .*: \([0-9.]*\).*/\1/p')
   echo "systemd-analyze security $u.service: exposure $score"
   [ -n "$score" ] && awk -v s="$score" 'BEGIN { exit !(s < 4.0) }' || fail "$u.service: exposure ${score:-?}, want 3.x or lower"
-  has $u.service "CapabilityBoundingSet="
-  has $u.service "SystemCallFilter=@system-service"
+  has ${u/@1/@}.service "CapabilityBoundingSet="
+  has ${u/@1/@}.service "SystemCallFilter=@system-service"
 done
 
 # 4. Every flag of every ExecStart is one the daemon's --help knows.
-for u in mer-residency mer-compute mer-gateway; do
+for u in mer-residency mer-residency@ mer-compute mer-gateway; do
   exec_line=$(sed -n '/^ExecStart=/,/[^\\]$/p' "$UNITS/$u.service" | tr -d '\\\n')
-  help=$("$BUILD/bin/$u" --help 2>&1)
+  help=$("$BUILD/bin/${u%@}" --help 2>&1)
   for flag in $(echo "$exec_line" | grep -o -- '--[a-z][a-z-]*' | sort -u); do
     grep -q -- "$flag\b" <<<"$help" || fail "$u.service passes $flag, which '$u --help' does not list"
   done
