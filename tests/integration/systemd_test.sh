@@ -71,9 +71,12 @@ grep -q -- "--expert-share 0/\${MER_EXPERT_RANKS}" "$UNITS/mer-residency.service
 grep -q -- "--instance \${MER_INSTANCE}.rank%i" "$UNITS/mer-residency@.service" || fail "mer-residency@.service: instance"
 grep -q -- "--expert-share %i/\${MER_EXPERT_RANKS}" "$UNITS/mer-residency@.service" || fail "mer-residency@.service: share"
 grep -q -- "--expert-ranks \${MER_EXPERT_RANKS}" "$UNITS/mer-compute.service" || fail "mer-compute.service: no --expert-ranks"
-for v in MER_EXPERT_RANKS MER_RANK_RESIDENCY_METRICS MER_RESIDENCY_METRICS_URLS; do
+for v in MER_EXPERT_RANKS MER_RANK_RESIDENCY_METRICS MER_RANK_RESIDENCY_METRICS_URLS; do
   grep -q "^$v=" "$ROOT/etc/mer/mer.conf" || fail "mer.conf does not set $v"
 done
+# ... and the units default them, for a mer.conf written before them (EnvironmentFile= overrides).
+for u in mer-residency mer-residency@ mer-compute; do has $u.service "Environment=MER_EXPERT_RANKS=1"; done
+has mer-gateway.service "Environment=MER_RANK_RESIDENCY_METRICS_URLS="
 grep -q "^After=.*mer-compute.service" "$UNITS/mer-gateway.service" || fail "mer-gateway.service: not After mer-compute"
 grep -q "^Wants=.*mer-residency.service.*mer-compute.service.*mer-gateway.service" "$UNITS/mer.target" ||
   fail "mer.target does not want the three daemons"
