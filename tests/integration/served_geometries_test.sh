@@ -5,9 +5,10 @@
 #   1. the reference: `mer generate --backend cpu` greedy ids;
 #   2. the engine alone: `mer generate --backend BACKEND` (cuda: with every expert in VRAM and
 #      with 30% of them), and `mer bench --backend BACKEND` (it must not fail);
-#   3. the three daemons: `mer up --backend BACKEND` (cuda: a 40% VRAM arena placed by
-#      mer-residency over CUDA IPC; with RANK_GPUS, e.g. 0,0, also expert-parallel cuda ranks on
-#      those GPUs, `mer up --gpus RANK_GPUS`, each rank's arena its whole share) and `mer client`.
+#   3. the three daemons: `mer up --backend BACKEND` and `mer client`, then the same through two
+#      expert-parallel ranks, each with a mer-residency of its own (cpu: `--expert-ranks 2`; cuda:
+#      a 40% VRAM arena placed by mer-residency over CUDA IPC, and the ranks only with RANK_GPUS,
+#      e.g. 0,0: `mer up --gpus RANK_GPUS`, each rank's arena its whole share).
 # Every id list must equal the reference. A geometry the backend cannot run must be refused at
 # start-up with a message (no abort, no signal): such a case is counted as refused, and fails the
 # test only if the message is missing. SEEDS defaults to "1 2 3 4 5"; BACKEND to cpu (CI); the GPU
@@ -107,6 +108,7 @@ for seed in $SEEDS; do
   up_runs=("")
   [ "$BACKEND" = cuda ] && up_runs=("--vram-expert-budget 40%")
   [ "$BACKEND" = cuda ] && [ -n "${RANK_GPUS:-}" ] && up_runs+=("--gpus $RANK_GPUS")
+  [ "$BACKEND" = cpu ] && up_runs+=("--expert-ranks 2")
   for extra in "${up_runs[@]}"; do
     # shellcheck disable=SC2086
     serve "random:$seed $q ($geom)" --model "$m" --backend "$BACKEND" $extra
