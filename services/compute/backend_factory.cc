@@ -146,8 +146,7 @@ absl::StatusOr<CreatedBackend> CreateBackend(const ModelWeights& weights, Expert
     return absl::InvalidArgumentError(absl::StrCat("--expert-ranks ", o.expert_ranks, ": 1 to ", kMaxExpertRanks));
   if (o.replicate_hot_experts != 0 && o.expert_ranks < 2)
     return absl::InvalidArgumentError("--replicate-hot-experts needs --expert-ranks 2 or more");
-  if (!o.gpus.empty() && o.backend != "cuda") return absl::InvalidArgumentError("--gpus needs --backend cuda");
-  RETURN_IF_ERROR(CheckGpuList(o.gpus, o.expert_ranks));
+  RETURN_IF_ERROR(CheckGpuList(o.gpus, o.expert_ranks, o.backend));
   if (o.backend == "cuda" && o.expert_ranks > 1 && o.replicate_hot_experts != 0)
     return absl::UnimplementedError(
         "--replicate-hot-experts with --backend cuda: replicated experts are not built on the cuda ranks (each "
@@ -209,8 +208,10 @@ std::string RankResidencyInstance(const std::string& name, int rank) {
   return rank == 0 ? name : absl::StrCat(name, ".rank", rank);
 }
 
-absl::Status CheckGpuList(const std::vector<int>& gpus, int expert_ranks) {
-  if (gpus.empty() || static_cast<int>(gpus.size()) == expert_ranks) return absl::OkStatus();
+absl::Status CheckGpuList(const std::vector<int>& gpus, int expert_ranks, std::string_view backend) {
+  if (gpus.empty()) return absl::OkStatus();
+  if (backend != "cuda") return absl::InvalidArgumentError("--gpus needs --backend cuda");
+  if (static_cast<int>(gpus.size()) == expert_ranks) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat("--gpus lists ", gpus.size(), " GPU(s) for --expert-ranks ", expert_ranks, ": one per rank"));
 }

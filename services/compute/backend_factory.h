@@ -94,8 +94,9 @@ void PrepareProcessFor(std::string_view backend, bool device_misses);
 // InvalidArgument naming --gpus for an empty list, an empty item or one that is not an ordinal.
 inline constexpr int kMaxGpuOrdinal = 1023;
 absl::StatusOr<std::vector<int>> ParseGpuList(const std::string& list);
-// InvalidArgument unless a --gpus list (empty: none given) names one GPU per expert rank.
-absl::Status CheckGpuList(const std::vector<int>& gpus, int expert_ranks);
+// InvalidArgument unless a --gpus list (empty: none given) names one GPU per expert rank of the
+// cuda backend.
+absl::Status CheckGpuList(const std::vector<int>& gpus, int expert_ranks, std::string_view backend);
 
 // The mer-residency instance of expert rank `rank` when the ranks share one instance name: NAME
 // for rank 0, NAME.rank<r> for the others (mer up's and the mer-residency@.service units' names).

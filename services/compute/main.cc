@@ -186,7 +186,7 @@ absl::Status ParseArgs(int argc, char** argv, Args* a) {
     a->expert_ranks = static_cast<int64_t>(a->gpus.size());  // --gpus alone sets the ranks
   }
   ASSIGN_OR_RETURN(a->expert_ranks, f.IntInRange("expert-ranks", a->expert_ranks, 1, mer::kMaxExpertRanks));
-  RETURN_IF_ERROR(mer::CheckGpuList(a->gpus, static_cast<int>(a->expert_ranks)));
+  RETURN_IF_ERROR(mer::CheckGpuList(a->gpus, static_cast<int>(a->expert_ranks), a->backend));
   ASSIGN_OR_RETURN(a->replicate_hot_experts, f.IntInRange("replicate-hot-experts", 0, 0, 1 << 20));
   a->residencies = absl::StrSplit(a->residency, ',', absl::SkipEmpty());
   // One name for several ranks: rank r > 0 reads from NAME.rank<r>, as mer up and the

@@ -454,9 +454,7 @@ absl::Status Up(const Args& args) {
   // --gpus alone sets the ranks, as mer-compute's does.
   ASSIGN_OR_RETURN(const int64_t ranks,
                    f.IntInRange("expert-ranks", gpus.empty() ? 1 : int64_t(gpus.size()), 1, kMaxExpertRanks));
-  RETURN_IF_ERROR(CheckGpuList(gpus, static_cast<int>(ranks)));
-  if (!gpus.empty() && f.String("backend", "cpu") != "cuda")
-    return absl::InvalidArgumentError("--gpus needs --backend cuda");
+  RETURN_IF_ERROR(CheckGpuList(gpus, static_cast<int>(ranks), f.String("backend", "cpu")));
   // The ports first: a taken one would otherwise fail only after a long pack and load.
   const std::string listen = f.String("listen", "127.0.0.1:50051");
   const std::string http_listen = f.String("http-listen", "127.0.0.1:8080");
