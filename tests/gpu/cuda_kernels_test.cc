@@ -932,6 +932,58 @@ TEST(CudaKernels, QuantizeQ8_KIsBitExact) {
   }
 }
 
+// One launch of matrix 0 alone, then one of matrix 0 again with a residual and two shorter ones
+// (the concatenated rows of Q/K/V), n tokens, against the CPU's row dots: equal, or within
+// tolerance of the largest output.
+void KQuantMatvecMatchesCpuFor(GgmlType type, int64_t rows, int64_t cols, int n, double tolerance = 0) {
+  const bool raw = (rows + n) % 2 == 1;
+  const int64_t nb = cols / 256;
+  const int64_t heights[4] = {rows, rows, rows / 2 + 1, 3};
+  const bool raws[4] = {raw, raw, !raw, raw};
+  std::vector<std::vector<uint8_t>> w(4);
+  w[0] = KQuantWeights(type, rows, cols, raw);
+  w[1] = w[0];
+  w[2] = KQuantWeights(type, heights[2], cols, raws[2]);
+  w[3] = KQuantWeights(type, heights[3], cols, raws[3]);
+  const std::vector<float> x = Random(n * cols);
+  const std::vector<float> res = Random(n * rows);
+  std::vector<std::vector<float>> want(4);
+  std::vector<BlockQ8_K> act(nb);
+  for (int i = 0; i < 4; ++i) want[i].resize(n * heights[i]);
+  for (int t = 0; t < n; ++t) {
+    QuantizeRowQ8_K(&x[t * cols], act.data(), cols);
+    for (int i = 0; i < 4; ++i) VecDotRows(type, w[i].data(), heights[i], act.data(), cols, &want[i][t * heights[i]]);
+    for (int64_t r = 0; r < rows; ++r) want[1][t * rows + r] = res[t * rows + r] + want[1][t * rows + r];
+  }
+  float* dx = ToDevice(x);
+  DeviceAct a(GgmlType::kQ8_K, cols, n);
+  cuda::LaunchQuantize(dx, cols, n, cols, a.act, nullptr);
+  uint8_t* raw_w[4];
+  uint8_t* dw[4];
+  float* out[4];
+  cuda::MatvecOutput outs[4];
+  for (int i = 0; i < 4; ++i) {
+    raw_w[i] = ToDevice(w[i]);
+    dw[i] = DeviceNaN<uint8_t>(w[i].size());
+    const cuda::RepackJob job{raw_w[i], dw[i], int64_t(w[i].size()), cols};
+    cuda::LaunchRepack(static_cast<int>(type), &job, 1, nullptr);
+    out[i] = i == 1 ? ToDevice(res) : DeviceNaN<float>(n * heights[i]);
+    outs[i] = {cuda::DevMatrix{static_cast<int>(type), heights[i], cols, dw[i]}, out[i], heights[i],
+               i == 1 ? out[1] : nullptr};
+  }
+  cuda::LaunchMatvec(outs, 1, a.act, n, nullptr);
+  cuda::LaunchMatvec(outs + 1, 3, a.act, n, nullptr);
+  const char* what[4] = {"alone", "first of three, with a residual", "second of three", "third of three"};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(Mismatch(ToHost(out[i], n * heights[i]), want[i], heights[i], tolerance), "")
+        << TypeName(type) << (raws[i] ? " random-byte" : " quantized") << " weights " << heights[i] << "x" << cols
+        << ", " << n << " tokens (" << what[i] << ")";
+  }
+  for (int i = 0; i < 4; ++i)
+    for (void* p : {(void*)raw_w[i], (void*)dw[i], (void*)out[i]}) CUDA_CHECK(cudaFree(p));
+  CUDA_CHECK(cudaFree(dx));
+}
+
 // Dense mat-vec of kKQuantTypes rows: cols 256..4096, rows 1..1000, 1..17 tokens, with and
 // without a residual, three matrices of different heights in one launch (as Q, K, V), against
 // VecDotRows on the CPU-converted activations.
@@ -939,62 +991,10 @@ TEST(CudaKernels, KQuantMatvecMatchesCpuRowDots) {
   struct Size {
     int64_t rows, cols;
   };
-  for (GgmlType type : kKQuantTypes) {
+  for (GgmlType type : kKQuantTypes)
     for (Size sz : {Size{1, 256}, Size{7, 512}, Size{33, 768}, Size{256, 1024}, Size{100, 2048}, Size{1000, 4096},
-                    Size{1000, 256}, Size{3, 4096}}) {
-      for (int n : {1, 2, 9, 17}) {
-        const bool raw = (sz.rows + n) % 2 == 1;
-        const int64_t nb = sz.cols / 256;
-        // Matrix 0 alone, then in one launch: matrix 0 again with a residual, two shorter ones.
-        const int64_t heights[4] = {sz.rows, sz.rows, sz.rows / 2 + 1, 3};
-        const bool raws[4] = {raw, raw, !raw, raw};
-        std::vector<std::vector<uint8_t>> w(4);
-        w[0] = KQuantWeights(type, sz.rows, sz.cols, raw);
-        w[1] = w[0];
-        w[2] = KQuantWeights(type, heights[2], sz.cols, raws[2]);
-        w[3] = KQuantWeights(type, heights[3], sz.cols, raws[3]);
-        const std::vector<float> x = Random(n * sz.cols);
-        const std::vector<float> res = Random(n * sz.rows);
-        std::vector<std::vector<float>> want(4);
-        std::vector<BlockQ8_K> act(nb);
-        for (int i = 0; i < 4; ++i) want[i].resize(n * heights[i]);
-        for (int t = 0; t < n; ++t) {
-          QuantizeRowQ8_K(&x[t * sz.cols], act.data(), sz.cols);
-          for (int i = 0; i < 4; ++i)
-            VecDotRows(type, w[i].data(), heights[i], act.data(), sz.cols, &want[i][t * heights[i]]);
-          for (int64_t r = 0; r < sz.rows; ++r)
-            want[1][t * sz.rows + r] = res[t * sz.rows + r] + want[1][t * sz.rows + r];
-        }
-        float* dx = ToDevice(x);
-        DeviceAct a(GgmlType::kQ8_K, sz.cols, n);
-        cuda::LaunchQuantize(dx, sz.cols, n, sz.cols, a.act, nullptr);
-        uint8_t* raw_w[4];
-        uint8_t* dw[4];
-        float* out[4];
-        cuda::MatvecOutput outs[4];
-        for (int i = 0; i < 4; ++i) {
-          raw_w[i] = ToDevice(w[i]);
-          dw[i] = DeviceNaN<uint8_t>(w[i].size());
-          const cuda::RepackJob job{raw_w[i], dw[i], int64_t(w[i].size()), sz.cols};
-          cuda::LaunchRepack(static_cast<int>(type), &job, 1, nullptr);
-          out[i] = i == 1 ? ToDevice(res) : DeviceNaN<float>(n * heights[i]);
-          outs[i] = {cuda::DevMatrix{static_cast<int>(type), heights[i], sz.cols, dw[i]}, out[i], heights[i],
-                     i == 1 ? out[1] : nullptr};
-        }
-        cuda::LaunchMatvec(outs, 1, a.act, n, nullptr);
-        cuda::LaunchMatvec(outs + 1, 3, a.act, n, nullptr);
-        const char* what[4] = {"alone", "first of three, with a residual", "second of three", "third of three"};
-        for (int i = 0; i < 4; ++i) {
-          EXPECT_EQ(Mismatch(ToHost(out[i], n * heights[i]), want[i], heights[i]), "")
-              << TypeName(type) << (raws[i] ? " random-byte" : " quantized") << " weights " << heights[i] << "x"
-              << sz.cols << ", " << n << " tokens (" << what[i] << ")";
-        }
-        for (int i = 0; i < 4; ++i)
-          for (void* p : {(void*)raw_w[i], (void*)dw[i], (void*)out[i]}) CUDA_CHECK(cudaFree(p));
-        CUDA_CHECK(cudaFree(dx));
-      }
-    }
-  }
+                    Size{1000, 256}, Size{3, 4096}})
+      for (int n : {1, 2, 9, 17}) KQuantMatvecMatchesCpuFor(type, sz.rows, sz.cols, n);
 }
 
 // The grouped expert kernels with quantized gate/up and a down of the same or another type (the
@@ -1239,6 +1239,36 @@ TEST(CudaKernels, Q8_0ExpertsMatchCpu) {
       for (int n : {1, 3, 5, 40, 100}) ExpertsMatchCpuFor(mix, n, tolerance);
   }
   cuda::SetMultiTokenQ8_0(MultiTokenQ8_0::kAuto);
+}
+
+// The fast form's Q4_K and Q6_K products on the tensor cores (mma_kquant_tiles.cuh), within 1e-5
+// of the largest output of the CPU's (down 1e-2: its input h is quantized again from the GPU's):
+// mat-vecs of 1 to 1,000 rows (tiles spanning matrices, rows ending inside a tile), 2 to 130 tokens
+// (32 and 64 tokens per tile, tokens ending inside one), with the tiles wherever they fit and by
+// shape; experts of 2 to ~100 pairs each, Q4_K or Q6_K gate/up beside a down of either or of
+// another type (Q3_K gate/up, Q8_0 down: the other kernels).
+TEST(CudaKernels, KQuantFastTilesMatchCpu) {
+  using cuda::FastTiles;
+  struct Size {
+    int64_t rows, cols;
+  };
+  cuda::SetMultiTokenQ8_0(cuda::MultiTokenQ8_0::kMmaFast);
+  cuda::SetKQuantTiles(true);
+  for (FastTiles tiles : {FastTiles::kAlways, FastTiles::kByShape}) {
+    SCOPED_TRACE(tiles == FastTiles::kAlways ? "tiles wherever they fit" : "tiles by shape");
+    cuda::SetFastTiles(tiles);
+    for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ6_K})
+      for (Size sz : {Size{1, 256}, Size{100, 2048}, Size{1000, 4096}, Size{64, 768}, Size{130, 256}})
+        for (int n : {2, 33, 130}) KQuantMatvecMatchesCpuFor(type, sz.rows, sz.cols, n, 1e-5);
+    for (ExpertMix mix :
+         {ExpertMix{GgmlType::kQ4_K, GgmlType::kQ4_K, 768, 512}, ExpertMix{GgmlType::kQ4_K, GgmlType::kQ6_K, 2048, 768},
+          ExpertMix{GgmlType::kQ6_K, GgmlType::kQ6_K, 768, 512}, ExpertMix{GgmlType::kQ6_K, GgmlType::kQ8_0, 768, 512},
+          ExpertMix{GgmlType::kQ3_K, GgmlType::kQ4_K, 256, 1280}})
+      for (int n : {1, 5, 40, 300}) ExpertsMatchCpuFor(mix, n, 1e-5);
+  }
+  cuda::SetKQuantTiles(false);
+  cuda::SetFastTiles(FastTiles::kByShape);
+  cuda::SetMultiTokenQ8_0(cuda::MultiTokenQ8_0::kAuto);
 }
 
 // The fast form's products of n tokens by Q8_0 matrices of `rows` each over `cols` columns, all in

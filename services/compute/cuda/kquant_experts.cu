@@ -1,5 +1,6 @@
 #include "services/compute/cuda/kquant_experts.cuh"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -7,6 +8,8 @@
 #include "services/compute/cuda/expert_group.cuh"
 #include "services/compute/cuda/ggml_math.cuh"
 #include "services/compute/cuda/kquant_dot.cuh"
+#include "services/compute/cuda/mma_kquant_tiles.cuh"
+#include "services/compute/cuda/mma_tile_kernels.cuh"
 #include "services/compute/cuda/pdl.cuh"
 
 namespace mer::cuda {
@@ -76,10 +79,19 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+// Tokens per tile where the K-quant tiles take these products of a pass over n pairs per expert at
+// most (cols: the activations' columns), else 0: KQuantTileTokens, by the pass's pairs per expert
+// on average, as the Q8_0 tiles (moe_experts.cu).
+int ExpertKQuantTileTokens(int type, int64_t cols, const DevAct& act, const ExpertArgs& a, int n) {
+  return n > 1 ? KQuantTileTokens(type, cols, act.stride, int64_t(n) * a.k / std::max(a.u_count, 1)) : 0;
+}
+
 template <int kType>
 void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pairs, cudaStream_t s) {
   const dim3 grid((a.n_ff + kGroupsPerBlock - 1) / kGroupsPerBlock, a.u_count);
-  if (max_pairs <= 1)
+  if (const int tokens = ExpertKQuantTileTokens(kType, a.n_embd, act, a, max_pairs); tokens > 0)
+    WithKQuantTiles(kType, tokens, [&](auto tiles) { LaunchGateUpTiled<decltype(tiles)>(a, act, h, s); });
+  else if (max_pairs <= 1)
     LaunchPdl(KQuantGateUpKernel<kType, 1>, grid, dim3(kWarps * 32), 0, s, a, act, h);
   else
     LaunchPdl(KQuantGateUpKernel<kType, 8>, grid, dim3(kWarps * 32), 0, s, a, act, h);
@@ -89,7 +101,9 @@ template <int kType>
 void LaunchDownT(const ExpertArgs& a, const DevAct& act, float* out, int max_pairs, cudaStream_t s) {
   constexpr int kRowsPerBlock = kGroupsPerBlock * 2;
   const dim3 grid((a.n_embd + kRowsPerBlock - 1) / kRowsPerBlock, a.u_count);
-  if (max_pairs <= 1)
+  if (const int tokens = ExpertKQuantTileTokens(kType, a.n_ff, act, a, max_pairs); tokens > 0)
+    WithKQuantTiles(kType, tokens, [&](auto tiles) { LaunchDownTiled<decltype(tiles)>(a, act, out, s); });
+  else if (max_pairs <= 1)
     LaunchPdl(KQuantDownKernel<kType, 1>, grid, dim3(kWarps * 32), 0, s, a, act, out);
   else
     LaunchPdl(KQuantDownKernel<kType, 8>, grid, dim3(kWarps * 32), 0, s, a, act, out);

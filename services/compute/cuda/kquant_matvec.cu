@@ -1,10 +1,14 @@
 #include "services/compute/cuda/kquant_matvec.cuh"
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "services/compute/cuda/cuda_check.cuh"
 #include "services/compute/cuda/kquant_dot.cuh"
+#include "services/compute/cuda/mma_kquant_tiles.cuh"
+#include "services/compute/cuda/mma_tile_kernels.cuh"
 #include "services/compute/cuda/pdl.cuh"
 
 namespace mer::cuda {
@@ -52,9 +56,21 @@ __global__ void __launch_bounds__(kWarps * 32) KQuantMatvecKernel(const __grid_c
   }
 }
 
+// The K-quant tiles (mma_kquant_tiles.cuh) for these outputs; false where they do not take them:
+// the fast form's choice (KQuantTileTokens), and with FastTiles::kByShape steps of
+// kMmaTiledMinTokens tokens or more, as the Q8_0 tiles (matvec.cu).
+bool LaunchKQuantTiled(const KQuantMatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
+  const int type = args.o[0].w.type;
+  const int tokens = KQuantTileTokens(type, args.o[0].w.cols, args.act.stride, args.n_tokens);
+  if (tokens == 0 || (FastTilesChoice() == FastTiles::kByShape && args.n_tokens < kMmaTiledMinTokens)) return false;
+  WithKQuantTiles(type, tokens, [&](auto tiles) { LaunchMatvecTiled<decltype(tiles)>(args, total_rows, stream); });
+  return true;
+}
+
 template <int kType>
 void Launch(const KQuantMatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
   const unsigned bx = static_cast<unsigned>((total_rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  if (args.n_tokens > 1 && LaunchKQuantTiled(args, total_rows, stream)) return;
   if (args.n_tokens == 1) {
     LaunchPdl(KQuantMatvecKernel<kType, 1>, dim3(bx, 1), dim3(kWarps * 32), 0, stream, args);
   } else {
@@ -64,7 +80,21 @@ void Launch(const KQuantMatvecArgs& args, int64_t total_rows, cudaStream_t strea
   }
 }
 
+std::atomic<int> kquant_tiles{-1};  // -1: MER_CUDA_MMA_KQUANT not read yet
+
 }  // namespace
+
+bool KQuantTilesEnabled() {
+  int on = kquant_tiles.load(std::memory_order_relaxed);
+  if (on < 0) {
+    const char* v = std::getenv("MER_CUDA_MMA_KQUANT");
+    on = v != nullptr && std::strcmp(v, "1") == 0 ? 1 : 0;
+    kquant_tiles.store(on, std::memory_order_relaxed);
+  }
+  return on == 1;
+}
+
+void SetKQuantTiles(bool enabled) { kquant_tiles.store(enabled ? 1 : 0, std::memory_order_relaxed); }
 
 void LaunchMatvecKQuant(const MatvecOutput* outputs, int n_outputs, const DevAct& act, int n_tokens,
                         cudaStream_t stream) {

@@ -9,6 +9,7 @@
 #include "services/compute/cuda/kquant_matvec.cuh"
 #include "services/compute/cuda/mma_q8_0.cuh"
 #include "services/compute/cuda/mma_q8_0_tiles.cuh"
+#include "services/compute/cuda/mma_tile_kernels.cuh"
 #include "services/compute/cuda/pdl.cuh"
 #include "services/compute/cuda/staged_dots.cuh"
 #include "services/compute/cuda/warp_dot.cuh"
@@ -210,50 +211,6 @@ bool LaunchMma(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) 
   return true;
 }
 
-// Several tokens of Q8_0 rows in the fast form's shared-memory tiles (mma_q8_0_tiles.cuh): 64 rows
-// of the concatenated matrices (a tile may span two) x kBN tokens per block; tokens along the
-// grid's x, as in MatvecMmaKernel.
-template <int kBN>
-__global__ void __launch_bounds__(kMmaTileThreads, 3) MatvecTiledKernel(const __grid_constant__ MatvecArgs args) {
-  extern __shared__ uint4 tiled_smem[];
-  AllowDependents();
-  const MmaTileSmem<kBN> s(reinterpret_cast<uint8_t*>(tiled_smem));
-  const int64_t row_base = int64_t(blockIdx.y) * kMmaTileRows;
-  const int64_t total = args.row_begin[args.n_outputs];
-  const int t0 = blockIdx.x * kBN, n = min(kBN, args.n_tokens - t0);
-  // The matrix and row of concatenated row g, or -1 past the end.
-  const auto locate = [&](int64_t g, int* m) -> int64_t {
-    if (g >= total) return -1;
-    *m = 0;
-    while (*m + 1 < args.n_outputs && g >= args.row_begin[*m + 1]) ++*m;
-    const int64_t row = g - args.row_begin[*m];
-    return row < args.o[*m].w.rows ? row : -1;
-  };
-  if (threadIdx.x < kMmaTileRows) {
-    int m = 0;
-    const int64_t row = locate(row_base + threadIdx.x, &m);
-    const RowRef ref = row >= 0 ? MatrixRow<kDevQ8_0>(args.o[m].w, row) : RowRef{};
-    s.row_q[threadIdx.x] = ref.q;
-    s.row_s[threadIdx.x] = ref.s;
-  } else if (const int i = threadIdx.x - kMmaTileRows; i < kBN) {
-    const int64_t rb = ActRowBytes(args.act.type, args.act.stride);
-    s.tok_q[i] = i < n ? args.act.data + int64_t(t0 + i) * rb : nullptr;
-    s.tok_s[i] = i < n ? args.act.scales + int64_t(t0 + i) * (args.act.stride / 32) : nullptr;
-  }
-  WaitForPredecessor();
-  __syncthreads();
-  float acc[2][kBN / 16][1][4];
-  MmaTileDots(s, args.o[0].w.cols, acc);
-  ForEachTileOutput<kBN>(acc, [&](int r, int i, float v) {
-    int m = 0;
-    const int64_t row = locate(row_base + r, &m);
-    if (i >= n || row < 0) return;
-    const MatvecOutput& o = args.o[m];
-    const int64_t at = int64_t(t0 + i) * o.out_stride + row;
-    o.out[at] = o.residual != nullptr ? __fadd_rn(o.residual[at], v) : v;
-  });
-}
-
 // The tiled kernel for these outputs; false where the fast form or its tiles are not chosen for
 // the step's tokens (MultiTokenQ8_0, FastTiles) or the rows do not fit the tiles.
 bool LaunchTiled(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
@@ -262,15 +219,8 @@ bool LaunchTiled(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream
       (tiles == FastTiles::kByShape && args.n_tokens < kMmaTiledMinTokens) ||
       !MmaTilesFit(args.o[0].w.type, args.o[0].w.cols, args.act.stride))
     return false;
-  WithMmaTileTokens(args.n_tokens, [&](auto tokens) {
-    constexpr int kBN = decltype(tokens)::value;
-    const auto kernel = MatvecTiledKernel<kBN>;
-    static const bool limit_set = (SetStagedSmemLimit(kernel), true);  // one per instance
-    (void)limit_set;
-    const dim3 grid(static_cast<unsigned>((args.n_tokens + kBN - 1) / kBN),
-                    static_cast<unsigned>((total_rows + kMmaTileRows - 1) / kMmaTileRows));
-    LaunchPdl(kernel, grid, dim3(kMmaTileThreads), MmaTileSmem<kBN>::kBytes, stream, args);
-  });
+  WithMmaTileTokens(args.n_tokens,
+                    [&](auto kBN) { LaunchMatvecTiled<Q8_0Tiles<decltype(kBN)::value>>(args, total_rows, stream); });
   return true;
 }
 

@@ -186,6 +186,32 @@ __device__ inline void ForEachTileOutput(const float (&acc)[2][kBN / 16][1][4], 
             acc[mt][nt][0][c]);
 }
 
+// The Q8_0 tiles for the kernels of mma_tile_kernels.cuh: where a row's and a token's bytes start.
+template <int kBN_>
+struct Q8_0Tiles {
+  static constexpr int kBN = kBN_;
+  using Smem = MmaTileSmem<kBN>;
+  static constexpr int kBytes = Smem::kBytes;
+  // Blocks per SM, the kernels' launch bounds: at 3 (<= 168 registers) ptxas spills the 64-token
+  // tiles' expert kernels; the mat-vec kernel runs at 3 with either.
+  static constexpr int kExpertBlocksPerSm = kBN == 64 ? 2 : 3;
+  static constexpr int kMatvecBlocksPerSm = 3;
+  // Points mma row m at row r of w (r < 0: a zero row).
+  __device__ static void SetRow(const Smem& s, int m, const DevMatrix& w, int64_t r) {
+    const RowRef ref = r >= 0 ? MatrixRow<kDevQ8_0>(w, r) : RowRef{};
+    s.row_q[m] = ref.q;
+    s.row_s[m] = ref.s;
+  }
+  // Points token i at activation row t (t < 0: a zero token).
+  __device__ static void SetToken(const Smem& s, int i, const DevAct& act, int64_t t) {
+    s.tok_q[i] = t >= 0 ? act.data + t * ActRowBytes(act.type, act.stride) : nullptr;
+    s.tok_s[i] = t >= 0 ? act.scales + t * (act.stride / 32) : nullptr;
+  }
+  __device__ static void Dots(const Smem& s, int64_t cols, float (&acc)[2][kBN / 16][1][4]) {
+    MmaTileDots(s, cols, acc);
+  }
+};
+
 // Products the tiles take: whole runs of 4 blocks, and activation rows whose runs and f32 scales
 // are 16-byte aligned (a stride of whole runs).
 inline bool MmaTilesFit(int type, int64_t cols, int64_t act_stride) {

@@ -14,6 +14,7 @@
 #include "services/compute/cuda/matvec.cuh"
 #include "services/compute/cuda/mma_q8_0.cuh"
 #include "services/compute/cuda/mma_q8_0_tiles.cuh"
+#include "services/compute/cuda/mma_tile_kernels.cuh"
 #include "services/compute/cuda/pdl.cuh"
 #include "services/compute/cuda/staged_dots.cuh"
 #include "services/compute/cuda/warp_dot.cuh"
@@ -384,101 +385,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   }
 }
 
-// The same products in the fast form's shared-memory tiles (mma_q8_0_tiles.cuh; ExpertTileTokens
-// says where, kBN by the pass's pairs per expert). Gate/up: a block's 64 mma rows are 4 m-tiles of
-// 8 gate rows and the same 8 up rows (32 rows of each), so that one thread holds both sums of each
-// SwiGLU, as in GateUpMmaKernel; down: 64 rows. The block takes its expert's pairs kBN at a time.
-constexpr int kGateUpTileRows = kMmaTileRows / 2;  // rows of gate (and of up) per block
-// Blocks per SM: at 3 (<= 168 registers) ptxas spills the 64-token tiles' kernels.
-template <int kBN>
-constexpr int kTiledBlocksPerSm = kBN == 64 ? 2 : 3;
-
-// Points the header's tokens at pairs p0 .. p0 + kBN - 1 of the group (nullptr past its end):
-// activation row pair / per_row. Threads kMmaTileRows .. kMmaTileRows + kBN - 1 write it.
-template <int kBN>
-__device__ inline void TileTokens(const MmaTileSmem<kBN>& s, const DevAct& act, const int32_t* pairs, int p0,
-                                  int n_pairs, int per_row) {
-  const int i = static_cast<int>(threadIdx.x) - kMmaTileRows;
-  if (i < 0 || i >= kBN) return;
-  const bool present = p0 + i < n_pairs;
-  const int64_t row = present ? __ldcg(pairs + p0 + i) / per_row : 0;
-  s.tok_q[i] = present ? act.data + row * ActRowBytes(act.type, act.stride) : nullptr;
-  s.tok_s[i] = present ? act.scales + row * (act.stride / 32) : nullptr;
-}
-
-template <int kBN>
-__global__ void __launch_bounds__(kMmaTileThreads, kTiledBlocksPerSm<kBN>)
-    GateUpTiledKernel(const __grid_constant__ ExpertArgs a, DevAct act, float* h) {
-  extern __shared__ uint4 tiled_smem[];
-  WaitForPredecessor();
-  AllowDependents();  // after the wait, as GateUpKernel
-  int n_pairs;
-  const int32_t* pairs;
-  const uint8_t* base = GroupExpert(a, &n_pairs, &pairs);
-  if (base == nullptr) return;
-  const MmaTileSmem<kBN> s(reinterpret_cast<uint8_t*>(tiled_smem));
-  const int64_t r_base = int64_t(blockIdx.x) * kGateUpTileRows;
-  if (threadIdx.x < kMmaTileRows) {  // mma row m: m-tile m / 16, gate (m % 16 < 8) or up row r
-    const int m = threadIdx.x;
-    const int64_t r = r_base + (m / 16) * 8 + m % 8;
-    const DevMatrix w{kDevQ8_0, a.n_ff, a.n_embd, base + (m % 16 < 8 ? 0 : a.up_offset)};
-    const RowRef ref = r < a.n_ff ? MatrixRow<kDevQ8_0>(w, r) : RowRef{};
-    s.row_q[m] = ref.q;
-    s.row_s[m] = ref.s;
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
-  for (int p0 = 0; p0 < n_pairs; p0 += kBN) {
-    TileTokens(s, act, pairs, p0, n_pairs, a.k);
-    __syncthreads();
-    float acc[2][kBN / 16][1][4];
-    MmaTileDots(s, a.n_embd, acc);
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
-      const int64_t r = r_base + ((warp / 2) * 2 + mt) * 8 + gid;
-      if (r >= a.n_ff) continue;
-#pragma unroll
-      for (int nt = 0; nt < kBN / 16; ++nt)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {  // token 2 tig + c: gate in C element c, up in c + 2
-          const int i = (warp % 2) * (kBN / 2) + nt * 8 + 2 * tig + c;
-          if (p0 + i < n_pairs)
-            h[int64_t(__ldcg(pairs + p0 + i)) * a.n_ff + r] = SwiGlu(acc[mt][nt][0][c], acc[mt][nt][0][c + 2]);
-        }
-    }
-  }
-}
-
-// As DownMmaKernel, the block finds its expert and rows before the wait.
-template <int kBN>
-__global__ void __launch_bounds__(kMmaTileThreads, kTiledBlocksPerSm<kBN>)
-    DownTiledKernel(const __grid_constant__ ExpertArgs a, DevAct act, float* out) {
-  extern __shared__ uint4 tiled_smem[];
-  AllowDependents();
-  int n_pairs;
-  const int32_t* pairs;
-  const uint8_t* base = GroupExpert(a, &n_pairs, &pairs);
-  if (base == nullptr) return;
-  const MmaTileSmem<kBN> s(reinterpret_cast<uint8_t*>(tiled_smem));
-  const int64_t r_base = int64_t(blockIdx.x) * kMmaTileRows;
-  if (threadIdx.x < kMmaTileRows) {
-    const DevMatrix down{kDevQ8_0, a.n_embd, a.n_ff, base + a.down_offset};
-    const int64_t r = r_base + threadIdx.x;
-    const RowRef ref = r < a.n_embd ? MatrixRow<kDevQ8_0>(down, r) : RowRef{};
-    s.row_q[threadIdx.x] = ref.q;
-    s.row_s[threadIdx.x] = ref.s;
-  }
-  WaitForPredecessor();
-  for (int p0 = 0; p0 < n_pairs; p0 += kBN) {
-    TileTokens(s, act, pairs, p0, n_pairs, 1);
-    __syncthreads();
-    float acc[2][kBN / 16][1][4];
-    MmaTileDots(s, a.n_ff, acc);
-    ForEachTileOutput<kBN>(acc, [&](int row, int i, float v) {
-      const int64_t r = r_base + row;
-      if (r < a.n_embd && p0 + i < n_pairs) out[int64_t(__ldcg(pairs + p0 + i)) * a.n_embd + r] = v;
-    });
-  }
-}
+// The same products in the fast form's shared-memory tiles (mma_tile_kernels.cuh) where
+// ExpertTileTokens says so, kBN by the pass's pairs per expert.
 
 // Tokens per tile where the tiled kernels take these Q8_0 products of a step of n tokens (cols:
 // the activations' columns), else 0: the fast form with its tiles (FastTiles), rows and
@@ -510,13 +418,7 @@ void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pai
     else
       LaunchPdl(GateUpKernel<kType, 1>, grid, dim3(kWarps * 32), smem, s, a, act, h, smem > 0);
   } else if (const int tokens = ExpertTileTokens(kType, a.n_embd, act, a, max_pairs); tokens > 0) {
-    WithMmaTileTokens(tokens, [&](auto kBN) {
-      const auto kernel = GateUpTiledKernel<decltype(kBN)::value>;
-      static const bool limit_set = (SetStagedSmemLimit(kernel), true);  // one per instance
-      (void)limit_set;
-      LaunchPdl(kernel, dim3((a.n_ff + kGateUpTileRows - 1) / kGateUpTileRows, a.u_count), dim3(kMmaTileThreads),
-                MmaTileSmem<decltype(kBN)::value>::kBytes, s, a, act, h);
-    });
+    WithMmaTileTokens(tokens, [&](auto kBN) { LaunchGateUpTiled<Q8_0Tiles<decltype(kBN)::value>>(a, act, h, s); });
   } else if (const int mma_tiles = ExpertMmaTiles(kType, a.n_embd, a, max_pairs); mma_tiles > 0) {
     WithMmaForm(MultiTokenQ8_0Exact(), mma_tiles, [&](auto kExact, auto kTiles) {
       const auto kernel = GateUpMmaKernel<decltype(kExact)::value, decltype(kTiles)::value>;
@@ -540,13 +442,7 @@ template <int kType>
 void LaunchDownT(const ExpertArgs& a, const DevAct& act, float* out, int max_pairs, cudaStream_t s) {
   const dim3 grid = DownGrid<kType>(a);
   if (const int tokens = max_pairs > 1 ? ExpertTileTokens(kType, a.n_ff, act, a, max_pairs) : 0; tokens > 0) {
-    WithMmaTileTokens(tokens, [&](auto kBN) {
-      const auto kernel = DownTiledKernel<decltype(kBN)::value>;
-      static const bool limit_set = (SetStagedSmemLimit(kernel), true);  // one per instance
-      (void)limit_set;
-      LaunchPdl(kernel, dim3((a.n_embd + kMmaTileRows - 1) / kMmaTileRows, a.u_count), dim3(kMmaTileThreads),
-                MmaTileSmem<decltype(kBN)::value>::kBytes, s, a, act, out);
-    });
+    WithMmaTileTokens(tokens, [&](auto kBN) { LaunchDownTiled<Q8_0Tiles<decltype(kBN)::value>>(a, act, out, s); });
     return;
   }
   const int mma_tiles = max_pairs > 1 ? ExpertMmaTiles(kType, a.n_ff, a, max_pairs) : 0;

@@ -1,0 +1,91 @@
+// The arithmetic of the fast form's multi-token Q4_K and Q6_K products on the tensor cores
+// (mma_kquant_tiles.cuh), free of device intrinsics outside Dot2 so that a host test
+// (tests/unit/compute/kquant_layout_test.cc) can drive a warp's mma fragments through it against
+// the CPU kernels.
+//
+// Q4_K: per 32-element sub-block g of a 256-block, one int8 mma.m16n8k32 gives every (row, token)
+// the integer sum S_g of the row's codes (0..15) times the token's Q8_K quants. The block's integer
+// sums are then exact int32s:
+//   isum = sum_g sc[g] * S_g,  msum = sum_g m[g] * (bsums[2g] + bsums[2g + 1])   (Q5_KMinSum)
+// and each output is one f32 chain over its row's blocks in order (Q4_KTileStep).
+// Q6_K: per 16-element sub-block j, one mma.m16n8k16 over the codes (0..63; the -32 offset is taken
+// out once per block, as the CPU does); isum = sum_j sc[j] * S_j - 32 * sum_j sc[j] * bsums[j],
+// and acc = fma(d * d_a, isum, acc).
+// The CPU (q4_k_rows.cc, q6_k_rows.cc) keeps 8 lane sums per block and a tree instead of one sum,
+// so the results differ from its in the last bits of each product, as the fast Q8_0 kernels' do
+// (multi_token_kernels.h).
+//
+// The mma's k index 4q + j is element 4q + j of the 32 elements of a group. Q8_K (kquant_layout.cuh)
+// holds elements 4i .. 4i + 3 of group g in word g of lane i's 32 bytes; Q4_K holds those of
+// sub-blocks 2c (low nibbles) and 2c + 1 (high nibbles) in word c of lane i's 16 qs bytes; Q6_K
+// holds those of group 4h + k in lane i's ql word 2h + k % 2 (nibble k / 2) and qh word h (bits
+// 2k, 2k + 1 of each byte). So thread tig's A registers (k = 4 tig .. +3 and 16 + 4 tig .. +3) are
+// its rows' words of lanes tig and tig + 4, its B registers token gid's words of the same lanes;
+// for Q6_K lanes 0..3 of a group are its first 16-element sub-block, lanes 4..7 its second.
+#pragma once
+
+#include <cstdint>
+
+#include "services/compute/cuda/kquant_layout.cuh"
+
+namespace mer::cuda {
+
+__host__ __device__ inline uint32_t LaneWord(const uint4& v, int j) {
+  return j == 0 ? v.x : (j == 1 ? v.y : (j == 2 ? v.z : v.w));
+}
+
+// Sub-block g's codes of elements 4i .. 4i + 3, one per byte, from lane i's 16 qs bytes.
+__host__ __device__ inline uint32_t Q4_KSubBlockCodes(const uint4& lane_qs, int g) {
+  return (LaneWord(lane_qs, g / 2) >> (4 * (g % 2))) & 0x0f0f0f0fu;
+}
+
+// Sub-block g's quants of elements 4i .. 4i + 3 from lane i's 32 Q8_K bytes (lo: groups 0..3,
+// hi: groups 4..7).
+__host__ __device__ inline uint32_t Q8_KSubBlockQuants(const uint4& lo, const uint4& hi, int g) {
+  return g < 4 ? LaneWord(lo, g) : LaneWord(hi, g - 4);
+}
+
+// Sub-block g's 6-bit scale.
+__host__ __device__ inline int Q4_KSubBlockScale(const Q4_KScales& s, int g) {
+  return ByteU(g < 4 ? s.sc_lo : s.sc_hi, g % 4);
+}
+
+// One block of one output's chain: d, dmin the row's f32 scales, d_a the token's.
+__host__ __device__ inline float Q4_KTileStep(float acc, int isum, int msum, float d, float dmin, float d_a) {
+  acc = fmaf(d * d_a, static_cast<float>(isum), acc);
+  return fmaf(-(dmin * d_a), static_cast<float>(msum), acc);
+}
+
+// Q6_K: group G's codes of elements 4i .. 4i + 3, one per byte (0..63), from lane i's ql and qh
+// words.
+__host__ __device__ inline uint32_t Q6_KGroupCodes(const uint4& lane_ql, const uint2& lane_qh, int G) {
+  const int h = G / 4, k = G % 4;
+  const uint32_t ql = LaneWord(lane_ql, 2 * h + k % 2), qh = h == 0 ? lane_qh.x : lane_qh.y;
+  return ((ql >> (4 * (k / 2))) & 0x0f0f0f0fu) | (((qh >> (2 * k)) << 4) & 0x30303030u);
+}
+
+// a.lo16 * b.byte(2 half) + a.hi16 * b.byte(2 half + 1) + c, signed (dp2a).
+__host__ __device__ inline int Dot2(uint32_t a, uint32_t b, int half, int c) {
+#if defined(__CUDA_ARCH__)
+  return half == 0 ? __dp2a_lo(static_cast<int>(a), static_cast<int>(b), c)
+                   : __dp2a_hi(static_cast<int>(a), static_cast<int>(b), c);
+#else
+  return c + static_cast<int16_t>(a & 0xffffu) * ByteS(b, 2 * half) +
+         static_cast<int16_t>(a >> 16) * ByteS(b, 2 * half + 1);
+#endif
+}
+
+// Q6_K: sum_j sc[j] * bsums[j] of a block (the -32 offset's factor). sc: the 16 int8 scales;
+// b0, b1: bsums[0..7], bsums[8..15].
+__host__ __device__ inline int Q6_KOffsetSum(const uint4& sc, const uint4& b0, const uint4& b1) {
+  int sum = 0;
+  for (int w = 0; w < 8; ++w) sum = Dot2(LaneWord(w < 4 ? b0 : b1, w % 4), LaneWord(sc, w / 2), w % 2, sum);
+  return sum;
+}
+
+// One block of a Q6_K output's chain.
+__host__ __device__ inline float Q6_KTileStep(float acc, int isum, int offset_sum, float d, float d_a) {
+  return fmaf(d * d_a, static_cast<float>(isum - 32 * offset_sum), acc);
+}
+
+}  // namespace mer::cuda
