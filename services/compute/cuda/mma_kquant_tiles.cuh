@@ -224,29 +224,10 @@ template <int kType, int kBN>
 __device__ inline void KQuantTileDots(const KQuantTileSmem<kType, kBN>& s, int64_t cols,
                                       float (&acc)[2][kBN / 16][1][4]) {
   using S = KQuantTileSmem<kType, kBN>;
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < S::kNTiles; ++nt)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[mt][nt][0][c] = 0.0f;
-  // Block i goes to buffer i % kStages; a commit group per block (empty past the last), so that
-  // waiting for all but the newest kStages - 1 groups is waiting for block i.
-  const int blocks = static_cast<int>(cols / kKBlock);
-#pragma unroll
-  for (int i = 0; i < S::kStages - 1; ++i) {
-    if (i < blocks) KQuantTileStage(s, s.buffers + i * S::kBufferBytes, i);
-    CpAsyncCommit();
-  }
-  for (int i = 0; i < blocks; ++i) {
-    const int ahead = i + S::kStages - 1;
-    if (ahead < blocks) KQuantTileStage(s, s.buffers + (ahead % S::kStages) * S::kBufferBytes, ahead);
-    CpAsyncCommit();
-    CpAsyncWait<S::kStages - 1>();
-    __syncthreads();  // block i's copies (and zero stores) by every thread are in place
-    KQuantTileBlock(s, s.buffers + (i % S::kStages) * S::kBufferBytes, i, acc);
-    __syncthreads();  // every warp is done with this buffer before block i + kStages fills it
-  }
+  ZeroTile<kBN>(acc);
+  PipelineSteps<S::kStages, S::kBufferBytes>(
+      s.buffers, static_cast<int>(cols / kKBlock), [&](uint8_t* buffer, int i) { KQuantTileStage(s, buffer, i); },
+      [&](const uint8_t* buffer, int i) { KQuantTileBlock(s, buffer, i, acc); });
 }
 
 // The K-quant tiles for the kernels of mma_tile_kernels.cuh (Q8_0Tiles's interface).

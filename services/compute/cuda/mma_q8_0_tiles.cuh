@@ -138,6 +138,40 @@ __device__ inline void MmaTileRun(const uint8_t* buffer, float (&acc)[2][kBN / 1
   }
 }
 
+// Zeroes a tile's accumulators.
+template <int kBN>
+__device__ inline void ZeroTile(float (&acc)[2][kBN / 16][1][4]) {
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kBN / 16; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[mt][nt][0][i] = 0.0f;
+}
+
+// Steps 0 .. steps - 1 through kStages shared-memory buffers of kBufferBytes each, step i in buffer
+// i % kStages: stage(buffer, i) issues step i's copies (cp.async, or zero stores), compute(buffer,
+// i) reads them once every thread's are in place. One commit group per step (empty past the last),
+// so that waiting for all but the newest kStages - 1 groups is waiting for step i. Every thread of
+// the block calls it; it returns after a __syncthreads.
+template <int kStages, int kBufferBytes, typename Stage, typename Compute>
+__device__ inline void PipelineSteps(uint8_t* buffers, int steps, Stage stage, Compute compute) {
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < steps) stage(buffers + i * kBufferBytes, i);
+    CpAsyncCommit();
+  }
+  for (int i = 0; i < steps; ++i) {
+    const int ahead = i + kStages - 1;
+    if (ahead < steps) stage(buffers + (ahead % kStages) * kBufferBytes, ahead);
+    CpAsyncCommit();
+    CpAsyncWait<kStages - 1>();
+    __syncthreads();  // step i's copies (and zero stores) by every thread are in place
+    compute(buffers + (i % kStages) * kBufferBytes, i);
+    __syncthreads();  // every warp is done with this buffer before step i + kStages fills it
+  }
+}
+
 // The block's 64 x kBN products over `cols` columns (a multiple of 128) of the rows and tokens in
 // the header. acc[mt][nt][0][i]: C element i of the warp's m-tile mt and n-tile nt: rows
 // (warp / 2) * 32 + mt * 16 + gid (+ 8 for i >= 2), tokens (warp % 2) * kBN / 2 + nt * 8 + 2 tig
@@ -146,29 +180,10 @@ __device__ inline void MmaTileRun(const uint8_t* buffer, float (&acc)[2][kBN / 1
 template <int kBN>
 __device__ inline void MmaTileDots(const MmaTileSmem<kBN>& s, int64_t cols, float (&acc)[2][kBN / 16][1][4]) {
   using S = MmaTileSmem<kBN>;
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < S::kNTiles; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[mt][nt][0][i] = 0.0f;
-  // Run i goes to buffer i % kStages; a commit group per run (empty past the last), so that
-  // waiting for all but the newest kStages - 1 groups is waiting for run i.
-  const int runs = static_cast<int>(cols / 128);
-#pragma unroll
-  for (int i = 0; i < S::kStages - 1; ++i) {
-    if (i < runs) MmaTileStage(s, s.buffers + i * S::kBufferBytes, i);
-    CpAsyncCommit();
-  }
-  for (int i = 0; i < runs; ++i) {
-    const int ahead = i + S::kStages - 1;
-    if (ahead < runs) MmaTileStage(s, s.buffers + (ahead % S::kStages) * S::kBufferBytes, ahead);
-    CpAsyncCommit();
-    CpAsyncWait<S::kStages - 1>();
-    __syncthreads();  // run i's copies (and zero stores) by every thread are in place
-    MmaTileRun<kBN>(s.buffers + (i % S::kStages) * S::kBufferBytes, acc);
-    __syncthreads();  // every warp is done with this buffer before run i + kStages fills it
-  }
+  ZeroTile<kBN>(acc);
+  PipelineSteps<S::kStages, S::kBufferBytes>(
+      s.buffers, static_cast<int>(cols / 128), [&](uint8_t* buffer, int i) { MmaTileStage(s, buffer, i); },
+      [&](const uint8_t* buffer, int) { MmaTileRun<kBN>(buffer, acc); });
 }
 
 // Calls out(row, token, v) for each of this thread's outputs of MmaTileDots: v at row (of the

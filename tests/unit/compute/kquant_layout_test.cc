@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/quant/iq1.h"
@@ -602,32 +603,70 @@ void EmulateMmaS8(const uint32_t (&a)[32][4], const uint32_t (&b)[32][2], int (&
   }
 }
 
-// The fast Q4_K tensor-core products (mma_kquant.cuh, as mma_kquant_tiles.cuh drives them) for 16 rows
-// and 8 tokens, a warp's mma fragments emulated: each block's integer sums equal the CPU lane
+// A warp's tile: 16 rows of `type` over `cols` columns (file and device layouts) and 8 Q8_K
+// tokens (CPU blocks and device layout; token 7's activations 50 times larger), as the tensor-core
+// tests below drive them.
+struct WarpTile {
+  static constexpr int kRows = 16, kTokens = 8;
+  GgmlType type;
+  int64_t cols, nb, n;  // blocks per row, in the matrix
+  bool raw;
+  std::vector<uint8_t> w, dev;
+  std::vector<std::vector<BlockQ8_K>> a;
+  std::vector<std::vector<uint8_t>> act;
+  std::vector<std::vector<float>> act_d;
+
+  WarpTile(GgmlType type_, int64_t cols_, bool raw_)
+      : type(type_),
+        cols(cols_),
+        nb(cols / kKBlock),
+        n(kRows * nb),
+        raw(raw_),
+        w(RandomWeights(type, kRows, cols, raw)),
+        dev(Repack(type, w)),
+        a(kTokens, std::vector<BlockQ8_K>(nb)),
+        act(kTokens),
+        act_d(kTokens) {
+    for (int t = 0; t < kTokens; ++t) {
+      const std::vector<float> x = Random(cols, t == 7 ? 50.0f : 1.0f);
+      QuantizeRowQ8_K(x.data(), a[t].data(), cols);
+      ToDeviceQ8_K(a[t], cols, &act[t], &act_d[t]);
+    }
+  }
+  // Token t's Q8_K words of lane `lane` in block bi: groups 0..3 (half 0) or 4..7 (half 1).
+  uint4 Quants(int t, int64_t bi, int lane, int half) const {
+    return Load<uint4>(&act[t][cuda::Q8_KLaneOffset(bi, lane) + 16 * half]);
+  }
+  const uint8_t* Bsums(int t, int64_t bi) const { return &act[t][cuda::Q8_KBsumsOffset(cols, bi)]; }
+  std::string Where(int64_t bi, int r, int t) const {
+    return std::string(TypeName(type)) + " " + std::to_string(cols) + " cols" + (raw ? " raw" : "") + " block " +
+           std::to_string(bi) + " row " + std::to_string(r) + " token " + std::to_string(t);
+  }
+  // Each output within 1e-5 of the CPU kernel's, relative to the token's largest output.
+  void ExpectNearCpu(const float (&got)[kRows][kTokens]) const {
+    for (int t = 0; t < kTokens; ++t) {
+      std::vector<float> want(kRows);
+      VecDotRows(type, w.data(), kRows, a[t].data(), cols, want.data());
+      float largest = 0.0f;
+      for (float v : want) largest = std::max(largest, std::fabs(v));
+      for (int r = 0; r < kRows; ++r) EXPECT_NEAR(got[r][t], want[r], 1e-5f * largest + 1e-30f) << Where(-1, r, t);
+    }
+  }
+};
+
+// The fast Q4_K tensor-core products (mma_kquant.cuh, as mma_kquant_tiles.cuh drives them) for 16
+// rows and 8 tokens, a warp's mma fragments emulated: each block's integer sums equal the CPU lane
 // sums' total (Q4_KLaneSum over the 8 lanes, Q5_KMinSum), which pins the fragments' layout; each
 // output's chain is within 1e-5 of the CPU kernel's result, relative to the largest output.
 TEST(KQuantLayout, Q4_KTensorCoreFragmentsMatchCpu) {
-  constexpr int kRows = 16, kTokens = 8;
   for (int64_t cols : {256, 1024, 2816}) {
     for (bool raw : {false, true}) {
-      const std::vector<uint8_t> w = RandomWeights(GgmlType::kQ4_K, kRows, cols, raw);
-      const std::vector<uint8_t> dev = Repack(GgmlType::kQ4_K, w);
-      const int64_t nb = cols / kKBlock, n = kRows * nb, rb = RowBytes(GgmlType::kQ4_K, cols);
-      std::vector<std::vector<BlockQ8_K>> a(kTokens, std::vector<BlockQ8_K>(nb));
-      std::vector<std::vector<uint8_t>> act(kTokens);
-      std::vector<std::vector<float>> act_d(kTokens);
-      for (int t = 0; t < kTokens; ++t) {
-        const std::vector<float> x = Random(cols, t == 7 ? 50.0f : 1.0f);
-        QuantizeRowQ8_K(x.data(), a[t].data(), cols);
-        ToDeviceQ8_K(a[t], cols, &act[t], &act_d[t]);
-      }
-      float got[kRows][kTokens] = {};
-      for (int64_t bi = 0; bi < nb; ++bi) {
-        const auto qs = [&](int r, int lane) { return Load<uint4>(&dev[cuda::Q4_KQsOffset(r * nb + bi, lane)]); };
-        const auto quants = [&](int t, int lane, int half) {
-          return Load<uint4>(&act[t][cuda::Q8_KLaneOffset(bi, lane) + 16 * half]);
-        };
-        int isum[kRows][kTokens] = {};
+      const WarpTile c(GgmlType::kQ4_K, cols, raw);
+      float got[WarpTile::kRows][WarpTile::kTokens] = {};
+      for (int64_t bi = 0; bi < c.nb; ++bi) {
+        const auto qs = [&](int r, int lane) { return Load<uint4>(&c.dev[cuda::Q4_KQsOffset(r * c.nb + bi, lane)]); };
+        const auto header = [&](int r) { return Load<uint4>(&c.dev[cuda::Q4_KHeaderOffset(c.n, r * c.nb + bi)]); };
+        int isum[WarpTile::kRows][WarpTile::kTokens] = {};
         for (int g = 0; g < 8; ++g) {
           uint32_t af[32][4], bf[32][2];
           for (int lane = 0; lane < 32; ++lane) {
@@ -636,44 +675,31 @@ TEST(KQuantLayout, Q4_KTensorCoreFragmentsMatchCpu) {
             af[lane][1] = cuda::Q4_KSubBlockCodes(qs(gid + 8, tig), g);
             af[lane][2] = cuda::Q4_KSubBlockCodes(qs(gid, tig + 4), g);
             af[lane][3] = cuda::Q4_KSubBlockCodes(qs(gid + 8, tig + 4), g);
-            bf[lane][0] = cuda::Q8_KSubBlockQuants(quants(gid, tig, 0), quants(gid, tig, 1), g);
-            bf[lane][1] = cuda::Q8_KSubBlockQuants(quants(gid, tig + 4, 0), quants(gid, tig + 4, 1), g);
+            bf[lane][0] = cuda::Q8_KSubBlockQuants(c.Quants(gid, bi, tig, 0), c.Quants(gid, bi, tig, 1), g);
+            bf[lane][1] = cuda::Q8_KSubBlockQuants(c.Quants(gid, bi, tig + 4, 0), c.Quants(gid, bi, tig + 4, 1), g);
           }
-          int c[32][4];
-          EmulateMmaS8(af, bf, c);
+          int mma[32][4];
+          EmulateMmaS8(af, bf, mma);
           for (int lane = 0; lane < 32; ++lane)
             for (int i = 0; i < 4; ++i) {
               const int r = lane / 4 + (i >= 2 ? 8 : 0), t = 2 * (lane % 4) + i % 2;
-              const uint4 header = Load<uint4>(&dev[cuda::Q4_KHeaderOffset(n, r * nb + bi)]);
-              isum[r][t] += cuda::Q4_KSubBlockScale(cuda::DecodeQ4_KScales(header), g) * c[lane][i];
+              isum[r][t] += cuda::Q4_KSubBlockScale(cuda::DecodeQ4_KScales(header(r)), g) * mma[lane][i];
             }
         }
-        for (int r = 0; r < kRows; ++r)
-          for (int t = 0; t < kTokens; ++t) {
-            const uint4 header = Load<uint4>(&dev[cuda::Q4_KHeaderOffset(n, r * nb + bi)]);
-            const cuda::Q4_KScales s = cuda::DecodeQ4_KScales(header);
+        for (int r = 0; r < WarpTile::kRows; ++r)
+          for (int t = 0; t < WarpTile::kTokens; ++t) {
+            const cuda::Q4_KScales s = cuda::DecodeQ4_KScales(header(r));
             int lanes = 0;
             for (int lane = 0; lane < 8; ++lane)
-              lanes += cuda::Q4_KLaneSum(qs(r, lane), s, quants(t, lane, 0), quants(t, lane, 1));
-            ASSERT_EQ(isum[r][t], lanes) << cols << " cols" << (raw ? " raw" : "") << " block " << bi << " row " << r
-                                         << " token " << t;
-            const uint8_t* bsums = &act[t][cuda::Q8_KBsumsOffset(cols, bi)];
-            const int msum = cuda::Q5_KMinSum(s, Load<uint4>(bsums), Load<uint4>(bsums + 16));
-            got[r][t] =
-                cuda::Q4_KTileStep(got[r][t], isum[r][t], msum, F16ToF32(static_cast<f16_bits>(header.x & 0xffffu)),
-                                   F16ToF32(static_cast<f16_bits>(header.x >> 16)), act_d[t][bi]);
+              lanes += cuda::Q4_KLaneSum(qs(r, lane), s, c.Quants(t, bi, lane, 0), c.Quants(t, bi, lane, 1));
+            ASSERT_EQ(isum[r][t], lanes) << c.Where(bi, r, t);
+            const int msum = cuda::Q5_KMinSum(s, Load<uint4>(c.Bsums(t, bi)), Load<uint4>(c.Bsums(t, bi) + 16));
+            const uint32_t dd = header(r).x;
+            got[r][t] = cuda::Q4_KTileStep(got[r][t], isum[r][t], msum, F16ToF32(static_cast<f16_bits>(dd & 0xffffu)),
+                                           F16ToF32(static_cast<f16_bits>(dd >> 16)), c.act_d[t][bi]);
           }
       }
-      for (int t = 0; t < kTokens; ++t) {
-        std::vector<float> want(kRows);
-        VecDotRows(GgmlType::kQ4_K, w.data(), kRows, a[t].data(), cols, want.data());
-        float largest = 0.0f;
-        for (float v : want) largest = std::max(largest, std::fabs(v));
-        for (int r = 0; r < kRows; ++r)
-          EXPECT_NEAR(got[r][t], want[r], 1e-5f * largest + 1e-30f)
-              << cols << " cols" << (raw ? " raw" : "") << " row " << r << " token " << t << " (row bytes " << rb
-              << ")";
-      }
+      c.ExpectNearCpu(got);
     }
   }
 }
@@ -682,29 +708,16 @@ TEST(KQuantLayout, Q4_KTensorCoreFragmentsMatchCpu) {
 // half of k zeroed): each block's integer sum equals the CPU lane sums' total (Q6_KLaneSum over the
 // 8 lanes, the -32 offset taken out in both), each output within 1e-5 of the CPU kernel's.
 TEST(KQuantLayout, Q6_KTensorCoreFragmentsMatchCpu) {
-  constexpr int kRows = 16, kTokens = 8;
   for (int64_t cols : {256, 1024, 2816}) {
     for (bool raw : {false, true}) {
-      const std::vector<uint8_t> w = RandomWeights(GgmlType::kQ6_K, kRows, cols, raw);
-      const std::vector<uint8_t> dev = Repack(GgmlType::kQ6_K, w);
-      const int64_t nb = cols / kKBlock, n = kRows * nb;
-      std::vector<std::vector<BlockQ8_K>> a(kTokens, std::vector<BlockQ8_K>(nb));
-      std::vector<std::vector<uint8_t>> act(kTokens);
-      std::vector<std::vector<float>> act_d(kTokens);
-      for (int t = 0; t < kTokens; ++t) {
-        const std::vector<float> x = Random(cols, t == 7 ? 50.0f : 1.0f);
-        QuantizeRowQ8_K(x.data(), a[t].data(), cols);
-        ToDeviceQ8_K(a[t], cols, &act[t], &act_d[t]);
-      }
-      float got[kRows][kTokens] = {};
-      for (int64_t bi = 0; bi < nb; ++bi) {
-        const auto ql = [&](int r, int lane) { return Load<uint4>(&dev[cuda::Q6_KQlOffset(r * nb + bi, lane)]); };
-        const auto qh = [&](int r, int lane) { return Load<uint2>(&dev[cuda::Q6_KQhOffset(n, r * nb + bi, lane)]); };
-        const auto scales = [&](int r) { return Load<uint4>(&dev[cuda::Q6_KScalesOffset(n, r * nb + bi)]); };
-        const auto quants = [&](int t, int lane, int half) {
-          return Load<uint4>(&act[t][cuda::Q8_KLaneOffset(bi, lane) + 16 * half]);
-        };
-        int isum[kRows][kTokens] = {};
+      const WarpTile c(GgmlType::kQ6_K, cols, raw);
+      float got[WarpTile::kRows][WarpTile::kTokens] = {};
+      for (int64_t bi = 0; bi < c.nb; ++bi) {
+        const int64_t n = c.n, nb = c.nb;
+        const auto ql = [&](int r, int lane) { return Load<uint4>(&c.dev[cuda::Q6_KQlOffset(r * nb + bi, lane)]); };
+        const auto qh = [&](int r, int lane) { return Load<uint2>(&c.dev[cuda::Q6_KQhOffset(n, r * nb + bi, lane)]); };
+        const auto scales = [&](int r) { return Load<uint4>(&c.dev[cuda::Q6_KScalesOffset(n, r * nb + bi)]); };
+        int isum[WarpTile::kRows][WarpTile::kTokens] = {};
         for (int G = 0; G < 8; ++G)
           for (int second : {0, 1}) {  // sub-block 2G + second: lanes 4 second .. 4 second + 3
             uint32_t af[32][4] = {}, bf[32][2] = {};
@@ -712,39 +725,30 @@ TEST(KQuantLayout, Q6_KTensorCoreFragmentsMatchCpu) {
               const int gid = lane / 4, l = lane % 4 + 4 * second;
               af[lane][0] = cuda::Q6_KGroupCodes(ql(gid, l), qh(gid, l), G);
               af[lane][1] = cuda::Q6_KGroupCodes(ql(gid + 8, l), qh(gid + 8, l), G);
-              bf[lane][0] = cuda::Q8_KSubBlockQuants(quants(gid, l, 0), quants(gid, l, 1), G);
+              bf[lane][0] = cuda::Q8_KSubBlockQuants(c.Quants(gid, bi, l, 0), c.Quants(gid, bi, l, 1), G);
             }
-            int c[32][4];
-            EmulateMmaS8(af, bf, c);
+            int mma[32][4];
+            EmulateMmaS8(af, bf, mma);
             for (int lane = 0; lane < 32; ++lane)
               for (int i = 0; i < 4; ++i) {
                 const int r = lane / 4 + (i >= 2 ? 8 : 0), t = 2 * (lane % 4) + i % 2;
-                isum[r][t] += cuda::ByteS(cuda::LaneWord(scales(r), G / 2), 2 * (G % 2) + second) * c[lane][i];
+                isum[r][t] += cuda::ByteS(cuda::LaneWord(scales(r), G / 2), 2 * (G % 2) + second) * mma[lane][i];
               }
           }
-        for (int r = 0; r < kRows; ++r)
-          for (int t = 0; t < kTokens; ++t) {
-            const uint8_t* bsums = &act[t][cuda::Q8_KBsumsOffset(cols, bi)];
+        for (int r = 0; r < WarpTile::kRows; ++r)
+          for (int t = 0; t < WarpTile::kTokens; ++t) {
+            const uint8_t* bsums = c.Bsums(t, bi);
             const int offset = cuda::Q6_KOffsetSum(scales(r), Load<uint4>(bsums), Load<uint4>(bsums + 16));
             int lanes = 0;
             for (int lane = 0; lane < 8; ++lane)
-              lanes += cuda::Q6_KLaneSum(ql(r, lane), qh(r, lane), scales(r), quants(t, lane, 0), quants(t, lane, 1),
-                                         lane, Load<uint32_t>(bsums + 4 * lane));
-            ASSERT_EQ(isum[r][t] - 32 * offset, lanes)
-                << cols << " cols" << (raw ? " raw" : "") << " block " << bi << " row " << r << " token " << t;
-            const float d = F16ToF32(Load<f16_bits>(&dev[cuda::Q6_KDOffset(n, r * nb + bi)]));
-            got[r][t] = cuda::Q6_KTileStep(got[r][t], isum[r][t], offset, d, act_d[t][bi]);
+              lanes += cuda::Q6_KLaneSum(ql(r, lane), qh(r, lane), scales(r), c.Quants(t, bi, lane, 0),
+                                         c.Quants(t, bi, lane, 1), lane, Load<uint32_t>(bsums + 4 * lane));
+            ASSERT_EQ(isum[r][t] - 32 * offset, lanes) << c.Where(bi, r, t);
+            const float d = F16ToF32(Load<f16_bits>(&c.dev[cuda::Q6_KDOffset(n, r * nb + bi)]));
+            got[r][t] = cuda::Q6_KTileStep(got[r][t], isum[r][t], offset, d, c.act_d[t][bi]);
           }
       }
-      for (int t = 0; t < kTokens; ++t) {
-        std::vector<float> want(kRows);
-        VecDotRows(GgmlType::kQ6_K, w.data(), kRows, a[t].data(), cols, want.data());
-        float largest = 0.0f;
-        for (float v : want) largest = std::max(largest, std::fabs(v));
-        for (int r = 0; r < kRows; ++r)
-          EXPECT_NEAR(got[r][t], want[r], 1e-5f * largest + 1e-30f)
-              << cols << " cols" << (raw ? " raw" : "") << " row " << r << " token " << t;
-      }
+      c.ExpectNearCpu(got);
     }
   }
 }
