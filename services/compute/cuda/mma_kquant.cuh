@@ -26,6 +26,7 @@
 
 #include <cstdint>
 
+#include "services/compute/cuda/device_layout.cuh"
 #include "services/compute/cuda/kquant_layout.cuh"
 
 namespace mer::cuda {
@@ -87,5 +88,68 @@ __host__ __device__ inline int Q6_KOffsetSum(const uint4& sc, const uint4& b0, c
 __host__ __device__ inline float Q6_KTileStep(float acc, int isum, int offset_sum, float d, float d_a) {
   return fmaf(d * d_a, static_cast<float>(isum - 32 * offset_sum), acc);
 }
+
+// Where a staged 256-block of a K-quant tile (mma_kquant_tiles.cuh: 64 rows x kBN tokens) lies in
+// one shared-memory buffer: each row's 128 qs (Q4_K) or ql (Q6_K) bytes in the device layout
+// (lane i's 16 bytes at 16i) at a stride of 192, so that the 16-byte loads of a quarter warp's two
+// rows fall in different halves of the banks; Q6_K's 64 qh bytes (lane i's 8 at 8i) at a stride of
+// 96 (a half warp's 4 rows in 4 quarters of the banks); each row's 16 header (Q4_K: d, dmin, the 12
+// scale bytes) or scale (Q6_K) bytes; each token's 256 quants in the Q8_K layout (lane i's 32 bytes
+// at 32i) at a stride of 272, its 16 bsums and its f32 d. The offsets the warps read (Qs .. D) and
+// the copies that put the bytes there (Chunk) are one description, which kquant_layout_test checks
+// against the device layouts.
+template <int kType, int kBN>
+struct KQuantTileLayout {
+  static_assert(kType == kDevQ4_K || kType == kDevQ6_K, "tiled K-quant types");
+  static_assert(kBN == 32 || kBN == 64, "tokens per tile");
+  static constexpr int kRows = 64;  // kMmaTileRows
+  static constexpr bool kQ6 = kType == kDevQ6_K;
+  static constexpr int kRowStride = 192, kQhStride = 96, kTokStride = 272;
+  static constexpr int kQhOffset = kRows * kRowStride;
+  static constexpr int kHeaderOffset = kQhOffset + (kQ6 ? kRows * kQhStride : 0);
+  static constexpr int kTokOffset = kHeaderOffset + kRows * 16;
+  static constexpr int kBsumsOffset = kTokOffset + kBN * kTokStride;
+  static constexpr int kDOffset = kBsumsOffset + kBN * 32;
+  static constexpr int kBufferBytes = kDOffset + kBN * 4;
+
+  // Row r's 16 qs / ql bytes of lane `lane`, its 8 qh bytes (Q6_K), its 16 header / scale bytes.
+  __host__ __device__ static constexpr int Qs(int r, int lane) { return r * kRowStride + 16 * lane; }
+  __host__ __device__ static constexpr int Qh(int r, int lane) { return kQhOffset + r * kQhStride + 8 * lane; }
+  __host__ __device__ static constexpr int Header(int r) { return kHeaderOffset + 16 * r; }
+  // Token t's 16 quant bytes of lane `lane` (half 0: groups 0..3, 1: groups 4..7), its 32 bsum bytes
+  // and its f32 d.
+  __host__ __device__ static constexpr int Quants(int t, int lane, int half) {
+    return kTokOffset + t * kTokStride + 32 * lane + 16 * half;
+  }
+  __host__ __device__ static constexpr int Bsums(int t) { return kBsumsOffset + 32 * t; }
+  __host__ __device__ static constexpr int D(int t) { return kDOffset + 4 * t; }
+
+  // The 16-byte copies of a block: the rows' qs / ql (8 a row), qh (4, Q6_K), header / scales (1);
+  // the tokens' quants (16) and bsums (2). Copy `idx` of block i takes 16 bytes at `src` bytes
+  // past the start (block 0) of row or token `index`'s `part` into the buffer at `dst`. The tokens'
+  // d are 4-byte copies of their own (D).
+  enum Part { kRowQs, kRowQh, kRowHeader, kTokQuants, kTokBsums };
+  struct Copy {
+    Part part;
+    int index, dst;
+    int64_t src;
+  };
+  static constexpr int kRowQsCopies = kRows * 8, kRowQhCopies = kQ6 ? kRows * 4 : 0, kHeaderCopies = kRows;
+  static constexpr int kQuantCopies = kBN * 16, kBsumsCopies = kBN * 2;
+  static constexpr int kCopies = kRowQsCopies + kRowQhCopies + kHeaderCopies + kQuantCopies + kBsumsCopies;
+  __host__ __device__ static Copy CopyOf(int idx, int i) {
+    if (idx < kRowQsCopies)
+      return {kRowQs, idx / 8, Qs(idx / 8, 0) + (idx % 8) * 16, int64_t(i) * 128 + (idx % 8) * 16};
+    idx -= kRowQsCopies;
+    if (idx < kRowQhCopies) return {kRowQh, idx / 4, Qh(idx / 4, 0) + (idx % 4) * 16, int64_t(i) * 64 + (idx % 4) * 16};
+    idx -= kRowQhCopies;
+    if (idx < kHeaderCopies) return {kRowHeader, idx, Header(idx), int64_t(i) * 16};
+    idx -= kHeaderCopies;
+    if (idx < kQuantCopies)
+      return {kTokQuants, idx / 16, Quants(idx / 16, 0, 0) + (idx % 16) * 16, int64_t(i) * 256 + (idx % 16) * 16};
+    idx -= kQuantCopies;
+    return {kTokBsums, idx / 2, Bsums(idx / 2) + (idx % 2) * 16, int64_t(i) * 32 + (idx % 2) * 16};
+  }
+};
 
 }  // namespace mer::cuda

@@ -6,13 +6,9 @@
 // f32 chain per output) is mma_kquant.cuh's; the accumulators and ForEachTileOutput are the Q8_0
 // tiles'.
 //
-// A staged block: each row's 128 qs (Q4_K) or ql (Q6_K) bytes in the device layout (lane i's 16
-// bytes at 16i) at a stride of 192 bytes, so that the 16-byte loads of a quarter warp's two rows
-// fall in different halves of the banks; Q6_K's 64 qh bytes (lane i's 8 at 8i) at a stride of 96
-// (a half warp's 4 rows in 4 quarters of the banks); each row's 16 header (Q4_K: d, dmin, the 12
-// scale bytes) or scale (Q6_K) bytes; each token's 256 quants in the Q8_K layout (lane i's 32
-// bytes at 32i) at a stride of 272, its 16 bsums and its f32 d. Q6_K's f16 d (2-byte aligned in the
-// layout, which cp.async cannot copy) is read from global memory as the block is computed.
+// A staged block's place in shared memory is KQuantTileLayout's (mma_kquant.cuh). Q6_K's f16 d
+// (2-byte aligned in the layout, which cp.async cannot copy) is read from global memory as the
+// block is computed.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -26,24 +22,17 @@
 
 namespace mer::cuda {
 
+// A tile's shared memory: the pointer header, then kStages buffers of KQuantTileLayout.
 template <int kType, int kBN>
-struct KQuantTileSmem {
-  static_assert(kType == kDevQ4_K || kType == kDevQ6_K, "tiled K-quant types");
-  static_assert(kBN == 32 || kBN == 64, "tokens per tile");
-  static constexpr bool kQ6 = kType == kDevQ6_K;
+struct KQuantTileSmem : KQuantTileLayout<kType, kBN> {
+  using L = KQuantTileLayout<kType, kBN>;
   static constexpr int kNTiles = kBN / 16;  // n-tiles of 8 tokens per warp
-  static constexpr int kRowStride = 192, kQhStride = 96, kTokStride = 272;
-  static constexpr int kQhOffset = kMmaTileRows * kRowStride;
-  static constexpr int kHeaderOffset = kQhOffset + (kQ6 ? kMmaTileRows * kQhStride : 0);
-  static constexpr int kTokOffset = kHeaderOffset + kMmaTileRows * 16;
-  static constexpr int kBsumsOffset = kTokOffset + kBN * kTokStride;
-  static constexpr int kDOffset = kBsumsOffset + kBN * 32;
-  static constexpr int kBufferBytes = kDOffset + kBN * 4;
   static constexpr int kPointerBytes = (4 * kMmaTileRows + 3 * kBN) * static_cast<int>(sizeof(void*));
   // Blocks in flight: two of Q6_K's 64-token buffers (39 KB each) leave room for a second block
   // per SM, three would not.
-  static constexpr int kStages = kQ6 && kBN == 64 ? 2 : 3;
-  static constexpr int kBytes = kPointerBytes + kStages * kBufferBytes;
+  static constexpr int kStages = L::kQ6 && kBN == 64 ? 2 : 3;
+  static constexpr int kBytes = kPointerBytes + kStages * L::kBufferBytes;
+  static_assert(L::kRows == kMmaTileRows, "the layout's rows are the tile's");
 
   // Each mma row's qs / ql, header / scales, and (Q6_K) qh and f16 d, of its first block; each
   // token's quants, bsums and d (nullptr: zero).
@@ -65,41 +54,38 @@ struct KQuantTileSmem {
         tok_bs(tok_q + kBN),
         tok_d(reinterpret_cast<const float**>(tok_bs + kBN)),
         buffers(smem + kPointerBytes) {}
-};
 
-// Copies 16-byte chunk c of block i (bytes_per_block apart) of src to dst, or zeroes dst.
-__device__ inline void StageChunk(uint8_t* dst, const uint8_t* src, int i, int bytes_per_block, int c) {
-  if (src != nullptr)
-    CpAsync16(dst, src + int64_t(i) * bytes_per_block + c * 16);
-  else
-    *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-}
-
-// Issues the copies of block i of every row and token into `buffer`.
-template <int kType, int kBN>
-__device__ inline void KQuantTileStage(const KQuantTileSmem<kType, kBN>& s, uint8_t* buffer, int i) {
-  using S = KQuantTileSmem<kType, kBN>;
-  // 16-byte chunks: the rows' qs / ql (8 a row), qh (4), header / scales (1); the tokens' quants
-  // (16), bsums (2).
-  constexpr int kQ = kMmaTileRows * 8, kQh = S::kQ6 ? kMmaTileRows * 4 : 0, kH = kMmaTileRows;
-  constexpr int kTq = kBN * 16, kTb = kBN * 2;
-  for (int idx = threadIdx.x; idx < kQ + kQh + kH + kTq + kTb; idx += kMmaTileThreads) {
-    if (idx < kQ) {
-      StageChunk(buffer + (idx / 8) * S::kRowStride + (idx % 8) * 16, s.row_q[idx / 8], i, 128, idx % 8);
-    } else if (const int j = idx - kQ; j < kQh) {
-      StageChunk(buffer + S::kQhOffset + (j / 4) * S::kQhStride + (j % 4) * 16, s.row_qh[j / 4], i, 64, j % 4);
-    } else if (const int h = j - kQh; h < kH) {
-      StageChunk(buffer + S::kHeaderOffset + h * 16, s.row_h[h], i, 16, 0);
-    } else if (const int t = h - kH; t < kTq) {
-      StageChunk(buffer + S::kTokOffset + (t / 16) * S::kTokStride + (t % 16) * 16, s.tok_q[t / 16], i, kKBlock,
-                 t % 16);
-    } else {
-      const int b = t - kTq;
-      StageChunk(buffer + S::kBsumsOffset + b * 16, s.tok_bs[b / 2], i, 32, b % 2);
+  // The start (block 0) of a copy's row or token part (KQuantTileLayout::Copy), or nullptr.
+  __device__ const uint8_t* Source(typename L::Part part, int index) const {
+    switch (part) {
+      case L::kRowQs:
+        return row_q[index];
+      case L::kRowQh:
+        return row_qh[index];
+      case L::kRowHeader:
+        return row_h[index];
+      case L::kTokQuants:
+        return tok_q[index];
+      default:
+        return tok_bs[index];
     }
   }
+};
+
+// Issues the copies of block i of every row and token into `buffer` (KQuantTileLayout::CopyOf).
+template <int kType, int kBN>
+__device__ inline void KQuantTileStage(const KQuantTileSmem<kType, kBN>& s, uint8_t* buffer, int i) {
+  using L = KQuantTileLayout<kType, kBN>;
+  for (int idx = threadIdx.x; idx < L::kCopies; idx += kMmaTileThreads) {
+    const typename L::Copy c = L::CopyOf(idx, i);
+    const uint8_t* src = s.Source(c.part, c.index);
+    if (src != nullptr)
+      CpAsync16(buffer + c.dst, src + c.src);
+    else
+      *reinterpret_cast<uint4*>(buffer + c.dst) = make_uint4(0, 0, 0, 0);
+  }
   for (int t = threadIdx.x; t < kBN; t += kMmaTileThreads) {
-    uint8_t* dst = buffer + S::kDOffset + t * 4;
+    uint8_t* dst = buffer + L::D(t);
     if (s.tok_d[t] != nullptr)
       CpAsync4(dst, s.tok_d[t] + i);
     else
@@ -139,14 +125,12 @@ __device__ inline void KQuantTileBlock(const KQuantTileSmem<kType, kBN>& s, cons
     const int r[2] = {row_base + mt * 16 + gid, row_base + mt * 16 + gid + 8};
 #pragma unroll
     for (int k = 0; k < 4; ++k) {  // k: row r[k % 2] at lane tig + 4 (k / 2)
-      q[mt][k] = *reinterpret_cast<const uint4*>(buffer + r[k % 2] * S::kRowStride + 64 * (k / 2) + 16 * tig);
-      if constexpr (S::kQ6)
-        qh[mt][k] =
-            *reinterpret_cast<const uint2*>(buffer + S::kQhOffset + r[k % 2] * S::kQhStride + 32 * (k / 2) + 8 * tig);
+      q[mt][k] = *reinterpret_cast<const uint4*>(buffer + S::Qs(r[k % 2], tig + 4 * (k / 2)));
+      if constexpr (S::kQ6) qh[mt][k] = *reinterpret_cast<const uint2*>(buffer + S::Qh(r[k % 2], tig + 4 * (k / 2)));
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      header[mt][h] = *reinterpret_cast<const uint4*>(buffer + S::kHeaderOffset + r[h] * 16);
+      header[mt][h] = *reinterpret_cast<const uint4*>(buffer + S::Header(r[h]));
       if constexpr (S::kQ6)
         d[mt][h] = s.row_d[r[h]] != nullptr ? __half2float(s.row_d[r[h]][i]) : 0.0f;
       else
@@ -156,20 +140,20 @@ __device__ inline void KQuantTileBlock(const KQuantTileSmem<kType, kBN>& s, cons
 #pragma unroll
   for (int nt = 0; nt < S::kNTiles; ++nt) {
     const int t = tok_base + nt * 8;
-    const uint8_t* x_row = buffer + S::kTokOffset + (t + gid) * S::kTokStride;
     // Token gid's words of lanes tig (x[0], x[1]: groups 0..3, 4..7) and tig + 4 (x[2], x[3]).
     uint4 x[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) x[k] = *reinterpret_cast<const uint4*>(x_row + 128 * (k / 2) + 32 * tig + 16 * (k % 2));
+    for (int k = 0; k < 4; ++k)
+      x[k] = *reinterpret_cast<const uint4*>(buffer + S::Quants(t + gid, tig + 4 * (k / 2), k % 2));
     // This thread's output tokens t + 2 tig and t + 2 tig + 1: their d and bsums.
     float d_a[2];
     uint4 bs[2][2];
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       const int tok = t + 2 * tig + k;
-      d_a[k] = *reinterpret_cast<const float*>(buffer + S::kDOffset + tok * 4);
-      bs[k][0] = *reinterpret_cast<const uint4*>(buffer + S::kBsumsOffset + tok * 32);
-      bs[k][1] = *reinterpret_cast<const uint4*>(buffer + S::kBsumsOffset + tok * 32 + 16);
+      d_a[k] = *reinterpret_cast<const float*>(buffer + S::D(tok));
+      bs[k][0] = *reinterpret_cast<const uint4*>(buffer + S::Bsums(tok));
+      bs[k][1] = *reinterpret_cast<const uint4*>(buffer + S::Bsums(tok) + 16);
     }
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {

@@ -753,6 +753,76 @@ TEST(KQuantLayout, Q6_KTensorCoreFragmentsMatchCpu) {
   }
 }
 
+// A K-quant tile's staged block (KQuantTileLayout): block i of 64 rows and kBN tokens copied as
+// the kernels copy it (CopyOf, the tokens' d by D) into a poisoned buffer, then every byte the
+// warps read (Qs, Qh, Header, Quants, Bsums, D) equals the device layouts' bytes of that block, and
+// the copies do not overlap (their regions cover each byte at most once).
+template <GgmlType kType, int kBN>
+void StagedBlockIsTheDeviceLayouts() {
+  using L = cuda::KQuantTileLayout<kType == GgmlType::kQ4_K ? cuda::kDevQ4_K : cuda::kDevQ6_K, kBN>;
+  constexpr int64_t cols = 768, nb = cols / kKBlock, n = L::kRows * nb;
+  const std::vector<uint8_t> dev = Repack(kType, RandomWeights(kType, L::kRows, cols, true));
+  std::vector<std::vector<uint8_t>> act(kBN);
+  std::vector<std::vector<float>> act_d(kBN);
+  for (int t = 0; t < kBN; ++t) {
+    std::vector<BlockQ8_K> a(nb);
+    QuantizeRowQ8_K(Random(cols, 1.0f).data(), a.data(), cols);
+    ToDeviceQ8_K(a, cols, &act[t], &act_d[t]);
+  }
+  const bool q6 = kType == GgmlType::kQ6_K;
+  const auto RowCodesOffset = [&](int64_t b, int lane) {
+    return q6 ? cuda::Q6_KQlOffset(b, lane) : cuda::Q4_KQsOffset(b, lane);
+  };
+  for (int64_t i = 0; i < nb; ++i) {
+    std::vector<uint8_t> buffer(L::kBufferBytes, 0xAB);
+    std::vector<int> written(L::kBufferBytes, 0);
+    const auto put = [&](int dst, const uint8_t* src, int bytes) {
+      std::memcpy(&buffer[dst], src, bytes);
+      for (int b = 0; b < bytes; ++b) ++written[dst + b];
+    };
+    for (int idx = 0; idx < L::kCopies; ++idx) {
+      const typename L::Copy c = L::CopyOf(idx, static_cast<int>(i));
+      const uint8_t* start =
+          c.part == L::kRowQs   ? &dev[RowCodesOffset(c.index * nb, 0)]
+          : c.part == L::kRowQh ? &dev[cuda::Q6_KQhOffset(n, c.index * nb, 0)]
+          : c.part == L::kRowHeader
+              ? &dev[q6 ? cuda::Q6_KScalesOffset(n, c.index * nb) : cuda::Q4_KHeaderOffset(n, c.index * nb)]
+          : c.part == L::kTokQuants ? act[c.index].data()
+                                    : &act[c.index][cuda::Q8_KBsumsOffset(cols, 0)];
+      put(c.dst, start + c.src, 16);
+    }
+    for (int t = 0; t < kBN; ++t) put(L::D(t), reinterpret_cast<const uint8_t*>(&act_d[t][i]), 4);
+    for (int w : written) ASSERT_LE(w, 1) << "overlapping copies";
+    const auto expect = [&](int at, const uint8_t* want, int bytes, const char* what, int who) {
+      ASSERT_EQ(std::memcmp(&buffer[at], want, bytes), 0)
+          << TypeName(kType) << " " << kBN << " tokens, block " << i << ": " << what << " " << who;
+    };
+    const int64_t b0 = i;  // row r's block i is block r * nb + i
+    for (int r = 0; r < L::kRows; ++r) {
+      const int64_t b = r * nb + b0;
+      for (int lane = 0; lane < 8; ++lane) {
+        expect(L::Qs(r, lane), &dev[RowCodesOffset(b, lane)], 16, "row qs", r);
+        if (q6) expect(L::Qh(r, lane), &dev[cuda::Q6_KQhOffset(n, b, lane)], 8, "row qh", r);
+      }
+      expect(L::Header(r), &dev[q6 ? cuda::Q6_KScalesOffset(n, b) : cuda::Q4_KHeaderOffset(n, b)], 16, "row header", r);
+    }
+    for (int t = 0; t < kBN; ++t) {
+      for (int lane = 0; lane < 8; ++lane)
+        for (int half = 0; half < 2; ++half)
+          expect(L::Quants(t, lane, half), &act[t][cuda::Q8_KLaneOffset(i, lane) + 16 * half], 16, "token quants", t);
+      expect(L::Bsums(t), &act[t][cuda::Q8_KBsumsOffset(cols, i)], 32, "token bsums", t);
+      expect(L::D(t), reinterpret_cast<const uint8_t*>(&act_d[t][i]), 4, "token d", t);
+    }
+  }
+}
+
+TEST(KQuantLayout, TensorCoreTilesStageTheDeviceLayouts) {
+  StagedBlockIsTheDeviceLayouts<GgmlType::kQ4_K, 32>();
+  StagedBlockIsTheDeviceLayouts<GgmlType::kQ4_K, 64>();
+  StagedBlockIsTheDeviceLayouts<GgmlType::kQ6_K, 32>();
+  StagedBlockIsTheDeviceLayouts<GgmlType::kQ6_K, 64>();
+}
+
 // Q4_0 and IQ4_NL rows (Q8_0 activations), row counts that are and are not multiples of 8 (the
 // CPU's 8-row and 1-row kernels, the same per-row chain), and Q5_0, Q4_1 and Q5_1 rows (the last
 // two with Q8_1 activations, whose quants are Q8_0's), against the CPU kernels.
