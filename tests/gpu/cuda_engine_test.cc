@@ -26,6 +26,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -208,10 +209,11 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"tiny", SynthQuant::kQ5_K_M, "tiny_q5_k_m"}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
-// The corpus on the tiny and small models of each of `quants` (arena 100% and 30%) with the
-// multi-token products on `kernels` (for Q8_0 every one, not only where kAuto picks them).
+// The corpus on the tiny and small models of each of `quants` (arena 100% and 30%; each with its
+// name) with the multi-token products on `kernels` (for Q8_0 every one, not only where kAuto picks
+// them).
 void CompareMultiTokenWith(cuda::MultiTokenQ8_0 kernels, const std::string& label, Rule rule,
-                           std::initializer_list<SynthQuant> quants) {
+                           std::initializer_list<std::pair<SynthQuant, const char*>> quants) {
   struct Restore {
     ~Restore() {
       cuda::SetMultiTokenQ8_0(cuda::MultiTokenQ8_0::kAuto);
@@ -220,29 +222,29 @@ void CompareMultiTokenWith(cuda::MultiTokenQ8_0 kernels, const std::string& labe
   } restore;
   cuda::SetMultiTokenQ8_0(kernels);
   cuda::SetKQuantTiles(true);
-  for (SynthQuant quant : quants)
+  for (const auto& [quant, name] : quants)
     for (const char* preset : {"tiny", "small"}) {
       auto model = MakeModel(preset, quant);
       ASSERT_NE(model, nullptr);
-      CompareWithCpu(*model, std::string(preset) + (quant == SynthQuant::kQ8_0 ? "_q8_0 " : "_q4_k ") + label, kPrompts,
-                     kGenTokens, {1.0, 0.3}, rule);
+      CompareWithCpu(*model, std::string(preset) + "_" + name + " " + label, kPrompts, kGenTokens, {1.0, 0.3}, rule);
     }
 }
 
 // The exact tensor-core kernels: the CPU's bits, as the dp4a kernels.
 TEST(CudaEngine, ExactTensorCoresKeepTheCpusBits) {
-  CompareMultiTokenWith(cuda::MultiTokenQ8_0::kMmaExact, "exact tensor cores", Rule{true, 0, 0}, {SynthQuant::kQ8_0});
+  CompareMultiTokenWith(cuda::MultiTokenQ8_0::kMmaExact, "exact tensor cores", Rule{true, 0, 0},
+                        {{SynthQuant::kQ8_0, "q8_0"}});
 }
 
 // The fast tensor-core kernels (kMmaFast: one f32 chain per output instead of the CPU's 8 lane
-// chains; the Q4_K tiles of mma_kquant_tiles.cuh too) take the prompts' and the forced
-// continuations' multi-token steps; decode steps keep the CPU's bits. Their drift on the Q8_0
-// models: forced logits 0.005 to 0.22 relative L2 per step, 0.012 typical on small (H100); bounded
-// here by 0.5 per step and 0.05 in the median, which a wrong product (relative L2 ~1) does not
-// meet.
+// chains; with them the K-quant tiles of mma_kquant_tiles.cuh, here Q4_K and Q5_K_M's Q5_K and
+// Q6_K) take the prompts' and the forced continuations' multi-token steps; decode steps keep the
+// CPU's bits. Their drift on the Q8_0 models: forced logits 0.005 to 0.22 relative L2 per step,
+// 0.012 typical on small (H100); bounded here by 0.5 per step and 0.05 in the median, which a
+// wrong product (relative L2 ~1) does not meet.
 TEST(CudaEngine, FastTensorCoresDriftLikeAnyRounding) {
   CompareMultiTokenWith(cuda::MultiTokenQ8_0::kMmaFast, "fast tensor cores", Rule{false, 0.5, 0.05},
-                        {SynthQuant::kQ8_0, SynthQuant::kQ4_K});
+                        {{SynthQuant::kQ8_0, "q8_0"}, {SynthQuant::kQ4_K, "q4_k"}, {SynthQuant::kQ5_K_M, "q5_k_m"}});
 }
 
 // llama.cpp's Q4_K_M and Q5_K_M recipes for a model of exactly 8 experts: attn_k and attn_v Q8_0

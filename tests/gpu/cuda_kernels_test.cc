@@ -1241,12 +1241,12 @@ TEST(CudaKernels, Q8_0ExpertsMatchCpu) {
   cuda::SetMultiTokenQ8_0(MultiTokenQ8_0::kAuto);
 }
 
-// The fast form's Q4_K and Q6_K products on the tensor cores (mma_kquant_tiles.cuh), within 1e-5
-// of the largest output of the CPU's (down 1e-2: its input h is quantized again from the GPU's):
+// The fast form's Q4_K, Q5_K and Q6_K products on the tensor cores (mma_kquant_tiles.cuh), within
+// 1e-5 of the largest output of the CPU's (down 1e-2: its input h is quantized again from the GPU's):
 // mat-vecs of 1 to 1,000 rows (tiles spanning matrices, rows ending inside a tile), 2 to 130 tokens
 // (32 and 64 tokens per tile, tokens ending inside one), with the tiles wherever they fit and by
-// shape; experts of 2 to ~100 pairs each, Q4_K or Q6_K gate/up beside a down of either or of
-// another type (Q3_K gate/up, Q8_0 down: the other kernels).
+// shape; experts of 2 to ~100 pairs each, Q4_K, Q5_K or Q6_K gate/up beside a down of one of them
+// or of another type (Q3_K gate/up, Q8_0 down: the other kernels).
 TEST(CudaKernels, KQuantFastTilesMatchCpu) {
   using cuda::FastTiles;
   struct Size {
@@ -1257,12 +1257,13 @@ TEST(CudaKernels, KQuantFastTilesMatchCpu) {
   for (FastTiles tiles : {FastTiles::kAlways, FastTiles::kByShape}) {
     SCOPED_TRACE(tiles == FastTiles::kAlways ? "tiles wherever they fit" : "tiles by shape");
     cuda::SetFastTiles(tiles);
-    for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ6_K})
+    for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K})
       for (Size sz : {Size{1, 256}, Size{100, 2048}, Size{1000, 4096}, Size{64, 768}, Size{130, 256}})
         for (int n : {2, 33, 130}) KQuantMatvecMatchesCpuFor(type, sz.rows, sz.cols, n, 1e-5);
     for (ExpertMix mix :
          {ExpertMix{GgmlType::kQ4_K, GgmlType::kQ4_K, 768, 512}, ExpertMix{GgmlType::kQ4_K, GgmlType::kQ6_K, 2048, 768},
           ExpertMix{GgmlType::kQ6_K, GgmlType::kQ6_K, 768, 512}, ExpertMix{GgmlType::kQ6_K, GgmlType::kQ8_0, 768, 512},
+          ExpertMix{GgmlType::kQ5_K, GgmlType::kQ6_K, 768, 512},
           ExpertMix{GgmlType::kQ3_K, GgmlType::kQ4_K, 256, 1280}})
       for (int n : {1, 5, 40, 300}) ExpertsMatchCpuFor(mix, n, 1e-5);
   }

@@ -1,4 +1,4 @@
-// The fast form's multi-token Q4_K and Q6_K products (MultiTokenQ8_0::kMmaFast) on the tensor
+// The fast form's multi-token Q4_K, Q5_K and Q6_K products (MultiTokenQ8_0::kMmaFast) on the tensor
 // cores, in shared-memory tiles shaped as mma_q8_0_tiles.cuh's: a block of 4 warps takes 64 weight
 // rows x kBN tokens of Q8_K activations, and both pass through shared memory a 256-block of columns
 // at a time, several blocks in flight (cp.async); a warp computes 32 rows x kBN / 2 tokens from
@@ -34,7 +34,7 @@ struct KQuantTileSmem : KQuantTileLayout<kType, kBN> {
   static constexpr int kBytes = kPointerBytes + kStages * L::kBufferBytes;
   static_assert(L::kRows == kMmaTileRows, "the layout's rows are the tile's");
 
-  // Each mma row's qs / ql, header / scales, and (Q6_K) qh and f16 d, of its first block; each
+  // Each mma row's qs / ql, header / scales, (Q5_K, Q6_K) qh and (Q6_K) f16 d, of its first block; each
   // token's quants, bsums and d (nullptr: zero).
   const uint8_t** row_q;
   const uint8_t** row_h;
@@ -116,9 +116,10 @@ __device__ inline void KQuantTileBlock(const KQuantTileSmem<kType, kBN>& s, cons
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
   const int row_base = (warp / 2) * 32, tok_base = (warp % 2) * (kBN / 2);
   // q[mt]: rows gid and gid + 8 of m-tile mt at lane tig, then at lane tig + 4 (the A registers);
-  // qh[mt] the same of Q6_K's qh.
+  // qh[mt] the same of Q6_K's qh, qh5[mt] of Q5_K's.
   uint4 q[2][4], header[2][2];
   uint2 qh[2][4];
+  uint32_t qh5[2][4];
   float d[2][2];
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt) {
@@ -127,6 +128,8 @@ __device__ inline void KQuantTileBlock(const KQuantTileSmem<kType, kBN>& s, cons
     for (int k = 0; k < 4; ++k) {  // k: row r[k % 2] at lane tig + 4 (k / 2)
       q[mt][k] = *reinterpret_cast<const uint4*>(buffer + S::Qs(r[k % 2], tig + 4 * (k / 2)));
       if constexpr (S::kQ6) qh[mt][k] = *reinterpret_cast<const uint2*>(buffer + S::Qh(r[k % 2], tig + 4 * (k / 2)));
+      if constexpr (S::kQ5)
+        qh5[mt][k] = *reinterpret_cast<const uint32_t*>(buffer + S::Qh(r[k % 2], tig + 4 * (k / 2)));
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -182,10 +185,13 @@ __device__ inline void KQuantTileBlock(const KQuantTileSmem<kType, kBN>& s, cons
         const Q4_KScales sc[2] = {DecodeQ4_KScales(header[mt][0]), DecodeQ4_KScales(header[mt][1])};
 #pragma unroll
         for (int g = 0; g < 8; ++g) {
+          // Rows gid, gid + 8 at lane tig, then at lane tig + 4: their codes of sub-block g.
+          uint32_t a[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k)
+            a[k] = S::kQ5 ? Q5_KSubBlockCodes(q[mt][k], qh5[mt][k], g) : Q4_KSubBlockCodes(q[mt][k], g);
           int c4[4];
-          MmaS8Int(c4, Q4_KSubBlockCodes(q[mt][0], g), Q4_KSubBlockCodes(q[mt][1], g), Q4_KSubBlockCodes(q[mt][2], g),
-                   Q4_KSubBlockCodes(q[mt][3], g), Q8_KSubBlockQuants(x[0], x[1], g),
-                   Q8_KSubBlockQuants(x[2], x[3], g));
+          MmaS8Int(c4, a[0], a[1], a[2], a[3], Q8_KSubBlockQuants(x[0], x[1], g), Q8_KSubBlockQuants(x[2], x[3], g));
 #pragma unroll
           for (int c = 0; c < 4; ++c) isum[c] += Q4_KSubBlockScale(sc[c / 2], g) * c4[c];
         }
@@ -232,6 +238,11 @@ struct KQuantTiles {
       s.row_h[m] = row ? w.data + Q4_KHeaderOffset(n, b) : nullptr;
       s.row_qh[m] = nullptr;
       s.row_d[m] = nullptr;
+    } else if constexpr (kType == kDevQ5_K) {
+      s.row_q[m] = row ? w.data + Q5_KQsOffset(b, 0) : nullptr;
+      s.row_h[m] = row ? w.data + Q5_KHeaderOffset(n, b) : nullptr;
+      s.row_qh[m] = row ? w.data + Q5_KQhOffset(n, b, 0) : nullptr;
+      s.row_d[m] = nullptr;
     } else {
       s.row_q[m] = row ? w.data + Q6_KQlOffset(b, 0) : nullptr;
       s.row_h[m] = row ? w.data + Q6_KScalesOffset(n, b) : nullptr;
@@ -250,10 +261,11 @@ struct KQuantTiles {
   }
 };
 
-// Products the K-quant tiles take: Q4_K or Q6_K rows and Q8_K activations of whole blocks (their
+// Products the K-quant tiles take: Q4_K, Q5_K or Q6_K rows and Q8_K activations of whole blocks (their
 // rows, bsums and the staged copies then 16-byte aligned).
 inline bool KQuantTilesFit(int type, int64_t cols, int64_t act_stride) {
-  return (type == kDevQ4_K || type == kDevQ6_K) && cols > 0 && cols % kKBlock == 0 && act_stride % kKBlock == 0;
+  return (type == kDevQ4_K || type == kDevQ5_K || type == kDevQ6_K) && cols > 0 && cols % kKBlock == 0 &&
+         act_stride % kKBlock == 0;
 }
 
 // Tokens per tile where the K-quant tiles take a product of several tokens whose row blocks see
@@ -275,6 +287,11 @@ void WithKQuantTiles(int type, int kBN, Launch launch) {
       launch(KQuantTiles<kDevQ6_K, 64>{});
     else
       launch(KQuantTiles<kDevQ6_K, 32>{});
+  } else if (type == kDevQ5_K) {
+    if (kBN == 64)
+      launch(KQuantTiles<kDevQ5_K, 64>{});
+    else
+      launch(KQuantTiles<kDevQ5_K, 32>{});
   } else {
     if (kBN == 64)
       launch(KQuantTiles<kDevQ4_K, 64>{});

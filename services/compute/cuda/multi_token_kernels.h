@@ -16,7 +16,7 @@ namespace mer::cuda {
 //              fma(d_w * d_a, int32 block sum, acc) instead of the CPU's 8 lane chains and their
 //              tree, so results differ from the CPU's in the last bits of each product, and (as any
 //              change of rounding does, through the Q8_0 activations) by more in the logits
-//              (docs/cuda.md, "Multi-token numerics"). The Q4_K and Q6_K products of several
+//              (docs/cuda.md, "Multi-token numerics"). The Q4_K, Q5_K and Q6_K products of several
 //              tokens may take the tensor cores too under this choice only (KQuantTilesEnabled;
 //              mma_kquant_tiles.cuh: one mma per sub-block, one f32 chain per output over the
 //              256-blocks); under the others they take the dp4a kernels, the CPU's bits.
@@ -53,7 +53,7 @@ enum class FastTiles { kOff, kByShape, kAlways };
 inline constexpr int kMmaTiledMinTokens = 128;
 FastTiles FastTilesChoice();
 void SetFastTiles(FastTiles tiles);
-// Whether the fast form takes the Q4_K and Q6_K products of several tokens on the tensor cores
+// Whether the fast form takes the Q4_K, Q5_K and Q6_K products of several tokens on the tensor cores
 // (mma_kquant_tiles.cuh) rather than the dp4a kernels: MER_CUDA_MMA_KQUANT=1, read at the first
 // call; off by default until cuda_kernels_test KQuantFastTilesMatchCpu and cuda_engine_test
 // FastTensorCoresDriftLikeAnyRounding have run them on a GPU (their arithmetic and fragments pass

@@ -654,54 +654,69 @@ struct WarpTile {
   }
 };
 
-// The fast Q4_K tensor-core products (mma_kquant.cuh, as mma_kquant_tiles.cuh drives them) for 16
-// rows and 8 tokens, a warp's mma fragments emulated: each block's integer sums equal the CPU lane
-// sums' total (Q4_KLaneSum over the 8 lanes, Q5_KMinSum), which pins the fragments' layout; each
-// output's chain is within 1e-5 of the CPU kernel's result, relative to the largest output.
-TEST(KQuantLayout, Q4_KTensorCoreFragmentsMatchCpu) {
-  for (int64_t cols : {256, 1024, 2816}) {
-    for (bool raw : {false, true}) {
-      const WarpTile c(GgmlType::kQ4_K, cols, raw);
-      float got[WarpTile::kRows][WarpTile::kTokens] = {};
-      for (int64_t bi = 0; bi < c.nb; ++bi) {
-        const auto qs = [&](int r, int lane) { return Load<uint4>(&c.dev[cuda::Q4_KQsOffset(r * c.nb + bi, lane)]); };
-        const auto header = [&](int r) { return Load<uint4>(&c.dev[cuda::Q4_KHeaderOffset(c.n, r * c.nb + bi)]); };
-        int isum[WarpTile::kRows][WarpTile::kTokens] = {};
-        for (int g = 0; g < 8; ++g) {
-          uint32_t af[32][4], bf[32][2];
-          for (int lane = 0; lane < 32; ++lane) {
-            const int gid = lane / 4, tig = lane % 4;
-            af[lane][0] = cuda::Q4_KSubBlockCodes(qs(gid, tig), g);
-            af[lane][1] = cuda::Q4_KSubBlockCodes(qs(gid + 8, tig), g);
-            af[lane][2] = cuda::Q4_KSubBlockCodes(qs(gid, tig + 4), g);
-            af[lane][3] = cuda::Q4_KSubBlockCodes(qs(gid + 8, tig + 4), g);
-            bf[lane][0] = cuda::Q8_KSubBlockQuants(c.Quants(gid, bi, tig, 0), c.Quants(gid, bi, tig, 1), g);
-            bf[lane][1] = cuda::Q8_KSubBlockQuants(c.Quants(gid, bi, tig + 4, 0), c.Quants(gid, bi, tig + 4, 1), g);
+// The fast Q4_K and Q5_K tensor-core products (mma_kquant.cuh, as mma_kquant_tiles.cuh drives them)
+// for 16 rows and 8 tokens, a warp's mma fragments emulated: each block's integer sums equal the
+// CPU lane sums' total (Q4_KLaneSum or Q5_KLaneSum over the 8 lanes, Q5_KMinSum), which pins the
+// fragments' layout; each output's chain is within 1e-5 of the CPU kernel's result, relative to the
+// largest output.
+TEST(KQuantLayout, Q4_KAndQ5_KTensorCoreFragmentsMatchCpu) {
+  for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ5_K})
+    for (int64_t cols : {256, 1024, 2816}) {
+      for (bool raw : {false, true}) {
+        const bool q5 = type == GgmlType::kQ5_K;
+        const WarpTile c(type, cols, raw);
+        float got[WarpTile::kRows][WarpTile::kTokens] = {};
+        for (int64_t bi = 0; bi < c.nb; ++bi) {
+          const auto qs = [&](int r, int lane) { return Load<uint4>(&c.dev[cuda::Q4_KQsOffset(r * c.nb + bi, lane)]); };
+          const auto qh = [&](int r, int lane) {
+            return q5 ? Load<uint32_t>(&c.dev[cuda::Q5_KQhOffset(c.n, r * c.nb + bi, lane)]) : 0u;
+          };
+          const auto header = [&](int r) {
+            const int64_t b = r * c.nb + bi;
+            return Load<uint4>(&c.dev[q5 ? cuda::Q5_KHeaderOffset(c.n, b) : cuda::Q4_KHeaderOffset(c.n, b)]);
+          };
+          const auto codes = [&](int r, int lane, int g) {
+            return q5 ? cuda::Q5_KSubBlockCodes(qs(r, lane), qh(r, lane), g) : cuda::Q4_KSubBlockCodes(qs(r, lane), g);
+          };
+          int isum[WarpTile::kRows][WarpTile::kTokens] = {};
+          for (int g = 0; g < 8; ++g) {
+            uint32_t af[32][4], bf[32][2];
+            for (int lane = 0; lane < 32; ++lane) {
+              const int gid = lane / 4, tig = lane % 4;
+              af[lane][0] = codes(gid, tig, g);
+              af[lane][1] = codes(gid + 8, tig, g);
+              af[lane][2] = codes(gid, tig + 4, g);
+              af[lane][3] = codes(gid + 8, tig + 4, g);
+              bf[lane][0] = cuda::Q8_KSubBlockQuants(c.Quants(gid, bi, tig, 0), c.Quants(gid, bi, tig, 1), g);
+              bf[lane][1] = cuda::Q8_KSubBlockQuants(c.Quants(gid, bi, tig + 4, 0), c.Quants(gid, bi, tig + 4, 1), g);
+            }
+            int mma[32][4];
+            EmulateMmaS8(af, bf, mma);
+            for (int lane = 0; lane < 32; ++lane)
+              for (int i = 0; i < 4; ++i) {
+                const int r = lane / 4 + (i >= 2 ? 8 : 0), t = 2 * (lane % 4) + i % 2;
+                isum[r][t] += cuda::Q4_KSubBlockScale(cuda::DecodeQ4_KScales(header(r)), g) * mma[lane][i];
+              }
           }
-          int mma[32][4];
-          EmulateMmaS8(af, bf, mma);
-          for (int lane = 0; lane < 32; ++lane)
-            for (int i = 0; i < 4; ++i) {
-              const int r = lane / 4 + (i >= 2 ? 8 : 0), t = 2 * (lane % 4) + i % 2;
-              isum[r][t] += cuda::Q4_KSubBlockScale(cuda::DecodeQ4_KScales(header(r)), g) * mma[lane][i];
+          for (int r = 0; r < WarpTile::kRows; ++r)
+            for (int t = 0; t < WarpTile::kTokens; ++t) {
+              const cuda::Q4_KScales s = cuda::DecodeQ4_KScales(header(r));
+              int lanes = 0;
+              for (int lane = 0; lane < 8; ++lane) {
+                const uint4 a0 = c.Quants(t, bi, lane, 0), a1 = c.Quants(t, bi, lane, 1);
+                lanes += q5 ? cuda::Q5_KLaneSum(qs(r, lane), qh(r, lane), s, a0, a1)
+                            : cuda::Q4_KLaneSum(qs(r, lane), s, a0, a1);
+              }
+              ASSERT_EQ(isum[r][t], lanes) << c.Where(bi, r, t);
+              const int msum = cuda::Q5_KMinSum(s, Load<uint4>(c.Bsums(t, bi)), Load<uint4>(c.Bsums(t, bi) + 16));
+              const uint32_t dd = header(r).x;
+              got[r][t] = cuda::Q4_KTileStep(got[r][t], isum[r][t], msum, F16ToF32(static_cast<f16_bits>(dd & 0xffffu)),
+                                             F16ToF32(static_cast<f16_bits>(dd >> 16)), c.act_d[t][bi]);
             }
         }
-        for (int r = 0; r < WarpTile::kRows; ++r)
-          for (int t = 0; t < WarpTile::kTokens; ++t) {
-            const cuda::Q4_KScales s = cuda::DecodeQ4_KScales(header(r));
-            int lanes = 0;
-            for (int lane = 0; lane < 8; ++lane)
-              lanes += cuda::Q4_KLaneSum(qs(r, lane), s, c.Quants(t, bi, lane, 0), c.Quants(t, bi, lane, 1));
-            ASSERT_EQ(isum[r][t], lanes) << c.Where(bi, r, t);
-            const int msum = cuda::Q5_KMinSum(s, Load<uint4>(c.Bsums(t, bi)), Load<uint4>(c.Bsums(t, bi) + 16));
-            const uint32_t dd = header(r).x;
-            got[r][t] = cuda::Q4_KTileStep(got[r][t], isum[r][t], msum, F16ToF32(static_cast<f16_bits>(dd & 0xffffu)),
-                                           F16ToF32(static_cast<f16_bits>(dd >> 16)), c.act_d[t][bi]);
-          }
+        c.ExpectNearCpu(got);
       }
-      c.ExpectNearCpu(got);
     }
-  }
 }
 
 // The same for Q6_K (mma.m16n8k16 per 16-element sub-block, emulated as m16n8k32 with the second
@@ -759,7 +774,10 @@ TEST(KQuantLayout, Q6_KTensorCoreFragmentsMatchCpu) {
 // the copies do not overlap (their regions cover each byte at most once).
 template <GgmlType kType, int kBN>
 void StagedBlockIsTheDeviceLayouts() {
-  using L = cuda::KQuantTileLayout<kType == GgmlType::kQ4_K ? cuda::kDevQ4_K : cuda::kDevQ6_K, kBN>;
+  using L = cuda::KQuantTileLayout<kType == GgmlType::kQ4_K   ? cuda::kDevQ4_K
+                                   : kType == GgmlType::kQ5_K ? cuda::kDevQ5_K
+                                                              : cuda::kDevQ6_K,
+                                   kBN>;
   constexpr int64_t cols = 768, nb = cols / kKBlock, n = L::kRows * nb;
   const std::vector<uint8_t> dev = Repack(kType, RandomWeights(kType, L::kRows, cols, true));
   std::vector<std::vector<uint8_t>> act(kBN);
@@ -769,9 +787,16 @@ void StagedBlockIsTheDeviceLayouts() {
     QuantizeRowQ8_K(Random(cols, 1.0f).data(), a.data(), cols);
     ToDeviceQ8_K(a, cols, &act[t], &act_d[t]);
   }
-  const bool q6 = kType == GgmlType::kQ6_K;
-  const auto RowCodesOffset = [&](int64_t b, int lane) {
-    return q6 ? cuda::Q6_KQlOffset(b, lane) : cuda::Q4_KQsOffset(b, lane);
+  const bool q5 = kType == GgmlType::kQ5_K, q6 = kType == GgmlType::kQ6_K;
+  // Block b's bytes in the device layouts: codes (lane `lane`'s), qh (lane `lane`'s), header / scales.
+  const auto codes_at = [&](int64_t b, int lane) {
+    return q6 ? cuda::Q6_KQlOffset(b, lane) : q5 ? cuda::Q5_KQsOffset(b, lane) : cuda::Q4_KQsOffset(b, lane);
+  };
+  const auto qh_at = [&](int64_t b, int lane) {
+    return q6 ? cuda::Q6_KQhOffset(n, b, lane) : cuda::Q5_KQhOffset(n, b, lane);
+  };
+  const auto header_at = [&](int64_t b) {
+    return q6 ? cuda::Q6_KScalesOffset(n, b) : q5 ? cuda::Q5_KHeaderOffset(n, b) : cuda::Q4_KHeaderOffset(n, b);
   };
   for (int64_t i = 0; i < nb; ++i) {
     std::vector<uint8_t> buffer(L::kBufferBytes, 0xAB);
@@ -782,13 +807,11 @@ void StagedBlockIsTheDeviceLayouts() {
     };
     for (int idx = 0; idx < L::kCopies; ++idx) {
       const typename L::Copy c = L::CopyOf(idx, static_cast<int>(i));
-      const uint8_t* start =
-          c.part == L::kRowQs   ? &dev[RowCodesOffset(c.index * nb, 0)]
-          : c.part == L::kRowQh ? &dev[cuda::Q6_KQhOffset(n, c.index * nb, 0)]
-          : c.part == L::kRowHeader
-              ? &dev[q6 ? cuda::Q6_KScalesOffset(n, c.index * nb) : cuda::Q4_KHeaderOffset(n, c.index * nb)]
-          : c.part == L::kTokQuants ? act[c.index].data()
-                                    : &act[c.index][cuda::Q8_KBsumsOffset(cols, 0)];
+      const uint8_t* start = c.part == L::kRowQs       ? &dev[codes_at(c.index * nb, 0)]
+                             : c.part == L::kRowQh     ? &dev[qh_at(c.index * nb, 0)]
+                             : c.part == L::kRowHeader ? &dev[header_at(c.index * nb)]
+                             : c.part == L::kTokQuants ? act[c.index].data()
+                                                       : &act[c.index][cuda::Q8_KBsumsOffset(cols, 0)];
       put(c.dst, start + c.src, 16);
     }
     for (int t = 0; t < kBN; ++t) put(L::D(t), reinterpret_cast<const uint8_t*>(&act_d[t][i]), 4);
@@ -801,10 +824,10 @@ void StagedBlockIsTheDeviceLayouts() {
     for (int r = 0; r < L::kRows; ++r) {
       const int64_t b = r * nb + b0;
       for (int lane = 0; lane < 8; ++lane) {
-        expect(L::Qs(r, lane), &dev[RowCodesOffset(b, lane)], 16, "row qs", r);
-        if (q6) expect(L::Qh(r, lane), &dev[cuda::Q6_KQhOffset(n, b, lane)], 8, "row qh", r);
+        expect(L::Qs(r, lane), &dev[codes_at(b, lane)], 16, "row codes", r);
+        if (q5 || q6) expect(L::Qh(r, lane), &dev[qh_at(b, lane)], L::kQhLane, "row qh", r);
       }
-      expect(L::Header(r), &dev[q6 ? cuda::Q6_KScalesOffset(n, b) : cuda::Q4_KHeaderOffset(n, b)], 16, "row header", r);
+      expect(L::Header(r), &dev[header_at(b)], 16, "row header", r);
     }
     for (int t = 0; t < kBN; ++t) {
       for (int lane = 0; lane < 8; ++lane)
@@ -819,6 +842,8 @@ void StagedBlockIsTheDeviceLayouts() {
 TEST(KQuantLayout, TensorCoreTilesStageTheDeviceLayouts) {
   StagedBlockIsTheDeviceLayouts<GgmlType::kQ4_K, 32>();
   StagedBlockIsTheDeviceLayouts<GgmlType::kQ4_K, 64>();
+  StagedBlockIsTheDeviceLayouts<GgmlType::kQ5_K, 32>();
+  StagedBlockIsTheDeviceLayouts<GgmlType::kQ5_K, 64>();
   StagedBlockIsTheDeviceLayouts<GgmlType::kQ6_K, 32>();
   StagedBlockIsTheDeviceLayouts<GgmlType::kQ6_K, 64>();
 }
