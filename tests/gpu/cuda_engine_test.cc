@@ -26,8 +26,8 @@
 #include <optional>
 #include <random>
 #include <string>
-#include <utility>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"

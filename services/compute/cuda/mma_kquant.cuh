@@ -154,9 +154,11 @@ struct KQuantTileLayout {
     if (idx < kRowQsCopies)
       return {kRowQs, idx / 8, Qs(idx / 8, 0) + (idx % 8) * 16, int64_t(i) * 128 + (idx % 8) * 16};
     idx -= kRowQsCopies;
-    if (idx < kRowQhCopies) {
-      const int r = idx / kQhCopiesPerRow, c = idx % kQhCopiesPerRow;
-      return {kRowQh, r, Qh(r, 0) + c * 16, int64_t(i) * kQhBytes + c * 16};
+    if constexpr (kQhCopiesPerRow > 0) {  // Q4_K has no qh
+      if (idx < kRowQhCopies) {
+        const int r = idx / kQhCopiesPerRow, c = idx % kQhCopiesPerRow;
+        return {kRowQh, r, Qh(r, 0) + c * 16, int64_t(i) * kQhBytes + c * 16};
+      }
     }
     idx -= kRowQhCopies;
     if (idx < kHeaderCopies) return {kRowHeader, idx, Header(idx), int64_t(i) * 16};

@@ -34,8 +34,8 @@ struct KQuantTileSmem : KQuantTileLayout<kType, kBN> {
   static constexpr int kBytes = kPointerBytes + kStages * L::kBufferBytes;
   static_assert(L::kRows == kMmaTileRows, "the layout's rows are the tile's");
 
-  // Each mma row's qs / ql, header / scales, (Q5_K, Q6_K) qh and (Q6_K) f16 d, of its first block; each
-  // token's quants, bsums and d (nullptr: zero).
+  // Each mma row's qs / ql, header / scales, qh (Q5_K, Q6_K) and f16 d (Q6_K), of its first
+  // block; each token's quants, bsums and d (nullptr: zero).
   const uint8_t** row_q;
   const uint8_t** row_h;
   const uint8_t** row_qh;
