@@ -1,6 +1,5 @@
 #include "services/compute/cuda/kquant_experts.cuh"
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -79,19 +78,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// Tokens per tile where the K-quant tiles take these products of a pass over n pairs per expert at
-// most (cols: the activations' columns), else 0: KQuantTileTokens, by the pass's pairs per expert
-// on average, as the Q8_0 tiles (moe_experts.cu).
-int ExpertKQuantTileTokens(int type, int64_t cols, const DevAct& act, const ExpertArgs& a, int n) {
-  return n > 1 ? KQuantTileTokens(type, cols, act.stride, int64_t(n) * a.k / std::max(a.u_count, 1)) : 0;
-}
-
 template <int kType>
 void LaunchGateUpT(const ExpertArgs& a, const DevAct& act, float* h, int max_pairs, cudaStream_t s) {
   const dim3 grid((a.n_ff + kGroupsPerBlock - 1) / kGroupsPerBlock, a.u_count);
-  if (const int tokens = ExpertKQuantTileTokens(kType, a.n_embd, act, a, max_pairs); tokens > 0)
-    WithKQuantTiles(kType, tokens, [&](auto tiles) { LaunchGateUpTiled<decltype(tiles)>(a, act, h, s); });
-  else if (max_pairs <= 1)
+  if (max_pairs <= 1)
     LaunchPdl(KQuantGateUpKernel<kType, 1>, grid, dim3(kWarps * 32), 0, s, a, act, h);
   else
     LaunchPdl(KQuantGateUpKernel<kType, 8>, grid, dim3(kWarps * 32), 0, s, a, act, h);
@@ -101,9 +91,7 @@ template <int kType>
 void LaunchDownT(const ExpertArgs& a, const DevAct& act, float* out, int max_pairs, cudaStream_t s) {
   constexpr int kRowsPerBlock = kGroupsPerBlock * 2;
   const dim3 grid((a.n_embd + kRowsPerBlock - 1) / kRowsPerBlock, a.u_count);
-  if (const int tokens = ExpertKQuantTileTokens(kType, a.n_ff, act, a, max_pairs); tokens > 0)
-    WithKQuantTiles(kType, tokens, [&](auto tiles) { LaunchDownTiled<decltype(tiles)>(a, act, out, s); });
-  else if (max_pairs <= 1)
+  if (max_pairs <= 1)
     LaunchPdl(KQuantDownKernel<kType, 1>, grid, dim3(kWarps * 32), 0, s, a, act, out);
   else
     LaunchPdl(KQuantDownKernel<kType, 8>, grid, dim3(kWarps * 32), 0, s, a, act, out);
@@ -118,12 +106,23 @@ void CheckArgs(const char* what, int type, int64_t cols, const DevAct& act) {
   }
 }
 
+// Tokens per tile where the K-quant tiles (mma_kquant_tiles.cuh) take these products of a pass
+// over n pairs per expert at most (cols: the activations' columns), else 0: KQuantTileTokens, by
+// the pass's pairs per expert on average, as the Q8_0 tiles (moe_experts.cu).
+int ExpertKQuantTileTokens(int type, int64_t cols, const DevAct& act, const ExpertArgs& a, int n) {
+  return n > 1 ? KQuantTileTokens(type, cols, act.stride, MeanExpertTokens(a, n)) : 0;
+}
+
 }  // namespace
 
 void LaunchExpertGateUpKQuant(const ExpertArgs& a, const DevAct& x_act, float* h, int max_group_pairs,
                               cudaStream_t stream) {
   CheckArgs("gate/up", a.type, a.n_embd, x_act);
   if (a.u_count <= 0) return;
+  if (const int tokens = ExpertKQuantTileTokens(a.type, a.n_embd, x_act, a, max_group_pairs); tokens > 0) {
+    WithKQuantTiles(a.type, tokens, [&](auto tiles) { LaunchGateUpTiled<decltype(tiles)>(a, x_act, h, stream); });
+    return;
+  }
   switch (a.type) {
     case kDevQ2_K:
       LaunchGateUpT<kDevQ2_K>(a, x_act, h, max_group_pairs, stream);
@@ -183,6 +182,10 @@ void LaunchExpertDownKQuant(const ExpertArgs& a, const DevAct& h_act, float* out
                             cudaStream_t stream) {
   CheckArgs("down", a.down_type, a.n_ff, h_act);
   if (a.u_count <= 0) return;
+  if (const int tokens = ExpertKQuantTileTokens(a.down_type, a.n_ff, h_act, a, max_group_pairs); tokens > 0) {
+    WithKQuantTiles(a.down_type, tokens, [&](auto tiles) { LaunchDownTiled<decltype(tiles)>(a, h_act, out, stream); });
+    return;
+  }
   switch (a.down_type) {
     case kDevQ2_K:
       LaunchDownT<kDevQ2_K>(a, h_act, out, max_group_pairs, stream);

@@ -57,12 +57,12 @@ __global__ void __launch_bounds__(kWarps * 32) KQuantMatvecKernel(const __grid_c
 }
 
 // The K-quant tiles (mma_kquant_tiles.cuh) for these outputs; false where they do not take them:
-// the fast form's choice (KQuantTileTokens), and with FastTiles::kByShape steps of
-// kMmaTiledMinTokens tokens or more, as the Q8_0 tiles (matvec.cu).
+// the fast form's choice (KQuantTileTokens) for the step's tokens (FastTilesTakeMatvec), as the
+// Q8_0 tiles (matvec.cu).
 bool LaunchKQuantTiled(const KQuantMatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
   const int type = args.o[0].w.type;
   const int tokens = KQuantTileTokens(type, args.o[0].w.cols, args.act.stride, args.n_tokens);
-  if (tokens == 0 || (FastTilesChoice() == FastTiles::kByShape && args.n_tokens < kMmaTiledMinTokens)) return false;
+  if (args.n_tokens < 2 || tokens == 0 || !FastTilesTakeMatvec(args.n_tokens)) return false;
   WithKQuantTiles(type, tokens, [&](auto tiles) { LaunchMatvecTiled<decltype(tiles)>(args, total_rows, stream); });
   return true;
 }
@@ -70,7 +70,6 @@ bool LaunchKQuantTiled(const KQuantMatvecArgs& args, int64_t total_rows, cudaStr
 template <int kType>
 void Launch(const KQuantMatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
   const unsigned bx = static_cast<unsigned>((total_rows + kRowsPerBlock - 1) / kRowsPerBlock);
-  if (args.n_tokens > 1 && LaunchKQuantTiled(args, total_rows, stream)) return;
   if (args.n_tokens == 1) {
     LaunchPdl(KQuantMatvecKernel<kType, 1>, dim3(bx, 1), dim3(kWarps * 32), 0, stream, args);
   } else {
@@ -123,6 +122,7 @@ void LaunchMatvecKQuant(const MatvecOutput* outputs, int n_outputs, const DevAct
   }
   const int64_t total = args.row_begin[n_outputs];
   if (total == 0 || n_tokens == 0) return;
+  if (LaunchKQuantTiled(args, total, stream)) return;
   switch (type) {
     case kDevQ2_K:
       Launch<kDevQ2_K>(args, total, stream);

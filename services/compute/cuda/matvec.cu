@@ -214,9 +214,7 @@ bool LaunchMma(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) 
 // The tiled kernel for these outputs; false where the fast form or its tiles are not chosen for
 // the step's tokens (MultiTokenQ8_0, FastTiles) or the rows do not fit the tiles.
 bool LaunchTiled(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
-  const FastTiles tiles = FastTilesChoice();
-  if (MultiTokenQ8_0Kernels() != MultiTokenQ8_0::kMmaFast || tiles == FastTiles::kOff ||
-      (tiles == FastTiles::kByShape && args.n_tokens < kMmaTiledMinTokens) ||
+  if (MultiTokenQ8_0Kernels() != MultiTokenQ8_0::kMmaFast || !FastTilesTakeMatvec(args.n_tokens) ||
       !MmaTilesFit(args.o[0].w.type, args.o[0].w.cols, args.act.stride))
     return false;
   WithMmaTileTokens(args.n_tokens,

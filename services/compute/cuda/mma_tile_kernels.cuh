@@ -5,6 +5,7 @@
 // takes 64 mma rows x Tiles::kBN tokens; the accumulators are MmaTileDots's.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "services/compute/cuda/expert_group.cuh"
@@ -12,10 +13,22 @@
 #include "services/compute/cuda/matvec.cuh"
 #include "services/compute/cuda/mma_q8_0_tiles.cuh"
 #include "services/compute/cuda/moe_experts.cuh"
+#include "services/compute/cuda/multi_token_kernels.h"
 #include "services/compute/cuda/pdl.cuh"
 #include "services/compute/cuda/staged_dots.cuh"
 
 namespace mer::cuda {
+
+// The tokens each row block of an expert pass (n pairs per expert at most) sees on average: what
+// picks a pass's tile width (MmaTileTokens).
+inline int64_t MeanExpertTokens(const ExpertArgs& a, int n) { return int64_t(n) * a.k / std::max(a.u_count, 1); }
+
+// Whether the fast form's tiles take a mat-vec of n_tokens tokens (FastTiles: kAlways any,
+// kByShape kMmaTiledMinTokens or more, kOff none); whether the fast form is chosen is the caller's.
+inline bool FastTilesTakeMatvec(int n_tokens) {
+  const FastTiles tiles = FastTilesChoice();
+  return tiles == FastTiles::kAlways || (tiles == FastTiles::kByShape && n_tokens >= kMmaTiledMinTokens);
+}
 
 // Gate/up: a block's 64 mma rows are 4 m-tiles of 8 gate rows and the same 8 up rows (32 rows of
 // each), so that one thread holds both sums of each SwiGLU, as in GateUpMmaKernel; down: 64 rows.

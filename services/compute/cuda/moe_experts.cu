@@ -1,6 +1,5 @@
 #include "services/compute/cuda/moe_experts.cuh"
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <type_traits>
@@ -395,7 +394,7 @@ int ExpertTileTokens(int type, int64_t cols, const DevAct& act, const ExpertArgs
   if (MultiTokenQ8_0Kernels() != MultiTokenQ8_0::kMmaFast || FastTilesChoice() == FastTiles::kOff ||
       !MmaTilesFit(type, cols, act.stride))
     return 0;
-  return MmaTileTokens(int64_t(n) * a.k / std::max(a.u_count, 1));
+  return MmaTileTokens(MeanExpertTokens(a, n));
 }
 
 // The mma kernels' tiles per pass for these Q8_0 products of a step of n tokens (cols: the
