@@ -1,9 +1,7 @@
 #include "services/compute/cuda/kquant_matvec.cuh"
 
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 
 #include "services/compute/cuda/cuda_check.cuh"
 #include "services/compute/cuda/kquant_dot.cuh"
@@ -79,21 +77,7 @@ void Launch(const KQuantMatvecArgs& args, int64_t total_rows, cudaStream_t strea
   }
 }
 
-std::atomic<int> kquant_tiles{-1};  // -1: MER_CUDA_MMA_KQUANT not read yet
-
 }  // namespace
-
-bool KQuantTilesEnabled() {
-  int on = kquant_tiles.load(std::memory_order_relaxed);
-  if (on < 0) {
-    const char* v = std::getenv("MER_CUDA_MMA_KQUANT");
-    on = v != nullptr && std::strcmp(v, "1") == 0 ? 1 : 0;
-    kquant_tiles.store(on, std::memory_order_relaxed);
-  }
-  return on == 1;
-}
-
-void SetKQuantTiles(bool enabled) { kquant_tiles.store(enabled ? 1 : 0, std::memory_order_relaxed); }
 
 void LaunchMatvecKQuant(const MatvecOutput* outputs, int n_outputs, const DevAct& act, int n_tokens,
                         cudaStream_t stream) {

@@ -286,23 +286,34 @@ void Launch(const MatvecArgs& args, int64_t total_rows, cudaStream_t stream) {
   }
 }
 
-std::atomic<int> multi_token_q8_0{-1};  // -1: MER_CUDA_MMA not read yet
+// The process-wide multi-token kernel settings (multi_token_kernels.h): -1 until the first read,
+// which takes the environment; the setters (tests, benchmarks) override it.
+std::atomic<int> multi_token_q8_0{-1};  // MER_CUDA_MMA
+std::atomic<int> fast_tiles{-1};        // MER_CUDA_MMA_TILED
+std::atomic<int> kquant_tiles{-1};      // MER_CUDA_MMA_KQUANT
+
+// The value of `setting`; at the first read, parse(the variable `name`, nullptr where unset).
+template <typename Parse>
+int ReadSetting(std::atomic<int>& setting, const char* name, Parse parse) {
+  int v = setting.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = parse(std::getenv(name));
+    setting.store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
 
 }  // namespace
 
 MultiTokenQ8_0 MultiTokenQ8_0Kernels() {
-  int k = multi_token_q8_0.load(std::memory_order_relaxed);
-  if (k < 0) {
-    const char* v = std::getenv("MER_CUDA_MMA");
+  return static_cast<MultiTokenQ8_0>(ReadSetting(multi_token_q8_0, "MER_CUDA_MMA", [](const char* v) {
     const MultiTokenQ8_0 chosen = v == nullptr                  ? MultiTokenQ8_0::kAuto
                                   : std::strcmp(v, "0") == 0    ? MultiTokenQ8_0::kDp4a
                                   : std::strcmp(v, "1") == 0    ? MultiTokenQ8_0::kMmaExact
                                   : std::strcmp(v, "fast") == 0 ? MultiTokenQ8_0::kMmaFast
                                                                 : MultiTokenQ8_0::kAuto;
-    k = static_cast<int>(chosen);
-    multi_token_q8_0.store(k, std::memory_order_relaxed);
-  }
-  return static_cast<MultiTokenQ8_0>(k);
+    return static_cast<int>(chosen);
+  }));
 }
 
 void SetMultiTokenQ8_0(MultiTokenQ8_0 kernels) {
@@ -318,25 +329,24 @@ int MmaFastTiles() {
   return tiles;
 }
 
-namespace {
-std::atomic<int> fast_tiles{-1};  // -1: MER_CUDA_MMA_TILED not read yet
-}  // namespace
-
 FastTiles FastTilesChoice() {
-  int t = fast_tiles.load(std::memory_order_relaxed);
-  if (t < 0) {
-    const char* v = std::getenv("MER_CUDA_MMA_TILED");
+  return static_cast<FastTiles>(ReadSetting(fast_tiles, "MER_CUDA_MMA_TILED", [](const char* v) {
     const FastTiles chosen = v == nullptr                 ? FastTiles::kByShape
                              : std::strcmp(v, "0") == 0   ? FastTiles::kOff
                              : std::strcmp(v, "all") == 0 ? FastTiles::kAlways
                                                           : FastTiles::kByShape;
-    t = static_cast<int>(chosen);
-    fast_tiles.store(t, std::memory_order_relaxed);
-  }
-  return static_cast<FastTiles>(t);
+    return static_cast<int>(chosen);
+  }));
 }
 
 void SetFastTiles(FastTiles tiles) { fast_tiles.store(static_cast<int>(tiles), std::memory_order_relaxed); }
+
+bool KQuantTilesEnabled() {
+  return ReadSetting(kquant_tiles, "MER_CUDA_MMA_KQUANT",
+                     [](const char* v) { return v != nullptr && std::strcmp(v, "1") == 0 ? 1 : 0; }) == 1;
+}
+
+void SetKQuantTiles(bool enabled) { kquant_tiles.store(enabled ? 1 : 0, std::memory_order_relaxed); }
 
 void LaunchMatvec(const MatvecOutput* outputs, int n_outputs, const DevAct& act, int n_tokens, cudaStream_t stream) {
   if (n_outputs < 1 || n_outputs > kMaxOutputs) {
