@@ -79,4 +79,9 @@ __host__ __device__ inline int64_t Q8_0QuantOffset(int64_t i, int64_t n_blocks) 
   return (b / 4) * 128 + (within / 4) * 16 + (b % 4) * 4 + within % 4;
 }
 
+// Word j (0..3) of a 16-byte load.
+__host__ __device__ inline uint32_t Word(const uint4& v, int j) {
+  return j == 0 ? v.x : (j == 1 ? v.y : (j == 2 ? v.z : v.w));
+}
+
 }  // namespace mer::cuda

@@ -33,13 +33,9 @@
 
 namespace mer::cuda {
 
-__host__ __device__ inline uint32_t LaneWord(const uint4& v, int j) {
-  return j == 0 ? v.x : (j == 1 ? v.y : (j == 2 ? v.z : v.w));
-}
-
 // Sub-block g's codes of elements 4i .. 4i + 3, one per byte, from lane i's 16 qs bytes.
 __host__ __device__ inline uint32_t Q4_KSubBlockCodes(const uint4& lane_qs, int g) {
-  return (LaneWord(lane_qs, g / 2) >> (4 * (g % 2))) & 0x0f0f0f0fu;
+  return (Word(lane_qs, g / 2) >> (4 * (g % 2))) & 0x0f0f0f0fu;
 }
 
 // Q5_K: the same with each code's fifth bit from lane i's qh word (bit g of each byte).
@@ -50,7 +46,7 @@ __host__ __device__ inline uint32_t Q5_KSubBlockCodes(const uint4& lane_qs, uint
 // Sub-block g's quants of elements 4i .. 4i + 3 from lane i's 32 Q8_K bytes (lo: groups 0..3,
 // hi: groups 4..7).
 __host__ __device__ inline uint32_t Q8_KSubBlockQuants(const uint4& lo, const uint4& hi, int g) {
-  return g < 4 ? LaneWord(lo, g) : LaneWord(hi, g - 4);
+  return g < 4 ? Word(lo, g) : Word(hi, g - 4);
 }
 
 // Sub-block g's 6-bit scale.
@@ -68,7 +64,7 @@ __host__ __device__ inline float Q4_KTileStep(float acc, int isum, int msum, flo
 // words.
 __host__ __device__ inline uint32_t Q6_KGroupCodes(const uint4& lane_ql, const uint2& lane_qh, int G) {
   const int h = G / 4, k = G % 4;
-  const uint32_t ql = LaneWord(lane_ql, 2 * h + k % 2), qh = h == 0 ? lane_qh.x : lane_qh.y;
+  const uint32_t ql = Word(lane_ql, 2 * h + k % 2), qh = h == 0 ? lane_qh.x : lane_qh.y;
   return ((ql >> (4 * (k / 2))) & 0x0f0f0f0fu) | (((qh >> (2 * k)) << 4) & 0x30303030u);
 }
 
@@ -87,7 +83,7 @@ __host__ __device__ inline int Dot2(uint32_t a, uint32_t b, int half, int c) {
 // b0, b1: bsums[0..7], bsums[8..15].
 __host__ __device__ inline int Q6_KOffsetSum(const uint4& sc, const uint4& b0, const uint4& b1) {
   int sum = 0;
-  for (int w = 0; w < 8; ++w) sum = Dot2(LaneWord(w < 4 ? b0 : b1, w % 4), LaneWord(sc, w / 2), w % 2, sum);
+  for (int w = 0; w < 8; ++w) sum = Dot2(Word(w < 4 ? b0 : b1, w % 4), Word(sc, w / 2), w % 2, sum);
   return sum;
 }
 

@@ -172,8 +172,7 @@ __device__ inline void KQuantTileBlock(const KQuantTileSmem<kType, kBN>& s, cons
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
             const uint4& sc = header[mt][c / 2];
-            isum[c] +=
-                ByteS(LaneWord(sc, G / 2), 2 * (G % 2)) * lo[c] + ByteS(LaneWord(sc, G / 2), 2 * (G % 2) + 1) * hi[c];
+            isum[c] += ByteS(Word(sc, G / 2), 2 * (G % 2)) * lo[c] + ByteS(Word(sc, G / 2), 2 * (G % 2) + 1) * hi[c];
           }
         }
 #pragma unroll

@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "services/compute/cuda/device_layout.cuh"
 #include "services/compute/cuda/multi_token_kernels.h"
 #include "services/compute/cuda/staged_dots.cuh"
 #include "services/compute/cuda/warp_dot.cuh"
@@ -189,10 +190,6 @@ __device__ __forceinline__ void MmaQ8_0Block(uint32_t w_lo0, uint32_t w_lo8, uin
       for (int i = 0; i < 4; ++i) acc[l][i] = fmaf(d[i], MmaSumF32(c[i]), acc[l][i]);
     }
   }
-}
-
-__device__ __forceinline__ uint32_t Word(const uint4& v, int j) {
-  return j == 0 ? v.x : (j == 1 ? v.y : (j == 2 ? v.z : v.w));
 }
 
 // The dots of a warp's 16 rows (lo: row gid, hi: row gid + 8 of this thread; q == nullptr: a zero

@@ -747,7 +747,7 @@ TEST(KQuantLayout, Q6_KTensorCoreFragmentsMatchCpu) {
             for (int lane = 0; lane < 32; ++lane)
               for (int i = 0; i < 4; ++i) {
                 const int r = lane / 4 + (i >= 2 ? 8 : 0), t = 2 * (lane % 4) + i % 2;
-                isum[r][t] += cuda::ByteS(cuda::LaneWord(scales(r), G / 2), 2 * (G % 2) + second) * mma[lane][i];
+                isum[r][t] += cuda::ByteS(cuda::Word(scales(r), G / 2), 2 * (G % 2) + second) * mma[lane][i];
               }
           }
         for (int r = 0; r < WarpTile::kRows; ++r)
